@@ -1,0 +1,49 @@
+"""The `beam` command: `beam run pipelines/<job>.py [job options] [Beam pipeline options]`.
+
+Apache Beam's Python SDK ships no such executable; this one loads the job file (or module) and
+calls its `run(argv)`, so `beam run ...` and `python pipelines/<job>.py ...` are the same job.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+
+
+def load_job(target: str):
+    if target.endswith(".py") or os.sep in target:
+        name = os.path.splitext(os.path.basename(target))[0]
+        # Jobs are library modules: prefer the installed package so relative imports resolve.
+        try:
+            return importlib.import_module(f"pipelines.{name}")
+        except ModuleNotFoundError:
+            spec = importlib.util.spec_from_file_location(name, target)
+            if spec is None or spec.loader is None:
+                raise SystemExit(f"beam: cannot load job file {target!r}")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module
+    return importlib.import_module(target if "." in target else f"pipelines.{target}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="beam", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=["run"])
+    parser.add_argument("job", help="job file (pipelines/make_shards.py) or module name")
+    if len(argv) < 2 or argv[0] in ("-h", "--help"):
+        parser.print_help()
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    args = parser.parse_args(argv[:2])
+    job = load_job(args.job)
+    if not hasattr(job, "run"):
+        raise SystemExit(f"beam: {args.job} has no run(argv) function")
+    job.run(argv[2:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
