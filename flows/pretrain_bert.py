@@ -1,0 +1,114 @@
+"""The `pretrain-bert` flow: the whole BERT DAG, each task one library call.
+
+    extract Wikipedia ┐
+                      ├> build corpus -> train vocab -> shards 128 ┐
+    extract books ────┘                            └-> shards 512 ┴> pretrain (phase 1 -> 2)
+        -> export Hugging Face folder -> GLUE (tasks x learning rates x seeds) -> best -> report
+
+Every stage writes to a content-addressed folder (flows/stages.py), so a re-run skips what is
+done and resumes at the stage that failed; pre-training resumes from its last checkpoint.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import os
+
+from prefect import flow, get_run_logger, task, unmapped
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.futures import wait
+
+from flows import steps
+from flows.config import DagConfig, resolve
+from flows.stages import StageResult
+
+# Stage outputs are content-addressed on disk; Prefect's own result caching stays off.
+IO_TASK = dict(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
+COMPUTE_TASK = dict(cache_policy=NO_CACHE)
+
+
+@task(name="extract-wikipedia", **IO_TASK)
+def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
+    return steps.extract_wikipedia(cfg)
+
+
+@task(name="extract-books", **IO_TASK)
+def extract_books(cfg: DagConfig) -> StageResult | None:
+    return steps.extract_books(cfg)
+
+
+@task(name="build-corpus", **IO_TASK)
+def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
+    return steps.build_corpus(cfg, sources)
+
+
+@task(name="train-vocab", **IO_TASK)
+def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:
+    return steps.train_vocab(cfg, corpus)
+
+
+@task(name="make-shards", **IO_TASK)
+def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: int) -> StageResult:
+    return steps.make_shards(cfg, corpus, vocab, phase)
+
+
+@task(name="pretrain", **COMPUTE_TASK)
+def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult]) -> StageResult:
+    return steps.pretrain(cfg, vocab, shards, log=get_run_logger().info)
+
+
+@task(name="export-hf", **IO_TASK)
+def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:
+    return steps.export_hf(cfg, run)
+
+
+@task(name="glue-finetune", **COMPUTE_TASK)
+def glue_finetune(cfg: DagConfig, model: StageResult, job: steps.GlueJob) -> dict:
+    return steps.glue_finetune(cfg, model, job)
+
+
+@task(name="glue-best", **COMPUTE_TASK)
+def glue_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
+    return steps.glue_best(cfg, model, outcomes)
+
+
+@task(name="report", **COMPUTE_TASK)
+def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None) -> dict:
+    result = steps.report(cfg, stages, glue)
+    create_table_artifact(result["stages"], key="stage-timings",
+                          description="Stage outputs, whether reused from a previous run, seconds")
+    if result["glue_table"]:
+        create_markdown_artifact(result["glue_table"], key="glue-results",
+                                 description="GLUE dev scores (best learning rate per task)")
+    if result["loss_curve"] and os.path.exists(result["loss_curve"]):
+        create_markdown_artifact(steps.image_markdown(result["loss_curve"]), key="loss-curve",
+                                 description="Pre-training loss curve")
+    create_markdown_artifact(result["markdown"], key="report", description="Run report")
+    return result
+
+
+@flow(name="pretrain-bert", log_prints=True)
+def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None) -> dict:
+    """Data -> vocabulary -> shards -> pre-training -> export -> GLUE fan-out -> report."""
+    cfg = resolve(preset, overrides)
+    get_run_logger().info("resolved config:\n%s", steps.describe(cfg))
+
+    wiki, books = extract_wikipedia.submit(cfg), extract_books.submit(cfg)
+    sources = [s for s in (wiki.result(), books.result()) if s is not None]
+    corpus = build_corpus(cfg, sources)
+    vocab = train_vocab(cfg, corpus)
+    shards = [make_shards.submit(cfg, corpus, vocab, phase) for phase in (1, 2)]
+    shards = [s.result() for s in shards]
+    run = pretrain(cfg, vocab, shards)
+    model = export_hf(cfg, run)
+
+    glue = None
+    jobs = steps.glue_jobs(cfg)
+    if jobs:
+        futures = glue_finetune.map(unmapped(cfg), unmapped(model), jobs)
+        wait(futures)
+        # A failed fine-tuning run is reported as failed; the others still count.
+        outcomes = [steps.outcome(job, f.state) for job, f in zip(jobs, futures)]
+        glue = glue_best(cfg, model, outcomes)
+    return report(cfg, [*sources, corpus, vocab, *shards, run, model], glue)

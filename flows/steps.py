@@ -1,0 +1,406 @@
+"""The library calls behind each flow task, kept free of Prefect so they test on their own.
+
+Each stage function resolves its content-addressed output folder (flows/stages.py) and calls
+one job: a Beam pipeline's `run(argv)`, the DeepSpeed training entry point (as a subprocess,
+so the `deepspeed`/`torchrun` launchers and multi-node runs work the same way), or GLUE.
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from flows.config import DagConfig
+from flows.stages import StageResult, run_stage
+from pipelines import storage
+
+
+def describe(cfg: DagConfig) -> str:
+    return json.dumps(cfg.to_dict(), indent=2, default=str)
+
+
+def _root(cfg: DagConfig) -> str:
+    return cfg.output
+
+
+# ---------------------------------------------------------------- data stages (Beam)
+
+def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
+    if not cfg.data.wikipedia:
+        return None
+    from pipelines import extract_wikipedia as job
+
+    config = {"input": cfg.data.wikipedia, "input_sha": _inputs_fingerprint(cfg.data.wikipedia)}
+    return run_stage(_root(cfg), "wikipedia", config, lambda out: job.run(
+        ["--input", cfg.data.wikipedia, "--output", out, *cfg.data.beam_args]))
+
+
+def extract_books(cfg: DagConfig) -> StageResult | None:
+    if not cfg.data.books:
+        return None
+    from pipelines import extract_books as job
+
+    config = {"input": cfg.data.books, "input_sha": _inputs_fingerprint(cfg.data.books)}
+    return run_stage(_root(cfg), "books", config, lambda out: job.run(
+        ["--input", cfg.data.books, "--output", out, *cfg.data.beam_args]))
+
+
+def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
+    from pipelines import build_corpus as job
+
+    if not sources:
+        raise ValueError("no data sources: set data.wikipedia and/or data.books")
+    inputs = ",".join(s.path for s in sources)
+    return run_stage(_root(cfg), "corpus", {}, lambda out: job.run(
+        ["--input", inputs, "--output", out, *cfg.data.beam_args]), upstream=tuple(sources))
+
+
+def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:
+    from pipelines import train_vocab as job
+
+    config = dataclasses.asdict(cfg.vocab)
+    argv = ["--input", corpus.path, "--vocab_size", str(cfg.vocab.vocab_size), "--no_progress"]
+    argv += ["--cased"] if cfg.vocab.cased else []
+    return run_stage(_root(cfg), "vocab", config, lambda out: job.run(
+        [*argv, "--output", out, *cfg.data.beam_args]), upstream=(corpus,))
+
+
+def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: int) -> StageResult:
+    from pipelines import make_shards as job
+
+    s = cfg.shards
+    seq, preds = ((s.phase1_max_seq_length, s.phase1_max_predictions) if phase == 1
+                  else (s.phase2_max_seq_length, s.phase2_max_predictions))
+    options = {"max_seq_length": seq, "max_predictions_per_seq": preds,
+               "dupe_factor": s.dupe_factor, "target_shard_mb": s.target_shard_mb,
+               "do_lower_case": not cfg.vocab.cased}
+    argv = ["--input", corpus.path, "--vocab", vocab.path]
+    argv += [f"--{k}={v}" for k, v in options.items()]
+    argv += ["--pack"] if s.pack else []
+    return run_stage(_root(cfg), f"shards{seq}", {**options, "pack": s.pack}, lambda out: job.run(
+        [*argv, "--output", out, *cfg.data.beam_args]), upstream=(corpus, vocab))
+
+
+def _inputs_fingerprint(pattern: str) -> str:
+    """Names, sizes and mtimes of the input files: a changed input gives a new stage folder."""
+    try:
+        files = storage.expand_inputs(pattern)
+    except FileNotFoundError:
+        return "missing"
+    if any(storage.is_remote(f) for f in files):
+        return storage.config_hash(files)  # remote: names only (stat is a round trip each)
+    return storage.config_hash([(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in files])
+
+
+# ---------------------------------------------------------------- pre-training (DeepSpeed)
+
+def pretrain_overrides(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
+                       output_dir: str) -> dict[str, Any]:
+    """The training entry point's config file (training/config.py), from the DAG config."""
+    p = cfg.pretrain
+    phase1_warmup = min(p.warmup_steps, p.phase1_steps)
+    return {
+        "model": p.model, "vocab_dir": vocab.path, "output_dir": output_dir,
+        "zero_stage": p.zero_stage, "precision": p.precision,
+        "phases": [
+            {"name": "phase1", "train_shards": shards[0].path,
+             "max_seq_length": cfg.shards.phase1_max_seq_length,
+             "micro_batch_size": p.micro_batch_size, "global_batch_size": p.global_batch_size,
+             "steps": p.phase1_steps, "warmup_steps": phase1_warmup,
+             "learning_rate": p.learning_rate},
+            {"name": "phase2", "train_shards": shards[1].path,
+             "max_seq_length": cfg.shards.phase2_max_seq_length,
+             "micro_batch_size": p.phase2_micro_batch_size,
+             "global_batch_size": p.phase2_global_batch_size,
+             "steps": p.phase2_steps, "warmup_steps": max(1, p.phase2_steps // 10),
+             "learning_rate": p.learning_rate},
+        ],
+    }
+
+
+def launch_command(cfg: DagConfig, config_file: str) -> list[str]:
+    """The command that starts training: one process, `torchrun`, or `deepspeed` (multi-node)."""
+    p = cfg.pretrain
+    entry = ["--preset", _training_preset(cfg), "--config", config_file, *p.extra_args]
+    bindir = os.path.dirname(sys.executable)
+    if p.launcher == "torchrun":
+        return [os.path.join(bindir, "torchrun"), f"--nproc_per_node={p.nproc_per_node}",
+                "-m", "training.pretrain", *entry]
+    if p.launcher == "deepspeed":
+        hostfile = ["--hostfile", p.hostfile] if p.hostfile else []
+        return [os.path.join(bindir, "deepspeed"), *hostfile, f"--num_gpus={p.nproc_per_node}",
+                "--module", "training.pretrain", *entry]
+    return [sys.executable, "-m", "training.pretrain", *entry]
+
+
+def _training_preset(cfg: DagConfig) -> str:
+    return cfg.name if cfg.name in ("tiny", "base", "large") else "base"
+
+
+def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
+             log: Callable[[str], None] = print) -> StageResult:
+    """Run both phases; a re-run after a failure resumes from the last checkpoint."""
+    config = {"pretrain": dataclasses.asdict(cfg.pretrain), "phase1_seq": cfg.shards.phase1_max_seq_length,
+              "phase2_seq": cfg.shards.phase2_max_seq_length}
+
+    def build(out: str) -> None:
+        config_file = storage.join(out, "launch_config.json")
+        storage.atomic_write_json(config_file, pretrain_overrides(cfg, vocab, shards, out))
+        started = time.monotonic()
+        run_subprocess(launch_command(cfg, config_file), log=log)
+        metrics = _last_metrics(out)
+        storage.write_manifest(out, {"stage": "pretrain", "config": config,
+                                     "seconds": time.monotonic() - started,
+                                     "hf_dir": storage.join(out, "hf"), "final_metrics": metrics})
+
+    return run_stage(_root(cfg), "pretrain", config, build, upstream=(vocab, *shards))
+
+
+def _last_metrics(out: str) -> dict:
+    path = os.path.join(out, "metrics.jsonl")
+    if not os.path.exists(path):
+        return {}
+    last: dict[str, dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            last[record.get("split", "train")] = record
+    return last
+
+
+def _die_with_parent() -> None:
+    """Child side of fork: get SIGTERM if the flow process dies (Linux), so no orphans train."""
+    os.setsid()
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def run_subprocess(command: list[str], log: Callable[[str], None] = print,
+                   env: dict[str, str] | None = None) -> None:
+    """Run `command`, streaming its output to `log`; stop its whole process group on cancel."""
+    log("$ " + " ".join(command))
+    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
+           "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, preexec_fn=_die_with_parent)
+    previous = signal.getsignal(signal.SIGTERM) if _main_thread() else None
+    if _main_thread():
+        # Prefect cancels a flow run by terminating its process: take the trainers down too.
+        signal.signal(signal.SIGTERM, lambda *_: (_stop(proc), sys.exit(143)))
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log(line.rstrip())
+        code = proc.wait()
+    finally:
+        _stop(proc)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if code != 0:
+        raise RuntimeError(f"{command[0]} exited with status {code}")
+
+
+def _main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:
+    """The pre-training run's consolidated fp32 Hugging Face folder, checked by loading it."""
+    hf_dir = run.manifest.get("hf_dir") or storage.join(run.path, "hf")
+
+    def build(out: str) -> None:
+        import transformers
+
+        model = transformers.BertForPreTraining.from_pretrained(hf_dir)
+        transformers.AutoTokenizer.from_pretrained(hf_dir)
+        storage.write_manifest(out, {"stage": "export", "hf_dir": hf_dir,
+                                     "parameters": sum(p.numel() for p in model.parameters())})
+
+    result = run_stage(_root(cfg), "export", {}, build, upstream=(run,))
+    return dataclasses.replace(result, path=hf_dir)
+
+
+# ---------------------------------------------------------------- GLUE fan-out
+
+@dataclass(frozen=True)
+class GlueJob:
+    """One fine-tuning run of the fan-out."""
+    task: str
+    learning_rate: float
+    seed: int
+
+
+def glue_jobs(cfg: DagConfig) -> list[GlueJob]:
+    """tasks x learning rates x seeds (several seeds only for the small tasks, as the paper)."""
+    if not cfg.glue.data or not cfg.glue.tasks:
+        return []
+    from model.glue.tasks import get_task
+
+    jobs = []
+    for name in cfg.glue.tasks:
+        task = get_task(name)
+        seeds = cfg.glue.seeds if task.small else cfg.glue.seeds[:1]
+        jobs += [GlueJob(task.name, lr, seed) for lr in cfg.glue.learning_rates for seed in seeds]
+    return jobs
+
+
+def _finetune_config(cfg: DagConfig):
+    from model.glue.finetune import FinetuneConfig
+
+    g = cfg.glue
+    return FinetuneConfig(batch_size=g.batch_size, epochs=g.epochs, learning_rates=g.learning_rates,
+                          seeds=g.seeds, max_train_examples=g.max_train_examples or None,
+                          max_eval_examples=g.max_eval_examples or None, progress=False)
+
+
+def glue_finetune(cfg: DagConfig, model: StageResult, job: GlueJob) -> dict:
+    """Fine-tune one (task, learning rate, seed); its dev result and test predictions.
+
+    Content-addressed like every stage: a re-run reuses a finished fine-tuning run."""
+    ft = _finetune_config(cfg)
+    config = {"job": dataclasses.asdict(job), "data": cfg.glue.data,
+              "recipe": {k: v for k, v in dataclasses.asdict(ft).items() if k != "progress"}}
+    name = f"glue-{job.task.lower()}-lr{job.learning_rate:g}-seed{job.seed}"
+    stage = run_stage(_root(cfg), name, config, lambda out: storage.write_manifest(
+        out, _finetune_one(cfg, model, job, ft)), upstream=(model,))
+    return {**stage.manifest, "cached": stage.cached}
+
+
+def _finetune_one(cfg: DagConfig, model: StageResult, job: GlueJob, ft) -> dict:
+    from model.glue import data as glue_data
+    from model.glue import finetune
+    from model.glue.tasks import get_task
+
+    tokenizer = glue_data.load_glue_tokenizer(model.path, ft.max_seq_length)
+    prepared = finetune.prepare_task(get_task(job.task), cfg.glue.data, tokenizer, ft)
+    result, trained = finetune.run_one(finetune.load_encoder(model.path), prepared,
+                                       job.learning_rate, job.seed, ft)
+    predictions = finetune.predict_test_sets(trained, prepared, ft) if prepared.test else ()
+    return {"job": dataclasses.asdict(job), "result": dataclasses.asdict(result),
+            "predictions": [dataclasses.asdict(p) for p in predictions],
+            "num_train": len(prepared.train), "bad_rows": prepared.bad_rows,
+            "num_dev": {k: len(v) for k, v in prepared.dev.items()}}
+
+
+def outcome(job: GlueJob, state) -> dict:
+    """A mapped run's result, or its failure, for the report."""
+    if state.is_completed():
+        return state.result()
+    return {"job": dataclasses.asdict(job), "error": str(state.message or state.name)}
+
+
+def glue_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
+    """Per task, the learning rate with the best mean dev score over seeds; tables and files."""
+    from model.glue import finetune, report
+    from model.glue.metrics import glue_score
+
+    failed = [o for o in outcomes if "error" in o]
+    done = [o for o in outcomes if "error" not in o]
+    tasks = []
+    for name in dict.fromkeys(o["job"]["task"] for o in done):
+        runs = [o for o in done if o["job"]["task"] == name]
+        tasks.append(_task_result(finetune, name, runs))
+    ft = _finetune_config(cfg)
+    result = finetune.GlueResult(tuple(tasks), glue_score({t.task: t.score for t in tasks}),
+                                 model.path, ft)
+    out = storage.join(_root(cfg), "glue")
+    files = report.write_report(result, out)
+    return {"table": report.markdown_table(result), "glue_score": result.glue_score,
+            "failed": failed, "files": files, "output": out}
+
+
+def _task_result(finetune, name: str, runs: list[dict]):
+    import statistics
+
+    results = [finetune.RunResult(**o["result"]) for o in runs]
+    rates = sorted({r.learning_rate for r in results}, reverse=True)
+    by_rate = {lr: [r for r in results if r.learning_rate == lr] for lr in rates}
+    best_lr = max(rates, key=lambda lr: statistics.fmean(r.score for r in by_rate[lr]))
+    chosen = by_rate[best_lr]
+    names = list(chosen[0].metrics)
+    mean = {n: statistics.fmean(r.metrics[n] for r in chosen) for n in names}
+    std = {n: statistics.stdev([r.metrics[n] for r in chosen]) if len(chosen) > 1 else 0.0
+           for n in names}
+    scores = [r.score for r in chosen]
+    best_run = max(runs, key=lambda o: o["result"]["score"]
+                   if o["result"]["learning_rate"] == best_lr else float("-inf"))
+    predictions = tuple(finetune.TestPredictions(**p) for p in best_run["predictions"])
+    return finetune.TaskResult(
+        task=name, best_learning_rate=best_lr, seeds=tuple(sorted({r.seed for r in chosen})),
+        metrics=mean, metrics_std=std, score=statistics.fmean(scores),
+        score_std=statistics.stdev(scores) if len(scores) > 1 else 0.0, runs=tuple(results),
+        num_train_examples=best_run["num_train"], num_dev_examples=best_run["num_dev"],
+        bad_rows=best_run.get("bad_rows", 0),
+        seconds=sum(r.train_seconds + r.eval_seconds for r in results),
+        test_predictions=predictions)
+
+
+# ---------------------------------------------------------------- report
+
+def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None) -> dict:
+    """`report.md` in the run folder: stage timings, data statistics, loss curve, GLUE table."""
+    rows = [{"stage": s.stage, "cached": s.cached, "seconds": round(s.seconds, 1),
+             "output": s.path} for s in stages]
+    stats = _data_statistics(stages)
+    pretrain = next((s for s in stages if s.stage == "pretrain"), None)
+    loss_curve = os.path.join(pretrain.path, "loss_curve.png") if pretrain else ""
+    lines = [f"# pretrain-bert report ({cfg.name})", "", "## Stages", "",
+             "| stage | cached | seconds | output |", "|---|---|---:|---|"]
+    lines += [f"| {r['stage']} | {'yes' if r['cached'] else 'no'} | {r['seconds']} | "
+              f"`{r['output']}` |" for r in rows]
+    lines += ["", "## Data", ""] + [f"- {k}: {v}" for k, v in stats.items()]
+    if pretrain:
+        lines += ["", "## Pre-training", ""]
+        for split, record in pretrain.manifest.get("final_metrics", {}).items():
+            shown = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+            lines.append(f"- last {split}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+        if os.path.exists(loss_curve):
+            lines.append(f"\n![loss curve]({loss_curve})")
+    if glue:
+        lines += ["", "## GLUE (dev)", "", glue["table"]]
+        lines += [f"- FAILED {f['job']}: {f['error']}" for f in glue["failed"]]
+    text = "\n".join(lines) + "\n"
+    path = storage.join(_root(cfg), "report.md")
+    storage.atomic_write_text(path, text)
+    return {"markdown": text, "path": path, "stages": rows, "loss_curve": loss_curve,
+            "glue_table": glue["table"] if glue else "", "statistics": stats}
+
+
+def _data_statistics(stages: list[StageResult]) -> dict[str, Any]:
+    stats: dict[str, Any] = {}
+    for s in stages:
+        counts = s.manifest.get("counts") or s.manifest.get("totals") or {}
+        for key, value in counts.items():
+            if isinstance(value, (int, float)):
+                stats[f"{s.stage}.{key}"] = value
+    return stats
+
+
+def image_markdown(png_path: str) -> str:
+    """A PNG inlined as a data URI, so the Prefect UI shows it without a file server."""
+    import base64
+
+    with open(png_path, "rb") as f:
+        data = base64.b64encode(f.read()).decode()
+    return f"![{os.path.basename(png_path)}](data:image/png;base64,{data})"

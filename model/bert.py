@@ -1,0 +1,299 @@
+"""The BERT encoder (Devlin et al. 2019, arXiv:1810.04805), in one file.
+
+Embeddings (word + learned position + token type, LayerNorm, dropout), then `num_hidden_layers`
+post-LayerNorm Transformer blocks (self-attention through
+`torch.nn.functional.scaled_dot_product_attention`, GELU feed-forward), then the pooler
+(dense + tanh on the `[CLS]` state, paper section 3 and figure 1).
+
+Inputs of `BertModel.forward` (B = batch rows, T = tokens per row):
+
+| argument          | shape  | meaning |
+|-------------------|--------|---------|
+| `input_ids`       | (B, T) | token ids |
+| `token_type_ids`  | (B, T) | 0 = sentence A, 1 = sentence B (zeros when None) |
+| `attention_mask`  | (B, T) | 1/True = real token, 0/False = padding (all real when None) |
+| `sequence_ids`    | (B, T) | packed rows: index of the instance each token belongs to (0, 1, ...); padding may be -1 |
+| `position_ids`    | (B, T) | positions; when None they count from 0 and restart at each instance of a packed row |
+
+A token attends only to the tokens of its own instance (block-diagonal mask built once per
+batch from `sequence_ids` and `attention_mask`), so a packed row gives exactly the hidden states
+of its instances computed one by one. Dense batches without padding pass no mask to SDPA, which
+then may pick its fastest kernel.
+
+The field names of `BertConfig` are those of the reference `bert_config.json` (and of
+`transformers.BertConfig`), so a Hugging Face `config.json` reads directly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+PADDING_SEQUENCE_ID = -1
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    """Shape and regularisation of a BERT encoder."""
+
+    vocab_size: int = 30522
+    """Number of WordPiece tokens (rows of the word embedding and of the tied MLM decoder)."""
+    hidden_size: int = 768
+    """Width H of every hidden state."""
+    num_hidden_layers: int = 12
+    """Number L of Transformer blocks."""
+    num_attention_heads: int = 12
+    """Number A of attention heads; must divide hidden_size."""
+    intermediate_size: int = 3072
+    """Width of the feed-forward layer (4H in the paper)."""
+    hidden_act: str = "gelu"
+    """Feed-forward activation: "gelu" (exact, erf) or "gelu_new"/"gelu_pytorch_tanh" (tanh approximation)."""
+    hidden_dropout_prob: float = 0.1
+    """Dropout on embeddings, attention output, feed-forward output and the classifier."""
+    attention_probs_dropout_prob: float = 0.1
+    """Dropout on the attention probabilities."""
+    max_position_embeddings: int = 512
+    """Number of learned positions (the longest row)."""
+    type_vocab_size: int = 2
+    """Number of token types (segments A and B)."""
+    initializer_range: float = 0.02
+    """Standard deviation of the normal initialisation of weights."""
+    layer_norm_eps: float = 1e-12
+    """LayerNorm epsilon (the reference uses 1e-12)."""
+    pad_token_id: int = 0
+    """Id of `[PAD]`."""
+
+    def __post_init__(self):
+        positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "max_position_embeddings", "type_vocab_size")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"--hidden_size {self.hidden_size} is not a multiple of "
+                             f"--num_attention_heads {self.num_attention_heads}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"--hidden_act {self.hidden_act!r} not in {sorted(ACTIVATIONS)}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"--pad_token_id {self.pad_token_id} outside the vocabulary")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
+        """Our fields from a dict; other keys (e.g. of a Hugging Face config.json) are ignored."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in names})
+
+    def replace(self, **changes: Any) -> "BertConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def bert_tiny(**changes: Any) -> BertConfig:
+    """L=2, H=128, A=2 (Turc et al. 2019 BERT-Tiny): tests and the demo."""
+    return BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=512, **changes)
+
+
+def bert_mini(**changes: Any) -> BertConfig:
+    """L=4, H=256, A=4 (Turc et al. 2019 BERT-Mini)."""
+    return BertConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                      intermediate_size=1024, **changes)
+
+
+def bert_base(**changes: Any) -> BertConfig:
+    """L=12, H=768, A=12: BERT-base, 110M parameters with the 30522-token vocabulary."""
+    return BertConfig(**changes)
+
+
+def bert_large(**changes: Any) -> BertConfig:
+    """L=24, H=1024, A=16: BERT-large, 335M parameters with the 30522-token vocabulary."""
+    return BertConfig(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+                      intermediate_size=4096, **changes)
+
+
+PRESETS = {"bert_tiny": bert_tiny, "bert_mini": bert_mini, "bert_base": bert_base,
+           "bert_large": bert_large}
+
+ACTIVATIONS = {
+    "gelu": lambda x: F.gelu(x),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+}
+
+
+def packed_position_ids(sequence_ids: Tensor) -> Tensor:
+    """Positions restarting at 0 at each instance boundary of a row. (B, T) -> (B, T)
+
+    The torch twin of `pipelines.shard_format.position_ids`.
+    """
+    idx = torch.arange(sequence_ids.shape[-1], device=sequence_ids.device).expand_as(sequence_ids)
+    starts = torch.ones_like(sequence_ids, dtype=torch.bool)
+    starts[:, 1:] = sequence_ids[:, 1:] != sequence_ids[:, :-1]
+    return idx - torch.where(starts, idx, 0).cummax(dim=-1).values
+
+
+def instance_ids(attention_mask: Tensor | None, sequence_ids: Tensor | None,
+                 like: Tensor) -> Tensor | None:
+    """Instance index per token with padding as -1 (B, T), or None when every row is one instance."""
+    if sequence_ids is None and attention_mask is None:
+        return None
+    ids = torch.zeros_like(like) if sequence_ids is None else sequence_ids.long()
+    if attention_mask is not None:
+        ids = ids.masked_fill(~attention_mask.bool(), PADDING_SEQUENCE_ID)
+    return ids
+
+
+def attention_mask_4d(ids: Tensor | None) -> Tensor | None:
+    """Boolean SDPA mask (B, 1, T, T), True = may attend, or None when nothing is masked.
+
+    Query i sees key j iff both belong to the same instance. Padding tokens (-1) see only padding,
+    so no row is fully masked (SDPA would return NaN there); their outputs are never used.
+    """
+    if ids is None or bool((ids == ids[:, :1]).all()):
+        return None
+    return (ids[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, T, T)
+
+
+class BertEmbeddings(nn.Module):
+    """Word + position + token type embeddings, LayerNorm, dropout. (B, T) ids -> (B, T, H)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> Tensor:
+        x = self.word(input_ids) + self.position(position_ids) + self.token_type(token_type_ids)
+        return self.dropout(self.norm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention with one fused QKV projection. (B, T, H) -> (B, T, H)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.out = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        B, T, H = x.shape
+        q, k, v = (
+            self.qkv(x)
+            .view(B, T, 3, self.num_heads, H // self.num_heads)  # (B, T, 3, A, D)
+            .permute(2, 0, 3, 1, 4)  # (3, B, A, T, D)
+            .unbind(0)
+        )
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(B, T, H)  # (B, A, T, D) -> (B, T, H)
+        return self.out(y)
+
+
+class BertLayer(nn.Module):
+    """One post-LayerNorm block: x = norm(x + attention(x)); x = norm(x + ffn(x))."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertSelfAttention(config)
+        self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.output = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        x = self.attention_norm(x + self.dropout(self.attention(x, mask)))
+        h = self.output(self.activation(self.intermediate(x)))
+        return self.output_norm(x + self.dropout(h))
+
+
+class BertPooler(nn.Module):
+    """Dense + tanh on the `[CLS]` hidden state. (..., H) -> (..., H)."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, cls_states: Tensor) -> Tensor:
+        return torch.tanh(self.dense(cls_states))
+
+
+@torch.no_grad()
+def truncated_normal_(tensor: Tensor, std: float) -> Tensor:
+    """N(0, std) truncated at +-2 std (TF's `truncated_normal_initializer`), by inverse CDF.
+
+    `nn.init.trunc_normal_` computes the same but is ~15x slower on CPU (seconds for BERT-base).
+    """
+    bound = math.erf(2 / math.sqrt(2))  # 2 * Phi(2) - 1
+    tensor.uniform_(-bound, bound).erfinv_().mul_(std * math.sqrt(2))
+    return tensor.clamp_(-2 * std, 2 * std)  # guards the float rounding at the bounds
+
+
+def init_bert_weights(module: nn.Module, initializer_range: float) -> None:
+    """BERT's initialisation: weights ~ N(0, 0.02) truncated at 2 std, biases 0, LayerNorm 1/0."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        truncated_normal_(module.weight, initializer_range)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class BertModel(nn.Module):
+    """The encoder: embeddings, `num_hidden_layers` blocks, and a pooler used through `pool`."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+        self.pooler = BertPooler(config)
+        self.apply(lambda m: init_bert_weights(m, config.initializer_range))
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, sequence_ids: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
+        """Last hidden states (B, T, H); see the module docstring for the (B, T) inputs."""
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
+        if input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(f"rows of {input_ids.shape[1]} tokens exceed "
+                             f"max_position_embeddings {self.config.max_position_embeddings}")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if position_ids is None:
+            position_ids = (packed_position_ids(sequence_ids) if sequence_ids is not None
+                            else torch.arange(input_ids.shape[1], device=input_ids.device)
+                            .expand_as(input_ids))
+        mask = attention_mask_4d(instance_ids(attention_mask, sequence_ids, input_ids))
+        x = self.embeddings(input_ids, token_type_ids, position_ids)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+    def pool(self, hidden: Tensor, cls_positions: Tensor | None = None) -> Tensor:
+        """Pooled `[CLS]` states: (B, T, H) -> (B, H) at position 0, or (B, K, H) at `cls_positions` (B, K)."""
+        if cls_positions is None:
+            return self.pooler(hidden[:, 0])
+        index = cls_positions.clamp(min=0)[:, :, None].expand(-1, -1, hidden.shape[-1])
+        return self.pooler(hidden.gather(1, index))  # (B, K, H)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())

@@ -1,0 +1,105 @@
+"""`bert-glue`: fine-tune a checkpoint on GLUE tasks and print the results table.
+
+    bert-glue --model <checkpoint folder> --data <GLUE folder> --tasks rte,mrpc --output runs/glue
+
+`--model` is our exported folder, a `model.hf.save_checkpoint` folder or any Hugging Face BERT
+folder; `--data` is a `download_glue_data.py` folder (`RTE/train.tsv`, ...) or a Hugging Face
+`datasets` GLUE folder (`rte/train-*.parquet`, ...). Defaults are the paper's recipe.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from typing import Sequence
+
+from model.glue.finetune import FinetuneConfig, run_glue
+from model.glue.report import markdown_table, write_report
+from model.glue.tasks import parse_tasks
+from pipelines import storage
+
+log = logging.getLogger("bert-glue")
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}")
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = FinetuneConfig()
+    p = argparse.ArgumentParser(prog="bert-glue", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="checkpoint folder (ours or Hugging Face BERT)")
+    p.add_argument("--data", required=True, help="GLUE data folder (TSV or HF datasets layout)")
+    p.add_argument("--tasks", required=True, help="comma-separated tasks (rte,mrpc) or 'all'")
+    p.add_argument("--output", required=True, help="folder for tables, plot and submission.zip")
+    p.add_argument("--learning_rates", type=_floats, default=defaults.learning_rates,
+                   help="comma-separated peak learning rates (default: 5e-5,4e-5,3e-5,2e-5)")
+    p.add_argument("--seeds", type=_ints, default=defaults.seeds,
+                   help="comma-separated seeds for small tasks; others use the first")
+    p.add_argument("--epochs", type=float, default=defaults.epochs)
+    p.add_argument("--batch_size", type=int, default=defaults.batch_size)
+    p.add_argument("--max_seq_length", type=int, default=defaults.max_seq_length)
+    p.add_argument("--warmup_proportion", type=float, default=defaults.warmup_proportion)
+    p.add_argument("--max_train_examples", type=int, default=None,
+                   help="train on a fixed random subset of this many examples")
+    p.add_argument("--max_eval_examples", type=int, default=None,
+                   help="score a fixed random subset of this many dev examples")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (faster on AVX-512 CPUs)")
+    p.add_argument("--no_packing", action="store_true",
+                   help="pad each example to the batch's longest instead of packing rows")
+    p.add_argument("--skip_bad_rows", action="store_true",
+                   help="set malformed rows aside (counted) instead of failing on the first")
+    p.add_argument("--no_test", action="store_true", help="do not predict the test sets")
+    p.add_argument("--no_progress", action="store_true", help="no progress bars")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> FinetuneConfig:
+    return FinetuneConfig(
+        max_seq_length=args.max_seq_length, batch_size=args.batch_size, epochs=args.epochs,
+        learning_rates=args.learning_rates, seeds=args.seeds,
+        warmup_proportion=args.warmup_proportion, bf16=args.bf16,
+        pack_sequences=not args.no_packing, max_train_examples=args.max_train_examples,
+        max_eval_examples=args.max_eval_examples, skip_bad_rows=args.skip_bad_rows,
+        predict_test=not args.no_test, progress=not args.no_progress)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        tasks = parse_tasks(args.tasks)
+    except ValueError as e:
+        parser.error(str(e))
+    resolved = {"model": args.model, "data": args.data, "tasks": [t.name for t in tasks],
+                "config": dataclasses.asdict(cfg)}
+    log.info("resolved config (hash %s):\n%s", storage.config_hash(resolved),
+             json.dumps(resolved, indent=2))
+    storage.makedirs(args.output)
+    storage.atomic_write_json(storage.join(args.output, "config.json"),
+                              resolved | {"config_hash": storage.config_hash(resolved)})
+    result = run_glue(args.model, args.data, tasks, cfg)
+    paths = write_report(result, args.output)
+    sys.stdout.write(markdown_table(result))
+    for kind, path in paths.items():
+        log.info("wrote %s: %s", kind, path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,339 @@
+"""GLUE readers (the standard TSV layout and the Hugging Face `datasets` layout) and batching.
+
+TSV quirks handled (see ../shared/data/SOURCES.md, "Format quirks"): fields are split on tabs with
+quoting off (`csv.QUOTE_NONE`: sentences hold unbalanced `"`, and default quoting merges rows);
+CoLA train/dev have no header; MRPC train/dev start with a UTF-8 BOM (read as `utf-8-sig`); SST-2
+sentences end with a space (kept: the tokenizer drops it); STS-B scores are written `5.000`, `3.8`
+or `4` (parsed as floats); CoLA dev has no final newline. A row with the wrong number of fields or
+an unknown label raises `GlueFormatError` naming the file and line, unless `skip_bad_rows` is set,
+in which case the row is set aside in `GlueSplit.bad_rows` (counted and reported, never silent).
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from model.glue.tasks import SplitSpec, TaskSpec
+from pipelines.jobs import BadRecord
+
+MAX_SEQ_LENGTH = 128  # the paper's fine-tuning length
+
+
+class GlueFormatError(ValueError):
+    """A GLUE file that does not have the layout its task spec describes."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One GLUE example: its id, one or two sentences and the label (None in test sets)."""
+
+    guid: str
+    text_a: str
+    text_b: str | None
+    label: int | float | None
+    """Class index into TaskSpec.labels, the STS-B score, or None for test rows."""
+
+
+@dataclass(frozen=True)
+class GlueSplit:
+    """The examples of one split file and the rows set aside from it."""
+
+    task: str
+    split: str
+    path: str
+    examples: list[Example]
+    bad_rows: list[BadRecord] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+
+# ---------------------------------------------------------------------------------------------
+# Standard GLUE TSV layout
+# ---------------------------------------------------------------------------------------------
+
+def parse_label(task: TaskSpec, raw: str) -> int | float:
+    """The label id (classification) or score (regression) for a label string from a file."""
+    if task.is_regression:
+        score = float(raw)  # ValueError names the text; the caller adds file and line
+        if not math.isfinite(score):
+            raise ValueError(f"score {raw!r} is not a finite number")
+        return score
+    try:
+        return task.labels.index(raw)
+    except ValueError:
+        raise ValueError(f"label {raw!r} is not one of {list(task.labels)}") from None
+
+
+def _tsv_rows(path: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number from 1, fields) of a TSV, quoting off, BOM dropped."""
+    # newline="" lets csv see the raw line ends; utf-8-sig drops MRPC's byte-order mark.
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE, strict=True)
+        for fields in reader:
+            yield reader.line_num, fields
+
+
+def _tsv_example(task: TaskSpec, split: SplitSpec, fields: list[str], row: int) -> Example:
+    cols = split.columns
+    if len(fields) != cols.num_columns:
+        raise ValueError(f"expected {cols.num_columns} tab-separated fields, found {len(fields)}")
+    label = None if cols.label is None else parse_label(task, fields[cols.label])
+    return Example(
+        guid=fields[cols.index] if cols.index is not None else str(row),
+        text_a=fields[cols.text_a],
+        text_b=fields[cols.text_b] if cols.text_b is not None else None,
+        label=label,
+    )
+
+
+def read_glue_tsv(path: str, task: TaskSpec, split: SplitSpec,
+                  skip_bad_rows: bool = False) -> GlueSplit:
+    """Read one GLUE TSV file of `task` laid out as `split.columns` says."""
+    examples: list[Example] = []
+    bad_rows: list[BadRecord] = []
+    header_pending = split.columns.has_header
+    for line, fields in _tsv_rows(path):
+        if header_pending:
+            header_pending = False
+            if len(fields) != split.columns.num_columns:
+                raise GlueFormatError(
+                    f"{path}:{line}: header has {len(fields)} fields, expected "
+                    f"{split.columns.num_columns} for {task.name} {split.name}")
+            continue
+        try:
+            examples.append(_tsv_example(task, split, fields, len(examples) + len(bad_rows)))
+        except ValueError as e:
+            if not skip_bad_rows:
+                raise GlueFormatError(f"{path}:{line}: {e}") from None
+            bad_rows.append(BadRecord(file=path, record=f"line {line}", reason=str(e)))
+    return GlueSplit(task.name, split.name, path, examples, bad_rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face `datasets` layout
+# ---------------------------------------------------------------------------------------------
+
+_HF_EXTENSIONS = ("parquet", "arrow", "jsonl", "json")
+
+
+def find_hf_files(data_dir: str, task: TaskSpec, split: SplitSpec) -> list[str]:
+    """The files of one split in a Hugging Face GLUE folder, or [] when there are none.
+
+    Accepted under `<data_dir>/<config>/` (config = "cola", "mnli", "ax", ...): the Hub layout
+    `<split>-00000-of-00001.parquet`, single files `<split>.{parquet,arrow,jsonl,json}`, and
+    `save_to_disk` folders `<split>/data-*.arrow`.
+    """
+    base = os.path.join(data_dir, split.hf_config or task.hf_config)
+    if not os.path.isdir(base):
+        return []
+    name = split.hf_split
+    for ext in _HF_EXTENSIONS:
+        for pattern in (f"{name}-*.{ext}", f"{name}.{ext}", os.path.join(name, f"*.{ext}")):
+            files = sorted(glob.glob(os.path.join(base, pattern)))
+            if files:
+                return files
+    return []
+
+
+def _read_arrow_table(path: str):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.endswith(".parquet"):
+        return pq.read_table(path)
+    try:  # `datasets` writes the Arrow streaming format; plain Arrow files use the file format
+        with pa.memory_map(path) as source:
+            return pa.ipc.open_stream(source).read_all()
+    except pa.ArrowInvalid:
+        with pa.memory_map(path) as source:
+            return pa.ipc.open_file(source).read_all()
+
+
+def _hf_records(path: str) -> Iterator[tuple[str, dict]]:
+    """(record name for errors, row dict) for every row of one HF data file."""
+    if path.endswith((".jsonl", ".json")):
+        with open(path, encoding="utf-8") as f:
+            for line_number, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield f"line {line_number}", json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise GlueFormatError(f"{path}:{line_number}: not JSON: {e}") from None
+        return
+    for row_number, row in enumerate(_read_arrow_table(path).to_pylist()):
+        yield f"row {row_number}", row
+
+
+def _hf_example(task: TaskSpec, row: dict, has_labels: bool) -> Example:
+    missing = [c for c in (*task.hf_text_fields, "idx") if c not in row]
+    if missing:
+        raise ValueError(f"missing columns {missing}")
+    label = None
+    if has_labels:
+        raw = row.get("label")
+        if raw is None:
+            raise ValueError("missing label")
+        if task.is_regression:
+            label = float(raw)
+        elif isinstance(raw, int) and 0 <= raw < task.num_labels:
+            label = raw
+        else:
+            raise ValueError(f"label {raw!r} is not a class id in 0..{task.num_labels - 1}")
+    texts = [row[c] for c in task.hf_text_fields]
+    if not all(isinstance(t, str) for t in texts):
+        raise ValueError("a text field is not a string")
+    return Example(guid=str(row["idx"]), text_a=texts[0],
+                   text_b=texts[1] if len(texts) == 2 else None, label=label)
+
+
+def read_hf_split(files: Sequence[str], task: TaskSpec, split: SplitSpec,
+                  skip_bad_rows: bool = False) -> GlueSplit:
+    """Read one split stored in the Hugging Face `datasets` GLUE layout (test labels are -1)."""
+    has_labels = split.columns.label is not None
+    examples: list[Example] = []
+    bad_rows: list[BadRecord] = []
+    for path in files:
+        for record, row in _hf_records(path):
+            try:
+                examples.append(_hf_example(task, row, has_labels))
+            except (ValueError, TypeError) as e:
+                if not skip_bad_rows:
+                    raise GlueFormatError(f"{path}: {record}: {e}") from None
+                bad_rows.append(BadRecord(file=path, record=record, reason=str(e)))
+    return GlueSplit(task.name, split.name, ",".join(files), examples, bad_rows)
+
+
+def read_split(data_dir: str, task: TaskSpec, split: SplitSpec,
+               skip_bad_rows: bool = False) -> GlueSplit:
+    """One split from `data_dir`: the GLUE TSV when present, else the Hugging Face layout."""
+    tsv = os.path.join(data_dir, split.path)
+    if os.path.isfile(tsv):
+        return read_glue_tsv(tsv, task, split, skip_bad_rows)
+    hf_files = find_hf_files(data_dir, task, split)
+    if hf_files:
+        return read_hf_split(hf_files, task, split, skip_bad_rows)
+    raise FileNotFoundError(
+        f"{task.name} {split.name}: neither {tsv} nor a Hugging Face "
+        f"{split.hf_config or task.hf_config}/{split.hf_split}.* file under {data_dir}")
+
+
+def has_split(data_dir: str, task: TaskSpec, split: SplitSpec) -> bool:
+    return os.path.isfile(os.path.join(data_dir, split.path)) or bool(
+        find_hf_files(data_dir, task, split))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenization and batching
+# ---------------------------------------------------------------------------------------------
+
+def load_glue_tokenizer(model_dir: str, max_seq_length: int = MAX_SEQ_LENGTH):
+    """The checkpoint folder's WordPiece tokenizer, truncating pairs longest-first.
+
+    `tokenizer.json` when the folder has one (our export writes it; so do HF BERT folders), else
+    `vocab.txt` through `pipelines.tokenization.load_tokenizer` with the folder's lower-casing.
+    Padding is switched off: batches are padded per batch by `collate`.
+    """
+    from tokenizers import Tokenizer
+
+    from pipelines.tokenization import load_tokenizer
+
+    tokenizer_json = os.path.join(model_dir, "tokenizer.json")
+    if os.path.isfile(tokenizer_json):
+        tokenizer = Tokenizer.from_file(tokenizer_json)
+    elif os.path.isfile(os.path.join(model_dir, "vocab.txt")):
+        tokenizer = load_tokenizer(model_dir, do_lower_case=_do_lower_case(model_dir))
+    else:
+        raise FileNotFoundError(f"{model_dir}: no tokenizer.json or vocab.txt")
+    tokenizer.no_padding()
+    # longest_first drops tokens from the longer sentence one at a time, as BERT's
+    # `_truncate_seq_pair` does (run_classifier.py).
+    tokenizer.enable_truncation(max_length=max_seq_length, strategy="longest_first")
+    return tokenizer
+
+
+def _do_lower_case(model_dir: str) -> bool:
+    path = os.path.join(model_dir, "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return True
+    with open(path, encoding="utf-8") as f:
+        return bool(json.load(f).get("do_lower_case", True))
+
+
+@dataclass(frozen=True)
+class EncodedSplit:
+    """Token ids of a split, one variable-length array per example (no padding)."""
+
+    input_ids: list[np.ndarray]
+    token_type_ids: list[np.ndarray]
+    labels: np.ndarray
+    """(N,) int64 class ids, float32 scores, or -1 for test rows."""
+    guids: list[str]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.fromiter((len(x) for x in self.input_ids), dtype=np.int64, count=len(self))
+
+
+def encode_split(tokenizer, split: GlueSplit, task: TaskSpec,
+                 batch_size: int = 1024) -> EncodedSplit:
+    """Tokenize every example of `split` (batched through the Rust tokenizer)."""
+    input_ids: list[np.ndarray] = []
+    token_type_ids: list[np.ndarray] = []
+    examples = split.examples
+    for start in range(0, len(examples), batch_size):
+        chunk = examples[start:start + batch_size]
+        inputs = [(e.text_a, e.text_b) if e.text_b is not None else e.text_a for e in chunk]
+        for enc in tokenizer.encode_batch(inputs):
+            input_ids.append(np.asarray(enc.ids, dtype=np.int64))
+            token_type_ids.append(np.asarray(enc.type_ids, dtype=np.int64))
+    if task.is_regression:
+        labels = np.array([np.nan if e.label is None else e.label for e in examples], np.float32)
+    else:
+        labels = np.array([-1 if e.label is None else e.label for e in examples], np.int64)
+    return EncodedSplit(input_ids, token_type_ids, labels, [e.guid for e in examples])
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A padded batch: (B, T) tensors, T = the longest example in the batch."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor
+    labels: torch.Tensor
+
+
+def collate(encoded: EncodedSplit, indices: Sequence[int], pad_id: int = 0) -> Batch:
+    """Pad the examples at `indices` to their longest length (dynamic padding)."""
+    length = max(len(encoded.input_ids[i]) for i in indices)
+    input_ids = np.full((len(indices), length), pad_id, dtype=np.int64)  # (B, T)
+    token_type_ids = np.zeros((len(indices), length), dtype=np.int64)  # (B, T)
+    attention_mask = np.zeros((len(indices), length), dtype=np.int64)  # (B, T)
+    for row, i in enumerate(indices):
+        n = len(encoded.input_ids[i])
+        input_ids[row, :n] = encoded.input_ids[i]
+        token_type_ids[row, :n] = encoded.token_type_ids[i]
+        attention_mask[row, :n] = 1
+    return Batch(torch.from_numpy(input_ids), torch.from_numpy(attention_mask),
+                 torch.from_numpy(token_type_ids), torch.from_numpy(encoded.labels[list(indices)]))
+
+
+def batch_indices(num_examples: int, batch_size: int,
+                  generator: torch.Generator | None = None) -> list[list[int]]:
+    """Example indices per batch: shuffled with `generator`, in order without one."""
+    order = (torch.randperm(num_examples, generator=generator).tolist() if generator is not None
+             else list(range(num_examples)))
+    return [order[i:i + batch_size] for i in range(0, num_examples, batch_size)]

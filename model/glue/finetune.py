@@ -1,0 +1,554 @@
+"""Fine-tune BERT on GLUE tasks with the paper's recipe (Devlin et al. 2019, section 4.1).
+
+Defaults: max_seq_length 128, batch 32, 3 epochs, AdamW (weight decay 0.01 except biases and
+LayerNorm, epsilon 1e-6, gradient clipping at 1.0 as the reference `optimization.py`), linear
+warmup over 10% of the steps then linear decay to 0, learning rate picked among
+5e-5/4e-5/3e-5/2e-5 on dev. Small tasks (CoLA, MRPC, STS-B, RTE, WNLI) run every seed and report
+the mean and spread at the chosen rate; larger tasks run the first seed only. The best run's
+weights predict the test sets for the leaderboard.
+
+Batches are packed, not padded: the examples of a batch (the same 32 examples a padded batch
+would hold) are laid out first-fit-decreasing into rows of at most max_seq_length tokens, and
+the encoder's block-diagonal attention (`sequence_ids`) keeps each example on its own. The
+output of each example is the same as alone; only the pad tokens' work is saved.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.glue import data as glue_data
+from model.glue.metrics import compute_metrics, glue_score, task_score
+from model.glue.tasks import TaskSpec
+from model.bert import BertModel
+from model.heads import BertForSequenceClassification
+
+log = logging.getLogger(__name__)
+
+PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """The fine-tuning recipe; defaults are the paper's GLUE setup."""
+
+    max_seq_length: int = 128
+    """Longest input in tokens (pairs truncated longest-first)."""
+    batch_size: int = 32
+    """Training examples per optimizer step."""
+    eval_batch_size: int = 256
+    """Examples per evaluation batch (no effect on results)."""
+    epochs: float = 3.0
+    """Passes over the training data."""
+    learning_rates: tuple[float, ...] = PAPER_LEARNING_RATES
+    """Peak learning rates tried; the best mean dev score is kept."""
+    seeds: tuple[int, ...] = (1, 2, 3)
+    """Seeds run on small tasks; other tasks use the first only."""
+    warmup_proportion: float = 0.1
+    """Fraction of the steps with the learning rate rising linearly from 0."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay (not on biases and LayerNorm)."""
+    adam_epsilon: float = 1e-6
+    """AdamW epsilon (the reference BERT optimizer's)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 = no clipping)."""
+    bf16: bool = False
+    """Run forward and backward under bfloat16 autocast (CPU with AVX-512 bf16: ~2.5x faster)."""
+    pack_sequences: bool = True
+    """Pack each batch's examples into shared rows instead of padding them (same results)."""
+    max_train_examples: int | None = None
+    """Train on a fixed random subset of this many examples (None = all)."""
+    max_eval_examples: int | None = None
+    """Score a fixed random subset of this many dev examples per dev set (None = all)."""
+    skip_bad_rows: bool = False
+    """Set aside malformed rows (counted in the results) instead of stopping at the first."""
+    predict_test: bool = True
+    """Predict the test sets (when present) with the best run, for the leaderboard files."""
+    progress: bool = True
+    """Show progress bars."""
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.max_seq_length <= 512:
+            raise ValueError(f"--max_seq_length must be in 2..512, got {self.max_seq_length}")
+        for name in ("batch_size", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if not self.epochs > 0:
+            raise ValueError(f"--epochs must be > 0, got {self.epochs}")
+        if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):
+            raise ValueError(f"--learning_rates must be positive, got {self.learning_rates}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"--seeds must be distinct and non-empty, got {self.seeds}")
+        if not 0.0 <= self.warmup_proportion < 1.0:
+            raise ValueError(f"--warmup_proportion must be in [0, 1), got {self.warmup_proportion}")
+        if self.weight_decay < 0 or self.adam_epsilon <= 0 or self.max_grad_norm < 0:
+            raise ValueError("--weight_decay, --max_grad_norm must be >= 0 and --adam_epsilon > 0")
+        for name in ("max_train_examples", "max_eval_examples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name} must be >= 1, got {value}")
+
+
+def paper_recipe(**changes) -> FinetuneConfig:
+    """The paper's GLUE recipe (the defaults), with overrides."""
+    return FinetuneConfig(**changes)
+
+
+def debug_recipe(**changes) -> FinetuneConfig:
+    """A minutes-long run for tests and the demo: one rate, one seed, one epoch."""
+    defaults = dict(learning_rates=(5e-5,), seeds=(1,), epochs=1.0)
+    return FinetuneConfig(**{**defaults, **changes})
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunResult:
+    """One fine-tuning run (one task, learning rate and seed) scored on dev."""
+
+    task: str
+    learning_rate: float
+    seed: int
+    metrics: dict[str, float]
+    """Dev metrics as fractions, e.g. {"f1": 0.88, "accuracy": 0.84}."""
+    score: float
+    """Task score: the mean of `metrics`."""
+    steps: int
+    final_loss: float
+    """Mean training loss over the last 10% of steps."""
+    train_seconds: float
+    eval_seconds: float
+
+
+@dataclass(frozen=True)
+class TestPredictions:
+    """Predictions for one unlabelled test file, as the leaderboard wants them."""
+
+    split: str
+    submission_file: str
+    guids: list[str]
+    predictions: list[str]
+    """Label strings ("entailment", "1") or scores formatted with 3 decimals (STS-B)."""
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """A task fine-tuned over the learning-rate grid and seeds; the chosen rate's summary."""
+
+    task: str
+    best_learning_rate: float
+    seeds: tuple[int, ...]
+    metrics: dict[str, float]
+    """Mean over seeds at the best rate."""
+    metrics_std: dict[str, float]
+    """Sample standard deviation over seeds (0 with one seed)."""
+    score: float
+    score_std: float
+    runs: tuple[RunResult, ...]
+    num_train_examples: int
+    num_dev_examples: dict[str, int]
+    bad_rows: int
+    """Malformed rows set aside while reading (only with skip_bad_rows)."""
+    seconds: float
+    test_predictions: tuple[TestPredictions, ...] = ()
+
+
+@dataclass(frozen=True)
+class GlueResult:
+    """All tasks of one invocation and their GLUE score (mean of task scores)."""
+
+    tasks: tuple[TaskResult, ...]
+    glue_score: float
+    model_dir: str
+    config: FinetuneConfig
+    seconds: float = 0.0
+    extras: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data preparation
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PreparedTask:
+    """A task's tokenized splits, shared by every learning rate and seed."""
+
+    task: TaskSpec
+    train: glue_data.EncodedSplit
+    dev: dict[str, glue_data.EncodedSplit]
+    """Dev split name -> tokens (two for MNLI)."""
+    test: dict[str, glue_data.EncodedSplit]
+    bad_rows: int
+
+
+def subset(split: glue_data.GlueSplit, limit: int | None, seed: int = 0) -> glue_data.GlueSplit:
+    """A fixed random subset of `limit` examples in file order (all when limit is None)."""
+    if limit is None or limit >= len(split.examples):
+        return split
+    keep = np.sort(np.random.default_rng(seed).choice(len(split.examples), limit, replace=False))
+    examples = [split.examples[i] for i in keep]
+    return glue_data.GlueSplit(split.task, split.split, split.path, examples, split.bad_rows)
+
+
+def prepare_task(task: TaskSpec, data_dir: str, tokenizer,
+                 cfg: FinetuneConfig) -> PreparedTask:
+    """Read and tokenize the train, dev and (when present) test files of `task`."""
+    def load(split_spec, limit=None):
+        split = glue_data.read_split(data_dir, task, split_spec, cfg.skip_bad_rows)
+        return subset(split, limit)
+
+    train = load(task.train, cfg.max_train_examples)
+    devs = {s.name: load(s, cfg.max_eval_examples) for s in task.dev}
+    tests = {}
+    if cfg.predict_test:
+        tests = {s.name: load(s) for s in task.test if glue_data.has_split(data_dir, task, s)}
+    bad = sum(len(s.bad_rows) for s in (train, *devs.values(), *tests.values()))
+    if bad:
+        log.warning("%s: set aside %d malformed rows", task.name, bad)
+
+    def encode(split):
+        return glue_data.encode_split(tokenizer, split, task)
+
+    return PreparedTask(task, encode(train), {k: encode(v) for k, v in devs.items()},
+                        {k: encode(v) for k, v in tests.items()}, bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed batches
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Examples laid out in shared rows. R rows of T tokens, B examples, K slots per row."""
+
+    input_ids: Tensor
+    """(R, T) token ids, 0 after the last example of a row."""
+    token_type_ids: Tensor
+    """(R, T)"""
+    sequence_ids: Tensor
+    """(R, T) slot of the example each token belongs to, -1 for padding."""
+    cls_positions: Tensor
+    """(R, K) position of each slot's [CLS] (0 for empty slots)."""
+    rows: Tensor
+    """(B,) row of example b (in the order the batch was given)."""
+    slots: Tensor
+    """(B,) slot of example b within its row."""
+    labels: Tensor
+    """(B,) class ids or scores."""
+
+
+def pack_rows(lengths: Sequence[int], row_length: int) -> list[list[int]]:
+    """First-fit-decreasing: positions into `lengths` grouped into rows of <= row_length tokens."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if lengths[i] > row_length:
+            raise ValueError(f"example of {lengths[i]} tokens exceeds the row length {row_length}")
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(row_length - lengths[i])
+    return rows
+
+
+def pack_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],
+               row_length: int) -> PackedBatch:
+    """The examples at `indices` packed into rows of at most `row_length` tokens."""
+    lengths = [len(encoded.input_ids[i]) for i in indices]
+    layout = pack_rows(lengths, row_length)
+    width = max(sum(lengths[j] for j in row) for row in layout)
+    slots_per_row = max(len(row) for row in layout)
+    input_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
+    token_type_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
+    sequence_ids = np.full((len(layout), width), -1, np.int64)  # (R, T)
+    cls_positions = np.zeros((len(layout), slots_per_row), np.int64)  # (R, K)
+    rows = np.zeros(len(indices), np.int64)
+    slots = np.zeros(len(indices), np.int64)
+    for r, row in enumerate(layout):
+        start = 0
+        for k, j in enumerate(row):
+            i, n = indices[j], lengths[j]
+            input_ids[r, start:start + n] = encoded.input_ids[i]
+            token_type_ids[r, start:start + n] = encoded.token_type_ids[i]
+            sequence_ids[r, start:start + n] = k
+            cls_positions[r, k] = start
+            rows[j], slots[j] = r, k
+            start += n
+    labels = torch.from_numpy(encoded.labels[list(indices)])
+    return PackedBatch(*(torch.from_numpy(a) for a in (input_ids, token_type_ids, sequence_ids,
+                                                        cls_positions, rows, slots)), labels)
+
+
+def padded_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int]) -> PackedBatch:
+    """The examples at `indices` one per row, padded to the longest (the unpacked layout)."""
+    b = glue_data.collate(encoded, indices)
+    n = len(indices)
+    sequence_ids = b.attention_mask.long() - 1  # (B, T): 0 for tokens, -1 for padding
+    return PackedBatch(b.input_ids, b.token_type_ids, sequence_ids,
+                       torch.zeros((n, 1), dtype=torch.long), torch.arange(n),
+                       torch.zeros(n, dtype=torch.long), b.labels)
+
+
+def make_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],
+               cfg: FinetuneConfig) -> PackedBatch:
+    if cfg.pack_sequences:
+        return pack_batch(encoded, indices, cfg.max_seq_length)
+    return padded_batch(encoded, indices)
+
+
+def classifier_logits(model: BertForSequenceClassification, batch: PackedBatch) -> Tensor:
+    """(B, num_labels) logits of the batch's examples in their given order.
+
+    The computation of `BertForSequenceClassification.forward` (dropout + linear on the pooled
+    [CLS]) on packed rows: each slot's [CLS] is pooled, then rows/slots restore batch order.
+    """
+    hidden = model.bert(batch.input_ids, batch.token_type_ids,
+                        sequence_ids=batch.sequence_ids)  # (R, T, H)
+    pooled = model.bert.pool(hidden, batch.cls_positions)  # (R, K, H)
+    pooled = pooled[batch.rows, batch.slots]  # (B, H)
+    return model.classifier(model.dropout(pooled))
+
+
+def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy for classification, mean squared error for regression (one output)."""
+    if logits.shape[-1] == 1:
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    return F.cross_entropy(logits.float(), labels.long())
+
+
+# ---------------------------------------------------------------------------------------------
+# Model, optimizer, schedule
+# ---------------------------------------------------------------------------------------------
+
+def load_encoder(model_dir: str) -> BertModel:
+    """Our `BertModel` with the weights of `model_dir`: a folder `model.hf.save_checkpoint` wrote
+    (`bert_config.json`), or our HF export / any Hugging Face BERT folder (`config.json`)."""
+    from model import hf
+
+    if os.path.isfile(os.path.join(model_dir, hf.CHECKPOINT_CONFIG)):
+        model = hf.load_checkpoint(model_dir)
+        return model if isinstance(model, BertModel) else model.bert
+    if os.path.isfile(os.path.join(model_dir, "config.json")):
+        return hf.load_hf_encoder(model_dir)
+    raise FileNotFoundError(f"--model {model_dir}: no {hf.CHECKPOINT_CONFIG} or config.json")
+
+
+def build_model(encoder: BertModel, num_labels: int, seed: int) -> BertForSequenceClassification:
+    """A classifier over a copy of `encoder`'s weights; the new head initialised from `seed`."""
+    torch.manual_seed(seed)
+    return BertForSequenceClassification.from_encoder(encoder, num_labels)
+
+
+def build_optimizer(model: nn.Module, learning_rate: float,
+                    cfg: FinetuneConfig) -> torch.optim.Optimizer:
+    """AdamW; biases and LayerNorm parameters are not decayed (as the reference optimizer)."""
+    no_decay = {id(p) for m in model.modules() if isinstance(m, nn.LayerNorm)
+                for p in m.parameters(recurse=False)}
+    no_decay |= {id(p) for name, p in model.named_parameters() if name.endswith("bias")}
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if id(p) not in no_decay], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=learning_rate, eps=cfg.adam_epsilon)
+
+
+def warmup_linear_decay(optimizer: torch.optim.Optimizer, total_steps: int,
+                        warmup_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """Learning rate rising linearly from 0 over warmup_steps, then falling linearly to 0."""
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def num_training_steps(num_examples: int, cfg: FinetuneConfig) -> int:
+    return math.ceil(math.ceil(num_examples / cfg.batch_size) * cfg.epochs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training and evaluation
+# ---------------------------------------------------------------------------------------------
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+def train_step(model: BertForSequenceClassification, batch: PackedBatch,
+               optimizer: torch.optim.Optimizer, scheduler, cfg: FinetuneConfig) -> float:
+    """One optimizer step on one batch; returns the loss."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+        loss = loss_fn(classifier_logits(model, batch), batch.labels)
+    loss.backward()
+    if cfg.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def train(model: BertForSequenceClassification, train_set: glue_data.EncodedSplit,
+          learning_rate: float, seed: int, cfg: FinetuneConfig, desc: str = "") -> list[float]:
+    """Fine-tune `model` in place with the recipe; returns the loss of every step."""
+    total = num_training_steps(len(train_set), cfg)
+    optimizer = build_optimizer(model, learning_rate, cfg)
+    scheduler = warmup_linear_decay(optimizer, total, math.ceil(total * cfg.warmup_proportion))
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    losses: list[float] = []
+    with _progress(total, desc, cfg.progress) as bar:
+        while len(losses) < total:
+            for indices in glue_data.batch_indices(len(train_set), cfg.batch_size, generator):
+                if len(losses) == total:  # a fractional last epoch stops mid-way
+                    break
+                losses.append(train_step(model, make_batch(train_set, indices, cfg),
+                                         optimizer, scheduler, cfg))
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+    return losses
+
+
+@torch.inference_mode()
+def predict(model: BertForSequenceClassification, encoded: glue_data.EncodedSplit,
+            cfg: FinetuneConfig) -> np.ndarray:
+    """Class ids (N,) or scores (N,) for every example, in the split's order."""
+    model.eval()
+    # Batches of similar length (sorted) waste the least; outputs do not depend on the order.
+    order = np.argsort(encoded.lengths, kind="stable")
+    outputs = np.zeros(len(encoded), dtype=np.float32 if model.num_labels == 1 else np.int64)
+    for start in range(0, len(order), cfg.eval_batch_size):
+        indices = order[start:start + cfg.eval_batch_size].tolist()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            logits = classifier_logits(model, make_batch(encoded, indices, cfg)).float()
+        values = logits.squeeze(-1) if model.num_labels == 1 else logits.argmax(-1)
+        outputs[indices] = values.numpy()
+    return outputs
+
+
+def evaluate(model: BertForSequenceClassification, prepared: PreparedTask,
+             cfg: FinetuneConfig) -> dict[str, float]:
+    """The task's dev metrics over all its dev splits (MNLI: "accuracy_m", "accuracy_mm")."""
+    metrics: dict[str, float] = {}
+    for spec in prepared.task.dev:
+        encoded = prepared.dev[spec.name]
+        metrics.update(compute_metrics(prepared.task, encoded.labels, predict(model, encoded, cfg),
+                                       suffix=spec.metric_suffix))
+    return metrics
+
+
+def run_one(encoder: BertModel, prepared: PreparedTask, learning_rate: float, seed: int,
+            cfg: FinetuneConfig) -> tuple[RunResult, BertForSequenceClassification]:
+    """Fine-tune a fresh classifier for one (rate, seed) and score it on dev."""
+    task = prepared.task
+    model = build_model(encoder, task.num_labels, seed)
+    start = time.perf_counter()
+    losses = train(model, prepared.train, learning_rate, seed, cfg,
+                   desc=f"{task.name} lr={learning_rate:g} seed={seed}")
+    trained = time.perf_counter()
+    metrics = evaluate(model, prepared, cfg)
+    tail = losses[-max(1, len(losses) // 10):]
+    result = RunResult(task.name, learning_rate, seed, metrics, task_score(metrics), len(losses),
+                       float(np.mean(tail)), trained - start, time.perf_counter() - trained)
+    log.info("%s lr=%g seed=%d: %s", task.name, learning_rate, seed,
+             ", ".join(f"{k}={100 * v:.2f}" for k, v in metrics.items()))
+    return result, model
+
+
+def predict_test_sets(model: BertForSequenceClassification, prepared: PreparedTask,
+                     cfg: FinetuneConfig) -> tuple[TestPredictions, ...]:
+    """Leaderboard predictions for every test file that was read."""
+    out = []
+    for spec in prepared.task.test:
+        if spec.name not in prepared.test:
+            continue
+        encoded = prepared.test[spec.name]
+        values = predict(model, encoded, cfg)
+        if prepared.task.is_regression:
+            # STS-B gold scores lie in [0, 5]; clipping can only bring predictions closer.
+            labels = [f"{v:.3f}" for v in np.clip(values, 0.0, 5.0)]
+        else:
+            labels = [prepared.task.labels[v] for v in values]
+        out.append(TestPredictions(spec.name, spec.submission_file, list(encoded.guids), labels))
+    return tuple(out)
+
+
+def _summarise(runs: Sequence[RunResult]) -> tuple[dict[str, float], dict[str, float]]:
+    names = list(runs[0].metrics)
+    mean = {n: statistics.fmean(r.metrics[n] for r in runs) for n in names}
+    std = {n: statistics.stdev(r.metrics[n] for r in runs) if len(runs) > 1 else 0.0
+           for n in names}
+    return mean, std
+
+
+def finetune_task(encoder: BertModel, prepared: PreparedTask, cfg: FinetuneConfig) -> TaskResult:
+    """The learning-rate grid x seeds for one task; the rate with the best mean dev score wins."""
+    task = prepared.task
+    seeds = cfg.seeds if task.small else cfg.seeds[:1]
+    start = time.perf_counter()
+    runs: list[RunResult] = []
+    best_run: RunResult | None = None
+    best_state = None
+    for learning_rate in cfg.learning_rates:
+        for seed in seeds:
+            result, model = run_one(encoder, prepared, learning_rate, seed, cfg)
+            runs.append(result)
+            if best_run is None or result.score > best_run.score:
+                best_run, best_state = result, copy.deepcopy(model.state_dict())
+            del model
+    by_rate = {lr: [r for r in runs if r.learning_rate == lr] for lr in cfg.learning_rates}
+    best_lr = max(cfg.learning_rates,
+                  key=lambda lr: statistics.fmean(r.score for r in by_rate[lr]))
+    chosen = by_rate[best_lr]
+    mean, std = _summarise(chosen)
+    scores = [r.score for r in chosen]
+    predictions: tuple[TestPredictions, ...] = ()
+    if prepared.test:
+        model = build_model(encoder, task.num_labels, seeds[0])
+        model.load_state_dict(best_state)
+        predictions = predict_test_sets(model, prepared, cfg)
+    return TaskResult(
+        task=task.name, best_learning_rate=best_lr, seeds=tuple(seeds), metrics=mean,
+        metrics_std=std, score=statistics.fmean(scores),
+        score_std=statistics.stdev(scores) if len(scores) > 1 else 0.0, runs=tuple(runs),
+        num_train_examples=len(prepared.train),
+        num_dev_examples={k: len(v) for k, v in prepared.dev.items()},
+        bad_rows=prepared.bad_rows, seconds=time.perf_counter() - start,
+        test_predictions=predictions)
+
+
+def run_glue(model_dir: str, data_dir: str, tasks: Sequence[TaskSpec],
+             cfg: FinetuneConfig) -> GlueResult:
+    """Fine-tune the checkpoint in `model_dir` on each task of `tasks` with data from `data_dir`."""
+    if not os.path.isdir(data_dir):
+        raise FileNotFoundError(f"--data {data_dir}: no such folder")
+    start = time.perf_counter()
+    encoder = load_encoder(model_dir)
+    tokenizer = glue_data.load_glue_tokenizer(model_dir, cfg.max_seq_length)
+    results = []
+    for task in tasks:
+        prepared = prepare_task(task, data_dir, tokenizer, cfg)
+        results.append(finetune_task(encoder, prepared, cfg))
+    return GlueResult(tuple(results), glue_score({r.task: r.score for r in results}),
+                      model_dir, cfg, time.perf_counter() - start)

@@ -1,0 +1,178 @@
+"""GLUE run outputs: results table (Markdown + CSV), JSON, a plot, and the leaderboard zip.
+
+Everything is written atomically (`pipelines.storage`), `results.json` last of the tables.
+Submission files follow the GLUE server's format: one `<TASK>.tsv` per task with the header
+`index\tprediction`, label strings where the task's files use strings (`entailment`), `0`/`1`
+for the binary tasks and the score for STS-B; all zipped flat into `submission.zip`.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import os
+import zipfile
+
+from model.glue.finetune import GlueResult, TaskResult, TestPredictions
+from model.glue.tasks import SUBMISSION_FILES
+from pipelines import storage
+
+TABLE_COLUMNS = ("task", "metric", "score", "score_std", "best_lr", "seeds", "train_examples",
+                 "dev_examples", "minutes")
+
+
+def metric_text(result: TaskResult) -> str:
+    """"f1 88.1 ± 0.4 / accuracy 84.0 ± 0.5" (points; spread only with several seeds)."""
+    def one(name: str) -> str:
+        mean, std = 100 * result.metrics[name], 100 * result.metrics_std[name]
+        return f"{name} {mean:.1f} ± {std:.1f}" if len(result.seeds) > 1 else f"{name} {mean:.1f}"
+
+    return " / ".join(one(name) for name in result.metrics)
+
+
+def table_rows(result: GlueResult) -> list[dict[str, str]]:
+    """One row per task plus the GLUE score row; values are display strings."""
+    rows = [{
+        "task": r.task,
+        "metric": metric_text(r),
+        "score": f"{100 * r.score:.2f}",
+        "score_std": f"{100 * r.score_std:.2f}",
+        "best_lr": f"{r.best_learning_rate:g}",
+        "seeds": ",".join(str(s) for s in r.seeds),
+        "train_examples": str(r.num_train_examples),
+        "dev_examples": "/".join(str(n) for n in r.num_dev_examples.values()),
+        "minutes": f"{r.seconds / 60:.1f}",
+    } for r in result.tasks]
+    rows.append({c: "" for c in TABLE_COLUMNS} | {
+        "task": "GLUE score", "score": f"{100 * result.glue_score:.2f}",
+        "minutes": f"{result.seconds / 60:.1f}"})
+    return rows
+
+
+def markdown_table(result: GlueResult) -> str:
+    rows = table_rows(result)
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |",
+             "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"]
+    lines += ["| " + " | ".join(row[c] for c in TABLE_COLUMNS) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def summary_csv(result: GlueResult) -> str:
+    """The Markdown table's rows as CSV."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=TABLE_COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(table_rows(result))
+    return buffer.getvalue()
+
+
+def runs_csv(result: GlueResult) -> str:
+    """Machine-readable: one row per (task, rate, seed) run, raw fractions."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    metric_names = sorted({m for r in result.tasks for m in r.metrics})
+    writer.writerow(["task", "learning_rate", "seed", "score", *metric_names, "steps",
+                     "final_loss", "train_seconds", "eval_seconds", "chosen_lr"])
+    for task in result.tasks:
+        for run in task.runs:
+            writer.writerow([run.task, f"{run.learning_rate:g}", run.seed, f"{run.score:.6f}",
+                             *(f"{run.metrics[m]:.6f}" if m in run.metrics else ""
+                               for m in metric_names),
+                             run.steps, f"{run.final_loss:.6f}", f"{run.train_seconds:.2f}",
+                             f"{run.eval_seconds:.2f}",
+                             int(run.learning_rate == task.best_learning_rate)])
+    return buffer.getvalue()
+
+
+def plot_results(result: GlueResult, path: str) -> None:
+    """Dev score per learning rate for every task (mean over seeds, bars = min..max)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for task in result.tasks:
+        rates = sorted({r.learning_rate for r in task.runs})
+        scores = [[100 * r.score for r in task.runs if r.learning_rate == lr] for lr in rates]
+        means = [sum(s) / len(s) for s in scores]
+        low = [m - min(s) for m, s in zip(means, scores)]
+        high = [max(s) - m for m, s in zip(means, scores)]
+        ax.errorbar(rates, means, yerr=[low, high], marker="o", capsize=3, label=task.task)
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("dev score (points)")
+    ax.set_title(f"GLUE dev scores (GLUE score {100 * result.glue_score:.1f})")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    plt.close(fig)
+    storage.atomic_write_bytes(path, buffer.getvalue())
+
+
+def submission_tsv(predictions: TestPredictions) -> str:
+    lines = ["index\tprediction"] + [f"{g}\t{p}" for g, p in
+                                     zip(predictions.guids, predictions.predictions)]
+    return "\n".join(lines) + "\n"
+
+
+def write_submission(result: GlueResult, output_dir: str) -> str | None:
+    """`<output>/submission/<TASK>.tsv` and `<output>/submission.zip`; None without test sets.
+
+    The zip holds the files of the tasks run; the GLUE server scores a submission only when it
+    has all of SUBMISSION_FILES (the missing ones are listed in results.json).
+    """
+    predictions = [p for task in result.tasks for p in task.test_predictions]
+    if not predictions:
+        return None
+    folder = os.path.join(output_dir, "submission")
+    contents = {p.submission_file: submission_tsv(p) for p in predictions}
+    for name, text in contents.items():
+        storage.atomic_write_text(os.path.join(folder, name), text)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name in sorted(contents, key=SUBMISSION_FILES.index):
+            archive.writestr(name, contents[name])
+    path = os.path.join(output_dir, "submission.zip")
+    storage.atomic_write_bytes(path, buffer.getvalue())
+    return path
+
+
+def results_dict(result: GlueResult) -> dict:
+    """JSON-able summary (test predictions are in the submission files, not here)."""
+    tasks = []
+    for task in result.tasks:
+        entry = dataclasses.asdict(task)
+        entry["test_predictions"] = {p.submission_file: len(p.guids)
+                                     for p in task.test_predictions}
+        tasks.append(entry)
+    written = {p.submission_file for t in result.tasks for p in t.test_predictions}
+    return {
+        "glue_score": result.glue_score, "model_dir": result.model_dir,
+        "config": dataclasses.asdict(result.config),
+        "config_hash": storage.config_hash(result.config), "seconds": result.seconds,
+        "tasks": tasks,
+        "submission_missing": [f for f in SUBMISSION_FILES if f not in written],
+    }
+
+
+def write_report(result: GlueResult, output_dir: str) -> dict[str, str]:
+    """Write every output of a run into `output_dir`; returns {kind: path}."""
+    storage.makedirs(output_dir)
+    paths = {
+        "markdown": os.path.join(output_dir, "results.md"),
+        "csv": os.path.join(output_dir, "results.csv"),
+        "runs_csv": os.path.join(output_dir, "runs.csv"),
+        "plot": os.path.join(output_dir, "dev_scores.png"),
+        "json": os.path.join(output_dir, "results.json"),
+    }
+    storage.atomic_write_text(paths["markdown"], markdown_table(result))
+    storage.atomic_write_text(paths["csv"], summary_csv(result))
+    storage.atomic_write_text(paths["runs_csv"], runs_csv(result))
+    plot_results(result, paths["plot"])
+    submission = write_submission(result, output_dir)
+    if submission:
+        paths["submission"] = submission
+    storage.atomic_write_json(paths["json"], results_dict(result))
+    return paths

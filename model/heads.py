@@ -1,0 +1,213 @@
+"""BERT's task heads: pre-training (masked LM + next sentence) and sequence classification.
+
+Batch dictionary of pre-training (what the shard loader's collate returns; B rows, T tokens,
+M masked positions, K instances per row; every tensor int64 unless noted):
+
+| key                   | shape           | padding | meaning |
+|-----------------------|-----------------|---------|---------|
+| `input_ids`           | (B, T)          | 0 (`[PAD]`) | token ids, masked positions already replaced |
+| `token_type_ids`      | (B, T)          | 0       | segment A = 0, B = 1 (the shards' `segment_ids`) |
+| `attention_mask`      | (B, T)          | 0       | 1 = real token |
+| `sequence_ids`        | (B, T)          | -1      | instance index within a packed row (all 0 unpacked) |
+| `position_ids`        | (B, T)          | 0       | positions restarting at 0 for each instance |
+| `masked_lm_positions` | (B, M)          | 0       | row-relative positions of the masked tokens |
+| `masked_lm_ids`       | (B, M)          | -100    | original token ids at those positions |
+| `next_sentence_label` | (B,) or (B, K)  | -100    | 1 = random B, 0 = actual next, -1 = MLM-only (no NSP loss) |
+
+`BertForPreTraining(**batch)` accepts exactly these keys (and optional `cls_positions` (B, K),
+else found from `sequence_ids`). The MLM head runs only at the (B, M) masked positions: gather
+first, then transform and project onto the vocabulary (the dense projection of every token is
+wasted work: 85% of it is never scored). Losses are means over the labelled masked tokens and
+over the labelled instances, as in the reference `run_pretraining.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.bert import ACTIVATIONS, BertConfig, BertModel, init_bert_weights
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class PreTrainingOutput:
+    """Outputs of `BertForPreTraining`; losses and counts are None without labels."""
+
+    mlm_logits: Tensor
+    """(B, M, V) scores at `masked_lm_positions` (padding positions included, ignore them)."""
+    nsp_logits: Tensor | None
+    """(B, 2) or (B, K, 2) next-sentence scores per instance; None for the MLM-only model."""
+    loss: Tensor | None = None
+    """mlm_loss + nsp_loss (scalar)."""
+    mlm_loss: Tensor | None = None
+    """Mean cross-entropy over labelled masked tokens (scalar; 0 when there are none)."""
+    nsp_loss: Tensor | None = None
+    """Mean cross-entropy over labelled instances (scalar; 0 when there are none)."""
+    mlm_correct: Tensor | None = None
+    """Number of labelled masked tokens predicted right (0-dim int64)."""
+    mlm_count: Tensor | None = None
+    """Number of labelled masked tokens (0-dim int64)."""
+    nsp_correct: Tensor | None = None
+    """Number of labelled instances predicted right (0-dim int64)."""
+    nsp_count: Tensor | None = None
+    """Number of labelled instances (0-dim int64)."""
+
+
+@dataclass
+class SequenceClassifierOutput:
+    """Outputs of `BertForSequenceClassification`."""
+
+    logits: Tensor
+    """(B, num_labels) class scores, or (B, 1) regression values."""
+    loss: Tensor | None = None
+    """Cross-entropy (classification) or mean squared error (regression); None without labels."""
+
+
+class MaskedLMHead(nn.Module):
+    """Transform (dense + GELU + LayerNorm), then the decoder tied to the word embeddings + bias.
+
+    (..., H) -> (..., V). Callers gather the masked positions first.
+    """
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.activation = ACTIVATIONS[config.hidden_act]
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        # Tied: the decoder's weight is the word embedding Parameter itself. A module (rather
+        # than F.linear on the embedding) lets ZeRO-3 gather the weight with this module's hooks.
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.decoder(self.norm(self.activation(self.dense(hidden)))) + self.bias
+
+
+def masked_mean_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(mean cross-entropy, correct, count) over labels >= 0; logits (N, C), labels (N,).
+
+    Computed without a host sync or a NaN when nothing is labelled (the loss is then 0).
+    """
+    valid = labels >= 0
+    safe = labels.clamp(min=0)
+    losses = F.cross_entropy(logits.float(), safe, reduction="none")
+    count = valid.sum()
+    loss = (losses * valid).sum() / count.clamp(min=1)
+    correct = ((logits.argmax(-1) == safe) & valid).sum()
+    return loss, correct, count
+
+
+def instance_cls_positions(sequence_ids: Tensor, num_instances: int) -> Tensor:
+    """Start (the `[CLS]`) of instances 0..K-1 in each packed row. (B, T) -> (B, K)
+
+    Rows with fewer instances get position 0 for the missing ones (their labels are padding).
+    """
+    k = torch.arange(num_instances, device=sequence_ids.device)
+    is_k = sequence_ids[:, None, :] == k[None, :, None]  # (B, K, T)
+    return is_k.int().argmax(dim=-1)
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the masked-LM head and, unless `next_sentence=False` (MLM-only), the NSP head."""
+
+    def __init__(self, config: BertConfig, next_sentence: bool = True):
+        super().__init__()
+        self.config = config
+        self.next_sentence = next_sentence
+        self.bert = BertModel(config)
+        self.mlm = MaskedLMHead(config, self.bert.embeddings.word)
+        self.nsp = nn.Linear(config.hidden_size, 2) if next_sentence else None
+        for module in (self.mlm.dense, self.mlm.norm, self.nsp):
+            if module is not None:
+                init_bert_weights(module, config.initializer_range)
+
+    def forward(self, input_ids: Tensor, masked_lm_positions: Tensor,
+                token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                sequence_ids: Tensor | None = None, position_ids: Tensor | None = None,
+                masked_lm_ids: Tensor | None = None, next_sentence_label: Tensor | None = None,
+                cls_positions: Tensor | None = None) -> PreTrainingOutput:
+        """Scores at the masked positions and per instance, and the losses when labels are given.
+
+        Shapes as in the module docstring. Losses need `masked_lm_ids`; the NSP loss needs
+        `next_sentence_label`.
+        """
+        hidden = self.bert(input_ids, token_type_ids, attention_mask, sequence_ids, position_ids)
+        mlm_logits = self.mlm(gather_positions(hidden, masked_lm_positions))  # (B, M, V)
+        nsp_logits = self.nsp_logits(hidden, sequence_ids, next_sentence_label, cls_positions)
+        out = PreTrainingOutput(mlm_logits=mlm_logits, nsp_logits=nsp_logits)
+        if masked_lm_ids is None:
+            return out
+        out.mlm_loss, out.mlm_correct, out.mlm_count = masked_mean_loss(
+            mlm_logits.flatten(0, 1), masked_lm_ids.flatten())
+        out.loss = out.mlm_loss
+        if nsp_logits is not None and next_sentence_label is not None:
+            out.nsp_loss, out.nsp_correct, out.nsp_count = masked_mean_loss(
+                nsp_logits.reshape(-1, 2), next_sentence_label.flatten())
+            out.loss = out.loss + out.nsp_loss
+        return out
+
+    def nsp_logits(self, hidden: Tensor, sequence_ids: Tensor | None,
+                   next_sentence_label: Tensor | None, cls_positions: Tensor | None) -> Tensor | None:
+        """(B, 2) at position 0, or (B, K, 2) per instance of packed rows; None if MLM-only."""
+        if self.nsp is None:
+            return None
+        if cls_positions is None and next_sentence_label is not None and next_sentence_label.dim() == 2:
+            if sequence_ids is None:
+                raise ValueError("per-instance next_sentence_label (B, K) needs sequence_ids or "
+                                 "cls_positions to find each instance's [CLS]")
+            cls_positions = instance_cls_positions(sequence_ids, next_sentence_label.shape[1])
+        return self.nsp(self.bert.pool(hidden, cls_positions))
+
+    def dense_mlm_logits(self, input_ids: Tensor, **inputs: Tensor) -> Tensor:
+        """MLM scores at every token (B, T, V): the wasteful reference, for tests."""
+        return self.mlm(self.bert(input_ids, **inputs))
+
+
+def gather_positions(hidden: Tensor, positions: Tensor) -> Tensor:
+    """hidden (B, T, H) at positions (B, M) -> (B, M, H)."""
+    index = positions.long()[:, :, None].expand(-1, -1, hidden.shape[-1])
+    return hidden.gather(1, index)
+
+
+class BertForSequenceClassification(nn.Module):
+    """BERT + dropout + one linear layer on the pooled `[CLS]` (paper section 4.1).
+
+    `num_labels == 1` is regression (STS-B: mean squared error), otherwise classification.
+    """
+
+    def __init__(self, config: BertConfig, num_labels: int):
+        super().__init__()
+        if num_labels < 1:
+            raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        init_bert_weights(self.classifier, config.initializer_range)
+
+    @classmethod
+    def from_encoder(cls, bert: BertModel, num_labels: int) -> "BertForSequenceClassification":
+        """A classifier on a copy of a pre-trained encoder's weights (new head)."""
+        model = cls(bert.config, num_labels)
+        model.bert.load_state_dict(bert.state_dict())
+        return model
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None,
+                labels: Tensor | None = None) -> SequenceClassifierOutput:
+        """(B, T) inputs, labels (B,) int64 class ids or float targets -> logits (B, num_labels)."""
+        hidden = self.bert(input_ids, token_type_ids, attention_mask)
+        logits = self.classifier(self.dropout(self.bert.pool(hidden)))
+        out = SequenceClassifierOutput(logits=logits)
+        if labels is not None:
+            if self.num_labels == 1:
+                out.loss = F.mse_loss(logits.squeeze(-1).float(), labels.float())
+            else:
+                out.loss = F.cross_entropy(logits.float(), labels.long())
+        return out

@@ -1,0 +1,259 @@
+"""Hugging Face interop (the one place that knows `transformers`' BERT key names) and our
+own checkpoint format.
+
+- `load_hf_checkpoint(folder)`: a `transformers` BERT folder (`config.json` + `model.safetensors`
+  or `pytorch_model.bin`, with `BertModel` keys or `bert.`/`cls.` `BertForPreTraining` keys)
+  -> our `BertForPreTraining` (heads absent from the checkpoint keep their fresh initialisation).
+- `export_hf_folder(model, vocab_dir, out_dir)`: -> a folder that
+  `transformers.BertForPreTraining.from_pretrained` and `AutoTokenizer.from_pretrained` load.
+- `save_checkpoint(model, folder)` / `load_checkpoint(folder)`: our keys in
+  `bert.safetensors` + `bert_config.json` (our `BertConfig` and the head kind).
+"""
+from __future__ import annotations
+
+import io
+import logging
+import re
+
+import torch
+from safetensors.torch import load as load_safetensors_bytes
+from safetensors.torch import save as save_safetensors_bytes
+from torch import Tensor, nn
+
+from model.bert import BertConfig, BertModel
+from model.heads import BertForPreTraining, BertForSequenceClassification
+from pipelines import storage
+from pipelines.tokenization import read_vocab, save_tokenizer_folder
+
+log = logging.getLogger(__name__)
+
+HF_WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+CHECKPOINT_WEIGHTS = "bert.safetensors"
+CHECKPOINT_CONFIG = "bert_config.json"
+
+# Ours <- Hugging Face, outside the layers ("bert." stripped from HF keys first).
+_TOP_LEVEL = {
+    "embeddings.word": "embeddings.word_embeddings",
+    "embeddings.position": "embeddings.position_embeddings",
+    "embeddings.token_type": "embeddings.token_type_embeddings",
+    "embeddings.norm": "embeddings.LayerNorm",
+    "pooler.dense": "pooler.dense",
+}
+# Ours <- Hugging Face, inside layer i ("layers.{i}." <- "encoder.layer.{i}.").
+_LAYER = {
+    "attention.out": "attention.output.dense",
+    "attention_norm": "attention.output.LayerNorm",
+    "intermediate": "intermediate.dense",
+    "output": "output.dense",
+    "output_norm": "output.LayerNorm",
+}
+# Ours <- Hugging Face, heads (HF keys keep their "cls." prefix; not under "bert.").
+_HEADS = {
+    "mlm.dense": "cls.predictions.transform.dense",
+    "mlm.norm": "cls.predictions.transform.LayerNorm",
+    "nsp": "cls.seq_relationship",
+    "classifier": "classifier",
+}
+_QKV = ("query", "key", "value")
+
+
+def _hf_names() -> dict[str, str]:
+    """HF module path -> our module path, for everything but the fused QKV and layer index."""
+    names = {hf: "bert." + ours for ours, hf in _TOP_LEVEL.items()}
+    names.update({hf: ours for ours, hf in _HEADS.items()})
+    return names
+
+
+def hf_to_ours(hf_state: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
+    """HF BERT state dict -> (our state dict with `bert.` prefixes, ignored HF keys)."""
+    state, ignored, qkv = {}, [], {}
+    names = _hf_names()
+    layer_names = {hf: ours for ours, hf in _LAYER.items()}
+    for key, value in hf_state.items():
+        key = re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", key))  # TF-era names
+        key = key.removeprefix("bert.")
+        module, _, param = key.rpartition(".")
+        if m := re.fullmatch(r"encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)", module):
+            qkv[(int(m[1]), param, m[2])] = value
+        elif m := re.fullmatch(r"encoder\.layer\.(\d+)\.(.+)", module):
+            if m[2] not in layer_names:
+                ignored.append(key)
+                continue
+            state[f"bert.layers.{m[1]}.{layer_names[m[2]]}.{param}"] = value
+        elif module in names:
+            state[f"{names[module]}.{param}"] = value
+        elif key == "cls.predictions.bias":
+            state["mlm.bias"] = value
+        else:  # position_ids buffers, the tied decoder (checked below), other tasks' heads
+            ignored.append(key)
+    for layer, param in sorted({(i, p) for i, p, _ in qkv}):
+        parts = [qkv.get((layer, param, name)) for name in _QKV]
+        if any(p is None for p in parts):
+            raise ValueError(f"layer {layer}: query/key/value {param} incomplete in checkpoint")
+        state[f"bert.layers.{layer}.attention.qkv.{param}"] = torch.cat(parts, dim=0)  # (3H, ...)
+    return state, ignored
+
+
+def ours_to_hf(state: dict[str, Tensor], prefix: str = "bert.") -> dict[str, Tensor]:
+    """Our state dict -> HF keys (`bert.` + BertModel keys, `cls.` heads, `classifier.`)."""
+    names = {ours: hf for hf, ours in _hf_names().items()}
+    out = {}
+    for key, value in state.items():
+        module, _, param = key.rpartition(".")
+        if module == "mlm.decoder":
+            continue  # tied to the word embeddings; transformers re-ties it on load
+        if key == "mlm.bias":
+            out["cls.predictions.bias"] = value
+        elif m := re.fullmatch(r"bert\.layers\.(\d+)\.attention\.qkv", module):
+            for name, part in zip(_QKV, value.chunk(3, dim=0)):  # (3H, ...) -> 3 x (H, ...)
+                out[f"{prefix}encoder.layer.{m[1]}.attention.self.{name}.{param}"] = part
+        elif m := re.fullmatch(r"bert\.layers\.(\d+)\.(.+)", module):
+            out[f"{prefix}encoder.layer.{m[1]}.{_LAYER[m[2]]}.{param}"] = value
+        elif module in names:
+            hf = names[module]
+            prefix = "" if hf.startswith("cls.") or hf == "classifier" else prefix
+            out[f"{prefix}{hf}.{param}"] = value
+        else:
+            raise KeyError(f"no Hugging Face name for parameter {key!r}")
+    return out
+
+
+def read_hf_weights(folder: str) -> tuple[dict[str, Tensor], str]:
+    """The state dict of a HF folder (safetensors preferred) and the file it came from."""
+    for name in HF_WEIGHT_FILES:
+        path = storage.join(folder, name)
+        if storage.exists(path):
+            with storage.open_read(path, "rb") as f:
+                data = f.read()
+            if name.endswith(".safetensors"):
+                return load_safetensors_bytes(data), path
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), path
+    raise FileNotFoundError(f"{folder}: no {' or '.join(HF_WEIGHT_FILES)}")
+
+
+def load_hf_checkpoint(folder: str, next_sentence: bool = True) -> BertForPreTraining:
+    """Our `BertForPreTraining` (its `.config` is the `BertConfig`) from a `transformers` folder.
+
+    Encoder weights must all be present; missing head weights (a `BertModel` checkpoint has no
+    `cls.`) keep BERT's initialisation and are logged.
+    """
+    config = BertConfig.from_dict(storage.read_json(storage.join(folder, "config.json")))
+    hf_state, path = read_hf_weights(folder)
+    state, ignored = hf_to_ours(hf_state)
+    model = BertForPreTraining(config, next_sentence=next_sentence)
+    _check_tied_decoder(hf_state, state, path)
+    _load_into(model, state, path, ignored)
+    return model
+
+
+def load_hf_encoder(folder: str) -> BertModel:
+    """Our `BertModel` from a `transformers` folder (any BERT head keys are ignored)."""
+    return load_hf_checkpoint(folder).bert
+
+
+def _check_tied_decoder(hf_state: dict[str, Tensor], state: dict[str, Tensor], path: str) -> None:
+    decoder = hf_state.get("cls.predictions.decoder.weight")
+    word = state.get("bert.embeddings.word.weight")
+    if decoder is not None and word is not None and not torch.equal(decoder, word):
+        raise ValueError(f"{path}: cls.predictions.decoder.weight differs from the word "
+                         "embeddings; BERT ties them and this model cannot hold an untied decoder")
+
+
+def _load_into(model: nn.Module, state: dict[str, Tensor], path: str, ignored: list[str]) -> None:
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if k != "mlm.decoder.weight"]
+    required = [k for k in missing if k.startswith("bert.") and not k.startswith("bert.pooler.")]
+    if required:
+        raise ValueError(f"{path}: encoder weights missing from the checkpoint: {required}")
+    if missing:
+        log.warning("%s: no weights for %s; they keep their initialisation", path, missing)
+    extra = list(result.unexpected_keys) + [k for k in ignored if not _expected_ignored(k)]
+    if extra:
+        log.warning("%s: ignored keys not used by %s: %s", path, type(model).__name__, extra)
+
+
+def _expected_ignored(hf_key: str) -> bool:
+    return hf_key.endswith("position_ids") or hf_key in (
+        "cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+
+
+def hf_config_dict(config: BertConfig, architecture: str, **extra) -> dict:
+    """`config.json` contents as `transformers.BertConfig` writes them."""
+    import transformers
+
+    hf_config = transformers.BertConfig(**config.to_dict(), architectures=[architecture], **extra)
+    return hf_config.to_dict()
+
+
+def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
+                     do_lower_case: bool = True) -> None:
+    """Write `config.json`, `model.safetensors`, `vocab.txt`, `tokenizer.json` and the tokenizer
+    configs for `transformers` (BertForPreTraining, BertForSequenceClassification or BertModel)."""
+    vocab = read_vocab(vocab_dir)
+    config: BertConfig = model.config
+    if len(vocab) != config.vocab_size:
+        raise ValueError(f"{vocab_dir}: {len(vocab)} tokens but the model has vocab_size "
+                         f"{config.vocab_size}")
+    extra = {}
+    if isinstance(model, BertForPreTraining):
+        architecture = "BertForPreTraining" if model.nsp is not None else "BertForMaskedLM"
+        prefix = "bert."
+    elif isinstance(model, BertForSequenceClassification):
+        architecture, prefix = "BertForSequenceClassification", "bert."
+        extra = {"num_labels": model.num_labels,
+                 "problem_type": "regression" if model.num_labels == 1 else
+                 "single_label_classification"}
+    elif isinstance(model, BertModel):
+        architecture, prefix = "BertModel", ""
+    else:
+        raise TypeError(f"cannot export {type(model).__name__} to Hugging Face")
+    state = model.state_dict() if prefix else {f"bert.{k}": v for k, v in model.state_dict().items()}
+    hf_state = ours_to_hf(state, prefix=prefix)
+    hf_state = {k: v.detach().float().contiguous().cpu() for k, v in hf_state.items()}
+    storage.makedirs(out_dir)
+    save_tokenizer_folder(vocab, out_dir, do_lower_case)
+    storage.atomic_write_bytes(storage.join(out_dir, "model.safetensors"),
+                               save_safetensors_bytes(hf_state, metadata={"format": "pt"}))
+    storage.atomic_write_json(storage.join(out_dir, "config.json"),
+                              hf_config_dict(config, architecture, **extra))
+
+
+def save_checkpoint(model: nn.Module, folder: str) -> None:
+    """Our format: `bert.safetensors` (our keys, tied decoder stored once) + `bert_config.json`."""
+    if isinstance(model, BertForPreTraining):
+        head = {"kind": "pretraining", "next_sentence": model.nsp is not None}
+    elif isinstance(model, BertForSequenceClassification):
+        head = {"kind": "classification", "num_labels": model.num_labels}
+    elif isinstance(model, BertModel):
+        head = {"kind": "encoder"}
+    else:
+        raise TypeError(f"cannot save {type(model).__name__}")
+    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()
+             if k != "mlm.decoder.weight"}
+    storage.makedirs(folder)
+    storage.atomic_write_bytes(storage.join(folder, CHECKPOINT_WEIGHTS),
+                               save_safetensors_bytes(state, metadata={"format": "pt"}))
+    storage.atomic_write_json(storage.join(folder, CHECKPOINT_CONFIG),
+                              {"config": model.config.to_dict(), "head": head})
+
+
+def load_checkpoint(folder: str) -> nn.Module:
+    """The model `save_checkpoint` wrote, with exactly its parameters."""
+    meta = storage.read_json(storage.join(folder, CHECKPOINT_CONFIG))
+    config, head = BertConfig.from_dict(meta["config"]), meta["head"]
+    if head["kind"] == "pretraining":
+        model: nn.Module = BertForPreTraining(config, next_sentence=head["next_sentence"])
+    elif head["kind"] == "classification":
+        model = BertForSequenceClassification(config, head["num_labels"])
+    elif head["kind"] == "encoder":
+        model = BertModel(config)
+    else:
+        raise ValueError(f"{folder}/{CHECKPOINT_CONFIG}: unknown head kind {head['kind']!r}")
+    path = storage.join(folder, CHECKPOINT_WEIGHTS)
+    with storage.open_read(path, "rb") as f:
+        state = load_safetensors_bytes(f.read())
+    result = model.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if k != "mlm.decoder.weight"]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"{path}: missing {missing}, unexpected {result.unexpected_keys}")
+    return model

@@ -1,0 +1,298 @@
+"""Beam job: documents folders (extract_wikipedia, extract_books) -> the sentence-split corpus.
+
+    beam run pipelines/build_corpus.py --input out/wiki,out/books --output out/corpus --text_output
+    python pipelines/build_corpus.py --input out/wiki,out/books --output out/corpus \\
+        --direct_num_workers=2 --direct_running_mode=multi_processing
+
+Steps: read every documents Parquet file (row group by row group), remove exact duplicate
+documents across all sources (the text of all passages after NFKC, case folding and whitespace
+collapsing; the smallest doc_id is kept, the others counted and listed in
+`<output>/duplicates/`), split each passage into sentences (`pipelines.sentences`), and write
+`corpus-{i:05d}-of-{n:05d}.parquet` (pipelines.documents.CORPUS_SCHEMA), sorted by doc_id in each
+shard. `--text_output` also writes `corpus-....txt` next to each shard in the reference text format
+(one sentence per line, a blank line between documents, same order as the Parquet shard).
+
+Bad records go to `<output>/dead_letter/` and are counted: a document with no sentence, and a
+doc_id that two inputs use for different texts (the one from the smaller source_file is kept).
+`manifest.json` is written last: config + hash, counts, inputs (with each input folder's
+config_hash), outputs with sha256.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import apache_beam as beam
+from apache_beam import pvalue
+
+from pipelines import jobs, parquet_io, sentences, storage
+from pipelines.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
+
+NAMESPACE = "build_corpus"
+PREFIX = "corpus"
+DUPLICATES_FILE = "duplicates/duplicates-00000-of-00001.jsonl"
+COUNTERS = ("input_files", "documents_read", "duplicates_removed", "doc_id_conflicts",
+            "documents_without_sentences", "bad_records", "documents", "passages", "sentences")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BuildCorpusConfig:
+    """Resolved options of one build_corpus run (saved in the manifest, hashed)."""
+    input: str
+    """--input: documents folders or Parquet files (local or gs://...), separated by commas."""
+    output: str
+    """--output: the corpus folder."""
+    num_shards: int = 0
+    """--num_shards: Parquet files to write; 0 = one per 256 MB of input Parquet."""
+    text_output: bool = False
+    """--text_output: also write each shard in the reference text format (.txt)."""
+
+    def __post_init__(self):
+        if self.num_shards < 0:
+            raise ValueError(f"--num_shards must be >= 0 (0 = automatic), got {self.num_shards}")
+
+
+def normalized_text(passages: Iterable[str]) -> str:
+    """What "the same document" means: NFKC, case folded, every whitespace run one space."""
+    text = unicodedata.normalize("NFKC", " ".join(passages)).casefold()
+    return " ".join(text.split())
+
+
+def dedupe_key(record: dict) -> str:
+    return hashlib.sha256(normalized_text(record["passages"]).encode("utf-8")).hexdigest()
+
+
+def _order(record: dict) -> tuple[str, str]:
+    return record["doc_id"], record["source_file"]
+
+
+def keep_first(records: Iterable[dict]) -> tuple[dict, list[dict]]:
+    """(the record kept: smallest doc_id, then source_file; the others)."""
+    ordered = sorted(records, key=_order)
+    return ordered[0], ordered[1:]
+
+
+def corpus_record(record: dict) -> dict:
+    """A documents row -> a corpus row: the same fields plus the passages' sentences."""
+    return {"doc_id": record["doc_id"], "source": record["source"],
+            "source_file": record["source_file"], "title": record["title"],
+            "passages": list(record["passages"]),
+            "sentences": sentences.split_passages(record["passages"])}
+
+
+class DedupeFn(beam.DoFn):
+    """(content hash, records with that content) -> the kept record; duplicates tagged."""
+
+    def __init__(self):
+        self.removed = beam.metrics.Metrics.counter(NAMESPACE, "duplicates_removed")
+
+    def process(self, element):
+        _, records = element
+        kept, removed = keep_first(records)
+        for other in removed:
+            self.removed.inc()
+            yield pvalue.TaggedOutput("duplicates", _duplicate_line(other, kept))
+        yield kept
+
+
+def _duplicate_line(removed: dict, kept: dict) -> str:
+    import json
+    return json.dumps({"removed": removed["doc_id"], "removed_file": removed["source_file"],
+                       "kept": kept["doc_id"], "kept_file": kept["source_file"]}, ensure_ascii=False)
+
+
+class UniqueIdFn(beam.DoFn):
+    """(doc_id, records) -> one record; a doc_id used for two different texts is a dead letter."""
+
+    def __init__(self):
+        self.conflicts = beam.metrics.Metrics.counter(NAMESPACE, "doc_id_conflicts")
+        self.bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_records")
+
+    def process(self, element):
+        doc_id, records = element
+        kept, others = keep_first(records)
+        for other in others:
+            self.conflicts.inc()
+            self.bad.inc()
+            reason = f"doc_id also used by {kept['source_file']} for a different text (kept that one)"
+            yield pvalue.TaggedOutput("dead_letter",
+                                      jobs.BadRecord(other["source_file"], doc_id, reason).to_json())
+        yield kept
+
+
+class SplitSentencesFn(beam.DoFn):
+    """documents row -> corpus row; a document with no sentence is a dead letter."""
+
+    def __init__(self):
+        self.counters = {name: beam.metrics.Metrics.counter(NAMESPACE, name) for name in COUNTERS}
+
+    def process(self, record: dict):
+        row = corpus_record(record)
+        if not row["sentences"]:
+            self.counters["documents_without_sentences"].inc()
+            self.counters["bad_records"].inc()
+            yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(
+                record["source_file"], record["doc_id"], "document has no sentence").to_json())
+            return
+        self.counters["documents"].inc()
+        self.counters["passages"].inc(len(row["passages"]))
+        self.counters["sentences"].inc(len(row["sentences"]))
+        yield row
+
+
+class ReadDocumentsFn(beam.DoFn):
+    """A documents Parquet file -> its rows, one row group at a time; an unreadable file (or its
+    unreadable rest) is a tagged dead letter."""
+
+    def __init__(self):
+        self.files = beam.metrics.Metrics.counter(NAMESPACE, "input_files")
+        self.read = beam.metrics.Metrics.counter(NAMESPACE, "documents_read")
+        self.bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_records")
+
+    def process(self, path: str):
+        import pyarrow as pa
+
+        self.files.inc()
+        rows = 0
+        try:
+            for row in parquet_io.parquet_rows(path, list(DOCUMENT_SCHEMA.names)):
+                rows += 1
+                self.read.inc()
+                yield row
+        except (pa.ArrowException, OSError) as e:
+            self.bad.inc()
+            log.error("dead letter: %s after row %d: %s", path, rows, e)
+            yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(
+                path, f"rows after {rows}", f"unreadable Parquet: {e}").to_json())
+
+
+class BuildCorpus(beam.PTransform):
+    """Composite: documents rows -> unique corpus rows (main), plus `duplicates` and
+    `dead_letter` JSON lines."""
+
+    def expand(self, documents):
+        deduped = (documents
+                   | "ByContent" >> beam.Map(lambda r: (dedupe_key(r), r))
+                   | "GroupContent" >> beam.GroupByKey()
+                   | "Dedupe" >> beam.ParDo(DedupeFn()).with_outputs("duplicates", main="kept"))
+        unique = (deduped.kept
+                  | "ById" >> beam.Map(lambda r: (r["doc_id"], r))
+                  | "GroupId" >> beam.GroupByKey()
+                  | "UniqueId" >> beam.ParDo(UniqueIdFn()).with_outputs("dead_letter", main="unique"))
+        split = (unique.unique
+                 | "Sentences" >> beam.ParDo(SplitSentencesFn()).with_outputs("dead_letter",
+                                                                                main="corpus"))
+        dead = (unique.dead_letter, split.dead_letter) | "DeadLetters" >> beam.Flatten()
+        return {"corpus": split.corpus, "duplicates": deduped.duplicates, "dead_letter": dead}
+
+
+def build_parser():
+    parser = jobs.job_parser(__doc__.splitlines()[0])
+    parser.add_argument("--num_shards", type=int, default=0,
+                        help="number of corpus Parquet files; 0 = one per 256 MB of input")
+    parser.add_argument("--text_output", action="store_true",
+                        help="also write the reference text format (one sentence per line, "
+                             "blank line between documents) next to each shard")
+    return parser
+
+
+def select_inputs(pattern: str) -> tuple[list[str], dict[str, str]]:
+    """(documents Parquet files, {input folder: its manifest's config_hash}).
+
+    A folder given as input must hold a manifest.json (its stage finished); raises naming it."""
+    folders: dict[str, str] = {}
+    for part in (p for p in pattern.split(",") if p):
+        if (not storage.is_remote(part) and os.path.isdir(part)) or part.endswith("/"):
+            manifest = storage.read_manifest(part)
+            if manifest is None:
+                raise FileNotFoundError(f"--input {part!r} has no manifest.json: the job that "
+                                        "writes it did not finish")
+            folders[part] = manifest.get("config_hash", "")
+    files = sorted(f for f in storage.expand_inputs(pattern) if f.endswith(".parquet"))
+    if not files:
+        raise FileNotFoundError(f"--input {pattern!r} holds no Parquet files")
+    return files, folders
+
+
+def run(argv: Sequence[str] | None = None) -> dict:
+    jobs.configure_logging()
+    args, options = jobs.parse_job_args(build_parser(), argv)
+    config = BuildCorpusConfig(input=args.input, output=args.output,
+                               num_shards=args.num_shards, text_output=args.text_output)
+    files, folders = select_inputs(config.input)
+    sizes = {f: parquet_io.file_size(f) for f in files}
+    num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
+    text_column = "sentences" if config.text_output else None
+    log.info("build_corpus: %d input files, %d shard(s), config %s",
+             len(files), num_shards, dataclasses.asdict(config))
+    storage.makedirs(config.output)
+    parquet_io.clear_previous_output(config.output, PREFIX)
+
+    with beam.Pipeline(options=options) as pipeline:
+        read = (pipeline
+                | "Files" >> beam.Create(files)
+                | "Spread" >> beam.Reshuffle()
+                | "Read" >> beam.ParDo(ReadDocumentsFn()).with_outputs("dead_letter", main="rows"))
+        built = read.rows | "Build" >> BuildCorpus()
+        dead_letters = ((read.dead_letter, built["dead_letter"])
+                        | "AllDeadLetters" >> beam.Flatten())
+        _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteShards(
+            config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
+        _ = dead_letters | "WriteDeadLetters" >> parquet_io.WriteDeadLetters(config.output)
+        _ = built["duplicates"] | "WriteDuplicates" >> beam.Map(lambda line: (0, line)) \
+            | "GroupDuplicates" >> beam.GroupByKey() \
+            | "WriteDuplicateList" >> beam.Map(lambda group, out: write_duplicates(out, group[1]),
+                                               config.output)
+    counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
+    return finish(config, files, folders, sizes, num_shards, text_column, counts)
+
+
+def duplicates_path(output: str) -> str:
+    return storage.join(output, *DUPLICATES_FILE.split("/"))
+
+
+def write_duplicates(output: str, lines: Iterable[str]) -> str:
+    path = duplicates_path(output)
+    storage.makedirs(os.path.dirname(path))
+    storage.atomic_write_text(path, "".join(f"{line}\n" for line in sorted(lines)))
+    return path
+
+
+def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
+           sizes: dict[str, int], num_shards: int, text_column: str | None,
+           counts: dict[str, int]) -> dict:
+    """After the pipeline: complete the shard set, check counts against rows, write manifest."""
+    shards = parquet_io.finish_shards(config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
+    dead_letters = parquet_io.finish_dead_letters(config.output, counts["bad_records"] > 0)
+    duplicates = duplicates_path(config.output)
+    if counts["duplicates_removed"] == 0 or not storage.exists(duplicates):
+        write_duplicates(config.output, [])
+    rows = sum(parquet_io.count_rows(p) for p in shards if p.endswith(".parquet"))
+    if rows != counts["documents"]:
+        raise RuntimeError(f"{config.output}: {rows} rows written but {counts['documents']} "
+                           "documents counted")
+    manifest = {
+        "stage": NAMESPACE,
+        "config": dataclasses.asdict(config),
+        "config_hash": parquet_io.content_hash({**dataclasses.asdict(config),
+                                                "inputs": sorted(folders.values())}),
+        "num_shards": num_shards,
+        "counts": counts,
+        "inputs": [{"path": f, "bytes": sizes[f]} for f in files],
+        "input_config_hashes": folders,
+        "outputs": parquet_io.outputs_entry(config.output, [*shards, dead_letters, duplicates]),
+    }
+    storage.write_manifest(config.output, manifest)
+    manifest = storage.read_manifest(config.output)  # what later stages read (tuples as lists)
+    log.info("build_corpus: %s", counts)
+    return manifest
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,221 @@
+"""Beam job: book text files (one book per file, as BooksCorpus is distributed) -> documents.
+
+    beam run pipelines/extract_books.py --input data/sample/books --output out/books_documents
+    python pipelines/extract_books.py --input 'books/*.txt' --output out/books --num_shards 4 \\
+        --direct_num_workers=2 --direct_running_mode=multi_processing
+
+Each file becomes one document (`doc_id` "books/<file stem>", title from the book's first
+bracketed line): decoded (UTF-8 with or without BOM, else CP1252/Latin-1, counted), CRLF
+normalised, Project Gutenberg header/footer and chapter headings dropped, hard-wrapped lines
+unwrapped into one passage per paragraph (see `pipelines/books.py`).
+
+Bad input is set aside in `<output>/dead_letter/` and counted, never dropped silently: an empty or
+binary file, a file with no text left, an unreadable file (one record each), and a paragraph
+longer than --max_passage_chars (e.g. a 50 MB file with no line breaks: the paragraph is set
+aside with its size and line; the rest of that book is kept). Files whose name matches
+--exclude (default: README*, LICENSE*, ...) are not books: they are skipped and listed.
+
+Output: `documents-{i:05d}-of-{n:05d}.parquet` (pipelines.documents.DOCUMENT_SCHEMA), dead letters,
+and `manifest.json` written last (config + hash, counts, inputs, outputs with sha256).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import apache_beam as beam
+from apache_beam import pvalue
+
+from pipelines import books, jobs, parquet_io, storage
+from pipelines.documents import DOCUMENT_SCHEMA
+
+NAMESPACE = "extract_books"
+PREFIX = "documents"
+DEFAULT_EXCLUDE = "README*,LICENSE*,LICENCE*,COPYING*,*.md,*.json,*.parquet"
+# Counter names, in manifest order.
+COUNTERS = ("files_read", "decoded_utf8", "decoded_fallback", "documents", "passages",
+            "headings_dropped", "gutenberg_headers_stripped", "gutenberg_footers_stripped",
+            "bad_records", "passages_set_aside")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExtractBooksConfig:
+    """Resolved options of one extract_books run (saved in the manifest, hashed)."""
+    input: str
+    """--input: book files, a glob or a folder (local or gs://...); several separated by commas."""
+    output: str
+    """--output: the documents folder."""
+    exclude: tuple[str, ...] = tuple(DEFAULT_EXCLUDE.split(","))
+    """--exclude: file-name patterns that are not books (skipped, listed in the manifest)."""
+    num_shards: int = 0
+    """--num_shards: Parquet files to write; 0 = one per 256 MB of input."""
+    max_passage_chars: int = books.BookConfig.max_passage_chars
+    """--max_passage_chars: longer paragraphs are dead letters (see pipelines.books.BookConfig)."""
+    max_control_fraction: float = books.BookConfig.max_control_fraction
+    """--max_control_fraction: files with more binary control bytes are dead letters."""
+
+    def __post_init__(self):
+        if self.num_shards < 0:
+            raise ValueError(f"--num_shards must be >= 0 (0 = automatic), got {self.num_shards}")
+        self.book_config()  # validates --max_passage_chars and --max_control_fraction
+
+    def book_config(self) -> books.BookConfig:
+        return books.BookConfig(self.max_passage_chars, self.max_control_fraction)
+
+
+def is_excluded(path: str, patterns: Sequence[str]) -> bool:
+    name = os.path.basename(path)
+    return any(fnmatch.fnmatch(name, p) for p in patterns)
+
+
+def doc_id_for(path: str) -> str:
+    return f"books/{os.path.splitext(os.path.basename(path))[0]}"
+
+
+def book_record(path: str, book: books.Book) -> dict:
+    """The DOCUMENT_SCHEMA row of one book."""
+    stem = os.path.splitext(os.path.basename(path))[0]
+    return {"doc_id": doc_id_for(path), "source": "books", "source_file": path,
+            "title": book.title or stem, "passages": list(book.passages)}
+
+
+class ExtractBookFn(beam.DoFn):
+    """Wires `books.extract_book`: path -> document record, plus tagged dead letters."""
+
+    def __init__(self, config: books.BookConfig):
+        self.config = config
+        self.counters = {name: beam.metrics.Metrics.counter(NAMESPACE, name) for name in COUNTERS}
+
+    def process(self, path: str):
+        yield from extract_path(path, self.config, self.counters)
+
+
+def extract_path(path: str, config: books.BookConfig, counters: dict):
+    """Read and extract one file; yields a record or tagged dead letters and bumps counters."""
+    counters["files_read"].inc()
+    try:
+        with storage.open_read(path, "rb") as f:
+            data = f.read()
+        book = books.extract_book(data, config)
+    except books.BadBookError as e:
+        counters["bad_records"].inc()
+        log.warning("dead letter: %s %s: %s", path, e.record, e.reason)
+        yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(path, e.record, e.reason).to_json())
+        return
+    except OSError as e:
+        counters["bad_records"].inc()
+        yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(path, "file", f"unreadable: {e}").to_json())
+        return
+    counters["decoded_fallback" if book.fell_back else "decoded_utf8"].inc()
+    counters["headings_dropped"].inc(book.headings_dropped)
+    counters["gutenberg_headers_stripped"].inc(int(book.header_stripped))
+    counters["gutenberg_footers_stripped"].inc(int(book.footer_stripped))
+    for record, reason in book.bad_paragraphs:
+        counters["bad_records"].inc()
+        counters["passages_set_aside"].inc()
+        log.warning("dead letter: %s %s: %s", path, record, reason)
+        yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(path, record, reason).to_json())
+    if book.passages:
+        counters["documents"].inc()
+        counters["passages"].inc(len(book.passages))
+        log.info("book %s: %d passages (%s)", os.path.basename(path), len(book.passages), book.encoding)
+        yield book_record(path, book)
+
+
+def build_parser():
+    parser = jobs.job_parser(__doc__.splitlines()[0])
+    parser.add_argument("--exclude", default=DEFAULT_EXCLUDE,
+                        help="comma-separated file-name patterns that are not books "
+                             f"(default: {DEFAULT_EXCLUDE})")
+    parser.add_argument("--num_shards", type=int, default=0,
+                        help="number of Parquet files; 0 = one per 256 MB of input")
+    parser.add_argument("--max_passage_chars", type=int, default=books.BookConfig.max_passage_chars,
+                        help="a paragraph longer than this is set aside as a dead letter")
+    parser.add_argument("--max_control_fraction", type=float,
+                        default=books.BookConfig.max_control_fraction,
+                        help="a file with a larger share of binary control bytes is a dead letter")
+    return parser
+
+
+def config_from_args(args) -> ExtractBooksConfig:
+    return ExtractBooksConfig(
+        input=args.input, output=args.output,
+        exclude=tuple(p for p in args.exclude.split(",") if p),
+        num_shards=args.num_shards, max_passage_chars=args.max_passage_chars,
+        max_control_fraction=args.max_control_fraction)
+
+
+def select_inputs(config: ExtractBooksConfig) -> tuple[list[str], list[str]]:
+    """(books, excluded files). Raises ValueError naming the files when two books would get
+    the same doc_id."""
+    files = storage.expand_inputs(config.input)
+    excluded = [f for f in files if is_excluded(f, config.exclude)]
+    selected = sorted(set(files) - set(excluded))
+    by_id: dict[str, str] = {}
+    for f in selected:
+        if (other := by_id.setdefault(doc_id_for(f), f)) != f:
+            raise ValueError(f"{other} and {f} would both be document {doc_id_for(f)!r}: "
+                             "book file names must be unique")
+    if not selected:
+        raise FileNotFoundError(f"--input {config.input!r}: no book files left after --exclude")
+    return selected, excluded
+
+
+def run(argv: Sequence[str] | None = None) -> dict:
+    jobs.configure_logging()
+    args, options = jobs.parse_job_args(build_parser(), argv)
+    config = config_from_args(args)
+    files, excluded = select_inputs(config)
+    sizes = {f: parquet_io.file_size(f) for f in files}
+    num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
+    log.info("extract_books: %d books (%d excluded), %d shard(s), config %s",
+             len(files), len(excluded), num_shards, dataclasses.asdict(config))
+    storage.makedirs(config.output)
+    parquet_io.clear_previous_output(config.output, PREFIX)
+
+    with beam.Pipeline(options=options) as pipeline:
+        results = (pipeline
+                   | "Files" >> beam.Create(files)
+                   | "Spread" >> beam.Reshuffle()
+                   | "Extract" >> beam.ParDo(ExtractBookFn(config.book_config()))
+                   .with_outputs("dead_letter", main="documents"))
+        _ = results.documents | "WriteDocuments" >> parquet_io.WriteShards(
+            config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
+        _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteDeadLetters(config.output)
+    counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
+    return finish(config, files, excluded, sizes, num_shards, counts)
+
+
+def finish(config: ExtractBooksConfig, files: list[str], excluded: list[str],
+           sizes: dict[str, int], num_shards: int, counts: dict[str, int]) -> dict:
+    """After the pipeline: complete the shard set, check counts against rows, write manifest."""
+    shards = parquet_io.finish_shards(config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
+    dead_letters = parquet_io.finish_dead_letters(config.output, counts["bad_records"] > 0)
+    rows = sum(parquet_io.count_rows(p) for p in shards)
+    if rows != counts["documents"]:
+        raise RuntimeError(f"{config.output}: {rows} rows written but {counts['documents']} "
+                           "documents counted")
+    counts = {**counts, "files_excluded": len(excluded)}
+    manifest = {
+        "stage": NAMESPACE,
+        "config": dataclasses.asdict(config),
+        "config_hash": parquet_io.content_hash(config),
+        "num_shards": num_shards,
+        "counts": counts,
+        "inputs": [{"path": f, "bytes": sizes[f]} for f in files],
+        "excluded_inputs": excluded,
+        "outputs": parquet_io.outputs_entry(config.output, [*shards, dead_letters]),
+    }
+    storage.write_manifest(config.output, manifest)
+    manifest = storage.read_manifest(config.output)  # what later stages read (tuples as lists)
+    log.info("extract_books: %s", counts)
+    return manifest
+
+
+if __name__ == "__main__":
+    run()

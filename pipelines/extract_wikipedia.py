@@ -1,0 +1,292 @@
+"""Beam job: MediaWiki pages-articles dumps -> documents of clean passages (Parquet).
+
+    beam run pipelines/extract_wikipedia.py --input 'dumps/enwiki-*.xml.bz2' --output out/wiki \
+        [--split_bytes 67108864] [--runner DataflowRunner ...]
+
+Each input file is cut into splits (byte ranges of .xml, groups of bz2 streams of a multistream
+.bz2; see pipelines/wiki_dump.py). One worker reads a split, keeps the namespace-0 articles that
+are not redirects or disambiguation pages, extracts their passages (pipelines/wikitext.py) and
+streams them to `documents-{index:05d}-of-{count:05d}.parquet`, one file per split, rows in dump
+order: the split plan depends only on the input files and the config, so a re-run writes the same
+bytes, whatever the runner or number of workers. Files are written under a temporary name and
+renamed. Pages that cannot be read go to `dead_letter/`; `manifest.json` (config, hash, counts,
+inputs, outputs with sha256) is written last.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import fnmatch
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+
+from pipelines import storage
+from pipelines.documents import DOCUMENT_SCHEMA, Document
+from pipelines.jobs import DEAD_LETTER_DIR, BadRecord, configure_logging, job_parser, parse_job_args
+from pipelines.wiki_dump import DumpSplit, Page, file_size, iter_pages, plan_splits
+from pipelines.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
+
+STAGE = "extract_wikipedia"
+METRICS_NAMESPACE = STAGE
+DEAD_LETTER_FILE = "dead_letter-00000-of-00001.jsonl"
+SHARD_PATTERN = "documents-*-of-*.parquet"
+COUNT_NAMES = (
+    "pages_read", "articles_kept", "skipped_redirect", "skipped_disambiguation",
+    "skipped_namespace", "skipped_empty", "bad_records", "passages",
+    "passages_residue_dropped", "templates_removed", "page_bytes",
+)
+LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WikipediaConfig:
+    """How the dumps are cut into work and read."""
+    split_bytes: int = 64 << 20
+    """--split_bytes: target size of one work item in input bytes (bz2: whole streams; 0 = one
+    item per bz2 stream)."""
+    max_page_bytes: int = 16 << 20
+    """--max_page_bytes: a page whose XML is larger is set aside as a bad record (MediaWiki caps
+    an article at 2 MiB of wikitext; XML escaping can grow it several times)."""
+    row_group_docs: int = 1000
+    """--row_group_docs: documents per Parquet row group (bounds a worker's memory)."""
+
+    def __post_init__(self):
+        if self.split_bytes < 0:
+            raise ValueError(f"--split_bytes must be >= 0, got {self.split_bytes}")
+        if self.max_page_bytes < 1024:
+            raise ValueError(f"--max_page_bytes must be >= 1024, got {self.max_page_bytes}")
+        if self.row_group_docs < 1:
+            raise ValueError(f"--row_group_docs must be >= 1, got {self.row_group_docs}")
+
+
+def default_config() -> WikipediaConfig:
+    return WikipediaConfig()
+
+
+def debug_config() -> WikipediaConfig:
+    """Tiny splits, so the sample dump exercises the per-stream/per-range split logic."""
+    return WikipediaConfig(split_bytes=0, row_group_docs=4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure functions
+
+def page_document(page: Page, source_file: str, counter: Counter) -> Document | None:
+    """The document of an article page, or None (counted by reason) for any other page."""
+    counter("pages_read", 1)
+    counter("page_bytes", page.source_bytes)
+    if page.namespace != 0:
+        counter("skipped_namespace", 1)
+        return None
+    if page.redirect or is_redirect(page.text):
+        counter("skipped_redirect", 1)
+        return None
+    if is_disambiguation(page.title, page.text):
+        counter("skipped_disambiguation", 1)
+        return None
+    passages = extract_passages(page.text, counter)
+    if not passages:
+        counter("skipped_empty", 1)
+        return None
+    counter("articles_kept", 1)
+    counter("passages", len(passages))
+    return Document(doc_id=f"wiki/{page.page_id}", source="wikipedia", source_file=source_file,
+                    title=page.title, passages=tuple(passages))
+
+
+def shard_name(index: int, count: int) -> str:
+    return f"documents-{index:05d}-of-{count:05d}.parquet"
+
+
+@dataclass(frozen=True)
+class SplitResult:
+    """What one split produced: its output file and counts, and the records set aside."""
+    index: int
+    output: str  # file name inside the output folder
+    sha256: str
+    size_bytes: int
+    num_documents: int
+    counts: dict[str, int] = field(default_factory=dict)
+    bad_records: tuple[BadRecord, ...] = ()
+
+
+def extract_split(index: int, split: DumpSplit, num_splits: int, output_dir: str,
+                  config: WikipediaConfig) -> SplitResult:
+    """Read one split and write its documents file (atomically); returns what it did."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    counts: collections.Counter[str] = collections.Counter()
+    bad: list[BadRecord] = []
+
+    def counter(name: str, value: int = 1) -> None:
+        counts[name] += value
+
+    name = shard_name(index, num_splits)
+    path = storage.join(output_dir, name)
+    started, batch, num_documents = time.monotonic(), [], 0
+    with storage.atomic_open(path, "wb") as f:
+        writer = pq.ParquetWriter(f, DOCUMENT_SCHEMA, compression="zstd")
+        for item in iter_pages(split, config.max_page_bytes):
+            if isinstance(item, BadRecord):
+                LOG.warning("bad record in %s, %s: %s", item.file, item.record, item.reason)
+                bad.append(item)
+                counter("bad_records", 1)
+                continue
+            document = page_document(item, split.path, counter)
+            if document is not None:
+                batch.append(document.to_record())
+                num_documents += 1
+            if len(batch) >= config.row_group_docs:
+                writer.write_table(pa.Table.from_pylist(batch, schema=DOCUMENT_SCHEMA))
+                batch = []
+            if counts["pages_read"] % 10000 == 0 and counts["pages_read"]:
+                _log_progress(index, num_splits, counts, started)
+        if batch:
+            writer.write_table(pa.Table.from_pylist(batch, schema=DOCUMENT_SCHEMA))
+        writer.close()
+    _log_progress(index, num_splits, counts, started)
+    return SplitResult(index=index, output=name, sha256=storage.sha256_file(path),
+                       size_bytes=file_size(path), num_documents=num_documents,
+                       counts=dict(counts), bad_records=tuple(bad))
+
+
+def _log_progress(index: int, num_splits: int, counts: collections.Counter, started: float) -> None:
+    seconds = max(time.monotonic() - started, 1e-9)
+    LOG.info("split %d/%d: %d pages, %d articles, %.1f MB XML (%.1f MB/s, %.0f pages/s)",
+             index + 1, num_splits, counts["pages_read"], counts["articles_kept"],
+             counts["page_bytes"] / 1e6, counts["page_bytes"] / 1e6 / seconds,
+             counts["pages_read"] / seconds)
+
+
+def summarise(results: Sequence[SplitResult], resolved_config: dict,
+              inputs: Sequence[tuple[str, int]]) -> dict:
+    """The manifest: resolved config and its hash, totals, inputs, outputs."""
+    results = sorted(results, key=lambda r: r.index)
+    counts = {name: sum(r.counts.get(name, 0) for r in results) for name in COUNT_NAMES}
+    return {
+        "stage": STAGE,
+        "config": resolved_config,
+        "config_hash": storage.config_hash(resolved_config),
+        "counts": counts,
+        "inputs": [{"path": path, "size_bytes": size} for path, size in inputs],
+        "outputs": [{"path": r.output, "sha256": r.sha256, "size_bytes": r.size_bytes,
+                     "num_documents": r.num_documents} for r in results],
+        "dead_letter": f"{DEAD_LETTER_DIR}/{DEAD_LETTER_FILE}",
+    }
+
+
+def dead_letter_lines(results: Sequence[SplitResult]) -> str:
+    records = [bad for r in sorted(results, key=lambda r: r.index) for bad in r.bad_records]
+    return "".join(record.to_json() + "\n" for record in records)
+
+
+# ---------------------------------------------------------------------------------------------
+# Beam wiring
+
+class ExtractDoFn(beam.DoFn):
+    """Wires `extract_split` into Beam and mirrors its counts as Beam counters."""
+
+    def __init__(self, output_dir: str, num_splits: int, config: WikipediaConfig):
+        self.output_dir, self.num_splits, self.config = output_dir, num_splits, config
+
+    def process(self, element: tuple[int, DumpSplit]) -> Iterator[SplitResult]:
+        index, split = element
+        result = extract_split(index, split, self.num_splits, self.output_dir, self.config)
+        for name, value in result.counts.items():
+            Metrics.counter(METRICS_NAMESPACE, name).inc(value)
+        yield result
+
+
+def _finalise(results: list[SplitResult], output_dir: str, resolved_config: dict,
+              inputs: list[tuple[str, int]]) -> None:
+    storage.atomic_write_text(storage.join(output_dir, DEAD_LETTER_DIR, DEAD_LETTER_FILE),
+                              dead_letter_lines(results))
+    _remove_stale_shards(output_dir, {r.output for r in results})
+    manifest = summarise(results, resolved_config, inputs)
+    storage.write_manifest(output_dir, manifest)  # last: marks the output complete
+
+
+def _remove_stale_shards(output_dir: str, current: set[str]) -> None:
+    # A previous run with another split plan may have left shards this run did not write.
+    pattern = storage.join(output_dir, SHARD_PATTERN)
+    stale = [m.path for m in FileSystems.match([pattern])[0].metadata_list
+             if fnmatch.fnmatch(m.path.rsplit("/", 1)[-1], SHARD_PATTERN)
+             and m.path.rsplit("/", 1)[-1] not in current]
+    if stale:
+        FileSystems.delete(stale)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = job_parser("Extract clean text passages from MediaWiki pages-articles XML dumps "
+                        "(.xml, .xml.bz2, multistream .bz2) into Parquet documents.")
+    defaults = default_config()
+    parser.add_argument("--split_bytes", type=int, default=defaults.split_bytes,
+                        help="input bytes per work item (bz2: whole streams; 0 = one work item "
+                             "per bz2 stream) [%(default)s]")
+    parser.add_argument("--max_page_bytes", type=int, default=defaults.max_page_bytes,
+                        help="pages with larger XML go to the dead letters [%(default)s]")
+    parser.add_argument("--row_group_docs", type=int, default=defaults.row_group_docs,
+                        help="documents per Parquet row group [%(default)s]")
+    return parser
+
+
+def _config_from_args(args: argparse.Namespace) -> WikipediaConfig:
+    return WikipediaConfig(**{f.name: getattr(args, f.name)
+                              for f in dataclasses.fields(WikipediaConfig)})
+
+
+def _indexed_splits(files: list[str], config: WikipediaConfig) -> Iterator[tuple[int, DumpSplit]]:
+    splits = [s for path in files for s in plan_splits(path, config.split_bytes)]
+    return enumerate(splits)
+
+
+def run(argv: Sequence[str] | None = None) -> dict:
+    """Run the job; returns the manifest written to `<output>/manifest.json`."""
+    configure_logging()
+    args, options = parse_job_args(build_parser(), argv)
+    config = _config_from_args(args)
+    files = storage.expand_inputs(args.input)
+    inputs = [(path, file_size(path)) for path in files]
+    # The output folder is where, not what: it stays out of the config (and its hash).
+    resolved = {"input": files, **dataclasses.asdict(config)}
+    LOG.info("%s config: %s -> %s", STAGE, json.dumps(resolved, sort_keys=True), args.output)
+
+    storage.makedirs(args.output)
+    manifest_path = storage.join(args.output, storage.MANIFEST_NAME)
+    if storage.exists(manifest_path):  # the output is incomplete until this run rewrites it
+        FileSystems.delete([manifest_path])
+
+    splits = list(_indexed_splits(files, config))
+    LOG.info("%d input files -> %d splits", len(files), len(splits))
+    output_dir, num_splits = args.output, len(splits)
+
+    with beam.Pipeline(options=options) as pipeline:
+        _ = (
+            pipeline
+            | "Splits" >> beam.Create(splits)
+            | "Spread" >> beam.Reshuffle()
+            | "Extract" >> beam.ParDo(ExtractDoFn(output_dir, num_splits, config))
+            | "Collect" >> beam.combiners.ToList()
+            | "Finalise" >> beam.Map(_finalise, output_dir, resolved, inputs)
+        )
+    result = pipeline.result
+    metrics = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
+    totals = {c.key.metric.name: c.committed for c in metrics["counters"]}
+    LOG.info("Beam metrics: %s", json.dumps(totals, sort_keys=True))
+    manifest = storage.read_manifest(args.output)
+    LOG.info("counts: %s", json.dumps(manifest["counts"], sort_keys=True))
+    return manifest
+
+
+if __name__ == "__main__":
+    run()

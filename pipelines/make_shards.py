@@ -1,0 +1,873 @@
+"""Beam job: corpus text -> BERT pretraining instances -> WebDataset shards + manifest.
+
+    beam run pipelines/make_shards.py --input corpus/ --vocab vocab/ --output shards/128 \\
+        --max_seq_length 128 --max_predictions_per_seq 20 --dupe_factor 10 [Beam options]
+
+The algorithm is BERT's reference generator (`pipelines/instances.py`). Two modes:
+- `--mode scalable` (default): the Beam pipeline below; same output on any number of workers.
+- `--mode reference`: one process, one random stream, exactly the reference's instances.
+
+Scalable pipeline (every shuffle moves columnar batches, never one object per instance):
+
+    files -> ReadDocuments (batched WordPiece) -> docs ----------------------.
+      docs -> count per (split, file) -> dense document index (side input)  |
+      indexed docs -> PlanDocuments: plan_document per pass                 |
+           actual-next plans -> finalize_instance -------------------.      |
+           random-next plans, keyed by random_doc_index % J ---> JOIN <-----'  (whole corpus)
+                                        fill_random_next -> finalize_instance
+      instances -> group by shuffle-key range -> sort, pack into rows
+      rows -> global rank (side input: rows per range) -> shard = rank % num_shards
+      shards -> write `{split}-{index:06d}.tar` atomically -> manifest.json (last)
+
+Documents held out for validation (`--validation_fraction`, by a hash of doc_id) form their own
+split with their own document index, so no validation text is drawn as a training random next.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import math
+import os
+import re
+import sys
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from pipelines import jobs, packing, shards, storage
+from pipelines.instances import (
+    InstanceConfig, InstancePlan, Vocab, create_instances_reference, fill_random_next,
+    finalize_instances, plan_document,
+)
+
+logger = logging.getLogger("make_shards")
+
+DEAD = "dead_letter"
+_SHARD_FILE = re.compile(r"^(train|validation)-\d{6}\.(tar|jsonl)$")
+_SHARD_INFOS = ".make_shards-shard-infos.jsonl"
+
+
+# ----------------------------------------------------------------------------------------------
+# Options
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ShardJobConfig:
+    """How instances become files (the instance options live in `InstanceConfig`)."""
+    mode: str = "scalable"
+    """`scalable` (Beam, any number of workers) or `reference` (one stream, exact) (--mode)."""
+    pack: bool = False
+    """Pack several short instances into one max_seq_length row (--pack)."""
+    target_shard_mb: float = 64.0
+    """Approximate shard size; sets the shard count (--target_shard_mb)."""
+    num_shards: int = 0
+    """Shards per split; 0 = from the target size (--num_shards)."""
+    rows_per_block: int = 128
+    """Rows per `.rows.npz` tar member (--rows_per_block)."""
+    format: str = "shards"
+    """`shards` (WebDataset .tar) or `jsonl` (one instance per line, for inspection) (--format)."""
+    validation_fraction: float = 0.0
+    """Share of documents held out as the validation split, by a hash of doc_id (--validation_fraction)."""
+    do_lower_case: bool = True
+    """Lower-case and strip accents before WordPiece (--do_lower_case)."""
+    join_buckets: int = 256
+    """Key ranges of the random-next join; more = less memory per group (--join_buckets)."""
+    instances_per_pack_bucket: int = 200_000
+    """Instances sorted and packed together in one group (--instances_per_pack_bucket)."""
+
+    def __post_init__(self):
+        if self.mode not in ("scalable", "reference"):
+            raise ValueError(f"--mode must be scalable or reference, got {self.mode!r}")
+        if self.format not in ("shards", "jsonl"):
+            raise ValueError(f"--format must be shards or jsonl, got {self.format!r}")
+        if self.format == "jsonl" and self.pack:
+            raise ValueError("--format jsonl writes one instance per line: drop --pack")
+        if self.target_shard_mb <= 0:
+            raise ValueError(f"--target_shard_mb must be > 0, got {self.target_shard_mb}")
+        if self.num_shards < 0:
+            raise ValueError(f"--num_shards must be >= 0, got {self.num_shards}")
+        if not 1 <= self.rows_per_block <= 65535:
+            raise ValueError(f"--rows_per_block must be in [1, 65535], got {self.rows_per_block}")
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ValueError(f"--validation_fraction must be in [0, 1), got "
+                             f"{self.validation_fraction}")
+        if self.join_buckets < 1 or self.instances_per_pack_bucket < 1:
+            raise ValueError("--join_buckets and --instances_per_pack_bucket must be >= 1")
+
+
+def _bool(text: str) -> bool:
+    value = str(text).lower()
+    if value in ("1", "true", "yes", "y"):
+        return True
+    if value in ("0", "false", "no", "n"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = jobs.job_parser(__doc__.split("\n")[0])
+    parser.add_argument("--vocab", required=True, help="vocabulary folder or vocab.txt")
+    defaults = InstanceConfig()
+    parser.add_argument("--max_seq_length", type=int, default=defaults.max_seq_length)
+    parser.add_argument("--max_predictions_per_seq", type=int,
+                        default=defaults.max_predictions_per_seq)
+    parser.add_argument("--masked_lm_prob", type=float, default=defaults.masked_lm_prob)
+    parser.add_argument("--short_seq_prob", type=float, default=defaults.short_seq_prob)
+    parser.add_argument("--dupe_factor", type=int, default=defaults.dupe_factor)
+    parser.add_argument("--random_seed", type=int, default=defaults.random_seed)
+    parser.add_argument("--do_whole_word_mask", type=_bool, nargs="?", const=True,
+                        default=defaults.do_whole_word_mask)
+    parser.add_argument("--do_lower_case", type=_bool, nargs="?", const=True, default=True,
+                        help="lower-case input (default true; --do_lower_case=false for cased "
+                             "vocabularies)")
+    parser.add_argument("--no_next_sentence", action="store_true",
+                        help="MLM-only: one segment per instance, no next-sentence pairs")
+    job = ShardJobConfig()
+    parser.add_argument("--mode", choices=["scalable", "reference"], default=job.mode)
+    parser.add_argument("--pack", action="store_true", help="pack short instances into rows")
+    parser.add_argument("--target_shard_mb", type=float, default=job.target_shard_mb)
+    parser.add_argument("--num_shards", type=int, default=job.num_shards,
+                        help="shards per split (0 = from --target_shard_mb)")
+    parser.add_argument("--rows_per_block", type=int, default=job.rows_per_block)
+    parser.add_argument("--format", choices=["shards", "jsonl"], default=job.format)
+    parser.add_argument("--validation_fraction", type=float, default=job.validation_fraction)
+    parser.add_argument("--join_buckets", type=int, default=job.join_buckets)
+    parser.add_argument("--instances_per_pack_bucket", type=int,
+                        default=job.instances_per_pack_bucket)
+    return parser
+
+
+def configs_from_args(args: argparse.Namespace) -> tuple[InstanceConfig, ShardJobConfig]:
+    cfg = InstanceConfig(
+        max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
+        masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
+        dupe_factor=args.dupe_factor, random_seed=args.random_seed,
+        do_whole_word_mask=args.do_whole_word_mask, next_sentence=not args.no_next_sentence)
+    job = ShardJobConfig(
+        mode=args.mode, pack=args.pack, target_shard_mb=args.target_shard_mb,
+        num_shards=args.num_shards, rows_per_block=args.rows_per_block, format=args.format,
+        validation_fraction=args.validation_fraction, do_lower_case=args.do_lower_case,
+        join_buckets=args.join_buckets, instances_per_pack_bucket=args.instances_per_pack_bucket)
+    if cfg.max_seq_length > 65535:
+        raise ValueError("--max_seq_length must fit the shard format's uint16 positions")
+    return cfg, job
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading and tokenizing documents (pure functions)
+# ----------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, eq=False)
+class TokenizedDoc:
+    """One document's token ids, flat, with its segment (sentence) lengths."""
+    doc_id: str
+    split: str
+    file_index: int
+    local_index: int
+    """Position among the file's non-empty documents: with the file's offset, the dense index."""
+    tokens: np.ndarray
+    """(T,) int32."""
+    segment_lengths: np.ndarray
+    """(S,) int32, all > 0, summing to T."""
+
+    def segments(self) -> list[np.ndarray]:
+        return np.split(self.tokens, np.cumsum(self.segment_lengths)[:-1])
+
+
+def split_of(doc_id: str, validation_fraction: float) -> str:
+    """`validation` for a stable pseudo-random share of documents, by their id alone."""
+    if validation_fraction <= 0:
+        return "train"
+    h = int.from_bytes(hashlib.sha256(doc_id.encode()).digest()[:8], "big") / 2.0 ** 64
+    return "validation" if h < validation_fraction else "train"
+
+
+def tokenize_documents(tokenizer, documents: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(tokens, segment lengths) per document; segments are stripped sentences with tokens.
+
+    One `encode_batch` call for all sentences of the batch: the per-call overhead of HF
+    tokenizers dominates when sentences are encoded one at a time.
+    """
+    flat = [s.strip() for doc in documents for s in doc]
+    doc_of = np.repeat(np.arange(len(documents)), [len(d) for d in documents])
+    keep = [i for i, s in enumerate(flat) if s]
+    encodings = tokenizer.encode_batch([flat[i] for i in keep], add_special_tokens=False)
+    ids: list[list[list[int]]] = [[] for _ in documents]
+    for i, enc in zip(keep, encodings):
+        if enc.ids:
+            ids[doc_of[i]].append(enc.ids)
+    out = []
+    for segments in ids:
+        lengths = np.array([len(s) for s in segments], np.int32)
+        tokens = np.fromiter((t for s in segments for t in s), np.int32, int(lengths.sum()))
+        out.append((tokens, lengths))
+    return out
+
+
+def parse_reference_text(data: bytes, file: str) -> tuple[list[list[str]], list[jobs.BadRecord]]:
+    """Documents (lists of lines) from the reference text format, and notes on bad lines.
+
+    Lines split on "\\n" only and are stripped, as the reference reads them; a blank line ends a
+    document. Bytes that are not UTF-8 are dropped as the reference does, and each such line is
+    reported so nothing changes silently.
+    """
+    docs: list[list[str]] = [[]]
+    bad: list[jobs.BadRecord] = []
+    for number, raw in enumerate(data.split(b"\n"), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = raw.decode("utf-8", "ignore")
+            bad.append(jobs.BadRecord(file, f"line {number}",
+                                      f"invalid UTF-8 ({e.reason}); the bytes were dropped"))
+        line = line.strip()
+        if line:
+            docs[-1].append(line)
+        elif docs[-1]:
+            docs.append([])
+    return [d for d in docs if d], bad
+
+
+def is_parquet(path: str) -> bool:
+    return path.endswith(".parquet")
+
+
+# ----------------------------------------------------------------------------------------------
+# Beam wiring
+# ----------------------------------------------------------------------------------------------
+
+def _windowed(value):
+    from apache_beam.transforms.window import GlobalWindows
+    return GlobalWindows.windowed_value(value)
+
+
+class ReadDocuments:
+    """DoFn factory (Beam is imported lazily): (file index, path) -> TokenizedDoc | dead letters."""
+
+    @staticmethod
+    def make(vocab_path: str, do_lower_case: bool, validation_fraction: float,
+             batch_documents: int = 512):
+        import apache_beam as beam
+
+        class _Read(beam.DoFn):
+            def __init__(self):
+                self.documents = beam.metrics.Metrics.counter("make_shards", "documents")
+                self.empty = beam.metrics.Metrics.counter("make_shards", "empty_documents")
+                self.bad = beam.metrics.Metrics.counter("make_shards", "bad_records")
+                self.tokens = beam.metrics.Metrics.counter("make_shards", "tokens")
+
+            def setup(self):
+                from pipelines.tokenization import load_tokenizer
+                self.tokenizer = load_tokenizer(vocab_path, do_lower_case)
+
+            def process(self, item):
+                file_index, path = item
+                try:
+                    batches = (self._parquet(path) if is_parquet(path) else self._text(path))
+                    local = 0
+                    for doc_ids, sentences in batches:
+                        for doc_id, (tokens, lengths) in zip(
+                                doc_ids, tokenize_documents(self.tokenizer, sentences)):
+                            if isinstance(doc_id, jobs.BadRecord):
+                                self.bad.inc()
+                                yield beam.pvalue.TaggedOutput(DEAD, doc_id.to_json())
+                                continue
+                            if len(lengths) == 0:
+                                self.empty.inc()
+                                continue
+                            self.documents.inc()
+                            self.tokens.inc(len(tokens))
+                            yield TokenizedDoc(doc_id, split_of(doc_id, validation_fraction),
+                                               file_index, local, tokens, lengths)
+                            local += 1
+                    logger.info("read %s: %d documents", path, local)
+                except Exception as e:  # an unreadable file is a dead letter, not a crash
+                    self.bad.inc()
+                    logger.error("cannot read %s: %s", path, e)
+                    yield beam.pvalue.TaggedOutput(DEAD, jobs.BadRecord(
+                        path, "file", f"{type(e).__name__}: {e}").to_json())
+
+            def _text(self, path):
+                with storage.open_read(path, "rb") as f:
+                    docs, bad = parse_reference_text(f.read(), path)
+                if bad:
+                    yield bad, [[] for _ in bad]
+                name = os.path.basename(path)
+                for start in range(0, len(docs), batch_documents):
+                    chunk = docs[start:start + batch_documents]
+                    yield [f"{name}:{start + i}" for i in range(len(chunk))], chunk
+
+            def _parquet(self, path):
+                import pyarrow.parquet as pq
+                with storage.open_read(path, "rb") as f:
+                    table = pq.ParquetFile(f)
+                    row = 0
+                    for batch in table.iter_batches(batch_size=batch_documents,
+                                                    columns=["doc_id", "sentences"]):
+                        ids = batch.column(0).to_pylist()
+                        sentences = batch.column(1).to_pylist()
+                        keys = [doc_id if doc_id is not None and s is not None else
+                                jobs.BadRecord(path, f"row {row + i}", "null doc_id or sentences")
+                                for i, (doc_id, s) in enumerate(zip(ids, sentences))]
+                        yield keys, [s or [] for s in sentences]
+                        row += len(ids)
+
+        return _Read()
+
+
+@dataclass(frozen=True, eq=False)
+class PlanBatch:
+    """Random-next plans in columnar form for the join (InstancePlan fields, flattened)."""
+    doc_index: np.ndarray
+    pass_index: np.ndarray
+    instance_index: np.ndarray
+    random_doc_index: np.ndarray
+    target_b_length: np.ndarray
+    label: np.ndarray
+    a_lengths: np.ndarray
+    tokens_a: np.ndarray
+
+    @classmethod
+    def from_plans(cls, plans: list[InstancePlan]) -> "PlanBatch":
+        def col(name, dtype):
+            return np.array([getattr(p, name) for p in plans], dtype)
+        return cls(col("doc_index", np.int64), col("pass_index", np.int32),
+                   col("instance_index", np.int32), col("random_doc_index", np.int64),
+                   col("target_b_length", np.int64), col("next_sentence_label", np.int8),
+                   np.array([len(p.tokens_a) for p in plans], np.int64),
+                   np.concatenate([p.tokens_a for p in plans]).astype(np.int32))
+
+    def plans(self) -> Iterator[InstancePlan]:
+        ends = np.cumsum(self.a_lengths)
+        for i, tokens_a in enumerate(np.split(self.tokens_a, ends[:-1])):
+            yield InstancePlan(int(self.doc_index[i]), int(self.pass_index[i]),
+                               int(self.instance_index[i]), tokens_a, None,
+                               int(self.random_doc_index[i]), int(self.target_b_length[i]),
+                               int(self.label[i]))
+
+
+def pack_bucket_count(num_tokens: int, cfg: InstanceConfig, job: ShardJobConfig) -> int:
+    """Groups of instances packed and sorted together, from the split's token count.
+
+    Depends on the corpus alone (not on workers), so the output does not either.
+    """
+    estimated_instances = num_tokens * cfg.dupe_factor / max(1, cfg.max_num_tokens // 2)
+    return max(1, math.ceil(estimated_instances / job.instances_per_pack_bucket))
+
+
+def key_bucket(keys: np.ndarray, num_buckets: int) -> np.ndarray:
+    """Bucket b holds keys in [b, b + 1) * 2**64 / num_buckets: bucket order is key order."""
+    return ((keys >> np.uint64(32)) * np.uint64(num_buckets)) >> np.uint64(32)
+
+
+class _Indexes:
+    """Dense document index per split from the per-(split, file) counts side input."""
+
+    def __init__(self, counts: dict):
+        self.offsets: dict[tuple[str, int], int] = {}
+        self.num_docs: dict[str, int] = defaultdict(int)
+        self.num_tokens: dict[str, int] = defaultdict(int)
+        for split, file_index in sorted(counts):
+            n_docs, n_tokens = counts[(split, file_index)]
+            self.offsets[(split, file_index)] = self.num_docs[split]
+            self.num_docs[split] += n_docs
+            self.num_tokens[split] += n_tokens
+
+
+def _make_plan_fn(cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
+                  flush_plans: int = 16_384):
+    import apache_beam as beam
+
+    class _Plan(beam.DoFn):
+        """Indexed document -> its plans for every pass; finalizes actual-next instances here.
+
+        Plans are buffered over the bundle and leave in a few columnar batches per key, so
+        the shuffles move a handful of large elements instead of one per instance.
+        """
+
+        def __init__(self):
+            self.instances = beam.metrics.Metrics.counter("make_shards", "instances")
+            self.requests = beam.metrics.Metrics.counter("make_shards", "random_next_requests")
+
+        def setup(self):
+            from pipelines.tokenization import read_vocab
+            self.vocab = Vocab.from_tokens(read_vocab(vocab_path))
+            self._cache = (None, None)
+
+        def start_bundle(self):
+            self.pending: dict[str, list[InstancePlan]] = defaultdict(list)
+            self.requests_out: dict[tuple[str, int], list[InstancePlan]] = defaultdict(list)
+            self.buffered = 0
+            self.docs_seen = 0
+
+        def _indexes(self, counts) -> _Indexes:
+            if self._cache[0] is not counts:
+                self._cache = (counts, _Indexes(counts))
+            return self._cache[1]
+
+        def process(self, doc: TokenizedDoc, counts):
+            idx = self._indexes(counts)
+            doc_index = idx.offsets[(doc.split, doc.file_index)] + doc.local_index
+            num_docs = idx.num_docs[doc.split]
+            segments = doc.segments()
+            if cfg.next_sentence:
+                yield beam.pvalue.TaggedOutput(
+                    "docs", ((doc.split, doc_index % job.join_buckets), (doc_index, doc)))
+            for pass_index in range(cfg.dupe_factor):
+                for plan in plan_document(segments, doc_index, num_docs, pass_index, cfg):
+                    if plan.random_doc_index is not None:
+                        key = (doc.split, plan.random_doc_index % job.join_buckets)
+                        self.requests_out[key].append(plan)
+                    else:
+                        self.pending[doc.split].append(plan)
+                    self.buffered += 1
+            self.docs_seen += 1
+            if self.docs_seen % 1000 == 0:
+                logger.info("planned %d documents in this bundle", self.docs_seen)
+            if self.buffered >= flush_plans:
+                yield from self._flush(lambda v: v, idx)
+
+        def _flush(self, wrap, idx: _Indexes | None):
+            for split, plans in self.pending.items():
+                if not plans:
+                    continue
+                instances = finalize_instances(plans, self.vocab, cfg)
+                self.instances.inc(len(instances))
+                buckets = pack_bucket_count(idx.num_tokens[split], cfg, job)
+                for key, part in bucket_instances(split, instances, plans, buckets, cfg):
+                    yield beam.pvalue.TaggedOutput("instances", wrap((key, part)))
+            for key, plans in self.requests_out.items():
+                self.requests.inc(len(plans))
+                yield beam.pvalue.TaggedOutput("requests", wrap((key, PlanBatch.from_plans(plans))))
+            self.pending.clear()
+            self.requests_out.clear()
+            self.buffered = 0
+
+        def finish_bundle(self):
+            yield from self._flush(_windowed, self._cache[1])
+
+    return _Plan()
+
+
+def bucket_instances(split: str, instances: list, plans: list[InstancePlan], buckets: int,
+                     cfg: InstanceConfig) -> Iterator[tuple[tuple[str, int], packing.InstanceBatch]]:
+    """Columnar batches of instances, one per shuffle-key range (pack bucket)."""
+    doc = [p.doc_index for p in plans]
+    pas = [p.pass_index for p in plans]
+    ins = [p.instance_index for p in plans]
+    batch = packing.InstanceBatch.from_instances(
+        instances, packing.shuffle_keys(cfg.random_seed, doc, pas, ins), doc, pas, ins)
+    bucket = key_bucket(batch.keys, buckets)
+    for b in np.unique(bucket).tolist():
+        yield (split, b), batch.take(np.flatnonzero(bucket == b))
+
+
+def _make_join_fn(cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
+                  chunk: int = 16_384):
+    import apache_beam as beam
+
+    class _Join(beam.DoFn):
+        """One join bucket: its documents and the random-next plans that draw from them."""
+
+        def __init__(self):
+            self.instances = beam.metrics.Metrics.counter("make_shards", "instances")
+
+        def setup(self):
+            from pipelines.tokenization import read_vocab
+            self.vocab = Vocab.from_tokens(read_vocab(vocab_path))
+
+        def process(self, element, counts):
+            (split, _), grouped = element
+            docs = {i: d for i, d in grouped["docs"]}
+            buckets = pack_bucket_count(_Indexes(counts).num_tokens[split], cfg, job)
+            segments: dict[int, list] = {}
+            plans: list[InstancePlan] = []
+            filled: list[InstancePlan] = []
+            for batch in grouped["requests"]:
+                for plan in batch.plans():
+                    r = plan.random_doc_index
+                    if r not in segments:
+                        segments[r] = docs[r].segments()
+                    filled.append(fill_random_next(plan, segments[r], cfg))
+                    plans.append(plan)
+            for start in range(0, len(plans), chunk):
+                instances = finalize_instances(filled[start:start + chunk], self.vocab, cfg)
+                self.instances.inc(len(instances))
+                yield from bucket_instances(split, instances, plans[start:start + chunk],
+                                            buckets, cfg)
+
+    return _Join()
+
+
+@dataclass(frozen=True, eq=False)
+class RowGroup:
+    """Rows of one pack bucket (or part of a shard): instances laid out row after row."""
+    batch: packing.InstanceBatch
+    row_sizes: np.ndarray
+    """(R,) instances per row."""
+    positions: np.ndarray | None = None
+    """(R,) position of each row within its shard (after shard assignment)."""
+
+    def stats(self) -> tuple[int, int, int, int]:
+        return (len(self.row_sizes), len(self.batch), int(self.batch.lengths.sum()),
+                int(self.batch.num_masked.sum()))
+
+    def shard_stats(self, max_seq_length: int) -> shards.ShardStats:
+        """The same numbers as `shards.row_stats` on the rows, from the columns at once."""
+        b = self.batch
+        labels = b.next_sentence_labels
+        bins = np.minimum(b.lengths.astype(np.int64) * shards.HISTOGRAM_BINS
+                          // (max_seq_length + 1), shards.HISTOGRAM_BINS - 1)
+        return shards.ShardStats(
+            num_rows=len(self.row_sizes), num_instances=len(b), num_tokens=int(b.lengths.sum()),
+            num_masked=int(b.num_masked.sum()), num_random_next=int((labels == 1).sum()),
+            num_nsp=int((labels >= 0).sum()),
+            length_histogram=np.bincount(bins, minlength=shards.HISTOGRAM_BINS).tolist())
+
+    def take_rows(self, rows: np.ndarray) -> "RowGroup":
+        first = np.concatenate([[0], np.cumsum(self.row_sizes)])[:-1]
+        order = packing._ranges(first[rows], self.row_sizes[rows])
+        pos = None if self.positions is None else self.positions[rows]
+        return RowGroup(self.batch.take(order), self.row_sizes[rows], pos)
+
+
+def pack_rows(batch: packing.InstanceBatch, cfg: InstanceConfig, pack: bool) -> RowGroup:
+    """Shuffle a bucket by key, then lay instances out as rows (packed or one per row)."""
+    batch = batch.shuffled()
+    if not pack:
+        return RowGroup(batch, np.ones(len(batch), np.int64))
+    order, sizes = packing.rows_order(packing.pack_lengths(batch.lengths, cfg.max_seq_length))
+    return RowGroup(batch.take(order), sizes)
+
+
+def assign_to_shards(split: str, bucket: int, group: RowGroup, bucket_stats: dict,
+                     cfg: InstanceConfig, job: ShardJobConfig, vocab_size: int
+                     ) -> Iterator[tuple[tuple[str, int], RowGroup]]:
+    """Rows of one bucket -> (split, shard) parts, by global rank round robin."""
+    mine = {b: s for (sp, b), s in bucket_stats.items() if sp == split}
+    offset = sum(mine[b][0] for b in mine if b < bucket)
+    num_shards = split_num_shards(mine.values(), job, vocab_size)
+    shard, position = shards.assign_round_robin(offset + np.arange(len(group.row_sizes)),
+                                                num_shards)
+    for s in np.unique(shard).tolist():
+        rows = np.flatnonzero(shard == s)
+        part = group.take_rows(rows)
+        yield (split, s), RowGroup(part.batch, part.row_sizes, position[rows])
+
+
+def split_num_shards(bucket_stats: Iterable[tuple[int, int, int, int]], job: ShardJobConfig,
+                     vocab_size: int) -> int:
+    rows, instances, tokens, masked = (sum(x) for x in zip(*bucket_stats)) if bucket_stats else (0,) * 4
+    est = shards.estimated_bytes(rows, instances, tokens, masked, vocab_size)
+    return shards.choose_num_shards(rows, est, int(job.target_shard_mb * 2 ** 20), job.num_shards)
+
+
+def write_group(output: str, split: str, index: int, group: RowGroup, cfg: InstanceConfig,
+                job: ShardJobConfig, vocab_tokens: list[str]) -> shards.ShardInfo:
+    stats = group.shard_stats(cfg.max_seq_length)
+    if job.format == "jsonl":
+        return shards.write_jsonl_shard(output, split, index,
+                                        packing.to_rows(group.batch, group.row_sizes),
+                                        vocab_tokens, cfg.max_seq_length, stats)
+    blocks = packing.encode_blocks(group.batch, group.row_sizes, job.rows_per_block,
+                                   len(vocab_tokens))
+    return shards.write_tar(output, split, index, blocks, stats)
+
+
+def _make_write_fn(output: str, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str):
+    import apache_beam as beam
+
+    class _Write(beam.DoFn):
+        def __init__(self):
+            self.written = beam.metrics.Metrics.counter("make_shards", "shards")
+            self.rows = beam.metrics.Metrics.counter("make_shards", "rows")
+
+        def setup(self):
+            from pipelines.tokenization import read_vocab
+            self.vocab_tokens = read_vocab(vocab_path)
+
+        def process(self, element):
+            (split, index), parts = element
+            parts = list(parts)
+            positions = np.concatenate([p.positions for p in parts])
+            whole = RowGroup(packing.InstanceBatch.concat([p.batch for p in parts]),
+                             np.concatenate([p.row_sizes for p in parts]), positions)
+            group = whole.take_rows(np.argsort(positions, kind="stable"))
+            info = write_group(output, split, index, group, cfg, job, self.vocab_tokens)
+            self.written.inc()
+            self.rows.inc(info.stats.num_rows)
+            logger.info("wrote %s: %d rows, %d bytes", info.file, info.stats.num_rows, info.bytes)
+            yield info.to_json()
+
+    return _Write()
+
+
+def build_scalable_pipeline(p, files: list[str], output: str, vocab_path: str,
+                            cfg: InstanceConfig, job: ShardJobConfig, vocab_size: int):
+    """Wire the scalable job into pipeline `p`; returns the PCollection of shard infos (JSON)."""
+    import apache_beam as beam
+
+    read = (p | "Files" >> beam.Create(list(enumerate(files)))
+            | "ReadDocuments" >> beam.ParDo(ReadDocuments.make(
+                vocab_path, job.do_lower_case, job.validation_fraction)).with_outputs(
+                    DEAD, main="docs"))
+    _ = (read[DEAD] | "DeadLetters" >> beam.io.WriteToText(
+        storage.join(output, jobs.DEAD_LETTER_DIR, "make_shards"), file_name_suffix=".jsonl",
+        num_shards=1, shard_name_template=""))
+    counts = (read.docs
+              | "CountKey" >> beam.Map(lambda d: ((d.split, d.file_index), (1, len(d.tokens))))
+              | "CountPerFile" >> beam.CombinePerKey(
+                  lambda vs: tuple(sum(x) for x in zip(*vs)) if vs else (0, 0)))
+    counts_side = beam.pvalue.AsDict(counts)
+    planned = (read.docs | "Plan" >> beam.ParDo(
+        _make_plan_fn(cfg, job, vocab_path), counts_side).with_outputs(
+            "docs", "requests", "instances"))
+    instances = [planned.instances]
+    if cfg.next_sentence:
+        joined = ({"docs": planned.docs, "requests": planned.requests}
+                  | "JoinRandomNext" >> beam.CoGroupByKey()
+                  | "FillRandomNext" >> beam.ParDo(_make_join_fn(cfg, job, vocab_path),
+                                                   counts_side))
+        instances.append(joined)
+    grouped = (instances | "AllInstances" >> beam.Flatten()
+               | "GroupByKeyRange" >> beam.GroupByKey()
+               | "PackRows" >> beam.MapTuple(
+                   lambda key, parts: (key, pack_rows(packing.InstanceBatch.concat(list(parts)),
+                                                      cfg, job.pack))))
+    bucket_stats = beam.pvalue.AsDict(grouped | "RowStats" >> beam.MapTuple(
+        lambda key, group: (key, group.stats())))
+    return (grouped
+            | "AssignShards" >> beam.FlatMap(
+                lambda kv, stats: assign_to_shards(kv[0][0], kv[0][1], kv[1], stats, cfg, job,
+                                                   vocab_size), bucket_stats)
+            | "GroupByShard" >> beam.GroupByKey()
+            | "WriteShards" >> beam.ParDo(_make_write_fn(output, cfg, job, vocab_path)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Reference mode
+# ----------------------------------------------------------------------------------------------
+
+def read_all_documents(files: list[str], tokenizer, validation_fraction: float
+                       ) -> tuple[dict[str, list[list[np.ndarray]]], list[jobs.BadRecord], int]:
+    """Every document of every file, in input order, split by doc_id hash; and bad records."""
+    from tqdm import tqdm
+
+    docs: dict[str, list] = {"train": [], "validation": []}
+    bad: list[jobs.BadRecord] = []
+    empty = 0
+    for path in tqdm(files, desc="read", unit="file", file=sys.stderr):
+        try:
+            if is_parquet(path):
+                import pyarrow.parquet as pq
+                with storage.open_read(path, "rb") as f:
+                    table = pq.read_table(f, columns=["doc_id", "sentences"])
+                batches = [(table.column(0).to_pylist(), table.column(1).to_pylist())]
+            else:
+                with storage.open_read(path, "rb") as f:
+                    lines_docs, file_bad = parse_reference_text(f.read(), path)
+                bad += file_bad
+                name = os.path.basename(path)
+                batches = [([f"{name}:{i}" for i in range(len(lines_docs))], lines_docs)]
+        except Exception as e:
+            bad.append(jobs.BadRecord(path, "file", f"{type(e).__name__}: {e}"))
+            continue
+        for doc_ids, sentences in batches:
+            for row, (doc_id, sents) in enumerate(zip(doc_ids, sentences)):
+                if doc_id is None or sents is None:
+                    bad.append(jobs.BadRecord(path, f"row {row}", "null doc_id or sentences"))
+            pairs = [(d, s) for d, s in zip(doc_ids, sentences) if d is not None and s is not None]
+            for (doc_id, _), (tokens, lengths) in zip(
+                    pairs, tokenize_documents(tokenizer, [s for _, s in pairs])):
+                if len(lengths) == 0:
+                    empty += 1
+                    continue
+                docs[split_of(doc_id, validation_fraction)].append(
+                    np.split(tokens, np.cumsum(lengths)[:-1]))
+    return docs, bad, empty
+
+
+def run_reference(files: list[str], output: str, vocab_path: str, cfg: InstanceConfig,
+                  job: ShardJobConfig) -> tuple[list[shards.ShardInfo], dict]:
+    """One process, one random stream: `create_instances_reference`, then the same writers."""
+    from tqdm import tqdm
+
+    from pipelines.tokenization import load_tokenizer, read_vocab
+
+    vocab_tokens = read_vocab(vocab_path)
+    vocab = Vocab.from_tokens(vocab_tokens)
+    docs, bad, empty = read_all_documents(files, load_tokenizer(vocab_path, job.do_lower_case),
+                                          job.validation_fraction)
+    _write_dead_letters(output, bad)
+    infos = []
+    counters = {"documents": sum(len(d) for d in docs.values()), "empty_documents": empty,
+                "bad_records": len(bad), "instances": 0}
+    for split in shards.SPLITS:
+        if not docs[split]:
+            continue
+        logger.info("%s: creating instances from %d documents (one random stream)", split,
+                    len(docs[split]))
+        instances = create_instances_reference(docs[split], vocab, cfg)
+        counters["instances"] += len(instances)
+        n = len(instances)
+        batch = packing.InstanceBatch.from_instances(
+            instances, np.arange(n, dtype=np.uint64), np.zeros(n), np.zeros(n), np.arange(n))
+        if job.pack:
+            order, sizes = packing.rows_order(packing.pack_lengths(batch.lengths,
+                                                                   cfg.max_seq_length))
+            group = RowGroup(batch.take(order), sizes)
+        else:
+            group = RowGroup(batch, np.ones(n, np.int64))
+        num_shards = split_num_shards([group.stats()], job, len(vocab_tokens))
+        shard, _ = shards.assign_round_robin(np.arange(len(group.row_sizes)), num_shards)
+        for s in tqdm(range(num_shards), desc=f"write {split}", unit="shard", file=sys.stderr):
+            infos.append(write_group(output, split, s, group.take_rows(np.flatnonzero(shard == s)),
+                                     cfg, job, vocab_tokens))
+    return infos, counters
+
+
+def _write_dead_letters(output: str, bad: list[jobs.BadRecord]) -> None:
+    path = storage.join(output, jobs.DEAD_LETTER_DIR, "make_shards.jsonl")
+    storage.atomic_write_text(path, "".join(b.to_json() + "\n" for b in bad))
+
+
+# ----------------------------------------------------------------------------------------------
+# Manifest and run()
+# ----------------------------------------------------------------------------------------------
+
+def build_manifest(infos: list[shards.ShardInfo], options: dict, vocab_path: str,
+                   vocab_size: int, cfg: InstanceConfig, job: ShardJobConfig,
+                   counters: dict) -> dict:
+    infos = sorted(infos, key=lambda i: (shards.SPLITS.index(i.split), i.index))
+    totals = shards.ShardStats()
+    splits = {}
+    for split in shards.SPLITS:
+        mine = [i for i in infos if i.split == split]
+        if not mine:
+            continue
+        s = shards.ShardStats()
+        for i in mine:
+            s.add(i.stats)
+        totals.add(s)
+        per = [i.stats.num_rows for i in mine]
+        splits[split] = {"num_shards": len(mine), "num_rows": s.num_rows,
+                         "num_instances": s.num_instances, "num_tokens": s.num_tokens,
+                         "min_rows_per_shard": min(per), "max_rows_per_shard": max(per)}
+    L = cfg.max_seq_length
+    edges = [round(b * (L + 1) / shards.HISTOGRAM_BINS) for b in range(shards.HISTOGRAM_BINS + 1)]
+    vocab_file = vocab_path if not os.path.isdir(vocab_path) else os.path.join(vocab_path,
+                                                                               "vocab.txt")
+    return {
+        "stage": "make_shards",
+        "options": options,
+        "config_hash": storage.config_hash(options),
+        "vocab": {"path": vocab_file, "sha256": storage.sha256_file(vocab_file),
+                  "vocab_size": vocab_size},
+        "vocab_size": vocab_size,
+        "max_seq_length": L,
+        "max_predictions_per_seq": cfg.max_predictions_per_seq,
+        "packed": job.pack,
+        "nsp": cfg.next_sentence,
+        "format": job.format,
+        "mode": job.mode,
+        "next_sentence_label": "1 = B is a random segment, 0 = B is the actual next, -1 = no NSP",
+        "shards": [i.manifest_entry() for i in infos],
+        "splits": splits,
+        "totals": {
+            "num_rows": totals.num_rows, "num_instances": totals.num_instances,
+            "num_tokens": totals.num_tokens, "num_masked": totals.num_masked,
+            "num_random_next": totals.num_random_next,
+            "random_next_share": totals.num_random_next / totals.num_nsp if totals.num_nsp else 0.0,
+            "padding_share": shards.padded_share(totals, L),
+            "padding_share_unpacked": (1.0 - totals.num_tokens / (totals.num_instances * L)
+                                       if totals.num_instances else 0.0),
+            "length_histogram": {"bin_edges": edges, "counts": totals.length_histogram},
+        },
+        "counters": counters,
+    }
+
+
+def _beam_counters(result) -> dict:
+    from apache_beam.metrics.metric import MetricsFilter
+    out = {}
+    for c in result.metrics().query(MetricsFilter().with_namespace("make_shards"))["counters"]:
+        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(c.committed or c.attempted)
+    return out
+
+
+def _clean_output(output: str) -> None:
+    """A new run invalidates the old manifest first, so a crash never leaves a complete-looking mix."""
+    if not storage.is_remote(output) and os.path.exists(os.path.join(output,
+                                                                      storage.MANIFEST_NAME)):
+        os.unlink(os.path.join(output, storage.MANIFEST_NAME))
+
+
+def _remove_stale(output: str, infos: list[shards.ShardInfo]) -> list[str]:
+    if storage.is_remote(output):
+        return []
+    keep = {i.file for i in infos}
+    stale = [n for n in os.listdir(output) if _SHARD_FILE.match(n) and n not in keep]
+    for name in stale:
+        os.unlink(os.path.join(output, name))
+    return stale
+
+
+def run(argv: list[str] | None = None) -> dict:
+    """Make shards; returns the manifest written to `<output>/manifest.json`."""
+    jobs.configure_logging()
+    args, beam_options = jobs.parse_job_args(build_parser(), argv)
+    cfg, job = configs_from_args(args)
+    from pipelines.tokenization import read_vocab
+    vocab_size = len(read_vocab(args.vocab))
+    files = storage.expand_inputs(args.input)
+    options = {"input": files, "vocab": args.vocab, "instance": asdict(cfg), "job": asdict(job)}
+    logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), args.output,
+                "\n".join(f"  {k}: {v}" for k, v in {**asdict(cfg), **asdict(job)}.items()))
+    storage.makedirs(args.output)
+    _clean_output(args.output)
+    start = time.perf_counter()
+    if job.mode == "reference":
+        infos, counters = run_reference(files, args.output, args.vocab, cfg, job)
+    else:
+        infos, counters = _run_scalable(files, args, beam_options, cfg, job, vocab_size)
+    stale = _remove_stale(args.output, infos)
+    if stale:
+        logger.info("removed %d shard(s) left from an earlier run", len(stale))
+    counters["seconds"] = round(time.perf_counter() - start, 3)
+    manifest = build_manifest(infos, options, args.vocab, vocab_size, cfg, job, counters)
+    storage.write_manifest(args.output, manifest)
+    t = manifest["totals"]
+    logger.info("make_shards: %d instances in %d rows, %d shards, %.1f s (%.0f instances/s); "
+                "random-next share %.3f, padding share %.3f", t["num_instances"], t["num_rows"],
+                len(infos), counters["seconds"], t["num_instances"] / max(counters["seconds"], 1e-9),
+                t["random_next_share"], t["padding_share"])
+    return manifest
+
+
+def _run_scalable(files, args, beam_options, cfg, job, vocab_size):
+    import apache_beam as beam
+
+    infos_path = storage.join(args.output, _SHARD_INFOS)
+    with beam.Pipeline(options=beam_options) as p:
+        infos = build_scalable_pipeline(p, files, args.output, args.vocab, cfg, job, vocab_size)
+        _ = (infos | "CollectInfos" >> beam.combiners.ToList()
+             | "SaveInfos" >> beam.Map(lambda lines: storage.atomic_write_text(
+                 infos_path, "".join(line + "\n" for line in sorted(lines)))))
+    result = p.result
+    with storage.open_read(infos_path) as f:
+        infos = [shards.ShardInfo.from_json(line) for line in f if line.strip()]
+    if not storage.is_remote(infos_path):
+        os.unlink(infos_path)
+    return infos, _beam_counters(result)
+
+
+if __name__ == "__main__":
+    # Run the module under its package name, so the classes Beam pickles for its workers are
+    # `pipelines.make_shards.X`, importable there, not `__main__.X`.
+    from pipelines import make_shards as _job
+
+    _job.run()

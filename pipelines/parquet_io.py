@@ -1,0 +1,204 @@
+"""Deterministic, atomic Parquet shards and dead-letter files for the document and corpus jobs.
+
+A record goes to shard `stable_shard(doc_id, num_shards)` (a hash that does not change between
+runs or Python processes, unlike `hash()`); each shard is sorted by `doc_id` and written in one
+piece through `storage.atomic_open`, so a re-run over the same inputs gives identical bytes.
+Layout: `<output>/<prefix>-{index:05d}-of-{count:05d}.parquet` (+ `.txt` in the reference text
+format when asked) and
+`<output>/dead_letter/dead_letter-00000-of-00001.jsonl` (one `jobs.BadRecord` JSON per line).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+from collections.abc import Iterable
+
+import apache_beam as beam
+import pyarrow as pa
+
+from pipelines import jobs, storage
+
+DEAD_LETTER_FILE = "dead_letter-00000-of-00001.jsonl"
+TARGET_SHARD_BYTES = 256 << 20  # input bytes per output shard when --num_shards=0 (auto)
+ROW_GROUP_ROWS = 1024  # readers (train_vocab, build_corpus) stream a shard row group by row group
+
+
+def content_hash(config) -> str:
+    """Hash of what decides a job's content: its config without --output (where it goes)."""
+    fields = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else dict(config)
+    return storage.config_hash({k: v for k, v in fields.items() if k != "output"})
+
+
+def stable_shard(key: str, num_shards: int) -> int:
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % num_shards
+
+
+def auto_num_shards(total_input_bytes: int) -> int:
+    return max(1, math.ceil(total_input_bytes / TARGET_SHARD_BYTES))
+
+
+def shard_path(output: str, prefix: str, index: int, count: int) -> str:
+    return storage.join(output, f"{prefix}-{index:05d}-of-{count:05d}.parquet")
+
+
+def write_shard(output: str, prefix: str, index: int, count: int, records: Iterable[dict],
+                schema: pa.Schema, text_column: str | None = None) -> str:
+    """Write one shard's records, sorted by (doc_id, source_file), atomically; returns its path.
+
+    With `text_column`, also writes `<prefix>-....txt` in the reference text format: that
+    column's items one per line, a blank line between records.
+    """
+    import pyarrow.parquet as pq
+
+    rows = sorted(records, key=lambda r: (r["doc_id"], r["source_file"]))
+    table = pa.Table.from_pylist(rows, schema=schema)
+    path = shard_path(output, prefix, index, count)
+    with storage.atomic_open(path, "wb") as f:
+        pq.write_table(table, f, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+    if text_column is not None:
+        storage.atomic_write_text(text_shard_path(output, prefix, index, count),
+                                  reference_text([r[text_column] for r in rows]))
+    return path
+
+
+def text_shard_path(output: str, prefix: str, index: int, count: int) -> str:
+    return storage.join(output, f"{prefix}-{index:05d}-of-{count:05d}.txt")
+
+
+def reference_text(documents: Iterable[Iterable[str]]) -> str:
+    """BERT's input text format: one sentence per line, one blank line between documents."""
+    body = "\n\n".join("\n".join(sentences) for sentences in documents)
+    return body + "\n" if body else ""
+
+
+def finish_shards(output: str, prefix: str, count: int, schema: pa.Schema,
+                  text_column: str | None = None) -> list[str]:
+    """After the pipeline: write the shards no record hashed to (empty, so the set is complete).
+    Returns all shard paths in order (text shards after the Parquet ones)."""
+    paths = [shard_path(output, prefix, i, count) for i in range(count)]
+    for i, path in enumerate(paths):
+        if not storage.exists(path):
+            write_shard(output, prefix, i, count, [], schema, text_column)
+    if text_column is not None:
+        paths += [text_shard_path(output, prefix, i, count) for i in range(count)]
+    return paths
+
+
+def clear_previous_output(output: str, prefix: str) -> None:
+    """Before a run: remove the manifest first (the folder is incomplete until the new one is
+    written), then the shards and dead letters of an earlier run, so none can outlive it."""
+    from apache_beam.io.filesystems import FileSystems
+
+    manifest = storage.join(output, storage.MANIFEST_NAME)
+    stale = [storage.join(output, f"{prefix}-*-of-*.parquet"),
+             storage.join(output, f"{prefix}-*-of-*.txt"), dead_letter_path(output)]
+    doomed = [manifest] if storage.exists(manifest) else []
+    doomed += [m.path for pattern in stale for m in FileSystems.match([pattern])[0].metadata_list]
+    if doomed:
+        FileSystems.delete(doomed)
+
+
+def dead_letter_path(output: str) -> str:
+    return storage.join(output, jobs.DEAD_LETTER_DIR, DEAD_LETTER_FILE)
+
+
+def write_dead_letters(output: str, lines: Iterable[str]) -> str:
+    """All dead letters of a run in one file, sorted (deterministic), written atomically."""
+    path = dead_letter_path(output)
+    storage.makedirs(storage.join(output, jobs.DEAD_LETTER_DIR))
+    body = "".join(f"{line}\n" for line in sorted(lines))
+    storage.atomic_write_text(path, body)
+    return path
+
+
+def outputs_entry(output: str, paths: list[str]) -> list[dict]:
+    """The manifest's `outputs`: each path relative to the output folder, with its sha256."""
+    base = str(output).rstrip("/") + "/"
+    return [{"path": p.removeprefix(base), "sha256": storage.sha256_file(p)}
+            for p in paths]
+
+
+def file_size(path: str) -> int:
+    if storage.is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+        return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    return os.path.getsize(path)
+
+
+def query_counters(result, namespace: str, names: Iterable[str]) -> dict[str, int]:
+    """The committed values of a finished pipeline's counters (0 for a counter never bumped)."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    found = {name: 0 for name in names}
+    for counter in result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]:
+        if counter.key.metric.name in found:
+            found[counter.key.metric.name] += counter.committed or 0
+    return found
+
+
+class WriteShards(beam.PTransform):
+    """Records (dicts with `doc_id`) -> `num_shards` sorted Parquet files; outputs their paths."""
+
+    def __init__(self, output: str, prefix: str, num_shards: int, schema: pa.Schema,
+                 text_column: str | None = None):
+        super().__init__()
+        self.output, self.prefix, self.num_shards, self.schema = output, prefix, num_shards, schema
+        self.text_column = text_column
+
+    def expand(self, records):
+        return (records
+                | "Key" >> beam.Map(_keyed_by_shard, self.num_shards)
+                | "Group" >> beam.GroupByKey()
+                | "Write" >> beam.Map(_write_group, self.output, self.prefix, self.num_shards,
+                                      self.schema, self.text_column))
+
+
+def _keyed_by_shard(record: dict, num_shards: int) -> tuple[int, dict]:
+    return stable_shard(record["doc_id"], num_shards), record
+
+
+def _write_group(group: tuple[int, Iterable[dict]], output: str, prefix: str, count: int,
+                 schema: pa.Schema, text_column: str | None) -> str:
+    index, records = group
+    return write_shard(output, prefix, index, count, records, schema, text_column)
+
+
+class WriteDeadLetters(beam.PTransform):
+    """Dead-letter JSON lines -> one sorted file; outputs its path (nothing when no line came:
+    `finish_dead_letters` then writes the empty file)."""
+
+    def __init__(self, output: str):
+        super().__init__()
+        self.output = output
+
+    def expand(self, lines):
+        return (lines
+                | "Key" >> beam.Map(lambda line: (0, line))
+                | "Group" >> beam.GroupByKey()
+                | "Write" >> beam.Map(lambda group, output: write_dead_letters(output, group[1]),
+                                      self.output))
+
+
+def finish_dead_letters(output: str, wrote_any: bool) -> str:
+    """The dead-letter file always exists after a run (empty when nothing was set aside)."""
+    path = dead_letter_path(output)
+    if not wrote_any or not storage.exists(path):
+        write_dead_letters(output, [])
+    return path
+
+
+def count_rows(path: str) -> int:
+    import pyarrow.parquet as pq
+    with storage.open_read(path, "rb") as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
+def parquet_rows(path: str, columns: list[str] | None = None) -> Iterable[dict]:
+    """Rows of one Parquet file as dicts, one row group at a time (memory: one row group)."""
+    import pyarrow.parquet as pq
+    with storage.open_read(path, "rb") as f:
+        parquet = pq.ParquetFile(f)
+        for group in range(parquet.num_row_groups):
+            yield from parquet.read_row_group(group, columns=columns).to_pylist()

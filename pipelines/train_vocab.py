@@ -1,0 +1,267 @@
+"""Beam job: train BERT's WordPiece vocabulary from the corpus.
+
+    beam run pipelines/train_vocab.py --input out/corpus --output out/vocab --vocab_size 8000
+
+Input: corpus Parquet (`sentences` column), documents Parquet (`passages` when `sentences` is
+absent) or plain text files (one sentence or paragraph per line; `.gz`/`.bz2` are decompressed).
+The word counting is a Beam combine over the whole corpus; only the trainer step, fed the exact
+counts, runs on one worker. Output (a folder `transformers.BertTokenizerFast` loads):
+`vocab.txt`, `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`,
+`word_counts.tsv` (word, count; by count then word), `dead_letter/dead_letter-00000-of-00001.jsonl` and
+`manifest.json`, written last. See `pipelines/vocab.py` for the layout and the determinism.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+import zlib
+from collections.abc import Iterator, Sequence
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from pipelines import jobs, storage
+from pipelines.tokenization import save_tokenizer_folder
+from pipelines.vocab import VocabConfig, count_words, train_vocab, word_splitter
+
+logger = logging.getLogger(__name__)
+
+DEAD = "dead"
+TEXT_COLUMNS = ("sentences", "passages")  # first present wins
+PARQUET_BATCH_ROWS = 256
+WORD_COUNTS_NAME = "word_counts.tsv"
+BAD_RECORDS_NAME = "dead_letter-00000-of-00001.jsonl"  # as the corpus jobs name it
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = VocabConfig()
+    parser = jobs.job_parser(__doc__.strip().splitlines()[0])
+    parser.add_argument("--vocab_size", type=int, default=defaults.vocab_size,
+                        help="entries in all, special and [unused*] tokens included")
+    parser.add_argument("--cased", action="store_true",
+                        help="keep case and accents (default: lower-case and strip accents)")
+    parser.add_argument("--min_frequency", type=int, default=defaults.min_frequency,
+                        help="never merge a pair of pieces seen fewer times than this")
+    parser.add_argument("--limit_alphabet", type=int, default=defaults.limit_alphabet,
+                        help="keep at most this many characters, the most frequent")
+    parser.add_argument("--num_unused_tokens", type=int, default=None,
+                        help="[unused*] tokens (default: 994 scaled to --vocab_size, at least 99)")
+    parser.add_argument("--no_progress", action="store_true",
+                        help="no progress bars from the trainer")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> VocabConfig:
+    return VocabConfig(vocab_size=args.vocab_size, do_lower_case=not args.cased,
+                       min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
+                       num_unused_tokens=args.num_unused_tokens)
+
+
+# --- reading texts -------------------------------------------------------------------------
+
+def parquet_texts(path: str) -> Iterator[str | jobs.BadRecord]:
+    """The texts of a corpus or documents Parquet file, row group by row group."""
+    import pyarrow.parquet as pq
+
+    with storage.open_read(path, "rb") as f:
+        parquet = pq.ParquetFile(f)
+        names = parquet.schema_arrow.names
+        column = next((c for c in TEXT_COLUMNS if c in names), None)
+        if column is None:
+            yield jobs.BadRecord(path, "file", f"no column {' or '.join(TEXT_COLUMNS)} "
+                                               f"(columns: {names})")
+            return
+        row = 0
+        for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[column]):
+            for texts in batch.column(0).to_pylist():
+                if texts is None:
+                    yield jobs.BadRecord(path, f"row {row}", f"null {column}")
+                for i, text in enumerate(texts or ()):
+                    if text is None:
+                        yield jobs.BadRecord(path, f"row {row} {column}[{i}]", "null text")
+                    else:
+                        yield text
+                row += 1
+
+
+def open_text_file(path: str):
+    """A binary stream of the file, decompressed by its extension (`.bz2`, `.gz`).
+
+    Python's own decompressors raise on a truncated file; Beam's `CompressedFile` returns an
+    early end of file instead, which would lose the rest silently.
+    """
+    import bz2
+    import gzip
+
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    raw = FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    if path.endswith(".bz2"):
+        return bz2.open(raw)
+    if path.endswith(".gz"):
+        return gzip.open(raw)
+    return raw
+
+
+def text_file_texts(path: str) -> Iterator[str | jobs.BadRecord]:
+    """The lines of a text file (compression from the extension); bad UTF-8 lines set aside."""
+    with open_text_file(path) as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                yield jobs.BadRecord(path, f"line {number}", f"invalid UTF-8: {e}")
+
+
+def drop_text_renderings(files: list[str]) -> list[str]:
+    """Leave out `X.txt` when `X.parquet` is an input too: build_corpus's `--text_output` writes
+    each shard again as text beside it, and counting both would count every word twice."""
+    parquet_stems = {f[:-len(".parquet")] for f in files if f.endswith(".parquet")}
+    return [f for f in files if not (f.endswith(".txt") and f[:-len(".txt")] in parquet_stems)]
+
+
+def file_texts(path: str) -> Iterator[str | jobs.BadRecord]:
+    """The texts and bad records of one input file, Parquet or text by its extension."""
+    reader = parquet_texts if path.endswith(".parquet") else text_file_texts
+    num_items = 0
+    try:
+        for item in reader(path):
+            num_items += 1
+            yield item
+    except (OSError, EOFError, ValueError, zlib.error) as e:
+        # A corrupt file (truncated bz2, bad Parquet footer): what came before the break is
+        # kept, the rest of the file is set aside, and the other files go on.
+        yield jobs.BadRecord(path, f"rest of file after {num_items} records",
+                             f"unreadable: {type(e).__name__}: {e}")
+
+
+class ReadTexts(beam.DoFn):
+    """File path -> its texts; bad records to the `DEAD` output."""
+
+    def __init__(self) -> None:
+        self.texts = Metrics.counter("train_vocab", "texts")
+        self.bad_records = Metrics.counter("train_vocab", "bad_records")
+
+    def process(self, path: str):
+        for item in file_texts(path):
+            if isinstance(item, jobs.BadRecord):
+                self.bad_records.inc()
+                logger.warning("bad record: %s %s: %s", item.file, item.record, item.reason)
+                yield beam.pvalue.TaggedOutput(DEAD, item.to_json())
+            else:
+                self.texts.inc()
+                yield item
+
+
+class CountWordsInBatch(beam.DoFn):
+    """A batch of texts -> (word, count) pairs for it: counting in the mapper cuts the shuffle."""
+
+    def __init__(self, do_lower_case: bool) -> None:
+        self.do_lower_case = do_lower_case
+        self.words = Metrics.counter("train_vocab", "words")
+
+    def setup(self) -> None:
+        self.split = word_splitter(self.do_lower_case)
+
+    def process(self, texts: list[str]):
+        counts = count_words(texts, self.split)
+        self.words.inc(sum(counts.values()))
+        yield from counts.items()
+
+
+class CountWords(beam.PTransform):
+    """Texts -> exact (word, count) over the whole collection (BERT normaliser + pre-tokenizer)."""
+
+    def __init__(self, do_lower_case: bool) -> None:
+        super().__init__()
+        self.do_lower_case = do_lower_case
+
+    def expand(self, texts):
+        return (texts
+                | "Batch" >> beam.BatchElements(min_batch_size=64, max_batch_size=2048)
+                | "CountBatch" >> beam.ParDo(CountWordsInBatch(self.do_lower_case))
+                | "Sum" >> beam.CombinePerKey(sum))
+
+
+# --- the single-worker step ----------------------------------------------------------------
+
+def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str], *,
+                  output: str, config: VocabConfig, inputs: list[str], input_arg: str,
+                  num_texts: int, show_progress: bool) -> str:
+    """Train on the exact counts and write the vocabulary folder; manifest.json last."""
+    word_counts = dict(word_count_pairs)
+    if not word_counts:
+        raise ValueError(f"--input {input_arg!r}: no words in its {len(inputs)} file(s) "
+                         f"({num_texts} texts, {len(bad_records)} bad records): "
+                         f"{', '.join(inputs[:5])}")
+    started = time.monotonic()
+    result = train_vocab(word_counts, config, show_progress=show_progress)
+    train_seconds = time.monotonic() - started
+    storage.makedirs(output)
+    dead_path = storage.join(output, jobs.DEAD_LETTER_DIR, BAD_RECORDS_NAME)
+    storage.atomic_write_text(dead_path, "".join(f"{r}\n" for r in sorted(bad_records)))
+    ranked = sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    storage.atomic_write_text(storage.join(output, WORD_COUNTS_NAME),
+                              "".join(f"{w}\t{c}\n" for w, c in ranked))
+    save_tokenizer_folder(result.tokens, output, do_lower_case=config.do_lower_case)
+    vocab_sha256 = storage.sha256_file(storage.join(output, "vocab.txt"))
+    manifest = {
+        "stage": "train_vocab",
+        "config": config.resolved(),
+        # What decides the content: the config and the inputs (not where the output goes).
+        "config_hash": storage.config_hash({**config.resolved(), "input": input_arg}),
+        "inputs": inputs,
+        "vocab_size": len(result.tokens),
+        "vocab_sha256": vocab_sha256,
+        "num_texts": num_texts,
+        "num_bad_records": len(bad_records),
+        "word_counts_sha256": storage.sha256_file(storage.join(output, WORD_COUNTS_NAME)),
+        "train_seconds": round(train_seconds, 3),
+        **result.stats,
+    }
+    storage.write_manifest(output, manifest)
+    logger.info("vocabulary of %d tokens (%d learned) written to %s; sha256 %s",
+                len(result.tokens), result.stats["num_learned_tokens"], output, vocab_sha256)
+    return vocab_sha256
+
+
+def clear_manifest(output: str) -> None:
+    """A re-run first withdraws the old manifest: a crash must not leave it over new files."""
+    path = storage.join(output, storage.MANIFEST_NAME)
+    if storage.exists(path):
+        from apache_beam.io.filesystems import FileSystems
+        FileSystems.delete([path])
+
+
+def run(argv: Sequence[str] | None = None) -> dict:
+    jobs.configure_logging()
+    args, options = jobs.parse_job_args(build_parser(), argv)
+    config = config_from_args(args)
+    inputs = drop_text_renderings(storage.expand_inputs(args.input))
+    logger.info("train_vocab: %d input file(s) -> %s; config %s", len(inputs), args.output,
+                config.resolved())
+    clear_manifest(args.output)
+    with beam.Pipeline(options=options) as p:
+        read = (p
+                | "Files" >> beam.Create(inputs)
+                | "Spread" >> beam.Reshuffle()
+                | "Read" >> beam.ParDo(ReadTexts()).with_outputs(DEAD, main="texts"))
+        num_texts = read.texts | "CountTexts" >> beam.combiners.Count.Globally()
+        word_counts = read.texts | "CountWords" >> CountWords(config.do_lower_case)
+        _ = (word_counts
+             | "Gather" >> beam.combiners.ToList()
+             | "Train" >> beam.Map(
+                 write_outputs, beam.pvalue.AsList(read[DEAD]), output=args.output,
+                 config=config, inputs=inputs, input_arg=args.input,
+                 num_texts=beam.pvalue.AsSingleton(num_texts),
+                 show_progress=not args.no_progress))
+    manifest = storage.read_manifest(args.output)
+    if manifest is None:
+        raise RuntimeError(f"train_vocab: the pipeline finished without {args.output}/manifest.json")
+    return manifest
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,97 @@
+"""Verify a shard folder against its manifest and print its statistics.
+
+    python -m pipelines.verify_shards <folder>
+
+Checks every shard the manifest lists: present, byte size, sha256, decodable to the end, and
+its row, instance, token and masked-token counts; shards in the folder that the manifest does
+not list are reported too. Bad shards are named one per line; the exit code is 1 if any is bad.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from pipelines import shards, storage
+
+
+def verify_folder(folder: str, progress: bool = True) -> tuple[list[str], shards.ShardStats]:
+    """(problems, recounted totals) for a shard folder. Raises FileNotFoundError without manifest."""
+    manifest = storage.read_manifest(folder)
+    if manifest is None:
+        raise FileNotFoundError(f"{folder}: no {storage.MANIFEST_NAME} (incomplete or not a "
+                                "shard folder)")
+    max_seq_length = manifest["max_seq_length"]
+    problems: list[str] = []
+    entries = manifest["shards"]
+    iterator = entries
+    if progress:
+        from tqdm import tqdm
+        iterator = tqdm(entries, desc="verify", unit="shard", file=sys.stderr)
+    for entry in iterator:
+        problems += shards.verify_shard(folder, entry, max_seq_length)
+    listed = {e["file"] for e in entries}
+    if not storage.is_remote(folder):
+        for name in sorted(os.listdir(folder)):
+            if name.endswith((".tar", ".jsonl")) and name not in listed:
+                problems.append(f"{name}: not in the manifest (left from another run?)")
+    totals = manifest_totals(entries)
+    for name in ("num_rows", "num_instances", "num_tokens", "num_masked"):
+        want = manifest["totals"].get(name)
+        if want is not None and getattr(totals, name) != want:
+            problems.append(f"{storage.MANIFEST_NAME}: totals.{name} {want} != sum over shards "
+                            f"{getattr(totals, name)}")
+    return problems, totals
+
+
+def manifest_totals(entries: list[dict]) -> shards.ShardStats:
+    totals = shards.ShardStats()
+    for e in entries:
+        totals.add(shards.ShardStats(e["num_rows"], e["num_instances"], e["num_tokens"],
+                                     e["num_masked"]))
+    return totals
+
+
+def describe(manifest: dict) -> str:
+    t = manifest["totals"]
+    lines = [f"shards: {len(manifest['shards'])}  format: {manifest.get('format', 'shards')}  "
+             f"max_seq_length: {manifest['max_seq_length']}  packed: {manifest['packed']}  "
+             f"nsp: {manifest['nsp']}  vocab_size: {manifest['vocab_size']}"]
+    for split, s in manifest.get("splits", {}).items():
+        lines.append(f"  {split}: {s['num_shards']} shards, {s['num_rows']} rows, "
+                     f"{s['num_instances']} instances, rows per shard {s['min_rows_per_shard']}"
+                     f"-{s['max_rows_per_shard']}")
+    lines.append(f"instances: {t['num_instances']}  rows: {t['num_rows']}  tokens: "
+                 f"{t['num_tokens']}  masked: {t['num_masked']}")
+    lines.append(f"random-next share: {t['random_next_share']:.4f}  padding share: "
+                 f"{t['padding_share']:.4f}  (unpacked: {t['padding_share_unpacked']:.4f})")
+    edges = t["length_histogram"]["bin_edges"]
+    counts = t["length_histogram"]["counts"]
+    lines.append("instance lengths: " + "  ".join(
+        f"[{edges[i]},{edges[i + 1]}):{c}" for i, c in enumerate(counts) if c))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.verify_shards",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", help="a make_shards output folder")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    try:
+        problems, _ = verify_folder(args.folder, progress=not args.quiet)
+    except FileNotFoundError as e:
+        print(f"FAILED: {e}")
+        return 1
+    print(describe(storage.read_manifest(args.folder)))
+    if problems:
+        print(f"FAILED: {len(problems)} problem(s)")
+        for p in problems:
+            print(f"  {p}")
+        return 1
+    print("OK: every shard matches the manifest")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

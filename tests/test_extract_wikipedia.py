@@ -1,0 +1,457 @@
+"""The Wikipedia extraction job and dump reader on the real enwiki excerpt, good and bad.
+
+The Beam job really runs (DirectRunner, once with two worker processes). Bad inputs are built in
+tmp_path from the real dump: a truncated .bz2, malformed XML, broken markup, invalid UTF-8, an
+empty file and a 50 MB single-line file.
+"""
+from __future__ import annotations
+
+import bz2
+import collections
+import hashlib
+import itertools
+import json
+import re
+import tracemalloc
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import extract_wikipedia, storage
+from pipelines.documents import DOCUMENT_SCHEMA
+from pipelines.jobs import BadRecord
+from pipelines.wiki_dump import Page, bz2_stream_offsets, iter_pages, plan_splits
+
+DUMP = "wiki/enwiki-dbpedia-minidump-pages-articles.xml.bz2"
+# The 23 articles of the dump: 27 pages minus 2 redirects, 1 disambiguation, 1 Category page.
+ARTICLES = [
+    "? (film)", "Angela Merkel", "Arthur Schopenhauer", "Asda", "Atlantic Ocean", "Berlin",
+    "Borysthenia goldfussiana", "Dahlak SC", "Ferdinand Piëch", "IBM", "IKEA", "Ingoldiomyces",
+    "Jim Pewter", "Kerala Agricultural University", "Marian Breland Bailey", "Mini (Mark I)",
+    "N.EX.T", "Ranma ½", "Redd Kross", 'Ren & Stimpy "Adult Party Cartoon"', "Samsung",
+    "The Ren & Stimpy Show", "Vehicle registration plates of China",
+]
+NUM_PASSAGES = 1185  # as tests/test_wikitext.py counts them on the same dump
+RESIDUE = re.compile(r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|'''|==|<!--|-->|</?[A-Za-z][^<>]*>"
+                     r"|&(?:[a-z]+|#\d+);|(?m:^[*#;:|!])")
+
+
+def run_job(input_path, output, *extra) -> dict:
+    return extract_wikipedia.run(["--input", str(input_path), "--output", str(output), *extra])
+
+
+def read_documents(output: Path) -> list[dict]:
+    rows = []
+    for path in sorted(output.glob("documents-*.parquet")):
+        table = pq.read_table(path)
+        assert table.schema.equals(DOCUMENT_SCHEMA, check_metadata=False), path
+        rows.extend(table.to_pylist())
+    return rows
+
+
+def dead_letters(output: Path) -> list[dict]:
+    files = sorted((output / "dead_letter").glob("*.jsonl"))
+    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
+
+
+def file_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def without_source(rows: list[dict]) -> list[dict]:
+    return sorted(({k: v for k, v in row.items() if k != "source_file"} for row in rows),
+                  key=lambda row: row["doc_id"])
+
+
+@pytest.fixture(scope="module")
+def dump(shared_data) -> Path:
+    return shared_data / DUMP
+
+
+@pytest.fixture(scope="module")
+def dump_xml(dump) -> bytes:
+    return bz2.decompress(dump.read_bytes())
+
+
+@pytest.fixture(scope="module")
+def job_output(dump, tmp_path_factory) -> tuple[Path, dict]:
+    output = tmp_path_factory.mktemp("wiki_out")
+    return output, run_job(dump, output)
+
+
+# ---------------------------------------------------------------------------------------------
+# The job on the real dump
+
+def test_job_counts_exactly(job_output, dump):
+    _, manifest = job_output
+    counts = manifest["counts"]
+    assert {k: counts[k] for k in ("pages_read", "articles_kept", "skipped_redirect",
+                                   "skipped_disambiguation", "skipped_namespace", "skipped_empty",
+                                   "bad_records", "passages", "passages_residue_dropped")} == {
+        "pages_read": 27, "articles_kept": 23, "skipped_redirect": 2,
+        "skipped_disambiguation": 1, "skipped_namespace": 1, "skipped_empty": 0,
+        "bad_records": 0, "passages": NUM_PASSAGES, "passages_residue_dropped": 0}
+    assert counts["page_bytes"] == 1547257  # the XML of the 27 <page> elements
+    assert manifest["inputs"] == [{"path": str(dump), "size_bytes": 421382}]
+
+
+def test_job_documents_schema_ids_and_titles(job_output, dump):
+    output, _manifest = job_output
+    rows = read_documents(output)
+    assert sorted(row["title"] for row in rows) == sorted(ARTICLES)
+    by_title = {row["title"]: row for row in rows}
+    assert by_title["Angela Merkel"]["doc_id"] == "wiki/72671"
+    assert by_title["Berlin"]["doc_id"] == "wiki/3354"
+    assert by_title["Atlantic Ocean"]["doc_id"] == "wiki/698"
+    assert {row["source"] for row in rows} == {"wikipedia"}
+    assert {row["source_file"] for row in rows} == {str(dump)}
+    assert sum(len(row["passages"]) for row in rows) == NUM_PASSAGES
+    assert len({row["doc_id"] for row in rows}) == 23
+
+
+def test_job_passages_are_clean_and_known_sentences_present(job_output):
+    output, _ = job_output
+    by_title = {row["title"]: row["passages"] for row in read_documents(output)}
+    residue = [p for passages in by_title.values() for p in passages if RESIDUE.search(p)]
+    assert residue == []
+    assert ("IKEA is a Swedish-origin Dutch-headquartered multinational conglomerate that designs "
+            "and sells ready-to-assemble furniture, kitchen appliances and home accessories, among "
+            "other goods and home services.") in by_title["IKEA"][0]
+    assert by_title["Berlin"][0].startswith(
+        "Berlin is the capital and largest city of Germany by both area and population. Its 3.7 "
+        "million inhabitants make it the European Union's most populous city, according to "
+        "population within city limits.")
+    assert by_title["Dahlak SC"] == ["Dahlak is an Eritrean football club based in Asmara."]
+
+
+def test_job_manifest_lists_outputs_with_sha256_and_is_written_last(job_output):
+    output, manifest = job_output
+    assert manifest == storage.read_manifest(str(output))
+    assert manifest["config"]["split_bytes"] == extract_wikipedia.default_config().split_bytes
+    assert manifest["config_hash"] == storage.config_hash(manifest["config"])
+    assert [o["path"] for o in manifest["outputs"]] == ["documents-00000-of-00001.parquet"]
+    for entry in manifest["outputs"]:
+        data = (output / entry["path"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+        assert len(data) == entry["size_bytes"] and entry["num_documents"] == 23
+    assert dead_letters(output) == []
+    assert (output / "dead_letter" / "dead_letter-00000-of-00001.jsonl").read_text() == ""
+    assert not [p for p in output.rglob("*") if p.name.startswith(".")]  # no temp files left
+
+
+def test_rerun_is_idempotent_byte_for_byte(job_output, dump):
+    output, manifest = job_output
+    before = file_bytes(output)
+    assert run_job(dump, output) == manifest
+    assert file_bytes(output) == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Multistream: one split per bz2 stream gives the same documents
+
+def build_multistream(xml: bytes, folder: Path, pages_per_stream: int = 5) -> Path:
+    """A pages-articles-multistream.xml.bz2 as Wikimedia builds it: header, N pages, footer."""
+    starts = [m.start() for m in re.finditer(rb"<page>", xml)]
+    footer = xml.rindex(b"</mediawiki>")
+    cuts = [0, *starts[::pages_per_stream], footer, len(xml)]
+    path = folder / "mini-multistream.xml.bz2"
+    path.write_bytes(b"".join(bz2.compress(xml[a:b]) for a, b in itertools.pairwise(cuts)))
+    return path
+
+
+def test_reader_per_stream_splits_equal_plain_file(dump_xml, tmp_path):
+    plain = tmp_path / "mini.xml"
+    plain.write_bytes(dump_xml)
+    expected = [p for s in plan_splits(str(plain), 1 << 30) for p in iter_pages(s)]
+    assert len(expected) == 27 and all(isinstance(p, Page) for p in expected)
+
+    multistream = build_multistream(dump_xml, tmp_path)
+    splits = plan_splits(str(multistream), 0)
+    assert len(splits) == 8  # header, 6 streams of <= 5 pages, footer
+    assert [p for s in splits for p in iter_pages(s)] == expected
+    # pbzip2-style streams cut mid-page: each page still read exactly once.
+    cut = tmp_path / "pbzip2.xml.bz2"
+    cut.write_bytes(b"".join(bz2.compress(dump_xml[i:i + 100_000])
+                             for i in range(0, len(dump_xml), 100_000)))
+    assert len(plan_splits(str(cut), 0)) == 16
+    assert [p for s in plan_splits(str(cut), 0) for p in iter_pages(s)] == expected
+    # Byte ranges of the plain file, cut anywhere, too.
+    assert [p for s in plan_splits(str(plain), 40_000) for p in iter_pages(s)] == expected
+
+
+def test_multistream_index_file_gives_the_same_stream_offsets(dump_xml, tmp_path):
+    multistream = build_multistream(dump_xml, tmp_path)
+    scanned = bz2_stream_offsets(str(multistream))
+    index_lines = [f"{offset}:{n}:Title {n}" for n, offset in enumerate(scanned[1:-1])]
+    index = tmp_path / "mini-multistream-index.txt.bz2"
+    index.write_bytes(bz2.compress("\n".join(index_lines).encode() + b"\n"))
+    # The index lists page streams only; the footer stream then joins the last split.
+    assert bz2_stream_offsets(str(multistream)) == scanned[:-1]
+
+
+@pytest.fixture(scope="module")
+def multistream_output(dump_xml, tmp_path_factory) -> tuple[Path, Path, dict]:
+    folder = tmp_path_factory.mktemp("multistream")
+    path = build_multistream(dump_xml, folder)
+    output = folder / "out"
+    return path, output, run_job(path, output, "--split_bytes=0")
+
+
+def test_job_multistream_per_stream_same_documents(multistream_output, job_output):
+    _path, output, manifest = multistream_output
+    assert len(manifest["outputs"]) == 8
+    assert manifest["counts"] == job_output[1]["counts"]
+    assert without_source(read_documents(output)) == without_source(read_documents(job_output[0]))
+
+
+def test_job_multi_processing_gives_the_same_bytes(multistream_output, tmp_path):
+    path, output, manifest = multistream_output
+    parallel = tmp_path / "parallel"
+    assert run_job(path, parallel, "--split_bytes=0", "--direct_num_workers=2",
+                   "--direct_running_mode=multi_processing") == manifest
+    assert file_bytes(parallel) == file_bytes(output)
+
+
+def test_rerun_with_another_split_plan_removes_stale_shards(multistream_output, tmp_path):
+    path, output, _ = multistream_output
+    folder = tmp_path / "restale"
+    for name, data in file_bytes(output).items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    manifest = run_job(path, folder)  # default split_bytes: one split for this small file
+    assert sorted(p.name for p in folder.glob("documents-*")) == [
+        "documents-00000-of-00001.parquet"]
+    assert manifest["counts"]["articles_kept"] == 23
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one job over a folder of bad files; each case checked on its own
+
+GIANT_PAGE_ID = 999999999
+BROKEN_MARKUP = (
+    "'''Broken''' page with [[Link|bold link]] text.\n\n"
+    "Second paragraph with a [[link that never closes.\n\n"
+    "{|\n| a cell\n|-\n! header\nThird paragraph after an unclosed table.\n\n"
+    "Fourth <ref>an unclosed reference and ]] and |} strays.\n\n"
+    "Fifth {{Infobox never closed\n| name = value\n<!-- an unclosed comment\nhidden")
+
+
+def page_span(xml: bytes, title: str) -> tuple[int, int]:
+    start = xml.rindex(b"<page>", 0, xml.index(f"<title>{title}</title>".encode()))
+    return start, xml.index(b"</page>", start) + len(b"</page>")
+
+
+def replace_in_page(xml: bytes, title: str, old: bytes, new: bytes) -> bytes:
+    start, end = page_span(xml, title)
+    page = xml[start:end]
+    assert old in page
+    return xml[:start] + page.replace(old, new, 1) + xml[end:]
+
+
+def replace_text(xml: bytes, title: str, wikitext: str) -> bytes:
+    start, end = page_span(xml, title)
+    page = xml[start:end]
+    escaped = wikitext.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    page = re.sub(rb"(<text[^>]*>).*?(</text>)", lambda m: m.group(1) + escaped.encode() +
+                  m.group(2), page, flags=re.DOTALL)
+    return xml[:start] + page + xml[end:]
+
+
+def single_line_with_giant_page(xml: bytes, size: int) -> bytes:
+    """The dump on one line (newlines as &#10;) with a `size`-byte one-line page in the middle."""
+    prose = (b"Berlin is the capital and largest city of Germany by both area and population. ")
+    giant = (f"<page><title>Giant</title><ns>0</ns><id>{GIANT_PAGE_ID}</id><revision><id>1</id>"
+             "<text xml:space=\"preserve\">").encode()
+    giant += prose * (size // len(prose)) + b"</text></revision></page>"
+    middle, _ = page_span(xml, "IBM")
+    return (xml[:middle] + giant + xml[middle:]).replace(b"\n", b"&#10;")
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(dump, dump_xml, tmp_path_factory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("bad_inputs")
+    raw = dump.read_bytes()
+    files = {
+        "truncated.xml.bz2": raw[: int(len(raw) * 0.6)],
+        "malformed.xml": replace_in_page(
+            replace_in_page(dump_xml, "Dahlak SC", b"</title>", b"</titel>"),
+            "Ingoldiomyces", b"</page>", b""),
+        "broken_markup.xml": replace_text(dump_xml, "Borysthenia goldfussiana", BROKEN_MARKUP),
+        "invalid_utf8.xml": replace_in_page(dump_xml, "Ingoldiomyces", b"Tilletiaceae",
+                                            b"Tille\xff\xfetiaceae"),
+        "empty.xml": b"",
+        "single_line.xml": single_line_with_giant_page(dump_xml, 50 << 20),
+    }
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    return {name: folder / name for name in files}
+
+
+@pytest.fixture(scope="module")
+def bad_output(bad_inputs, tmp_path_factory) -> tuple[Path, dict, dict, dict]:
+    output = tmp_path_factory.mktemp("bad_out")
+    folder = next(iter(bad_inputs.values())).parent
+    manifest = run_job(folder, output)
+    docs = collections.defaultdict(dict)
+    for row in read_documents(output):
+        docs[Path(row["source_file"]).name][row["title"]] = row["passages"]
+    bad = collections.defaultdict(list)
+    for record in dead_letters(output):
+        bad[Path(record["file"]).name].append(record)
+    return output, manifest, docs, bad
+
+
+def test_bad_inputs_job_finishes_and_counts_every_bad_record(bad_output):
+    _output, manifest, docs, bad = bad_output
+    assert manifest["counts"]["bad_records"] == 6 == sum(len(v) for v in bad.values())
+    assert sorted(bad) == ["empty.xml", "invalid_utf8.xml", "malformed.xml", "single_line.xml",
+                           "truncated.xml.bz2"]
+    assert manifest["counts"]["articles_kept"] == 9 + 21 + 23 + 22 + 23
+    residue = [p for by_title in docs.values() for ps in by_title.values() for p in ps
+               if RESIDUE.search(p)]
+    assert residue == []
+
+
+def test_truncated_bz2_keeps_pages_before_the_cut(bad_output, bad_inputs):
+    _, _, docs, bad = bad_output
+    assert sorted(docs["truncated.xml.bz2"]) == sorted(ARTICLES[:9])  # up to Ferdinand Piëch
+    assert bad["truncated.xml.bz2"] == [{
+        "file": str(bad_inputs["truncated.xml.bz2"]), "record": "bz2 stream at byte 0",
+        "reason": "truncated: the file ends before the bz2 end-of-stream marker; the page in "
+                  "progress (page 40379651 'IBM') and all after it are lost"}]
+
+
+def test_malformed_xml_pages_are_dead_letters_and_neighbours_kept(bad_output, bad_inputs):
+    _, _, docs, bad = bad_output
+    assert sorted(docs["malformed.xml"]) == sorted(set(ARTICLES) - {"Dahlak SC", "Ingoldiomyces"})
+    records = bad["malformed.xml"]
+    assert [(r["file"], r["record"]) for r in records] == [
+        (str(bad_inputs["malformed.xml"]), "page 17340400"),
+        (str(bad_inputs["malformed.xml"]), "page 24755840")]
+    assert records[0]["reason"].startswith("malformed XML: mismatched tag: line 2")
+    assert records[1]["reason"] == ("malformed XML: <page> not closed before the next <page> "
+                                    "(title 'Ingoldiomyces')")
+
+
+def test_broken_markup_page_kept_without_residue(bad_output):
+    _, _, docs, bad = bad_output
+    assert "broken_markup.xml" not in bad
+    assert len(docs["broken_markup.xml"]) == 23
+    assert docs["broken_markup.xml"]["Borysthenia goldfussiana"] == [
+        "Broken page with bold link text.",
+        "Second paragraph with a link that never closes.",
+        "Third paragraph after an unclosed table.",
+        "Fourth an unclosed reference and and strays.",
+        "Fifth",
+    ]
+
+
+def test_invalid_utf8_page_is_a_dead_letter(bad_output, bad_inputs):
+    _, _, docs, bad = bad_output
+    assert sorted(docs["invalid_utf8.xml"]) == sorted(set(ARTICLES) - {"Ingoldiomyces"})
+    [record] = bad["invalid_utf8.xml"]
+    assert record["file"] == str(bad_inputs["invalid_utf8.xml"])
+    assert record["record"] == "page 24755840"
+    assert re.fullmatch(r"invalid UTF-8 at byte \d+ of the page \(b'\\xff\\xfeti'\) "
+                        r"\(title 'Ingoldiomyces'\)", record["reason"]), record["reason"]
+
+
+def test_empty_file_is_a_dead_letter(bad_output, bad_inputs):
+    _, manifest, docs, bad = bad_output
+    assert "empty.xml" not in docs
+    assert bad["empty.xml"] == [{"file": str(bad_inputs["empty.xml"]), "record": "file",
+                                 "reason": "empty file (0 bytes)"}]
+    assert {"path": str(bad_inputs["empty.xml"]), "size_bytes": 0} in manifest["inputs"]
+
+
+def test_single_line_50mb_file_giant_page_set_aside_rest_kept(bad_output, bad_inputs, job_output):
+    _, _, docs, bad = bad_output
+    assert bad_inputs["single_line.xml"].stat().st_size > 50 << 20
+    assert b"\n" not in bad_inputs["single_line.xml"].read_bytes()
+    assert bad["single_line.xml"] == [{
+        "file": str(bad_inputs["single_line.xml"]), "record": f"page {GIANT_PAGE_ID}",
+        "reason": "page larger than --max_page_bytes=16777216 (title 'Giant')"}]
+    expected = {row["title"]: row["passages"] for row in read_documents(job_output[0])}
+    assert docs["single_line.xml"] == expected  # &#10; newlines read as newlines
+
+
+def test_single_line_50mb_file_reads_in_flat_memory(bad_inputs):
+    path = str(bad_inputs["single_line.xml"])
+    tracemalloc.start()
+    try:
+        items = [item for split in plan_splits(path, 1 << 30)
+                 for item in iter_pages(split, max_page_bytes=1 << 20)]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    pages = [i for i in items if isinstance(i, Page)]
+    assert len(pages) == 27 and [i.record for i in items if isinstance(i, BadRecord)] == [
+        f"page {GIANT_PAGE_ID}"]
+    # One 1 MiB read chunk + at most one page (the dump's largest is 227 KB): far below 50 MB.
+    assert peak < 8 << 20, peak
+
+
+def test_extract_dofn_emits_split_results_and_beam_counters(dump, tmp_path):
+    import apache_beam as beam
+    from apache_beam.metrics.metric import MetricsFilter
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    splits = list(enumerate(plan_splits(str(dump), 1 << 30)))
+    dofn = extract_wikipedia.ExtractDoFn(str(tmp_path), len(splits),
+                                         extract_wikipedia.default_config())
+    expected = {"pages_read": 27, "page_bytes": 1547257, "articles_kept": 23,
+                "skipped_redirect": 2, "skipped_disambiguation": 1, "skipped_namespace": 1,
+                "passages": NUM_PASSAGES}
+    pipeline = TestPipeline()
+    results = (pipeline | beam.Create(splits) | beam.ParDo(dofn)
+               | beam.Map(lambda r: (r.output, r.num_documents, r.bad_records)))
+    assert_that(results, equal_to([("documents-00000-of-00001.parquet", 23, ())]))
+    result = pipeline.run()
+    result.wait_until_finish()
+    query = result.metrics().query(MetricsFilter().with_namespace("extract_wikipedia"))
+    counters = {c.key.metric.name: c.committed for c in query["counters"]}
+    assert {name: counters[name] for name in expected} == expected
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure parts and options
+
+def test_page_document_counts_skip_reasons_exactly():
+    counts: collections.Counter[str] = collections.Counter()
+
+    def counter(name, value=1):
+        counts[name] += value
+
+    def page(title, text, ns=0, redirect=False):
+        return Page(page_id=7, title=title, namespace=ns, redirect=redirect, text=text,
+                    source_bytes=100)
+
+    assert extract_wikipedia.page_document(page("Talk:X", "Hi.", ns=1), "f", counter) is None
+    assert extract_wikipedia.page_document(page("X", "#REDIRECT [[Y]]"), "f", counter) is None
+    assert extract_wikipedia.page_document(page("X", "x", redirect=True), "f", counter) is None
+    assert extract_wikipedia.page_document(page("X", "A.\n{{dab}}"), "f", counter) is None
+    assert extract_wikipedia.page_document(page("X", "* only a list"), "f", counter) is None
+    document = extract_wikipedia.page_document(page("X", "'''X''' is.\n\nTwo."), "f", counter)
+    assert document.to_record() == {"doc_id": "wiki/7", "source": "wikipedia",
+                                    "source_file": "f", "title": "X", "passages": ["X is.", "Two."]}
+    assert dict(counts) == {"pages_read": 6, "page_bytes": 600, "skipped_namespace": 1,
+                            "skipped_redirect": 2, "skipped_disambiguation": 1,
+                            "skipped_empty": 1, "articles_kept": 1, "passages": 2}
+
+
+def test_parser_lists_job_options_and_config_validation_names_the_flag():
+    help_text = extract_wikipedia.build_parser().format_help()
+    for flag in ("--input", "--output", "--split_bytes", "--max_page_bytes", "--row_group_docs"):
+        assert flag in help_text
+    with pytest.raises(ValueError, match="--split_bytes"):
+        extract_wikipedia.WikipediaConfig(split_bytes=-1)
+    with pytest.raises(ValueError, match="--max_page_bytes"):
+        extract_wikipedia.WikipediaConfig(max_page_bytes=10)
+
+
+def test_missing_input_names_the_pattern(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing-here"):
+        run_job(tmp_path / "nothing-here*.xml.bz2", tmp_path / "out")

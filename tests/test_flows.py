@@ -1,0 +1,241 @@
+"""The pretrain-bert flow: config, content-addressed stages, and a real deployment run.
+
+The deployment test starts a real Prefect server and process worker, deploys prefect.yaml, runs
+`prefect deployment run pretrain-bert/tiny` on the bundled sample, and runs it again to check
+that every stage is reused.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from flows import steps
+from flows.config import parse_set_flags, resolve
+from flows.stages import run_stage
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def test_overrides_are_typed_and_unknown_keys_fail():
+    cfg = resolve("tiny", parse_set_flags(["pretrain.phase1_steps=7", "glue.tasks=rte,mrpc",
+                                           "glue.learning_rates=[1e-4]"]))
+    assert cfg.pretrain.phase1_steps == 7
+    assert cfg.glue.tasks == ("rte", "mrpc")
+    assert cfg.glue.learning_rates == (1e-4,)
+    with pytest.raises(ValueError, match="pretrain.phase1_stepz"):
+        resolve("tiny", {"pretrain": {"phase1_stepz": 1}})
+    with pytest.raises(ValueError, match="pretrain.launcher"):
+        resolve("tiny", {"pretrain": {"launcher": "mpirun"}})
+
+
+def test_presets_follow_the_paper():
+    base, large = resolve("base"), resolve("large")
+    assert (base.pretrain.phase1_steps + base.pretrain.phase2_steps) == 1_000_000
+    assert base.pretrain.global_batch_size == 256 and base.pretrain.learning_rate == 1e-4
+    assert base.pretrain.warmup_steps == 10_000 and base.shards.dupe_factor == 10
+    assert (base.shards.phase1_max_seq_length, base.shards.phase2_max_seq_length) == (128, 512)
+    assert large.pretrain.model == "bert_large" and large.pretrain.launcher == "deepspeed"
+    assert base.glue.learning_rates == (5e-5, 4e-5, 3e-5, 2e-5) and base.glue.batch_size == 32
+
+
+def test_stage_is_reused_only_when_config_and_upstream_match(tmp_path):
+    calls = []
+
+    def build(out):
+        calls.append(out)
+        Path(out, "manifest.json").write_text("{}")
+
+    first = run_stage(str(tmp_path), "s", {"a": 1}, build)
+    again = run_stage(str(tmp_path), "s", {"a": 1}, build)
+    changed = run_stage(str(tmp_path), "s", {"a": 2}, build)
+    downstream = run_stage(str(tmp_path), "t", {}, build, upstream=(first,))
+    downstream2 = run_stage(str(tmp_path), "t", {}, build, upstream=(changed,))
+    assert (first.cached, again.cached, changed.cached) == (False, True, False)
+    assert again.path == first.path != changed.path
+    assert downstream.path != downstream2.path
+    assert len(calls) == 4
+
+
+def test_failed_stage_leaves_no_manifest_and_reruns(tmp_path):
+    def fail(out):
+        Path(out, "partial").write_text("x")
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_stage(str(tmp_path), "s", {}, fail)
+    done = run_stage(str(tmp_path), "s", {}, lambda out: Path(out, "manifest.json").write_text("{}"))
+    assert not done.cached and Path(done.path, "partial").exists()
+
+
+def test_glue_fan_out_covers_tasks_rates_and_seeds_for_small_tasks():
+    cfg = resolve("tiny", {"glue": {"tasks": ["rte", "sst-2"], "learning_rates": [1e-4, 5e-5],
+                                    "seeds": [1, 2]}})
+    jobs = steps.glue_jobs(cfg)
+    # RTE is a small task (seeds x rates); SST-2 is not (first seed only).
+    assert [(j.task, j.learning_rate, j.seed) for j in jobs] == [
+        ("RTE", 1e-4, 1), ("RTE", 1e-4, 2), ("RTE", 5e-5, 1), ("RTE", 5e-5, 2),
+        ("SST-2", 1e-4, 1), ("SST-2", 5e-5, 1)]
+
+
+def test_launch_commands_for_each_launcher():
+    cfg = resolve("tiny")
+    assert steps.launch_command(cfg, "c.json")[1:] == [
+        "-m", "training.pretrain", "--preset", "tiny", "--config", "c.json"]
+    torchrun = steps.launch_command(resolve("tiny", {"pretrain": {"launcher": "torchrun",
+                                                                  "nproc_per_node": 2}}), "c.json")
+    assert torchrun[0].endswith("torchrun") and "--nproc_per_node=2" in torchrun
+    ds = steps.launch_command(resolve("large"), "c.json")
+    assert ds[0].endswith("deepspeed") and ds[1:3] == ["--hostfile", "/etc/deepspeed/hostfile"]
+    assert ["--module", "training.pretrain"] == ds[4:6]
+
+
+def test_cancelled_subprocess_group_is_stopped(tmp_path):
+    """Cancelling the flow (SIGTERM to its process) must take the trainer processes down."""
+    marker = tmp_path / "child.pid"
+    script = (
+        "import os, sys, time, subprocess\n"
+        "sys.path.insert(0, %r)\n" % str(REPO) +
+        "from flows.steps import run_subprocess\n"
+        "run_subprocess([sys.executable, '-c', "
+        "'import os,time; open(%r, \"w\").write(str(os.getpid())); time.sleep(600)'])\n" % str(marker)
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    for _ in range(100):
+        if marker.exists() and marker.read_text():
+            break
+        time.sleep(0.1)
+    child = int(marker.read_text())
+    parent.send_signal(signal.SIGTERM)
+    parent.wait(30)
+    time.sleep(0.5)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/status")
+    return status.exists() and "zombie" not in status.read_text()
+
+
+# ---------------------------------------------------------------- real server + deployment
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture()
+def prefect_server(tmp_path):
+    port = _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           "BERT_DAG_HOME": str(REPO), "BERT_IMAGE": "bert-dag:test", "DS_ACCELERATOR": "cpu",
+           "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        for _ in range(120):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2):
+                    break
+            except OSError:
+                time.sleep(1)
+        else:
+            raise RuntimeError("Prefect server did not become healthy in 120 s: "
+                               + (tmp_path / "server.log").read_text()[-2000:])
+        yield env
+    finally:
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+def _prefect(env, *args, timeout=600) -> subprocess.CompletedProcess:
+    out = subprocess.run([str(BIN / "prefect"), *args], env=env, cwd=REPO, capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, f"prefect {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
+    return out
+
+
+def _artifacts(env, flow_run_id: str) -> dict[str, object]:
+    code = (
+        "import json, sys\n"
+        "from prefect.client.orchestration import get_client\n"
+        "from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId\n"
+        "with get_client(sync_client=True) as c:\n"
+        "    arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id="
+        "ArtifactFilterFlowRunId(any_=[sys.argv[1]])))\n"
+        "    print(json.dumps({a.key: a.data for a in arts}))\n")
+    out = subprocess.run([sys.executable, "-c", code, flow_run_id], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _run_deployment(env, overrides) -> str:
+    out = _prefect(env, "deployment", "run", "pretrain-bert/tiny", "--params",
+                   json.dumps({"preset": "tiny", "overrides": overrides}), "--watch",
+                   "--watch-timeout", "900", timeout=960)
+    flow_run_id = next(line.split("UUID:")[1].strip() for line in out.stdout.splitlines()
+                       if "UUID:" in line)
+    assert "Completed" in out.stdout, out.stdout[-3000:]
+    return flow_run_id
+
+
+def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_path):
+    env = prefect_server
+    _prefect(env, "work-pool", "create", "local-process", "--type", "process")
+    _prefect(env, "--no-prompt", "deploy", "--name", "tiny")
+    worker_log = open(tmp_path / "worker.log", "w")
+    worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "local-process"],
+                              env=env, cwd=REPO, stdout=worker_log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    overrides = {
+        "output": str(tmp_path / "run"),
+        "shards": {"dupe_factor": 1},
+        "pretrain": {"phase1_steps": 8, "phase2_steps": 3, "warmup_steps": 2,
+                     "global_batch_size": 16, "micro_batch_size": 16,
+                     "phase2_global_batch_size": 4, "phase2_micro_batch_size": 4},
+        "glue": {"tasks": ["rte"], "learning_rates": [1e-4], "seeds": [1], "epochs": 1,
+                 "max_train_examples": 32, "max_eval_examples": 32},
+    }
+    try:
+        first = _artifacts(env, _run_deployment(env, overrides))
+        second = _artifacts(env, _run_deployment(env, overrides))
+    finally:
+        os.killpg(worker.pid, signal.SIGINT)  # the worker may ignore SIGTERM for long
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.pid, signal.SIGKILL)
+
+    assert {"stage-timings", "report", "glue-results", "loss-curve"} <= set(first)
+    stages_first = {row["stage"]: row["cached"] for row in json.loads(first["stage-timings"])}
+    stages_second = {row["stage"]: row["cached"] for row in json.loads(second["stage-timings"])}
+    expected = {"wikipedia", "books", "corpus", "vocab", "shards128", "shards256", "pretrain",
+                "export"}
+    assert set(stages_first) == expected
+    assert not any(stages_first.values())          # first run builds every stage
+    assert all(stages_second.values())             # the second reuses every one of them
+    assert "RTE" in first["glue-results"]
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| pretrain | yes |" in report
+    assert (tmp_path / "run" / "glue").is_dir()

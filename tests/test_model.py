@@ -1,0 +1,244 @@
+"""The BERT encoder and heads: packing, padding, the masked-only MLM head, losses, sizes."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.bert import (BertConfig, BertModel, attention_mask_4d, bert_base, bert_large,
+                        bert_mini, bert_tiny, instance_ids, packed_position_ids)
+from model.heads import BertForPreTraining, BertForSequenceClassification, masked_mean_loss
+from pipelines import shard_format
+
+VOCAB = 1000
+
+
+def tiny(**changes) -> BertConfig:
+    return bert_tiny(vocab_size=VOCAB, **changes)
+
+
+def pretraining_model(seed: int = 0, next_sentence: bool = True) -> BertForPreTraining:
+    torch.manual_seed(seed)
+    model = BertForPreTraining(tiny(), next_sentence=next_sentence).eval()
+    with torch.no_grad():  # non-zero biases, so that a mix-up of positions or heads shows
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    return model
+
+
+def instance(length: int, len_a: int, seed: int) -> dict[str, torch.Tensor]:
+    """One unpacked instance: [CLS] A [SEP] B [SEP] token types, random ids."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB, (length,), generator=g)
+    ids[0], ids[len_a + 1], ids[-1] = 2, 3, 3
+    types = torch.zeros(length, dtype=torch.long)
+    types[len_a + 2:] = 1
+    return {"input_ids": ids, "token_type_ids": types}
+
+
+def test_parameter_counts_match_the_paper_sizes():
+    with torch.device("meta"):  # counts only: no memory, no initialisation time
+        sizes = {name: (BertModel(f()).num_parameters(),
+                        sum(p.numel() for p in BertForPreTraining(f()).parameters()))
+                 for name, f in [("base", bert_base), ("large", bert_large),
+                                 ("mini", bert_mini), ("tiny", bert_tiny)]}
+    # The same numbers as transformers' BertModel / BertForPreTraining (bert-base-uncased: 110M,
+    # bert-large-uncased: 335M encoder); the MLM decoder is tied, so it adds only its bias.
+    assert sizes == {
+        "base": (109_482_240, 110_106_428),
+        "large": (335_141_888, 336_226_108),
+        "mini": (11_170_560, 11_267_900),
+        "tiny": (4_385_920, 4_433_468),
+    }
+
+
+def test_config_validation_names_the_flag():
+    with pytest.raises(ValueError, match="--num_attention_heads"):
+        BertConfig(hidden_size=100, num_attention_heads=12)
+    with pytest.raises(ValueError, match="--hidden_dropout_prob"):
+        BertConfig(hidden_dropout_prob=1.5)
+    with pytest.raises(ValueError, match="--hidden_act"):
+        BertConfig(hidden_act="relu6")
+    assert BertConfig.from_dict({**bert_mini().to_dict(), "model_type": "bert"}) == bert_mini()
+
+
+def test_packed_position_ids_match_the_shard_format():
+    seq = np.array([0, 0, 0, 1, 1, 2, 2, 2, 2, 3], np.uint8)
+    expected = shard_format.position_ids(seq)
+    assert expected.tolist() == [0, 1, 2, 0, 1, 0, 1, 2, 3, 0]
+    padded = torch.tensor([seq.tolist() + [-1, -1]])
+    assert packed_position_ids(padded)[0, :10].tolist() == expected.tolist()
+
+
+def test_dense_batches_pass_no_mask_to_sdpa():
+    ids = torch.ones(2, 5, dtype=torch.long)
+    assert attention_mask_4d(instance_ids(None, None, ids)) is None
+    assert attention_mask_4d(instance_ids(torch.ones(2, 5), torch.zeros(2, 5), ids)) is None
+    mask = attention_mask_4d(instance_ids(torch.tensor([[1, 1, 0]]), torch.tensor([[0, 1, 0]]),
+                                          ids[:1, :3]))
+    assert mask[0, 0].tolist() == [[True, False, False], [False, True, False],
+                                   [False, False, True]]
+
+
+def test_padding_does_not_change_real_tokens():
+    model = pretraining_model().bert
+    short, long = instance(9, 3, seed=1), instance(14, 6, seed=2)
+    ids = torch.zeros(2, 14, dtype=torch.long)
+    types = torch.zeros(2, 14, dtype=torch.long)
+    mask = torch.zeros(2, 14, dtype=torch.long)
+    for row, inst in enumerate([short, long]):
+        n = len(inst["input_ids"])
+        ids[row, :n], types[row, :n], mask[row, :n] = inst["input_ids"], inst["token_type_ids"], 1
+    with torch.no_grad():
+        batch = model(ids, types, mask)
+        alone = model(short["input_ids"][None], short["token_type_ids"][None])
+        pooled = model.pool(batch)
+    torch.testing.assert_close(batch[0, :9], alone[0])
+    torch.testing.assert_close(pooled[0], model.pool(alone)[0])
+    assert torch.isfinite(batch).all()  # padding rows attend to padding: no NaN anywhere
+
+
+def pack(instances: list[dict], length: int) -> dict[str, torch.Tensor]:
+    """One packed row of `instances` padded to `length`, as the shard loader collates it."""
+    row = {"input_ids": torch.zeros(length, dtype=torch.long),
+           "token_type_ids": torch.zeros(length, dtype=torch.long),
+           "attention_mask": torch.zeros(length, dtype=torch.long),
+           "sequence_ids": torch.full((length,), -1, dtype=torch.long)}
+    start = 0
+    for k, inst in enumerate(instances):
+        n = len(inst["input_ids"])
+        row["input_ids"][start:start + n] = inst["input_ids"]
+        row["token_type_ids"][start:start + n] = inst["token_type_ids"]
+        row["attention_mask"][start:start + n] = 1
+        row["sequence_ids"][start:start + n] = k
+        start += n
+    return row
+
+
+def test_packed_row_equals_instances_computed_alone():
+    model = pretraining_model()
+    a, b = instance(11, 4, seed=3), instance(8, 2, seed=4)
+    # masked positions: A at 2, 5, 9; B at 1, 6 (row-relative 12, 17 in the packed row)
+    masked_a, masked_b = torch.tensor([2, 5, 9]), torch.tensor([1, 6])
+    labels_a, labels_b = torch.tensor([17, 42, 99]), torch.tensor([7, 500])
+    nsp = torch.tensor([1, 0])
+
+    row = pack([a, b], length=22)
+    packed = model(**{k: v[None] for k, v in row.items()},
+                   masked_lm_positions=torch.cat([masked_a, masked_b + 11, torch.tensor([0])])[None],
+                   masked_lm_ids=torch.cat([labels_a, labels_b, torch.tensor([-100])])[None],
+                   next_sentence_label=torch.tensor([[1, 0, -100]]))
+    hidden = model.bert(**{k: v[None] for k, v in row.items()})
+
+    unpacked = model(input_ids=torch.stack([a["input_ids"], F.pad(b["input_ids"], (0, 3))]),
+                     token_type_ids=torch.stack([a["token_type_ids"],
+                                                 F.pad(b["token_type_ids"], (0, 3))]),
+                     attention_mask=torch.tensor([[1] * 11, [1] * 8 + [0] * 3]),
+                     masked_lm_positions=torch.stack([masked_a, F.pad(masked_b, (0, 1))]),
+                     masked_lm_ids=torch.stack([labels_a, F.pad(labels_b, (0, 1), value=-100)]),
+                     next_sentence_label=nsp)
+    for inst, start in [(a, 0), (b, 11)]:
+        n = len(inst["input_ids"])
+        alone = model.bert(inst["input_ids"][None], inst["token_type_ids"][None])
+        torch.testing.assert_close(hidden[0, start:start + n], alone[0])
+
+    torch.testing.assert_close(packed.mlm_logits[0, :3], unpacked.mlm_logits[0])
+    torch.testing.assert_close(packed.mlm_logits[0, 3:5], unpacked.mlm_logits[1, :2])
+    torch.testing.assert_close(packed.nsp_logits[0, :2], unpacked.nsp_logits)
+    for name in ("loss", "mlm_loss", "nsp_loss"):
+        torch.testing.assert_close(getattr(packed, name), getattr(unpacked, name))
+    assert (packed.mlm_count.item(), packed.nsp_count.item()) == (5, 2)
+    assert (unpacked.mlm_count.item(), unpacked.nsp_count.item()) == (5, 2)
+
+    # gradients too: the packed row trains the model exactly as the two instances do
+    grads = []
+    for out in (packed, unpacked):
+        model.zero_grad()
+        out.loss.backward(retain_graph=True)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name], grads[1][name], msg=name)
+
+
+def test_masked_only_mlm_head_equals_dense_head():
+    model = pretraining_model()
+    inst = [instance(16, 6, seed=s) for s in (5, 6)]
+    ids = torch.stack([i["input_ids"] for i in inst])
+    types = torch.stack([i["token_type_ids"] for i in inst])
+    positions = torch.tensor([[1, 4, 7, 15], [0, 3, 8, 9]])
+    with torch.no_grad():
+        dense = model.dense_mlm_logits(ids, token_type_ids=types)  # (B, T, V)
+        sparse = model(ids, positions, types).mlm_logits  # (B, M, V)
+    assert dense.shape == (2, 16, VOCAB) and sparse.shape == (2, 4, VOCAB)
+    torch.testing.assert_close(sparse, dense[torch.arange(2)[:, None], positions])
+
+
+def test_losses_equal_cross_entropy_with_ignored_labels():
+    model = pretraining_model()
+    ids = torch.stack([instance(12, 4, seed=s)["input_ids"] for s in (7, 8, 9)])
+    positions = torch.tensor([[1, 2, 3], [4, 5, 0], [6, 0, 0]])
+    labels = torch.tensor([[10, 20, 30], [40, 50, -100], [60, -100, -100]])
+    nsp = torch.tensor([0, 1, -1])  # -1: an MLM-only instance, no NSP loss
+    out = model(ids, positions, masked_lm_ids=labels, next_sentence_label=nsp)
+    expected_mlm = F.cross_entropy(out.mlm_logits.flatten(0, 1), labels.flatten(),
+                                   ignore_index=-100)
+    expected_nsp = F.cross_entropy(out.nsp_logits[:2], nsp[:2])
+    torch.testing.assert_close(out.mlm_loss, expected_mlm)
+    torch.testing.assert_close(out.nsp_loss, expected_nsp)
+    torch.testing.assert_close(out.loss, expected_mlm + expected_nsp)
+    assert (out.mlm_count.item(), out.nsp_count.item()) == (6, 2)
+    predicted = out.mlm_logits.argmax(-1)
+    assert out.mlm_correct.item() == int(((predicted == labels) & (labels >= 0)).sum())
+
+    loss, correct, count = masked_mean_loss(torch.zeros(2, 3), torch.tensor([-100, -1]))
+    assert (loss.item(), correct.item(), count.item()) == (0.0, 0, 0)
+
+
+def test_mlm_only_model_has_no_nsp_head():
+    model = pretraining_model(next_sentence=False)
+    assert model.nsp is None
+    assert not any(n.startswith("nsp") for n, _ in model.named_parameters())
+    ids = torch.stack([instance(10, 3, seed=s)["input_ids"] for s in (10, 11)])
+    out = model(ids, torch.tensor([[1, 2], [3, 4]]), masked_lm_ids=torch.tensor([[5, 6], [7, 8]]),
+                next_sentence_label=torch.tensor([-1, -1]))
+    assert out.nsp_logits is None and out.nsp_loss is None
+    torch.testing.assert_close(out.loss, out.mlm_loss)
+
+
+def test_decoder_is_tied_to_the_word_embeddings():
+    model = pretraining_model()
+    assert model.mlm.decoder.weight is model.bert.embeddings.word.weight
+    ids = torch.stack([instance(10, 3, seed=12)["input_ids"]])
+    out = model(ids, torch.tensor([[1, 2]]), masked_lm_ids=torch.tensor([[5, 6]]))
+    out.loss.backward()
+    # the embedding gradient has the decoder's dense part: every vocabulary row gets some
+    assert (model.bert.embeddings.word.weight.grad.abs().sum(1) > 0).all()
+
+
+def test_sequence_classification_losses():
+    torch.manual_seed(0)
+    ids = torch.stack([instance(10, 3, seed=s)["input_ids"] for s in (13, 14, 15)])
+    classifier = BertForSequenceClassification(tiny(), num_labels=3).eval()
+    out = classifier(ids, labels=torch.tensor([0, 2, 1]))
+    assert out.logits.shape == (3, 3)
+    torch.testing.assert_close(out.loss, F.cross_entropy(out.logits, torch.tensor([0, 2, 1])))
+    regressor = BertForSequenceClassification.from_encoder(classifier.bert, num_labels=1).eval()
+    torch.testing.assert_close(regressor.bert(ids), classifier.bert(ids))
+    targets = torch.tensor([0.5, 4.0, 2.25])
+    out = regressor(ids, labels=targets)
+    assert out.logits.shape == (3, 1)
+    torch.testing.assert_close(out.loss, F.mse_loss(out.logits[:, 0], targets))
+
+
+def test_initialisation_follows_bert():
+    torch.manual_seed(0)
+    model = BertForPreTraining(bert_mini())
+    weights = torch.cat([model.bert.layers[0].intermediate.weight.flatten(),
+                         model.bert.embeddings.word.weight.flatten()])
+    assert abs(weights.std().item() - 0.0176) < 0.0005  # N(0, 0.02) truncated at 2 std: 0.88 * 0.02
+    assert weights.abs().max().item() <= 0.04
+    assert (model.bert.layers[0].output_norm.weight == 1).all()
+    assert (model.bert.layers[0].output.bias == 0).all() and (model.mlm.bias == 0).all()

@@ -1,0 +1,183 @@
+"""Reference mode against BERT's own generator, run in this process: exactly the same instances.
+
+The peer is `create_pretraining_data.py` + `tokenization.py` of google-research/bert, as the
+PyPI package `bert-tensorflow` (1.0.4) ships them (a dev dependency; installed with --no-deps:
+it needs TensorFlow only for file reading, logging and flags). The test gives it a stand-in
+`tensorflow.compat.v1` with exactly those three: `gfile.GFile` = `open` (text, UTF-8, lines
+split on "\\n" only, as TensorFlow's GFile), and absl's `logging` and `flags` (what TF1 wraps).
+Nothing of ours is replaced: the peer reads the file and tokenizes with its own tokenizer.
+
+That package's masking predates `--do_whole_word_mask`; for whole words the step-by-step test in
+test_instances.py is the check. Without whole words its random stream is the 2020 revision's
+(the same shuffle of candidates, one group per position).
+"""
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipelines.instances import (
+    InstanceConfig,
+    Vocab,
+    create_instances_reference,
+    read_reference_text,
+)
+from pipelines.tokenization import load_tokenizer, read_vocab
+
+PEER = "bert-tensorflow==1.0.4"
+SHIM_MODULES = ("tensorflow", "tensorflow.compat", "tensorflow.compat.v1")
+
+
+def _peer_present() -> bool:
+    spec = importlib.util.find_spec("bert")
+    folders = (spec and spec.submodule_search_locations) or []
+    return any((Path(p) / "create_pretraining_data.py").is_file() for p in folders)
+
+
+def _gfile_open(name: str, mode: str = "r"):
+    if "b" in mode:
+        return open(name, mode)
+    return open(name, mode, encoding="utf-8", newline="\n")
+
+
+@pytest.fixture(scope="module")
+def peer():
+    """The peer's `create_pretraining_data` module, imported behind the I/O stand-in."""
+    if not _peer_present():
+        pytest.skip(f"needs the reference generator: pip install --no-deps {PEER}")
+    if "bert.create_pretraining_data" not in sys.modules:
+        if importlib.util.find_spec("tensorflow") is not None:
+            pytest.skip("a real tensorflow is installed; this test runs the peer without it")
+        import absl.flags
+        import absl.logging
+
+        v1 = types.ModuleType("tensorflow.compat.v1")
+        v1.flags, v1.logging = absl.flags, absl.logging
+        v1.gfile = types.SimpleNamespace(GFile=_gfile_open)
+        compat = types.ModuleType("tensorflow.compat")
+        compat.v1 = v1
+        tf = types.ModuleType("tensorflow")
+        tf.compat = compat
+        sys.modules.update(zip(SHIM_MODULES, (tf, compat, v1)))
+        try:
+            import bert.create_pretraining_data  # noqa: F401  (binds the stand-in)
+        finally:
+            for name in SHIM_MODULES:  # others must not see a fake tensorflow
+                sys.modules.pop(name, None)
+        absl.flags.FLAGS.mark_as_parsed()  # the peer reads its flag defaults
+    return sys.modules["bert.create_pretraining_data"]
+
+
+@pytest.fixture(scope="module")
+def vocab_path(minilm_dir) -> str:
+    return str(minilm_dir / "vocab.txt")
+
+
+def run_both(peer, path: Path, vocab_path: str, cfg: InstanceConfig, do_lower_case: bool = True):
+    from bert import tokenization as peer_tokenization
+
+    peer_tokenizer = peer_tokenization.FullTokenizer(vocab_path, do_lower_case=do_lower_case)
+    theirs = peer.create_training_instances(
+        [str(path)], peer_tokenizer, cfg.max_seq_length, cfg.dupe_factor, cfg.short_seq_prob,
+        cfg.masked_lm_prob, cfg.max_predictions_per_seq, random.Random(cfg.random_seed))
+    tokens = read_vocab(vocab_path)
+    with open(path, encoding="utf-8", newline="\n") as f:
+        docs = read_reference_text(f, load_tokenizer(vocab_path, do_lower_case))
+    ours = create_instances_reference(docs, Vocab.from_tokens(tokens), cfg)
+    return theirs, ours, tokens
+
+
+def assert_same_instances(theirs, ours, tokens: list[str]) -> None:
+    assert len(ours) == len(theirs)
+    for k, (p, o) in enumerate(zip(theirs, ours)):
+        assert [tokens[i] for i in o.input_ids] == p.tokens, k
+        assert o.segment_ids.tolist() == p.segment_ids, k
+        assert o.next_sentence_label == int(p.is_random_next), k
+        assert o.masked_lm_positions.tolist() == p.masked_lm_positions, k
+        assert [tokens[i] for i in o.masked_lm_ids] == p.masked_lm_labels, k
+
+
+@pytest.mark.parametrize("cfg", [
+    InstanceConfig(),  # the reference's defaults: 128 / 20, dupe_factor 10, seed 12345
+    InstanceConfig(max_seq_length=512, max_predictions_per_seq=76, dupe_factor=5, random_seed=7),
+    InstanceConfig(max_seq_length=24, max_predictions_per_seq=3, short_seq_prob=0.5,
+                   masked_lm_prob=0.3, dupe_factor=3, random_seed=2020),
+], ids=["defaults", "phase2", "short"])
+def test_sample_text_equals_reference(peer, shared_data, vocab_path, cfg):
+    theirs, ours, tokens = run_both(peer, shared_data / "reference" / "sample_text.txt",
+                                    vocab_path, cfg)
+    assert len(ours) > 30
+    assert_same_instances(theirs, ours, tokens)
+
+
+def test_books_equal_reference(peer, shared_data, vocab_path, tmp_path):
+    """Books in the reference format (a line is a segment, a blank line ends a document): one
+    and the start of Moby Dick, whose CRLF line ends both sides strip."""
+    path = tmp_path / "books.txt"
+    moby_dick = (shared_data / "books" / "melville-moby_dick.txt").read_bytes()
+    path.write_bytes((shared_data / "books" / "austen-persuasion.txt").read_bytes()
+                     + b"".join(moby_dick.splitlines(keepends=True)[:8000]))
+    cfg = InstanceConfig(dupe_factor=2)
+    theirs, ours, tokens = run_both(peer, path, vocab_path, cfg)
+    assert len(ours) > 5_000
+    assert_same_instances(theirs, ours, tokens)
+    random_share = np.mean([o.next_sentence_label for o in ours])
+    assert 0.5 < random_share < 1.0
+
+
+EDGE_CASES = [
+    "Literal [MASK], [SEP], [CLS], [UNK] and [PAD] in text are words, not special tokens.",
+    "Accents: Ünïcödé àccents, Ça va? Crème brûlée; naïve façade.",
+    "CJK and wide forms: 北京大学 is in 東京? ｆｕｌｌ－ｗｉｄｔｈ．",
+    "",
+    "A long word: " + "a" * 250 + " and a 150-character one: " + "b" * 150 + ".",
+    "Control characters:\x07bell, zero\u200bwidth, soft\u00adhyphen, tab\there, nbsp\u00a0here.",
+    "Emoji 😀 and symbols ©®™ ±×÷ — dashes – and “quotes” ‘too’.",
+    "Numbers 3.14159, 1,000,000 and e-mail someone@example.com at 10:30pm.",
+    "",
+    "\u00a0\u2003 ",
+    "\x00\x01\x02",
+    "Greek Ελληνικά, Cyrillic Кириллица, Arabic العربية, Hebrew עברית, Hindi हिन्दी.",
+    "Thai ภาษาไทย and Korean 한국어 and Japanese ひらがな カタカナ.",
+    "İstanbul ǅemal ﬁnance Straße ΣΊΣΥΦΟΣ.",
+    "",
+    "One more document.",
+    "With a second sentence of its own.",
+]
+
+
+@pytest.mark.parametrize("do_lower_case", [True, False])
+def test_tokenization_edge_cases_equal_reference(peer, vocab_path, tmp_path, do_lower_case):
+    """Unicode, long words, control characters and literal special-token text, end to end."""
+    path = tmp_path / "edge.txt"
+    path.write_text("\n".join(EDGE_CASES) + "\n", encoding="utf-8")
+    cfg = InstanceConfig(max_seq_length=64, max_predictions_per_seq=10, dupe_factor=20)
+    theirs, ours, tokens = run_both(peer, path, vocab_path, cfg, do_lower_case)
+    assert len(ours) > 50
+    assert_same_instances(theirs, ours, tokens)
+    seen = {tokens[i] for o in ours for i in o.input_ids}
+    assert {"[UNK]", "北"} <= seen
+    assert "[" in seen  # "[MASK]" in text is "[", "mask", "]" (cased: "[", "[UNK]", "]")
+
+
+def test_wikipedia_articles_equal_reference(peer, shared_data, vocab_path, tmp_path):
+    """Wikipedia text (SQuAD dev contexts: one document per article, one sentence per line)."""
+    import json
+
+    from pipelines.sentences import split_sentences
+
+    articles = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
+    lines = []
+    for article in articles["data"][:16]:
+        lines += [s for p in article["paragraphs"] for s in split_sentences(p["context"])] + [""]
+    path = tmp_path / "wiki.txt"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    theirs, ours, tokens = run_both(peer, path, vocab_path, InstanceConfig(dupe_factor=2))
+    assert len(ours) > 1000
+    assert_same_instances(theirs, ours, tokens)

@@ -1,0 +1,343 @@
+"""Typed configuration of a pre-training run: presets, file/CLI overrides, validation.
+
+A run is a sequence of phases (the paper, section A.2: 90% of the steps at 128 tokens, then 10%
+at 512 tokens). Each phase has its own shards, batch and learning-rate schedule; phase 2 starts
+from phase 1's weights with a fresh optimizer and schedule.
+
+Overrides, applied in order after the preset:
+- `--config run.yaml` (or `.json`): a nested mapping of the fields below; `phases` a list.
+- `--set key=value` (repeatable): dotted keys, `zero_stage=2`, `phases.0.steps=300` or by phase
+  name, `phase1.learning_rate=5e-4`. Values are parsed as YAML scalars and checked against the
+  field type.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "lamb")
+
+
+def _check(ok: bool, flag: str, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"--set {flag}: must be {expected}")
+
+
+@dataclass(frozen=True)
+class PhaseConfig:
+    """One pre-training phase: its data, sequence length, batch and schedule."""
+    name: str = "phase1"
+    """Phase name, used in checkpoint tags and `--set <name>.<field>=...`."""
+    train_shards: str = ""
+    """Shard folder or URL holding `manifest.json` + `train-*.tar` (see training/loader.py)."""
+    validation_shards: str = ""
+    """Held-out shard folder or URL (`validation-*.tar`); empty = the train location."""
+    max_seq_length: int = 128
+    """Tokens per row; must equal the shards' `max_seq_length`."""
+    micro_batch_size: int = 32
+    """Rows per rank per forward/backward (DeepSpeed's train_micro_batch_size_per_gpu)."""
+    global_batch_size: int = 256
+    """Rows per optimizer step over all ranks; gradient accumulation = global / (micro x ranks)."""
+    steps: int = 900_000
+    """Optimizer steps in this phase."""
+    warmup_steps: int = 10_000
+    """Linear warmup steps from 0 to `learning_rate`, then linear decay to 0 at `steps`."""
+    learning_rate: float = 1e-4
+    """Peak learning rate."""
+
+    def __post_init__(self):
+        _check(bool(self.name) and "/" not in self.name, "name", "a non-empty name without '/'")
+        for flag in ("max_seq_length", "micro_batch_size", "global_batch_size", "steps"):
+            _check(getattr(self, flag) > 0, flag, "positive")
+        _check(0 <= self.warmup_steps <= self.steps, "warmup_steps", "in [0, steps]")
+        _check(self.learning_rate > 0, "learning_rate", "positive")
+        _check(self.global_batch_size % self.micro_batch_size == 0, "global_batch_size",
+               f"a multiple of micro_batch_size={self.micro_batch_size}")
+
+    def gradient_accumulation_steps(self, world_size: int) -> int:
+        """Micro-batches per rank per optimizer step for `world_size` ranks."""
+        per_step = self.micro_batch_size * world_size
+        if self.global_batch_size % per_step:
+            raise ValueError(f"{self.name}.global_batch_size={self.global_batch_size} is not a "
+                             f"multiple of micro_batch_size x ranks = {per_step}")
+        return self.global_batch_size // per_step
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """A whole pre-training run."""
+    model: str = "bert_tiny"
+    """Model preset in model.bert (bert_tiny, bert_mini, bert_base, bert_large)."""
+    vocab_dir: str = ""
+    """Vocabulary folder (vocab.txt, tokenizer.json): special-token ids and the exported folder."""
+    output_dir: str = "runs/pretrain"
+    """Run folder: checkpoints/, tensorboard/, metrics.jsonl, config.json, loss_curve.png, hf/."""
+    dropout: float = 0.1
+    """Hidden and attention dropout of the model (0 makes runs comparable across rank counts)."""
+    phases: tuple[PhaseConfig, ...] = (PhaseConfig(),)
+    """The phases, run in order; each continues from the previous one's weights."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage 0-3."""
+    precision: str = "fp32"
+    """fp32, bf16 (CPU and GPU) or fp16 (GPU only, dynamic loss scaling)."""
+    optimizer: str = "adamw"
+    """adamw, or lamb (large batches, GPU, ZeRO stage 0 only)."""
+    adam_beta1: float = 0.9
+    """First-moment decay."""
+    adam_beta2: float = 0.999
+    """Second-moment decay."""
+    adam_epsilon: float = 1e-6
+    """Denominator epsilon (the paper's 1e-6, not PyTorch's 1e-8)."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay; LayerNorm weights and all biases get none."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip (0 = off)."""
+    seed: int = 12345
+    """Seed of the model init, dropout, data order and re-masking."""
+    dynamic_masking: bool = False
+    """Re-draw the 80/10/10 masks of every row each epoch instead of the shards' static masks."""
+    shuffle_buffer: int = 2000
+    """Rows in the loader's shuffle buffer (0 = no shuffling)."""
+    num_workers: int = 1
+    """DataLoader worker processes per rank (0 = in the training process)."""
+    log_every: int = 10
+    """Optimizer steps between metric lines (console, TensorBoard, metrics.jsonl)."""
+    eval_every: int = 500
+    """Optimizer steps between validation runs (0 = only at the end of each phase)."""
+    eval_batches: int = 20
+    """Micro-batches per rank per validation run."""
+    checkpoint_every: int = 1000
+    """Optimizer steps between checkpoints (0 = only at the end of each phase)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept (the oldest are deleted after a new one is complete)."""
+    export_hf: bool = True
+    """Export a consolidated fp32 Hugging Face folder to <output_dir>/hf at the end."""
+
+    def __post_init__(self):
+        _check(self.zero_stage in (0, 1, 2, 3), "zero_stage", "0, 1, 2 or 3")
+        _check(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}")
+        _check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
+        _check(len(self.phases) > 0, "phases", "at least one phase")
+        _check(0 <= self.dropout < 1, "dropout", "in [0, 1)")
+        names = [p.name for p in self.phases]
+        _check(len(set(names)) == len(names), "phases", f"uniquely named, got {names}")
+        _check(0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "adam_beta1/adam_beta2",
+               "in [0, 1)")
+        _check(self.adam_epsilon > 0, "adam_epsilon", "positive")
+        _check(self.weight_decay >= 0, "weight_decay", ">= 0")
+        _check(self.max_grad_norm >= 0, "max_grad_norm", ">= 0")
+        _check(self.shuffle_buffer >= 0, "shuffle_buffer", ">= 0")
+        _check(self.num_workers >= 0, "num_workers", ">= 0")
+        _check(self.log_every > 0, "log_every", "positive")
+        for flag in ("eval_every", "eval_batches", "checkpoint_every"):
+            _check(getattr(self, flag) >= 0, flag, ">= 0")
+        _check(self.keep_checkpoints >= 1, "keep_checkpoints", ">= 1")
+        if self.optimizer == "lamb" and self.zero_stage >= 1:
+            raise ValueError(LAMB_ZERO_MESSAGE.format(stage=self.zero_stage))
+
+    def phase(self, name: str) -> PhaseConfig:
+        for p in self.phases:
+            if p.name == name:
+                return p
+        raise KeyError(f"no phase named {name!r} (phases: {[p.name for p in self.phases]})")
+
+
+LAMB_ZERO_MESSAGE = (
+    "optimizer=lamb cannot be combined with zero_stage={stage}: ZeRO partitions parameters "
+    "across ranks, so LAMB's per-layer trust ratio ||w|| / ||update|| would be computed on "
+    "partitions instead of whole layers. Use optimizer=adamw with ZeRO, or lamb with zero_stage=0."
+)
+
+
+# ---------------------------------------------------------------- presets
+
+def _paper_phases(train_128: str = "", train_512: str = "", total_steps: int = 1_000_000,
+                  global_batch_size: int = 256, micro_128: int = 32, micro_512: int = 8,
+                  learning_rate: float = 1e-4, warmup_steps: int = 10_000) -> tuple:
+    """The paper's two phases: 90% of the steps at 128 tokens, then 10% at 512 tokens."""
+    steps_1 = total_steps * 9 // 10
+    steps_2 = total_steps - steps_1
+    return (
+        PhaseConfig(name="phase1", train_shards=train_128, max_seq_length=128,
+                    micro_batch_size=micro_128, global_batch_size=global_batch_size,
+                    steps=steps_1, warmup_steps=min(warmup_steps, steps_1),
+                    learning_rate=learning_rate),
+        PhaseConfig(name="phase2", train_shards=train_512, max_seq_length=512,
+                    micro_batch_size=micro_512, global_batch_size=global_batch_size,
+                    steps=steps_2, warmup_steps=min(warmup_steps, steps_2),
+                    learning_rate=learning_rate),
+    )
+
+
+def tiny() -> PretrainConfig:
+    """bert_tiny on CPU for tests and the demo: a few hundred steps, both phases."""
+    phases = (
+        PhaseConfig(name="phase1", max_seq_length=128, micro_batch_size=16, global_batch_size=16,
+                    steps=300, warmup_steps=30, learning_rate=1e-3),
+        PhaseConfig(name="phase2", max_seq_length=512, micro_batch_size=4, global_batch_size=16,
+                    steps=30, warmup_steps=3, learning_rate=5e-4),
+    )
+    return PretrainConfig(model="bert_tiny", phases=phases, log_every=10, eval_every=100,
+                          eval_batches=5, checkpoint_every=100, shuffle_buffer=500)
+
+
+def base() -> PretrainConfig:
+    """BERT-base as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
+    return PretrainConfig(model="bert_base", phases=_paper_phases(), precision="bf16",
+                          log_every=100, eval_every=10_000, checkpoint_every=5_000)
+
+
+def large() -> PretrainConfig:
+    """BERT-large as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
+    return PretrainConfig(model="bert_large", phases=_paper_phases(micro_128=16, micro_512=4),
+                          precision="bf16", zero_stage=1, log_every=100, eval_every=10_000,
+                          checkpoint_every=5_000)
+
+
+PRESETS = {"tiny": tiny, "base": base, "large": large}
+
+
+# ---------------------------------------------------------------- overrides
+
+def to_dict(config: PretrainConfig) -> dict:
+    """A JSON-able dict of the config (phases as a list)."""
+    return json.loads(json.dumps(dataclasses.asdict(config)))
+
+
+def from_dict(data: Mapping[str, Any], base: PretrainConfig | None = None) -> PretrainConfig:
+    """Apply a nested mapping (a YAML/JSON file's content) on top of `base`."""
+    base = base or PretrainConfig()
+    data = dict(data)
+    unknown = set(data) - {f.name for f in dataclasses.fields(PretrainConfig)}
+    if unknown:
+        raise ValueError(f"unknown config keys {sorted(unknown)}")
+    phases = base.phases
+    if "phases" in data:
+        raw = data.pop("phases")
+        if not isinstance(raw, list):
+            raise ValueError("config key 'phases' must be a list of phase mappings")
+        phases = tuple(_replace(phases[i] if i < len(phases) else PhaseConfig(), p, f"phases.{i}")
+                       for i, p in enumerate(raw))
+    return _replace(dataclasses.replace(base, phases=phases), data, "")
+
+
+def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
+    """Overrides from a `.yaml`/`.yml`/`.json` file."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
+    if not isinstance(data, dict):
+        raise TypeError(f"{path}: expected a mapping at the top level")
+    try:
+        return from_dict(data, base)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+def apply_overrides(config: PretrainConfig, assignments: Sequence[str]) -> PretrainConfig:
+    """Apply `key=value` strings (see the module docstring)."""
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        if not sep:
+            raise ValueError(f"--set {assignment!r}: expected key=value")
+        value = yaml.safe_load(raw) if raw else ""
+        parts = key.strip().split(".")
+        if parts[0] == "phases" or (len(parts) == 2 and parts[0] in [p.name for p in config.phases]):
+            config = _set_phase_field(config, parts, value, assignment)
+        elif len(parts) == 1:
+            config = _replace(config, {parts[0]: value}, "")
+        else:
+            raise ValueError(f"--set {assignment!r}: unknown key {key!r}")
+    return config
+
+
+def _set_phase_field(config: PretrainConfig, parts: list[str], value: Any,
+                     assignment: str) -> PretrainConfig:
+    if parts[0] == "phases":
+        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= len(config.phases):
+            raise ValueError(f"--set {assignment!r}: expected phases.<0..{len(config.phases) - 1}>"
+                             ".<field>")
+        index, name = int(parts[1]), parts[2]
+    else:
+        index = [p.name for p in config.phases].index(parts[0])
+        name = parts[1]
+    phases = list(config.phases)
+    phases[index] = _replace(phases[index], {name: value}, f"phases.{index}")
+    return dataclasses.replace(config, phases=tuple(phases))
+
+
+def _replace(obj, changes: Mapping[str, Any], prefix: str):
+    """dataclasses.replace with unknown-key and type checks that name the flag."""
+    hints = typing.get_type_hints(type(obj))
+    fields = {f.name for f in dataclasses.fields(obj)}
+    converted = {}
+    for name, value in changes.items():
+        flag = f"{prefix}.{name}" if prefix else name
+        if name not in fields:
+            raise ValueError(f"--set {flag}: unknown field (known: {sorted(fields)})")
+        converted[name] = _coerce(value, hints[name], flag)
+    return dataclasses.replace(obj, **converted)
+
+
+def _coerce(value: Any, hint, flag: str) -> Any:
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+    elif hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif hint is str:
+        return value if isinstance(value, str) else str(value)
+    else:
+        return value  # phases: handled by from_dict
+    raise ValueError(f"--set {flag}={value!r}: expected {hint.__name__}")
+
+
+def resolve(preset: str = "tiny", config_file: str | None = None,
+            assignments: Sequence[str] = ()) -> PretrainConfig:
+    """Preset, then file, then `--set` overrides."""
+    if preset not in PRESETS:
+        raise ValueError(f"--preset {preset!r}: expected one of {sorted(PRESETS)}")
+    config = PRESETS[preset]()
+    if config_file:
+        config = load_file(config_file, config)
+    return apply_overrides(config, assignments)
+
+
+def save(config: PretrainConfig, path: str) -> None:
+    from pipelines import storage
+    storage.atomic_write_json(path, to_dict(config))
+
+
+def load_saved(path: str) -> PretrainConfig:
+    """The config saved with a run or checkpoint (config.json)."""
+    with open(path, encoding="utf-8") as f:
+        return from_dict(json.load(f))
+
+
+def describe(config: PretrainConfig, world_size: int = 1) -> str:
+    """The resolved config as printed at start (YAML, with each phase's derived accumulation)."""
+    data = to_dict(config)
+    for phase, raw in zip(config.phases, data["phases"]):
+        raw["gradient_accumulation_steps (derived)"] = phase.gradient_accumulation_steps(world_size)
+    data["world_size"] = world_size
+    data["rank_env"] = {k: os.environ.get(k, "") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    return yaml.safe_dump(data, sort_keys=False)
+

@@ -1,0 +1,79 @@
+"""Launch helpers: one process, `torchrun`, or the `deepspeed` launcher, all running
+`python -m training.pretrain ...` (the `bert-pretrain` console script).
+
+- One process: `bert-pretrain --preset tiny --set ...`; `init_process_env` fills in
+  RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 and a free MASTER_PORT (without them
+  DeepSpeed falls back to MPI discovery and fails).
+- One node, N processes: `torchrun --nproc_per_node N -m training.pretrain ...`
+  (`torchrun_command`).
+- Several nodes: `deepspeed --hostfile hosts --master_addr H --module training.pretrain ...`
+  (`deepspeed_command`); the hostfile lists `hostname slots=N` per line.
+
+On CPU the backend is gloo (DeepSpeed's cpu accelerator). `init_process_env` also points
+`TORCH_EXTENSIONS_DIR` into the virtualenv, so the shared-memory collective op DeepSpeed compiles
+on its first `init_distributed` (~40-60 s) is built once per environment and then loaded from
+the cache, and it limits torch's threads to cores / local ranks (the deepspeed launcher does not
+set OMP_NUM_THREADS; torchrun does).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def extensions_dir() -> str:
+    """The C++ extension cache: inside the active virtualenv (sys.prefix)."""
+    return str(Path(sys.prefix) / "torch_extensions")
+
+
+def init_process_env() -> None:
+    """Defaults for a process not started by a launcher, and the CPU settings (idempotent)."""
+    env = os.environ
+    if "RANK" not in env and "OMPI_COMM_WORLD_RANK" not in env:
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        env.setdefault("MASTER_PORT", str(free_port()))
+    env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+    import torch
+    if not torch.cuda.is_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
+    if "OMP_NUM_THREADS" not in env and local_world > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+
+
+def module_args(args: Sequence[str]) -> list[str]:
+    return ["-m", "training.pretrain", *args]
+
+
+def torchrun_command(nproc_per_node: int, args: Sequence[str], master_port: int | None = None,
+                     python: str = sys.executable) -> list[str]:
+    """`torchrun --nproc_per_node N -m training.pretrain ARGS` (one node)."""
+    return [python, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc_per_node),
+            "--master_port", str(master_port or free_port()), *module_args(args)]
+
+
+def deepspeed_command(args: Sequence[str], hostfile: str | None = None,
+                      num_gpus: int | None = None, master_addr: str | None = None,
+                      master_port: int | None = None, python: str = sys.executable) -> list[str]:
+    """`deepspeed [--hostfile H] --module training.pretrain ARGS` (multi-node with a hostfile;
+    on one node `num_gpus` processes, which on CPU are CPU ranks)."""
+    cmd = [python, "-m", "deepspeed.launcher.runner"]
+    if hostfile:
+        cmd += ["--hostfile", hostfile]
+    if num_gpus:
+        cmd += ["--num_gpus", str(num_gpus)]
+    if master_addr:
+        cmd += ["--master_addr", master_addr]
+    cmd += ["--master_port", str(master_port or free_port()), "--no_local_rank",
+            "--module", "training.pretrain", *args]
+    return cmd

@@ -1,0 +1,436 @@
+"""The shard loader: WebDataset over `{split}-NNNNNN.tar` shards -> padded micro-batches per rank.
+
+Where the shards are (`source`): a local folder, a `file://`, `http(s)://` or `gs://` base URL,
+or a template with `{name}` for anything WebDataset's `gopen` can open, e.g.
+`pipe:aws s3 cp s3://bucket/shards/{name} -`. The folder's `manifest.json` (written last by
+`pipelines/make_shards.py`) gives every shard's row count; the loader needs it to plan.
+
+Every epoch is planned up front, from the manifest alone (`plan_epoch`), the same way on every
+rank: the shards are shuffled with (seed, epoch), then dealt to `ranks x workers` *slots* by
+largest-first greedy balancing, and every slot is cut to the same number of rows (the smallest
+slot's, rounded down to whole micro-batches). So every rank runs the same number of steps each
+epoch whatever the shard sizes are (uneven shards make plain `split_by_node` hang the ranks
+that run out first at their next collective). The rows cut this epoch differ the next epoch.
+
+A slot's stream: its shards in order -> tar members -> `.rows.npz` blocks decoded with
+`pipelines.shard_format.decode_block` -> rows -> shuffle buffer (seeded by epoch and slot) ->
+the first `rows_per_slot` rows -> optional dynamic re-masking -> micro-batches. A DataLoader with
+W workers runs the rank's W slots and interleaves their batches round-robin, which is a fixed
+order; so the position in the stream is one number per rank, `batch_in_epoch`, and resuming
+replays each slot's stream (reading, not training) to exactly where it stopped.
+
+With 1 rank x 2 workers and 2 ranks x 1 worker the slots, and so the global batches, are the
+same: a 1-rank run with 2 accumulation steps sees the rows a 2-rank run sees.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import random
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from pipelines import shard_format
+from pipelines.shard_format import Row
+
+IGNORE_INDEX = -100
+"""Label padding of `masked_lm_ids` and `next_sentence_label` (the model ignores labels < 0)."""
+PAD_SEQUENCE_ID = -1
+MANIFEST = "manifest.json"
+
+
+# ---------------------------------------------------------------- shard list
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One shard file as the manifest describes it."""
+    name: str
+    """File name, e.g. `train-000003.tar`."""
+    url: str
+    """Where to open it (local path or a URL `webdataset.gopen` understands)."""
+    num_rows: int
+    """Rows in the shard (from the manifest)."""
+    index: int
+    """Position in the manifest's shard list (stable identity for seeds)."""
+
+
+def _location(source: str, name: str) -> str:
+    if "{name}" in source:
+        return source.replace("{name}", name)
+    if "://" in source and not source.startswith("file://"):
+        return source.rstrip("/") + "/" + name
+    return os.path.join(source.removeprefix("file://"), name)
+
+
+def read_shard_manifest(source: str) -> dict:
+    """The `manifest.json` of a shard location (local, URL or `{name}` template)."""
+    url = _location(source, MANIFEST)
+    try:
+        if os.path.exists(url):
+            with open(url, "rb") as f:
+                data = f.read()
+        else:
+            import webdataset as wds
+            with wds.gopen(url, "rb") as f:
+                data = f.read()
+        return json.loads(data)
+    except (OSError, ValueError) as e:
+        raise FileNotFoundError(f"{url}: cannot read the shard manifest ({e}); a shard folder is "
+                                "complete only when make_shards has written manifest.json") from e
+
+
+def _manifest_entries(manifest: dict, url: str) -> list[dict]:
+    shards = manifest.get("shards")
+    if isinstance(shards, dict):  # {name: {num_rows: ...}}
+        shards = [{"name": k, **v} for k, v in shards.items()]
+    if not isinstance(shards, list):
+        raise TypeError(f"{url}: manifest has no 'shards' list")
+    entries = []
+    for i, entry in enumerate(shards):
+        name = entry.get("name") or entry.get("file") or entry.get("path")
+        if not name or "num_rows" not in entry:
+            raise ValueError(f"{url}: shard entry {i} lacks 'name' or 'num_rows': {entry}")
+        entries.append({**entry, "name": os.path.basename(str(name))})
+    return entries
+
+
+def list_shards(source: str, split: str = "train") -> tuple[list[ShardInfo], dict]:
+    """The `split` shards of a location with their row counts, and the manifest."""
+    manifest = read_shard_manifest(source)
+    entries = [e for e in _manifest_entries(manifest, _location(source, MANIFEST))
+               if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
+    if not entries:
+        raise FileNotFoundError(f"{_location(source, MANIFEST)}: no {split}-*.tar shards listed")
+    shards = [ShardInfo(e["name"], _location(source, e["name"]), int(e["num_rows"]), i)
+              for i, e in enumerate(sorted(entries, key=lambda e: e["name"]))]
+    return shards, manifest
+
+
+# ---------------------------------------------------------------- epoch plan
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Which shards each slot (rank x worker) reads this epoch, and how many rows it yields."""
+    slots: tuple[tuple[ShardInfo, ...], ...]
+    """slots[rank * num_workers + worker]: the slot's shards in reading order."""
+    rows_per_slot: int
+    """Rows every slot yields (a multiple of the micro-batch size)."""
+
+    @property
+    def total_rows(self) -> int:
+        return sum(s.num_rows for slot in self.slots for s in slot)
+
+
+def plan_epoch(shards: Sequence[ShardInfo], epoch: int, seed: int, num_slots: int,
+               batch_size: int, shuffle: bool = True) -> EpochPlan:
+    """Deal shards to `num_slots` slots with equal row counts (see the module docstring)."""
+    if len(shards) < num_slots:
+        raise ValueError(f"{len(shards)} shards cannot feed {num_slots} loader slots (ranks x "
+                         "workers): write more, smaller shards or use fewer loader workers")
+    order = list(shards)
+    if shuffle:
+        random.Random(f"shards-{seed}-{epoch}").shuffle(order)
+    rank_of = {s.index: i for i, s in enumerate(order)}
+    loads = [0] * num_slots
+    dealt: list[list[ShardInfo]] = [[] for _ in range(num_slots)]
+    # Largest first onto the lightest slot (LPT) keeps the rows cut to a minimum.
+    for shard in sorted(order, key=lambda s: (-s.num_rows, rank_of[s.index])):
+        slot = min(range(num_slots), key=lambda i: (loads[i], i))
+        dealt[slot].append(shard)
+        loads[slot] += shard.num_rows
+    rows = min(loads) // batch_size * batch_size
+    if rows == 0:
+        raise ValueError(f"the smallest loader slot has {min(loads)} rows, less than one micro-"
+                         f"batch of {batch_size}: too little data for {num_slots} slots")
+    slots = tuple(tuple(sorted(d, key=lambda s: rank_of[s.index])) for d in dealt)
+    return EpochPlan(slots=slots, rows_per_slot=rows)
+
+
+# ---------------------------------------------------------------- rows
+
+@dataclass(frozen=True)
+class KeyedRow:
+    """A row with its identity in the data set (seeds the dynamic masks)."""
+    row: Row
+    shard: str
+    key: str
+    index: int
+
+
+def block_rows(sample: dict, max_seq_length: int) -> list[KeyedRow]:
+    """The rows of one decoded tar member; errors name the shard and member."""
+    where = f"{sample.get('__url__', '?')}: member {sample.get('__key__', '?')}"
+    member = sample.get(shard_format.MEMBER_SUFFIX)
+    if member is None:
+        raise ValueError(f"{where}: no .{shard_format.MEMBER_SUFFIX} member "
+                         f"(found {sorted(k for k in sample if not k.startswith('__'))})")
+    try:
+        rows = shard_format.decode_block(member)
+    except Exception as e:  # a corrupt member: name it, never skip it silently
+        raise ValueError(f"{where}: cannot decode rows ({e})") from e
+    shard = os.path.basename(str(sample.get("__url__", "")))
+    for i, row in enumerate(rows):
+        if len(row.input_ids) > max_seq_length:
+            raise ValueError(f"{where} row {i}: {len(row.input_ids)} tokens > max_seq_length "
+                             f"{max_seq_length}")
+    return [KeyedRow(r, shard, sample["__key__"], i) for i, r in enumerate(rows)]
+
+
+@dataclass(frozen=True)
+class Remasker:
+    """Dynamic masking (RoBERTa section 4.1): new 80/10/10 masks for every row each epoch.
+
+    Keeps each row's number of masked positions; candidates are all non-special tokens.
+    """
+    mask_id: int
+    """Id of `[MASK]`."""
+    vocab_size: int
+    """Random replacements are drawn from [0, vocab_size)."""
+    special_ids: tuple[int, ...]
+    """Ids never masked ([CLS], [SEP], [PAD])."""
+    seed: int = 0
+    """Seed; a row's masks depend only on (seed, epoch, row identity), not on the rank split."""
+
+    @classmethod
+    def from_vocab(cls, vocab_dir: str, seed: int) -> Remasker:
+        from pipelines.tokenization import CLS, MASK, PAD, SEP, read_vocab
+        tokens = read_vocab(vocab_dir)
+        ids = {t: i for i, t in enumerate(tokens)}
+        return cls(ids[MASK], len(tokens), (ids[CLS], ids[SEP], ids[PAD]), seed)
+
+    def __call__(self, item: KeyedRow, epoch: int) -> Row:
+        row = item.row
+        original = np.array(row.input_ids, dtype=np.int64)
+        original[np.asarray(row.masked_lm_positions, np.int64)] = row.masked_lm_ids
+        rng = np.random.default_rng([self.seed, epoch, zlib.crc32(item.shard.encode()),
+                                     zlib.crc32(item.key.encode()), item.index])
+        candidates = np.flatnonzero(~np.isin(original, self.special_ids))
+        count = min(len(row.masked_lm_positions), len(candidates))
+        positions = np.sort(rng.choice(candidates, size=count, replace=False))
+        ids = original.copy()
+        draw = rng.random(count)
+        random_ids = rng.integers(0, self.vocab_size, size=count)
+        ids[positions] = np.where(draw < 0.8, self.mask_id,
+                                  np.where(draw < 0.9, random_ids, original[positions]))
+        return Row(ids, row.segment_ids, row.sequence_ids, positions, original[positions],
+                   row.next_sentence_labels)
+
+
+# ---------------------------------------------------------------- collate
+
+def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
+            max_seq_length: int | None = None) -> dict[str, torch.Tensor]:
+    """Rows -> the padded batch `model.heads.BertForPreTraining` takes (see its docstring).
+
+    T = longest row rounded up to `pad_to_multiple_of` (at most `max_seq_length`); M = most
+    masked positions; K = most instances per row. `next_sentence_label` is (B,) for unpacked rows,
+    else (B, K) with `cls_positions` (B, K).
+    """
+    b = len(rows)
+    longest = max(len(r.input_ids) for r in rows)
+    t = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+    t = min(t, max_seq_length) if max_seq_length else t
+    m = max(1, max(len(r.masked_lm_positions) for r in rows))
+    k = max(len(r.next_sentence_labels) for r in rows)
+    input_ids = np.zeros((b, t), np.int64)
+    token_type_ids = np.zeros((b, t), np.int64)
+    attention_mask = np.zeros((b, t), np.int64)
+    sequence_ids = np.full((b, t), PAD_SEQUENCE_ID, np.int64)
+    position_ids = np.zeros((b, t), np.int64)
+    positions = np.zeros((b, m), np.int64)
+    labels = np.full((b, m), IGNORE_INDEX, np.int64)
+    nsp = np.full((b, k), IGNORE_INDEX, np.int64)
+    cls_positions = np.zeros((b, k), np.int64)
+    for i, r in enumerate(rows):
+        n, nm, nk = len(r.input_ids), len(r.masked_lm_positions), len(r.next_sentence_labels)
+        input_ids[i, :n] = r.input_ids
+        token_type_ids[i, :n] = r.segment_ids
+        attention_mask[i, :n] = 1
+        sequence_ids[i, :n] = r.sequence_ids
+        position_ids[i, :n] = shard_format.position_ids(r.sequence_ids)
+        positions[i, :nm] = r.masked_lm_positions
+        labels[i, :nm] = r.masked_lm_ids
+        nsp[i, :nk] = r.next_sentence_labels
+        cls_positions[i, :nk] = np.flatnonzero(position_ids[i, :n] == 0)[:nk]
+    batch = {
+        "input_ids": input_ids, "token_type_ids": token_type_ids,
+        "attention_mask": attention_mask, "sequence_ids": sequence_ids,
+        "position_ids": position_ids, "masked_lm_positions": positions, "masked_lm_ids": labels,
+    }
+    if k == 1:
+        batch["next_sentence_label"] = nsp[:, 0]
+    else:
+        batch["next_sentence_label"] = nsp
+        batch["cls_positions"] = cls_positions
+    return {name: torch.from_numpy(a) for name, a in batch.items()}
+
+
+# ---------------------------------------------------------------- streams
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """How one rank reads a shard location."""
+    source: str
+    """Shard folder / URL / `{name}` template (see the module docstring)."""
+    batch_size: int
+    """Rows per micro-batch."""
+    max_seq_length: int
+    """Longest row allowed (must match the shards)."""
+    rank: int = 0
+    """This process's rank."""
+    world_size: int = 1
+    """Number of ranks."""
+    num_workers: int = 0
+    """DataLoader worker processes (0 = read in this process); slots per rank = max(1, this)."""
+    seed: int = 0
+    """Seed of the shard order, shuffle buffers and dynamic masks."""
+    shuffle_buffer: int = 1000
+    """Rows in each slot's shuffle buffer (0 = keep the shard order)."""
+    split: str = "train"
+    """Shard name prefix (`train` or `validation`)."""
+    remasker: Remasker | None = None
+    """Dynamic re-masking, or None to use the shards' masks."""
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world_size {self.world_size}")
+        for flag in ("batch_size", "max_seq_length"):
+            if getattr(self, flag) <= 0:
+                raise ValueError(f"loader {flag} must be positive")
+
+    @property
+    def slots_per_rank(self) -> int:
+        return max(1, self.num_workers)
+
+
+def slot_rows(config: LoaderConfig, slot: Sequence[ShardInfo], epoch: int, slot_index: int,
+              start_row: int, stop_row: int) -> Iterator[Row]:
+    """Rows [start_row, stop_row) of one slot's shuffled stream in one epoch."""
+    import webdataset as wds
+
+    stages = [
+        wds.SimpleShardList([s.url for s in slot]),
+        wds.tarfile_to_samples(),
+        wds.map(lambda sample: block_rows(sample, config.max_seq_length)),
+        _flatten,
+    ]
+    if config.shuffle_buffer > 0:
+        rng = random.Random(f"rows-{config.seed}-{epoch}-{slot_index}")
+        stages.append(wds.shuffle(config.shuffle_buffer, initial=config.shuffle_buffer, rng=rng))
+    keyed = itertools.islice(iter(wds.DataPipeline(*stages)), start_row, stop_row)
+    for item in keyed:
+        yield config.remasker(item, epoch) if config.remasker else item.row
+
+
+def _flatten(blocks: Iterator[list[KeyedRow]]) -> Iterator[KeyedRow]:
+    for block in blocks:
+        yield from block
+
+
+class _EpochDataset(IterableDataset):
+    """One epoch of one rank: each DataLoader worker runs one slot from `first_batch` on."""
+
+    def __init__(self, config: LoaderConfig, plan: EpochPlan, epoch: int, first_batch: int):
+        super().__init__()
+        self.config, self.plan, self.epoch, self.first_batch = config, plan, epoch, first_batch
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        info = get_worker_info()
+        physical = info.id if info is not None else 0
+        w = self.config.slots_per_rank
+        # The DataLoader asks worker 0 first; rotate so the next batch due comes first.
+        logical = (physical + self.first_batch) % w
+        done = max(0, -(-(self.first_batch - logical) // w))  # batches this slot already gave
+        slot_index = self.config.rank * w + logical
+        b = self.config.batch_size
+        rows = slot_rows(self.config, self.plan.slots[slot_index], self.epoch, slot_index,
+                         done * b, self.plan.rows_per_slot)
+        while batch := list(itertools.islice(rows, b)):
+            yield collate(batch, max_seq_length=self.config.max_seq_length)
+
+
+class ShardLoader:
+    """Endless micro-batches for one rank, epoch after epoch, with a saveable position.
+
+    `state_dict()` after consuming n batches, then `load_state_dict` on a fresh loader, gives the
+    batch n+1 onwards exactly.
+    """
+
+    def __init__(self, config: LoaderConfig):
+        self.config = config
+        self.shards, self.manifest = list_shards(config.source, config.split)
+        seq = self.manifest.get("max_seq_length")
+        if seq is not None and int(seq) != config.max_seq_length:
+            raise ValueError(f"{_location(config.source, MANIFEST)}: shards have max_seq_length "
+                             f"{seq}, the phase wants {config.max_seq_length}")
+        self.epoch = 0
+        self.batch_in_epoch = 0
+
+    def plan(self, epoch: int) -> EpochPlan:
+        c = self.config
+        return plan_epoch(self.shards, epoch, c.seed, c.world_size * c.slots_per_rank,
+                          c.batch_size, shuffle=c.shuffle_buffer > 0)
+
+    def batches_per_epoch(self) -> int:
+        return self.plan(self.epoch).rows_per_slot // self.config.batch_size \
+            * self.config.slots_per_rank
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        while True:
+            dataset = _EpochDataset(self.config, self.plan(self.epoch), self.epoch,
+                                    self.batch_in_epoch)
+            loader = DataLoader(dataset, batch_size=None, num_workers=self.config.num_workers,
+                                prefetch_factor=4 if self.config.num_workers else None)
+            for batch in loader:
+                self.batch_in_epoch += 1
+                yield batch
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+    def state_dict(self) -> dict:
+        c = self.config
+        return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+                "rows_consumed_in_epoch": self.batch_in_epoch * c.batch_size,
+                "world_size": c.world_size, "slots_per_rank": c.slots_per_rank,
+                "batch_size": c.batch_size, "seed": c.seed, "source": c.source}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue where `state` stopped; on a different rank/worker count, approximately."""
+        c = self.config
+        self.epoch = int(state["epoch"])
+        same = (state["world_size"], state["slots_per_rank"], state["batch_size"]) == \
+            (c.world_size, c.slots_per_rank, c.batch_size)
+        if same:
+            self.batch_in_epoch = int(state["batch_in_epoch"])
+        else:
+            # Another split of the same epoch: skip as many rows in total as were consumed
+            # (same epoch, same share of it; the row order differs from the interrupted run).
+            consumed = int(state["rows_consumed_in_epoch"]) * int(state["world_size"])
+            self.batch_in_epoch = consumed // (c.batch_size * c.world_size)
+        if self.batch_in_epoch >= self.batches_per_epoch():
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+
+def validation_batches(config: LoaderConfig, max_batches: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Up to `max_batches` micro-batches of held-out rows, in shard order; every rank gets the
+    same number (rank r takes rows r, r + world, ...), so ZeRO-3's collectives stay matched."""
+    shards, _ = list_shards(config.source, config.split)
+    per_rank = sum(s.num_rows for s in shards) // config.world_size
+    count = min(max_batches, per_rank // config.batch_size)
+    if count == 0:
+        raise ValueError(f"{config.source}: {config.split} shards hold fewer than "
+                         f"{config.world_size} x {config.batch_size} rows")
+    flat = dataclasses.replace(config, shuffle_buffer=0, remasker=None)
+    rows = slot_rows(flat, shards, 0, 0, 0, None)
+    mine = itertools.islice(rows, config.rank, None, config.world_size)
+    for _ in range(count):
+        yield collate(list(itertools.islice(mine, config.batch_size)),
+                      max_seq_length=config.max_seq_length)

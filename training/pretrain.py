@@ -1,0 +1,540 @@
+"""BERT pre-training with DeepSpeed: `bert-pretrain` / `python -m training.pretrain`.
+
+    bert-pretrain --preset tiny --set vocab_dir=VOCAB --set phase1.train_shards=SHARDS_128 \
+        --set phase2.train_shards=SHARDS_512 --set output_dir=runs/tiny
+    torchrun --nproc_per_node 2 -m training.pretrain ...        # N ranks on one node
+    deepspeed --hostfile hosts --module training.pretrain ...   # several nodes
+
+The run is its phases in order (phase 2 starts from phase 1's final weights with its own data,
+batch, optimizer and schedule). Steps: `build_model` -> `build_engine` (deepspeed.initialize) ->
+`train_step` x steps (with `evaluate` and `save_checkpoint`) -> `export`. Started again with the
+same `output_dir`, it resumes from `checkpoints/latest`: weights, optimizer, scheduler, RNG and
+the loader's position, so a run killed with `kill -9` continues as if never stopped.
+
+Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
+`loss_curve.png`, `checkpoints/<tag>/` (DeepSpeed files + `training_state.json` + per-rank
+`rng_rank*.pt` + `config.json`), `checkpoints/latest`, `hf/` (consolidated fp32 export).
+
+Checkpoints are written to `checkpoints/.tmp-<tag>`, renamed to `<tag>` when every rank is done,
+and only then is `latest` replaced (atomically); the oldest beyond `keep_checkpoints` are deleted.
+
+Resuming on a different number of ranks (zero_stage >= 1): the checkpoint is converted once with
+DeepSpeed's `ds_to_universal` into `<tag>-universal` and loaded with `load_universal`; the loader
+then skips the same share of the epoch (not the exact same rows). At zero_stage 0 every rank
+holds the whole optimizer state, so the plain checkpoint loads on any number of ranks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from pipelines import storage
+from training import config as cfg
+from training.config import PhaseConfig, PretrainConfig
+from training.loader import LoaderConfig, Remasker, ShardLoader, validation_batches
+
+log = logging.getLogger("training.pretrain")
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+STATE_FILE = "training_state.json"
+METRIC_KEYS = ("loss", "mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct",
+               "nsp_count", "tokens", "samples", "micro_batches")
+
+
+@dataclass(frozen=True)
+class Dist:
+    """This process's place in the job."""
+    rank: int
+    world_size: int
+    on_gpu: bool
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@dataclass(frozen=True)
+class CheckpointState:
+    """What `training_state.json` in a checkpoint records."""
+    tag: str
+    phase_index: int
+    phase: str
+    step: int
+    world_size: int
+    zero_stage: int
+    loader: dict
+
+
+# ---------------------------------------------------------------- setup
+
+def init_distributed() -> Dist:
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    from training.launch import init_process_env
+    init_process_env()
+    deepspeed.init_distributed()  # gloo on the CPU accelerator, nccl on GPUs
+    on_gpu = get_accelerator().device_name() == "cuda"
+    if on_gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), on_gpu)
+
+
+def shard_manifest(phase: PhaseConfig) -> dict:
+    from training.loader import read_shard_manifest
+    if not phase.train_shards:
+        raise ValueError(f"--set {phase.name}.train_shards=...: the phase has no shards")
+    return read_shard_manifest(phase.train_shards)
+
+
+def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None):
+    """`model.heads.BertForPreTraining` of the preset, sized to the shards' vocabulary."""
+    from model import bert
+    from model.heads import BertForPreTraining
+
+    if config.model not in bert.PRESETS:
+        raise ValueError(f"--set model={config.model!r}: expected one of {sorted(bert.PRESETS)}")
+    vocab_size = int(manifest.get("vocab_size") or 0)
+    if config.vocab_dir:
+        from pipelines.tokenization import read_vocab
+        vocab_size = len(read_vocab(config.vocab_dir))
+    if not vocab_size:
+        raise ValueError("vocab_size unknown: set vocab_dir or write vocab_size in the manifest")
+    model_config = bert.PRESETS[config.model](
+        vocab_size=vocab_size, hidden_dropout_prob=config.dropout,
+        attention_probs_dropout_prob=config.dropout)
+    model = BertForPreTraining(model_config, next_sentence=bool(manifest.get("nsp", True)))
+    if state_dict is not None:
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        missing = [k for k in missing if k != "mlm.decoder.weight"]  # tied to the embeddings
+        if missing or unexpected:
+            raise ValueError(f"previous phase's weights: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
+                 load_universal: bool = False):
+    """`deepspeed.initialize` with the phase's DeepSpeed config; returns the engine."""
+    import deepspeed
+
+    from training.ds_config import build_ds_config, param_groups
+    ds_config = build_ds_config(config, phase, dist.world_size, dist.on_gpu, load_universal)
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=param_groups(model, config.weight_decay), config=ds_config)
+    return engine
+
+
+def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
+                 validation: bool = False) -> LoaderConfig:
+    remasker = (Remasker.from_vocab(config.vocab_dir, config.seed)
+                if config.dynamic_masking and not validation else None)
+    return LoaderConfig(
+        source=(phase.validation_shards or phase.train_shards) if validation else phase.train_shards,
+        batch_size=phase.micro_batch_size, max_seq_length=phase.max_seq_length, rank=dist.rank,
+        world_size=dist.world_size, num_workers=0 if validation else config.num_workers,
+        seed=config.seed, shuffle_buffer=config.shuffle_buffer,
+        split="validation" if validation else "train", remasker=remasker)
+
+
+# ---------------------------------------------------------------- steps
+
+def train_step(engine, batches: Iterator[dict]) -> dict[str, float]:
+    """One optimizer step: gradient_accumulation_steps micro-batches of forward + backward."""
+    sums = dict.fromkeys(METRIC_KEYS, 0.0)
+    for _ in range(engine.gradient_accumulation_steps()):
+        batch = {k: v.to(engine.device) for k, v in next(batches).items()}
+        out = engine(**batch)
+        engine.backward(out.loss)
+        engine.step()
+        _accumulate(sums, out, batch)
+    return sums
+
+
+def _accumulate(sums: dict, out, batch: dict) -> None:
+    sums["loss"] += out.loss.item()
+    sums["mlm_loss"] += out.mlm_loss.item()
+    sums["mlm_correct"] += out.mlm_correct.item()
+    sums["mlm_count"] += out.mlm_count.item()
+    if out.nsp_loss is not None:
+        sums["nsp_loss"] += out.nsp_loss.item()
+        sums["nsp_correct"] += out.nsp_correct.item()
+        sums["nsp_count"] += out.nsp_count.item()
+    sums["tokens"] += batch["attention_mask"].sum().item()
+    sums["samples"] += batch["input_ids"].shape[0]
+    sums["micro_batches"] += 1
+
+
+@torch.no_grad()
+def evaluate(engine, config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> dict[str, float]:
+    """Validation loss and accuracies over `eval_batches` micro-batches per rank."""
+    engine.eval()
+    sums = dict.fromkeys(METRIC_KEYS, 0.0)
+    for batch in validation_batches(build_loader(config, phase, dist, validation=True),
+                                    config.eval_batches):
+        batch = {k: v.to(engine.device) for k, v in batch.items()}
+        _accumulate(sums, engine(**batch), batch)
+    engine.train()
+    return summarize(all_reduce(sums), elapsed=None)
+
+
+def all_reduce(sums: dict[str, float]) -> dict[str, float]:
+    values = torch.tensor([sums[k] for k in METRIC_KEYS], dtype=torch.float64)
+    torch.distributed.all_reduce(values)
+    return dict(zip(METRIC_KEYS, values.tolist()))
+
+
+def summarize(sums: dict[str, float], elapsed: float | None) -> dict[str, float]:
+    n = max(sums["micro_batches"], 1)
+    out = {"loss": sums["loss"] / n, "mlm_loss": sums["mlm_loss"] / n,
+           "mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_count"], 1)}
+    if sums["nsp_count"]:
+        out.update(nsp_loss=sums["nsp_loss"] / n,
+                   nsp_accuracy=sums["nsp_correct"] / sums["nsp_count"])
+    if elapsed:
+        out.update(tokens_per_s=sums["tokens"] / elapsed, samples_per_s=sums["samples"] / elapsed)
+    return out
+
+
+# ---------------------------------------------------------------- checkpoints
+
+def checkpoint_tag(phase_index: int, phase: PhaseConfig, step: int) -> str:
+    return f"{phase_index:02d}-{phase.name}-step{step:08d}"
+
+
+def read_latest(ckpt_dir: str) -> CheckpointState | None:
+    """The state of the checkpoint `latest` names, or None for a fresh run."""
+    latest = os.path.join(ckpt_dir, LATEST)
+    if not os.path.exists(latest):
+        return None
+    with open(latest, encoding="utf-8") as f:
+        tag = f.read().strip()
+    with open(os.path.join(ckpt_dir, tag, STATE_FILE), encoding="utf-8") as f:
+        state = json.load(f)
+    return CheckpointState(tag=tag, **state)
+
+
+def save_checkpoint(engine, config: PretrainConfig, phase_index: int, phase: PhaseConfig,
+                    step: int, loader: ShardLoader, dist: Dist) -> str:
+    """Write checkpoint `<tag>` atomically (temp dir, rename, then `latest`); keep the last K."""
+    ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
+    tag = checkpoint_tag(phase_index, phase, step)
+    tmp = f".tmp-{tag}"
+    if dist.is_main:
+        shutil.rmtree(os.path.join(ckpt_dir, tmp), ignore_errors=True)  # a crashed attempt
+    torch.distributed.barrier()
+    state = {"phase_index": phase_index, "phase": phase.name, "step": step,
+             "world_size": dist.world_size, "zero_stage": config.zero_stage,
+             "loader": loader.state_dict()}
+    engine.save_checkpoint(ckpt_dir, tag=tmp, client_state=state, save_latest=False)
+    torch.save(rng_state(), os.path.join(ckpt_dir, tmp, f"rng_rank{dist.rank:03d}.pt"))
+    torch.distributed.barrier()
+    if dist.is_main:
+        storage.atomic_write_json(os.path.join(ckpt_dir, tmp, STATE_FILE), state)
+        cfg.save(config, os.path.join(ckpt_dir, tmp, "config.json"))
+        final = os.path.join(ckpt_dir, tag)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(os.path.join(ckpt_dir, tmp), final)
+        storage.atomic_write_text(os.path.join(ckpt_dir, LATEST), tag)
+        prune_checkpoints(ckpt_dir, config.keep_checkpoints, keep=tag)
+    torch.distributed.barrier()
+    return tag
+
+
+def prune_checkpoints(ckpt_dir: str, count: int, keep: str) -> None:
+    tags = sorted(t for t in os.listdir(ckpt_dir)
+                  if not t.startswith(".") and os.path.isfile(os.path.join(ckpt_dir, t, STATE_FILE)))
+    for tag in tags[:-count]:
+        if tag != keep:
+            shutil.rmtree(os.path.join(ckpt_dir, tag), ignore_errors=True)
+            shutil.rmtree(os.path.join(ckpt_dir, f"{tag}-universal"), ignore_errors=True)
+
+
+def load_checkpoint(engine, config: PretrainConfig, state: CheckpointState, loader: ShardLoader,
+                    dist: Dist, universal: bool) -> int:
+    """Restore engine (weights, optimizer, scheduler), RNG and loader; returns the step."""
+    ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
+    tag = f"{state.tag}-universal" if universal else state.tag
+    path, _ = engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True,
+                                     load_lr_scheduler_states=True)
+    if path is None:
+        raise FileNotFoundError(f"{ckpt_dir}/{tag}: DeepSpeed found no checkpoint to load")
+    loader.load_state_dict(state.loader)
+    rng_file = os.path.join(ckpt_dir, state.tag, f"rng_rank{dist.rank:03d}.pt")
+    if os.path.exists(rng_file) and state.world_size == dist.world_size:
+        set_rng_state(torch.load(rng_file, weights_only=True))
+    return state.step
+
+
+def to_universal(ckpt_dir: str, tag: str, dist: Dist) -> None:
+    """Convert `<tag>` once to `<tag>-universal` with DeepSpeed's ds_to_universal (rank 0)."""
+    out = os.path.join(ckpt_dir, f"{tag}-universal")
+    if dist.is_main and not os.path.isdir(out):
+        tmp = os.path.join(ckpt_dir, f".tmp-{tag}-universal")
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                        "--input_folder", os.path.join(ckpt_dir, tag), "--output_folder", tmp,
+                        "--num_extract_workers", "1", "--num_merge_workers", "1"], check=True)
+        os.replace(tmp, out)
+    torch.distributed.barrier()
+
+
+def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
+    """fp32 weights of a checkpoint of any ZeRO stage, in our model's keys."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    zero_files = [f for f in os.listdir(os.path.join(ckpt_dir, tag)) if "optim_states" in f]
+    if zero_files:
+        state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
+    else:  # zero_stage 0 in fp32: the module states file holds the full-precision weights
+        module = torch.load(os.path.join(ckpt_dir, tag, "mp_rank_00_model_states.pt"),
+                            map_location="cpu", weights_only=False)["module"]
+        state = {k: v.float() for k, v in module.items()}
+    return {k: v.float().contiguous() for k, v in state.items()}
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# ---------------------------------------------------------------- metrics
+
+class MetricsLog:
+    """metrics.jsonl + TensorBoard on rank 0."""
+
+    def __init__(self, output_dir: str, dist: Dist, resume_from: tuple[int, int] | None):
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self.writer = None
+        if not dist.is_main:
+            return
+        if resume_from is not None and os.path.exists(self.path):
+            # Drop lines written after the checkpoint we resume from: they will be redone.
+            kept = [r for r in read_metrics(output_dir)
+                    if (r["phase_index"], r["step"]) <= resume_from]
+            storage.atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+        elif resume_from is None and os.path.exists(self.path):
+            os.unlink(self.path)
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+
+    def write(self, record: dict) -> None:
+        if self.writer is None:
+            return
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        prefix = record["split"]
+        for key, value in record.items():
+            if isinstance(value, float):
+                self.writer.add_scalar(f"{prefix}/{key}", value, record["global_step"])
+        self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def read_metrics(output_dir: str) -> list[dict]:
+    with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def plot_loss_curve(output_dir: str) -> str:
+    """loss_curve.png: training and validation loss and MLM accuracy over global steps."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(output_dir)
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for split, style in (("train", "-"), ("validation", "o--")):
+        rows = [r for r in records if r["split"] == split]
+        steps = [r["global_step"] for r in rows]
+        ax_loss.plot(steps, [r["loss"] for r in rows], style, label=f"{split} loss")
+        ax_acc.plot(steps, [r["mlm_accuracy"] for r in rows], style, label=f"{split} MLM acc")
+    for ax, title in ((ax_loss, "loss (MLM + NSP)"), (ax_acc, "masked-LM accuracy")):
+        ax.set_xlabel("optimizer step (all phases)")
+        ax.set_title(title)
+        ax.legend()
+    path = os.path.join(output_dir, "loss_curve.png")
+    with storage.atomic_open(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------- the run
+
+def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseConfig,
+                loader: ShardLoader, step: int, step_offset: int, metrics: MetricsLog,
+                dist: Dist, stop_at: int) -> tuple[str | None, int]:
+    """Steps `step`..`stop_at` (<= phase.steps) of one phase; returns the last checkpoint tag
+    and the step reached. Stopping early (`stop_at` < phase.steps) saves a checkpoint."""
+    from tqdm import tqdm
+
+    batches = iter(loader)
+    tag = None
+    window, started = dict.fromkeys(METRIC_KEYS, 0.0), time.perf_counter()
+    bar = tqdm(total=phase.steps, initial=step, desc=phase.name, disable=not dist.is_main,
+               dynamic_ncols=True)
+    while step < stop_at:
+        for key, value in train_step(engine, batches).items():
+            window[key] += value
+        step += 1
+        bar.update(1)
+        if step % config.log_every == 0 or step == phase.steps:
+            summary = summarize(all_reduce(window), time.perf_counter() - started)
+            summary["lr"] = float(engine.get_lr()[0])
+            metrics.write(_record("train", phase_index, phase, step, step_offset, summary))
+            bar.set_postfix(loss=f"{summary['loss']:.3f}", mlm_acc=f"{summary['mlm_accuracy']:.3f}")
+            window, started = dict.fromkeys(METRIC_KEYS, 0.0), time.perf_counter()
+        if (config.eval_every and step % config.eval_every == 0) or step == phase.steps:
+            summary = evaluate(engine, config, phase, dist)
+            metrics.write(_record("validation", phase_index, phase, step, step_offset, summary))
+        if ((config.checkpoint_every and step % config.checkpoint_every == 0)
+                or step in (phase.steps, stop_at)):
+            tag = save_checkpoint(engine, config, phase_index, phase, step, loader, dist)
+    bar.close()
+    return tag, step
+
+
+def _record(split: str, phase_index: int, phase: PhaseConfig, step: int, offset: int,
+            summary: dict) -> dict:
+    return {"split": split, "phase_index": phase_index, "phase": phase.name, "step": step,
+            "global_step": offset + step, **summary}
+
+
+def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
+    """Train every phase (resuming from `output_dir` if it holds checkpoints); export at the end.
+
+    `stop_after_steps`: stop (with a checkpoint) after that many optimizer steps of this call,
+    as a preemption would; running again resumes. Returns the last checkpoint tag, the export
+    folder (None if stopped early) and whether the run is complete."""
+    dist = init_distributed()
+    if config.export_hf and not config.vocab_dir:
+        raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
+                         "(or --set export_hf=false)")
+    ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
+    if dist.is_main:
+        print(cfg.describe(config, dist.world_size), flush=True)
+        os.makedirs(ckpt_dir, exist_ok=True)
+        cfg.save(config, os.path.join(config.output_dir, "config.json"))
+    torch.distributed.barrier()
+    resume = read_latest(ckpt_dir)
+    if resume and dist.is_main:
+        log.info("resuming from %s/%s (phase %s step %d, saved on %d ranks)", ckpt_dir,
+                 resume.tag, resume.phase, resume.step, resume.world_size)
+    metrics = MetricsLog(config.output_dir, dist,
+                         (resume.phase_index, resume.step) if resume else None)
+    last_tag = resume.tag if resume else None
+    step_offset, budget, complete = 0, stop_after_steps, True
+    for index, phase in enumerate(config.phases):
+        here = resume is not None and resume.phase_index == index
+        if resume is not None and (resume.phase_index > index or
+                                   (here and resume.step >= phase.steps)):
+            step_offset += phase.steps
+            continue  # phase already done
+        if budget is not None and budget <= 0:
+            complete = False
+            break
+        last_tag, done = run_phase(config, index, phase, dist, metrics, step_offset,
+                                   resume if here else None, last_tag, budget)
+        if budget is not None:
+            budget -= done
+        if done < phase.steps - (resume.step if here else 0):
+            complete = False
+            break
+        step_offset += phase.steps
+    metrics.close()
+    export_dir = None
+    if dist.is_main and complete:
+        plot_loss_curve(config.output_dir)
+        if config.export_hf:
+            export_dir = export(config, ckpt_dir, last_tag)
+    torch.distributed.barrier()
+    return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
+
+
+def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist,
+              metrics: MetricsLog, step_offset: int, resume: CheckpointState | None,
+              previous_tag: str | None, budget: int | None) -> tuple[str, int]:
+    """Build, (resume,) train one phase; returns the last checkpoint tag and steps run."""
+    ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
+    torch.manual_seed(config.seed + index)  # identical initial weights on every rank
+    initial = None
+    if resume is None and previous_tag is not None:
+        initial = consolidated_state_dict(ckpt_dir, previous_tag)
+    model = build_model(config, shard_manifest(phase), initial)
+    universal = (resume is not None and resume.world_size != dist.world_size
+                 and config.zero_stage >= 1)
+    if universal:
+        to_universal(ckpt_dir, resume.tag, dist)
+    engine = build_engine(config, phase, model, dist, load_universal=universal)
+    torch.manual_seed(config.seed + 1000 * (index + 1) + dist.rank)  # dropout differs per rank
+    loader = ShardLoader(build_loader(config, phase, dist))
+    step = 0
+    if resume is not None:
+        step = load_checkpoint(engine, config, resume, loader, dist, universal)
+    stop_at = phase.steps if budget is None else min(phase.steps, step + budget)
+    tag, reached = train_phase(engine, config, index, phase, loader, step, step_offset, metrics,
+                               dist, stop_at)
+    engine.destroy()
+    return tag or (resume.tag if resume else previous_tag), reached - step
+
+
+def export(config: PretrainConfig, ckpt_dir: str, tag: str) -> str:
+    """Consolidated fp32 weights of `tag` -> `<output_dir>/hf` (transformers folder)."""
+    from model.hf import export_hf_folder
+
+    last = config.phases[-1]
+    model = build_model(config, shard_manifest(last), consolidated_state_dict(ckpt_dir, tag))
+    out = os.path.join(config.output_dir, "hf")
+    export_hf_folder(model, config.vocab_dir, out)
+    log.info("exported %s to %s", tag, out)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", choices=sorted(cfg.PRESETS),
+                        help="starting configuration (training/config.py)")
+    parser.add_argument("--config", help="YAML or JSON file of overrides")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field, e.g. zero_stage=2 or phase1.steps=300")
+    parser.add_argument("--stop_after_steps", type=int, default=None,
+                        help="stop with a checkpoint after N optimizer steps of this invocation "
+                             "(preemption drills); run again to resume")
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = cfg.resolve(args.preset, args.config, args.set)
+    return run(config, args.stop_after_steps)
+
+
+if __name__ == "__main__":
+    main()
