@@ -48,19 +48,27 @@ def wiki_passages(squad: Path) -> list[str]:
 
 
 def segmenters() -> dict:
+    """Ours and the peers that are installed (nupunkt and sentencex are in the `dev` extra)."""
     import blingfire
-    import nupunkt
-    import sentencex
 
     from pipelines.sentences import split_sentences
 
-    punkt = nupunkt.load_default_model()
-    return {
+    segs = {
         "ours (blingfire+repairs)": split_sentences,
         "blingfire": lambda t: [s for s in blingfire.text_to_sentences(t).split("\n") if s],
-        "nupunkt": lambda t: [s.strip() for s in punkt.tokenize(t) if s.strip()],
-        "sentencex": lambda t: [s.strip() for s in sentencex.segment("en", t) if s.strip()],
     }
+    try:
+        import nupunkt
+        punkt = nupunkt.load_default_model()
+        segs["nupunkt"] = lambda t: [s.strip() for s in punkt.tokenize(t) if s.strip()]
+    except ImportError:
+        print("nupunkt not installed: skipped (pip install nupunkt==0.8.0)")
+    try:
+        import sentencex
+        segs["sentencex"] = lambda t: [s.strip() for s in sentencex.segment("en", t) if s.strip()]
+    except ImportError:
+        print("sentencex not installed: skipped (pip install sentencex==1.0.32)")
+    return segs
 
 
 def measure(segment, passages: list[str], repeats: int) -> tuple[float, list[list[str]]]:

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         stats = vocab.tokenization_stats(tokens, counts, True)
         same = len({digest(t) for t, _ in runs}) == 1
         print(f"{name:46s} {best:7.2f} {best / peer_seconds:7.2f}x "
-              f"{stats['tokens_per_word']:11.4f} {str(same):>20s}")
+              f"{stats['tokens_per_word']:11.4f} {same!s:>20s}")
     ours = rows["ours: count + train on counts (in process)"][0][0]
     assert ours[0] == PAD and len(ours) == args.vocab_size
     return 0

@@ -232,7 +232,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     log.info("build_corpus: %d input files, %d shard(s), config %s",
              len(files), num_shards, dataclasses.asdict(config))
     storage.makedirs(config.output)
-    parquet_io.clear_previous_output(config.output, PREFIX)
+    parquet_io.clear_previous_output(config.output, PREFIX, [duplicates_path(config.output)])
 
     with beam.Pipeline(options=options) as pipeline:
         read = (pipeline
@@ -244,11 +244,10 @@ def run(argv: Sequence[str] | None = None) -> dict:
                         | "AllDeadLetters" >> beam.Flatten())
         _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteShards(
             config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
-        _ = dead_letters | "WriteDeadLetters" >> parquet_io.WriteDeadLetters(config.output)
-        _ = built["duplicates"] | "WriteDuplicates" >> beam.Map(lambda line: (0, line)) \
-            | "GroupDuplicates" >> beam.GroupByKey() \
-            | "WriteDuplicateList" >> beam.Map(lambda group, out: write_duplicates(out, group[1]),
-                                               config.output)
+        _ = dead_letters | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
+            parquet_io.dead_letter_path(config.output))
+        _ = built["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
+            duplicates_path(config.output))
     counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
     return finish(config, files, folders, sizes, num_shards, text_column, counts)
 
@@ -257,22 +256,14 @@ def duplicates_path(output: str) -> str:
     return storage.join(output, *DUPLICATES_FILE.split("/"))
 
 
-def write_duplicates(output: str, lines: Iterable[str]) -> str:
-    path = duplicates_path(output)
-    storage.makedirs(os.path.dirname(path))
-    storage.atomic_write_text(path, "".join(f"{line}\n" for line in sorted(lines)))
-    return path
-
-
 def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
            sizes: dict[str, int], num_shards: int, text_column: str | None,
            counts: dict[str, int]) -> dict:
     """After the pipeline: complete the shard set, check counts against rows, write manifest."""
     shards = parquet_io.finish_shards(config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
     dead_letters = parquet_io.finish_dead_letters(config.output, counts["bad_records"] > 0)
-    duplicates = duplicates_path(config.output)
-    if counts["duplicates_removed"] == 0 or not storage.exists(duplicates):
-        write_duplicates(config.output, [])
+    duplicates = parquet_io.finish_lines_file(duplicates_path(config.output),
+                                              counts["duplicates_removed"] > 0)
     rows = sum(parquet_io.count_rows(p) for p in shards if p.endswith(".parquet"))
     if rows != counts["documents"]:
         raise RuntimeError(f"{config.output}: {rows} rows written but {counts['documents']} "

@@ -186,7 +186,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
                    .with_outputs("dead_letter", main="documents"))
         _ = results.documents | "WriteDocuments" >> parquet_io.WriteShards(
             config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
-        _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteDeadLetters(config.output)
+        _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
+            parquet_io.dead_letter_path(config.output))
     counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
     return finish(config, files, excluded, sizes, num_shards, counts)
 

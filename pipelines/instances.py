@@ -5,10 +5,13 @@ Two modes over the same data types:
 - reference: `create_instances_reference` follows one `random.Random(random_seed)` stream in the
   exact call order of BERT's `create_pretraining_data.py` (google-research/bert), so for the same
   documents, vocabulary, seed and options its instances equal the reference's, in the same order.
-- scalable: `plan_document` -> `fill_random_next` (random-next plans only) -> `finalize_instance`.
-  Every step draws from a generator seeded by (random_seed, pass, document, instance), never from a
-  shared stream, so a Beam job gives the same instances on any number of workers. Random-next
-  documents are drawn from the whole corpus (`random_doc_index`), not from a worker's partition.
+- scalable: `plan_document` -> `fill_random_next` (random-next plans only) -> `finalize_instances`
+  (a batch, vectorised; `finalize_instance` for one gives the same instance). Nothing shares a
+  stream: the walk of a document draws from `random.Random(stream_key(seed, pass, doc, 0))`, the
+  random start of a random B from `stream_key(seed, pass, doc, instance, 2)` and truncation and
+  masking from the SplitMix64 stream `uniforms(stream_key(seed, pass, doc, instance, 1), k)`, so
+  a Beam job gives the same instances on any number of workers. Random-next documents are drawn
+  from the whole corpus (`random_doc_index`), not from a worker's partition.
 
 Both modes walk a document with the same code (`_walk_document`), so the segment splitting, the
 random-next decision and the "put back" of unused segments cannot drift apart.
@@ -26,7 +29,7 @@ import numpy as np
 
 from pipelines.tokenization import CLS, MASK, SEP
 
-Document = list  # list[np.ndarray]: one int32 token-id array per segment (sentence)
+Document = list[np.ndarray]  # one int32 token-id array per segment (sentence)
 
 RANDOM_NEXT, ACTUAL_NEXT, NO_NSP = 1, 0, -1
 _RANDOM_DOC_TRIES = 10  # tries to draw a document other than the current one (the reference's)
@@ -220,26 +223,17 @@ def read_reference_text(lines: Iterable[str], tokenizer, batch_size: int = 4096)
     Each line is stripped; an empty line starts a new document; a line with tokens is one segment
     of the current document; empty documents are dropped. `tokenizer` is a `tokenizers.Tokenizer`
     (`pipelines.tokenization.load_tokenizer`). Pass the lines of all input files in order (a file
-    boundary does not end a document in the reference), read with `newline="\\n"`: the
-    reference splits lines on "\\n" only.
+    boundary does not end a document in the reference), split on "\\n" only as the reference
+    does: read with `open(..., newline="\\n")`, not `str.splitlines` (which also splits on
+    "\\x1c", "\\x85", "\\u2028", ...).
     """
     documents: list[Document] = [[]]
     pending: list[str] = []
-    literal_specials = _literal_special_tokens(tokenizer)
-    # the reference lower-cases with Python's str.lower (final sigma "ς" included) before it
-    # strips accents; `tokenizers` strips first and lower-cases "Σ" to "σ" everywhere
-    lower_first = bool(getattr(tokenizer.normalizer, "lowercase", False))
 
     def flush() -> None:
-        for k, text in enumerate(pending):
-            if lower_first:
-                text = text.lower()
-            if literal_specials and "[" in text:
-                text = _escape_specials(text, literal_specials)
-            pending[k] = text
-        for encoding in tokenizer.encode_batch(pending, add_special_tokens=False):
-            if encoding.ids:
-                documents[-1].append(np.asarray(encoding.ids, dtype=np.int32))
+        for ids in encode_like_reference(tokenizer, pending):
+            if ids:
+                documents[-1].append(np.asarray(ids, dtype=np.int32))
         pending.clear()
 
     for line in lines:
@@ -253,6 +247,27 @@ def read_reference_text(lines: Iterable[str], tokenizer, batch_size: int = 4096)
                 flush()
     flush()
     return [doc for doc in documents if doc]
+
+
+def encode_like_reference(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text as BERT's reference tokenizer gives them (one `encode_batch`).
+
+    `tokenizers` differs from the reference in two corner cases, undone here:
+    - the literal text "[MASK]" (any added token) becomes that special token; the reference's
+      basic tokenizer splits it into "[", "mask", "]";
+    - the reference lower-cases with Python's `str.lower` (final sigma "ς") before it strips
+      accents; `tokenizers` lower-cases "Σ" to "σ" everywhere.
+    """
+    specials = _literal_special_tokens(tokenizer)
+    lower_first = bool(getattr(tokenizer.normalizer, "lowercase", False))
+    prepared = []
+    for text in texts:
+        if lower_first:
+            text = text.lower()
+        if specials and "[" in text:
+            text = _escape_specials(text, specials)
+        prepared.append(text)
+    return [e.ids for e in tokenizer.encode_batch(prepared, add_special_tokens=False)]
 
 
 def _literal_special_tokens(tokenizer) -> list[str]:

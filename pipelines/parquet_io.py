@@ -86,14 +86,15 @@ def finish_shards(output: str, prefix: str, count: int, schema: pa.Schema,
     return paths
 
 
-def clear_previous_output(output: str, prefix: str) -> None:
+def clear_previous_output(output: str, prefix: str, extra: Iterable[str] = ()) -> None:
     """Before a run: remove the manifest first (the folder is incomplete until the new one is
-    written), then the shards and dead letters of an earlier run, so none can outlive it."""
+    written), then the shards, dead letters and `extra` files of an earlier run, so none can
+    outlive it."""
     from apache_beam.io.filesystems import FileSystems
 
     manifest = storage.join(output, storage.MANIFEST_NAME)
     stale = [storage.join(output, f"{prefix}-*-of-*.parquet"),
-             storage.join(output, f"{prefix}-*-of-*.txt"), dead_letter_path(output)]
+             storage.join(output, f"{prefix}-*-of-*.txt"), dead_letter_path(output), *extra]
     doomed = [manifest] if storage.exists(manifest) else []
     doomed += [m.path for pattern in stale for m in FileSystems.match([pattern])[0].metadata_list]
     if doomed:
@@ -104,13 +105,15 @@ def dead_letter_path(output: str) -> str:
     return storage.join(output, jobs.DEAD_LETTER_DIR, DEAD_LETTER_FILE)
 
 
-def write_dead_letters(output: str, lines: Iterable[str]) -> str:
-    """All dead letters of a run in one file, sorted (deterministic), written atomically."""
-    path = dead_letter_path(output)
-    storage.makedirs(storage.join(output, jobs.DEAD_LETTER_DIR))
-    body = "".join(f"{line}\n" for line in sorted(lines))
-    storage.atomic_write_text(path, body)
+def write_sorted_lines(path: str, lines: Iterable[str]) -> str:
+    """Lines (dead letters, duplicate lists) sorted, so a re-run writes the same bytes; atomic."""
+    storage.makedirs(os.path.dirname(path))  # no-op on object stores
+    storage.atomic_write_text(path, "".join(f"{line}\n" for line in sorted(lines)))
     return path
+
+
+def write_dead_letters(output: str, lines: Iterable[str]) -> str:
+    return write_sorted_lines(dead_letter_path(output), lines)
 
 
 def outputs_entry(output: str, paths: list[str]) -> list[dict]:
@@ -165,28 +168,31 @@ def _write_group(group: tuple[int, Iterable[dict]], output: str, prefix: str, co
     return write_shard(output, prefix, index, count, records, schema, text_column)
 
 
-class WriteDeadLetters(beam.PTransform):
-    """Dead-letter JSON lines -> one sorted file; outputs its path (nothing when no line came:
-    `finish_dead_letters` then writes the empty file)."""
+class WriteSortedLines(beam.PTransform):
+    """Lines -> one sorted file at `path` (nothing is written when no line comes: the job's
+    finish step then writes the empty file, see `finish_lines_file`)."""
 
-    def __init__(self, output: str):
+    def __init__(self, path: str):
         super().__init__()
-        self.output = output
+        self.path = path
 
     def expand(self, lines):
         return (lines
                 | "Key" >> beam.Map(lambda line: (0, line))
                 | "Group" >> beam.GroupByKey()
-                | "Write" >> beam.Map(lambda group, output: write_dead_letters(output, group[1]),
-                                      self.output))
+                | "Write" >> beam.Map(lambda group, path: write_sorted_lines(path, group[1]),
+                                      self.path))
+
+
+def finish_lines_file(path: str, wrote_any: bool) -> str:
+    """A lines file always exists after a run (empty when no line was written)."""
+    if not wrote_any or not storage.exists(path):
+        write_sorted_lines(path, [])
+    return path
 
 
 def finish_dead_letters(output: str, wrote_any: bool) -> str:
-    """The dead-letter file always exists after a run (empty when nothing was set aside)."""
-    path = dead_letter_path(output)
-    if not wrote_any or not storage.exists(path):
-        write_dead_letters(output, [])
-    return path
+    return finish_lines_file(dead_letter_path(output), wrote_any)
 
 
 def count_rows(path: str) -> int:

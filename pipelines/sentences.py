@@ -1,16 +1,19 @@
 """Sentence segmentation for the corpus: one segmenter, blingfire (model compiled into its wheel).
 
-Chosen by `benchmarks/bench_sentences.py` on the shared books and on SQuAD's Wikipedia paragraphs
-against sentencex and nupunkt (all three ship their model in the wheel; nothing is downloaded):
-- sentencex is the fastest but never splits inside quotation marks, so a dialogue paragraph of
-  five sentences stays one "sentence" (about 4,800 missed breaks on four books).
-- nupunkt (Punkt) ships a model trained on legal text whose abbreviation list holds common words
-  ("cheerful", "so", "sir", "day", "n"), so it misses breaks after them ("... to be cheerful. His
-  spirits ..."): ~9x blingfire's missed breaks on Wikipedia; it is also slower.
-- blingfire misses the fewest breaks and is fast; its error kinds are regular and repaired here:
-  a break right after a title abbreviation ("Mrs. | Weston was ..."), a break before a lower-case
-  word ('"Is it you?" | she asked.', '"Ah! | my dear ..."'), and no break before a title that
-  starts a sentence ("... for some time. Mr. Knightley had ...").
+Chosen for quality by `benchmarks/bench_sentences.py` on the 12 shared books and on SQuAD's
+Wikipedia paragraphs, against sentencex and nupunkt (all three ship their model in the wheel;
+nothing is downloaded at run time):
+- sentencex is the fastest (~7x ours) but never splits inside quotation marks, so a dialogue
+  paragraph of five sentences stays one "sentence" (~7,600 missed breaks on the books).
+- nupunkt (Punkt, ~1.5-2x ours) ships a model trained on legal text whose abbreviation list holds
+  common words ("cheerful", "so", "sir", "day", "n"), so it misses breaks after them ("... to be
+  cheerful. His spirits ..."): 212 missed breaks on the books and 46 on Wikipedia against our 17
+  and 5, plus ~1,800 false breaks before a lower-case word.
+- blingfire misses the fewest breaks; its error kinds are regular and repaired here (the repairs
+  cost ~25% of its speed): a break right after a title abbreviation ("Mrs. | Weston was ..."), a
+  break before a lower-case word ('"Is it you?" | she asked.', '"Ah! | my dear ..."'), and no
+  break before a title that starts a sentence ("... for some time. Mr. Knightley had ...").
+  The lower-case rule also joins the rare sentence that really starts lower-case ("eBay ...").
 
 Repairs only join or cut the original spans, so a sentence is always an exact slice of its
 (whitespace collapsed) passage.
@@ -21,9 +24,10 @@ import re
 
 import blingfire
 
-# A break after these is a false break: they are written before a name.
+# A break after these is a false break: they are written before a name. ("Jr." is not here: it
+# ends a name, and often a sentence.)
 _TITLES = ("Mr.", "Mrs.", "Ms.", "Mme.", "Mlle.", "Dr.", "St.", "Mt.", "Messrs.", "Prof.", "Rev.",
-           "Hon.", "Gen.", "Col.", "Capt.", "Lt.", "Sgt.", "Gov.", "Sen.", "Rep.", "Jr.", "Sr.")
+           "Hon.", "Gen.", "Col.", "Capt.", "Lt.", "Sgt.", "Gov.", "Sen.", "Rep.")
 _OPENERS = "\"'\u2018\u201c([_"
 # blingfire does not break between "... for some time." and "Mr. Knightley had ...": a word ending
 # a sentence, then a title and a name. The break is at the space(s) between them.

@@ -7,8 +7,10 @@ absent) or plain text files (one sentence or paragraph per line; `.gz`/`.bz2` ar
 The word counting is a Beam combine over the whole corpus; only the trainer step, fed the exact
 counts, runs on one worker. Output (a folder `transformers.BertTokenizerFast` loads):
 `vocab.txt`, `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`,
-`word_counts.tsv` (word, count; by count then word), `dead_letter/dead_letter-00000-of-00001.jsonl` and
-`manifest.json`, written last. See `pipelines/vocab.py` for the layout and the determinism.
+`word_counts.tsv` (word TAB count, by count then word), the bad records in
+`dead_letter/dead_letter-00000-of-00001.jsonl`, and `manifest.json`, written last.
+See `pipelines/vocab.py` for the layout and the determinism. The trainer's worker holds every
+unique word in memory (BERT's 3.3B-word corpus: tens of millions, a few GB).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import apache_beam as beam
 import pyarrow.parquet as pq
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import books, extract_books
@@ -345,7 +345,7 @@ def test_duplicate_file_stems_are_refused(tmp_path):
 def test_extract_fn_composite(tmp_path):
     (tmp_path / "tale.txt").write_bytes(b"[Tale by Me 1900]\r\n\r\nCHAPTER I\r\n\r\nOnce upon\r\na time.\r\n")
     (tmp_path / "blank.txt").write_bytes(b"")
-    with TestPipeline() as p:
+    with test_pipeline.TestPipeline() as p:
         results = (p | beam.Create([str(tmp_path / "tale.txt"), str(tmp_path / "blank.txt")])
                    | beam.ParDo(extract_books.ExtractBookFn(books.BookConfig()))
                    .with_outputs("dead_letter", main="documents"))

