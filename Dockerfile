@@ -12,8 +12,10 @@
 # requirement would otherwise pull a second, different build. The version pins are pyproject's.
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
-ARG CUDA_DEVEL_IMAGE=nvidia/cuda:12.8.1-cudnn-devel-ubuntu22.04
-ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04
+# torch's CUDA wheels bring their own cuDNN, cuBLAS and NCCL (nvidia-* packages), so the CUDA
+# images need no cuDNN: `devel` has nvcc for DeepSpeed's ops, `base` the driver-facing runtime.
+ARG CUDA_DEVEL_IMAGE=nvidia/cuda:12.8.1-devel-ubuntu22.04
+ARG CUDA_RUNTIME_IMAGE=nvidia/cuda:12.8.1-base-ubuntu22.04
 ARG TORCH_VERSION=2.13.0
 ARG DEEPSPEED_VERSION=0.19.8
 
@@ -105,7 +107,6 @@ RUN apt-get update \
     && add-apt-repository -y ppa:deadsnakes/ppa \
     && apt-get update \
     && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3.11-dev \
-        libaio-dev \
     && rm -rf /var/lib/apt/lists/* \
     && python3.11 -m venv /opt/venv \
     && pip install --index-url "https://download.pytorch.org/whl/${TORCH_CUDA}" \
@@ -143,8 +144,7 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends software-properties-common gpg-agent \
     && add-apt-repository -y ppa:deadsnakes/ppa \
     && apt-get update \
-    && apt-get install -y --no-install-recommends python3.11 libaio1 \
-        pdsh openssh-client openssh-server \
+    && apt-get install -y --no-install-recommends python3.11 pdsh openssh-client openssh-server \
     && apt-get purge -y --auto-remove software-properties-common gpg-agent \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 --shell /bin/bash bert

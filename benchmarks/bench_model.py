@@ -22,9 +22,9 @@ import dataclasses
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -39,7 +39,7 @@ from pipelines.shard_format import Row
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
 SHARED_BOOKS = REPO.parent / "shared" / "data" / "books"
-console = Console()
+console = Console(width=150)
 
 
 @dataclass(frozen=True)

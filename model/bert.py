@@ -26,6 +26,7 @@ The field names of `BertConfig` are those of the reference `bert_config.json` (a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -89,12 +90,12 @@ class BertConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "BertConfig":
+    def from_dict(cls, values: dict[str, Any]) -> BertConfig:
         """Our fields from a dict; other keys (e.g. of a Hugging Face config.json) are ignored."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
 
-    def replace(self, **changes: Any) -> "BertConfig":
+    def replace(self, **changes: Any) -> BertConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -124,10 +125,10 @@ def bert_large(**changes: Any) -> BertConfig:
 PRESETS = {"bert_tiny": bert_tiny, "bert_mini": bert_mini, "bert_base": bert_base,
            "bert_large": bert_large}
 
-ACTIVATIONS = {
-    "gelu": lambda x: F.gelu(x),
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+ACTIVATIONS = {  # functions, not lambdas: a model must stay picklable
+    "gelu": F.gelu,
+    "gelu_new": functools.partial(F.gelu, approximate="tanh"),
+    "gelu_pytorch_tanh": functools.partial(F.gelu, approximate="tanh"),
 }
 
 
@@ -190,17 +191,21 @@ class BertSelfAttention(nn.Module):
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None, query_index: Tensor | None = None) -> Tensor:
+        """x (B, T, H) -> (B, T, H), or (B, P, H) for the queries at `query_index` (B, P) only."""
         B, T, H = x.shape
+        A, D = self.num_heads, H // self.num_heads
         q, k, v = (
             self.qkv(x)
-            .view(B, T, 3, self.num_heads, H // self.num_heads)  # (B, T, 3, A, D)
+            .view(B, T, 3, A, D)  # (B, T, 3, A, D)
             .permute(2, 0, 3, 1, 4)  # (3, B, A, T, D)
             .unbind(0)
         )
+        if query_index is not None:
+            q = q.gather(2, query_index[:, None, :, None].expand(-1, A, -1, D))  # (B, A, P, D)
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(B, T, H)  # (B, A, T, D) -> (B, T, H)
+        y = y.transpose(1, 2).reshape(B, -1, H)  # (B, A, P, D) -> (B, P, H)
         return self.out(y)
 
 
@@ -217,10 +222,18 @@ class BertLayer(nn.Module):
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        x = self.attention_norm(x + self.dropout(self.attention(x, mask)))
+    def forward(self, x: Tensor, mask: Tensor | None, query_index: Tensor | None = None) -> Tensor:
+        """x (B, T, H) -> (B, T, H), or (B, P, H) at `query_index` (B, P): every token is still
+        attended to, but only the P queries go through attention output and feed-forward."""
+        residual = x if query_index is None else gather_positions(x, query_index)
+        x = self.attention_norm(residual + self.dropout(self.attention(x, mask, query_index)))
         h = self.output(self.activation(self.intermediate(x)))
         return self.output_norm(x + self.dropout(h))
+
+
+def gather_positions(hidden: Tensor, positions: Tensor) -> Tensor:
+    """hidden (B, T, H) at positions (B, P) -> (B, P, H)."""
+    return hidden.gather(1, positions.long()[:, :, None].expand(-1, -1, hidden.shape[-1]))
 
 
 class BertPooler(nn.Module):
@@ -269,8 +282,14 @@ class BertModel(nn.Module):
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, sequence_ids: Tensor | None = None,
-                position_ids: Tensor | None = None) -> Tensor:
-        """Last hidden states (B, T, H); see the module docstring for the (B, T) inputs."""
+                position_ids: Tensor | None = None,
+                output_positions: Tensor | None = None) -> Tensor:
+        """Last hidden states (B, T, H); see the module docstring for the (B, T) inputs.
+
+        With `output_positions` (B, P) only the states at those positions (B, P, H) are
+        returned, and the last layer computes attention output and feed-forward for those P
+        tokens only (pre-training needs the masked positions and the [CLS]s: ~15% of tokens).
+        """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
         if input_ids.shape[1] > self.config.max_position_embeddings:
@@ -284,16 +303,20 @@ class BertModel(nn.Module):
                             .expand_as(input_ids))
         mask = attention_mask_4d(instance_ids(attention_mask, sequence_ids, input_ids))
         x = self.embeddings(input_ids, token_type_ids, position_ids)
-        for layer in self.layers:
+        for layer in self.layers[:-1]:
             x = layer(x, mask)
-        return x
+        if output_positions is None:
+            return self.layers[-1](x, mask)
+        if mask is not None:  # the rows of the queries kept: (B, 1, T, T) -> (B, 1, P, T)
+            rows = output_positions.long()[:, None, :, None].expand(-1, 1, -1, mask.shape[-1])
+            mask = mask.gather(2, rows)
+        return self.layers[-1](x, mask, output_positions.long())
 
     def pool(self, hidden: Tensor, cls_positions: Tensor | None = None) -> Tensor:
         """Pooled `[CLS]` states: (B, T, H) -> (B, H) at position 0, or (B, K, H) at `cls_positions` (B, K)."""
         if cls_positions is None:
             return self.pooler(hidden[:, 0])
-        index = cls_positions.clamp(min=0)[:, :, None].expand(-1, -1, hidden.shape[-1])
-        return self.pooler(hidden.gather(1, index))  # (B, K, H)
+        return self.pooler(gather_positions(hidden, cls_positions.clamp(min=0)))  # (B, K, H)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

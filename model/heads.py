@@ -17,7 +17,8 @@ M masked positions, K instances per row; every tensor int64 unless noted):
 `BertForPreTraining(**batch)` accepts exactly these keys (and optional `cls_positions` (B, K),
 else found from `sequence_ids`). The MLM head runs only at the (B, M) masked positions: gather
 first, then transform and project onto the vocabulary (the dense projection of every token is
-wasted work: 85% of it is never scored). Losses are means over the labelled masked tokens and
+wasted work: 85% of it is never scored). For the same reason the encoder's last layer computes
+attention output and feed-forward only for the masked positions and the `[CLS]`s. Losses are means over the labelled masked tokens and
 over the labelled instances, as in the reference `run_pretraining.py`.
 """
 from __future__ import annotations
@@ -136,9 +137,22 @@ class BertForPreTraining(nn.Module):
         Shapes as in the module docstring. Losses need `masked_lm_ids`; the NSP loss needs
         `next_sentence_label`.
         """
-        hidden = self.bert(input_ids, token_type_ids, attention_mask, sequence_ids, position_ids)
-        mlm_logits = self.mlm(gather_positions(hidden, masked_lm_positions))  # (B, M, V)
-        nsp_logits = self.nsp_logits(hidden, sequence_ids, next_sentence_label, cls_positions)
+        masked = masked_lm_positions.long()
+        per_instance = cls_positions is not None or (
+            next_sentence_label is not None and next_sentence_label.dim() == 2)
+        cls_positions = self.find_cls_positions(input_ids, sequence_ids, next_sentence_label,
+                                                cls_positions)
+        # Only the masked tokens and the [CLS]s leave the encoder (its last layer computes only
+        # them); everything else would be discarded: gather first, then project.
+        wanted = masked if cls_positions is None else torch.cat([masked, cls_positions], dim=1)
+        states = self.bert(input_ids, token_type_ids, attention_mask, sequence_ids, position_ids,
+                           output_positions=wanted)  # (B, M + K, H)
+        mlm_logits = self.mlm(states[:, :masked.shape[1]])  # (B, M, V)
+        nsp_logits = None
+        if self.nsp is not None:
+            nsp_logits = self.nsp(self.bert.pooler(states[:, masked.shape[1]:]))  # (B, K, 2)
+            if not per_instance:
+                nsp_logits = nsp_logits[:, 0]  # one instance per row: (B, 2)
         out = PreTrainingOutput(mlm_logits=mlm_logits, nsp_logits=nsp_logits)
         if masked_lm_ids is None:
             return out
@@ -151,27 +165,25 @@ class BertForPreTraining(nn.Module):
             out.loss = out.loss + out.nsp_loss
         return out
 
-    def nsp_logits(self, hidden: Tensor, sequence_ids: Tensor | None,
-                   next_sentence_label: Tensor | None, cls_positions: Tensor | None) -> Tensor | None:
-        """(B, 2) at position 0, or (B, K, 2) per instance of packed rows; None if MLM-only."""
+    def find_cls_positions(self, input_ids: Tensor, sequence_ids: Tensor | None,
+                           next_sentence_label: Tensor | None,
+                           cls_positions: Tensor | None) -> Tensor | None:
+        """Where each instance's [CLS] is: (B, 1) zeros for one instance per row, (B, K) for
+        per-instance labels (from `sequence_ids` unless given); None for the MLM-only model."""
         if self.nsp is None:
             return None
-        if cls_positions is None and next_sentence_label is not None and next_sentence_label.dim() == 2:
-            if sequence_ids is None:
-                raise ValueError("per-instance next_sentence_label (B, K) needs sequence_ids or "
-                                 "cls_positions to find each instance's [CLS]")
-            cls_positions = instance_cls_positions(sequence_ids, next_sentence_label.shape[1])
-        return self.nsp(self.bert.pool(hidden, cls_positions))
+        if cls_positions is not None:
+            return cls_positions.long().clamp(min=0)
+        if next_sentence_label is None or next_sentence_label.dim() == 1:
+            return torch.zeros(input_ids.shape[0], 1, dtype=torch.long, device=input_ids.device)
+        if sequence_ids is None:
+            raise ValueError("per-instance next_sentence_label (B, K) needs sequence_ids or "
+                             "cls_positions to find each instance's [CLS]")
+        return instance_cls_positions(sequence_ids, next_sentence_label.shape[1])
 
     def dense_mlm_logits(self, input_ids: Tensor, **inputs: Tensor) -> Tensor:
         """MLM scores at every token (B, T, V): the wasteful reference, for tests."""
         return self.mlm(self.bert(input_ids, **inputs))
-
-
-def gather_positions(hidden: Tensor, positions: Tensor) -> Tensor:
-    """hidden (B, T, H) at positions (B, M) -> (B, M, H)."""
-    index = positions.long()[:, :, None].expand(-1, -1, hidden.shape[-1])
-    return hidden.gather(1, index)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -192,7 +204,7 @@ class BertForSequenceClassification(nn.Module):
         init_bert_weights(self.classifier, config.initializer_range)
 
     @classmethod
-    def from_encoder(cls, bert: BertModel, num_labels: int) -> "BertForSequenceClassification":
+    def from_encoder(cls, bert: BertModel, num_labels: int) -> BertForSequenceClassification:
         """A classifier on a copy of a pre-trained encoder's weights (new head)."""
         model = cls(bert.config, num_labels)
         model.bert.load_state_dict(bert.state_dict())

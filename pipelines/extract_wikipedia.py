@@ -51,11 +51,9 @@ LOG = logging.getLogger(__name__)
 class WikipediaConfig:
     """How the dumps are cut into work and read."""
     split_bytes: int = 64 << 20
-    """--split_bytes: target size of one work item in input bytes (bz2: whole streams; 0 = one
-    item per bz2 stream)."""
+    """--split_bytes: input bytes per work item (bz2: whole streams; 0: one per bz2 stream)."""
     max_page_bytes: int = 16 << 20
-    """--max_page_bytes: a page whose XML is larger is set aside as a bad record (MediaWiki caps
-    an article at 2 MiB of wikitext; XML escaping can grow it several times)."""
+    """--max_page_bytes: larger pages are bad records (MediaWiki caps wikitext at 2 MiB)."""
     row_group_docs: int = 1000
     """--row_group_docs: documents per Parquet row group (bounds a worker's memory)."""
 
@@ -103,6 +101,16 @@ def page_document(page: Page, source_file: str, counter: Counter) -> Document | 
                     title=page.title, passages=tuple(passages))
 
 
+def read_page(page: Page, source_file: str, counter: Counter) -> Document | BadRecord | None:
+    """`page_document`, with a page the cleaner fails on set aside instead of failing the job."""
+    try:
+        return page_document(page, source_file, counter)
+    except Exception as error:  # noqa: BLE001 - any failure on one page is that page's fault
+        return BadRecord(source_file, f"page {page.page_id}",
+                         f"extraction failed: {type(error).__name__}: {error} "
+                         f"(title {page.title!r})")
+
+
 def shard_name(index: int, count: int) -> str:
     return f"documents-{index:05d}-of-{count:05d}.parquet"
 
@@ -119,12 +127,38 @@ class SplitResult:
     bad_records: tuple[BadRecord, ...] = ()
 
 
+class _ShardWriter:
+    """Streams documents into one Parquet file, `row_group_docs` rows at a time."""
+
+    def __init__(self, file, row_group_docs: int):
+        import pyarrow.parquet as pq
+
+        self._writer = pq.ParquetWriter(file, DOCUMENT_SCHEMA, compression="zstd")
+        self._row_group_docs = row_group_docs
+        self._batch: list[dict] = []
+        self.num_documents = 0
+
+    def write(self, document: Document) -> None:
+        self._batch.append(document.to_record())
+        self.num_documents += 1
+        if len(self._batch) >= self._row_group_docs:
+            self._flush()
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+    def _flush(self) -> None:
+        import pyarrow as pa
+
+        if self._batch:
+            self._writer.write_table(pa.Table.from_pylist(self._batch, schema=DOCUMENT_SCHEMA))
+            self._batch = []
+
+
 def extract_split(index: int, split: DumpSplit, num_splits: int, output_dir: str,
                   config: WikipediaConfig) -> SplitResult:
     """Read one split and write its documents file (atomically); returns what it did."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     counts: collections.Counter[str] = collections.Counter()
     bad: list[BadRecord] = []
 
@@ -133,30 +167,23 @@ def extract_split(index: int, split: DumpSplit, num_splits: int, output_dir: str
 
     name = shard_name(index, num_splits)
     path = storage.join(output_dir, name)
-    started, batch, num_documents = time.monotonic(), [], 0
+    started = time.monotonic()
     with storage.atomic_open(path, "wb") as f:
-        writer = pq.ParquetWriter(f, DOCUMENT_SCHEMA, compression="zstd")
-        for item in iter_pages(split, config.max_page_bytes):
+        writer = _ShardWriter(f, config.row_group_docs)
+        for page in iter_pages(split, config.max_page_bytes):
+            item = read_page(page, split.path, counter) if isinstance(page, Page) else page
             if isinstance(item, BadRecord):
                 LOG.warning("bad record in %s, %s: %s", item.file, item.record, item.reason)
                 bad.append(item)
                 counter("bad_records", 1)
-                continue
-            document = page_document(item, split.path, counter)
-            if document is not None:
-                batch.append(document.to_record())
-                num_documents += 1
-            if len(batch) >= config.row_group_docs:
-                writer.write_table(pa.Table.from_pylist(batch, schema=DOCUMENT_SCHEMA))
-                batch = []
-            if counts["pages_read"] % 10000 == 0 and counts["pages_read"]:
+            elif item is not None:
+                writer.write(item)
+            if isinstance(page, Page) and counts["pages_read"] % 10000 == 0:
                 _log_progress(index, num_splits, counts, started)
-        if batch:
-            writer.write_table(pa.Table.from_pylist(batch, schema=DOCUMENT_SCHEMA))
         writer.close()
     _log_progress(index, num_splits, counts, started)
     return SplitResult(index=index, output=name, sha256=storage.sha256_file(path),
-                       size_bytes=file_size(path), num_documents=num_documents,
+                       size_bytes=file_size(path), num_documents=writer.num_documents,
                        counts=dict(counts), bad_records=tuple(bad))
 
 
@@ -245,9 +272,16 @@ def _config_from_args(args: argparse.Namespace) -> WikipediaConfig:
                               for f in dataclasses.fields(WikipediaConfig)})
 
 
-def _indexed_splits(files: list[str], config: WikipediaConfig) -> Iterator[tuple[int, DumpSplit]]:
-    splits = [s for path in files for s in plan_splits(path, config.split_bytes)]
-    return enumerate(splits)
+def _indexed_splits(inputs: list[tuple[str, int]],
+                    config: WikipediaConfig) -> list[tuple[int, DumpSplit]]:
+    from tqdm import tqdm
+
+    # Finding the streams of a bz2 file without an index reads it once: show progress.
+    with tqdm(total=sum(size for _, size in inputs), unit="B", unit_scale=True,
+              desc="planning splits") as bar:
+        splits = [s for path, _ in inputs for s in plan_splits(path, config.split_bytes,
+                                                                 on_bytes=bar.update)]
+    return list(enumerate(splits))
 
 
 def run(argv: Sequence[str] | None = None) -> dict:
@@ -266,7 +300,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     if storage.exists(manifest_path):  # the output is incomplete until this run rewrites it
         FileSystems.delete([manifest_path])
 
-    splits = list(_indexed_splits(files, config))
+    splits = _indexed_splits(inputs, config)
     LOG.info("%d input files -> %d splits", len(files), len(splits))
     output_dir, num_splits = args.output, len(splits)
 

@@ -33,15 +33,21 @@ import re
 import sys
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
 
+import apache_beam as beam
 import numpy as np
 
 from pipelines import jobs, packing, shards, storage
 from pipelines.instances import (
-    InstanceConfig, InstancePlan, Vocab, create_instances_reference, fill_random_next,
-    finalize_instances, plan_document,
+    InstanceConfig,
+    InstancePlan,
+    Vocab,
+    create_instances_reference,
+    fill_random_next,
+    finalize_instances,
+    plan_document,
 )
 
 logger = logging.getLogger("make_shards")
@@ -112,32 +118,46 @@ def build_parser() -> argparse.ArgumentParser:
     parser = jobs.job_parser(__doc__.split("\n")[0])
     parser.add_argument("--vocab", required=True, help="vocabulary folder or vocab.txt")
     defaults = InstanceConfig()
-    parser.add_argument("--max_seq_length", type=int, default=defaults.max_seq_length)
+    parser.add_argument("--max_seq_length", type=int, default=defaults.max_seq_length,
+                        help="tokens per instance with [CLS] and [SEP]s (128; 512 for phase 2)")
     parser.add_argument("--max_predictions_per_seq", type=int,
-                        default=defaults.max_predictions_per_seq)
-    parser.add_argument("--masked_lm_prob", type=float, default=defaults.masked_lm_prob)
-    parser.add_argument("--short_seq_prob", type=float, default=defaults.short_seq_prob)
-    parser.add_argument("--dupe_factor", type=int, default=defaults.dupe_factor)
+                        default=defaults.max_predictions_per_seq,
+                        help="cap on masked positions per instance (20; 76 or 80 at 512)")
+    parser.add_argument("--masked_lm_prob", type=float, default=defaults.masked_lm_prob,
+                        help="share of tokens to mask")
+    parser.add_argument("--short_seq_prob", type=float, default=defaults.short_seq_prob,
+                        help="probability of a shorter random target length per document pass")
+    parser.add_argument("--dupe_factor", type=int, default=defaults.dupe_factor,
+                        help="passes over the corpus, each with different splits and masks")
     parser.add_argument("--random_seed", type=int, default=defaults.random_seed)
     parser.add_argument("--do_whole_word_mask", type=_bool, nargs="?", const=True,
-                        default=defaults.do_whole_word_mask)
+                        default=defaults.do_whole_word_mask,
+                        help="mask all pieces of a word together")
     parser.add_argument("--do_lower_case", type=_bool, nargs="?", const=True, default=True,
                         help="lower-case input (default true; --do_lower_case=false for cased "
                              "vocabularies)")
     parser.add_argument("--no_next_sentence", action="store_true",
                         help="MLM-only: one segment per instance, no next-sentence pairs")
     job = ShardJobConfig()
-    parser.add_argument("--mode", choices=["scalable", "reference"], default=job.mode)
+    parser.add_argument("--mode", choices=["scalable", "reference"], default=job.mode,
+                        help="scalable: Beam, same output on any number of workers; reference: "
+                             "one process, exactly BERT's reference generator's instances")
     parser.add_argument("--pack", action="store_true", help="pack short instances into rows")
-    parser.add_argument("--target_shard_mb", type=float, default=job.target_shard_mb)
+    parser.add_argument("--target_shard_mb", type=float, default=job.target_shard_mb,
+                        help="approximate shard size in MiB")
     parser.add_argument("--num_shards", type=int, default=job.num_shards,
                         help="shards per split (0 = from --target_shard_mb)")
-    parser.add_argument("--rows_per_block", type=int, default=job.rows_per_block)
-    parser.add_argument("--format", choices=["shards", "jsonl"], default=job.format)
-    parser.add_argument("--validation_fraction", type=float, default=job.validation_fraction)
-    parser.add_argument("--join_buckets", type=int, default=job.join_buckets)
+    parser.add_argument("--rows_per_block", type=int, default=job.rows_per_block,
+                        help="rows per .rows.npz tar member")
+    parser.add_argument("--format", choices=["shards", "jsonl"], default=job.format,
+                        help="jsonl: one instance per line with token strings, for inspection")
+    parser.add_argument("--validation_fraction", type=float, default=job.validation_fraction,
+                        help="share of documents (by doc_id hash) held out as validation shards")
+    parser.add_argument("--join_buckets", type=int, default=job.join_buckets,
+                        help="key ranges of the random-next join (raise for huge corpora)")
     parser.add_argument("--instances_per_pack_bucket", type=int,
-                        default=job.instances_per_pack_bucket)
+                        default=job.instances_per_pack_bucket,
+                        help="instances sorted and packed together in one group")
     return parser
 
 
@@ -168,7 +188,8 @@ class TokenizedDoc:
     split: str
     file_index: int
     local_index: int
-    """Position among the file's non-empty documents: with the file's offset, the dense index."""
+    """Position among the file's non-empty documents of its split: plus the file's offset in
+    the split, the dense document index."""
     tokens: np.ndarray
     """(T,) int32."""
     segment_lengths: np.ndarray
@@ -241,82 +262,82 @@ def is_parquet(path: str) -> bool:
 # ----------------------------------------------------------------------------------------------
 
 def _windowed(value):
-    from apache_beam.transforms.window import GlobalWindows
-    return GlobalWindows.windowed_value(value)
+    """A value emitted from finish_bundle needs its window spelled out."""
+    return beam.transforms.window.GlobalWindows.windowed_value(value)
 
 
-class ReadDocuments:
-    """DoFn factory (Beam is imported lazily): (file index, path) -> TokenizedDoc | dead letters."""
+class ReadDocumentsFn(beam.DoFn):
+    """(file index, path) -> TokenizedDoc per non-empty document; bad records -> DEAD."""
 
-    @staticmethod
-    def make(vocab_path: str, do_lower_case: bool, validation_fraction: float,
-             batch_documents: int = 512):
-        import apache_beam as beam
+    def __init__(self, vocab_path: str, do_lower_case: bool, validation_fraction: float,
+                 batch_documents: int = 512):
+        self.vocab_path, self.do_lower_case = vocab_path, do_lower_case
+        self.validation_fraction, self.batch_documents = validation_fraction, batch_documents
+        self.documents = beam.metrics.Metrics.counter("make_shards", "documents")
+        self.empty = beam.metrics.Metrics.counter("make_shards", "empty_documents")
+        self.bad = beam.metrics.Metrics.counter("make_shards", "bad_records")
+        self.tokens = beam.metrics.Metrics.counter("make_shards", "tokens")
+        self.per_split = {split: beam.metrics.Metrics.counter("make_shards", f"documents_{split}")
+                          for split in shards.SPLITS}
 
-        class _Read(beam.DoFn):
-            def __init__(self):
-                self.documents = beam.metrics.Metrics.counter("make_shards", "documents")
-                self.empty = beam.metrics.Metrics.counter("make_shards", "empty_documents")
-                self.bad = beam.metrics.Metrics.counter("make_shards", "bad_records")
-                self.tokens = beam.metrics.Metrics.counter("make_shards", "tokens")
+    def setup(self):
+        from pipelines.tokenization import load_tokenizer
+        self.tokenizer = load_tokenizer(self.vocab_path, self.do_lower_case)
 
-            def setup(self):
-                from pipelines.tokenization import load_tokenizer
-                self.tokenizer = load_tokenizer(vocab_path, do_lower_case)
+    def process(self, item):
+        file_index, path = item
+        try:
+            batches = self._parquet(path) if is_parquet(path) else self._text(path)
+            local: dict[str, int] = defaultdict(int)  # documents so far, per split
+            for doc_ids, sentences in batches:
+                for doc_id, (tokens, lengths) in zip(
+                        doc_ids, tokenize_documents(self.tokenizer, sentences)):
+                    if isinstance(doc_id, jobs.BadRecord):
+                        self.bad.inc()
+                        yield beam.pvalue.TaggedOutput(DEAD, doc_id.to_json())
+                        continue
+                    if len(lengths) == 0:
+                        self.empty.inc()
+                        continue
+                    split = split_of(doc_id, self.validation_fraction)
+                    self.documents.inc()
+                    self.per_split[split].inc()
+                    self.tokens.inc(len(tokens))
+                    yield TokenizedDoc(doc_id, split, file_index, local[split], tokens, lengths)
+                    local[split] += 1
+            logger.info("read %s: %d documents", path, sum(local.values()))
+        except Exception as e:  # noqa: BLE001 - any unreadable file is a dead letter, not a crash
+            self.bad.inc()
+            logger.error("cannot read %s: %s", path, e)
+            yield beam.pvalue.TaggedOutput(DEAD, jobs.BadRecord(
+                path, "file", f"{type(e).__name__}: {e}").to_json())
 
-            def process(self, item):
-                file_index, path = item
-                try:
-                    batches = (self._parquet(path) if is_parquet(path) else self._text(path))
-                    local = 0
-                    for doc_ids, sentences in batches:
-                        for doc_id, (tokens, lengths) in zip(
-                                doc_ids, tokenize_documents(self.tokenizer, sentences)):
-                            if isinstance(doc_id, jobs.BadRecord):
-                                self.bad.inc()
-                                yield beam.pvalue.TaggedOutput(DEAD, doc_id.to_json())
-                                continue
-                            if len(lengths) == 0:
-                                self.empty.inc()
-                                continue
-                            self.documents.inc()
-                            self.tokens.inc(len(tokens))
-                            yield TokenizedDoc(doc_id, split_of(doc_id, validation_fraction),
-                                               file_index, local, tokens, lengths)
-                            local += 1
-                    logger.info("read %s: %d documents", path, local)
-                except Exception as e:  # an unreadable file is a dead letter, not a crash
-                    self.bad.inc()
-                    logger.error("cannot read %s: %s", path, e)
-                    yield beam.pvalue.TaggedOutput(DEAD, jobs.BadRecord(
-                        path, "file", f"{type(e).__name__}: {e}").to_json())
+    def _text(self, path: str):
+        """(doc ids, sentences) batches of a reference-format text file; bad lines first."""
+        with storage.open_read(path, "rb") as f:
+            docs, bad = parse_reference_text(f.read(), path)
+        if bad:
+            yield bad, [[] for _ in bad]
+        name = os.path.basename(path)
+        for start in range(0, len(docs), self.batch_documents):
+            chunk = docs[start:start + self.batch_documents]
+            yield [f"{name}:{start + i}" for i in range(len(chunk))], chunk
 
-            def _text(self, path):
-                with storage.open_read(path, "rb") as f:
-                    docs, bad = parse_reference_text(f.read(), path)
-                if bad:
-                    yield bad, [[] for _ in bad]
-                name = os.path.basename(path)
-                for start in range(0, len(docs), batch_documents):
-                    chunk = docs[start:start + batch_documents]
-                    yield [f"{name}:{start + i}" for i in range(len(chunk))], chunk
+    def _parquet(self, path: str):
+        """(doc ids, sentences) batches of a corpus Parquet file; a null row is a BadRecord."""
+        import pyarrow.parquet as pq
 
-            def _parquet(self, path):
-                import pyarrow.parquet as pq
-                with storage.open_read(path, "rb") as f:
-                    table = pq.ParquetFile(f)
-                    row = 0
-                    for batch in table.iter_batches(batch_size=batch_documents,
-                                                    columns=["doc_id", "sentences"]):
-                        ids = batch.column(0).to_pylist()
-                        sentences = batch.column(1).to_pylist()
-                        keys = [doc_id if doc_id is not None and s is not None else
-                                jobs.BadRecord(path, f"row {row + i}", "null doc_id or sentences")
-                                for i, (doc_id, s) in enumerate(zip(ids, sentences))]
-                        yield keys, [s or [] for s in sentences]
-                        row += len(ids)
-
-        return _Read()
+        with storage.open_read(path, "rb") as f:
+            row = 0
+            for batch in pq.ParquetFile(f).iter_batches(batch_size=self.batch_documents,
+                                                        columns=["doc_id", "sentences"]):
+                ids = batch.column(0).to_pylist()
+                sentences = batch.column(1).to_pylist()
+                keys = [doc_id if doc_id is not None and s is not None else
+                        jobs.BadRecord(path, f"row {row + i}", "null doc_id or sentences")
+                        for i, (doc_id, s) in enumerate(zip(ids, sentences))]
+                yield keys, [s or [] for s in sentences]
+                row += len(ids)
 
 
 @dataclass(frozen=True, eq=False)
@@ -332,7 +353,7 @@ class PlanBatch:
     tokens_a: np.ndarray
 
     @classmethod
-    def from_plans(cls, plans: list[InstancePlan]) -> "PlanBatch":
+    def from_plans(cls, plans: list[InstancePlan]) -> PlanBatch:
         def col(name, dtype):
             return np.array([getattr(p, name) for p in plans], dtype)
         return cls(col("doc_index", np.int64), col("pass_index", np.int32),
@@ -378,79 +399,73 @@ class _Indexes:
             self.num_tokens[split] += n_tokens
 
 
-def _make_plan_fn(cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
-                  flush_plans: int = 16_384):
-    import apache_beam as beam
+class PlanDocumentsFn(beam.DoFn):
+    """Document -> its plans for every pass; actual-next instances are finalized here.
 
-    class _Plan(beam.DoFn):
-        """Indexed document -> its plans for every pass; finalizes actual-next instances here.
+    Outputs: "docs" (the document, keyed for the random-next join), "requests" (random-next
+    plans keyed by the join bucket of the document they draw from) and "instances". Plans
+    are buffered over the bundle and leave as a few columnar batches per key, so the shuffles
+    move a handful of large elements instead of one per instance.
+    """
 
-        Plans are buffered over the bundle and leave in a few columnar batches per key, so
-        the shuffles move a handful of large elements instead of one per instance.
-        """
+    def __init__(self, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
+                 flush_plans: int = 16_384):
+        self.cfg, self.job, self.vocab_path, self.flush_plans = cfg, job, vocab_path, flush_plans
+        self.instances = beam.metrics.Metrics.counter("make_shards", "instances")
+        self.requests = beam.metrics.Metrics.counter("make_shards", "random_next_requests")
 
-        def __init__(self):
-            self.instances = beam.metrics.Metrics.counter("make_shards", "instances")
-            self.requests = beam.metrics.Metrics.counter("make_shards", "random_next_requests")
+    def setup(self):
+        from pipelines.tokenization import read_vocab
+        self.vocab = Vocab.from_tokens(read_vocab(self.vocab_path))
+        self._cache = (None, None)
 
-        def setup(self):
-            from pipelines.tokenization import read_vocab
-            self.vocab = Vocab.from_tokens(read_vocab(vocab_path))
-            self._cache = (None, None)
+    def start_bundle(self):
+        self.pending: dict[str, list[InstancePlan]] = defaultdict(list)
+        self.requests_out: dict[tuple[str, int], list[InstancePlan]] = defaultdict(list)
+        self.buffered = 0
 
-        def start_bundle(self):
-            self.pending: dict[str, list[InstancePlan]] = defaultdict(list)
-            self.requests_out: dict[tuple[str, int], list[InstancePlan]] = defaultdict(list)
-            self.buffered = 0
-            self.docs_seen = 0
+    def _indexes(self, counts) -> _Indexes:
+        if self._cache[0] is not counts:
+            self._cache = (counts, _Indexes(counts))
+        return self._cache[1]
 
-        def _indexes(self, counts) -> _Indexes:
-            if self._cache[0] is not counts:
-                self._cache = (counts, _Indexes(counts))
-            return self._cache[1]
+    def process(self, doc: TokenizedDoc, counts):
+        cfg, job = self.cfg, self.job
+        idx = self._indexes(counts)
+        doc_index = idx.offsets[(doc.split, doc.file_index)] + doc.local_index
+        num_docs = idx.num_docs[doc.split]
+        segments = doc.segments()
+        if cfg.next_sentence:
+            yield beam.pvalue.TaggedOutput(
+                "docs", ((doc.split, doc_index % job.join_buckets), (doc_index, doc)))
+        for pass_index in range(cfg.dupe_factor):
+            for plan in plan_document(segments, doc_index, num_docs, pass_index, cfg):
+                if plan.random_doc_index is not None:
+                    key = (doc.split, plan.random_doc_index % job.join_buckets)
+                    self.requests_out[key].append(plan)
+                else:
+                    self.pending[doc.split].append(plan)
+                self.buffered += 1
+        if self.buffered >= self.flush_plans:
+            yield from self._flush(lambda v: v, idx)
 
-        def process(self, doc: TokenizedDoc, counts):
-            idx = self._indexes(counts)
-            doc_index = idx.offsets[(doc.split, doc.file_index)] + doc.local_index
-            num_docs = idx.num_docs[doc.split]
-            segments = doc.segments()
-            if cfg.next_sentence:
-                yield beam.pvalue.TaggedOutput(
-                    "docs", ((doc.split, doc_index % job.join_buckets), (doc_index, doc)))
-            for pass_index in range(cfg.dupe_factor):
-                for plan in plan_document(segments, doc_index, num_docs, pass_index, cfg):
-                    if plan.random_doc_index is not None:
-                        key = (doc.split, plan.random_doc_index % job.join_buckets)
-                        self.requests_out[key].append(plan)
-                    else:
-                        self.pending[doc.split].append(plan)
-                    self.buffered += 1
-            self.docs_seen += 1
-            if self.docs_seen % 1000 == 0:
-                logger.info("planned %d documents in this bundle", self.docs_seen)
-            if self.buffered >= flush_plans:
-                yield from self._flush(lambda v: v, idx)
+    def finish_bundle(self):
+        yield from self._flush(_windowed, self._cache[1])
 
-        def _flush(self, wrap, idx: _Indexes | None):
-            for split, plans in self.pending.items():
-                if not plans:
-                    continue
-                instances = finalize_instances(plans, self.vocab, cfg)
-                self.instances.inc(len(instances))
-                buckets = pack_bucket_count(idx.num_tokens[split], cfg, job)
-                for key, part in bucket_instances(split, instances, plans, buckets, cfg):
-                    yield beam.pvalue.TaggedOutput("instances", wrap((key, part)))
-            for key, plans in self.requests_out.items():
-                self.requests.inc(len(plans))
-                yield beam.pvalue.TaggedOutput("requests", wrap((key, PlanBatch.from_plans(plans))))
-            self.pending.clear()
-            self.requests_out.clear()
-            self.buffered = 0
-
-        def finish_bundle(self):
-            yield from self._flush(_windowed, self._cache[1])
-
-    return _Plan()
+    def _flush(self, wrap, idx: _Indexes | None):
+        for split, plans in self.pending.items():
+            instances = finalize_instances(plans, self.vocab, self.cfg)
+            self.instances.inc(len(instances))
+            buckets = pack_bucket_count(idx.num_tokens[split], self.cfg, self.job)
+            for key, part in bucket_instances(split, instances, plans, buckets, self.cfg):
+                yield beam.pvalue.TaggedOutput("instances", wrap((key, part)))
+        for key, plans in self.requests_out.items():
+            self.requests.inc(len(plans))
+            yield beam.pvalue.TaggedOutput("requests", wrap((key, PlanBatch.from_plans(plans))))
+        logger.info("planned %d instances", self.buffered)
+        self.pending.clear()
+        self.requests_out.clear()
+        self.buffered = 0
 
 
 def bucket_instances(split: str, instances: list, plans: list[InstancePlan], buckets: int,
@@ -466,41 +481,37 @@ def bucket_instances(split: str, instances: list, plans: list[InstancePlan], buc
         yield (split, b), batch.take(np.flatnonzero(bucket == b))
 
 
-def _make_join_fn(cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
-                  chunk: int = 16_384):
-    import apache_beam as beam
+class FillRandomNextFn(beam.DoFn):
+    """A join bucket (its documents, the random-next plans drawing from them) -> instances."""
 
-    class _Join(beam.DoFn):
-        """One join bucket: its documents and the random-next plans that draw from them."""
+    def __init__(self, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
+                 chunk: int = 16_384):
+        self.cfg, self.job, self.vocab_path, self.chunk = cfg, job, vocab_path, chunk
+        self.instances = beam.metrics.Metrics.counter("make_shards", "instances")
 
-        def __init__(self):
-            self.instances = beam.metrics.Metrics.counter("make_shards", "instances")
+    def setup(self):
+        from pipelines.tokenization import read_vocab
+        self.vocab = Vocab.from_tokens(read_vocab(self.vocab_path))
 
-        def setup(self):
-            from pipelines.tokenization import read_vocab
-            self.vocab = Vocab.from_tokens(read_vocab(vocab_path))
-
-        def process(self, element, counts):
-            (split, _), grouped = element
-            docs = {i: d for i, d in grouped["docs"]}
-            buckets = pack_bucket_count(_Indexes(counts).num_tokens[split], cfg, job)
-            segments: dict[int, list] = {}
-            plans: list[InstancePlan] = []
-            filled: list[InstancePlan] = []
-            for batch in grouped["requests"]:
-                for plan in batch.plans():
-                    r = plan.random_doc_index
-                    if r not in segments:
-                        segments[r] = docs[r].segments()
-                    filled.append(fill_random_next(plan, segments[r], cfg))
-                    plans.append(plan)
-            for start in range(0, len(plans), chunk):
-                instances = finalize_instances(filled[start:start + chunk], self.vocab, cfg)
-                self.instances.inc(len(instances))
-                yield from bucket_instances(split, instances, plans[start:start + chunk],
-                                            buckets, cfg)
-
-    return _Join()
+    def process(self, element, counts):
+        (split, _), grouped = element
+        docs = {i: d for i, d in grouped["docs"]}
+        buckets = pack_bucket_count(_Indexes(counts).num_tokens[split], self.cfg, self.job)
+        segments: dict[int, list] = {}
+        plans: list[InstancePlan] = []
+        filled: list[InstancePlan] = []
+        for batch in grouped["requests"]:
+            for plan in batch.plans():
+                r = plan.random_doc_index
+                if r not in segments:
+                    segments[r] = docs[r].segments()
+                filled.append(fill_random_next(plan, segments[r], self.cfg))
+                plans.append(plan)
+        for start in range(0, len(plans), self.chunk):
+            instances = finalize_instances(filled[start:start + self.chunk], self.vocab, self.cfg)
+            self.instances.inc(len(instances))
+            yield from bucket_instances(split, instances, plans[start:start + self.chunk],
+                                        buckets, self.cfg)
 
 
 @dataclass(frozen=True, eq=False)
@@ -528,7 +539,7 @@ class RowGroup:
             num_nsp=int((labels >= 0).sum()),
             length_histogram=np.bincount(bins, minlength=shards.HISTOGRAM_BINS).tolist())
 
-    def take_rows(self, rows: np.ndarray) -> "RowGroup":
+    def take_rows(self, rows: np.ndarray) -> RowGroup:
         first = np.concatenate([[0], np.cumsum(self.row_sizes)])[:-1]
         order = packing._ranges(first[rows], self.row_sizes[rows])
         pos = None if self.positions is None else self.positions[rows]
@@ -578,74 +589,100 @@ def write_group(output: str, split: str, index: int, group: RowGroup, cfg: Insta
     return shards.write_tar(output, split, index, blocks, stats)
 
 
-def _make_write_fn(output: str, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str):
-    import apache_beam as beam
+class WriteShardFn(beam.DoFn):
+    """(split, shard index) and its row parts -> the written shard's ShardInfo (JSON)."""
 
-    class _Write(beam.DoFn):
-        def __init__(self):
-            self.written = beam.metrics.Metrics.counter("make_shards", "shards")
-            self.rows = beam.metrics.Metrics.counter("make_shards", "rows")
+    def __init__(self, output: str, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str):
+        self.output, self.cfg, self.job, self.vocab_path = output, cfg, job, vocab_path
+        self.written = beam.metrics.Metrics.counter("make_shards", "shards")
+        self.rows = beam.metrics.Metrics.counter("make_shards", "rows")
 
-        def setup(self):
-            from pipelines.tokenization import read_vocab
-            self.vocab_tokens = read_vocab(vocab_path)
+    def setup(self):
+        from pipelines.tokenization import read_vocab
+        self.vocab_tokens = read_vocab(self.vocab_path)
 
-        def process(self, element):
-            (split, index), parts = element
-            parts = list(parts)
-            positions = np.concatenate([p.positions for p in parts])
-            whole = RowGroup(packing.InstanceBatch.concat([p.batch for p in parts]),
-                             np.concatenate([p.row_sizes for p in parts]), positions)
-            group = whole.take_rows(np.argsort(positions, kind="stable"))
-            info = write_group(output, split, index, group, cfg, job, self.vocab_tokens)
-            self.written.inc()
-            self.rows.inc(info.stats.num_rows)
-            logger.info("wrote %s: %d rows, %d bytes", info.file, info.stats.num_rows, info.bytes)
-            yield info.to_json()
+    def process(self, element):
+        (split, index), parts = element
+        parts = list(parts)
+        whole = RowGroup(packing.InstanceBatch.concat([p.batch for p in parts]),
+                         np.concatenate([p.row_sizes for p in parts]),
+                         np.concatenate([p.positions for p in parts]))
+        group = whole.take_rows(np.argsort(whole.positions, kind="stable"))
+        info = write_group(self.output, split, index, group, self.cfg, self.job,
+                           self.vocab_tokens)
+        self.written.inc()
+        self.rows.inc(info.stats.num_rows)
+        logger.info("wrote %s: %d rows, %d bytes", info.file, info.stats.num_rows, info.bytes)
+        yield info.to_json()
 
-    return _Write()
+
+class CreateInstances(beam.PTransform):
+    """Tokenized documents -> ((split, pack bucket), InstanceBatch), random next from all docs."""
+
+    def __init__(self, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str):
+        super().__init__()
+        self.cfg, self.job, self.vocab_path = cfg, job, vocab_path
+
+    def expand(self, docs):
+        counts = (docs
+                  | "CountKey" >> beam.Map(lambda d: ((d.split, d.file_index), (1, len(d.tokens))))
+                  | "CountPerFile" >> beam.CombinePerKey(_sum_pairs))
+        counts_side = beam.pvalue.AsDict(counts)
+        planned = docs | "Plan" >> beam.ParDo(
+            PlanDocumentsFn(self.cfg, self.job, self.vocab_path), counts_side).with_outputs(
+                "docs", "requests", "instances")
+        if not self.cfg.next_sentence:
+            return planned.instances
+        joined = ({"docs": planned.docs, "requests": planned.requests}
+                  | "JoinRandomNext" >> beam.CoGroupByKey()
+                  | "FillRandomNext" >> beam.ParDo(
+                      FillRandomNextFn(self.cfg, self.job, self.vocab_path), counts_side))
+        return (planned.instances, joined) | "AllInstances" >> beam.Flatten()
+
+
+def _sum_pairs(values) -> tuple[int, int]:
+    return tuple(sum(v) for v in zip(*values)) if values else (0, 0)
+
+
+class WriteShards(beam.PTransform):
+    """((split, pack bucket), InstanceBatch) -> balanced shards on disk -> ShardInfo JSON."""
+
+    def __init__(self, output: str, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
+                 vocab_size: int):
+        super().__init__()
+        self.output, self.cfg, self.job = output, cfg, job
+        self.vocab_path, self.vocab_size = vocab_path, vocab_size
+
+    def expand(self, instances):
+        cfg, job, vocab_size = self.cfg, self.job, self.vocab_size
+        rows = (instances
+                | "GroupByKeyRange" >> beam.GroupByKey()
+                | "PackRows" >> beam.MapTuple(lambda key, parts: (key, pack_rows(
+                    packing.InstanceBatch.concat(list(parts)), cfg, job.pack))))
+        bucket_stats = beam.pvalue.AsDict(
+            rows | "RowStats" >> beam.MapTuple(lambda key, group: (key, group.stats())))
+        return (rows
+                | "AssignShards" >> beam.FlatMap(
+                    lambda kv, stats: assign_to_shards(kv[0][0], kv[0][1], kv[1], stats, cfg,
+                                                       job, vocab_size), bucket_stats)
+                | "GroupByShard" >> beam.GroupByKey()
+                | "Write" >> beam.ParDo(WriteShardFn(self.output, cfg, job, self.vocab_path)))
 
 
 def build_scalable_pipeline(p, files: list[str], output: str, vocab_path: str,
                             cfg: InstanceConfig, job: ShardJobConfig, vocab_size: int):
     """Wire the scalable job into pipeline `p`; returns the PCollection of shard infos (JSON)."""
-    import apache_beam as beam
-
-    read = (p | "Files" >> beam.Create(list(enumerate(files)))
-            | "ReadDocuments" >> beam.ParDo(ReadDocuments.make(
+    read = (p
+            | "Files" >> beam.Create(list(enumerate(files)))
+            | "ReadDocuments" >> beam.ParDo(ReadDocumentsFn(
                 vocab_path, job.do_lower_case, job.validation_fraction)).with_outputs(
                     DEAD, main="docs"))
     _ = (read[DEAD] | "DeadLetters" >> beam.io.WriteToText(
         storage.join(output, jobs.DEAD_LETTER_DIR, "make_shards"), file_name_suffix=".jsonl",
         num_shards=1, shard_name_template=""))
-    counts = (read.docs
-              | "CountKey" >> beam.Map(lambda d: ((d.split, d.file_index), (1, len(d.tokens))))
-              | "CountPerFile" >> beam.CombinePerKey(
-                  lambda vs: tuple(sum(x) for x in zip(*vs)) if vs else (0, 0)))
-    counts_side = beam.pvalue.AsDict(counts)
-    planned = (read.docs | "Plan" >> beam.ParDo(
-        _make_plan_fn(cfg, job, vocab_path), counts_side).with_outputs(
-            "docs", "requests", "instances"))
-    instances = [planned.instances]
-    if cfg.next_sentence:
-        joined = ({"docs": planned.docs, "requests": planned.requests}
-                  | "JoinRandomNext" >> beam.CoGroupByKey()
-                  | "FillRandomNext" >> beam.ParDo(_make_join_fn(cfg, job, vocab_path),
-                                                   counts_side))
-        instances.append(joined)
-    grouped = (instances | "AllInstances" >> beam.Flatten()
-               | "GroupByKeyRange" >> beam.GroupByKey()
-               | "PackRows" >> beam.MapTuple(
-                   lambda key, parts: (key, pack_rows(packing.InstanceBatch.concat(list(parts)),
-                                                      cfg, job.pack))))
-    bucket_stats = beam.pvalue.AsDict(grouped | "RowStats" >> beam.MapTuple(
-        lambda key, group: (key, group.stats())))
-    return (grouped
-            | "AssignShards" >> beam.FlatMap(
-                lambda kv, stats: assign_to_shards(kv[0][0], kv[0][1], kv[1], stats, cfg, job,
-                                                   vocab_size), bucket_stats)
-            | "GroupByShard" >> beam.GroupByKey()
-            | "WriteShards" >> beam.ParDo(_make_write_fn(output, cfg, job, vocab_path)))
+    return (read.docs
+            | "CreateInstances" >> CreateInstances(cfg, job, vocab_path)
+            | "WriteShards" >> WriteShards(output, cfg, job, vocab_path, vocab_size))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -673,7 +710,7 @@ def read_all_documents(files: list[str], tokenizer, validation_fraction: float
                 bad += file_bad
                 name = os.path.basename(path)
                 batches = [([f"{name}:{i}" for i in range(len(lines_docs))], lines_docs)]
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - any unreadable file is a dead letter
             bad.append(jobs.BadRecord(path, "file", f"{type(e).__name__}: {e}"))
             continue
         for doc_ids, sentences in batches:
@@ -705,7 +742,8 @@ def run_reference(files: list[str], output: str, vocab_path: str, cfg: InstanceC
     _write_dead_letters(output, bad)
     infos = []
     counters = {"documents": sum(len(d) for d in docs.values()), "empty_documents": empty,
-                "bad_records": len(bad), "instances": 0}
+                "bad_records": len(bad), "instances": 0,
+                **{f"documents_{split}": len(docs[split]) for split in shards.SPLITS}}
     for split in shards.SPLITS:
         if not docs[split]:
             continue
@@ -792,9 +830,9 @@ def build_manifest(infos: list[shards.ShardInfo], options: dict, vocab_path: str
 
 
 def _beam_counters(result) -> dict:
-    from apache_beam.metrics.metric import MetricsFilter
+    query = beam.metrics.metric.MetricsFilter().with_namespace("make_shards")
     out = {}
-    for c in result.metrics().query(MetricsFilter().with_namespace("make_shards"))["counters"]:
+    for c in result.metrics().query(query)["counters"]:
         out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(c.committed or c.attempted)
     return out
 
@@ -849,8 +887,6 @@ def run(argv: list[str] | None = None) -> dict:
 
 
 def _run_scalable(files, args, beam_options, cfg, job, vocab_size):
-    import apache_beam as beam
-
     infos_path = storage.join(args.output, _SHARD_INFOS)
     with beam.Pipeline(options=beam_options) as p:
         infos = build_scalable_pipeline(p, files, args.output, args.vocab, cfg, job, vocab_size)
@@ -868,6 +904,6 @@ def _run_scalable(files, args, beam_options, cfg, job, vocab_size):
 if __name__ == "__main__":
     # Run the module under its package name, so the classes Beam pickles for its workers are
     # `pipelines.make_shards.X`, importable there, not `__main__.X`.
-    from pipelines import make_shards as _job
+    from pipelines import make_shards as _job  # noqa: PLW0406
 
     _job.run()

@@ -14,8 +14,8 @@ the paper's shortest-pack-first histogram packing reduces to for one pass over s
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -46,6 +46,11 @@ def shuffle_keys(seed: int, doc_index, pass_index, instance_index) -> np.ndarray
     return x
 
 
+def _id_dtype(ids: np.ndarray) -> np.dtype:
+    """uint16 halves what workers pickle and shuffle; BERT vocabularies fit it."""
+    return np.dtype(np.uint16 if not ids.size or int(ids.max()) < 1 << 16 else np.int32)
+
+
 def _offsets(lengths: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
 
@@ -74,15 +79,15 @@ class InstanceBatch:
     lengths: np.ndarray
     """(N,) int32 tokens per instance, [CLS] and [SEP]s included."""
     input_ids: np.ndarray
-    """(T,) int32 token ids, masks applied."""
+    """(T,) token ids, masks applied: uint16 while every id fits (BERT vocabularies), else int32."""
     segment_ids: np.ndarray
     """(T,) uint8."""
     num_masked: np.ndarray
     """(N,) int32 masked positions per instance."""
     masked_lm_positions: np.ndarray
-    """(M,) int32, relative to the instance's first token."""
+    """(M,) uint16, relative to the instance's first token (max_seq_length < 65536)."""
     masked_lm_ids: np.ndarray
-    """(M,) int32 original ids."""
+    """(M,) original ids, the dtype of `input_ids`."""
     next_sentence_labels: np.ndarray
     """(N,) int8: 1 random next, 0 actual next, -1 MLM-only."""
 
@@ -91,39 +96,45 @@ class InstanceBatch:
 
     @classmethod
     def from_instances(cls, instances: Sequence, keys, doc_index, pass_index,
-                       instance_index) -> "InstanceBatch":
+                       instance_index) -> InstanceBatch:
         """Columnar form of `pipelines.instances.Instance` objects and their provenance."""
-        def cat(arrays, dtype):
-            return np.concatenate(arrays).astype(dtype, copy=False) if arrays else np.zeros(0, dtype)
+        def cat(arrays, dtype=None):
+            if not arrays:
+                return np.zeros(0, dtype or np.uint16)
+            joined = np.concatenate(arrays)
+            return joined.astype(dtype or _id_dtype(joined), copy=False)
 
         return cls(
             keys=np.asarray(keys, _U64), doc_index=np.asarray(doc_index, np.int64),
             pass_index=np.asarray(pass_index, np.int32),
             instance_index=np.asarray(instance_index, np.int32),
             lengths=np.array([len(i.input_ids) for i in instances], np.int32),
-            input_ids=cat([i.input_ids for i in instances], np.int32),
+            input_ids=cat([i.input_ids for i in instances]),
             segment_ids=cat([i.segment_ids for i in instances], np.uint8),
             num_masked=np.array([len(i.masked_lm_positions) for i in instances], np.int32),
-            masked_lm_positions=cat([i.masked_lm_positions for i in instances], np.int32),
-            masked_lm_ids=cat([i.masked_lm_ids for i in instances], np.int32),
+            masked_lm_positions=cat([i.masked_lm_positions for i in instances], np.uint16),
+            masked_lm_ids=cat([i.masked_lm_ids for i in instances]),
             next_sentence_labels=np.array([i.next_sentence_label for i in instances], np.int8),
         )
 
     @classmethod
-    def empty(cls) -> "InstanceBatch":
-        return cls.concat([])
-
-    @classmethod
-    def concat(cls, batches: Sequence["InstanceBatch"]) -> "InstanceBatch":
+    def concat(cls, batches: Sequence[InstanceBatch]) -> InstanceBatch:
+        """One batch of all instances in order (ids widen to int32 if any part needs it)."""
         dtypes = {"keys": _U64, "doc_index": np.int64, "pass_index": np.int32,
-                  "instance_index": np.int32, "lengths": np.int32, "input_ids": np.int32,
+                  "instance_index": np.int32, "lengths": np.int32, "input_ids": None,
                   "segment_ids": np.uint8, "num_masked": np.int32,
-                  "masked_lm_positions": np.int32, "masked_lm_ids": np.int32,
+                  "masked_lm_positions": np.uint16, "masked_lm_ids": None,
                   "next_sentence_labels": np.int8}
-        return cls(**{name: np.concatenate([getattr(b, name) for b in batches]).astype(dtype)
-                      if batches else np.zeros(0, dtype) for name, dtype in dtypes.items()})
 
-    def take(self, order: np.ndarray) -> "InstanceBatch":
+        def join(name, dtype):
+            if not batches:
+                return np.zeros(0, dtype or np.uint16)
+            parts = [getattr(b, name) for b in batches]
+            return np.concatenate(parts).astype(dtype or np.result_type(*parts), copy=False)
+
+        return cls(**{name: join(name, dtype) for name, dtype in dtypes.items()})
+
+    def take(self, order: np.ndarray) -> InstanceBatch:
         """The instances at `order` (an index array), in that order."""
         order = np.asarray(order, np.int64)
         tok = _ranges(_offsets(self.lengths)[:-1][order], self.lengths[order])
@@ -138,14 +149,10 @@ class InstanceBatch:
             next_sentence_labels=self.next_sentence_labels[order],
         )
 
-    def shuffled(self) -> "InstanceBatch":
+    def shuffled(self) -> InstanceBatch:
         """Sorted by shuffle key; ties (never seen in practice) broken by provenance."""
         order = np.lexsort((self.instance_index, self.pass_index, self.doc_index, self.keys))
         return self.take(order)
-
-    def tokens(self, i: int) -> np.ndarray:
-        start = int(self.lengths[:i].sum())
-        return self.input_ids[start:start + int(self.lengths[i])]
 
 
 def pack_lengths(lengths: Sequence[int], max_seq_length: int) -> list[list[int]]:

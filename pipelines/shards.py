@@ -18,8 +18,8 @@ import math
 import re
 import tarfile
 import zipfile
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -78,7 +78,7 @@ class ShardStats:
     length_histogram: list[int] = field(default_factory=lambda: [0] * HISTOGRAM_BINS)
     """Instance lengths in HISTOGRAM_BINS equal bins over [0, max_seq_length]."""
 
-    def add(self, other: "ShardStats") -> "ShardStats":
+    def add(self, other: ShardStats) -> ShardStats:
         for name in ("num_rows", "num_instances", "num_tokens", "num_masked",
                      "num_random_next", "num_nsp"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -127,7 +127,7 @@ class ShardInfo:
         return json.dumps(asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "ShardInfo":
+    def from_json(cls, text: str) -> ShardInfo:
         d = json.loads(text)
         return cls(**{**d, "stats": ShardStats(**d["stats"])})
 

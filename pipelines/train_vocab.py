@@ -198,6 +198,8 @@ def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str
         raise ValueError(f"--input {input_arg!r}: no words in its {len(inputs)} file(s) "
                          f"({num_texts} texts, {len(bad_records)} bad records): "
                          f"{', '.join(inputs[:5])}")
+    logger.info("training WordPiece (%d entries) on %d unique words, %d in all",
+                config.vocab_size, len(word_counts), sum(word_counts.values()))
     started = time.monotonic()
     result = train_vocab(word_counts, config, show_progress=show_progress)
     train_seconds = time.monotonic() - started

@@ -54,9 +54,10 @@ def manifest_totals(entries: list[dict]) -> shards.ShardStats:
 
 def describe(manifest: dict) -> str:
     t = manifest["totals"]
-    lines = [f"shards: {len(manifest['shards'])}  format: {manifest.get('format', 'shards')}  "
-             f"max_seq_length: {manifest['max_seq_length']}  packed: {manifest['packed']}  "
-             f"nsp: {manifest['nsp']}  vocab_size: {manifest['vocab_size']}"]
+    header = (f"shards: {len(manifest['shards'])}  format: {manifest.get('format', 'shards')}  "
+              f"max_seq_length: {manifest['max_seq_length']}  packed: {manifest['packed']}  "
+              f"nsp: {manifest['nsp']}  vocab_size: {manifest['vocab_size']}")
+    lines = [header]
     for split, s in manifest.get("splits", {}).items():
         lines.append(f"  {split}: {s['num_shards']} shards, {s['num_rows']} rows, "
                      f"{s['num_instances']} instances, rows per shard {s['min_rows_per_shard']}"

@@ -2,7 +2,10 @@
 
 The corpus is reduced to exact word counts first (normalise with BERT's normaliser, split with
 BERT's pre-tokenizer, count); that part is a Beam combine. The WordPiece trainer of Hugging Face
-`tokenizers` then learns the vocabulary from those counts on one worker.
+`tokenizers` then learns the vocabulary from those counts on one worker. Its Python API takes
+text, not counts, so each word is fed as itself repeated `count` times (`repeat_words`): exact,
+and the trainer's own multi-threaded splitting and counting of that stream is the only part that
+grows with the corpus size on that worker (no normalising or parsing there).
 
 Vocabulary layout (bert-base-uncased's, so that special ids match every BERT checkpoint):
 
@@ -281,7 +284,8 @@ def train_vocab(word_counts: Mapping[str, int], config: VocabConfig,
         "alphabet_size": len(words.alphabet),
         "num_learned_tokens": len(learned),
         "num_unused_tokens": len(tokens) - len(learned) - 5,
-        **tokenization_stats(tokens, word_counts, config.do_lower_case),
+        **tokenization_stats(tokens, word_counts, config.do_lower_case,
+                             show_progress=show_progress),
     }
     if len(learned) < room:
         logger.warning("the corpus filled %d of %d learned slots; %d more [unused*] tokens pad "
@@ -305,13 +309,17 @@ def word_count_stats(word_counts: Mapping[str, int], words: TrainingWords) -> di
 
 
 def tokenization_stats(tokens: list[str], word_counts: Mapping[str, int],
-                       do_lower_case: bool, batch_size: int = 10000) -> dict:
+                       do_lower_case: bool, batch_size: int = 10000,
+                       show_progress: bool = False) -> dict:
     """How the vocabulary tokenizes the corpus words, weighted by their counts."""
+    from tqdm import tqdm
+
     tokenizer = build_tokenizer(tokens, do_lower_case)
     unk_id = tokens.index(UNK)
     words = sorted(word_counts)
     pieces = unk_words = whole_words = 0
-    for start in range(0, len(words), batch_size):
+    for start in tqdm(range(0, len(words), batch_size), desc="tokenization stats", unit="batch",
+                      disable=not show_progress):
         batch = words[start:start + batch_size]
         for word, encoding in zip(batch, tokenizer.encode_batch(batch, add_special_tokens=False)):
             count = word_counts[word]

@@ -20,7 +20,7 @@ import bz2
 import os
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -44,6 +44,7 @@ class DumpSplit:
     start: int  # byte offset in the file (bz2: the offset of the first stream)
     end: int  # exclusive; bz2: the offset of the first stream that belongs to the next split
     compressed: bool  # bz2 streams rather than raw XML bytes
+    stream_offsets: tuple[int, ...] = ()  # bz2: where the streams after `start` begin
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,15 @@ def file_size(path: str) -> int:
     return os.path.getsize(path)
 
 
-def bz2_stream_offsets(path: str, chunk_bytes: int = 8 * CHUNK_BYTES) -> list[int]:
-    """Byte offsets of the bz2 streams in `path` (a multistream index file is used if present)."""
+def bz2_stream_offsets(path: str, chunk_bytes: int = 8 * CHUNK_BYTES,
+                       on_bytes: Callable[[int], object] = lambda n: None) -> list[int]:
+    """Byte offsets of the bz2 streams in `path` (a multistream index file is used if present).
+
+    `on_bytes(n)` is told of every n bytes scanned (a progress bar's update).
+    """
     index = _index_path(path)
     if index is not None:
+        on_bytes(file_size(path))
         return _offsets_from_index(index)
     offsets: list[int] = []
     overlap = 9  # a stream header cut by a chunk boundary is found in the next chunk
@@ -106,6 +112,7 @@ def bz2_stream_offsets(path: str, chunk_bytes: int = 8 * CHUNK_BYTES) -> list[in
                     offsets.append(offset)
             tail = data[-overlap:]
             base += len(chunk)
+            on_bytes(len(chunk))
     return offsets or [0]
 
 
@@ -125,18 +132,24 @@ def _offsets_from_index(index: str) -> list[int]:
     return sorted(offsets)
 
 
-def plan_splits(path: str, split_bytes: int) -> list[DumpSplit]:
-    """Cut one dump file into splits of about `split_bytes` (bz2: whole streams, at least one)."""
+def plan_splits(path: str, split_bytes: int,
+                on_bytes: Callable[[int], object] = lambda n: None) -> list[DumpSplit]:
+    """Cut one dump file into splits of about `split_bytes` (bz2: whole streams, at least one).
+
+    `split_bytes=0` makes each bz2 stream a split (and a plain .xml file one split).
+    """
     size = file_size(path)
     if size and is_bz2(path):
-        offsets = bz2_stream_offsets(path)
+        offsets = bz2_stream_offsets(path, on_bytes=on_bytes)
         starts = [offsets[0]]
         for offset in offsets[1:]:
             if offset - starts[-1] >= split_bytes:
                 starts.append(offset)
         ends = starts[1:] + [size]
-        return [DumpSplit(path, s, e, True) for s, e in zip(starts, ends)]
-    step = max(1, split_bytes)
+        return [DumpSplit(path, s, e, True, tuple(o for o in offsets if s < o < e))
+                for s, e in zip(starts, ends)]
+    on_bytes(size)
+    step = split_bytes if split_bytes > 0 else max(size, 1)  # 0: per bz2 stream; .xml whole
     starts = list(range(0, size, step)) or [0]
     return [DumpSplit(path, s, min(s + step, size), False) for s in starts]
 
@@ -156,12 +169,29 @@ def _xml_chunks(f: BinaryIO, split: DumpSplit, chunk_bytes: int) -> Iterator[tup
         pos += len(chunk)
 
 
-def _bz2_chunks(f: BinaryIO, split: DumpSplit, chunk_bytes: int) -> Iterator[tuple[bytes, bool]]:
+def _bz2_chunks(f: BinaryIO, split: DumpSplit,
+                chunk_bytes: int) -> Iterator[tuple[bytes | StreamError, bool]]:
     """Decompress consecutive streams from `split.start`; data of streams from `split.end` on is
-    not owned (it is read only to finish a page)."""
-    f.seek(split.start)
-    consumed = split.start  # file offset just after the compressed bytes fed so far
-    stream_start = split.start
+    not owned (it is read only to finish a page). A stream that fails to decompress comes out
+    as a `StreamError` item and reading resumes at the next known stream, so one corrupt stream
+    costs its own pages, not the rest of the split."""
+    position = split.start
+    while position is not None:
+        try:
+            yield from _decompress_streams(f, position, split.end, chunk_bytes)
+            return
+        except StreamError as error:
+            yield error, error.offset < split.end
+            position = next((o for o in split.stream_offsets if o > error.offset), None)
+            if position is not None and position >= split.end:
+                return  # the next split reads on from there
+
+
+def _decompress_streams(f: BinaryIO, start: int, end: int,
+                        chunk_bytes: int) -> Iterator[tuple[bytes, bool]]:
+    f.seek(start)
+    consumed = start  # file offset just after the compressed bytes fed so far
+    stream_start = start
     decompressor = bz2.BZ2Decompressor()
     pending = b""
     while True:
@@ -174,9 +204,8 @@ def _bz2_chunks(f: BinaryIO, split: DumpSplit, chunk_bytes: int) -> Iterator[tup
             out = decompressor.decompress(pending)
         except (OSError, EOFError) as error:
             raise StreamError(stream_start, f"corrupt compressed data ({error})") from error
-        owned = stream_start < split.end
         if out:
-            yield out, owned
+            yield out, stream_start < end
         if not decompressor.eof:
             pending = b""
             continue
@@ -207,81 +236,125 @@ def iter_pages(split: DumpSplit, max_page_bytes: int = 16 << 20,
         yield from _scan_pages(chunks, split, max_page_bytes)
 
 
-def _scan_pages(chunks: Iterator[tuple[bytes, bool]], split: DumpSplit,
+def _scan_pages(chunks: Iterator[tuple[bytes | StreamError, bool]], split: DumpSplit,
                 max_page_bytes: int) -> Iterator[Page | BadRecord]:
-    buf = bytearray()
-    base = 0  # decompressed offset of buf[0] (relative to the split's first byte)
-    boundary: int | None = None  # decompressed offset where owned data ends
-    page_start: int | None = None  # offset of the current page's "<page" (None: between pages)
-    oversized: BadRecord | None = None  # set while skipping the rest of a too-large page
-    scan_from = 0
-    pages_seen = 0
-    try:
-        for data, owned in chunks:
-            if not owned and boundary is None:
-                boundary = base + len(buf)
-            buf += data
-            while (match := _PAGE_TAG.search(buf, scan_from)) is not None:
-                tag_at = base + match.start()
-                if match.group().startswith(b"</"):
-                    if page_start is not None:
-                        yield _finish_page(bytes(buf[page_start - base:match.end()]), split,
-                                           page_start)
-                    elif oversized is not None:
-                        yield oversized
-                    page_start, oversized = None, None
-                else:
-                    if page_start is not None:  # "<page>" again before "</page>"
-                        yield _bad_page(bytes(buf[page_start - base:match.start()]), split,
-                                        page_start, "malformed XML: <page> not closed before "
-                                        "the next <page>")
-                    elif oversized is not None:
-                        yield oversized
-                    oversized = None
-                    page_start = tag_at if boundary is None or tag_at < boundary else None
-                    pages_seen += 1
-                    if page_start is None:
-                        return  # the first page of the next split
-                scan_from = match.end()
-                # Drop what is behind us so memory stays one page + one chunk.
-                keep_from = (page_start - base) if page_start is not None else scan_from
-                del buf[:keep_from]
-                base += keep_from
-                scan_from -= keep_from
-            # No unseen tag starts before `resume`: one cut by the chunk end starts after it.
-            resume = max(scan_from, len(buf) - 8)
-            keep_from = resume
-            if page_start is not None:
-                keep_from = page_start - base
-                if len(buf) - keep_from > max_page_bytes:
-                    head = bytes(buf[keep_from:keep_from + 4096])
-                    oversized = _bad_page(head, split, page_start,
-                                          f"page larger than --max_page_bytes={max_page_bytes}")
-                    page_start, keep_from = None, resume
-            elif boundary is not None and base + resume >= boundary and oversized is None:
-                return  # past our range and not inside a page: done
-            del buf[:keep_from]
-            base += keep_from
-            scan_from = resume - keep_from
-    except StreamError as error:
-        yield _stream_bad_record(split, error, buf, page_start, base)
-        return
-    if page_start is not None:
-        yield _bad_page(bytes(buf[page_start - base:page_start - base + 4096]), split, page_start,
-                        "truncated: the file ends inside the page")
-    elif oversized is not None:
-        yield oversized
-    if pages_seen == 0 and split.start == 0 and split.end >= file_size(split.path):
-        yield BadRecord(split.path, "file", "no <page> element: not a MediaWiki XML dump")
+    scanner = _PageScanner(split, max_page_bytes)
+    for data, owned in chunks:
+        if isinstance(data, StreamError):
+            yield from scanner.stream_failed(data, owned)
+        else:
+            yield from scanner.feed(data, owned)
+        if scanner.done:
+            return
+    yield from scanner.finish()
 
 
-def _stream_bad_record(split: DumpSplit, error: StreamError, buf: bytearray,
-                       page_start: int | None, base: int) -> BadRecord:
-    lost = ""
-    if page_start is not None:
-        head = bytes(buf[page_start - base:page_start - base + 4096])
-        lost = f"; the page in progress ({_describe(head)}) and all after it are lost"
-    return BadRecord(split.path, f"bz2 stream at byte {error.offset}", error.reason + lost)
+class _PageScanner:
+    """Finds the `<page>...</page>` elements a split owns in its stream of byte chunks.
+
+    Holds one page plus one chunk at most: bytes behind the scan are dropped as it goes, and a
+    page growing past `max_page_bytes` is skipped (reported, not kept) to its `</page>`.
+    """
+
+    def __init__(self, split: DumpSplit, max_page_bytes: int):
+        self.split, self.max_page_bytes = split, max_page_bytes
+        self.buf = bytearray()
+        self.base = 0  # offset of buf[0] in the split's (decompressed) bytes
+        self.boundary: int | None = None  # offset where the split's own bytes end, once known
+        self.page_start: int | None = None  # offset of the current page's "<page"
+        self.oversized: BadRecord | None = None  # the record of a too-large page being skipped
+        self.scan_from = 0  # buf index: no unseen tag starts before it
+        self.pages_seen = 0
+        self.done = False  # reached the first page of the next split
+
+    def feed(self, data: bytes, owned: bool) -> Iterator[Page | BadRecord]:
+        if not owned and self.boundary is None:
+            self.boundary = self.base + len(self.buf)
+        self.buf += data
+        while not self.done and (match := _PAGE_TAG.search(self.buf, self.scan_from)):
+            yield from self._on_tag(match)
+        if not self.done:
+            self._end_of_chunk()
+
+    def stream_failed(self, error: StreamError, owned: bool) -> Iterator[BadRecord]:
+        # The stream's pages and the page in progress are lost; reading goes on after it.
+        yield _stream_bad_record(self.split, error, self._page_head(), owned)
+        if self.oversized is not None:
+            yield self.oversized
+        self._discard(len(self.buf))
+        self.page_start, self.oversized, self.scan_from = None, None, 0
+
+    def finish(self) -> Iterator[BadRecord]:
+        if self.page_start is not None:
+            yield _bad_page(self._page_head(), self.split, self.page_start,
+                            "truncated: the file ends inside the page")
+        elif self.oversized is not None:
+            yield self.oversized
+        if (self.pages_seen == 0 and self.split.start == 0
+                and self.split.end >= file_size(self.split.path)):
+            yield BadRecord(self.split.path, "file", "no <page> element: not a MediaWiki XML dump")
+
+    def _on_tag(self, match: re.Match) -> Iterator[Page | BadRecord]:
+        if self.oversized is not None:
+            yield self.oversized  # its </page> or the next <page>: the skip is over
+            self.oversized = None
+        if match.group().startswith(b"</"):
+            if self.page_start is not None:
+                yield _finish_page(self._page_bytes(match.end()), self.split, self.page_start)
+            self.page_start = None
+        else:
+            if self.page_start is not None:
+                yield _bad_page(self._page_bytes(match.start()), self.split, self.page_start,
+                                "malformed XML: <page> not closed before the next <page>")
+            self.pages_seen += 1
+            self.page_start = self.base + match.start()
+            if self.boundary is not None and self.page_start >= self.boundary:
+                self.page_start, self.done = None, True  # the next split's first page
+                return
+        self.scan_from = match.end()
+        self._discard(self.scan_from if self.page_start is None else self.page_start - self.base)
+
+    def _end_of_chunk(self) -> None:
+        # A tag cut by the chunk end starts in its last 7 bytes.
+        self.scan_from = max(self.scan_from, len(self.buf) - 8)
+        if self.page_start is None:
+            if (self.boundary is not None and self.base + self.scan_from >= self.boundary
+                    and self.oversized is None):
+                self.done = True  # past the split's range and not inside a page
+            self._discard(self.scan_from)
+        elif len(self.buf) - (self.page_start - self.base) > self.max_page_bytes:
+            self.oversized = _bad_page(self._page_head(), self.split, self.page_start,
+                                       f"page larger than --max_page_bytes={self.max_page_bytes}")
+            self.page_start = None
+            self._discard(self.scan_from)
+
+    def _discard(self, upto: int) -> None:
+        del self.buf[:upto]
+        self.base += upto
+        self.scan_from = max(0, self.scan_from - upto)
+
+    def _page_bytes(self, end: int) -> bytes:
+        return bytes(self.buf[self.page_start - self.base:end])
+
+    def _page_head(self) -> bytes:
+        """The start of the page in progress (enough for its id and title); b"" if none."""
+        if self.page_start is None:
+            return b""
+        start = self.page_start - self.base
+        return bytes(self.buf[start:start + 4096])
+
+
+def _stream_bad_record(split: DumpSplit, error: StreamError, page_head: bytes,
+                       owned: bool) -> BadRecord:
+    record = f"bz2 stream at byte {error.offset}"
+    if not page_head:
+        return BadRecord(split.path, record, error.reason + "; the pages in it are lost")
+    lost = _describe(page_head)
+    if not owned:  # the next split reports the stream itself
+        return BadRecord(split.path, lost.split(" '")[0], f"continues into the {record}, which "
+                         f"cannot be read: {error.reason}")
+    return BadRecord(split.path, record, f"{error.reason}; the page in progress ({lost}) and the "
+                     "pages in the stream are lost")
 
 
 def _describe(raw: bytes) -> str:

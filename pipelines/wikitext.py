@@ -102,7 +102,11 @@ _BRACE_RUN = re.compile(r"\{\{+|\}\}+")
 _PIPES = re.compile(r"\[\[|\]\]|\{\{|\}\}|\|")
 
 
-def _not_inside(spans: list[tuple[int, int]], outer: list[tuple[int, int]]) -> list[tuple[int, int]]:
+Span = tuple[int, int]
+
+
+def _not_inside(spans: list[Span], outer: list[Span]) -> list[Span]:
+    """The spans that do not start inside one of the (sorted, disjoint) `outer` spans."""
     kept, i = [], 0
     for start, end in spans:
         while i < len(outer) and outer[i][1] <= start:
@@ -168,7 +172,8 @@ _CONSTANT_TEMPLATES = {
     "ndash": "–", "mdash": "—", "snd": " – ", "spnd": " – ", "sndash": " – ",
     # {{'}} gives an entity, as in MediaWiki, so ''X''{{'}}s does not turn into a ''' run.
     "spaced ndash": " – ", "spaced en dash": " – ", "nbsp": " ", "'": "&#39;", "`": "&#39;",
-    "dot": "·", "middot": "·", "·": " · ", "en dash": "–", "em dash": "—", "sp": " ",
+    "dot": "·", "middot": "·", "·": " · ", "en dash": "–", "endash": "–", "em dash": "—",
+    "emdash": "—", "sp": " ",
 }
 _RENDERED_TEMPLATES: dict[str, Callable[[list[str]], str]] = {
     **{name: _first for name in (
@@ -176,11 +181,13 @@ _RENDERED_TEMPLATES: dict[str, Callable[[list[str]], str]] = {
         "nobold", "noitalic", "abbr", "ill", "interlanguage link", "interlanguage link multi",
         "visible anchor", "vanchor", "flag", "flagcountry", "nowiki", "keep together",
         "script", "lang-rtl", "nwr", "not a typo", "proper name", "linktext", "smallcaps",
-        "sc", "gaps", "bold", "italic", "math", "mvar", "serif", "sans-serif")},
+        "sc", "gaps", "bold", "italic", "math", "mvar", "serif", "sans-serif", "nihongo",
+        "nihongo2", "nihongo3", "nihongo4", "format price")},
     **{name: _last for name in ("lang", "transl", "transliteration", "sic", "resize", "font",
                                 "coloured text", "color", "colored text", "tooltip")},
     "convert": _convert, "cvt": _convert, "frac": _frac, "fraction": _frac, "sfrac": _frac,
     "circa": lambda a: f"c. {_first(a)}", "c.": lambda a: f"c. {_first(a)}",
+    "née": lambda a: f"née {_first(a)}", "nee": lambda a: f"née {_first(a)}",
     "as of": lambda a: f"as of {' '.join(_positional(a)[:3])}",
     "quote": _quote, "blockquote": _quote, "cquote": _quote, "quotation": _quote,
 }
@@ -306,7 +313,8 @@ def _drop_tables(text: str) -> str:
     if depth:
         # An unclosed table: MediaWiki closes it at the end of the page. Its rows go, but the
         # prose after it is kept, so one missing `|}` does not cost the rest of the article.
-        kept.extend(line for line in table if not (_TABLE_OPEN.match(line) or _TABLE_ROW.match(line)))
+        kept.extend(line for line in table
+                    if not (_TABLE_OPEN.match(line) or _TABLE_ROW.match(line)))
     text = "\n".join(kept)
     # Markers left inside a line are not table syntax; MediaWiki would show them as text.
     return text.replace("{|", "").replace("|}", "") if "{|" in text or "|}" in text else text
@@ -319,8 +327,9 @@ def _drop_tables(text: str) -> str:
 _INNERMOST_LINK = re.compile(r"\[\[([^\[\]]*(?:(?:\[(?!\[)|\](?!\]))[^\[\]]*)*)\]\]")
 _HIDDEN_NAMESPACES = frozenset({"file", "image", "category"})
 _LANGUAGE_LINK = re.compile(r"^[a-z]{2,3}(?:-[a-z]+)*:")
-_EXTERNAL_LINK = re.compile(r"\[(?:https?:|ftp:|mailto:|news:|irc:)?//[^\s\]\[]*(?:\s+([^\]\[]*))?\]"
-                            r"|\[(?:mailto|news):[^\s\]\[]*(?:\s+([^\]\[]*))?\]")
+_EXTERNAL_LINK = re.compile(
+    r"\[(?:https?:|ftp:|mailto:|news:|irc:)?//[^\s\]\[]*(?:\s+([^\]\[]*))?\]"
+    r"|\[(?:mailto|news):[^\s\]\[]*(?:\s+([^\]\[]*))?\]")
 
 
 def _render_link(inner: str) -> str:
@@ -366,7 +375,8 @@ def _paragraphs(text: str) -> list[str]:
     current: list[str] = []
     for line in text.split("\n"):
         stripped = line.strip()
-        if stripped and not (_STRUCTURE_LINE.match(stripped) or _PSEUDO_HEADING.fullmatch(stripped)):
+        structure = _STRUCTURE_LINE.match(stripped) or _PSEUDO_HEADING.fullmatch(stripped)
+        if stripped and not structure:
             current.append(stripped)
             continue
         if current:
@@ -390,7 +400,10 @@ _REPEATED_PUNCT = re.compile(r"([,;])(?: ?[,;])+")
 _REPEATED_PAIRS = tuple(a + s + b for a in ",;" for s in ("", " ") for b in ",;")
 _EMPTY_BRACKETS = re.compile(r"\( ?(?:[,;:.] ?)*\)|\[ ?\]")
 _OPEN_PAREN_PUNCT = re.compile(r"\( ?[,;:] ?")
-_RESIDUE = re.compile(r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|'''|==|<!--|-->|</?[A-Za-z][^<>\n]*>")
+# Markup a clean passage never holds; a passage that starts like a list/table/heading line
+# (possible only when removed markup exposed the character) counts as residue too.
+_RESIDUE = re.compile(r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|'''|==|<!--|-->|</?[A-Za-z][^<>\n]*>"
+                      r"|(?m:^[*#;:|!=])")
 
 
 def _quote_run(match: re.Match) -> str:
@@ -414,6 +427,8 @@ def _clean_inline(text: str) -> list[str]:
         text = _MAGIC_WORD.sub("", text)
     if "&" in text:
         text = html.unescape(text)  # an entity for a line break (&#10;) splits its paragraph
+    if "''" in text:  # left by over-long quote runs or decoded &#39;: never shown as markup
+        text = _QUOTES.sub("'", text)
     if any(ch in text for ch in _INVISIBLE_CHARS):
         text = _INVISIBLE.sub("", text)
     text = _drop_space_before_punct("\n".join(" ".join(p.split()) for p in text.split("\n")))

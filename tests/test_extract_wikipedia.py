@@ -37,6 +37,11 @@ RESIDUE = re.compile(r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|'''|==|<!--|-->|</?[A-Za-z]
                      r"|&(?:[a-z]+|#\d+);|(?m:^[*#;:|!])")
 
 
+# The debug preset: one split per bz2 stream, 4-document row groups.
+DEBUG_ARGS = [f"--{name}={value}" for name, value in
+              sorted(vars(extract_wikipedia.debug_config()).items())]
+
+
 def run_job(input_path, output, *extra) -> dict:
     return extract_wikipedia.run(["--input", str(input_path), "--output", str(output), *extra])
 
@@ -181,6 +186,37 @@ def test_reader_per_stream_splits_equal_plain_file(dump_xml, tmp_path):
     assert [p for s in plan_splits(str(plain), 40_000) for p in iter_pages(s)] == expected
 
 
+def test_reader_tags_cut_by_any_chunk_boundary(dump_xml, tmp_path):
+    plain = tmp_path / "mini.xml"
+    plain.write_bytes(dump_xml)
+    expected = [p for s in plan_splits(str(plain), 1 << 30) for p in iter_pages(s)]
+    # 7-byte reads cut every "<page>"/"</page>" tag somewhere; 61 and 4099 land elsewhere.
+    for chunk_bytes, split_bytes in ((7, 1 << 30), (61, 40_000), (4099, 40_000)):
+        got = [p for s in plan_splits(str(plain), split_bytes)
+               for p in iter_pages(s, chunk_bytes=chunk_bytes)]
+        assert got == expected, chunk_bytes
+    multistream = build_multistream(dump_xml, tmp_path)
+    assert [p for s in plan_splits(str(multistream), 0)
+            for p in iter_pages(s, chunk_bytes=61)] == expected
+
+
+def test_corrupt_stream_costs_only_its_own_pages(dump_xml, tmp_path):
+    multistream = build_multistream(dump_xml, tmp_path)
+    offsets = bz2_stream_offsets(str(multistream))
+    data = bytearray(multistream.read_bytes())
+    data[(offsets[3] + offsets[4]) // 2] ^= 0x55  # the stream of pages 11-15
+    multistream.write_bytes(bytes(data))
+    [split] = plan_splits(str(multistream), 1 << 30)  # one split reads all 8 streams
+    items = list(iter_pages(split))
+    titles = [i.title for i in items if isinstance(i, Page)]
+    lost = ["Ferdinand Piëch", "Food (disambiguation)", "IBM", "IKEA", "Ingoldiomyces"]
+    assert len(titles) == 22 and not set(lost) & set(titles)
+    assert "Jim Pewter" in titles and "Dahlak SC" in titles  # the neighbours either side
+    assert [i for i in items if isinstance(i, BadRecord)] == [BadRecord(
+        str(multistream), f"bz2 stream at byte {offsets[3]}",
+        "corrupt compressed data (Invalid data stream); the pages in it are lost")]
+
+
 def test_multistream_index_file_gives_the_same_stream_offsets(dump_xml, tmp_path):
     multistream = build_multistream(dump_xml, tmp_path)
     scanned = bz2_stream_offsets(str(multistream))
@@ -196,12 +232,16 @@ def multistream_output(dump_xml, tmp_path_factory) -> tuple[Path, Path, dict]:
     folder = tmp_path_factory.mktemp("multistream")
     path = build_multistream(dump_xml, folder)
     output = folder / "out"
-    return path, output, run_job(path, output, "--split_bytes=0")
+    return path, output, run_job(path, output, *DEBUG_ARGS)
 
 
 def test_job_multistream_per_stream_same_documents(multistream_output, job_output):
     _path, output, manifest = multistream_output
     assert len(manifest["outputs"]) == 8
+    assert manifest["config"]["row_group_docs"] == 4
+    row_groups = [pq.ParquetFile(output / o["path"]).num_row_groups for o in manifest["outputs"]]
+    # Articles per stream of 5 pages: 4, 4, 4, 5, 4, 2 (the header and footer streams: none).
+    assert row_groups == [0, 1, 1, 1, 2, 1, 1, 0]
     assert manifest["counts"] == job_output[1]["counts"]
     assert without_source(read_documents(output)) == without_source(read_documents(job_output[0]))
 
@@ -209,7 +249,7 @@ def test_job_multistream_per_stream_same_documents(multistream_output, job_outpu
 def test_job_multi_processing_gives_the_same_bytes(multistream_output, tmp_path):
     path, output, manifest = multistream_output
     parallel = tmp_path / "parallel"
-    assert run_job(path, parallel, "--split_bytes=0", "--direct_num_workers=2",
+    assert run_job(path, parallel, *DEBUG_ARGS, "--direct_num_workers=2",
                    "--direct_running_mode=multi_processing") == manifest
     assert file_bytes(parallel) == file_bytes(output)
 
@@ -320,7 +360,7 @@ def test_truncated_bz2_keeps_pages_before_the_cut(bad_output, bad_inputs):
     assert bad["truncated.xml.bz2"] == [{
         "file": str(bad_inputs["truncated.xml.bz2"]), "record": "bz2 stream at byte 0",
         "reason": "truncated: the file ends before the bz2 end-of-stream marker; the page in "
-                  "progress (page 40379651 'IBM') and all after it are lost"}]
+                  "progress (page 40379651 'IBM') and the pages in the stream are lost"}]
 
 
 def test_malformed_xml_pages_are_dead_letters_and_neighbours_kept(bad_output, bad_inputs):
@@ -440,6 +480,16 @@ def test_page_document_counts_skip_reasons_exactly():
     assert dict(counts) == {"pages_read": 6, "page_bytes": 600, "skipped_namespace": 1,
                             "skipped_redirect": 2, "skipped_disambiguation": 1,
                             "skipped_empty": 1, "articles_kept": 1, "passages": 2}
+
+
+def test_a_page_the_cleaner_fails_on_becomes_a_bad_record():
+    broken = Page(page_id=5, title="Odd", namespace=0, redirect=False, text=None,
+                  source_bytes=10)  # not a str: the cleaner raises TypeError
+    record = extract_wikipedia.read_page(broken, "dump.xml", lambda name, value=1: None)
+    assert isinstance(record, BadRecord)
+    assert (record.file, record.record) == ("dump.xml", "page 5")
+    assert record.reason.startswith("extraction failed: TypeError: ")
+    assert record.reason.endswith("(title 'Odd')")
 
 
 def test_parser_lists_job_options_and_config_validation_names_the_flag():

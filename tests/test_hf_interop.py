@@ -12,7 +12,7 @@ import transformers
 
 from model.bert import bert_tiny
 from model.heads import BertForPreTraining, BertForSequenceClassification
-from model.hf import (export_hf_folder, load_checkpoint, load_hf_checkpoint, save_checkpoint)
+from model.hf import export_hf_folder, load_checkpoint, load_hf_checkpoint, save_checkpoint
 from pipelines.tokenization import load_tokenizer
 
 

@@ -14,8 +14,12 @@ import pytest
 
 from pipelines import make_shards, shard_format, shards, storage, verify_shards
 from pipelines.documents import CORPUS_SCHEMA
-from pipelines.instances import (InstanceConfig, Vocab, create_instances_reference,
-                                 read_reference_text)
+from pipelines.instances import (
+    InstanceConfig,
+    Vocab,
+    create_instances_reference,
+    read_reference_text,
+)
 from pipelines.tokenization import load_tokenizer, read_vocab
 
 BOOKS = ("austen-persuasion.txt", "chesterton-brown.txt", "shakespeare-caesar.txt")
@@ -147,7 +151,7 @@ def test_webdataset_reads_the_rows_back(one_worker):
 
 
 def test_verify_catches_flipped_byte_and_truncation(one_worker, tmp_path, capsys):
-    out, manifest = one_worker
+    out, _ = one_worker
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     assert verify_shards.main([str(copy), "--quiet"]) == 0
@@ -231,20 +235,31 @@ def test_packing_via_the_job(one_worker, corpus, minilm_dir, tmp_path):
     assert verify_shards.verify_folder(str(tmp_path / "packed"), progress=False)[0] == []
 
 
-def test_validation_split_and_mlm_only(corpus, minilm_dir, tmp_path):
+def test_validation_split(corpus, minilm_dir, tmp_path):
     manifest = _run(corpus["text"], tmp_path, minilm_dir, "--validation_fraction", "0.25",
-                    "--no_next_sentence", "--num_shards", "2")
+                    "--num_shards", "2")
     assert set(manifest["splits"]) == {"train", "validation"}
     assert [e["file"] for e in manifest["shards"]] == [
         "train-000000.tar", "train-000001.tar", "validation-000000.tar", "validation-000001.tar"]
+    # Held out by doc_id ("<file name>:<document number>"), each split with its own index.
+    doc_ids = [f"{p.name}:{i}" for p in sorted(corpus["text"].iterdir())
+               for i in range(len(p.read_text().strip().split("\n\n")))]
+    held_out = sum(make_shards.split_of(d, 0.25) == "validation" for d in doc_ids)
+    counters = manifest["counters"]
+    assert 0 < held_out < len(doc_ids)
+    assert counters["documents_validation"] == held_out
+    assert counters["documents_train"] == len(doc_ids) - held_out == counters["documents"] - held_out
+    assert verify_shards.verify_folder(str(tmp_path), progress=False)[0] == []
+
+
+def test_mlm_only(corpus, minilm_dir, tmp_path):
+    manifest = _run(corpus["text"], tmp_path, minilm_dir, "--no_next_sentence")
     assert not manifest["nsp"] and manifest["totals"]["num_random_next"] == 0
+    assert manifest["counters"].get("random_next_requests", 0) == 0
     for e in manifest["shards"]:
         for row in shards.read_rows(str(tmp_path / e["file"])):
             assert row.next_sentence_labels.tolist() == [shard_format.NO_NSP_LABEL]
             assert (row.input_ids == 102).sum() == 1 and not row.segment_ids.any()
-    ids = {make_shards.split_of(f"b-{b.removesuffix('.txt')}.txt:{i}", 0.25) for b in BOOKS
-           for i in range(20)}
-    assert ids == {"train", "validation"}
 
 
 def test_bad_options_name_the_flag(corpus, minilm_dir, tmp_path):
@@ -255,3 +270,22 @@ def test_bad_options_name_the_flag(corpus, minilm_dir, tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         _run(tmp_path / "nope*", tmp_path, minilm_dir)
     assert not os.path.exists(tmp_path / storage.MANIFEST_NAME)
+
+
+def test_reader_equals_the_reference_reader_on_raw_books(shared_data, minilm_dir):
+    """Our batched reader gives read_reference_text's documents, also on CRLF and Latin-1 input."""
+    tokenizer = load_tokenizer(str(minilm_dir))
+    for name in ("melville-moby_dick.txt", "shakespeare-caesar.txt"):
+        path = shared_data / "books" / name
+        data = path.read_bytes()[:200_000]
+        docs, bad = make_shards.parse_reference_text(data, str(path))
+        ours = make_shards.tokenize_documents(tokenizer, docs)
+        ours = [np.split(t, np.cumsum(lengths)[:-1]) for t, lengths in ours if len(lengths)]
+        theirs = read_reference_text(data.decode("utf-8", "ignore").split("\n"), tokenizer)
+        assert len(ours) == len(theirs) > 100
+        for a, b in zip(ours, theirs):
+            assert len(a) == len(b)
+            assert all(np.array_equal(x, y) for x, y in zip(a, b))
+        # caesar has two Latin-1 bytes: both lines reported, named by file and line
+        assert [(b.file, b.record) for b in bad] == (
+            [(str(path), "line 119"), (str(path), "line 663")] if "caesar" in name else [])

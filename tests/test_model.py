@@ -6,8 +6,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.bert import (BertConfig, BertModel, attention_mask_4d, bert_base, bert_large,
-                        bert_mini, bert_tiny, instance_ids, packed_position_ids)
+from model.bert import (
+    BertConfig,
+    BertModel,
+    attention_mask_4d,
+    bert_base,
+    bert_large,
+    bert_mini,
+    bert_tiny,
+    instance_ids,
+    packed_position_ids,
+)
 from model.heads import BertForPreTraining, BertForSequenceClassification, masked_mean_loss
 from pipelines import shard_format
 

@@ -5,7 +5,12 @@ import numpy as np
 import pytest
 
 from pipelines import packing, shard_format, shards
-from pipelines.instances import InstanceConfig, Vocab, create_instances_scalable, read_reference_text
+from pipelines.instances import (
+    InstanceConfig,
+    Vocab,
+    create_instances_scalable,
+    read_reference_text,
+)
 from pipelines.tokenization import load_tokenizer, read_vocab
 
 

@@ -72,6 +72,10 @@ def final_weights(output: Path) -> dict[str, torch.Tensor]:
     return pretrain.consolidated_state_dict(str(ckpt), (ckpt / "latest").read_text().strip())
 
 
+def checkpoint_dirs(output: Path) -> list[str]:
+    return sorted(p.name for p in (output / "checkpoints").iterdir() if p.is_dir())
+
+
 def subprocess_env() -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
@@ -84,39 +88,39 @@ def test_tiny_bert_learns_two_phases_and_exports(data, tmp_path):
     the exported folder loads in transformers with our logits."""
     phases = (
         PhaseConfig(name="phase1", train_shards=str(data["learn"]), max_seq_length=128,
-                    micro_batch_size=16, global_batch_size=16, steps=100, warmup_steps=10,
+                    micro_batch_size=16, global_batch_size=16, steps=60, warmup_steps=6,
                     learning_rate=2e-3),
         PhaseConfig(name="phase2", train_shards=str(data["long"]), max_seq_length=512,
-                    micro_batch_size=4, global_batch_size=8, steps=4, warmup_steps=1,
+                    micro_batch_size=4, global_batch_size=8, steps=3, warmup_steps=1,
                     learning_rate=1e-3),
     )
     config = make_config(data, tmp_path, phases=phases, dropout=0.1, num_workers=1,
-                         shuffle_buffer=500, log_every=10, eval_every=50, eval_batches=4,
-                         checkpoint_every=50, keep_checkpoints=2, export_hf=True)
+                         shuffle_buffer=500, log_every=10, eval_every=30, eval_batches=4,
+                         checkpoint_every=30, keep_checkpoints=2, export_hf=True)
     result = pretrain.run(config)
     records = pretrain.read_metrics(str(tmp_path))
     train = [r for r in records if r["split"] == "train" and r["phase"] == "phase1"]
     first, last = train[0], train[-1]
     print("phase1 train", [(r["step"], round(r["loss"], 3), round(r["mlm_accuracy"], 4))
                            for r in train])
-    assert first["loss"] - last["loss"] > 1.5
-    assert last["mlm_accuracy"] - first["mlm_accuracy"] > 0.03
+    # Measured (steps 1-10 -> 51-60): loss 8.19 -> 7.0, MLM accuracy 0.021 -> 0.05.
+    assert first["loss"] - last["loss"] > 0.9
+    assert last["mlm_accuracy"] - first["mlm_accuracy"] > 0.015
     valid = [r for r in records if r["split"] == "validation" and r["phase"] == "phase1"]
-    assert [r["step"] for r in valid] == [50, 100]
+    assert [r["step"] for r in valid] == [30, 60]
     assert valid[1]["loss"] < valid[0]["loss"]
     for key in ("lr", "tokens_per_s", "samples_per_s", "nsp_loss", "nsp_accuracy"):
         assert key in last
     # Phase 2 continues from phase 1: its first loss is near phase 1's last, far below the start.
     phase2 = [r for r in records if r["split"] == "train" and r["phase"] == "phase2"]
-    assert phase2[-1]["global_step"] == 104
+    assert phase2[-1]["global_step"] == 63
     assert phase2[0]["loss"] < first["loss"] - 1.0
-    ckpts = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert ckpts == ["00-phase1-step00000100", "01-phase2-step00000004", "latest"]
-    assert json.loads((tmp_path / "checkpoints" / "01-phase2-step00000004" / "config.json")
+    assert checkpoint_dirs(tmp_path) == ["00-phase1-step00000060", "01-phase2-step00000003"]
+    assert json.loads((tmp_path / "checkpoints" / "01-phase2-step00000003" / "config.json")
                       .read_text())["phases"][1]["max_seq_length"] == 512
     assert (tmp_path / "loss_curve.png").stat().st_size > 10_000
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
-    assert result == {"last_checkpoint": "01-phase2-step00000004",
+    assert result == {"last_checkpoint": "01-phase2-step00000003",
                       "export_dir": str(tmp_path / "hf"), "complete": True}
     _check_export(data, tmp_path)
 
@@ -193,8 +197,7 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_run(data, tmp_path):
     first = pretrain.run(make_config(data, parts, **changes), stop_after_steps=5)
     assert first == {"last_checkpoint": "00-phase1-step00000005", "export_dir": None,
                      "complete": False}
-    ckpts = sorted(p.name for p in (parts / "checkpoints").iterdir())
-    assert ckpts == ["00-phase1-step00000003", "00-phase1-step00000005", "latest"]
+    assert checkpoint_dirs(parts) == ["00-phase1-step00000003", "00-phase1-step00000005"]
     pretrain.run(make_config(data, parts, **changes))
     assert train_losses(parts) == train_losses(full)  # bit-exact
     w_full, w_parts = final_weights(full), final_weights(parts)
@@ -261,6 +264,17 @@ def test_config_overrides_file_and_validation(tmp_path):
         cfg.apply_overrides(config, ["zero_stage=4"])
     with pytest.raises(ValueError, match="unknown field"):
         cfg.apply_overrides(config, ["learning_rate=1"])
+
+
+def test_gpu_example_config_bert_large_on_8_gpus():
+    config = cfg.resolve("large", str(REPO / "training" / "configs" / "bert_large_8gpu.yaml"))
+    assert (config.model, config.precision, config.zero_stage) == ("bert_large", "bf16", 1)
+    ds = [build_ds_config(config, phase, world_size=8, on_gpu=True) for phase in config.phases]
+    assert [(d["train_micro_batch_size_per_gpu"], d["gradient_accumulation_steps"],
+             d["train_batch_size"]) for d in ds] == [(32, 1, 256), (8, 4, 256)]
+    assert ds[0]["optimizer"]["params"]["torch_adam"] is False  # FusedAdam on GPUs
+    assert ds[0]["bf16"] == {"enabled": True}
+    assert [p.steps for p in config.phases] == [900_000, 100_000]
 
 
 @pytest.mark.slow

@@ -137,6 +137,26 @@ def test_small_corpus_is_padded_with_unused_to_exact_size():
     assert {"hello", "world", "held"} <= set(tokens)
 
 
+@pytest.mark.parametrize("min_frequency, merges", [(4, ["ab"]), (5, [])])
+def test_min_frequency_stops_merges_below_it(min_frequency, merges):
+    # pair counts: (a, ##b) 3 + 1 = 4; (c, ##d), (##b, ##c), (##c, ##d) 1 each
+    counts = {"ab": 3, "cd": 1, "abcd": 1}
+    result = vocab.train_vocab(counts, vocab.VocabConfig(vocab_size=200,
+                                                         min_frequency=min_frequency))
+    learned = result.tokens[200 - result.stats["num_learned_tokens"]:]
+    assert learned == ["a", "b", "c", "d", "##b", "##c", "##d", *merges]
+    assert len(result.tokens) == 200 and result.tokens[100:104] == ["[UNK]", "[CLS]", "[SEP]",
+                                                                    "[MASK]"]
+
+
+def test_tokenization_stats_are_weighted_by_word_counts():
+    tokens = vocab.reserved_tokens(99) + ["a", "b", "##b", "ab"]
+    stats = vocab.tokenization_stats(tokens, {"ab": 2, "abb": 1, "c": 1}, do_lower_case=True)
+    # ab -> [ab] x2, abb -> [ab, ##b], c -> [UNK]: 5 pieces for 4 words
+    assert stats == {"tokens_per_word": 1.25, "unk_word_fraction": 0.25,
+                     "whole_word_fraction": 0.5}
+
+
 # --- Beam ------------------------------------------------------------------------------------
 
 def test_beam_word_counts_equal_python_counter(shared_data):
@@ -286,6 +306,23 @@ def test_same_vocab_in_one_process_and_two_worker_processes(shared_data, tmp_pat
         {k: v for k, v in two.items() if k not in drop} == \
         {k: v for k, v in again.items() if k not in drop}
     assert one["num_bad_records"] == 2 and one["vocab_size"] == 2500
+
+
+def test_script_runs_as_beam_run_would(shared_data, tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "pipelines/train_vocab.py",
+                          "--input", str(shared_data / "books" / "blake-poems.txt"),
+                          "--output", str(tmp_path / "out"), "--vocab_size", "600",
+                          "--no_progress", "--runner=DirectRunner"],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                         timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert manifest["vocab_size"] == 600
+    assert manifest["num_words"] == sum(reference_word_counts(
+        [shared_data / "books" / "blake-poems.txt"]).values())
 
 
 def test_empty_input_is_a_clear_error_naming_it(tmp_path):

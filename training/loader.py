@@ -386,8 +386,12 @@ class ShardLoader:
         while True:
             dataset = _EpochDataset(self.config, self.plan(self.epoch), self.epoch,
                                     self.batch_in_epoch)
+            # Its own generator: drawing the workers' base seed from the global RNG would shift
+            # the model's dropout masks whenever an epoch starts (and break exact resume).
+            generator = torch.Generator().manual_seed(self.config.seed * 1000 + self.epoch)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.config.num_workers,
-                                prefetch_factor=4 if self.config.num_workers else None)
+                                prefetch_factor=4 if self.config.num_workers else None,
+                                generator=generator)
             for batch in loader:
                 self.batch_in_epoch += 1
                 yield batch

@@ -188,6 +188,19 @@ def evaluate(engine, config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> 
     return summarize(all_reduce(sums), elapsed=None)
 
 
+def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bool:
+    """Whether the phase has held-out shards (else validation is skipped, with a warning)."""
+    from training.loader import list_shards
+    source = build_loader(config, phase, dist, validation=True).source
+    try:
+        list_shards(source, "validation")
+    except FileNotFoundError as e:
+        if dist.is_main:
+            log.warning("%s: no validation shards, validation skipped (%s)", phase.name, e)
+        return False
+    return config.eval_batches > 0
+
+
 def all_reduce(sums: dict[str, float]) -> dict[str, float]:
     values = torch.tensor([sums[k] for k in METRIC_KEYS], dtype=torch.float64)
     torch.distributed.all_reduce(values)
@@ -394,6 +407,7 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
 
     batches = iter(loader)
     tag = None
+    validate = has_validation(config, phase, dist)
     window, started = dict.fromkeys(METRIC_KEYS, 0.0), time.perf_counter()
     bar = tqdm(total=phase.steps, initial=step, desc=phase.name, disable=not dist.is_main,
                dynamic_ncols=True)
@@ -408,7 +422,8 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
             metrics.write(_record("train", phase_index, phase, step, step_offset, summary))
             bar.set_postfix(loss=f"{summary['loss']:.3f}", mlm_acc=f"{summary['mlm_accuracy']:.3f}")
             window, started = dict.fromkeys(METRIC_KEYS, 0.0), time.perf_counter()
-        if (config.eval_every and step % config.eval_every == 0) or step == phase.steps:
+        if validate and ((config.eval_every and step % config.eval_every == 0)
+                         or step == phase.steps):
             summary = evaluate(engine, config, phase, dist)
             metrics.write(_record("validation", phase_index, phase, step, step_offset, summary))
         if ((config.checkpoint_every and step % config.checkpoint_every == 0)

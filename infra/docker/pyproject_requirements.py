@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+
 import tomllib
 
 

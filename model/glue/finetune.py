@@ -367,7 +367,8 @@ def build_optimizer(model: nn.Module, learning_rate: float,
         {"params": [p for p in params if id(p) not in no_decay], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=learning_rate, eps=cfg.adam_epsilon)
+    # fused: one kernel over all parameters (the default of transformers' Trainer as well).
+    return torch.optim.AdamW(groups, lr=learning_rate, eps=cfg.adam_epsilon, fused=True)
 
 
 def warmup_linear_decay(optimizer: torch.optim.Optimizer, total_steps: int,

