@@ -34,8 +34,9 @@ class VocabConfig:
     """Keep case and accents (BERT-cased) instead of lower-casing."""
 
     def __post_init__(self):
-        if self.vocab_size < 200:
-            raise ValueError(f"vocab.vocab_size={self.vocab_size}: must be at least 200")
+        # Below ~1,000 the alphabet of real text (plus the reserved block) leaves no room.
+        if self.vocab_size < 1000:
+            raise ValueError(f"vocab.vocab_size={self.vocab_size}: must be at least 1000")
 
 
 @dataclass(frozen=True)

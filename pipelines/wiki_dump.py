@@ -11,8 +11,9 @@ page is read exactly once however the file is cut (the rule Hadoop uses for text
 Pages are found by scanning bytes for `<page>`/`</page>` (inside `<text>` wikitext is
 XML-escaped, so the tags cannot occur there) and each page is parsed on its own with
 ElementTree. Memory stays at one chunk plus one page (capped by `max_page_bytes`) whatever the
-file size, and a malformed page, invalid UTF-8 or a truncated stream costs only the pages
-affected: they come out as `BadRecord`s naming the file and the record.
+file size. A malformed page, invalid UTF-8, a truncated file or a corrupt bz2 stream (reading
+resumes at the next stream) costs only the pages affected: they come out as `BadRecord`s
+naming the file and the record.
 """
 from __future__ import annotations
 
@@ -393,6 +394,18 @@ def _finish_page(raw: bytes, split: DumpSplit, offset: int) -> Page | BadRecord:
     return _page_from_element(element, raw, split, offset)
 
 
+# Exports before schema 0.5 have no <ns>: the title's prefix tells ("Kill Bill: Volume 1" is 0).
+_NAMESPACE_PREFIXES = frozenset({
+    "talk", "user", "wikipedia", "file", "image", "mediawiki", "template", "help", "category",
+    "portal", "book", "draft", "timedtext", "module", "special", "media"})
+
+
+def _guess_namespace(title: str) -> int:
+    """0 for an article, else 1: some other namespace (the old schema does not say which)."""
+    prefix = title.split(":", 1)[0].strip().lower() if ":" in title else ""
+    return 1 if prefix in _NAMESPACE_PREFIXES or prefix.endswith(" talk") else 0
+
+
 def _page_from_element(element: ET.Element, raw: bytes, split: DumpSplit,
                        offset: int) -> Page | BadRecord:
     page_id, title, namespace = (element.findtext(tag) for tag in ("id", "title", "ns"))
@@ -400,7 +413,7 @@ def _page_from_element(element: ET.Element, raw: bytes, split: DumpSplit,
     if not (page_id and page_id.strip().isdigit()) or title is None or not revisions:
         return _bad_page(raw, split, offset, "malformed page: missing <id>, <title> or <revision>")
     try:
-        ns = int(namespace) if namespace is not None else (1 if ":" in title else 0)
+        ns = int(namespace) if namespace is not None else _guess_namespace(title)
     except ValueError:
         return _bad_page(raw, split, offset, f"malformed page: <ns> is {namespace!r}")
     return Page(page_id=int(page_id), title=title, namespace=ns,

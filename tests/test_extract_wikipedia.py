@@ -505,3 +505,16 @@ def test_parser_lists_job_options_and_config_validation_names_the_flag():
 def test_missing_input_names_the_pattern(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         run_job(tmp_path / "nothing-here*.xml.bz2", tmp_path / "out")
+
+
+def test_old_exports_without_ns_use_the_title_prefix(tmp_path):
+    def page(page_id, title):
+        return (f"<page><title>{title}</title><id>{page_id}</id><revision><id>1</id>"
+                f"<text>Text of {title}.</text></revision></page>")
+    dump = tmp_path / "old.xml"
+    dump.write_text(f"<mediawiki>{page(1, 'Kill Bill: Volume 1')}{page(2, 'Talk:Berlin')}"
+                    f"{page(3, 'Category:Cities')}</mediawiki>")
+    pages = [p for s in plan_splits(str(dump), 1 << 30) for p in iter_pages(s)]
+    assert [(p.page_id, p.namespace, p.text) for p in pages] == [
+        (1, 0, "Text of Kill Bill: Volume 1."), (2, 1, "Text of Talk:Berlin."),
+        (3, 1, "Text of Category:Cities.")]

