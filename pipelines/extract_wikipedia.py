@@ -323,4 +323,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    run()
+    # Run the module under its package name, so the classes Beam pickles for its workers are
+    # `pipelines.extract_wikipedia.X`, importable there, not `__main__.X`.
+    from pipelines import extract_wikipedia as _job  # noqa: PLW0406
+
+    _job.run()

@@ -257,6 +257,32 @@ def is_parquet(path: str) -> bool:
     return path.endswith(".parquet")
 
 
+def corpus_parquet(f, path: str):
+    """A `pyarrow.parquet.ParquetFile` with the corpus columns, or a ValueError naming the file."""
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(f)
+    missing = {"doc_id", "sentences"} - set(parquet.schema_arrow.names)
+    if missing:
+        raise ValueError(f"{path}: no column(s) {sorted(missing)}; make_shards reads the corpus "
+                         "that build_corpus writes (documents split into sentences)")
+    return parquet
+
+
+def select_inputs(files: list[str]) -> list[str]:
+    """The Parquet files if there are any, else the text files.
+
+    `build_corpus --text_output` writes a `.txt` twin next to each Parquet shard; reading both
+    would make every document twice.
+    """
+    parquet = [f for f in files if is_parquet(f)]
+    if parquet and len(parquet) < len(files):
+        logger.warning("--input has Parquet and other files: reading the %d Parquet files, "
+                       "ignoring %d others (e.g. %s)", len(parquet), len(files) - len(parquet),
+                       next(f for f in files if not is_parquet(f)))
+    return parquet or files
+
+
 # ----------------------------------------------------------------------------------------------
 # Beam wiring
 # ----------------------------------------------------------------------------------------------
@@ -325,12 +351,10 @@ class ReadDocumentsFn(beam.DoFn):
 
     def _parquet(self, path: str):
         """(doc ids, sentences) batches of a corpus Parquet file; a null row is a BadRecord."""
-        import pyarrow.parquet as pq
-
         with storage.open_read(path, "rb") as f:
             row = 0
-            for batch in pq.ParquetFile(f).iter_batches(batch_size=self.batch_documents,
-                                                        columns=["doc_id", "sentences"]):
+            for batch in corpus_parquet(f, path).iter_batches(
+                    batch_size=self.batch_documents, columns=["doc_id", "sentences"]):
                 ids = batch.column(0).to_pylist()
                 sentences = batch.column(1).to_pylist()
                 keys = [doc_id if doc_id is not None and s is not None else
@@ -700,9 +724,8 @@ def read_all_documents(files: list[str], tokenizer, validation_fraction: float
     for path in tqdm(files, desc="read", unit="file", file=sys.stderr):
         try:
             if is_parquet(path):
-                import pyarrow.parquet as pq
                 with storage.open_read(path, "rb") as f:
-                    table = pq.read_table(f, columns=["doc_id", "sentences"])
+                    table = corpus_parquet(f, path).read(columns=["doc_id", "sentences"])
                 batches = [(table.column(0).to_pylist(), table.column(1).to_pylist())]
             else:
                 with storage.open_read(path, "rb") as f:
@@ -861,7 +884,7 @@ def run(argv: list[str] | None = None) -> dict:
     cfg, job = configs_from_args(args)
     from pipelines.tokenization import read_vocab
     vocab_size = len(read_vocab(args.vocab))
-    files = storage.expand_inputs(args.input)
+    files = select_inputs(storage.expand_inputs(args.input))
     options = {"input": files, "vocab": args.vocab, "instance": asdict(cfg), "job": asdict(job)}
     logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), args.output,
                 "\n".join(f"  {k}: {v}" for k, v in {**asdict(cfg), **asdict(job)}.items()))
@@ -896,7 +919,9 @@ def _run_scalable(files, args, beam_options, cfg, job, vocab_size):
     result = p.result
     with storage.open_read(infos_path) as f:
         infos = [shards.ShardInfo.from_json(line) for line in f if line.strip()]
-    if not storage.is_remote(infos_path):
+    if storage.is_remote(infos_path):
+        beam.io.filesystems.FileSystems.delete([infos_path])
+    else:
         os.unlink(infos_path)
     return infos, _beam_counters(result)
 

@@ -162,6 +162,19 @@ def _frac(args: list[str]) -> str:
     return "/".join(pos[:2]) if len(pos) == 2 else (f"1/{pos[0]}" if pos else "")
 
 
+_MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August",
+           "September", "October", "November", "December")
+
+
+def _as_of(args: list[str]) -> str:
+    # {{As of|2021|3|lc=y}} -> "as of March 2021"; {{As of|2015}} -> "As of 2015".
+    year, month, day = ([*_positional(args), "", "", ""])[:3]
+    month = _MONTHS[int(month) - 1] if month.isdigit() and 1 <= int(month) <= 12 else month
+    words = " ".join(w for w in ("As of", day, month, year) if w)
+    lower = any(a.replace(" ", "").lower() in ("lc=y", "lc=yes") for a in args)
+    return words[0].lower() + words[1:] if lower else words
+
+
 def _quote(args: list[str]) -> str:
     named = {a.split("=", 1)[0].strip(): a.split("=", 1)[1] for a in args if "=" in a}
     text = named.get("text") or named.get("quote") or _first(args)
@@ -188,7 +201,7 @@ _RENDERED_TEMPLATES: dict[str, Callable[[list[str]], str]] = {
     "convert": _convert, "cvt": _convert, "frac": _frac, "fraction": _frac, "sfrac": _frac,
     "circa": lambda a: f"c. {_first(a)}", "c.": lambda a: f"c. {_first(a)}",
     "née": lambda a: f"née {_first(a)}", "nee": lambda a: f"née {_first(a)}",
-    "as of": lambda a: f"as of {' '.join(_positional(a)[:3])}",
+    "as of": _as_of,
     "quote": _quote, "blockquote": _quote, "cquote": _quote, "quotation": _quote,
 }
 

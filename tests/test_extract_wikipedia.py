@@ -12,6 +12,8 @@ import hashlib
 import itertools
 import json
 import re
+import subprocess
+import sys
 import tracemalloc
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from pipelines.jobs import BadRecord
 from pipelines.wiki_dump import Page, bz2_stream_offsets, iter_pages, plan_splits
 
 DUMP = "wiki/enwiki-dbpedia-minidump-pages-articles.xml.bz2"
+REPO = Path(__file__).resolve().parents[1]
 # The 23 articles of the dump: 27 pages minus 2 redirects, 1 disambiguation, 1 Category page.
 ARTICLES = [
     "? (film)", "Angela Merkel", "Arthur Schopenhauer", "Asda", "Atlantic Ocean", "Berlin",
@@ -246,11 +249,18 @@ def test_job_multistream_per_stream_same_documents(multistream_output, job_outpu
     assert without_source(read_documents(output)) == without_source(read_documents(job_output[0]))
 
 
-def test_job_multi_processing_gives_the_same_bytes(multistream_output, tmp_path):
+def test_job_command_line_multi_processing_gives_the_same_bytes(multistream_output, tmp_path):
+    # `python pipelines/extract_wikipedia.py ...` as a user types it: two worker processes
+    # must unpickle the job's classes, so the script must not define them in __main__.
     path, output, manifest = multistream_output
     parallel = tmp_path / "parallel"
-    assert run_job(path, parallel, *DEBUG_ARGS, "--direct_num_workers=2",
-                   "--direct_running_mode=multi_processing") == manifest
+    command = [sys.executable, str(REPO / "pipelines" / "extract_wikipedia.py"),
+               "--input", str(path), "--output", str(parallel), *DEBUG_ARGS,
+               "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    done = subprocess.run(command, check=False, capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert storage.read_manifest(str(parallel)) == manifest
     assert file_bytes(parallel) == file_bytes(output)
 
 

@@ -152,3 +152,20 @@ def assert_same_parameters(a: torch.nn.Module, b: torch.nn.Module) -> None:
     assert sa.keys() == sb.keys()
     for key in sa:
         assert torch.equal(sa[key], sb[key]), key
+
+
+def test_mlm_only_export_loads_as_masked_lm(minilm_dir, mrpc_pairs, tmp_path):
+    torch.manual_seed(3)
+    model = BertForPreTraining(bert_tiny(), next_sentence=False).eval()
+    export_hf_folder(model, str(minilm_dir), str(tmp_path))
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
+        "BertForMaskedLM"]
+    hf_model = transformers.BertForMaskedLM.from_pretrained(tmp_path).eval()
+    batch = encode(transformers.AutoTokenizer.from_pretrained(tmp_path), mrpc_pairs)
+    positions = torch.tensor([[2, 4, 6]] * len(mrpc_pairs))
+    with torch.no_grad():
+        expected = hf_model(**batch).logits
+        ours = model(batch["input_ids"], positions, batch["token_type_ids"],
+                     batch["attention_mask"]).mlm_logits
+    rows = torch.arange(len(mrpc_pairs))[:, None]
+    torch.testing.assert_close(ours, expected[rows, positions])

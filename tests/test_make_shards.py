@@ -62,7 +62,8 @@ def corpus(shared_data, tmp_path_factory) -> dict:
 def _run(corpus_dir, out, minilm_dir, *extra) -> dict:
     return make_shards.run([
         "--input", str(corpus_dir), "--vocab", str(minilm_dir), "--output", str(out),
-        "--dupe_factor", "2", "--num_shards", "3", "--rows_per_block", "64", *extra])
+        "--dupe_factor", "2", "--num_shards", "3", "--rows_per_block", "64",
+        "--instances_per_pack_bucket", "300", "--join_buckets", "7", *extra])
 
 
 def _sha(path: Path) -> str:
@@ -113,6 +114,15 @@ def test_two_workers_and_rerun_give_identical_shards(one_worker, corpus, minilm_
     assert _shard_files(two) == _shard_files(out)
     assert manifest2["shards"] == manifest["shards"]
     assert manifest2["config_hash"] == manifest["config_hash"]
+    cfg, job = make_shards.configs_from_args(make_shards.build_parser().parse_args([
+        "--input", "x", "--output", "y", "--vocab", "v", "--dupe_factor", "2",
+        "--instances_per_pack_bucket", "300"]))
+    assert make_shards.pack_bucket_count(manifest["counters"]["tokens"], cfg, job) >= 3
+    # Unpacked rows are in shuffle-key order whatever the grouping: other join and pack
+    # bucket counts give the same bytes.
+    _run(corpus["text"], tmp_path / "regrouped", minilm_dir, "--join_buckets", "1",
+         "--instances_per_pack_bucket", "100000")
+    assert _shard_files(tmp_path / "regrouped") == _shard_files(out)
     # Re-run into the same folder with fewer shards, then as before: identical bytes again,
     # and the shard left over from the 3-shard run is removed.
     _run(corpus["text"], two, minilm_dir, "--num_shards", "2")
@@ -132,6 +142,32 @@ def test_parquet_corpus_gives_the_same_shards_as_text(one_worker, corpus, minilm
     letters = (tmp_path / "pq" / "dead_letter" / "make_shards.jsonl").read_text().splitlines()
     assert len(letters) == 1 and json.loads(letters[0])["file"].endswith("corpus-99999-of-99999.parquet")
     assert manifest["counters"]["bad_records"] == 1
+
+
+def test_reference_mode_reads_parquet_like_text(corpus, minilm_dir, tmp_path):
+    args = ["--mode", "reference", "--format", "jsonl", "--num_shards", "1", "--dupe_factor", "1"]
+    text = _run(corpus["text"], tmp_path / "text", minilm_dir, *args)
+    parquet = _run(corpus["parquet"], tmp_path / "parquet", minilm_dir, *args)
+    assert text["totals"]["num_instances"] > 500
+    assert _shard_files(tmp_path / "text") == _shard_files(tmp_path / "parquet")
+    assert parquet["counters"]["documents"] == text["counters"]["documents"]
+
+
+def test_text_twins_of_parquet_are_skipped(tmp_path):
+    files = [str(tmp_path / f"corpus-00000-of-00001.{ext}") for ext in ("parquet", "txt")]
+    assert make_shards.select_inputs(files) == files[:1]
+    assert make_shards.select_inputs(files[1:]) == files[1:]
+
+
+def test_wrong_parquet_columns_are_named(minilm_dir, tmp_path):
+    docs_only = tmp_path / "documents"
+    docs_only.mkdir()
+    pq.write_table(pa.table({"doc_id": ["x"], "passages": [["A passage."]]}),
+                   docs_only / "documents-00000-of-00001.parquet")
+    manifest = _run(docs_only, tmp_path / "out2", minilm_dir)
+    (letter,) = (tmp_path / "out2" / "dead_letter" / "make_shards.jsonl").read_text().splitlines()
+    assert "documents-00000-of-00001.parquet: no column(s) ['sentences']" in letter
+    assert manifest["totals"]["num_instances"] == 0 and manifest["shards"] == []
 
 
 def test_webdataset_reads_the_rows_back(one_worker):

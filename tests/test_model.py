@@ -251,3 +251,16 @@ def test_initialisation_follows_bert():
     assert weights.abs().max().item() <= 0.04
     assert (model.bert.layers[0].output_norm.weight == 1).all()
     assert (model.bert.layers[0].output.bias == 0).all() and (model.mlm.bias == 0).all()
+
+
+def test_output_positions_compute_only_the_wanted_tokens_exactly():
+    """The sparse last layer (queries only at the masked and [CLS] positions) changes nothing."""
+    model = pretraining_model().bert
+    row = pack([instance(9, 3, seed=16), instance(7, 2, seed=17)], length=20)
+    batch = {k: torch.stack([v, v.roll(3)]) for k, v in row.items()}  # padding in mid-row too
+    wanted = torch.tensor([[0, 4, 9, 12, 15], [3, 5, 12, 13, 18]])
+    with torch.no_grad():
+        full = model(**batch)
+        sparse = model(**batch, output_positions=wanted)
+    assert sparse.shape == (2, 5, 128)
+    torch.testing.assert_close(sparse, full[torch.arange(2)[:, None], wanted])

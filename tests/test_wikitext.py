@@ -66,6 +66,14 @@ def test_inline_templates_render_their_visible_text():
         "1/2 of it is Foo in Anime Insider's list.")]
 
 
+def test_as_of_and_nee_templates():
+    text = ("{{As of|2021|3}}, x. Then {{as of|2015|lc=y}} y. {{As of|2019|12|5}} z. "
+            "Merkel ({{née|Kasner}}; born 1954).")
+    assert extract_passages(text) == [
+        ("As of March 2021, x. Then as of 2015 y. As of 5 December 2019 z. "
+        "Merkel (née Kasner; born 1954).")]
+
+
 def test_template_parameters_and_brace_runs_pair_like_mediawiki():
     # }}}} closes two templates; {{{1}}} is a parameter; a lone brace is text.
     assert extract_passages("A{{outer|{{inner}}}}B {{{1|default}}} C {x} D") == ["AB C {x} D"]

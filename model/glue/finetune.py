@@ -8,8 +8,8 @@ the mean and spread at the chosen rate; larger tasks run the first seed only. Th
 weights predict the test sets for the leaderboard.
 
 Batches are packed, not padded: the examples of a batch (the same 32 examples a padded batch
-would hold) are laid out first-fit-decreasing into rows of at most max_seq_length tokens, and
-the encoder's block-diagonal attention (`sequence_ids`) keeps each example on its own. The
+would hold) are laid out first-fit-decreasing into rows as long as the batch's longest example,
+and the encoder's block-diagonal attention (`sequence_ids`) keeps each example on its own. The
 output of each example is the same as alone; only the pad tokens' work is saved.
 """
 from __future__ import annotations
@@ -269,10 +269,14 @@ def pack_rows(lengths: Sequence[int], row_length: int) -> list[list[int]]:
 
 
 def pack_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],
-               row_length: int) -> PackedBatch:
-    """The examples at `indices` packed into rows of at most `row_length` tokens."""
+               row_length: int | None = None) -> PackedBatch:
+    """The examples at `indices` packed into rows of at most `row_length` tokens.
+
+    The default row length is the batch's longest example: rows are then no longer than a
+    padded batch's, so attention costs no more per token, and there are fewer of them.
+    """
     lengths = [len(encoded.input_ids[i]) for i in indices]
-    layout = pack_rows(lengths, row_length)
+    layout = pack_rows(lengths, row_length or max(lengths))
     width = max(sum(lengths[j] for j in row) for row in layout)
     slots_per_row = max(len(row) for row in layout)
     input_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
@@ -309,7 +313,7 @@ def padded_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int]) -> Pac
 def make_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],
                cfg: FinetuneConfig) -> PackedBatch:
     if cfg.pack_sequences:
-        return pack_batch(encoded, indices, cfg.max_seq_length)
+        return pack_batch(encoded, indices)
     return padded_batch(encoded, indices)
 
 
