@@ -55,6 +55,8 @@ class ShardsConfig:
     """Pack several short instances per row (less padding)."""
     target_shard_mb: float = 64.0
     """Target size of one shard file."""
+    validation_fraction: float = 0.01
+    """Share of documents held out (by a hash of doc_id) for the validation shards."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ def tiny() -> DagConfig:
         vocab=VocabConfig(vocab_size=4000),
         shards=ShardsConfig(dupe_factor=2, phase1_max_seq_length=128, phase1_max_predictions=20,
                             phase2_max_seq_length=256, phase2_max_predictions=40,
-                            target_shard_mb=1.0),
+                            target_shard_mb=1.0, validation_fraction=0.2),
         pretrain=PretrainConfig(model="bert_tiny", phase1_steps=150, phase2_steps=30,
                                 global_batch_size=32, micro_batch_size=32,
                                 phase2_global_batch_size=16, phase2_micro_batch_size=16,

@@ -80,6 +80,7 @@ def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: 
                   else (s.phase2_max_seq_length, s.phase2_max_predictions))
     options = {"max_seq_length": seq, "max_predictions_per_seq": preds,
                "dupe_factor": s.dupe_factor, "target_shard_mb": s.target_shard_mb,
+               "validation_fraction": s.validation_fraction,
                "do_lower_case": not cfg.vocab.cased}
     argv = ["--input", corpus.path, "--vocab", vocab.path]
     argv += [f"--{k}={v}" for k, v in options.items()]
