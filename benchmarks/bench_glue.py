@@ -86,8 +86,12 @@ class _Rows(torch.utils.data.Dataset):
 def run_peer(model_dir: str, prepared: ft.PreparedTask, lr: float, seed: int,
              cfg: ft.FinetuneConfig, workdir: str) -> Outcome:
     import transformers
-    from transformers import (BertForSequenceClassification, DataCollatorWithPadding, Trainer,
-                              TrainingArguments)
+    from transformers import (
+        BertForSequenceClassification,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainingArguments,
+    )
 
     task = prepared.task
     transformers.set_seed(seed)

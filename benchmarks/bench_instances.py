@@ -27,10 +27,9 @@ from pipelines.instances import (
     InstanceConfig,
     Vocab,
     create_instances_reference,
-    fill_random_next,
+    document_plans,
     finalize_instance,
     finalize_instances,
-    plan_document,
 )
 from pipelines.sentences import split_passages
 from pipelines.tokenization import load_tokenizer, read_vocab
@@ -75,20 +74,11 @@ def timed(fn, *args, **kwargs):
 
 
 def scalable(docs, vocab, cfg, batch_size: int | None):
-    out = []
-    for pass_index in range(cfg.dupe_factor):
-        plans = []
-        for d, doc in enumerate(docs):
-            for plan in plan_document(doc, d, len(docs), pass_index, cfg):
-                if plan.random_doc_index is not None:
-                    plan = fill_random_next(plan, docs[plan.random_doc_index], cfg)
-                plans.append(plan)
-        if batch_size is None:
-            out += [finalize_instance(p, vocab, cfg) for p in plans]
-        else:
-            for k in range(0, len(plans), batch_size):
-                out += finalize_instances(plans[k:k + batch_size], vocab, cfg)
-    return out
+    plans = [plan for document in document_plans(docs, cfg) for plan in document]
+    if batch_size is None:
+        return [finalize_instance(p, vocab, cfg) for p in plans]
+    return [instance for k in range(0, len(plans), batch_size)
+            for instance in finalize_instances(plans[k:k + batch_size], vocab, cfg)]
 
 
 def peer_instances(peer, peer_docs, vocab_words, cfg):

@@ -60,6 +60,8 @@ MAX_HEADING_CHARS = 100
 MAX_HEADING_WORDS = 12
 # A chapter's own title ("CHAPTER 1" then "Loomings.") is a short line right after the heading.
 MAX_CHAPTER_TITLE_WORDS = 8
+# Paragraphs longer than this are never unwrapped (see `_paragraph`): the cap on --max_passage_chars.
+MAX_UNWRAP_CHARS = 10_000_000
 
 
 class BadBookError(ValueError):
@@ -101,8 +103,9 @@ class BookConfig:
     is not text and is set aside whole."""
 
     def __post_init__(self):
-        if self.max_passage_chars < 1:
-            raise ValueError(f"--max_passage_chars must be >= 1, got {self.max_passage_chars}")
+        if not 1 <= self.max_passage_chars <= MAX_UNWRAP_CHARS:
+            raise ValueError(f"--max_passage_chars must be in [1, {MAX_UNWRAP_CHARS}], "
+                             f"got {self.max_passage_chars}")
         if not 0.0 <= self.max_control_fraction <= 1.0:
             raise ValueError(f"--max_control_fraction must be in [0, 1], got {self.max_control_fraction}")
 
@@ -202,8 +205,9 @@ def split_paragraphs(lines: list[str], first_line: int = 1) -> list[Paragraph]:
 
 def _paragraph(block: list[str], line: int) -> Paragraph:
     raw_chars = sum(len(b) for b in block)
-    # Collapsing a huge block would build a huge word list; the length guard rejects it anyway.
-    text = " ".join(" ".join(block).split()) if raw_chars <= 10_000_000 else ""
+    # Collapsing a huge block would build a huge word list; the length guard rejects it anyway
+    # (BookConfig caps --max_passage_chars at MAX_UNWRAP_CHARS, so "" never becomes a passage).
+    text = " ".join(" ".join(block).split()) if raw_chars <= MAX_UNWRAP_CHARS else ""
     return Paragraph(text, line, raw_chars, len(block))
 
 

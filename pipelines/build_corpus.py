@@ -68,12 +68,14 @@ def dedupe_key(record: dict) -> str:
     return hashlib.sha256(normalized_text(record["passages"]).encode("utf-8")).hexdigest()
 
 
-def _order(record: dict) -> tuple[str, str]:
-    return record["doc_id"], record["source_file"]
+def _order(record: dict) -> tuple:
+    # A total order: GroupByKey hands records over in any order, and two inputs may give the
+    # same doc_id and source_file (one documents folder passed twice, re-extracted differently).
+    return record["doc_id"], record["source_file"], record["title"], list(record["passages"])
 
 
 def keep_first(records: Iterable[dict]) -> tuple[dict, list[dict]]:
-    """(the record kept: smallest doc_id, then source_file; the others)."""
+    """(the record kept: smallest doc_id, then source_file, title, passages; the others)."""
     ordered = sorted(records, key=_order)
     return ordered[0], ordered[1:]
 
@@ -226,7 +228,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     config = BuildCorpusConfig(input=args.input, output=args.output,
                                num_shards=args.num_shards, text_output=args.text_output)
     files, folders = select_inputs(config.input)
-    sizes = {f: parquet_io.file_size(f) for f in files}
+    sizes = {f: storage.file_size(f) for f in files}
     num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
     text_column = "sentences" if config.text_output else None
     log.info("build_corpus: %d input files, %d shard(s), config %s",

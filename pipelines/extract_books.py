@@ -171,7 +171,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     args, options = jobs.parse_job_args(build_parser(), argv)
     config = config_from_args(args)
     files, excluded = select_inputs(config)
-    sizes = {f: parquet_io.file_size(f) for f in files}
+    sizes = {f: storage.file_size(f) for f in files}
     num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
     log.info("extract_books: %d books (%d excluded), %d shard(s), config %s",
              len(files), len(excluded), num_shards, dataclasses.asdict(config))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import fnmatch
 import json
 import logging
 import time
@@ -25,20 +24,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
-from apache_beam.metrics.metric import MetricsFilter
 
-from pipelines import storage
+from pipelines import parquet_io, storage
 from pipelines.documents import DOCUMENT_SCHEMA, Document
 from pipelines.jobs import DEAD_LETTER_DIR, BadRecord, configure_logging, job_parser, parse_job_args
-from pipelines.wiki_dump import DumpSplit, Page, file_size, iter_pages, plan_splits
+from pipelines.wiki_dump import DumpSplit, Page, iter_pages, plan_splits
 from pipelines.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
 
 STAGE = "extract_wikipedia"
 METRICS_NAMESPACE = STAGE
-DEAD_LETTER_FILE = "dead_letter-00000-of-00001.jsonl"
-SHARD_PATTERN = "documents-*-of-*.parquet"
+PREFIX = "documents"
 COUNT_NAMES = (
     "pages_read", "articles_kept", "skipped_redirect", "skipped_disambiguation",
     "skipped_namespace", "skipped_empty", "bad_records", "passages",
@@ -111,10 +107,6 @@ def read_page(page: Page, source_file: str, counter: Counter) -> Document | BadR
                          f"(title {page.title!r})")
 
 
-def shard_name(index: int, count: int) -> str:
-    return f"documents-{index:05d}-of-{count:05d}.parquet"
-
-
 @dataclass(frozen=True)
 class SplitResult:
     """What one split produced: its output file and counts, and the records set aside."""
@@ -127,35 +119,6 @@ class SplitResult:
     bad_records: tuple[BadRecord, ...] = ()
 
 
-class _ShardWriter:
-    """Streams documents into one Parquet file, `row_group_docs` rows at a time."""
-
-    def __init__(self, file, row_group_docs: int):
-        import pyarrow.parquet as pq
-
-        self._writer = pq.ParquetWriter(file, DOCUMENT_SCHEMA, compression="zstd")
-        self._row_group_docs = row_group_docs
-        self._batch: list[dict] = []
-        self.num_documents = 0
-
-    def write(self, document: Document) -> None:
-        self._batch.append(document.to_record())
-        self.num_documents += 1
-        if len(self._batch) >= self._row_group_docs:
-            self._flush()
-
-    def close(self) -> None:
-        self._flush()
-        self._writer.close()
-
-    def _flush(self) -> None:
-        import pyarrow as pa
-
-        if self._batch:
-            self._writer.write_table(pa.Table.from_pylist(self._batch, schema=DOCUMENT_SCHEMA))
-            self._batch = []
-
-
 def extract_split(index: int, split: DumpSplit, num_splits: int, output_dir: str,
                   config: WikipediaConfig) -> SplitResult:
     """Read one split and write its documents file (atomically); returns what it did."""
@@ -165,11 +128,11 @@ def extract_split(index: int, split: DumpSplit, num_splits: int, output_dir: str
     def counter(name: str, value: int = 1) -> None:
         counts[name] += value
 
-    name = shard_name(index, num_splits)
+    name = parquet_io.shard_name(PREFIX, index, num_splits)
     path = storage.join(output_dir, name)
     started = time.monotonic()
     with storage.atomic_open(path, "wb") as f:
-        writer = _ShardWriter(f, config.row_group_docs)
+        writer = parquet_io.StreamingShardWriter(f, DOCUMENT_SCHEMA, config.row_group_docs)
         for page in iter_pages(split, config.max_page_bytes):
             item = read_page(page, split.path, counter) if isinstance(page, Page) else page
             if isinstance(item, BadRecord):
@@ -177,13 +140,13 @@ def extract_split(index: int, split: DumpSplit, num_splits: int, output_dir: str
                 bad.append(item)
                 counter("bad_records", 1)
             elif item is not None:
-                writer.write(item)
+                writer.write(item.to_record())
             if isinstance(page, Page) and counts["pages_read"] % 10000 == 0:
                 _log_progress(index, num_splits, counts, started)
         writer.close()
     _log_progress(index, num_splits, counts, started)
     return SplitResult(index=index, output=name, sha256=storage.sha256_file(path),
-                       size_bytes=file_size(path), num_documents=writer.num_documents,
+                       size_bytes=storage.file_size(path), num_documents=writer.num_rows,
                        counts=dict(counts), bad_records=tuple(bad))
 
 
@@ -208,7 +171,7 @@ def summarise(results: Sequence[SplitResult], resolved_config: dict,
         "inputs": [{"path": path, "size_bytes": size} for path, size in inputs],
         "outputs": [{"path": r.output, "sha256": r.sha256, "size_bytes": r.size_bytes,
                      "num_documents": r.num_documents} for r in results],
-        "dead_letter": f"{DEAD_LETTER_DIR}/{DEAD_LETTER_FILE}",
+        "dead_letter": f"{DEAD_LETTER_DIR}/{parquet_io.DEAD_LETTER_FILE}",
     }
 
 
@@ -236,21 +199,10 @@ class ExtractDoFn(beam.DoFn):
 
 def _finalise(results: list[SplitResult], output_dir: str, resolved_config: dict,
               inputs: list[tuple[str, int]]) -> None:
-    storage.atomic_write_text(storage.join(output_dir, DEAD_LETTER_DIR, DEAD_LETTER_FILE),
-                              dead_letter_lines(results))
-    _remove_stale_shards(output_dir, {r.output for r in results})
+    # Dead letters in split order, then file order: already deterministic, so not re-sorted.
+    storage.atomic_write_text(parquet_io.dead_letter_path(output_dir), dead_letter_lines(results))
     manifest = summarise(results, resolved_config, inputs)
     storage.write_manifest(output_dir, manifest)  # last: marks the output complete
-
-
-def _remove_stale_shards(output_dir: str, current: set[str]) -> None:
-    # A previous run with another split plan may have left shards this run did not write.
-    pattern = storage.join(output_dir, SHARD_PATTERN)
-    stale = [m.path for m in FileSystems.match([pattern])[0].metadata_list
-             if fnmatch.fnmatch(m.path.rsplit("/", 1)[-1], SHARD_PATTERN)
-             and m.path.rsplit("/", 1)[-1] not in current]
-    if stale:
-        FileSystems.delete(stale)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -290,15 +242,14 @@ def run(argv: Sequence[str] | None = None) -> dict:
     args, options = parse_job_args(build_parser(), argv)
     config = _config_from_args(args)
     files = storage.expand_inputs(args.input)
-    inputs = [(path, file_size(path)) for path in files]
+    inputs = [(path, storage.file_size(path)) for path in files]
     # The output folder is where, not what: it stays out of the config (and its hash).
     resolved = {"input": files, **dataclasses.asdict(config)}
     LOG.info("%s config: %s -> %s", STAGE, json.dumps(resolved, sort_keys=True), args.output)
 
     storage.makedirs(args.output)
-    manifest_path = storage.join(args.output, storage.MANIFEST_NAME)
-    if storage.exists(manifest_path):  # the output is incomplete until this run rewrites it
-        FileSystems.delete([manifest_path])
+    # A previous run (maybe with another split plan) must leave no shard this run does not write.
+    parquet_io.clear_previous_output(args.output, PREFIX)
 
     splits = _indexed_splits(inputs, config)
     LOG.info("%d input files -> %d splits", len(files), len(splits))
@@ -313,9 +264,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
             | "Collect" >> beam.combiners.ToList()
             | "Finalise" >> beam.Map(_finalise, output_dir, resolved, inputs)
         )
-    result = pipeline.result
-    metrics = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))
-    totals = {c.key.metric.name: c.committed for c in metrics["counters"]}
+    totals = parquet_io.query_counters(pipeline.result, METRICS_NAMESPACE, COUNT_NAMES)
     LOG.info("Beam metrics: %s", json.dumps(totals, sort_keys=True))
     manifest = storage.read_manifest(args.output)
     LOG.info("counts: %s", json.dumps(manifest["counts"], sort_keys=True))

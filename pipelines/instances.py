@@ -27,7 +27,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.tokenization import CLS, MASK, SEP
+from pipelines.tokenization import (
+    CLS,
+    MASK,
+    SEP,
+    encode_like_reference,
+    splitting_special_tokens,
+)
 
 Document = list[np.ndarray]  # one int32 token-id array per segment (sentence)
 
@@ -222,11 +228,13 @@ def read_reference_text(lines: Iterable[str], tokenizer, batch_size: int = 4096)
 
     Each line is stripped; an empty line starts a new document; a line with tokens is one segment
     of the current document; empty documents are dropped. `tokenizer` is a `tokenizers.Tokenizer`
-    (`pipelines.tokenization.load_tokenizer`). Pass the lines of all input files in order (a file
+    (`pipelines.tokenization.load_tokenizer(..., split_special_tokens=True)`; without the flag a
+    copy with it is made once), used through `encode_like_reference`. Pass the lines of all input files in order (a file
     boundary does not end a document in the reference), split on "\\n" only as the reference
     does: read with `open(..., newline="\\n")`, not `str.splitlines` (which also splits on
     "\\x1c", "\\x85", "\\u2028", ...).
     """
+    tokenizer = splitting_special_tokens(tokenizer)  # "[MASK]" in text is a word (reference)
     documents: list[Document] = [[]]
     pending: list[str] = []
 
@@ -247,46 +255,6 @@ def read_reference_text(lines: Iterable[str], tokenizer, batch_size: int = 4096)
                 flush()
     flush()
     return [doc for doc in documents if doc]
-
-
-def encode_like_reference(tokenizer, texts: list[str]) -> list[list[int]]:
-    """Token ids of each text as BERT's reference tokenizer gives them (one `encode_batch`).
-
-    `tokenizers` differs from the reference in two corner cases, undone here:
-    - the literal text "[MASK]" (any added token) becomes that special token; the reference's
-      basic tokenizer splits it into "[", "mask", "]";
-    - the reference lower-cases with Python's `str.lower` (final sigma "ς") before it strips
-      accents; `tokenizers` lower-cases "Σ" to "σ" everywhere.
-    """
-    specials = _literal_special_tokens(tokenizer)
-    lower_first = bool(getattr(tokenizer.normalizer, "lowercase", False))
-    prepared = []
-    for text in texts:
-        if lower_first:
-            text = text.lower()
-        if specials and "[" in text:
-            text = _escape_specials(text, specials)
-        prepared.append(text)
-    return [e.ids for e in tokenizer.encode_batch(prepared, add_special_tokens=False)]
-
-
-def _literal_special_tokens(tokenizer) -> list[str]:
-    """The tokenizer's added tokens ([CLS], [MASK], ...) that can be neutralised in text."""
-    contents = [t.content for t in tokenizer.get_added_tokens_decoder().values()]
-    return [c for c in contents if len(c) > 2 and c[0] == "[" and c[-1] == "]"]
-
-
-def _escape_specials(text: str, specials: list[str]) -> str:
-    """Text in which "[MASK]" etc. are plain words again: "[ MASK ]".
-
-    `tokenizers` turns the literal text "[MASK]" into the [MASK] token; the reference's basic
-    tokenizer splits it into "[", "mask", "]". Spaces next to punctuation never change the
-    reference's tokens (punctuation is always split off), so this keeps its tokenization.
-    """
-    for special in specials:
-        if special in text:
-            text = text.replace(special, f"[ {special[1:-1]} ]")
-    return text
 
 
 def create_instances_reference(documents: list[Document], vocab: Vocab,
@@ -775,16 +743,24 @@ def create_instances_scalable(documents: list[Document], vocab: Vocab, cfg: Inst
     """
     out: list[Instance] = []
     batch: list[InstancePlan] = []
+    for plans in document_plans(documents, cfg):
+        batch.extend(plans)
+        if len(batch) >= batch_size:
+            out.extend(finalize_instances(batch, vocab, cfg))
+            batch = []
+        if progress is not None:
+            progress(1)
+    out.extend(finalize_instances(batch, vocab, cfg))
+    return out
+
+
+def document_plans(documents: list[Document], cfg: InstanceConfig) -> Iterator[list[InstancePlan]]:
+    """The plans of each (pass, document), random next filled, in (pass, document) order."""
     for pass_index in range(cfg.dupe_factor):
         for doc_index, doc in enumerate(documents):
+            plans = []
             for plan in plan_document(doc, doc_index, len(documents), pass_index, cfg):
                 if plan.random_doc_index is not None:
                     plan = fill_random_next(plan, documents[plan.random_doc_index], cfg)
-                batch.append(plan)
-            if len(batch) >= batch_size:
-                out.extend(finalize_instances(batch, vocab, cfg))
-                batch = []
-            if progress is not None:
-                progress(1)
-    out.extend(finalize_instances(batch, vocab, cfg))
-    return out
+                plans.append(plan)
+            yield plans

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 DEAD_LETTER_DIR = "dead_letter"
 

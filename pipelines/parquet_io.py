@@ -23,6 +23,7 @@ from pipelines import jobs, storage
 DEAD_LETTER_FILE = "dead_letter-00000-of-00001.jsonl"
 TARGET_SHARD_BYTES = 256 << 20  # input bytes per output shard when --num_shards=0 (auto)
 ROW_GROUP_ROWS = 1024  # readers (train_vocab, build_corpus) stream a shard row group by row group
+COMPRESSION = "zstd"
 
 
 def content_hash(config) -> str:
@@ -39,8 +40,12 @@ def auto_num_shards(total_input_bytes: int) -> int:
     return max(1, math.ceil(total_input_bytes / TARGET_SHARD_BYTES))
 
 
+def shard_name(prefix: str, index: int, count: int) -> str:
+    return f"{prefix}-{index:05d}-of-{count:05d}.parquet"
+
+
 def shard_path(output: str, prefix: str, index: int, count: int) -> str:
-    return storage.join(output, f"{prefix}-{index:05d}-of-{count:05d}.parquet")
+    return storage.join(output, shard_name(prefix, index, count))
 
 
 def write_shard(output: str, prefix: str, index: int, count: int, records: Iterable[dict],
@@ -56,11 +61,39 @@ def write_shard(output: str, prefix: str, index: int, count: int, records: Itera
     table = pa.Table.from_pylist(rows, schema=schema)
     path = shard_path(output, prefix, index, count)
     with storage.atomic_open(path, "wb") as f:
-        pq.write_table(table, f, row_group_size=ROW_GROUP_ROWS, compression="zstd")
+        pq.write_table(table, f, row_group_size=ROW_GROUP_ROWS, compression=COMPRESSION)
     if text_column is not None:
         storage.atomic_write_text(text_shard_path(output, prefix, index, count),
                                   reference_text([r[text_column] for r in rows]))
     return path
+
+
+class StreamingShardWriter:
+    """Writes records to one open Parquet file as they come, `row_group_rows` per row group, so
+    a worker holds one row group, not the shard (extract_wikipedia: one shard per dump split)."""
+
+    def __init__(self, file, schema: pa.Schema, row_group_rows: int = ROW_GROUP_ROWS):
+        import pyarrow.parquet as pq
+
+        self._writer = pq.ParquetWriter(file, schema, compression=COMPRESSION)
+        self._schema, self._row_group_rows = schema, row_group_rows
+        self._batch: list[dict] = []
+        self.num_rows = 0
+
+    def write(self, record: dict) -> None:
+        self._batch.append(record)
+        self.num_rows += 1
+        if len(self._batch) >= self._row_group_rows:
+            self._flush()
+
+    def close(self) -> None:
+        self._flush()
+        self._writer.close()
+
+    def _flush(self) -> None:
+        if self._batch:
+            self._writer.write_table(pa.Table.from_pylist(self._batch, schema=self._schema))
+            self._batch = []
 
 
 def text_shard_path(output: str, prefix: str, index: int, count: int) -> str:
@@ -92,11 +125,10 @@ def clear_previous_output(output: str, prefix: str, extra: Iterable[str] = ()) -
     outlive it."""
     from apache_beam.io.filesystems import FileSystems
 
-    manifest = storage.join(output, storage.MANIFEST_NAME)
+    storage.withdraw_manifest(output)
     stale = [storage.join(output, f"{prefix}-*-of-*.parquet"),
              storage.join(output, f"{prefix}-*-of-*.txt"), dead_letter_path(output), *extra]
-    doomed = [manifest] if storage.exists(manifest) else []
-    doomed += [m.path for pattern in stale for m in FileSystems.match([pattern])[0].metadata_list]
+    doomed = [m.path for pattern in stale for m in FileSystems.match([pattern])[0].metadata_list]
     if doomed:
         FileSystems.delete(doomed)
 
@@ -121,13 +153,6 @@ def outputs_entry(output: str, paths: list[str]) -> list[dict]:
     base = str(output).rstrip("/") + "/"
     return [{"path": p.removeprefix(base), "sha256": storage.sha256_file(p)}
             for p in paths]
-
-
-def file_size(path: str) -> int:
-    if storage.is_remote(path):
-        from apache_beam.io.filesystems import FileSystems
-        return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-    return os.path.getsize(path)
 
 
 def query_counters(result, namespace: str, names: Iterable[str]) -> dict[str, int]:

@@ -71,9 +71,10 @@ def split_sentences(text: str) -> list[str]:
     """Split one passage into sentences: stripped, non-empty, one line each, in order.
 
     Whitespace runs (newlines included) become one space first, so every sentence can be written
-    as one line of the reference text format.
+    as one line of the reference text format. NUL counts as whitespace: blingfire turns it into a
+    space (so its sentences would not be slices of the text), and BERT's tokenizer drops it.
     """
-    text = " ".join(text.split())
+    text = " ".join(text.replace("\x00", " ").split())
     if not text:
         return []
     merged: list[list[int]] = []

@@ -13,8 +13,9 @@ import json
 import os
 import tempfile
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 MANIFEST_NAME = "manifest.json"
 # mkstemp creates 0600 files; outputs get the mode a plain open() would give (0666 & ~umask).
@@ -44,6 +45,13 @@ def exists(path: str) -> bool:
         from apache_beam.io.filesystems import FileSystems
         return FileSystems.exists(path)
     return os.path.exists(path)
+
+
+def file_size(path: str) -> int:
+    if is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+        return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    return os.path.getsize(path)
 
 
 @contextlib.contextmanager
@@ -105,6 +113,7 @@ def read_json(path: str) -> Any:
 def open_read(path: str, mode: str = "r"):
     if is_remote(path):
         import io
+
         from apache_beam.io.filesystems import FileSystems
         raw = FileSystems.open(path)
         return raw if "b" in mode else io.TextIOWrapper(raw, encoding="utf-8")
@@ -142,6 +151,18 @@ def write_manifest(output_dir: str, manifest: dict) -> str:
     path = join(output_dir, MANIFEST_NAME)
     atomic_write_json(path, manifest)
     return path
+
+
+def withdraw_manifest(output_dir: str) -> None:
+    """Before a re-run: remove `manifest.json`, so a crash cannot leave it over new files."""
+    path = join(output_dir, MANIFEST_NAME)
+    if is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
 
 
 def read_manifest(output_dir: str) -> dict | None:

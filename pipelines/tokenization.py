@@ -8,11 +8,17 @@ Matches BERT's reference tokenizer (`tokenization.py` in google-research/bert): 
 spacing, optional lower-casing and accent stripping, split on whitespace and punctuation, then
 greedy longest-match-first WordPiece with `##` continuations; a word longer than 200 characters
 is `[UNK]` (the reference's `max_input_chars_per_word`; `BertTokenizerFast` defaults to 100).
+
+Special-token text: `tokenizers` (and so `BertTokenizerFast`, which GLUE uses) matches added
+tokens such as "[MASK]" in raw text and turns them into the special token; the reference's basic
+tokenizer splits the text into "[", "mask", "]". Corpus-side encoding (instance creation) wants the
+reference's behaviour: `load_tokenizer(..., split_special_tokens=True)` and
+`encode_like_reference`. The saved `tokenizer.json` keeps the Hugging Face behaviour.
 """
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
@@ -44,8 +50,13 @@ def bert_normalizer(do_lower_case: bool) -> normalizers.Normalizer:
                                       strip_accents=do_lower_case, lowercase=do_lower_case)
 
 
-def build_tokenizer(vocab: Sequence[str], do_lower_case: bool = True) -> Tokenizer:
-    """A BERT WordPiece `Tokenizer` over `vocab` (tokens in id order)."""
+def build_tokenizer(vocab: Sequence[str], do_lower_case: bool = True,
+                    split_special_tokens: bool = False) -> Tokenizer:
+    """A BERT WordPiece `Tokenizer` over `vocab` (tokens in id order).
+
+    `split_special_tokens=True`: "[MASK]" etc. in the text are plain text (see the module doc);
+    the post-processor still adds [CLS]/[SEP] around encoded sequences.
+    """
     vocab_map = {token: i for i, token in enumerate(vocab)}
     tokenizer = Tokenizer(models.WordPiece(vocab_map, unk_token=UNK,
                                            max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
@@ -58,12 +69,43 @@ def build_tokenizer(vocab: Sequence[str], do_lower_case: bool = True) -> Tokeniz
     )
     tokenizer.decoder = decoders.WordPiece(prefix="##")
     tokenizer.add_special_tokens([t for t in vocab if t in SPECIAL_TOKENS])
+    # A runtime switch of the Rust tokenizer, not part of tokenizer.json.
+    tokenizer.encode_special_tokens = split_special_tokens
     return tokenizer
 
 
-def load_tokenizer(vocab_path: str, do_lower_case: bool = True) -> Tokenizer:
-    """The tokenizer for a vocabulary folder or `vocab.txt` (any BERT vocabulary)."""
-    return build_tokenizer(read_vocab(vocab_path), do_lower_case)
+def load_tokenizer(vocab_path: str, do_lower_case: bool = True,
+                   split_special_tokens: bool = False) -> Tokenizer:
+    """The tokenizer for a vocabulary folder or `vocab.txt` (any BERT vocabulary).
+
+    Corpus-side encoding passes `split_special_tokens=True` (see `encode_like_reference`).
+    """
+    return build_tokenizer(read_vocab(vocab_path), do_lower_case, split_special_tokens)
+
+
+def splitting_special_tokens(tokenizer: Tokenizer) -> Tokenizer:
+    """`tokenizer` if it already treats special-token text as plain text, else such a copy."""
+    if tokenizer.encode_special_tokens:
+        return tokenizer
+    copy = Tokenizer.from_str(tokenizer.to_str())  # about 60 ms for a 30k vocabulary
+    copy.encode_special_tokens = True
+    return copy
+
+
+def encode_like_reference(tokenizer: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of each text (no [CLS]/[SEP]) exactly as BERT's reference tokenizer gives them.
+
+    `tokenizers` differs from the reference in two corner cases, handled here:
+    - literal "[MASK]", "[SEP]", ... in text: the reference splits them into "[", "mask", "]";
+      here the tokenizer's `encode_special_tokens` does (load it with
+      `split_special_tokens=True`, or a copy is made per call);
+    - the reference lower-cases with Python's `str.lower` (final sigma "ς") before it strips
+      accents; `tokenizers` lower-cases "Σ" to "σ" everywhere, so lower-casing happens here first.
+    """
+    tokenizer = splitting_special_tokens(tokenizer)
+    if getattr(tokenizer.normalizer, "lowercase", False):
+        texts = [text.lower() for text in texts]
+    return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
 
 def save_tokenizer_folder(vocab: Sequence[str], folder: str, do_lower_case: bool = True) -> None:

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipelines import jobs, storage
+from pipelines import jobs, parquet_io, storage
 from pipelines.tokenization import save_tokenizer_folder
 from pipelines.vocab import VocabConfig, count_words, train_vocab, word_splitter
 
@@ -33,7 +33,6 @@ DEAD = "dead"
 TEXT_COLUMNS = ("sentences", "passages")  # first present wins
 PARQUET_BATCH_ROWS = 256
 WORD_COUNTS_NAME = "word_counts.tsv"
-BAD_RECORDS_NAME = "dead_letter-00000-of-00001.jsonl"  # as the corpus jobs name it
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -204,8 +203,7 @@ def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str
     result = train_vocab(word_counts, config, show_progress=show_progress)
     train_seconds = time.monotonic() - started
     storage.makedirs(output)
-    dead_path = storage.join(output, jobs.DEAD_LETTER_DIR, BAD_RECORDS_NAME)
-    storage.atomic_write_text(dead_path, "".join(f"{r}\n" for r in sorted(bad_records)))
+    parquet_io.write_dead_letters(output, bad_records)
     ranked = sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0]))
     storage.atomic_write_text(storage.join(output, WORD_COUNTS_NAME),
                               "".join(f"{w}\t{c}\n" for w, c in ranked))
@@ -231,14 +229,6 @@ def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str
     return vocab_sha256
 
 
-def clear_manifest(output: str) -> None:
-    """A re-run first withdraws the old manifest: a crash must not leave it over new files."""
-    path = storage.join(output, storage.MANIFEST_NAME)
-    if storage.exists(path):
-        from apache_beam.io.filesystems import FileSystems
-        FileSystems.delete([path])
-
-
 def run(argv: Sequence[str] | None = None) -> dict:
     jobs.configure_logging()
     args, options = jobs.parse_job_args(build_parser(), argv)
@@ -246,7 +236,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     inputs = drop_text_renderings(storage.expand_inputs(args.input))
     logger.info("train_vocab: %d input file(s) -> %s; config %s", len(inputs), args.output,
                 config.resolved())
-    clear_manifest(args.output)
+    storage.withdraw_manifest(args.output)
     with beam.Pipeline(options=options) as p:
         read = (p
                 | "Files" >> beam.Create(inputs)

@@ -18,7 +18,6 @@ naming the file and the record.
 from __future__ import annotations
 
 import bz2
-import os
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
@@ -84,13 +83,6 @@ def is_bz2(path: str) -> bool:
         return f.read(3) == b"BZh"
 
 
-def file_size(path: str) -> int:
-    if storage.is_remote(path):
-        from apache_beam.io.filesystems import FileSystems
-        return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-    return os.path.getsize(path)
-
-
 def bz2_stream_offsets(path: str, chunk_bytes: int = 8 * CHUNK_BYTES,
                        on_bytes: Callable[[int], object] = lambda n: None) -> list[int]:
     """Byte offsets of the bz2 streams in `path` (a multistream index file is used if present).
@@ -99,7 +91,7 @@ def bz2_stream_offsets(path: str, chunk_bytes: int = 8 * CHUNK_BYTES,
     """
     index = _index_path(path)
     if index is not None:
-        on_bytes(file_size(path))
+        on_bytes(storage.file_size(path))
         return _offsets_from_index(index)
     offsets: list[int] = []
     overlap = 9  # a stream header cut by a chunk boundary is found in the next chunk
@@ -139,7 +131,7 @@ def plan_splits(path: str, split_bytes: int,
 
     `split_bytes=0` makes each bz2 stream a split (and a plain .xml file one split).
     """
-    size = file_size(path)
+    size = storage.file_size(path)
     if size and is_bz2(path):
         offsets = bz2_stream_offsets(path, on_bytes=on_bytes)
         starts = [offsets[0]]
@@ -229,7 +221,7 @@ def _decompress_streams(f: BinaryIO, start: int, end: int,
 def iter_pages(split: DumpSplit, max_page_bytes: int = 16 << 20,
                chunk_bytes: int = CHUNK_BYTES) -> Iterator[Page | BadRecord]:
     """The pages a split owns, in file order, and a `BadRecord` for each page it cannot read."""
-    if split.start == 0 and file_size(split.path) == 0:
+    if split.start == 0 and storage.file_size(split.path) == 0:
         yield BadRecord(split.path, "file", "empty file (0 bytes)")
         return
     with open_raw(split.path) as f:
@@ -292,7 +284,7 @@ class _PageScanner:
         elif self.oversized is not None:
             yield self.oversized
         if (self.pages_seen == 0 and self.split.start == 0
-                and self.split.end >= file_size(self.split.path)):
+                and self.split.end >= storage.file_size(self.split.path)):
             yield BadRecord(self.split.path, "file", "no <page> element: not a MediaWiki XML dump")
 
     def _on_tag(self, match: re.Match) -> Iterator[Page | BadRecord]:

@@ -203,6 +203,20 @@ def test_50mb_single_line_is_set_aside_with_flat_memory():
     assert peak < 4 * len(data), f"peak {peak / 2**20:.0f} MiB"
 
 
+def test_max_passage_chars_is_capped_so_no_paragraph_becomes_an_empty_passage():
+    # Above MAX_UNWRAP_CHARS a paragraph is not unwrapped (its text is ""): it must be set aside.
+    for bad in (0, books.MAX_UNWRAP_CHARS + 1):
+        with pytest.raises(ValueError, match="--max_passage_chars must be in"):
+            books.BookConfig(max_passage_chars=bad)
+    huge = b"word " * (books.MAX_UNWRAP_CHARS // 5 + 1)  # 10,000,005 characters, one line
+    book = books.extract_book(b"Before.\n\n" + huge + b"\n\nAfter.\n",
+                              books.BookConfig(max_passage_chars=books.MAX_UNWRAP_CHARS))
+    assert book.passages == ("Before.", "After.")
+    assert book.bad_paragraphs == (("paragraph at line 3", (
+        "paragraph of 10000005 characters exceeds --max_passage_chars=10000000 (line breaks "
+        "lost, or not a book)")),)
+
+
 # ---------------------------------------------------------------- real books (pure)
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,17 @@ def test_keep_first_is_the_smallest_doc_id():
     assert [r["doc_id"] for r in removed] == ["books/z", "wiki/9"]
 
 
+def test_keep_first_is_the_same_whatever_the_order_of_ties():
+    # Same doc_id and source_file (a folder given twice, re-extracted differently): the order
+    # GroupByKey delivers them in must not decide which one is kept.
+    a = doc("books/a", ["Version one."], title="A")
+    b = doc("books/a", ["Version two."], title="A")
+    c = doc("books/a", ["Version one."], title="B")
+    for records in ([a, b, c], [c, b, a], [b, c, a]):
+        kept, removed = build_corpus.keep_first(records)
+        assert kept == a and removed == [b, c]
+
+
 def test_reference_text_format():
     assert parquet_io.reference_text([["A.", "B."], ["C."]]) == "A.\nB.\n\nC.\n"
     assert parquet_io.reference_text([]) == ""

@@ -15,10 +15,9 @@ from pipelines.tokenization import load_tokenizer, read_vocab, save_tokenizer_fo
 def test_atomic_write_leaves_no_partial_file_on_error(tmp_path):
     target = tmp_path / "out.bin"
     storage.atomic_write_bytes(str(target), b"old")
-    with pytest.raises(RuntimeError):
-        with storage.atomic_open(str(target)) as f:
-            f.write(b"half")
-            raise RuntimeError("crash mid-write")
+    with pytest.raises(RuntimeError), storage.atomic_open(str(target)) as f:
+        f.write(b"half")
+        raise RuntimeError("crash mid-write")
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
 
@@ -70,6 +69,23 @@ def test_tokenizer_matches_bert_tokenizer_fast(minilm_dir, shared_data, tmp_path
     assert ours.encode("y" * 201, add_special_tokens=False).tokens == ["[UNK]"]
 
 
+def test_split_special_tokens_is_for_corpus_encoding_only(minilm_dir, tmp_path):
+    """Literal "[MASK]" in corpus text is "[", "mask", "]" (BERT's reference tokenizer) with
+    split_special_tokens=True; the saved folder keeps the Hugging Face behaviour GLUE relies on."""
+    import transformers
+
+    save_tokenizer_folder(read_vocab(str(minilm_dir)), str(tmp_path))
+    text = "a [MASK] b[SEP] [unused1]"
+    theirs = transformers.BertTokenizerFast.from_pretrained(str(tmp_path))
+    hf_tokens = ["a", "[MASK]", "b", "[SEP]", "[", "unused", "##1", "]"]
+    assert theirs.tokenize(text) == hf_tokens
+    assert load_tokenizer(str(tmp_path)).encode(text, add_special_tokens=False).tokens == hf_tokens
+    corpus = load_tokenizer(str(tmp_path), split_special_tokens=True)
+    assert corpus.encode(text).tokens == [
+        "[CLS]", "a", "[", "mask", "]", "b", "[", "sep", "]", "[", "unused", "##1", "]", "[SEP]"]
+    assert corpus.to_str() == (tmp_path / "tokenizer.json").read_text()  # not saved in the file
+
+
 def test_word_limit_is_the_references_200_not_transformers_100(minilm_dir, tmp_path):
     """A known, documented difference: transformers 5's BertTokenizer hard-codes a 100-char
     word limit; BERT's reference tokenizer (and ours) uses 200."""
@@ -85,5 +101,5 @@ def test_word_limit_is_the_references_200_not_transformers_100(minilm_dir, tmp_p
 
 def test_beam_command_help_lists_job_options():
     out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "beam"), "--help"],
-                         capture_output=True, text=True)
+                         check=False, capture_output=True, text=True)
     assert out.returncode == 0 and "beam run" in out.stdout

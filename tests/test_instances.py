@@ -87,14 +87,7 @@ def books_cfg(**overrides) -> InstanceConfig:
 
 def scalable_plans(docs, cfg: InstanceConfig) -> list[inst.InstancePlan]:
     """All passes' plans, random next filled, in (pass, document) order."""
-    plans = []
-    for pass_index in range(cfg.dupe_factor):
-        for d, doc in enumerate(docs):
-            for plan in plan_document(doc, d, len(docs), pass_index, cfg):
-                if plan.random_doc_index is not None:
-                    plan = fill_random_next(plan, docs[plan.random_doc_index], cfg)
-                plans.append(plan)
-    return plans
+    return [plan for plans in inst.document_plans(docs, cfg) for plan in plans]
 
 
 @pytest.fixture(scope="module")
@@ -259,14 +252,21 @@ def test_read_reference_text_documents(tokenizer):
     assert all(seg.dtype == np.int32 for doc in docs for seg in doc)
 
 
-def test_encode_like_reference_corner_cases(tokenizer, vocab_tokens):
+def test_encode_like_reference_corner_cases(tokenizer, vocab_tokens, minilm_dir):
     """Literal special-token text stays words and a final sigma stays final, as the reference's
     tokenizer gives them (test_reference_parity.py checks against it)."""
-    [ids] = inst.encode_like_reference(tokenizer, ["A [MASK] of ΣΊΣΥΦΟΣ [SEP]"])
-    assert [vocab_tokens[i] for i in ids] == [
-        "a", "[", "mask", "]", "of", "σ", "##ι", "##σ", "##υ", "##φ", "##ος", "[", "sep", "]"]
+    text = "A [MASK] of ΣΊΣΥΦΟΣ [SEP]"
+    expected = ["a", "[", "mask", "]", "of", "σ", "##ι", "##σ", "##υ", "##φ", "##ος",
+                "[", "sep", "]"]
+    [ids] = inst.encode_like_reference(tokenizer, [text])  # a copy that splits special tokens
+    assert [vocab_tokens[i] for i in ids] == expected
+    assert not tokenizer.encode_special_tokens  # the caller's tokenizer is left as it was
+    splitting = load_tokenizer(str(minilm_dir / "vocab.txt"), split_special_tokens=True)
+    assert inst.splitting_special_tokens(splitting) is splitting  # no copy needed
+    [ids] = inst.encode_like_reference(splitting, [text])
+    assert [vocab_tokens[i] for i in ids] == expected
     plain = tokenizer.encode("A [MASK] of ΣΊΣΥΦΟΣ", add_special_tokens=False).tokens
-    assert "[MASK]" in plain and "##ο" in plain  # what `tokenizers` alone would give
+    assert plain == ["a", "[MASK]", "of", "σ", "##ι", "##σ", "##υ", "##φ", "##ο", "##σ"]
 
 
 def test_sample_text_documents(sample_docs, minilm_dir, shared_data):
@@ -381,7 +381,7 @@ def test_reference_whole_word_mask_step_by_step():
 def test_reference_mode_books_invariants(book_docs, vocab):
     cfg = InstanceConfig(dupe_factor=2)
     instances = create_instances_reference(book_docs, vocab, cfg)
-    assert len(instances) > 3000
+    assert len(instances) == 4456
     assert_structure(instances, vocab, cfg)
     assert assert_80_10_10(instances, vocab) == sum(len(i.masked_lm_positions) for i in instances)
     assert create_instances_reference(book_docs, vocab, cfg)[7].input_ids.tolist() == \
@@ -392,7 +392,7 @@ def test_reference_mode_whole_word_and_mlm_only(sample_docs, vocab):
     wwm = InstanceConfig(do_whole_word_mask=True)
     instances = create_instances_reference(sample_docs, vocab, wwm)
     assert_structure(instances, vocab, wwm)
-    assert assert_whole_words(instances, vocab, wwm) > 0
+    assert assert_whole_words(instances, vocab, wwm) == 97  # masked words of several pieces
     mlm = InstanceConfig(next_sentence=False)
     instances = create_instances_reference(sample_docs, vocab, mlm)
     assert_structure(instances, vocab, mlm)
@@ -437,9 +437,9 @@ def test_truncation_counts_equal_the_reference_loop():
 
 def test_scalable_structure_and_mask_statistics(book_instances, vocab):
     cfg = books_cfg()
-    assert len(book_instances) > 4000
+    assert len(book_instances) == 6656
     assert_structure(book_instances, vocab, cfg)
-    assert assert_80_10_10(book_instances, vocab) > 60_000
+    assert assert_80_10_10(book_instances, vocab) == 114_480  # masked positions in all
 
 
 def assert_random_next_share(plans, docs) -> float:
@@ -567,7 +567,7 @@ def test_scalable_whole_word_masking(book_docs, vocab):
     instances = create_instances_scalable(book_docs[:300], vocab, cfg)
     assert_structure(instances, vocab, cfg)
     multi = assert_whole_words(instances, vocab, cfg)
-    assert multi > 100
+    assert multi == 1208
     # 80/10/10 per wordpiece: some masked words have pieces with different fates
     mixed = 0
     for i in instances:
@@ -576,7 +576,7 @@ def test_scalable_whole_word_masking(book_docs, vocab):
         for group in word_groups(ids, vocab):
             if len(group) > 1 and group[0] in masked:
                 mixed += len({i.input_ids[g] == vocab.mask_id for g in group}) > 1
-    assert mixed > 0
+    assert mixed == 463
     assert_80_10_10(instances, vocab)
 
 

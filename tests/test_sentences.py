@@ -41,6 +41,12 @@ def test_hand_cases(text, expected):
     assert split_sentences(text) == expected
 
 
+def test_nul_is_whitespace_not_a_crash():
+    # blingfire turns NUL into a space; a book may hold a few (under --max_control_fraction).
+    assert split_sentences("Ab\x00cd. Ef\x00\x00 gh.") == ["Ab cd.", "Ef gh."]
+    assert split_passages(["\x00", "One.\x00Two."]) == ["One.", "Two."]
+
+
 EMMA_PARAGRAPH = (
     "Mr. Knightley, a sensible man about seven or eight-and-thirty, was not only a very old and "
     "intimate friend of the family, but particularly connected with it, as the elder brother of "
