@@ -187,7 +187,7 @@ def _apply(obj, overrides: dict[str, Any], prefix: str):
     changes = {}
     for key, value in overrides.items():
         if key not in fields:
-            raise ValueError(f"unknown setting {prefix}{key!r}; known: {sorted(fields)}")
+            raise ValueError(f"unknown setting '{prefix}{key}'; known: {sorted(fields)}")
         current = getattr(obj, key)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):

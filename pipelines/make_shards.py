@@ -21,6 +21,13 @@ Scalable pipeline (every shuffle moves columnar batches, never one object per in
 
 Documents held out for validation (`--validation_fraction`, by a hash of doc_id) form their own
 split with their own document index, so no validation text is drawn as a training random next.
+
+On Dataflow the same code runs with the standard Beam options, e.g. `--runner=DataflowRunner
+--project=P --region=R --temp_location=gs://B/tmp --setup_file=infra/dataflow/setup.py` (or
+`--sdk_container_image` built from infra/dataflow/Dockerfile) and gs:// paths for `--input`,
+`--vocab` and `--output`. Output: `{split}-{index:06d}.tar` shards (`pipelines/shard_format.py`;
+`next_sentence_label` 1 = random next), `dead_letter/make_shards.jsonl` and, written last,
+`manifest.json`; `python -m pipelines.verify_shards <output>` checks them.
 """
 from __future__ import annotations
 
@@ -40,6 +47,7 @@ import apache_beam as beam
 import numpy as np
 
 from pipelines import jobs, packing, shards, storage
+from pipelines.tokenization import encode_like_reference
 from pipelines.instances import (
     InstanceConfig,
     InstancePlan,
@@ -82,7 +90,7 @@ class ShardJobConfig:
     """Lower-case and strip accents before WordPiece (--do_lower_case)."""
     join_buckets: int = 256
     """Key ranges of the random-next join; more = less memory per group (--join_buckets)."""
-    instances_per_pack_bucket: int = 200_000
+    instances_per_pack_bucket: int = 50_000
     """Instances sorted and packed together in one group (--instances_per_pack_bucket)."""
 
     def __post_init__(self):
@@ -211,16 +219,17 @@ def tokenize_documents(tokenizer, documents: list[list[str]]) -> list[tuple[np.n
     """(tokens, segment lengths) per document; segments are stripped sentences with tokens.
 
     One `encode_batch` call for all sentences of the batch: the per-call overhead of HF
-    tokenizers dominates when sentences are encoded one at a time.
+    tokenizers dominates when sentences are encoded one at a time. `encode_like_reference`
+    keeps literal "[MASK]" etc. in corpus text as plain text, as BERT's reference does.
     """
     flat = [s.strip() for doc in documents for s in doc]
     doc_of = np.repeat(np.arange(len(documents)), [len(d) for d in documents])
     keep = [i for i, s in enumerate(flat) if s]
-    encodings = tokenizer.encode_batch([flat[i] for i in keep], add_special_tokens=False)
+    encodings = encode_like_reference(tokenizer, [flat[i] for i in keep])
     ids: list[list[list[int]]] = [[] for _ in documents]
-    for i, enc in zip(keep, encodings):
-        if enc.ids:
-            ids[doc_of[i]].append(enc.ids)
+    for i, enc_ids in zip(keep, encodings):
+        if enc_ids:
+            ids[doc_of[i]].append(enc_ids)
     out = []
     for segments in ids:
         lengths = np.array([len(s) for s in segments], np.int32)
@@ -308,7 +317,8 @@ class ReadDocumentsFn(beam.DoFn):
 
     def setup(self):
         from pipelines.tokenization import load_tokenizer
-        self.tokenizer = load_tokenizer(self.vocab_path, self.do_lower_case)
+        self.tokenizer = load_tokenizer(self.vocab_path, self.do_lower_case,
+                                        split_special_tokens=True)
 
     def process(self, item):
         file_index, path = item
@@ -548,6 +558,7 @@ class RowGroup:
     """(R,) position of each row within its shard (after shard assignment)."""
 
     def stats(self) -> tuple[int, int, int, int]:
+        """(rows, instances, tokens, masked): all that shard counts and global ranks need."""
         return (len(self.row_sizes), len(self.batch), int(self.batch.lengths.sum()),
                 int(self.batch.num_masked.sum()))
 
@@ -565,9 +576,15 @@ class RowGroup:
 
     def take_rows(self, rows: np.ndarray) -> RowGroup:
         first = np.concatenate([[0], np.cumsum(self.row_sizes)])[:-1]
-        order = packing._ranges(first[rows], self.row_sizes[rows])
+        order = packing.index_ranges(first[rows], self.row_sizes[rows])
         pos = None if self.positions is None else self.positions[rows]
         return RowGroup(self.batch.take(order), self.row_sizes[rows], pos)
+
+
+def _pack_bucket(key, parts, cfg: InstanceConfig, pack: bool):
+    group = pack_rows(packing.InstanceBatch.concat(list(parts)), cfg, pack)
+    yield beam.pvalue.TaggedOutput("stats", (key, group.stats()))
+    yield key, group
 
 
 def pack_rows(batch: packing.InstanceBatch, cfg: InstanceConfig, pack: bool) -> RowGroup:
@@ -596,7 +613,9 @@ def assign_to_shards(split: str, bucket: int, group: RowGroup, bucket_stats: dic
 
 def split_num_shards(bucket_stats: Iterable[tuple[int, int, int, int]], job: ShardJobConfig,
                      vocab_size: int) -> int:
-    rows, instances, tokens, masked = (sum(x) for x in zip(*bucket_stats)) if bucket_stats else (0,) * 4
+    """Shards of a split from its (rows, instances, tokens, masked) per pack bucket."""
+    totals = [sum(column) for column in zip(*bucket_stats)] or [0, 0, 0, 0]
+    rows, instances, tokens, masked = totals
     est = shards.estimated_bytes(rows, instances, tokens, masked, vocab_size)
     return shards.choose_num_shards(rows, est, int(job.target_shard_mb * 2 ** 20), job.num_shards)
 
@@ -679,13 +698,15 @@ class WriteShards(beam.PTransform):
 
     def expand(self, instances):
         cfg, job, vocab_size = self.cfg, self.job, self.vocab_size
-        rows = (instances
-                | "GroupByKeyRange" >> beam.GroupByKey()
-                | "PackRows" >> beam.MapTuple(lambda key, parts: (key, pack_rows(
-                    packing.InstanceBatch.concat(list(parts)), cfg, job.pack))))
-        bucket_stats = beam.pvalue.AsDict(
-            rows | "RowStats" >> beam.MapTuple(lambda key, group: (key, group.stats())))
-        return (rows
+        packed = (instances
+                  | "GroupByKeyRange" >> beam.GroupByKey()
+                  | "PackRows" >> beam.FlatMapTuple(
+                      lambda key, parts: _pack_bucket(key, parts, cfg, job.pack)).with_outputs(
+                          "stats", main="rows"))
+        # The stats leave as their own small output: reading them from the rows would decode
+        # every row once more only to count them.
+        bucket_stats = beam.pvalue.AsDict(packed.stats)
+        return (packed.rows
                 | "AssignShards" >> beam.FlatMap(
                     lambda kv, stats: assign_to_shards(kv[0][0], kv[0][1], kv[1], stats, cfg,
                                                        job, vocab_size), bucket_stats)
@@ -760,8 +781,8 @@ def run_reference(files: list[str], output: str, vocab_path: str, cfg: InstanceC
 
     vocab_tokens = read_vocab(vocab_path)
     vocab = Vocab.from_tokens(vocab_tokens)
-    docs, bad, empty = read_all_documents(files, load_tokenizer(vocab_path, job.do_lower_case),
-                                          job.validation_fraction)
+    tokenizer = load_tokenizer(vocab_path, job.do_lower_case, split_special_tokens=True)
+    docs, bad, empty = read_all_documents(files, tokenizer, job.validation_fraction)
     _write_dead_letters(output, bad)
     infos = []
     counters = {"documents": sum(len(d) for d in docs.values()), "empty_documents": empty,
@@ -783,6 +804,8 @@ def run_reference(files: list[str], output: str, vocab_path: str, cfg: InstanceC
             group = RowGroup(batch.take(order), sizes)
         else:
             group = RowGroup(batch, np.ones(n, np.int64))
+        # The reference order is already shuffled (its final rng.shuffle); like the reference
+        # writer, deal it round robin over the output files.
         num_shards = split_num_shards([group.stats()], job, len(vocab_tokens))
         shard, _ = shards.assign_round_robin(np.arange(len(group.row_sizes)), num_shards)
         for s in tqdm(range(num_shards), desc=f"write {split}", unit="shard", file=sys.stderr):
@@ -820,8 +843,9 @@ def build_manifest(infos: list[shards.ShardInfo], options: dict, vocab_path: str
                          "min_rows_per_shard": min(per), "max_rows_per_shard": max(per)}
     L = cfg.max_seq_length
     edges = [round(b * (L + 1) / shards.HISTOGRAM_BINS) for b in range(shards.HISTOGRAM_BINS + 1)]
-    vocab_file = vocab_path if not os.path.isdir(vocab_path) else os.path.join(vocab_path,
-                                                                               "vocab.txt")
+    is_folder = (vocab_path.endswith("/") or not vocab_path.endswith(".txt")
+                 if storage.is_remote(vocab_path) else os.path.isdir(vocab_path))
+    vocab_file = storage.join(vocab_path.rstrip("/"), "vocab.txt") if is_folder else vocab_path
     return {
         "stage": "make_shards",
         "options": options,
@@ -860,13 +884,6 @@ def _beam_counters(result) -> dict:
     return out
 
 
-def _clean_output(output: str) -> None:
-    """A new run invalidates the old manifest first, so a crash never leaves a complete-looking mix."""
-    if not storage.is_remote(output) and os.path.exists(os.path.join(output,
-                                                                      storage.MANIFEST_NAME)):
-        os.unlink(os.path.join(output, storage.MANIFEST_NAME))
-
-
 def _remove_stale(output: str, infos: list[shards.ShardInfo]) -> list[str]:
     if storage.is_remote(output):
         return []
@@ -889,7 +906,7 @@ def run(argv: list[str] | None = None) -> dict:
     logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), args.output,
                 "\n".join(f"  {k}: {v}" for k, v in {**asdict(cfg), **asdict(job)}.items()))
     storage.makedirs(args.output)
-    _clean_output(args.output)
+    storage.withdraw_manifest(args.output)  # a crash must not leave a complete-looking mix
     start = time.perf_counter()
     if job.mode == "reference":
         infos, counters = run_reference(files, args.output, args.vocab, cfg, job)

@@ -8,8 +8,9 @@ reorder, slice and concatenate without a Python loop over tokens.
 Packing (Krell et al. 2021, "Efficient Sequence Packing without Cross-contamination"): several
 short instances share one `max_seq_length` row; each keeps its own `sequence_ids` value, its
 positions restart at 0 (`shard_format.position_ids`) and its next-sentence label stays its own.
-The packer is best-fit decreasing over a histogram of free space per open row, which is what
-the paper's shortest-pack-first histogram packing reduces to for one pass over sorted lengths.
+The packer is best-fit decreasing over a histogram of free space per open row: the idea of
+the paper's shortest-pack-first histogram packing (SPFHP), here per instance and without its
+cap on sequences per row (only the uint8 `sequence_ids` limit of 255).
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def _offsets(lengths: np.ndarray) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
 
 
-def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+def index_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenated index ranges [s, s + n) for each (s, n), without a Python loop."""
     total = int(lengths.sum())
     if total == 0:
@@ -137,8 +138,8 @@ class InstanceBatch:
     def take(self, order: np.ndarray) -> InstanceBatch:
         """The instances at `order` (an index array), in that order."""
         order = np.asarray(order, np.int64)
-        tok = _ranges(_offsets(self.lengths)[:-1][order], self.lengths[order])
-        msk = _ranges(_offsets(self.num_masked)[:-1][order], self.num_masked[order])
+        tok = index_ranges(_offsets(self.lengths)[:-1][order], self.lengths[order])
+        msk = index_ranges(_offsets(self.num_masked)[:-1][order], self.num_masked[order])
         return InstanceBatch(
             keys=self.keys[order], doc_index=self.doc_index[order],
             pass_index=self.pass_index[order], instance_index=self.instance_index[order],

@@ -102,13 +102,11 @@ def test_launch_commands_for_each_launcher():
 def test_cancelled_subprocess_group_is_stopped(tmp_path):
     """Cancelling the flow (SIGTERM to its process) must take the trainer processes down."""
     marker = tmp_path / "child.pid"
-    script = (
-        "import os, sys, time, subprocess\n"
-        "sys.path.insert(0, %r)\n" % str(REPO) +
-        "from flows.steps import run_subprocess\n"
-        "run_subprocess([sys.executable, '-c', "
-        "'import os,time; open(%r, \"w\").write(str(os.getpid())); time.sleep(600)'])\n" % str(marker)
-    )
+    trainer = tmp_path / "trainer.py"
+    trainer.write_text(f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+                       "time.sleep(600)\n")
+    script = (f"import sys\nfrom flows.steps import run_subprocess\n"
+              f"run_subprocess([sys.executable, {str(trainer)!r}])\n")
     parent = subprocess.Popen([sys.executable, "-c", script])
     for _ in range(100):
         if marker.exists() and marker.read_text():

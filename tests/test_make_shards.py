@@ -106,6 +106,31 @@ def test_manifest_totals_equal_a_recount(one_worker):
         assert len(r.input_ids) <= 128 and np.all(np.diff(r.masked_lm_positions) > 0)
 
 
+def test_scalable_job_equals_create_instances_scalable(one_worker, corpus, minilm_dir):
+    """The Beam wiring (dense index, random-next join, buckets) loses, adds and changes nothing."""
+    from pipelines.instances import create_instances_scalable
+
+    out, manifest = one_worker
+    tokenizer = load_tokenizer(str(minilm_dir))
+    docs = []
+    for path in sorted(corpus["text"].iterdir()):  # the job's dense index: files in order
+        with open(path, encoding="utf-8", newline="\n") as f:
+            docs += read_reference_text(f, tokenizer)
+    want = create_instances_scalable(docs, Vocab.from_tokens(read_vocab(str(minilm_dir))),
+                                     InstanceConfig(dupe_factor=2))
+
+    def key(ids, segments, positions, masked_ids, label):
+        return (tuple(ids), tuple(segments), tuple(positions), tuple(masked_ids), int(label))
+
+    got = sorted(key(r.input_ids.tolist(), r.segment_ids.tolist(),
+                     r.masked_lm_positions.tolist(), r.masked_lm_ids.tolist(),
+                     r.next_sentence_labels[0])
+                 for e in manifest["shards"] for r in shards.read_rows(str(out / e["file"])))
+    assert got == sorted(key(i.input_ids.tolist(), i.segment_ids.tolist(),
+                             i.masked_lm_positions.tolist(), i.masked_lm_ids.tolist(),
+                             i.next_sentence_label) for i in want)
+
+
 def test_two_workers_and_rerun_give_identical_shards(one_worker, corpus, minilm_dir, tmp_path):
     out, manifest = one_worker
     two = tmp_path / "two"
@@ -168,6 +193,24 @@ def test_wrong_parquet_columns_are_named(minilm_dir, tmp_path):
     (letter,) = (tmp_path / "out2" / "dead_letter" / "make_shards.jsonl").read_text().splitlines()
     assert "documents-00000-of-00001.parquet: no column(s) ['sentences']" in letter
     assert manifest["totals"]["num_instances"] == 0 and manifest["shards"] == []
+
+
+def test_null_rows_and_empty_documents_are_counted(corpus, minilm_dir, tmp_path):
+    docs = [d for d in book_documents(corpus["text"], "b-austen-persuasion.txt", 60, 12) if d]
+    rows = [{"doc_id": f"d{i}", "sentences": d} for i, d in enumerate(docs)]
+    rows.insert(1, {"doc_id": "empty", "sentences": ["   ", "\x01\x02"]})  # no tokens
+    rows.insert(3, {"doc_id": "null", "sentences": None})
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    pq.write_table(pa.Table.from_pylist(rows, schema=pa.schema(
+        [("doc_id", pa.string()), ("sentences", pa.list_(pa.string()))])),
+        folder / "corpus-00000-of-00001.parquet")
+    manifest = _run(folder, tmp_path / "out", minilm_dir, "--num_shards", "1")
+    counters = manifest["counters"]
+    assert (counters["documents"], counters["empty_documents"], counters["bad_records"]) == (
+        len(docs), 1, 1)
+    (letter,) = (tmp_path / "out" / "dead_letter" / "make_shards.jsonl").read_text().splitlines()
+    assert json.loads(letter)["record"] == "row 3"
 
 
 def test_webdataset_reads_the_rows_back(one_worker):
