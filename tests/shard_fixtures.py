@@ -1,89 +1,22 @@
 """Real pre-training shards for the training tests, made from the shared books corpus.
 
-Until `pipelines/make_shards.py` lands this builds BERT instances directly (sentences from
-blingfire, the MiniLM WordPiece vocabulary through `pipelines.tokenization`, A/B segments with
-50% random next, 15% masking 80/10/10) and writes them in the shard format of
-`pipelines/shard_format.py` with webdataset's TarWriter, plus the manifest the loader reads.
+A small WordPiece vocabulary trained on the books (HF `tokenizers`; a 2000-token MLM head keeps
+CPU steps fast), the books as reference-format text (blingfire sentences), then the real Beam
+job `pipelines.make_shards` for both phases. `write_shards` re-shards the pipeline's rows into
+exact (uneven) shard sizes for the loader tests, in the same format and manifest layout.
 """
 from __future__ import annotations
 
 import functools
 import os
+import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from pipelines import shard_format, storage
-from pipelines.tokenization import CLS, MASK, SEP, load_tokenizer, read_vocab
 
 BOOKS = ("austen-emma.txt", "austen-persuasion.txt", "chesterton-brown.txt",
          "chesterton-thursday.txt", "melville-moby_dick.txt", "whitman-leaves.txt")
-
-
-def book_documents(books_dir: Path, vocab_dir: Path, max_chars: int = 2_000_000) -> list[list]:
-    """Documents (lists of token-id arrays, one per sentence): paragraphs of the books."""
-    import blingfire
-
-    tokenizer = load_tokenizer(str(vocab_dir))
-    docs = []
-    for name in BOOKS:
-        text = (books_dir / name).read_text(encoding="utf-8", errors="replace")[:max_chars]
-        paragraphs = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
-        # A document = 8 consecutive paragraphs (books are long; NSP needs many documents).
-        for start in range(0, len(paragraphs), 8):
-            sentences = blingfire.text_to_sentences(" ".join(paragraphs[start:start + 8]))
-            encoded = tokenizer.encode_batch(sentences.split("\n"), add_special_tokens=False)
-            doc = [np.array(e.ids, np.int32) for e in encoded if e.ids]
-            if len(doc) >= 2:
-                docs.append(doc)
-    return docs
-
-
-def make_rows(docs: list[list], vocab_dir: Path, max_seq_length: int, seed: int,
-              max_predictions: int) -> list[shard_format.Row]:
-    """One unpacked row per instance: [CLS] A [SEP] B [SEP], masked 80/10/10."""
-    vocab = read_vocab(str(vocab_dir))
-    ids = {t: i for i, t in enumerate(vocab)}
-    rng = np.random.default_rng(seed)
-    rows = []
-    budget = max_seq_length - 3
-    for d, doc in enumerate(docs):
-        chunk: list[np.ndarray] = []
-        for sentence in doc:
-            chunk.append(sentence)
-            if sum(len(s) for s in chunk) < budget and sentence is not doc[-1]:
-                continue
-            if len(chunk) >= 2 or rng.random() < 0.5:
-                rows.append(_instance(chunk, docs, d, rng, budget, ids, len(vocab),
-                                      max_predictions))
-            chunk = []
-    return rows
-
-
-def _instance(chunk, docs, d, rng, budget, ids, vocab_size, max_predictions) -> shard_format.Row:
-    split = int(rng.integers(1, len(chunk))) if len(chunk) > 1 else 1
-    a = np.concatenate(chunk[:split])
-    if len(chunk) == 1 or rng.random() < 0.5:
-        other = docs[(d + 1 + int(rng.integers(len(docs) - 1))) % len(docs)]
-        b, label = np.concatenate(other[int(rng.integers(len(other))):]), 1
-    else:
-        b, label = np.concatenate(chunk[split:]), 0
-    while len(a) + len(b) > budget:  # truncate the longer side, as the reference does
-        if len(a) > len(b):
-            a = a[1:] if rng.random() < 0.5 else a[:-1]
-        else:
-            b = b[1:] if rng.random() < 0.5 else b[:-1]
-    tokens = np.concatenate([[ids[CLS]], a, [ids[SEP]], b, [ids[SEP]]]).astype(np.int64)
-    segments = np.concatenate([np.zeros(len(a) + 2), np.ones(len(b) + 1)]).astype(np.uint8)
-    candidates = np.flatnonzero((tokens != ids[CLS]) & (tokens != ids[SEP]))
-    count = min(max_predictions, max(1, round(len(tokens) * 0.15)), len(candidates))
-    positions = np.sort(rng.choice(candidates, size=count, replace=False))
-    original = tokens[positions].copy()
-    draw = rng.random(count)
-    tokens[positions] = np.where(draw < 0.8, ids[MASK],
-                                 np.where(draw < 0.9, rng.integers(0, vocab_size, count), original))
-    return shard_format.Row(tokens, segments, np.zeros(len(tokens), np.uint8), positions,
-                            original, np.array([label], np.int8))
 
 
 def write_shards(rows: list[shard_format.Row], out_dir: Path, split_sizes: dict[str, list[int]],
@@ -132,10 +65,54 @@ def train_small_vocab(books_dir: Path, out_dir: Path, vocab_size: int = 2000) ->
     return out_dir
 
 
+@dataclass(frozen=True)
+class BookShards:
+    """Shards of the books made by the real pipeline (`pipelines.make_shards`)."""
+    vocab_dir: Path
+    shards_128: Path
+    """4 train + 4 validation shards, unpacked rows of <= 128 tokens."""
+    shards_512: Path
+    """2 train + 2 validation shards, packed rows of <= 512 tokens."""
+    rows_128: tuple
+    """The train rows of `shards_128` in shard order (for re-sharding into exact sizes)."""
+
+
+def write_corpus_text(books_dir: Path, out_dir: Path) -> Path:
+    """The books in the reference text format: one sentence per line, documents of 8
+    paragraphs separated by blank lines."""
+    import blingfire
+
+    os.makedirs(out_dir, exist_ok=True)
+    for name in BOOKS:
+        text = (books_dir / name).read_text(encoding="utf-8", errors="replace")
+        paragraphs = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
+        docs = [blingfire.text_to_sentences(" ".join(paragraphs[s:s + 8]))
+                for s in range(0, len(paragraphs), 8)]
+        (out_dir / name).write_text("\n\n".join(docs) + "\n", encoding="utf-8")
+    return out_dir
+
+
+def read_rows(folder: Path, split: str = "train") -> list[shard_format.Row]:
+    rows = []
+    for shard in sorted(folder.glob(f"{split}-*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar.getmembers():
+                rows += shard_format.decode_block(tar.extractfile(member).read())
+    return rows
+
+
 @functools.cache
-def book_data(books_dir: Path, root: Path, max_seq_length: int = 128,
-              max_predictions: int = 20) -> tuple[Path, tuple[shard_format.Row, ...]]:
-    """(small vocabulary folder, rows of the books), built once per test session."""
+def book_shards(books_dir: Path, root: Path) -> BookShards:
+    """Vocabulary, corpus text and both phases' shards, built once per test session."""
+    from pipelines import make_shards
+
     vocab_dir = train_small_vocab(books_dir, root / "vocab")
-    docs = book_documents(books_dir, vocab_dir)
-    return vocab_dir, tuple(make_rows(docs, vocab_dir, max_seq_length, 1, max_predictions))
+    corpus = write_corpus_text(books_dir, root / "corpus")
+    common = ["--input", str(corpus), "--vocab", str(vocab_dir), "--dupe_factor", "1",
+              "--validation_fraction", "0.05"]
+    make_shards.run([*common, "--output", str(root / "shards_128"), "--num_shards", "4",
+                     "--max_seq_length", "128", "--max_predictions_per_seq", "20"])
+    make_shards.run([*common, "--output", str(root / "shards_512"), "--num_shards", "2",
+                     "--max_seq_length", "512", "--max_predictions_per_seq", "76", "--pack"])
+    return BookShards(vocab_dir, root / "shards_128", root / "shards_512",
+                      tuple(read_rows(root / "shards_128")))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import functools
 import http.server
+import json
 import tarfile
 import threading
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from shard_fixtures import book_data, write_shards
+from shard_fixtures import book_shards, write_shards
 
 from pipelines import shard_format
 from training.loader import (
@@ -31,7 +32,9 @@ SEQ = 128
 
 @pytest.fixture(scope="session")
 def books(shared_data, tmp_path_factory):
-    return book_data(shared_data / "books", tmp_path_factory.getbasetemp() / "book_data")
+    """(vocabulary folder, train rows made by pipelines.make_shards from the books)."""
+    made = book_shards(shared_data / "books", tmp_path_factory.getbasetemp() / "book_shards")
+    return made.vocab_dir, made.rows_128
 
 
 def _shards(books, folder: Path, train: list[int], validation: list[int] = ()) -> Path:
@@ -253,3 +256,16 @@ def test_manifest_lists_shards_and_checks_the_sequence_length(books, tmp_path):
         ShardLoader(LoaderConfig(str(folder), 4, 512))
     with pytest.raises(FileNotFoundError, match="cannot read the shard manifest"):
         ShardLoader(LoaderConfig(str(tmp_path / "missing"), 4, SEQ))
+
+
+def test_a_manifest_promising_more_rows_than_the_shards_hold_fails_loudly(books, tmp_path):
+    """A rank running short would hang the others: raise instead, naming the shards."""
+    folder = _shards(books, tmp_path / "s", [16, 16])
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["shards"][1]["num_rows"] = 24
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    loader = ShardLoader(LoaderConfig(str(folder), 4, SEQ, shuffle_buffer=0))
+    assert loader.batches_per_epoch() == 10
+    with pytest.raises(ValueError, match=r"hold 32 rows, their manifest promises at least 40"):
+        for _ in loader:
+            pass

@@ -1,8 +1,8 @@
 """DeepSpeed pre-training for real (deepspeed.initialize, engine.backward/step, checkpoints) on
 shards of the books corpus: learning, ZeRO-stage parity, 2 ranks vs 1, resume, export.
 
-Shards: tests/shard_fixtures.py (a small WordPiece vocabulary trained on the books, BERT
-instances written in the shard format).
+Shards: tests/shard_fixtures.py (a small WordPiece vocabulary trained on the books, then the
+real Beam job pipelines.make_shards for both phases; uneven shards re-sharded from its rows).
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from shard_fixtures import book_data, book_documents, make_rows, write_shards
+from shard_fixtures import book_shards, write_shards
 
 from training import config as cfg
 from training import pretrain
 from training.config import PhaseConfig
 from training.ds_config import build_ds_config, param_groups
-from training.launch import torchrun_command
+from training.launch import deepspeed_command, torchrun_command
 
 REPO = Path(__file__).resolve().parents[1]
 UNEVEN = [20, 12, 28, 15, 9]  # 2 slots: 28+12 | 20+15+9 -> 40 rows each = 10 batches of 4
@@ -32,24 +32,16 @@ UNEVEN = [20, 12, 28, 15, 9]  # 2 slots: 28+12 | 20+15+9 -> 40 rows each = 10 ba
 
 @pytest.fixture(scope="module")
 def data(shared_data, tmp_path_factory):
-    """Shards: `learn` (4 x 1800 rows + validation), `uneven` (tiny, uneven), `long` (512)."""
-    root = tmp_path_factory.getbasetemp() / "pretrain_data"
-    vocab_dir, rows = book_data(shared_data / "books", tmp_path_factory.getbasetemp() / "book_data")
-    vocab_size = len((vocab_dir / "vocab.txt").read_text().split())
-    out = {"vocab": vocab_dir, "root": root}
-    for name, sizes, validation in (("learn", [1800] * 4, [256]), ("uneven", UNEVEN, [16])):
-        folder = root / name
-        if not (folder / "manifest.json").exists():
-            write_shards(list(rows), folder, {"train": sizes, "validation": validation},
-                         vocab_size, 128, rows_per_block=16)
-        out[name] = folder
-    folder = root / "long"
-    if not (folder / "manifest.json").exists():
-        docs = book_documents(shared_data / "books", vocab_dir, max_chars=300_000)
-        long_rows = make_rows(docs, vocab_dir, 512, seed=2, max_predictions=76)
-        write_shards(long_rows, folder, {"train": [96, 96], "validation": [16]}, vocab_size, 512)
-    out["long"] = folder
-    return out
+    """Shards made by pipelines.make_shards from the books: `learn` (128 tokens, 4 shards),
+    `long` (512 tokens, packed), `uneven` (its rows re-sharded into 5 uneven tiny shards)."""
+    made = book_shards(shared_data / "books", tmp_path_factory.getbasetemp() / "book_shards")
+    vocab_size = len((made.vocab_dir / "vocab.txt").read_text().split())
+    uneven = tmp_path_factory.getbasetemp() / "uneven_shards"
+    if not (uneven / "manifest.json").exists():
+        write_shards(list(made.rows_128), uneven, {"train": UNEVEN, "validation": [16]},
+                     vocab_size, 128, rows_per_block=16)
+    return {"vocab": made.vocab_dir, "learn": made.shards_128, "long": made.shards_512,
+            "uneven": uneven}
 
 
 def make_config(data, output: Path, shards: str = "uneven", steps: int = 12, **changes):
@@ -103,7 +95,7 @@ def test_tiny_bert_learns_two_phases_and_exports(data, tmp_path):
     first, last = train[0], train[-1]
     print("phase1 train", [(r["step"], round(r["loss"], 3), round(r["mlm_accuracy"], 4))
                            for r in train])
-    # Measured (steps 1-10 -> 51-60): loss 8.19 -> 7.0, MLM accuracy 0.021 -> 0.05.
+    # Measured (steps 1-10 -> 51-60): loss 8.13 -> 6.97, MLM accuracy 0.027 -> 0.054.
     assert first["loss"] - last["loss"] > 0.9
     assert last["mlm_accuracy"] - first["mlm_accuracy"] > 0.015
     valid = [r for r in records if r["split"] == "validation" and r["phase"] == "phase1"]
@@ -162,12 +154,13 @@ def test_zero_stages_give_the_same_losses(data, tmp_path):
             torch.testing.assert_close(weights[stage][key], value, rtol=0, atol=1e-5)
 
 
-def test_bf16_zero2_trains_and_exports(data, tmp_path):
-    """bf16 (DeepSpeed's bf16 optimizer, fp32 master weights) on CPU with ZeRO-2."""
-    pretrain.run(make_config(data, tmp_path, zero_stage=2, precision="bf16", steps=6,
-                             num_workers=0, export_hf=True))
+def test_bf16_zero2_dynamic_masking_trains_and_exports(data, tmp_path):
+    """bf16 (DeepSpeed's bf16 optimizer, fp32 master weights) on CPU with ZeRO-2, re-masking
+    every row each epoch (8 steps of 8 rows cross the 40-row epochs of the uneven shards)."""
+    pretrain.run(make_config(data, tmp_path, zero_stage=2, precision="bf16", steps=8,
+                             num_workers=0, export_hf=True, dynamic_masking=True))
     losses = train_losses(tmp_path)
-    assert len(losses) == 6 and losses[-1] < losses[0] - 0.3
+    assert len(losses) == 8 and losses[-1] < losses[0] - 0.2  # measured 8.33 -> 7.83
     weights = final_weights(tmp_path)
     assert all(v.dtype == torch.float32 for v in weights.values())
     assert (tmp_path / "hf" / "model.safetensors").exists()
@@ -275,6 +268,9 @@ def test_config_overrides_file_and_validation(tmp_path):
         cfg.apply_overrides(config, ["zero_stage=4"])
     with pytest.raises(ValueError, match="unknown field"):
         cfg.apply_overrides(config, ["learning_rate=1"])
+    # Validated after all overrides: a shorter phase and its warmup in either order.
+    short = cfg.apply_overrides(cfg.tiny(), ["phase1.steps=3", "phase1.warmup_steps=1"])
+    assert (short.phases[0].steps, short.phases[0].warmup_steps) == (3, 1)
 
 
 def test_gpu_example_config_bert_large_on_8_gpus():
@@ -335,13 +331,17 @@ def test_resume_on_a_different_number_of_ranks_via_universal_checkpoint(data, tm
     a, b = train_losses(full), train_losses(moved)
     assert a[:6] == b[:6] and len(b) == 12
     # Steps 7-12 see the same epoch share in another row order: close, not equal.
-    assert abs(sum(a[6:]) - sum(b[6:])) / 6 < 0.5
+    # Measured: mean loss of steps 7-12 7.64 (1 rank, resumed) vs 7.71 (2 ranks); steps 1-6 8.26.
+    assert abs(sum(a[6:]) - sum(b[6:])) / 6 < 0.3
+    assert sum(b[6:]) / 6 < sum(b[:6]) / 6 - 0.3  # continued training, not a fresh start
 
 
 @pytest.mark.slow
 def test_tiny_bert_learns_beyond_the_unigram_plateau(data, tmp_path):
-    """800 steps of batch 16: MLM accuracy doubles and NSP is learned (measured: loss 7.92 ->
-    6.58, MLM accuracy 0.044 -> 0.105, NSP accuracy 0.53 -> 0.65 in windows of 50 steps)."""
+    """800 steps of batch 16: MLM accuracy triples, past the unigram plateau (~0.055). Measured
+    in windows of 50 steps: loss 7.98 -> 6.57, MLM accuracy 0.035 -> 0.110; validation MLM
+    accuracy 0.114. (NSP stays near its majority-class rate here: 59% of the pipeline's B
+    segments are random.)"""
     phase = PhaseConfig(name="phase1", train_shards=str(data["learn"]), max_seq_length=128,
                         micro_batch_size=16, global_batch_size=16, steps=800, warmup_steps=80,
                         learning_rate=1e-3)
@@ -351,5 +351,27 @@ def test_tiny_bert_learns_beyond_the_unigram_plateau(data, tmp_path):
     first, last = train[0], train[-1]
     assert first["loss"] - last["loss"] > 1.0
     assert first["mlm_accuracy"] < 0.055 and last["mlm_accuracy"] > 0.09
-    assert last["nsp_accuracy"] > 0.6
+    valid = [r for r in pretrain.read_metrics(str(tmp_path)) if r["split"] == "validation"]
+    assert valid[-1]["step"] == 800 and valid[-1]["mlm_accuracy"] > 0.09
 
+
+
+@pytest.mark.slow
+def test_deepspeed_launcher_with_a_hostfile_matches_one_rank(data, tmp_path):
+    """`deepspeed --hostfile H --no_ssh --node_rank 0` (node 0 of a one-host hostfile with 2
+    slots, as each node of a Slurm/Kubernetes job runs it) starts 2 gloo ranks of
+    `-m training.pretrain`; the same global batches as 1 rank x 2 workers."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    pretrain.run(make_config(data, one, zero_stage=1, steps=6, num_workers=2))
+    config_file = tmp_path / "two.yaml"
+    config_file.write_text(yaml.safe_dump(cfg.to_dict(
+        make_config(data, two, zero_stage=1, steps=6, num_workers=1))))
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    cmd = deepspeed_command(["--config", str(config_file)], hostfile=str(hostfile), node_rank=0,
+                            master_addr="127.0.0.1")
+    proc = subprocess.run(cmd, check=False, cwd=REPO, env=subprocess_env(), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    torch.testing.assert_close(torch.tensor(train_losses(two)), torch.tensor(train_losses(one)),
+                               rtol=0, atol=1e-5)

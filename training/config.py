@@ -213,20 +213,23 @@ def to_dict(config: PretrainConfig) -> dict:
 
 
 def from_dict(data: Mapping[str, Any], base: PretrainConfig | None = None) -> PretrainConfig:
-    """Apply a nested mapping (a YAML/JSON file's content) on top of `base`."""
-    base = base or PretrainConfig()
-    data = dict(data)
-    unknown = set(data) - {f.name for f in dataclasses.fields(PretrainConfig)}
-    if unknown:
-        raise ValueError(f"unknown config keys {sorted(unknown)}")
-    phases = base.phases
-    if "phases" in data:
-        raw = data.pop("phases")
-        if not isinstance(raw, list):
-            raise ValueError("config key 'phases' must be a list of phase mappings")
-        phases = tuple(_replace(phases[i] if i < len(phases) else PhaseConfig(), p, f"phases.{i}")
-                       for i, p in enumerate(raw))
-    return _replace(dataclasses.replace(base, phases=phases), data, "")
+    """Apply a nested mapping (a YAML/JSON file's content) on top of `base`; validated once."""
+    merged = to_dict(base or PretrainConfig())
+    for key, value in data.items():
+        if key != "phases":
+            _assign(merged, PretrainConfig, key, value, key)
+            continue
+        if not isinstance(value, list):
+            raise TypeError("config key 'phases' must be a list of phase mappings")
+        phases = []
+        for i, raw in enumerate(value):
+            phase = dict(merged["phases"][i]) if i < len(merged["phases"]) else \
+                dataclasses.asdict(PhaseConfig())
+            for name, v in raw.items():
+                _assign(phase, PhaseConfig, name, v, f"phases.{i}.{name}")
+            phases.append(phase)
+        merged["phases"] = phases
+    return _build(merged)
 
 
 def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
@@ -242,53 +245,48 @@ def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
 
 
 def apply_overrides(config: PretrainConfig, assignments: Sequence[str]) -> PretrainConfig:
-    """Apply `key=value` strings (see the module docstring)."""
+    """Apply `key=value` strings (see the module docstring); validated after all of them, so
+    their order does not matter (`phase1.steps=3` before `phase1.warmup_steps=1` is fine)."""
+    data = to_dict(config)
+    names = [p["name"] for p in data["phases"]]
     for assignment in assignments:
         key, sep, raw = assignment.partition("=")
         if not sep:
             raise ValueError(f"--set {assignment!r}: expected key=value")
         value = yaml.safe_load(raw) if raw else ""
         parts = key.strip().split(".")
-        if parts[0] == "phases" or (len(parts) == 2 and parts[0] in [p.name for p in config.phases]):
-            config = _set_phase_field(config, parts, value, assignment)
-        elif len(parts) == 1:
-            config = _replace(config, {parts[0]: value}, "")
+        if len(parts) == 1 and parts[0] != "phases":
+            _assign(data, PretrainConfig, parts[0], value, parts[0])
+        elif len(parts) == 3 and parts[0] == "phases" and parts[1].isdigit() \
+                and int(parts[1]) < len(names):
+            _assign(data["phases"][int(parts[1])], PhaseConfig, parts[2], value, key)
+        elif len(parts) == 2 and parts[0] in names:
+            index = names.index(parts[0])
+            _assign(data["phases"][index], PhaseConfig, parts[1], value,
+                    f"phases.{index}.{parts[1]}")
         else:
-            raise ValueError(f"--set {assignment!r}: unknown key {key!r}")
-    return config
+            raise ValueError(f"--set {assignment!r}: unknown key {key!r} (use a field, "
+                             f"phases.<0..{len(names) - 1}>.<field> or <phase name>.<field>)")
+    return _build(data)
 
 
-def _set_phase_field(config: PretrainConfig, parts: list[str], value: Any,
-                     assignment: str) -> PretrainConfig:
-    if parts[0] == "phases":
-        if len(parts) != 3 or not parts[1].isdigit() or int(parts[1]) >= len(config.phases):
-            raise ValueError(f"--set {assignment!r}: expected phases.<0..{len(config.phases) - 1}>"
-                             ".<field>")
-        index, name = int(parts[1]), parts[2]
-    else:
-        index = [p.name for p in config.phases].index(parts[0])
-        name = parts[1]
-    phases = list(config.phases)
-    phases[index] = _replace(phases[index], {name: value}, f"phases.{index}")
-    return dataclasses.replace(config, phases=tuple(phases))
+def _assign(target: dict, cls: type, name: str, value: Any, flag: str) -> None:
+    """target[name] = value after checking that `cls` has that field and the type fits."""
+    fields = {f.name for f in dataclasses.fields(cls)} - {"phases"}
+    if name not in fields:
+        raise ValueError(f"--set {flag}: unknown field (known: {sorted(fields)})")
+    target[name] = _coerce(value, typing.get_type_hints(cls)[name], flag)
 
 
-def _replace(obj, changes: Mapping[str, Any], prefix: str):
-    """dataclasses.replace with unknown-key and type checks that name the flag."""
-    hints = typing.get_type_hints(type(obj))
-    fields = {f.name for f in dataclasses.fields(obj)}
-    converted = {}
-    for name, value in changes.items():
-        flag = f"{prefix}.{name}" if prefix else name
-        if name not in fields:
-            raise ValueError(f"--set {flag}: unknown field (known: {sorted(fields)})")
-        converted[name] = _coerce(value, hints[name], flag)
-    try:
-        return dataclasses.replace(obj, **converted)
-    except ValueError as e:
-        if prefix and str(e).startswith("--set "):  # a phase's check: name the phase too
-            raise ValueError(f"--set {prefix}.{str(e)[len('--set '):]}") from None
-        raise
+def _build(data: dict) -> PretrainConfig:
+    """The validated config of a to_dict-shaped mapping; phase errors name the phase."""
+    phases = []
+    for i, raw in enumerate(data["phases"]):
+        try:
+            phases.append(PhaseConfig(**raw))
+        except ValueError as e:
+            raise ValueError(str(e).replace("--set ", f"--set phases.{i}.", 1)) from None
+    return PretrainConfig(**{**data, "phases": tuple(phases)})
 
 
 def _coerce(value: Any, hint, flag: str) -> Any:

@@ -7,7 +7,8 @@
 - One node, N processes: `torchrun --nproc_per_node N -m training.pretrain ...`
   (`torchrun_command`).
 - Several nodes: `deepspeed --hostfile hosts --master_addr H --module training.pretrain ...`
-  (`deepspeed_command`); the hostfile lists `hostname slots=N` per line.
+  (`deepspeed_command`); the hostfile lists `hostname slots=N` per line. The launcher reaches the
+  nodes by passwordless ssh, or, with `--no_ssh --node_rank I` run on every node, not at all.
 
 On CPU the backend is gloo (DeepSpeed's cpu accelerator). `init_process_env` also points
 `TORCH_EXTENSIONS_DIR` into the virtualenv, so the shared-memory collective op DeepSpeed compiles
@@ -46,7 +47,9 @@ def init_process_env() -> None:
     import torch
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
-    local_world = int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
+    # torchrun sets LOCAL_WORLD_SIZE, the deepspeed launcher LOCAL_SIZE.
+    local_world = int(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or
+                      env.get("WORLD_SIZE", "1"))
     if "OMP_NUM_THREADS" not in env and local_world > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
 
@@ -64,12 +67,19 @@ def torchrun_command(nproc_per_node: int, args: Sequence[str], master_port: int 
 
 def deepspeed_command(args: Sequence[str], hostfile: str | None = None,
                       num_gpus: int | None = None, master_addr: str | None = None,
-                      master_port: int | None = None, python: str = sys.executable) -> list[str]:
-    """`deepspeed [--hostfile H] --module training.pretrain ARGS` (multi-node with a hostfile;
-    on one node `num_gpus` processes, which on CPU are CPU ranks)."""
+                      master_port: int | None = None, node_rank: int | None = None,
+                      python: str = sys.executable) -> list[str]:
+    """`deepspeed [--hostfile H] --module training.pretrain ARGS`.
+
+    With a hostfile the launcher reaches the other nodes by passwordless ssh (pdsh); with
+    `node_rank` it instead runs only this node's ranks (`--no_ssh --node_rank N`), the way a
+    Slurm or Kubernetes job starts the same command on every node. Without a hostfile: one node,
+    `num_gpus` processes (CPU ranks on a CPU machine)."""
     cmd = [python, "-m", "deepspeed.launcher.runner"]
     if hostfile:
         cmd += ["--hostfile", hostfile]
+    if node_rank is not None:
+        cmd += ["--no_ssh", "--node_rank", str(node_rank)]
     if num_gpus:
         cmd += ["--num_gpus", str(num_gpus)]
     if master_addr:

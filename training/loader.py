@@ -311,8 +311,12 @@ class LoaderConfig:
 
 
 def slot_rows(config: LoaderConfig, slot: Sequence[ShardInfo], epoch: int, slot_index: int,
-              start_row: int, stop_row: int) -> Iterator[Row]:
-    """Rows [start_row, stop_row) of one slot's shuffled stream in one epoch."""
+              start_row: int, stop_row: int | None) -> Iterator[Row]:
+    """Rows [start_row, stop_row) of one slot's shuffled stream in one epoch.
+
+    Raises ValueError if the shards hold fewer rows than that (the manifest overstates them):
+    a rank running short would leave the others waiting at their next collective.
+    """
     import webdataset as wds
 
     stages = [
@@ -325,8 +329,13 @@ def slot_rows(config: LoaderConfig, slot: Sequence[ShardInfo], epoch: int, slot_
         rng = random.Random(f"rows-{config.seed}-{epoch}-{slot_index}")
         stages.append(wds.shuffle(config.shuffle_buffer, initial=config.shuffle_buffer, rng=rng))
     keyed = itertools.islice(iter(wds.DataPipeline(*stages)), start_row, stop_row)
+    count = start_row
     for item in keyed:
+        count += 1
         yield config.remasker(item, epoch) if config.remasker else item.row
+    if stop_row is not None and count < stop_row:
+        raise ValueError(f"shards {[s.url for s in slot]} hold {count} rows, their manifest "
+                         f"promises at least {stop_row}: rewrite them or fix manifest.json")
 
 
 def _flatten(blocks: Iterator[list[KeyedRow]]) -> Iterator[KeyedRow]:

@@ -18,10 +18,12 @@ Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 Checkpoints are written to `checkpoints/.tmp-<tag>`, renamed to `<tag>` when every rank is done,
 and only then is `latest` replaced (atomically); the oldest beyond `keep_checkpoints` are deleted.
 
-Resuming on a different number of ranks (zero_stage >= 1): the checkpoint is converted once with
-DeepSpeed's `ds_to_universal` into `<tag>-universal` and loaded with `load_universal`; the loader
-then skips the same share of the epoch (not the exact same rows). At zero_stage 0 every rank
-holds the whole optimizer state, so the plain checkpoint loads on any number of ranks.
+Resuming on a different number of ranks: when the optimizer state is partitioned by rank
+(zero_stage >= 1, or bf16) the checkpoint is converted once with DeepSpeed's `ds_to_universal`
+(`python -m deepspeed.checkpoint.ds_to_universal --input_folder <tag> --output_folder
+<tag>-universal`, done here automatically on rank 0) and loaded with `"checkpoint":
+{"load_universal": true}`; the loader then skips the same share of the epoch (not the exact same
+rows). With fp32 at zero_stage 0 the model-states file holds everything and loads as it is.
 """
 from __future__ import annotations
 
@@ -108,7 +110,11 @@ def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None 
     vocab_size = int(manifest.get("vocab_size") or 0)
     if config.vocab_dir:
         from pipelines.tokenization import read_vocab
-        vocab_size = len(read_vocab(config.vocab_dir))
+        tokens = len(read_vocab(config.vocab_dir))
+        if vocab_size and tokens != vocab_size:
+            raise ValueError(f"--set vocab_dir={config.vocab_dir}: {tokens} tokens, but the shards "
+                             f"were made with vocab_size {vocab_size}")
+        vocab_size = tokens
     if not vocab_size:
         raise ValueError("vocab_size unknown: set vocab_dir or write vocab_size in the manifest")
     model_config = bert.PRESETS[config.model](
@@ -249,7 +255,8 @@ def save_checkpoint(engine, config: PretrainConfig, phase_index: int, phase: Pha
     state = {"phase_index": phase_index, "phase": phase.name, "step": step,
              "world_size": dist.world_size, "zero_stage": config.zero_stage,
              "loader": loader.state_dict()}
-    engine.save_checkpoint(ckpt_dir, tag=tmp, client_state=state, save_latest=False)
+    engine.save_checkpoint(ckpt_dir, tag=tmp, client_state={**state, **universal_info()},
+                           save_latest=False)
     torch.save(rng_state(), os.path.join(ckpt_dir, tmp, f"rng_rank{dist.rank:03d}.pt"))
     torch.distributed.barrier()
     if dist.is_main:
@@ -262,6 +269,18 @@ def save_checkpoint(engine, config: PretrainConfig, phase_index: int, phase: Pha
         prune_checkpoints(ckpt_dir, config.keep_checkpoints, keep=tag)
     torch.distributed.barrier()
     return tag
+
+
+def universal_info() -> dict:
+    """What ds_to_universal needs to find in a checkpoint: data parallelism only, so no tensor-
+    or pipeline-parallel merge patterns, just the format version."""
+    from deepspeed.checkpoint.constants import (
+        UNIVERSAL_CHECKPOINT_INFO,
+        UNIVERSAL_CHECKPOINT_VERSION_KEY,
+        UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+    )
+    return {UNIVERSAL_CHECKPOINT_INFO: {
+        UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
 
 
 def prune_checkpoints(ckpt_dir: str, count: int, keep: str) -> None:
@@ -289,6 +308,12 @@ def load_checkpoint(engine, config: PretrainConfig, state: CheckpointState, load
     return state.step
 
 
+def has_partitioned_state(ckpt_dir: str, tag: str) -> bool:
+    """Whether optimizer state is split by rank (ZeRO >= 1, or bf16 at any stage: DeepSpeed's
+    bf16 optimizer partitions its fp32 master weights like ZeRO-1)."""
+    return any("optim_states" in name for name in os.listdir(os.path.join(ckpt_dir, tag)))
+
+
 def to_universal(ckpt_dir: str, tag: str, dist: Dist) -> None:
     """Convert `<tag>` once to `<tag>-universal` with DeepSpeed's ds_to_universal (rank 0)."""
     out = os.path.join(ckpt_dir, f"{tag}-universal")
@@ -310,7 +335,7 @@ def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
         state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
     else:  # zero_stage 0 in fp32: the module states file holds the full-precision weights
         module = torch.load(os.path.join(ckpt_dir, tag, "mp_rank_00_model_states.pt"),
-                            map_location="cpu", weights_only=False)["module"]
+                            map_location="cpu", weights_only=True)["module"]
         state = {k: v.float() for k, v in module.items()}
     return {k: v.float().contiguous() for k, v in state.items()}
 
@@ -501,7 +526,7 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
         initial = consolidated_state_dict(ckpt_dir, previous_tag)
     model = build_model(config, shard_manifest(phase), initial)
     universal = (resume is not None and resume.world_size != dist.world_size
-                 and config.zero_stage >= 1)
+                 and has_partitioned_state(ckpt_dir, resume.tag))
     if universal:
         to_universal(ckpt_dir, resume.tag, dist)
     engine = build_engine(config, phase, model, dist, load_universal=universal)
@@ -544,11 +569,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = cfg.resolve(args.preset, args.config, args.set)
-    return run(config, args.stop_after_steps)
+    result = run(config, args.stop_after_steps)
+    if int(os.environ.get("RANK", "0")) == 0:
+        log.info("done: %s", result)
 
 
 if __name__ == "__main__":
