@@ -2,7 +2,8 @@
 
 One process, the same BERT-base config, weights, batch and optimizer for both (fused AdamW, so
 the comparison is of the models), fp32 and bf16 autocast; steps alternate between the two
-models so that load from other processes hits both alike; the median step time counts.
+models so that load from other processes hits both alike; the best step time counts (as in
+`timeit`: other processes only ever add time).
 
 1. Dense batches (no padding), seq 128 x batch 8 and seq 512 x batch 2: tokens/s and the ratio.
 2. Phase-2 packing: instances made from the shared books (BERT's reference generator at
@@ -20,7 +21,6 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,7 +55,7 @@ class BenchConfig:
     dense_shapes: tuple[tuple[int, int], ...] = ((128, 8), (512, 2))
     """(seq length, batch) of the dense runs."""
     packed_rows: int = 2
-    """Rows of 512 tokens per step in the packing run (both models)."""
+    """Rows of 512 tokens per step in the packing run (both models); 0 skips the run."""
     shards: str | None = None
     """A shard folder (512 tokens, packed) to take rows from instead of the books."""
     matmul_reps: int = 3
@@ -236,7 +236,7 @@ def train_step_fn(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
 
 
 def time_alternating(steps: dict[str, Callable[[], None]], cfg: BenchConfig) -> dict[str, float]:
-    """Median seconds per step of each function, run in alternation."""
+    """Best seconds per step of each function, run in alternation."""
     for fn in steps.values():
         for _ in range(cfg.warmup):
             fn()
@@ -246,7 +246,7 @@ def time_alternating(steps: dict[str, Callable[[], None]], cfg: BenchConfig) -> 
             start = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: min(t) for name, t in times.items()}
 
 
 # ------------------------------------------------------------------------------------ runs
@@ -330,6 +330,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--steps", type=int, default=BenchConfig.steps)
     parser.add_argument("--warmup", type=int, default=BenchConfig.warmup)
     parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--dense", default="128x8,512x2",
+                        help="dense runs as SEQxBATCH, comma separated ('' for none)")
+    parser.add_argument("--packed_rows", type=int, default=BenchConfig.packed_rows,
+                        help="512-token rows per step in the packing run (0: skip it)")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (0: torch's default); 1 is steadier on a shared machine")
     parser.add_argument("--shards", default=None, help="shard folder for the packing run")
     parser.add_argument("--preset", default="bert_base", choices=sorted(PRESETS),
                         help="model shapes (bert_base is the benchmark; bert_tiny a smoke test)")
@@ -339,10 +345,18 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args = parser.parse_args(argv)
     cfg = BenchConfig(steps=1 if args.quick else args.steps, warmup=args.warmup,
                       dtypes=tuple(args.dtypes.split(",")), shards=args.shards,
-                      dense_shapes=((128, 8),) if args.quick else BenchConfig.dense_shapes)
+                      packed_rows=args.packed_rows,
+                      dense_shapes=((128, 8),) if args.quick else tuple(
+                          tuple(int(n) for n in shape.split("x"))
+                          for shape in args.dense.split(",") if shape))
     vocab_dir = args.vocab_dir or _minilm_dir()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     console.print(f"config: {cfg}; torch {torch.__version__}, {torch.get_num_threads()} threads")
 
+    # the data first: a failure there should not come after minutes of timing
+    if cfg.packed_rows:
+        ours_rows, peer_rows, per_row = packing_rows(cfg, vocab_dir)
     peaks = {d: matmul_flops_per_s(torch.float32 if d == "fp32" else torch.bfloat16,
                                    cfg.matmul_reps) for d in cfg.dtypes}
     console.print("matmul 4096^3: " + ", ".join(f"{d} {v / 1e9:.0f} GFLOP/s"
@@ -354,8 +368,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         for dtype in cfg.dtypes:
             results.append(run_setting(f"dense {batch}x{seq}", rows, rows, dtype, ours, peer,
                                        cfg, peaks[dtype]))
-    ours_rows, peer_rows, per_row = packing_rows(cfg, vocab_dir)
-    for dtype in cfg.dtypes:
+    for dtype in cfg.dtypes if cfg.packed_rows else ():
         r = run_setting(f"packed {len(ours_rows)}x512 vs padded {len(peer_rows)}x512",
                         ours_rows, peer_rows, dtype, ours, peer, cfg, peaks[dtype])
         results.append(r)

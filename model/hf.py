@@ -111,8 +111,8 @@ def ours_to_hf(state: dict[str, Tensor], prefix: str = "bert.") -> dict[str, Ten
             out[f"{prefix}encoder.layer.{m[1]}.{_LAYER[m[2]]}.{param}"] = value
         elif module in names:
             hf = names[module]
-            prefix = "" if hf.startswith("cls.") or hf == "classifier" else prefix
-            out[f"{prefix}{hf}.{param}"] = value
+            under = "" if hf.startswith("cls.") or hf == "classifier" else prefix
+            out[f"{under}{hf}.{param}"] = value
         else:
             raise KeyError(f"no Hugging Face name for parameter {key!r}")
     return out
@@ -137,7 +137,12 @@ def load_hf_checkpoint(folder: str, next_sentence: bool = True) -> BertForPreTra
     Encoder weights must all be present; missing head weights (a `BertModel` checkpoint has no
     `cls.`) keep BERT's initialisation and are logged.
     """
-    config = BertConfig.from_dict(storage.read_json(storage.join(folder, "config.json")))
+    config_path = storage.join(folder, "config.json")
+    values = storage.read_json(config_path)
+    if values.get("position_embedding_type", "absolute") != "absolute":
+        raise ValueError(f"{config_path}: position_embedding_type "
+                         f"{values['position_embedding_type']!r}; this BERT has absolute positions")
+    config = BertConfig.from_dict(values)
     hf_state, path = read_hf_weights(folder)
     state, ignored = hf_to_ours(hf_state)
     model = BertForPreTraining(config, next_sentence=next_sentence)

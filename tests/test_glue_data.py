@@ -174,9 +174,9 @@ def _write_arrow_stream(table, folder: Path) -> None:
     import pyarrow as pa
 
     folder.mkdir()
-    with pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink:
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
+    with (pa.OSFile(str(folder / "data-00000-of-00001.arrow"), "wb") as sink,
+          pa.ipc.new_stream(sink, table.schema) as writer):
+        writer.write_table(table)
 
 
 def test_hf_test_split_and_bad_record(tmp_path):

@@ -142,9 +142,10 @@ def test_submission_zip_matches_test_files(shared_data, tmp_path):
 
 
 # Measured (2026-11-22, torch 2.13 CPU): SST-2, 1024 random training examples, 2 epochs (64 steps),
-# lr 1e-4, seed 1, scored on 400 random dev examples: accuracy MEASURED. Chance is 50% (the dev
-# set is 428/444); the floor leaves room for thread-count and platform differences.
-SST2_FLOOR = 0.0
+# lr 1e-4, seed 1, scored on 400 random dev examples: accuracy 0.7975 (64 steps; the untrained
+# head and the paper's 5e-5 for 20 steps stay at 0.53, as transformers' Trainer does). Chance is
+# 0.50 (the dev set is 428/444); the floor leaves room for thread-count and platform differences.
+SST2_MEASURED, SST2_FLOOR = 0.7975, 0.72
 
 
 def test_real_finetune_from_minilm(shared_data, minilm_dir, tmp_path):
@@ -169,3 +170,37 @@ def test_real_finetune_from_minilm(shared_data, minilm_dir, tmp_path):
         assert (tmp_path / name).stat().st_size > 0
     assert "| SST-2 | accuracy" in (tmp_path / "results.md").read_text()
     assert np.isfinite(task["runs"][0]["final_loss"])
+
+
+def test_bf16_run(shared_data, encoder, tokenizer):
+    """The bf16 autocast option trains and scores (one step on real STS-B rows)."""
+    cfg = ft.debug_recipe(max_train_examples=32, max_eval_examples=48, predict_test=False,
+                          progress=False, bf16=True)
+    prepared = ft.prepare_task(TASKS["STS-B"], str(shared_data / "glue"), tokenizer, cfg)
+    result, _ = ft.run_one(encoder, prepared, 5e-5, 1, cfg)
+    assert result.steps == 1 and np.isfinite(result.final_loss)
+    assert set(result.metrics) == {"pearson", "spearman"}
+    assert all(-1.0 <= v <= 1.0 for v in result.metrics.values())
+
+
+def test_starts_from_our_checkpoint_format(encoder, tmp_path):
+    """A `model.hf.save_checkpoint` folder loads as the same encoder as the HF folder."""
+    from model.hf import save_checkpoint
+
+    save_checkpoint(encoder, str(tmp_path))
+    reloaded = ft.load_encoder(str(tmp_path))
+    assert reloaded.state_dict().keys() == encoder.state_dict().keys()
+    for key, value in encoder.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[key], value), key
+    with pytest.raises(FileNotFoundError, match="no bert_config.json or config.json"):
+        ft.load_encoder(str(tmp_path / "missing"))
+
+
+def test_cli_rejects_bad_flags(tmp_path, capsys):
+    base = ["--model", str(tmp_path), "--data", str(tmp_path), "--output", str(tmp_path)]
+    with pytest.raises(SystemExit):
+        glue_main([*base, "--tasks", "rte,squad"])
+    assert "unknown GLUE task 'squad'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        glue_main([*base, "--tasks", "rte", "--learning_rates", "0"])
+    assert "--learning_rates must be positive" in capsys.readouterr().err

@@ -169,3 +169,19 @@ def test_mlm_only_export_loads_as_masked_lm(minilm_dir, mrpc_pairs, tmp_path):
                      batch["attention_mask"]).mlm_logits
     rows = torch.arange(len(mrpc_pairs))[:, None]
     torch.testing.assert_close(ours, expected[rows, positions])
+
+
+def test_checkpoints_this_model_cannot_hold_are_refused(minilm_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    export_hf_folder(BertForPreTraining(bert_tiny()), str(minilm_dir), str(tmp_path))
+    state = load_file(tmp_path / "model.safetensors")
+    state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"] + 1
+    save_file(state, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match="decoder.weight differs from the word embeddings"):
+        load_hf_checkpoint(str(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["position_embedding_type"] = "relative_key"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="config.json: position_embedding_type 'relative_key'"):
+        load_hf_checkpoint(str(tmp_path))

@@ -15,8 +15,8 @@ import glob
 import json
 import math
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch

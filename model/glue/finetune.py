@@ -15,23 +15,24 @@ output of each example is the same as alone; only the pad tokens' work is saved.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.bert import BertModel
 from model.glue import data as glue_data
 from model.glue.metrics import compute_metrics, glue_score, task_score
 from model.glue.tasks import TaskSpec
-from model.bert import BertModel
 from model.heads import BertForSequenceClassification
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ def paper_recipe(**changes) -> FinetuneConfig:
 
 def debug_recipe(**changes) -> FinetuneConfig:
     """A minutes-long run for tests and the demo: one rate, one seed, one epoch."""
-    defaults = dict(learning_rates=(5e-5,), seeds=(1,), epochs=1.0)
+    defaults = {"learning_rates": (5e-5,), "seeds": (1,), "epochs": 1.0}
     return FinetuneConfig(**{**defaults, **changes})
 
 
@@ -175,7 +176,6 @@ class GlueResult:
     model_dir: str
     config: FinetuneConfig
     seconds: float = 0.0
-    extras: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,6 +430,9 @@ def train(model: BertForSequenceClassification, train_set: glue_data.EncodedSpli
                     break
                 losses.append(train_step(model, make_batch(train_set, indices, cfg),
                                          optimizer, scheduler, cfg))
+                if not math.isfinite(losses[-1]):
+                    raise FloatingPointError(f"{desc or 'fine-tuning'}: loss {losses[-1]} at "
+                                             f"step {len(losses)}; lower the learning rate")
                 bar.update(1)
                 bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
     return losses
@@ -544,16 +547,28 @@ def finetune_task(encoder: BertModel, prepared: PreparedTask, cfg: FinetuneConfi
 
 
 def run_glue(model_dir: str, data_dir: str, tasks: Sequence[TaskSpec],
-             cfg: FinetuneConfig) -> GlueResult:
-    """Fine-tune the checkpoint in `model_dir` on each task of `tasks` with data from `data_dir`."""
+             cfg: FinetuneConfig, vocab_dir: str | None = None) -> GlueResult:
+    """Fine-tune the checkpoint in `model_dir` on each task of `tasks` with data from `data_dir`.
+
+    The tokenizer is the one in `vocab_dir` if given, else the checkpoint folder's.
+    """
     if not os.path.isdir(data_dir):
         raise FileNotFoundError(f"--data {data_dir}: no such folder")
     start = time.perf_counter()
     encoder = load_encoder(model_dir)
-    tokenizer = glue_data.load_glue_tokenizer(model_dir, cfg.max_seq_length)
+    tokenizer = glue_data.load_glue_tokenizer(vocab_dir or model_dir, cfg.max_seq_length)
     results = []
     for task in tasks:
         prepared = prepare_task(task, data_dir, tokenizer, cfg)
         results.append(finetune_task(encoder, prepared, cfg))
-    return GlueResult(tuple(results), glue_score({r.task: r.score for r in results}),
-                      model_dir, cfg, time.perf_counter() - start)
+    combined = combine_results(results, model_dir, cfg)
+    return dataclasses.replace(combined, seconds=time.perf_counter() - start)
+
+
+def combine_results(results: Sequence[TaskResult], model_dir: str,
+                    cfg: FinetuneConfig) -> GlueResult:
+    """One GlueResult from tasks fine-tuned separately (e.g. fanned out by a flow)."""
+    if not results:
+        raise ValueError("combine_results: no task results")
+    return GlueResult(tuple(results), glue_score({r.task: r.score for r in results}), model_dir,
+                      cfg, sum(r.seconds for r in results))

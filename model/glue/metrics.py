@@ -8,7 +8,7 @@ as the GLUE leaderboard computes them (Wang et al. 2019, section 4).
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

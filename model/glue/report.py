@@ -85,28 +85,32 @@ def runs_csv(result: GlueResult) -> str:
 
 
 def plot_results(result: GlueResult, path: str) -> None:
-    """Dev score per learning rate for every task (mean over seeds, bars = min..max)."""
+    """Left: each task's dev score at its chosen rate (mean, bar = spread over seeds).
+    Right: dev score per learning rate (mean over seeds), one line per task."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, (bars, lines) = plt.subplots(1, 2, figsize=(11, 4))
+    names = [t.task for t in result.tasks]
+    bars.bar(names, [100 * t.score for t in result.tasks],
+             yerr=[100 * t.score_std for t in result.tasks], capsize=4, color="tab:blue")
+    bars.set_ylabel("dev score (points)")
+    bars.set_title(f"chosen rate per task (GLUE score {100 * result.glue_score:.1f})")
+    rates = sorted({r.learning_rate for t in result.tasks for r in t.runs}, reverse=True)
     for task in result.tasks:
-        rates = sorted({r.learning_rate for r in task.runs})
-        scores = [[100 * r.score for r in task.runs if r.learning_rate == lr] for lr in rates]
-        means = [sum(s) / len(s) for s in scores]
-        low = [m - min(s) for m, s in zip(means, scores)]
-        high = [max(s) - m for m, s in zip(means, scores)]
-        ax.errorbar(rates, means, yerr=[low, high], marker="o", capsize=3, label=task.task)
-    ax.set_xlabel("peak learning rate")
-    ax.set_ylabel("dev score (points)")
-    ax.set_title(f"GLUE dev scores (GLUE score {100 * result.glue_score:.1f})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+        means = [100 * sum(s) / len(s) if s else float("nan") for s in
+                 ([r.score for r in task.runs if r.learning_rate == lr] for lr in rates)]
+        lines.plot([f"{lr:g}" for lr in rates], means, marker="o", label=task.task)
+    lines.set_xlabel("peak learning rate")
+    lines.set_title("dev score per learning rate (mean over seeds)")
+    lines.legend(fontsize="small")
+    for ax in (bars, lines):
+        ax.grid(alpha=0.3)
     fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
+    fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
     storage.atomic_write_bytes(path, buffer.getvalue())
 
