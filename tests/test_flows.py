@@ -212,7 +212,8 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
         "pretrain": {"phase1_steps": 8, "phase2_steps": 3, "warmup_steps": 2,
                      "global_batch_size": 16, "micro_batch_size": 16,
                      "phase2_global_batch_size": 4, "phase2_micro_batch_size": 4},
-        "glue": {"tasks": ["rte"], "learning_rates": [1e-4], "seeds": [1], "epochs": 1,
+        # The bundled sample has no WNLI: that run fails, and must not take RTE down with it.
+        "glue": {"tasks": ["rte", "wnli"], "learning_rates": [1e-4], "seeds": [1], "epochs": 1,
                  "max_train_examples": 32, "max_eval_examples": 32},
     }
     try:
@@ -233,7 +234,8 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
     assert set(stages_first) == expected
     assert not any(stages_first.values())          # first run builds every stage
     assert all(stages_second.values())             # the second reuses every one of them
-    assert "RTE" in first["glue-results"]
+    assert "RTE" in first["glue-results"] and "WNLI" not in first["glue-results"]
     report = (tmp_path / "run" / "report.md").read_text()
+    assert "FAILED" in report and "'task': 'WNLI'" in report
     assert "| pretrain | yes |" in report
     assert (tmp_path / "run" / "glue").is_dir()
