@@ -10,9 +10,8 @@ done and resumes at the stage that failed; pre-training resumes from its last ch
 """
 from __future__ import annotations
 
-from typing import Any
-
 import os
+from typing import Any
 
 from prefect import flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -24,8 +23,8 @@ from flows.config import DagConfig, resolve
 from flows.stages import StageResult
 
 # Stage outputs are content-addressed on disk; Prefect's own result caching stays off.
-IO_TASK = dict(retries=2, retry_delay_seconds=5, cache_policy=NO_CACHE)
-COMPUTE_TASK = dict(cache_policy=NO_CACHE)
+IO_TASK = {"retries": 2, "retry_delay_seconds": 5, "cache_policy": NO_CACHE}
+COMPUTE_TASK = {"cache_policy": NO_CACHE}
 
 
 @task(name="extract-wikipedia", **IO_TASK)

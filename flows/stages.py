@@ -8,8 +8,9 @@ changed config or upstream output gets a new folder: two configs never mix.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pipelines import storage
 

@@ -6,7 +6,6 @@ so the `deepspeed`/`torchrun` launchers and multi-node runs work the same way), 
 """
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -14,8 +13,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from flows.config import DagConfig
 from flows.stages import StageResult, run_stage
@@ -33,23 +33,24 @@ def _root(cfg: DagConfig) -> str:
 # ---------------------------------------------------------------- data stages (Beam)
 
 def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
-    if not cfg.data.wikipedia:
-        return None
     from pipelines import extract_wikipedia as job
 
-    config = {"input": cfg.data.wikipedia, "input_sha": _inputs_fingerprint(cfg.data.wikipedia)}
-    return run_stage(_root(cfg), "wikipedia", config, lambda out: job.run(
-        ["--input", cfg.data.wikipedia, "--output", out, *cfg.data.beam_args]))
+    return _extract(cfg, "wikipedia", cfg.data.wikipedia, job.run)
 
 
 def extract_books(cfg: DagConfig) -> StageResult | None:
-    if not cfg.data.books:
-        return None
     from pipelines import extract_books as job
 
-    config = {"input": cfg.data.books, "input_sha": _inputs_fingerprint(cfg.data.books)}
-    return run_stage(_root(cfg), "books", config, lambda out: job.run(
-        ["--input", cfg.data.books, "--output", out, *cfg.data.beam_args]))
+    return _extract(cfg, "books", cfg.data.books, job.run)
+
+
+def _extract(cfg: DagConfig, stage: str, pattern: str, run_job) -> StageResult | None:
+    """An extraction job over `pattern`; an empty pattern skips the source."""
+    if not pattern:
+        return None
+    config = {"input": pattern, "input_sha": _inputs_fingerprint(pattern)}
+    return run_stage(_root(cfg), stage, config, lambda out: run_job(
+        ["--input", pattern, "--output", out, *cfg.data.beam_args]))
 
 
 def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
@@ -176,13 +177,15 @@ def _last_metrics(out: str) -> dict:
     return last
 
 
-def _die_with_parent() -> None:
-    """Child side of fork: get SIGTERM if the flow process dies (Linux), so no orphans train."""
-    os.setsid()
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+# Runs in the child before the real command: ask Linux for SIGTERM when the flow process dies
+# (even by SIGKILL), then exec the command. Done by exec rather than `preexec_fn`, which is
+# unsafe in the threads Prefect runs tasks in.
+_EXEC_WITH_PDEATHSIG = (
+    "import ctypes, os, signal, sys\n"
+    "try:\n    ctypes.CDLL('libc.so.6').prctl(1, signal.SIGTERM)\n"
+    "except OSError:\n    pass\n"
+    "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
 
 
 def run_subprocess(command: list[str], log: Callable[[str], None] = print,
@@ -191,8 +194,9 @@ def run_subprocess(command: list[str], log: Callable[[str], None] = print,
     log("$ " + " ".join(command))
     env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
            "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, preexec_fn=_die_with_parent)
+    proc = subprocess.Popen([sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *command],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     previous = signal.getsignal(signal.SIGTERM) if _main_thread() else None
     if _main_thread():
         # Prefect cancels a flow run by terminating its process: take the trainers down too.

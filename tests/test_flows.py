@@ -99,8 +99,9 @@ def test_launch_commands_for_each_launcher():
     assert ["--module", "training.pretrain"] == ds[4:6]
 
 
-def test_cancelled_subprocess_group_is_stopped(tmp_path):
-    """Cancelling the flow (SIGTERM to its process) must take the trainer processes down."""
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_cancelled_subprocess_group_is_stopped(tmp_path, sig):
+    """Cancelling the flow (SIGTERM to its process) or killing it must take the trainer down."""
     marker = tmp_path / "child.pid"
     trainer = tmp_path / "trainer.py"
     trainer.write_text(f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
@@ -113,7 +114,7 @@ def test_cancelled_subprocess_group_is_stopped(tmp_path):
             break
         time.sleep(0.1)
     child = int(marker.read_text())
-    parent.send_signal(signal.SIGTERM)
+    parent.send_signal(sig)
     parent.wait(30)
     time.sleep(0.5)
     assert not _alive(child)

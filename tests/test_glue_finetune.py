@@ -204,3 +204,38 @@ def test_cli_rejects_bad_flags(tmp_path, capsys):
     with pytest.raises(SystemExit):
         glue_main([*base, "--tasks", "rte", "--learning_rates", "0"])
     assert "--learning_rates must be positive" in capsys.readouterr().err
+
+
+def test_training_gradients_match_transformers(shared_data, minilm_dir, encoder, tokenizer):
+    """Without dropout, loss and gradients of a packed batch equal transformers' on the same
+    weights: the fine-tuning math is the peer's, only the layout differs."""
+    from transformers import BertForSequenceClassification as HfClassifier
+
+    task = TASKS["STS-B"]
+    split = glue_data.read_split(str(shared_data / "glue"), task, task.dev[0])
+    encoded = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
+        task.name, "dev", split.path, split.examples[:16]), task)
+    ours = ft.build_model(encoder, 1, seed=1).train()
+    peer = HfClassifier.from_pretrained(str(minilm_dir), num_labels=1, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0).train()
+    for module in ours.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    for layer in ours.bert.layers:
+        layer.attention.dropout_p = 0.0
+    with torch.no_grad():
+        peer.classifier.weight.copy_(ours.classifier.weight)
+        peer.classifier.bias.copy_(ours.classifier.bias)
+    indices = list(range(16))
+    batch = ft.pack_batch(encoded, indices)
+    ft.loss_fn(ft.classifier_logits(ours, batch), batch.labels).backward()
+    plain = glue_data.collate(encoded, indices)
+    peer(input_ids=plain.input_ids, token_type_ids=plain.token_type_ids,
+         attention_mask=plain.attention_mask, labels=plain.labels).loss.backward()
+    pairs = {"classifier.weight": peer.classifier.weight,
+             "bert.pooler.dense.weight": peer.bert.pooler.dense.weight,
+             "bert.embeddings.word.weight": peer.bert.embeddings.word_embeddings.weight,
+             "bert.layers.0.output.weight": peer.bert.encoder.layer[0].output.dense.weight}
+    grads = dict(ours.named_parameters())
+    for name, peer_param in pairs.items():
+        torch.testing.assert_close(grads[name].grad, peer_param.grad, atol=1e-5, rtol=1e-4)
