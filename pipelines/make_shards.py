@@ -47,7 +47,6 @@ import apache_beam as beam
 import numpy as np
 
 from pipelines import jobs, packing, shards, storage
-from pipelines.tokenization import encode_like_reference
 from pipelines.instances import (
     InstanceConfig,
     InstancePlan,
@@ -57,6 +56,7 @@ from pipelines.instances import (
     finalize_instances,
     plan_document,
 )
+from pipelines.tokenization import encode_like_reference
 
 logger = logging.getLogger("make_shards")
 

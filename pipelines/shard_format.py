@@ -88,7 +88,7 @@ def decode_block(data) -> list[Row]:
     token_ends = np.cumsum(arrays["row_lengths"])
     mask_ends = np.cumsum(arrays["num_masked"])
     inst_ends = np.cumsum(arrays["num_instances"])
-    split = lambda name, ends: np.split(np.asarray(arrays[name]), ends[:-1])  # noqa: E731
+    split = lambda name, ends: np.split(np.asarray(arrays[name]), ends[:-1])
     columns = zip(
         split("input_ids", token_ends), split("segment_ids", token_ends),
         split("sequence_ids", token_ends), split("masked_lm_positions", mask_ends),

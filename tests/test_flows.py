@@ -144,7 +144,7 @@ def prefect_server(tmp_path):
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "BERT_DAG_HOME": str(REPO), "BERT_IMAGE": "bert-dag:test", "DS_ACCELERATOR": "cpu",
            "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    log = open(tmp_path / "server.log", "w")
+    log = open(tmp_path / "server.log", "w")  # noqa: SIM115 (the server writes to it until teardown)
     server = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
                                "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
@@ -168,7 +168,7 @@ def prefect_server(tmp_path):
 
 
 def _prefect(env, *args, timeout=600) -> subprocess.CompletedProcess:
-    out = subprocess.run([str(BIN / "prefect"), *args], env=env, cwd=REPO, capture_output=True,
+    out = subprocess.run([str(BIN / "prefect"), *args], env=env, cwd=REPO, capture_output=True, check=False,
                          text=True, timeout=timeout)
     assert out.returncode == 0, f"prefect {' '.join(args)} failed:\n{out.stdout}\n{out.stderr}"
     return out
@@ -183,7 +183,7 @@ def _artifacts(env, flow_run_id: str) -> dict[str, object]:
         "    arts = c.read_artifacts(artifact_filter=ArtifactFilter(flow_run_id="
         "ArtifactFilterFlowRunId(any_=[sys.argv[1]])))\n"
         "    print(json.dumps({a.key: a.data for a in arts}))\n")
-    out = subprocess.run([sys.executable, "-c", code, flow_run_id], env=env, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", code, flow_run_id], env=env, capture_output=True, check=False,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -203,7 +203,7 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
     env = prefect_server
     _prefect(env, "work-pool", "create", "local-process", "--type", "process")
     _prefect(env, "--no-prompt", "deploy", "--name", "tiny")
-    worker_log = open(tmp_path / "worker.log", "w")
+    worker_log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 (the worker writes to it)
     worker = subprocess.Popen([str(BIN / "prefect"), "worker", "start", "--pool", "local-process"],
                               env=env, cwd=REPO, stdout=worker_log, stderr=subprocess.STDOUT,
                               start_new_session=True)

@@ -159,7 +159,7 @@ def test_real_finetune_from_minilm(shared_data, minilm_dir, tmp_path):
     (task,) = summary["tasks"]
     assert task["num_train_examples"] == 1024 and task["num_dev_examples"] == {"dev": 400}
     assert [r["steps"] for r in task["runs"]] == [64]
-    assert task["metrics"]["accuracy"] >= SST2_FLOOR
+    assert task["metrics"]["accuracy"] >= SST2_FLOOR, f"measured {SST2_MEASURED} when written"
     assert summary["glue_score"] == pytest.approx(task["score"])
     with zipfile.ZipFile(tmp_path / "submission.zip") as archive:
         assert archive.namelist() == ["SST-2.tsv"]
