@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import tempfile
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -196,7 +195,3 @@ def expand_inputs(pattern: str | list[str]) -> list[str]:
             raise FileNotFoundError(f"--input {p!r} matches no files")
         files.extend(found)
     return files
-
-
-def unique_suffix() -> str:
-    return uuid.uuid4().hex[:8]

@@ -368,3 +368,17 @@ def test_reader_equals_the_reference_reader_on_raw_books(shared_data, minilm_dir
         # caesar has two Latin-1 bytes: both lines reported, named by file and line
         assert [(b.file, b.record) for b in bad] == (
             [(str(path), "line 119"), (str(path), "line 663")] if "caesar" in name else [])
+
+
+def test_literal_special_tokens_in_corpus_text_stay_plain_text(minilm_dir):
+    """BERT's reference splits a literal "[MASK]" in text into "[", "mask", "]"; so must we,
+    or corpus text would inject real mask/separator tokens into instances."""
+    from pipelines.make_shards import tokenize_documents
+    from pipelines.tokenization import load_tokenizer, read_vocab
+
+    vocab = read_vocab(str(minilm_dir))
+    tokenizer = load_tokenizer(str(minilm_dir), split_special_tokens=True)
+    [(tokens, lengths)] = tokenize_documents(tokenizer, [["Fill the [MASK] in.", "[SEP] here"]])
+    assert [vocab[i] for i in tokens] == ["fill", "the", "[", "mask", "]", "in", ".",
+                                          "[", "sep", "]", "here"]
+    assert lengths.tolist() == [7, 4]

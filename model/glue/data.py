@@ -1,6 +1,6 @@
 """GLUE readers (the standard TSV layout and the Hugging Face `datasets` layout) and batching.
 
-TSV quirks handled (see ../shared/data/SOURCES.md, "Format quirks"): fields are split on tabs with
+TSV quirks handled (those of the files `download_glue_data.py` writes): fields are split on tabs with
 quoting off (`csv.QUOTE_NONE`: sentences hold unbalanced `"`, and default quoting merges rows);
 CoLA train/dev have no header; MRPC train/dev start with a UTF-8 BOM (read as `utf-8-sig`); SST-2
 sentences end with a space (kept: the tokenizer drops it); STS-B scores are written `5.000`, `3.8`

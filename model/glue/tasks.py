@@ -3,8 +3,8 @@
 One `TaskSpec` per task in `TASKS`; everything task-specific that readers, metrics, fine-tuning and
 the submission writer need lives here, so no code branches on a task name.
 
-Column indexes are those of the files `download_glue_data.py` writes (the layout of
-`../shared/data/glue/`); `hf_*` names are those of the Hugging Face `datasets` GLUE configs
+Column indexes are those of the files `download_glue_data.py` writes (the `glue_data/` layout,
+as in `data/sample/glue/`); `hf_*` names are those of the Hugging Face `datasets` GLUE configs
 (`nyu-mll/glue`), whose integer labels index `labels` in the order given here.
 """
 from __future__ import annotations
