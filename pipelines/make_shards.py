@@ -9,15 +9,25 @@ The algorithm is BERT's reference generator (`pipelines/instances.py`). Two mode
 
 Scalable pipeline (every shuffle moves columnar batches, never one object per instance):
 
-    files -> ReadDocuments (batched WordPiece) -> docs ----------------------.
-      docs -> count per (split, file) -> dense document index (side input)  |
-      indexed docs -> PlanDocuments: plan_document per pass                 |
-           actual-next plans -> finalize_instance -------------------.      |
-           random-next plans, keyed by random_doc_index % J ---> JOIN <-----'  (whole corpus)
-                                        fill_random_next -> finalize_instance
-      instances -> group by shuffle-key range -> sort, pack into rows
-      rows -> global rank (side input: rows per range) -> shard = rank % num_shards
+    files -> parts of ~--read_part_kb (work units) -> ReadDocuments (batched WordPiece) -> docs
+      docs -> count per (split, file, part) -> dense document index (side input)
+      indexed docs -> PlanDocuments: plan_document per pass; one output keyed by join group:
+           the document itself (group doc_index % J), actual-next plans (same group, as
+           segment ranges), random-next plans (group random_doc_index % J, with their A tokens)
+      JOIN (one GroupByKey) -> fill_random_next (B from the whole corpus) -> finalize_instances
+           -> instances, and their lengths, per shuffle-key range (pack bucket)
+      lengths -> rows per pack bucket (side input)
+      instances -> group by pack bucket -> sort, pack into rows, global rank -> shard = rank %
+           num_shards (one stage)
       shards -> write `{split}-{index:06d}.tar` atomically -> manifest.json (last)
+
+Local runs (the FnApiRunner, e.g. --direct_num_workers=2 --direct_running_mode=multi_processing)
+move every shuffled byte through the runner process, which then competes with the workers: so
+the pipeline has no Flatten/CoGroupByKey (the runner materializes each as an extra round trip),
+the instances cross the runner twice (to their pack bucket, to their shard), documents travel
+as uint16 ids and instances without per-token segment ids (`WireBatch`), shuffled values are
+pickled in the workers (`to_bytes`), and each grouped stage has enough similar groups for the
+runner to deal out evenly (`read_parts`, `MIN_BUCKETS`).
 
 Documents held out for validation (`--validation_fraction`, by a hash of doc_id) form their own
 split with their own document index, so no validation text is drawn as a training random next.
@@ -32,10 +42,12 @@ On Dataflow the same code runs with the standard Beam options, e.g. `--runner=Da
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import logging
 import math
 import os
+import pickle
 import re
 import sys
 import time
@@ -88,10 +100,15 @@ class ShardJobConfig:
     """Share of documents held out as the validation split, by a hash of doc_id (--validation_fraction)."""
     do_lower_case: bool = True
     """Lower-case and strip accents before WordPiece (--do_lower_case)."""
-    join_buckets: int = 256
-    """Key ranges of the random-next join; more = less memory per group (--join_buckets)."""
-    instances_per_pack_bucket: int = 50_000
-    """Instances sorted and packed together in one group (--instances_per_pack_bucket)."""
+    join_buckets: int = 0
+    """Groups of the random-next join; 0 = one per ~`INSTANCES_PER_JOIN_BUCKET` estimated
+    instances, at least `MIN_BUCKETS`; more = less memory per group (--join_buckets)."""
+    read_part_kb: int = 256
+    """Input KiB per read work unit: large files are read and tokenized in parts, so that
+    workers share them (--read_part_kb)."""
+    instances_per_pack_bucket: int = 16_384
+    """Instances sorted and packed together in one group, at least `MIN_BUCKETS` groups
+    (--instances_per_pack_bucket)."""
 
     def __post_init__(self):
         if self.mode not in ("scalable", "reference"):
@@ -109,8 +126,13 @@ class ShardJobConfig:
         if not 0.0 <= self.validation_fraction < 1.0:
             raise ValueError(f"--validation_fraction must be in [0, 1), got "
                              f"{self.validation_fraction}")
-        if self.join_buckets < 1 or self.instances_per_pack_bucket < 1:
-            raise ValueError("--join_buckets and --instances_per_pack_bucket must be >= 1")
+        if self.join_buckets < 0:
+            raise ValueError(f"--join_buckets must be >= 0 (0 = auto), got {self.join_buckets}")
+        if self.read_part_kb < 1:
+            raise ValueError(f"--read_part_kb must be >= 1, got {self.read_part_kb}")
+        if self.instances_per_pack_bucket < 1:
+            raise ValueError(f"--instances_per_pack_bucket must be >= 1, got "
+                             f"{self.instances_per_pack_bucket}")
 
 
 def _bool(text: str) -> bool:
@@ -162,7 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--validation_fraction", type=float, default=job.validation_fraction,
                         help="share of documents (by doc_id hash) held out as validation shards")
     parser.add_argument("--join_buckets", type=int, default=job.join_buckets,
-                        help="key ranges of the random-next join (raise for huge corpora)")
+                        help="groups of the random-next join (0 = from the corpus size)")
+    parser.add_argument("--read_part_kb", type=int, default=job.read_part_kb,
+                        help="input KiB per read work unit (large files are read in parts)")
     parser.add_argument("--instances_per_pack_bucket", type=int,
                         default=job.instances_per_pack_bucket,
                         help="instances sorted and packed together in one group")
@@ -179,7 +203,8 @@ def configs_from_args(args: argparse.Namespace) -> tuple[InstanceConfig, ShardJo
         mode=args.mode, pack=args.pack, target_shard_mb=args.target_shard_mb,
         num_shards=args.num_shards, rows_per_block=args.rows_per_block, format=args.format,
         validation_fraction=args.validation_fraction, do_lower_case=args.do_lower_case,
-        join_buckets=args.join_buckets, instances_per_pack_bucket=args.instances_per_pack_bucket)
+        join_buckets=args.join_buckets, read_part_kb=args.read_part_kb,
+        instances_per_pack_bucket=args.instances_per_pack_bucket)
     if cfg.max_seq_length > 65535:
         raise ValueError("--max_seq_length must fit the shard format's uint16 positions")
     return cfg, job
@@ -195,16 +220,20 @@ class TokenizedDoc:
     doc_id: str
     split: str
     file_index: int
+    part: int
+    """The `ReadPart` of the file that read it."""
     local_index: int
-    """Position among the file's non-empty documents of its split: plus the file's offset in
+    """Position among the part's non-empty documents of its split: plus the part's offset in
     the split, the dense document index."""
     tokens: np.ndarray
-    """(T,) int32."""
+    """(T,) uint16 while every id fits (BERT vocabularies), else int32: documents cross two
+    shuffles, and bytes through the runner are what cost."""
     segment_lengths: np.ndarray
     """(S,) int32, all > 0, summing to T."""
 
     def segments(self) -> list[np.ndarray]:
-        return np.split(self.tokens, np.cumsum(self.segment_lengths)[:-1])
+        """(S,) int32 arrays, one per segment."""
+        return np.split(self.tokens.astype(np.int32), np.cumsum(self.segment_lengths)[:-1])
 
 
 def split_of(doc_id: str, validation_fraction: float) -> str:
@@ -296,13 +325,78 @@ def select_inputs(files: list[str]) -> list[str]:
 # Beam wiring
 # ----------------------------------------------------------------------------------------------
 
+def to_bytes(value) -> bytes:
+    """A shuffled value, pickled here in the worker.
+
+    The FnApiRunner decodes every value of a GroupByKey into its one process and encodes it
+    again to deal the groups out; opaque bytes cost it one copy instead of an unpickle and a
+    pickle of every array. The workers pickle either way (Beam's fallback coder is pickle).
+    """
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def from_bytes(data: bytes):
+    """The value `to_bytes` made (pickle, as Beam's own coder between our own workers)."""
+    return pickle.loads(data)  # only bytes that to_bytes wrote in this pipeline
+
+
 def _windowed(value):
     """A value emitted from finish_bundle needs its window spelled out."""
     return beam.transforms.window.GlobalWindows.windowed_value(value)
 
 
+MAX_TEXT_PARTS = 16
+"""Each part of a text file parses the whole file (a document's id is its number in the file),
+so text files get at most this many parts; Parquet parts read only their row groups."""
+
+
+@dataclass(frozen=True)
+class ReadPart:
+    """One work unit of ReadDocuments: a file, or one of `num_parts` shares of it."""
+    file_index: int
+    path: str
+    part: int
+    num_parts: int
+    num_bytes: int
+    """Estimated input bytes (the file's size over its parts)."""
+
+
+def read_parts(files: list[str], part_bytes: int) -> list[ReadPart]:
+    """Work units for `files`, about `part_bytes` of input each (by file size).
+
+    The runner deals a stage's elements out to its workers whole, and tokenization is the
+    heaviest stage: one element per file would leave a worker idle while another tokenizes
+    the largest file.
+    """
+    out = []
+    for file_index, path in enumerate(files):
+        limit = 1 << 20 if is_parquet(path) else MAX_TEXT_PARTS
+        size = _file_size(path)
+        n = min(limit, max(1, math.ceil(size / part_bytes)))
+        out += [ReadPart(file_index, path, k, n, size // n) for k in range(n)]
+    return out
+
+
+def _file_size(path: str) -> int:
+    """Bytes of `path`, or 0 if it cannot be listed (reading it then reports the error)."""
+    from apache_beam.io.filesystems import FileSystems
+    try:
+        return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    except Exception:  # noqa: BLE001 - a missing file becomes a dead letter when read
+        return 0
+
+
+def share_bounds(sizes: list[int], num_parts: int) -> list[int]:
+    """num_parts + 1 item indices cutting `sizes` into contiguous shares of about equal sum."""
+    cumulative = np.cumsum(sizes)
+    total = int(cumulative[-1]) if len(sizes) else 0
+    cuts = [int(np.searchsorted(cumulative, total * k / num_parts, side="right"))
+            for k in range(1, num_parts)]
+    return [0, *cuts, len(sizes)]
+
+
 class ReadDocumentsFn(beam.DoFn):
-    """(file index, path) -> TokenizedDoc per non-empty document; bad records -> DEAD."""
+    """ReadPart -> TokenizedDoc per non-empty document of the part; bad records -> DEAD."""
 
     def __init__(self, vocab_path: str, do_lower_case: bool, validation_fraction: float,
                  batch_documents: int = 512):
@@ -320,12 +414,18 @@ class ReadDocumentsFn(beam.DoFn):
         self.tokenizer = load_tokenizer(self.vocab_path, self.do_lower_case,
                                         split_special_tokens=True)
 
-    def process(self, item):
-        file_index, path = item
+    def process(self, element: tuple[int, Iterable[ReadPart]]):
+        for unit in element[1]:
+            yield from self._read(unit)
+
+    def _read(self, unit: ReadPart):
+        path = unit.path
+        reading = False
         try:
-            batches = self._parquet(path) if is_parquet(path) else self._text(path)
+            batches = self._parquet(unit) if is_parquet(path) else self._text(unit)
             local: dict[str, int] = defaultdict(int)  # documents so far, per split
             for doc_ids, sentences in batches:
+                reading = True
                 for doc_id, (tokens, lengths) in zip(
                         doc_ids, tokenize_documents(self.tokenizer, sentences)):
                     if isinstance(doc_id, jobs.BadRecord):
@@ -339,36 +439,49 @@ class ReadDocumentsFn(beam.DoFn):
                     self.documents.inc()
                     self.per_split[split].inc()
                     self.tokens.inc(len(tokens))
-                    yield TokenizedDoc(doc_id, split, file_index, local[split], tokens, lengths)
+                    yield TokenizedDoc(doc_id, split, unit.file_index, unit.part, local[split],
+                                       _narrow(tokens), lengths)
                     local[split] += 1
-            logger.info("read %s: %d documents", path, sum(local.values()))
+            logger.info("read %s part %d/%d: %d documents", path, unit.part + 1, unit.num_parts,
+                        sum(local.values()))
         except Exception as e:  # noqa: BLE001 - any unreadable file is a dead letter, not a crash
+            if not reading and unit.part > 0:
+                return  # opening or parsing failed: every part fails alike, part 0 reports it
             self.bad.inc()
             logger.error("cannot read %s: %s", path, e)
             yield beam.pvalue.TaggedOutput(DEAD, jobs.BadRecord(
                 path, "file", f"{type(e).__name__}: {e}").to_json())
 
-    def _text(self, path: str):
-        """(doc ids, sentences) batches of a reference-format text file; bad lines first."""
-        with storage.open_read(path, "rb") as f:
-            docs, bad = parse_reference_text(f.read(), path)
-        if bad:
+    def _text(self, unit: ReadPart):
+        """(doc ids, sentences) batches of the part's share of a reference-format text file
+        (bad lines from part 0)."""
+        with storage.open_read(unit.path, "rb") as f:
+            docs, bad = parse_reference_text(f.read(), unit.path)
+        if bad and unit.part == 0:
             yield bad, [[] for _ in bad]
-        name = os.path.basename(path)
-        for start in range(0, len(docs), self.batch_documents):
-            chunk = docs[start:start + self.batch_documents]
+        bounds = share_bounds([sum(map(len, d)) for d in docs], unit.num_parts)
+        name = os.path.basename(unit.path)
+        first, last = bounds[unit.part], bounds[unit.part + 1]
+        for start in range(first, last, self.batch_documents):
+            chunk = docs[start:min(start + self.batch_documents, last)]
             yield [f"{name}:{start + i}" for i in range(len(chunk))], chunk
 
-    def _parquet(self, path: str):
-        """(doc ids, sentences) batches of a corpus Parquet file; a null row is a BadRecord."""
-        with storage.open_read(path, "rb") as f:
-            row = 0
-            for batch in corpus_parquet(f, path).iter_batches(
-                    batch_size=self.batch_documents, columns=["doc_id", "sentences"]):
+    def _parquet(self, unit: ReadPart):
+        """(doc ids, sentences) batches of the part's row groups of a corpus Parquet file; a
+        null row is a BadRecord."""
+        with storage.open_read(unit.path, "rb") as f:
+            parquet = corpus_parquet(f, unit.path)
+            groups = parquet.metadata.num_row_groups
+            mine = [g for g in range(groups) if g * unit.num_parts // groups == unit.part]
+            if not mine:
+                return
+            row = sum(parquet.metadata.row_group(g).num_rows for g in range(mine[0]))
+            for batch in parquet.iter_batches(batch_size=self.batch_documents, row_groups=mine,
+                                              columns=["doc_id", "sentences"]):
                 ids = batch.column(0).to_pylist()
                 sentences = batch.column(1).to_pylist()
                 keys = [doc_id if doc_id is not None and s is not None else
-                        jobs.BadRecord(path, f"row {row + i}", "null doc_id or sentences")
+                        jobs.BadRecord(unit.path, f"row {row + i}", "null doc_id or sentences")
                         for i, (doc_id, s) in enumerate(zip(ids, sentences))]
                 yield keys, [s or [] for s in sentences]
                 row += len(ids)
@@ -376,33 +489,91 @@ class ReadDocumentsFn(beam.DoFn):
 
 @dataclass(frozen=True, eq=False)
 class PlanBatch:
-    """Random-next plans in columnar form for the join (InstancePlan fields, flattened)."""
+    """Plans in columnar form for the random-next join (InstancePlan fields, flattened).
+
+    An actual-next plan travels as its segment ranges only: it is keyed to its own document's
+    join group, where that document is too. A random-next plan carries its A tokens (its own
+    document is elsewhere), in the narrowest dtype that holds them. Every plan crosses a
+    shuffle, and bytes through the runner are what cost.
+    """
     doc_index: np.ndarray
     pass_index: np.ndarray
     instance_index: np.ndarray
     random_doc_index: np.ndarray
+    """(N,) int64; -1 = B is the actual next."""
     target_b_length: np.ndarray
     label: np.ndarray
+    segments: np.ndarray
+    """(N, 3) int32 segment indices [start, end of A, end of B) of actual-next plans."""
     a_lengths: np.ndarray
+    """(N,) int64 A tokens carried in `tokens_a` (0 for actual-next plans)."""
     tokens_a: np.ndarray
 
     @classmethod
     def from_plans(cls, plans: list[InstancePlan]) -> PlanBatch:
         def col(name, dtype):
             return np.array([getattr(p, name) for p in plans], dtype)
+        carried = [p.tokens_a if p.random_doc_index is not None else p.tokens_a[:0]
+                   for p in plans]
         return cls(col("doc_index", np.int64), col("pass_index", np.int32),
-                   col("instance_index", np.int32), col("random_doc_index", np.int64),
+                   col("instance_index", np.int32),
+                   np.array([-1 if p.random_doc_index is None else p.random_doc_index
+                             for p in plans], np.int64),
                    col("target_b_length", np.int64), col("next_sentence_label", np.int8),
-                   np.array([len(p.tokens_a) for p in plans], np.int64),
-                   np.concatenate([p.tokens_a for p in plans]).astype(np.int32))
+                   np.array([(p.a_segments[0], p.a_segments[1], p.b_segments[1])
+                             if p.b_segments is not None else (-1, -1, -1) for p in plans],
+                            np.int32).reshape(len(plans), 3),
+                   np.array([len(t) for t in carried], np.int64),
+                   _narrow(np.concatenate(carried)))
 
-    def plans(self) -> Iterator[InstancePlan]:
-        ends = np.cumsum(self.a_lengths)
-        for i, tokens_a in enumerate(np.split(self.tokens_a, ends[:-1])):
-            yield InstancePlan(int(self.doc_index[i]), int(self.pass_index[i]),
-                               int(self.instance_index[i]), tokens_a, None,
-                               int(self.random_doc_index[i]), int(self.target_b_length[i]),
-                               int(self.label[i]))
+    def plans(self, segments_of) -> Iterator[InstancePlan]:
+        """The plans; `segments_of(doc_index)` gives an actual-next plan's document segments."""
+        a_parts = np.split(self.tokens_a.astype(np.int32), np.cumsum(self.a_lengths)[:-1])
+        # Python ints from whole columns at once: int() on numpy scalars per plan costs more.
+        columns = zip(self.doc_index.tolist(), self.pass_index.tolist(),
+                      self.instance_index.tolist(), a_parts, self.segments.tolist(),
+                      self.random_doc_index.tolist(), self.target_b_length.tolist(),
+                      self.label.tolist())
+        for doc, pass_index, instance, tokens_a, (start, a_end, stop), r, target, label in columns:
+            if r >= 0:
+                yield InstancePlan(doc, pass_index, instance, tokens_a, None, r, target, label)
+                continue
+            segments = segments_of(doc)
+            yield InstancePlan(doc, pass_index, instance, _joined(segments[start:a_end]),
+                               _joined(segments[a_end:stop]), None, target, label)
+
+
+def _joined(segments: list[np.ndarray]) -> np.ndarray:
+    """(L,) int32: the segments one after the other (as `plan_document` joins them)."""
+    return np.concatenate(segments).astype(np.int32, copy=False)
+
+
+def _narrow(ids: np.ndarray) -> np.ndarray:
+    """uint16 when every id fits (BERT vocabularies), else int32."""
+    fits = not ids.size or (int(ids.min()) >= 0 and int(ids.max()) < 1 << 16)
+    return ids.astype(np.uint16 if fits else np.int32, copy=False)
+
+
+MIN_BUCKETS = 16
+"""Fewest pack and (automatic) join groups: the FnApiRunner deals a stage's groups out to its
+workers whole, so a handful of large groups would leave a worker idle."""
+INSTANCES_PER_JOIN_BUCKET = 8_192
+"""Automatic join groups: about this many instances' plans each."""
+
+
+def _estimated_instances(num_tokens: int, cfg: InstanceConfig) -> float:
+    return num_tokens * cfg.dupe_factor / max(1, cfg.max_num_tokens // 2)
+
+
+def join_bucket_count(num_tokens: int, cfg: InstanceConfig, job: ShardJobConfig) -> int:
+    """Groups of the random-next join (--join_buckets, or from the split's token count).
+
+    Grouping does not change any instance, so the output does not depend on it.
+    """
+    if job.join_buckets:
+        return job.join_buckets
+    return max(MIN_BUCKETS, math.ceil(_estimated_instances(num_tokens, cfg)
+                                      / INSTANCES_PER_JOIN_BUCKET))
 
 
 def pack_bucket_count(num_tokens: int, cfg: InstanceConfig, job: ShardJobConfig) -> int:
@@ -410,8 +581,8 @@ def pack_bucket_count(num_tokens: int, cfg: InstanceConfig, job: ShardJobConfig)
 
     Depends on the corpus alone (not on workers), so the output does not either.
     """
-    estimated_instances = num_tokens * cfg.dupe_factor / max(1, cfg.max_num_tokens // 2)
-    return max(1, math.ceil(estimated_instances / job.instances_per_pack_bucket))
+    return max(MIN_BUCKETS, math.ceil(_estimated_instances(num_tokens, cfg)
+                                      / job.instances_per_pack_bucket))
 
 
 def key_bucket(keys: np.ndarray, num_buckets: int) -> np.ndarray:
@@ -420,26 +591,31 @@ def key_bucket(keys: np.ndarray, num_buckets: int) -> np.ndarray:
 
 
 class _Indexes:
-    """Dense document index per split from the per-(split, file) counts side input."""
+    """Dense document index per split from the per-(split, file, part) counts side input."""
 
     def __init__(self, counts: dict):
-        self.offsets: dict[tuple[str, int], int] = {}
+        self.offsets: dict[tuple[str, int, int], int] = {}
         self.num_docs: dict[str, int] = defaultdict(int)
         self.num_tokens: dict[str, int] = defaultdict(int)
-        for split, file_index in sorted(counts):
-            n_docs, n_tokens = counts[(split, file_index)]
-            self.offsets[(split, file_index)] = self.num_docs[split]
+        for key in sorted(counts):  # (split, file index, part): the input order
+            split = key[0]
+            n_docs, n_tokens = counts[key]
+            self.offsets[key] = self.num_docs[split]
             self.num_docs[split] += n_docs
             self.num_tokens[split] += n_tokens
 
 
 class PlanDocumentsFn(beam.DoFn):
-    """Document -> its plans for every pass; actual-next instances are finalized here.
+    """Document -> its plans for every pass, keyed for the random-next join.
 
-    Outputs: "docs" (the document, keyed for the random-next join), "requests" (random-next
-    plans keyed by the join bucket of the document they draw from) and "instances". Plans
-    are buffered over the bundle and leave as a few columnar batches per key, so the shuffles
-    move a handful of large elements instead of one per instance.
+    With next-sentence pairs, one output keyed by (split, join bucket) carries both the
+    documents (`(doc_index, TokenizedDoc)`, in the bucket of their index) and the plans
+    (`PlanBatch`, in the bucket of the document a random next draws from; actual-next plans in
+    their own document's bucket): one GroupByKey joins them. Two outputs would need a Flatten
+    (CoGroupByKey), and the FnApiRunner materializes every multi-input Flatten as an extra
+    stage, one more trip of all the data through the runner. MLM-only plans need no join:
+    they are finalized here (outputs "instances" and "lengths", as `FillRandomNextFn`'s).
+    Plans are buffered over the bundle and leave as a few columnar batches per key.
     """
 
     def __init__(self, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
@@ -454,8 +630,7 @@ class PlanDocumentsFn(beam.DoFn):
         self._cache = (None, None)
 
     def start_bundle(self):
-        self.pending: dict[str, list[InstancePlan]] = defaultdict(list)
-        self.requests_out: dict[tuple[str, int], list[InstancePlan]] = defaultdict(list)
+        self.pending: dict[tuple[str, int], list[InstancePlan]] = defaultdict(list)
         self.buffered = 0
 
     def _indexes(self, counts) -> _Indexes:
@@ -466,19 +641,16 @@ class PlanDocumentsFn(beam.DoFn):
     def process(self, doc: TokenizedDoc, counts):
         cfg, job = self.cfg, self.job
         idx = self._indexes(counts)
-        doc_index = idx.offsets[(doc.split, doc.file_index)] + doc.local_index
+        doc_index = idx.offsets[(doc.split, doc.file_index, doc.part)] + doc.local_index
         num_docs = idx.num_docs[doc.split]
+        join_buckets = join_bucket_count(idx.num_tokens[doc.split], cfg, job)
         segments = doc.segments()
         if cfg.next_sentence:
-            yield beam.pvalue.TaggedOutput(
-                "docs", ((doc.split, doc_index % job.join_buckets), (doc_index, doc)))
+            yield (doc.split, doc_index % join_buckets), to_bytes((doc_index, doc))
         for pass_index in range(cfg.dupe_factor):
             for plan in plan_document(segments, doc_index, num_docs, pass_index, cfg):
-                if plan.random_doc_index is not None:
-                    key = (doc.split, plan.random_doc_index % job.join_buckets)
-                    self.requests_out[key].append(plan)
-                else:
-                    self.pending[doc.split].append(plan)
+                source = doc_index if plan.random_doc_index is None else plan.random_doc_index
+                self.pending[(doc.split, source % join_buckets)].append(plan)
                 self.buffered += 1
         if self.buffered >= self.flush_plans:
             yield from self._flush(lambda v: v, idx)
@@ -487,19 +659,117 @@ class PlanDocumentsFn(beam.DoFn):
         yield from self._flush(_windowed, self._cache[1])
 
     def _flush(self, wrap, idx: _Indexes | None):
-        for split, plans in self.pending.items():
-            instances = finalize_instances(plans, self.vocab, self.cfg)
-            self.instances.inc(len(instances))
-            buckets = pack_bucket_count(idx.num_tokens[split], self.cfg, self.job)
-            for key, part in bucket_instances(split, instances, plans, buckets, self.cfg):
-                yield beam.pvalue.TaggedOutput("instances", wrap((key, part)))
-        for key, plans in self.requests_out.items():
-            self.requests.inc(len(plans))
-            yield beam.pvalue.TaggedOutput("requests", wrap((key, PlanBatch.from_plans(plans))))
+        if not self.cfg.next_sentence:
+            for (split, _), plans in self.pending.items():
+                instances = finalize_instances(plans, self.vocab, self.cfg)
+                self.instances.inc(len(instances))
+                buckets = pack_bucket_count(idx.num_tokens[split], self.cfg, self.job)
+                yield from instance_outputs(split, instances, plans, buckets, self.cfg, wrap)
+        else:
+            for key, plans in self.pending.items():
+                self.requests.inc(sum(p.random_doc_index is not None for p in plans))
+                yield wrap((key, to_bytes(PlanBatch.from_plans(plans))))
         logger.info("planned %d instances", self.buffered)
         self.pending.clear()
-        self.requests_out.clear()
         self.buffered = 0
+
+
+@dataclass(frozen=True, eq=False)
+class LengthBatch:
+    """What a pack bucket's row count depends on: the instances' shuffle order and lengths.
+
+    A few bytes per instance, so the shard counts of every bucket are known before the
+    instances themselves are grouped; packing and shard assignment then run in one stage.
+    """
+    keys: np.ndarray
+    """(N,) uint64 shuffle keys."""
+    doc_index: np.ndarray
+    """(N,) int64 (tie-break, as `InstanceBatch.shuffled`)."""
+    pass_index: np.ndarray
+    """(N,) int32."""
+    instance_index: np.ndarray
+    """(N,) int32."""
+    lengths: np.ndarray
+    """(N,) int32 tokens per instance."""
+    num_masked: int
+    """Masked positions of all N instances."""
+
+    @classmethod
+    def of(cls, batch: packing.InstanceBatch) -> LengthBatch:
+        return cls(batch.keys, batch.doc_index, batch.pass_index, batch.instance_index,
+                   batch.lengths, int(batch.num_masked.sum()))
+
+
+@dataclass(frozen=True, eq=False)
+class WireBatch:
+    """An `InstanceBatch` as it crosses a shuffle: per-token segment ids travel as one
+    segment-0 length per instance when they follow the [CLS] A [SEP] (0) B [SEP] (1) layout,
+    as every instance here does. A third fewer bytes through the runner, which copies every
+    byte of every shuffle several times."""
+    batch: packing.InstanceBatch
+    """The instances; `segment_ids` empty while `segment0_lengths` holds them."""
+    segment0_lengths: np.ndarray | None
+    """(N,) int32 tokens with segment id 0 per instance, or None (ids kept per token)."""
+
+    @classmethod
+    def of(cls, batch: packing.InstanceBatch) -> WireBatch:
+        lengths = batch.lengths.astype(np.int64)
+        if not len(batch) or lengths.min() < 1:
+            return cls(batch, None)
+        starts = np.cumsum(lengths) - lengths
+        zeros = np.add.reduceat((batch.segment_ids == 0).astype(np.int32), starts)
+        if not np.array_equal(_segment_ids(lengths, zeros), batch.segment_ids):
+            return cls(batch, None)
+        return cls(dataclasses.replace(batch, segment_ids=np.zeros(0, np.uint8)), zeros)
+
+    def unpack(self) -> packing.InstanceBatch:
+        if self.segment0_lengths is None:
+            return self.batch
+        return dataclasses.replace(self.batch, segment_ids=_segment_ids(
+            self.batch.lengths.astype(np.int64), self.segment0_lengths))
+
+
+def _segment_ids(lengths: np.ndarray, segment0_lengths: np.ndarray) -> np.ndarray:
+    """(T,) uint8: 0 for the first `segment0_lengths[i]` tokens of instance i, then 1."""
+    starts = np.cumsum(lengths) - lengths
+    position = np.arange(int(lengths.sum())) - np.repeat(starts, lengths)
+    return (position >= np.repeat(segment0_lengths, lengths)).astype(np.uint8)
+
+
+@dataclass(frozen=True, eq=False)
+class ShardPart:
+    """Rows of one pack bucket bound for one shard, as they cross the shard shuffle."""
+    wire: WireBatch
+    """The rows' instances, laid out row after row."""
+    row_sizes: np.ndarray
+    """(R,) instances per row."""
+    positions: np.ndarray
+    """(R,) position of each row within its shard."""
+
+
+def bucket_stats(parts: Iterable[LengthBatch], cfg: InstanceConfig, pack: bool
+                 ) -> tuple[int, int, int, int]:
+    """(rows, instances, tokens, masked) of one pack bucket, as `pack_rows` will lay it out."""
+    parts = list(parts)
+
+    def cat(name):
+        return np.concatenate([getattr(p, name) for p in parts])
+    lengths = cat("lengths")
+    masked = sum(p.num_masked for p in parts)
+    if not pack:
+        return len(lengths), len(lengths), int(lengths.sum()), masked
+    order = np.lexsort((cat("instance_index"), cat("pass_index"), cat("doc_index"), cat("keys")))
+    rows = len(packing.pack_lengths(lengths[order], cfg.max_seq_length))
+    return rows, len(lengths), int(lengths.sum()), masked
+
+
+def instance_outputs(split: str, instances: list, plans: list[InstancePlan], buckets: int,
+                     cfg: InstanceConfig, wrap=lambda v: v) -> Iterator[beam.pvalue.TaggedOutput]:
+    """Columnar batches of instances per pack bucket ("instances"), and their `LengthBatch`es
+    ("lengths"); `wrap` windows the values when emitted from finish_bundle."""
+    for key, part in bucket_instances(split, instances, plans, buckets, cfg):
+        yield beam.pvalue.TaggedOutput("instances", wrap((key, to_bytes(WireBatch.of(part)))))
+        yield beam.pvalue.TaggedOutput("lengths", wrap((key, LengthBatch.of(part))))
 
 
 def bucket_instances(split: str, instances: list, plans: list[InstancePlan], buckets: int,
@@ -516,7 +786,11 @@ def bucket_instances(split: str, instances: list, plans: list[InstancePlan], buc
 
 
 class FillRandomNextFn(beam.DoFn):
-    """A join bucket (its documents, the random-next plans drawing from them) -> instances."""
+    """A join bucket (its documents, the plans keyed to it) -> finalized instances.
+
+    Random-next plans draw B from the bucket's documents; actual-next plans have theirs.
+    Outputs "instances" and "lengths" (`instance_outputs`).
+    """
 
     def __init__(self, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
                  chunk: int = 16_384):
@@ -529,22 +803,30 @@ class FillRandomNextFn(beam.DoFn):
 
     def process(self, element, counts):
         (split, _), grouped = element
-        docs = {i: d for i, d in grouped["docs"]}
+        grouped = [from_bytes(v) for v in grouped]
+        docs = {v[0]: v[1] for v in grouped if not isinstance(v, PlanBatch)}
         buckets = pack_bucket_count(_Indexes(counts).num_tokens[split], self.cfg, self.job)
         segments: dict[int, list] = {}
+
+        def segments_of(doc_index: int) -> list[np.ndarray]:
+            if doc_index not in segments:
+                segments[doc_index] = docs[doc_index].segments()
+            return segments[doc_index]
+
         plans: list[InstancePlan] = []
         filled: list[InstancePlan] = []
-        for batch in grouped["requests"]:
-            for plan in batch.plans():
+        for batch in (v for v in grouped if isinstance(v, PlanBatch)):
+            for plan in batch.plans(segments_of):
                 r = plan.random_doc_index
-                if r not in segments:
-                    segments[r] = docs[r].segments()
-                filled.append(fill_random_next(plan, segments[r], self.cfg))
+                if r is not None:
+                    filled.append(fill_random_next(plan, segments_of(r), self.cfg))
+                else:
+                    filled.append(plan)
                 plans.append(plan)
         for start in range(0, len(plans), self.chunk):
             instances = finalize_instances(filled[start:start + self.chunk], self.vocab, self.cfg)
             self.instances.inc(len(instances))
-            yield from bucket_instances(split, instances, plans[start:start + self.chunk],
+            yield from instance_outputs(split, instances, plans[start:start + self.chunk],
                                         buckets, self.cfg)
 
 
@@ -581,10 +863,22 @@ class RowGroup:
         return RowGroup(self.batch.take(order), self.row_sizes[rows], pos)
 
 
-def _pack_bucket(key, parts, cfg: InstanceConfig, pack: bool):
-    group = pack_rows(packing.InstanceBatch.concat(list(parts)), cfg, pack)
-    yield beam.pvalue.TaggedOutput("stats", (key, group.stats()))
-    yield key, group
+def pack_and_assign(key: tuple[str, int], parts: Iterable[WireBatch],
+                    bucket_stats: dict, cfg: InstanceConfig, job: ShardJobConfig,
+                    vocab_size: int) -> Iterator[tuple[tuple[str, int], ShardPart]]:
+    """A pack bucket's instances -> its rows -> (split, shard) parts (`assign_to_shards`)."""
+    split, bucket = key
+    group = pack_rows(packing.InstanceBatch.concat([from_bytes(p).unpack() for p in parts]), cfg,
+                      job.pack)
+    if group.stats() != tuple(bucket_stats[key]):
+        # The global ranks come from `bucket_stats` on the LengthBatches: a mismatch would
+        # misplace rows silently, so it stops the job.
+        raise RuntimeError(f"pack bucket {key}: rows {group.stats()} differ from the "
+                           f"counted {tuple(bucket_stats[key])}")
+    for shard_key, part in assign_to_shards(split, bucket, group, bucket_stats, cfg, job,
+                                            vocab_size):
+        yield shard_key, to_bytes(ShardPart(WireBatch.of(part.batch), part.row_sizes,
+                                            part.positions))
 
 
 def pack_rows(batch: packing.InstanceBatch, cfg: InstanceConfig, pack: bool) -> RowGroup:
@@ -646,8 +940,8 @@ class WriteShardFn(beam.DoFn):
 
     def process(self, element):
         (split, index), parts = element
-        parts = list(parts)
-        whole = RowGroup(packing.InstanceBatch.concat([p.batch for p in parts]),
+        parts = [from_bytes(p) for p in parts]
+        whole = RowGroup(packing.InstanceBatch.concat([p.wire.unpack() for p in parts]),
                          np.concatenate([p.row_sizes for p in parts]),
                          np.concatenate([p.positions for p in parts]))
         group = whole.take_rows(np.argsort(whole.positions, kind="stable"))
@@ -660,7 +954,8 @@ class WriteShardFn(beam.DoFn):
 
 
 class CreateInstances(beam.PTransform):
-    """Tokenized documents -> ((split, pack bucket), InstanceBatch), random next from all docs."""
+    """Tokenized documents -> {"instances": ((split, pack bucket), InstanceBatch),
+    "lengths": ((split, pack bucket), LengthBatch)}, random next drawn from all documents."""
 
     def __init__(self, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str):
         super().__init__()
@@ -668,19 +963,21 @@ class CreateInstances(beam.PTransform):
 
     def expand(self, docs):
         counts = (docs
-                  | "CountKey" >> beam.Map(lambda d: ((d.split, d.file_index), (1, len(d.tokens))))
+                  | "CountKey" >> beam.Map(lambda d: ((d.split, d.file_index, d.part),
+                                                      (1, len(d.tokens))))
                   | "CountPerFile" >> beam.CombinePerKey(_sum_pairs))
         counts_side = beam.pvalue.AsDict(counts)
         planned = docs | "Plan" >> beam.ParDo(
             PlanDocumentsFn(self.cfg, self.job, self.vocab_path), counts_side).with_outputs(
-                "docs", "requests", "instances")
+                "instances", "lengths", main="join")
         if not self.cfg.next_sentence:
-            return planned.instances
-        joined = ({"docs": planned.docs, "requests": planned.requests}
-                  | "JoinRandomNext" >> beam.CoGroupByKey()
+            return {"instances": planned.instances, "lengths": planned.lengths}
+        filled = (planned.join
+                  | "JoinRandomNext" >> beam.GroupByKey()
                   | "FillRandomNext" >> beam.ParDo(
-                      FillRandomNextFn(self.cfg, self.job, self.vocab_path), counts_side))
-        return (planned.instances, joined) | "AllInstances" >> beam.Flatten()
+                      FillRandomNextFn(self.cfg, self.job, self.vocab_path),
+                      counts_side).with_outputs("instances", "lengths"))
+        return {"instances": filled.instances, "lengths": filled.lengths}
 
 
 def _sum_pairs(values) -> tuple[int, int]:
@@ -688,7 +985,12 @@ def _sum_pairs(values) -> tuple[int, int]:
 
 
 class WriteShards(beam.PTransform):
-    """((split, pack bucket), InstanceBatch) -> balanced shards on disk -> ShardInfo JSON."""
+    """{"instances", "lengths"} of `CreateInstances` -> balanced shards on disk -> ShardInfo JSON.
+
+    The LengthBatches give every bucket's row count first (a few bytes per instance), so one
+    stage packs a bucket and assigns its rows to shards by global rank: the instances cross
+    the runner twice (to their bucket, to their shard), not three times.
+    """
 
     def __init__(self, output: str, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
                  vocab_size: int):
@@ -696,20 +998,18 @@ class WriteShards(beam.PTransform):
         self.output, self.cfg, self.job = output, cfg, job
         self.vocab_path, self.vocab_size = vocab_path, vocab_size
 
-    def expand(self, instances):
+    def expand(self, created):
         cfg, job, vocab_size = self.cfg, self.job, self.vocab_size
-        packed = (instances
-                  | "GroupByKeyRange" >> beam.GroupByKey()
-                  | "PackRows" >> beam.FlatMapTuple(
-                      lambda key, parts: _pack_bucket(key, parts, cfg, job.pack)).with_outputs(
-                          "stats", main="rows"))
-        # The stats leave as their own small output: reading them from the rows would decode
-        # every row once more only to count them.
-        bucket_stats = beam.pvalue.AsDict(packed.stats)
-        return (packed.rows
-                | "AssignShards" >> beam.FlatMap(
-                    lambda kv, stats: assign_to_shards(kv[0][0], kv[0][1], kv[1], stats, cfg,
-                                                       job, vocab_size), bucket_stats)
+        stats = beam.pvalue.AsDict(
+            created["lengths"]
+            | "GroupLengths" >> beam.GroupByKey()
+            | "BucketStats" >> beam.MapTuple(
+                lambda key, parts: (key, bucket_stats(parts, cfg, job.pack))))
+        return (created["instances"]
+                | "GroupByKeyRange" >> beam.GroupByKey()
+                | "PackAndAssign" >> beam.FlatMap(
+                    lambda kv, stats: pack_and_assign(kv[0], kv[1], stats, cfg, job, vocab_size),
+                    stats)
                 | "GroupByShard" >> beam.GroupByKey()
                 | "Write" >> beam.ParDo(WriteShardFn(self.output, cfg, job, self.vocab_path)))
 
@@ -718,7 +1018,13 @@ def build_scalable_pipeline(p, files: list[str], output: str, vocab_path: str,
                             cfg: InstanceConfig, job: ShardJobConfig, vocab_size: int):
     """Wire the scalable job into pipeline `p`; returns the PCollection of shard infos (JSON)."""
     read = (p
-            | "Files" >> beam.Create(list(enumerate(files)))
+            # Largest parts first, each under its own key: the FnApiRunner deals a grouped
+            # stage's keys out to its workers round robin in arrival order, so the work splits
+            # evenly (Create's own reshuffle uses random keys).
+            | "Files" >> beam.Create(list(enumerate(sorted(
+                read_parts(files, job.read_part_kb * 1024), key=lambda u: -u.num_bytes))),
+                reshuffle=False)
+            | "SpreadParts" >> beam.GroupByKey()
             | "ReadDocuments" >> beam.ParDo(ReadDocumentsFn(
                 vocab_path, job.do_lower_case, job.validation_fraction)).with_outputs(
                     DEAD, main="docs"))
@@ -926,9 +1232,23 @@ def run(argv: list[str] | None = None) -> dict:
     return manifest
 
 
+def _local_runner(beam_options):
+    """Beam's FnApiRunner when no --runner is given, else None (Beam picks the runner).
+
+    The default DirectRunner first tries to download the Prism runner (a serial ~0.3 s that
+    fails offline) and then falls back to the FnApiRunner anyway; naming it directly keeps
+    --direct_num_workers / --direct_running_mode meaning the same on every machine.
+    """
+    from apache_beam.options.pipeline_options import StandardOptions
+    if beam_options.view_as(StandardOptions).runner is not None:
+        return None
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    return FnApiRunner()
+
+
 def _run_scalable(files, args, beam_options, cfg, job, vocab_size):
     infos_path = storage.join(args.output, _SHARD_INFOS)
-    with beam.Pipeline(options=beam_options) as p:
+    with beam.Pipeline(runner=_local_runner(beam_options), options=beam_options) as p:
         infos = build_scalable_pipeline(p, files, args.output, args.vocab, cfg, job, vocab_size)
         _ = (infos | "CollectInfos" >> beam.combiners.ToList()
              | "SaveInfos" >> beam.Map(lambda lines: storage.atomic_write_text(

@@ -169,6 +169,42 @@ def test_parquet_corpus_gives_the_same_shards_as_text(one_worker, corpus, minilm
     assert manifest["counters"]["bad_records"] == 1
 
 
+def test_files_read_in_parts_give_the_same_shards(one_worker, corpus, minilm_dir, tmp_path):
+    """Work units smaller than a file (text: shares of its documents; Parquet: its row groups)
+    keep the dense document order: the same bytes on 2 workers, a bad line reported once."""
+    out, manifest = one_worker
+    text = tmp_path / "text"
+    shutil.copytree(corpus["text"], text)
+    book = text / "b-austen-persuasion.txt"
+    data = book.read_bytes()
+    # A blank line that is not UTF-8: still a document break, so the documents are unchanged.
+    separator = data.index(b"\n\n") + 1
+    book.write_bytes(data[:separator] + b"\xff" + data[separator:])
+    files = [str(f) for f in sorted(text.iterdir())]
+    parts = make_shards.read_parts(files, 8 * 1024)
+    assert len(parts) > 2 * len(files)
+    assert {u.num_parts for u in parts if u.path == str(book)} == {
+        min(make_shards.MAX_TEXT_PARTS, -(-book.stat().st_size // (8 * 1024)))}
+    got = _run(text, tmp_path / "text-out", minilm_dir, "--read_part_kb", "8",
+               "--direct_num_workers=2", "--direct_running_mode=multi_processing")
+    assert _shard_files(tmp_path / "text-out") == _shard_files(out)
+    (letter,) = (tmp_path / "text-out" / "dead_letter" / "make_shards.jsonl").read_text().splitlines()
+    line = data[:separator].count(b"\n") + 1
+    assert json.loads(letter)["record"] == f"line {line}" and got["counters"]["bad_records"] == 1
+    assert got["counters"]["documents"] == manifest["counters"]["documents"]
+
+    parquet = tmp_path / "parquet"
+    parquet.mkdir()
+    for path in sorted(corpus["parquet"].iterdir()):
+        pq.write_table(pq.read_table(path), parquet / path.name, row_group_size=5)
+    bogus = parquet / "corpus-99999-of-99999.parquet"
+    bogus.write_bytes(b"PAR1" + b"not parquet " * 300)  # 4 parts, each fails to open it
+    got = _run(parquet, tmp_path / "parquet-out", minilm_dir, "--read_part_kb", "1")
+    assert _shard_files(tmp_path / "parquet-out") == _shard_files(out)
+    (letter,) = (tmp_path / "parquet-out" / "dead_letter" / "make_shards.jsonl").read_text().splitlines()
+    assert json.loads(letter)["file"] == str(bogus) and got["counters"]["bad_records"] == 1
+
+
 def test_reference_mode_reads_parquet_like_text(corpus, minilm_dir, tmp_path):
     args = ["--mode", "reference", "--format", "jsonl", "--num_shards", "1", "--dupe_factor", "1"]
     text = _run(corpus["text"], tmp_path / "text", minilm_dir, *args)
@@ -312,6 +348,11 @@ def test_packing_via_the_job(one_worker, corpus, minilm_dir, tmp_path):
 
     assert instances(tmp_path / "packed", packed) == instances(out, unpacked)
     assert verify_shards.verify_folder(str(tmp_path / "packed"), progress=False)[0] == []
+    # Rows per pack bucket are counted from the instances' lengths before packing (so that
+    # packing and shard assignment share a stage): 2 workers give the same bytes.
+    _run(corpus["text"], tmp_path / "packed2", minilm_dir, "--pack", "--direct_num_workers=2",
+         "--direct_running_mode=multi_processing")
+    assert _shard_files(tmp_path / "packed2") == _shard_files(tmp_path / "packed")
 
 
 def test_validation_split(corpus, minilm_dir, tmp_path):
@@ -382,3 +423,28 @@ def test_literal_special_tokens_in_corpus_text_stay_plain_text(minilm_dir):
     assert [vocab[i] for i in tokens] == ["fill", "the", "[", "mask", "]", "in", ".",
                                           "[", "sep", "]", "here"]
     assert lengths.tolist() == [7, 4]
+
+
+def test_wire_batch_drops_segment_ids_only_when_it_can_rebuild_them():
+    from pipelines import packing
+    from pipelines.instances import Instance
+
+    def instance(segments, label):
+        ids = np.arange(101, 101 + len(segments), dtype=np.int32)
+        return Instance(ids, np.array(segments, np.uint8), np.array([1], np.int32), ids[1:2],
+                        label)
+
+    usual = [instance([0, 0, 0, 1, 1], 0), instance([0, 0, 0], -1), instance([0, 0, 1], 1)]
+    n = len(usual)
+    batch = packing.InstanceBatch.from_instances(usual, np.arange(n), np.arange(n), np.zeros(n),
+                                                 np.zeros(n))
+    wire = make_shards.WireBatch.of(batch)
+    assert wire.segment0_lengths.tolist() == [3, 3, 2] and len(wire.batch.segment_ids) == 0
+    assert wire.unpack().segment_ids.tolist() == batch.segment_ids.tolist()
+    assert wire.unpack().input_ids.tolist() == batch.input_ids.tolist()
+    # Segment ids that do not go 0... then 1... travel as they are.
+    odd = packing.InstanceBatch.from_instances(
+        [*usual, instance([0, 1, 0], 0)], np.arange(n + 1), np.arange(n + 1), np.zeros(n + 1),
+        np.zeros(n + 1))
+    kept = make_shards.WireBatch.of(odd)
+    assert kept.segment0_lengths is None and kept.unpack() is odd
