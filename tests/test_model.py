@@ -9,13 +9,18 @@ import torch.nn.functional as F
 from model.bert import (
     BertConfig,
     BertModel,
+    Dropout,
+    attend_instances,
     attention_mask_4d,
+    attention_plan,
     bert_base,
     bert_large,
     bert_mini,
     bert_tiny,
+    dropout,
     instance_ids,
     packed_position_ids,
+    split_heads,
 )
 from model.heads import BertForPreTraining, BertForSequenceClassification, masked_mean_loss
 from pipelines import shard_format
@@ -264,3 +269,67 @@ def test_output_positions_compute_only_the_wanted_tokens_exactly():
         sparse = model(**batch, output_positions=wanted)
     assert sparse.shape == (2, 5, 128)
     torch.testing.assert_close(sparse, full[torch.arange(2)[:, None], wanted])
+
+
+def test_dropout_has_the_distribution_of_f_dropout():
+    torch.manual_seed(0)
+    x = torch.ones(1_000_000)
+    y = dropout(x, 0.1)
+    # inverted dropout: kept values scaled by 1 / (1 - p), as F.dropout does
+    assert y.unique().tolist() == [0.0, torch.tensor(1 / 0.9).item()]
+    # keep share 0.9: 1e6 draws have a standard deviation of 0.0003; 0.002 is ~6.7 of them,
+    # and each half of the tensor alone must be right too (no position dependence)
+    for part in (y[:500_000], y[500_000:]):
+        assert abs((part != 0).float().mean().item() - 0.9) < 0.002
+    assert dropout(x, 0.0) is x
+    module = Dropout(0.1)
+    assert isinstance(module, torch.nn.Dropout)  # fine-tuning code switches nn.Dropout off by type
+    assert module.eval()(x) is x
+
+
+def test_attention_plan_groups_instances_by_length_bucket():
+    ids = torch.tensor([[0, 0, 0, 1, 1, -1, -1, -1], [0, 0, 0, 0, 0, 0, 0, 0]])
+    plan = attention_plan(ids, bucket=4)
+    short, full = plan.groups  # lengths 3 and 2 share the bucket of 4; the full row is alone
+    assert short.index.tolist() == [[0, 1, 2], [3, 4, 3]]  # the slot past B's end repeats its start
+    assert short.real.tolist() == [[True, True, True], [True, True, False]]
+    assert short.key_mask.shape == (2, 1, 1, 3)
+    assert full.index.tolist() == [list(range(8, 16))] and full.key_mask is None
+    assert plan.token_index.tolist() == [0, 1, 2, 3, 4, *range(8, 16)]
+    assert attention_plan(torch.zeros(2, 8, dtype=torch.long)) is None  # dense: no plan
+    assert attention_plan(None) is None
+
+
+def test_attention_per_instance_equals_the_block_diagonal_mask():
+    torch.manual_seed(0)
+    ids = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, -1, -1, 2, 2, 2, 2, 2, 2],
+                        [-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1]])
+    qkv = torch.randn(2, 16, 3 * 8, dtype=torch.float64)  # A = 2 heads of D = 4
+    per_instance = attend_instances(qkv, attention_plan(ids, bucket=4), num_heads=2,
+                                    dropout_p=0.0)
+    q, k, v = split_heads(qkv, 2)
+    masked = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask_4d(ids))
+    masked = masked.transpose(1, 2).reshape(2, 16, 8)  # (B, A, T, D) -> (B, T, H)
+    real = ids >= 0
+    torch.testing.assert_close(per_instance[real], masked[real])
+    assert (per_instance[~real] == 0).all()  # padding gets no attention output
+
+
+def test_dropout_in_training_stays_within_each_instance():
+    """With dropout on, changing instance B's tokens leaves A's states exactly as they were."""
+    model = pretraining_model().bert.train()
+    a, b = instance(11, 4, seed=20), instance(8, 2, seed=21)
+    other_b = instance(8, 3, seed=22)
+    states = []
+    for second, seed in [(b, 0), (other_b, 0), (b, 1)]:
+        row = {k: v[None] for k, v in pack([a, second], length=24).items()}
+        torch.manual_seed(seed)
+        states.append(model(**row)[0, :11])
+    assert torch.equal(states[0], states[1])
+    assert not torch.allclose(states[0], states[2])  # dropout is really on: another seed differs
+
+
+def test_an_instance_split_in_two_runs_is_refused_with_its_row():
+    ids = torch.tensor([[0, 0, 1, 1], [0, 0, -1, 0]])  # row 1: padding inside instance 0
+    with pytest.raises(ValueError, match="batch row 1: an instance's tokens are not contiguous"):
+        attention_plan(ids)
