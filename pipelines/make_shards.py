@@ -395,6 +395,11 @@ def share_bounds(sizes: list[int], num_parts: int) -> list[int]:
     return [0, *cuts, len(sizes)]
 
 
+OPENED = object()
+"""Yielded by a part reader once its file is open and parsed: a failure before it is the
+file's (reported by part 0 alone), a failure after it loses this part's documents (reported)."""
+
+
 class ReadDocumentsFn(beam.DoFn):
     """ReadPart -> TokenizedDoc per non-empty document of the part; bad records -> DEAD."""
 
@@ -420,12 +425,15 @@ class ReadDocumentsFn(beam.DoFn):
 
     def _read(self, unit: ReadPart):
         path = unit.path
-        reading = False
+        opened = False
         try:
             batches = self._parquet(unit) if is_parquet(path) else self._text(unit)
             local: dict[str, int] = defaultdict(int)  # documents so far, per split
-            for doc_ids, sentences in batches:
-                reading = True
+            for item in batches:
+                if item is OPENED:
+                    opened = True
+                    continue
+                doc_ids, sentences = item
                 for doc_id, (tokens, lengths) in zip(
                         doc_ids, tokenize_documents(self.tokenizer, sentences)):
                     if isinstance(doc_id, jobs.BadRecord):
@@ -445,18 +453,21 @@ class ReadDocumentsFn(beam.DoFn):
             logger.info("read %s part %d/%d: %d documents", path, unit.part + 1, unit.num_parts,
                         sum(local.values()))
         except Exception as e:  # noqa: BLE001 - any unreadable file is a dead letter, not a crash
-            if not reading and unit.part > 0:
-                return  # opening or parsing failed: every part fails alike, part 0 reports it
+            if not opened and unit.part > 0:
+                return  # the file itself cannot be opened: every part fails alike, part 0 says so
             self.bad.inc()
-            logger.error("cannot read %s: %s", path, e)
+            record = (f"part {unit.part + 1}/{unit.num_parts}" if opened and unit.num_parts > 1
+                      else "file")
+            logger.error("cannot read %s (%s): %s", path, record, e)
             yield beam.pvalue.TaggedOutput(DEAD, jobs.BadRecord(
-                path, "file", f"{type(e).__name__}: {e}").to_json())
+                path, record, f"{type(e).__name__}: {e}").to_json())
 
     def _text(self, unit: ReadPart):
         """(doc ids, sentences) batches of the part's share of a reference-format text file
         (bad lines from part 0)."""
         with storage.open_read(unit.path, "rb") as f:
             docs, bad = parse_reference_text(f.read(), unit.path)
+        yield OPENED
         if bad and unit.part == 0:
             yield bad, [[] for _ in bad]
         bounds = share_bounds([sum(map(len, d)) for d in docs], unit.num_parts)
@@ -471,6 +482,7 @@ class ReadDocumentsFn(beam.DoFn):
         null row is a BadRecord."""
         with storage.open_read(unit.path, "rb") as f:
             parquet = corpus_parquet(f, unit.path)
+            yield OPENED
             groups = parquet.metadata.num_row_groups
             mine = [g for g in range(groups) if g * unit.num_parts // groups == unit.part]
             if not mine:
@@ -604,6 +616,16 @@ class _Indexes:
             self.num_docs[split] += n_docs
             self.num_tokens[split] += n_tokens
 
+    @staticmethod
+    def cached(owner, counts: dict) -> _Indexes:
+        """`_Indexes(counts)` built once per side-input object and kept on `owner` (a DoFn):
+        every join bucket or document of a worker sees the same counts, and the keys grow
+        with the corpus, so rebuilding per element would cost keys x elements."""
+        cache = getattr(owner, "_indexes_cache", None)
+        if cache is None or cache[0] is not counts:
+            owner._indexes_cache = cache = (counts, _Indexes(counts))
+        return cache[1]
+
 
 class PlanDocumentsFn(beam.DoFn):
     """Document -> its plans for every pass, keyed for the random-next join.
@@ -627,20 +649,14 @@ class PlanDocumentsFn(beam.DoFn):
     def setup(self):
         from pipelines.tokenization import read_vocab
         self.vocab = Vocab.from_tokens(read_vocab(self.vocab_path))
-        self._cache = (None, None)
 
     def start_bundle(self):
         self.pending: dict[tuple[str, int], list[InstancePlan]] = defaultdict(list)
         self.buffered = 0
 
-    def _indexes(self, counts) -> _Indexes:
-        if self._cache[0] is not counts:
-            self._cache = (counts, _Indexes(counts))
-        return self._cache[1]
-
     def process(self, doc: TokenizedDoc, counts):
         cfg, job = self.cfg, self.job
-        idx = self._indexes(counts)
+        idx = _Indexes.cached(self, counts)
         doc_index = idx.offsets[(doc.split, doc.file_index, doc.part)] + doc.local_index
         num_docs = idx.num_docs[doc.split]
         join_buckets = join_bucket_count(idx.num_tokens[doc.split], cfg, job)
@@ -656,7 +672,8 @@ class PlanDocumentsFn(beam.DoFn):
             yield from self._flush(lambda v: v, idx)
 
     def finish_bundle(self):
-        yield from self._flush(_windowed, self._cache[1])
+        cache = getattr(self, "_indexes_cache", None)  # None: the bundle had no documents
+        yield from self._flush(_windowed, cache and cache[1])
 
     def _flush(self, wrap, idx: _Indexes | None):
         if not self.cfg.next_sentence:
@@ -805,7 +822,8 @@ class FillRandomNextFn(beam.DoFn):
         (split, _), grouped = element
         grouped = [from_bytes(v) for v in grouped]
         docs = {v[0]: v[1] for v in grouped if not isinstance(v, PlanBatch)}
-        buckets = pack_bucket_count(_Indexes(counts).num_tokens[split], self.cfg, self.job)
+        buckets = pack_bucket_count(_Indexes.cached(self, counts).num_tokens[split], self.cfg,
+                                    self.job)
         segments: dict[int, list] = {}
 
         def segments_of(doc_index: int) -> list[np.ndarray]:

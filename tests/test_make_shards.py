@@ -448,3 +448,30 @@ def test_wire_batch_drops_segment_ids_only_when_it_can_rebuild_them():
         np.zeros(n + 1))
     kept = make_shards.WireBatch.of(odd)
     assert kept.segment0_lengths is None and kept.unpack() is odd
+
+
+def test_a_corrupt_row_group_loses_its_part_with_a_dead_letter(minilm_dir, tmp_path):
+    """A part that fails after its file opened (here: garbled pages in row groups 5 of 8) is
+    reported by part, never dropped silently because an earlier part of the file read fine."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    rows = [{"doc_id": f"d{i}", "sentences": [f"Sentence {i} of a document with some words."] * 8}
+            for i in range(40)]
+    path = folder / "corpus-00000-of-00001.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=5, compression="zstd")
+    column = pq.ParquetFile(path).metadata.row_group(5).column(1)
+    data = bytearray(path.read_bytes())
+    for i in range(column.data_page_offset + 20,
+                   column.data_page_offset + column.total_compressed_size - 4):
+        data[i] ^= 0x5A
+    path.write_bytes(bytes(data))
+    (part,) = make_shards.read_parts([str(path)], 1024)[:1]
+    assert part.num_parts > 1  # the file is read in parts, so the corrupt group is not in part 0
+    manifest = _run(folder, tmp_path / "out", minilm_dir, "--read_part_kb", "1",
+                    "--num_shards", "1")
+    letters = [json.loads(line) for line in
+               (tmp_path / "out" / "dead_letter" / "make_shards.jsonl").read_text().splitlines()]
+    assert letters and all(entry["record"].startswith("part ") for entry in letters)
+    assert all(entry["record"] != f"part 1/{part.num_parts}" for entry in letters)
+    assert manifest["counters"]["bad_records"] == len(letters)
+    assert 0 < manifest["counters"]["documents"] < 40

@@ -329,7 +329,21 @@ def test_dropout_in_training_stays_within_each_instance():
     assert not torch.allclose(states[0], states[2])  # dropout is really on: another seed differs
 
 
-def test_an_instance_split_in_two_runs_is_refused_with_its_row():
+def test_padding_inside_a_row_falls_back_to_the_row_mask():
+    """An attention mask with a hole (padding inside an instance) cannot be split into runs:
+    the model masks whole rows instead, and the real tokens get the states they have without
+    the hole (same tokens, same positions)."""
     ids = torch.tensor([[0, 0, 1, 1], [0, 0, -1, 0]])  # row 1: padding inside instance 0
-    with pytest.raises(ValueError, match="batch row 1: an instance's tokens are not contiguous"):
-        attention_plan(ids)
+    assert attention_plan(ids) is None
+    model = pretraining_model().bert
+    one = instance(9, 3, seed=30)
+    holed = {k: torch.cat([v[:5], torch.zeros(2, dtype=v.dtype), v[5:]])[None]
+             for k, v in one.items()}
+    mask = torch.ones(1, 11, dtype=torch.long)
+    mask[0, 5:7] = 0
+    positions = torch.cat([torch.arange(5), torch.zeros(2, dtype=torch.long),
+                           torch.arange(5, 9)])[None]
+    with torch.no_grad():
+        with_hole = model(**holed, attention_mask=mask, position_ids=positions)
+        compact = model(**{k: v[None] for k, v in one.items()})
+    torch.testing.assert_close(with_hole[mask.bool()], compact[0])
