@@ -252,9 +252,10 @@ def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _trainer_run(minilm_dir, encoded, order: list[int], cfg: ft.FinetuneConfig, lr: float,
-                 seed: int, classifier: torch.nn.Linear, output_dir, **config) -> list[float]:
+                 seed: int, classifier: torch.nn.Linear, output_dir,
+                 **config) -> tuple[list[float], torch.nn.Module]:
     """transformers' Trainer on the rows of `encoded` in `order` (one sequential pass, as one
-    epoch), from MiniLM with `classifier`'s head weights; its loss at every step."""
+    epoch), from MiniLM with `classifier`'s head weights: its loss at every step, its model."""
     import transformers
 
     peer = transformers.BertForSequenceClassification.from_pretrained(
