@@ -686,7 +686,7 @@ class PlanDocumentsFn(beam.DoFn):
             for key, plans in self.pending.items():
                 self.requests.inc(sum(p.random_doc_index is not None for p in plans))
                 yield wrap((key, to_bytes(PlanBatch.from_plans(plans))))
-        logger.info("planned %d instances", self.buffered)
+        logger.debug("flushed %d instance plans", self.buffered)
         self.pending.clear()
         self.buffered = 0
 
@@ -764,7 +764,7 @@ class ShardPart:
     """(R,) position of each row within its shard."""
 
 
-def bucket_stats(parts: Iterable[LengthBatch], cfg: InstanceConfig, pack: bool
+def bucket_totals(parts: Iterable[LengthBatch], cfg: InstanceConfig, pack: bool
                  ) -> tuple[int, int, int, int]:
     """(rows, instances, tokens, masked) of one pack bucket, as `pack_rows` will lay it out."""
     parts = list(parts)
@@ -889,7 +889,7 @@ def pack_and_assign(key: tuple[str, int], parts: Iterable[WireBatch],
     group = pack_rows(packing.InstanceBatch.concat([from_bytes(p).unpack() for p in parts]), cfg,
                       job.pack)
     if group.stats() != tuple(bucket_stats[key]):
-        # The global ranks come from `bucket_stats` on the LengthBatches: a mismatch would
+        # The global ranks come from `bucket_totals` on the LengthBatches: a mismatch would
         # misplace rows silently, so it stops the job.
         raise RuntimeError(f"pack bucket {key}: rows {group.stats()} differ from the "
                            f"counted {tuple(bucket_stats[key])}")
@@ -1022,7 +1022,7 @@ class WriteShards(beam.PTransform):
             created["lengths"]
             | "GroupLengths" >> beam.GroupByKey()
             | "BucketStats" >> beam.MapTuple(
-                lambda key, parts: (key, bucket_stats(parts, cfg, job.pack))))
+                lambda key, parts: (key, bucket_totals(parts, cfg, job.pack))))
         return (created["instances"]
                 | "GroupByKeyRange" >> beam.GroupByKey()
                 | "PackAndAssign" >> beam.FlatMap(
