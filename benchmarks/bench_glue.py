@@ -13,7 +13,7 @@ Targets: dev score within 1.0 point of the peer's; wall time at most 0.8x the pe
 
 Measured (benchmarks/RESULTS.md section 7): the full run (4 tasks, full data, 3 epochs, 81 min
 on a loaded machine): RTE 55.23 vs 55.96, MRPC 79.98 vs 84.39 (three seeds: mean 81.15 vs
-82.93), STS-B 84.46 vs 84.88, CoLA 25.76 vs 27.42; wall 0.82x (CPU 0.63x) under load, 0.60x on
+82.93; CoLA three seeds 24.24 vs 26.45), STS-B 84.46 vs 84.88, CoLA 25.76 vs 27.42; wall 0.82x (CPU 0.63x) under load, 0.60x on
 a quiet machine (reduced data). tests/test_glue_finetune.py shows the two runs are the same
 computation (equal draw for draw with torch's stock dropout ops), so score gaps are the luck of
 the random stream.
