@@ -178,7 +178,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     storage.makedirs(config.output)
     parquet_io.clear_previous_output(config.output, PREFIX)
 
-    with beam.Pipeline(options=options) as pipeline:
+    with beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline:
         results = (pipeline
                    | "Files" >> beam.Create(files)
                    | "Spread" >> beam.Reshuffle()

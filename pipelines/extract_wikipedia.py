@@ -28,7 +28,14 @@ from apache_beam.metrics import Metrics
 
 from pipelines import parquet_io, storage
 from pipelines.documents import DOCUMENT_SCHEMA, Document
-from pipelines.jobs import DEAD_LETTER_DIR, BadRecord, configure_logging, job_parser, parse_job_args
+from pipelines.jobs import (
+    DEAD_LETTER_DIR,
+    BadRecord,
+    configure_logging,
+    job_parser,
+    local_runner,
+    parse_job_args,
+)
 from pipelines.wiki_dump import DumpSplit, Page, iter_pages, plan_splits
 from pipelines.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
 
@@ -255,7 +262,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     LOG.info("%d input files -> %d splits", len(files), len(splits))
     output_dir, num_splits = args.output, len(splits)
 
-    with beam.Pipeline(options=options) as pipeline:
+    with beam.Pipeline(runner=local_runner(options), options=options) as pipeline:
         _ = (
             pipeline
             | "Splits" >> beam.Create(splits)

@@ -36,6 +36,20 @@ def parse_job_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None):
     return args, PipelineOptions(beam_args, save_main_session=False)
 
 
+def local_runner(beam_options):
+    """Beam's FnApiRunner when no --runner is given, else None (Beam picks the runner).
+
+    The default DirectRunner first tries to download the Prism runner (a serial ~0.3 s that
+    fails offline) and then falls back to the FnApiRunner anyway; naming it directly keeps
+    --direct_num_workers / --direct_running_mode meaning the same on every machine.
+    """
+    from apache_beam.options.pipeline_options import StandardOptions
+    if beam_options.view_as(StandardOptions).runner is not None:
+        return None
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+    return FnApiRunner()
+
+
 @dataclass(frozen=True)
 class BadRecord:
     """A record a job set aside: written to `<output>/dead_letter/` and counted, never lost."""

@@ -1250,23 +1250,9 @@ def run(argv: list[str] | None = None) -> dict:
     return manifest
 
 
-def _local_runner(beam_options):
-    """Beam's FnApiRunner when no --runner is given, else None (Beam picks the runner).
-
-    The default DirectRunner first tries to download the Prism runner (a serial ~0.3 s that
-    fails offline) and then falls back to the FnApiRunner anyway; naming it directly keeps
-    --direct_num_workers / --direct_running_mode meaning the same on every machine.
-    """
-    from apache_beam.options.pipeline_options import StandardOptions
-    if beam_options.view_as(StandardOptions).runner is not None:
-        return None
-    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-    return FnApiRunner()
-
-
 def _run_scalable(files, args, beam_options, cfg, job, vocab_size):
     infos_path = storage.join(args.output, _SHARD_INFOS)
-    with beam.Pipeline(runner=_local_runner(beam_options), options=beam_options) as p:
+    with beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p:
         infos = build_scalable_pipeline(p, files, args.output, args.vocab, cfg, job, vocab_size)
         _ = (infos | "CollectInfos" >> beam.combiners.ToList()
              | "SaveInfos" >> beam.Map(lambda lines: storage.atomic_write_text(

@@ -237,7 +237,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     logger.info("train_vocab: %d input file(s) -> %s; config %s", len(inputs), args.output,
                 config.resolved())
     storage.withdraw_manifest(args.output)
-    with beam.Pipeline(options=options) as p:
+    with beam.Pipeline(runner=jobs.local_runner(options), options=options) as p:
         read = (p
                 | "Files" >> beam.Create(inputs)
                 | "Spread" >> beam.Reshuffle()
