@@ -39,6 +39,7 @@ COPY pipelines pipelines
 COPY model model
 COPY training training
 COPY flows flows
+COPY peers peers
 RUN pip install --no-deps . && pip check
 
 # =============================================================================================

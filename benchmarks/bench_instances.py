@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines import reference_peer
+from peers import bert_generator
 from pipelines.instances import (
     InstanceConfig,
     Vocab,
@@ -76,10 +76,10 @@ def main(argv=None) -> None:
           f"sentence per segment: {len(docs)} documents, "
           f"{sum(len(s) for d in docs for s in d):,} tokens; dupe_factor {args.dupe_factor}")
 
-    absent = reference_peer.available()
+    absent = bert_generator.available()
     peer = peer_docs = None
     if absent is None:  # the peer's own documents: token strings from its own tokenizer
-        peer = reference_peer.load()
+        peer = bert_generator.load()
         from bert import tokenization as peer_tokenization
         peer_tokenizer = peer_tokenization.FullTokenizer(vocab_path, do_lower_case=True)
         peer_docs = [[t for t in map(peer_tokenizer.tokenize, d) if t] for d in text_docs]
@@ -97,7 +97,8 @@ def main(argv=None) -> None:
         out, sec = timed(create_instances_reference, docs, vocab, cfg)
         rows["ours reference mode"] = (len(out), sec)
         if peer is not None:
-            out, sec = timed(reference_peer.instances_from_documents, peer, peer_docs, list(vocab_tokens), cfg)
+            out, sec = timed(bert_generator.instances_from_documents, peer, peer_docs,
+                             list(vocab_tokens), cfg)
             rows["peer: BERT create_pretraining_data"] = (len(out), sec)
         peer_rate = rows.get("peer: BERT create_pretraining_data", (0, 0))
         peer_rate = peer_rate[0] / peer_rate[1] if peer_rate[1] else None

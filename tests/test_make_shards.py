@@ -12,7 +12,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import make_shards, shard_format, shards, storage, verify_shards
+from pipelines import (
+    make_shards,
+    shard_batches,
+    shard_format,
+    shard_inputs,
+    shards,
+    storage,
+    verify_shards,
+)
 from pipelines.documents import CORPUS_SCHEMA
 from pipelines.instances import (
     InstanceConfig,
@@ -142,16 +150,21 @@ def test_two_workers_and_rerun_give_identical_shards(one_worker, corpus, minilm_
     cfg, job = make_shards.configs_from_args(make_shards.build_parser().parse_args([
         "--input", "x", "--output", "y", "--vocab", "v", "--dupe_factor", "2",
         "--instances_per_pack_bucket", "300"]))
-    assert make_shards.pack_bucket_count(manifest["counters"]["tokens"], cfg, job) >= 3
+    assert shard_batches.pack_bucket_count(manifest["counters"]["tokens"], cfg, job) >= 3
     # Unpacked rows are in shuffle-key order whatever the grouping: other join and pack
     # bucket counts give the same bytes.
-    _run(corpus["text"], tmp_path / "regrouped", minilm_dir, "--join_buckets", "1",
-         "--instances_per_pack_bucket", "100000")
+    regrouped = _run(corpus["text"], tmp_path / "regrouped", minilm_dir, "--join_buckets", "1",
+                     "--instances_per_pack_bucket", "100000", "--read_part_kb", "8")
     assert _shard_files(tmp_path / "regrouped") == _shard_files(out)
+    # ... so these speed options leave the config hash as it is (an output option does not:
+    # --num_shards below)
+    assert regrouped["options"]["job"]["join_buckets"] == 1
+    assert regrouped["config_hash"] == manifest["config_hash"]
     # Re-run into the same folder with fewer shards, then as before: identical bytes again,
     # and the shard left over from the 3-shard run is removed.
-    _run(corpus["text"], two, minilm_dir, "--num_shards", "2")
+    fewer = _run(corpus["text"], two, minilm_dir, "--num_shards", "2")
     assert sorted(_shard_files(two)) == ["train-000000.tar", "train-000001.tar"]
+    assert fewer["config_hash"] != manifest["config_hash"]
     _run(corpus["text"], two, minilm_dir)
     assert _shard_files(two) == _shard_files(out)
 
@@ -181,10 +194,10 @@ def test_files_read_in_parts_give_the_same_shards(one_worker, corpus, minilm_dir
     separator = data.index(b"\n\n") + 1
     book.write_bytes(data[:separator] + b"\xff" + data[separator:])
     files = [str(f) for f in sorted(text.iterdir())]
-    parts = make_shards.read_parts(files, 8 * 1024)
+    parts = shard_inputs.read_parts(files, 8 * 1024)
     assert len(parts) > 2 * len(files)
     assert {u.num_parts for u in parts if u.path == str(book)} == {
-        min(make_shards.MAX_TEXT_PARTS, -(-book.stat().st_size // (8 * 1024)))}
+        min(shard_inputs.MAX_TEXT_PARTS, -(-book.stat().st_size // (8 * 1024)))}
     got = _run(text, tmp_path / "text-out", minilm_dir, "--read_part_kb", "8",
                "--direct_num_workers=2", "--direct_running_mode=multi_processing")
     assert _shard_files(tmp_path / "text-out") == _shard_files(out)
@@ -216,8 +229,8 @@ def test_reference_mode_reads_parquet_like_text(corpus, minilm_dir, tmp_path):
 
 def test_text_twins_of_parquet_are_skipped(tmp_path):
     files = [str(tmp_path / f"corpus-00000-of-00001.{ext}") for ext in ("parquet", "txt")]
-    assert make_shards.select_inputs(files) == files[:1]
-    assert make_shards.select_inputs(files[1:]) == files[1:]
+    assert shard_inputs.select_inputs(files) == files[:1]
+    assert shard_inputs.select_inputs(files[1:]) == files[1:]
 
 
 def test_wrong_parquet_columns_are_named(minilm_dir, tmp_path):
@@ -364,7 +377,7 @@ def test_validation_split(corpus, minilm_dir, tmp_path):
     # Held out by doc_id ("<file name>:<document number>"), each split with its own index.
     doc_ids = [f"{p.name}:{i}" for p in sorted(corpus["text"].iterdir())
                for i in range(len(p.read_text().strip().split("\n\n")))]
-    held_out = sum(make_shards.split_of(d, 0.25) == "validation" for d in doc_ids)
+    held_out = sum(shard_inputs.split_of(d, 0.25) == "validation" for d in doc_ids)
     counters = manifest["counters"]
     assert 0 < held_out < len(doc_ids)
     assert counters["documents_validation"] == held_out
@@ -384,7 +397,7 @@ def test_mlm_only(corpus, minilm_dir, tmp_path):
 
 def test_bad_options_name_the_flag(corpus, minilm_dir, tmp_path):
     with pytest.raises(ValueError, match="--mode"):
-        make_shards.ShardJobConfig(mode="fast")
+        shard_batches.ShardJobConfig(mode="fast")
     with pytest.raises(ValueError, match="--validation_fraction"):
         _run(corpus["text"], tmp_path, minilm_dir, "--validation_fraction", "1.5")
     with pytest.raises(FileNotFoundError, match="nope"):
@@ -398,8 +411,8 @@ def test_reader_equals_the_reference_reader_on_raw_books(shared_data, minilm_dir
     for name in ("melville-moby_dick.txt", "shakespeare-caesar.txt"):
         path = shared_data / "books" / name
         data = path.read_bytes()[:200_000]
-        docs, bad = make_shards.parse_reference_text(data, str(path))
-        ours = make_shards.tokenize_documents(tokenizer, docs)
+        docs, bad = shard_inputs.parse_reference_text(data, str(path))
+        ours = shard_inputs.tokenize_documents(tokenizer, docs)
         ours = [np.split(t, np.cumsum(lengths)[:-1]) for t, lengths in ours if len(lengths)]
         theirs = read_reference_text(data.decode("utf-8", "ignore").split("\n"), tokenizer)
         assert len(ours) == len(theirs) > 100
@@ -414,7 +427,7 @@ def test_reader_equals_the_reference_reader_on_raw_books(shared_data, minilm_dir
 def test_literal_special_tokens_in_corpus_text_stay_plain_text(minilm_dir):
     """BERT's reference splits a literal "[MASK]" in text into "[", "mask", "]"; so must we,
     or corpus text would inject real mask/separator tokens into instances."""
-    from pipelines.make_shards import tokenize_documents
+    from pipelines.shard_inputs import tokenize_documents
     from pipelines.tokenization import load_tokenizer, read_vocab
 
     vocab = read_vocab(str(minilm_dir))
@@ -438,7 +451,7 @@ def test_wire_batch_drops_segment_ids_only_when_it_can_rebuild_them():
     n = len(usual)
     batch = packing.InstanceBatch.from_instances(usual, np.arange(n), np.arange(n), np.zeros(n),
                                                  np.zeros(n))
-    wire = make_shards.WireBatch.of(batch)
+    wire = shard_batches.WireBatch.of(batch)
     assert wire.segment0_lengths.tolist() == [3, 3, 2] and len(wire.batch.segment_ids) == 0
     assert wire.unpack().segment_ids.tolist() == batch.segment_ids.tolist()
     assert wire.unpack().input_ids.tolist() == batch.input_ids.tolist()
@@ -446,7 +459,7 @@ def test_wire_batch_drops_segment_ids_only_when_it_can_rebuild_them():
     odd = packing.InstanceBatch.from_instances(
         [*usual, instance([0, 1, 0], 0)], np.arange(n + 1), np.arange(n + 1), np.zeros(n + 1),
         np.zeros(n + 1))
-    kept = make_shards.WireBatch.of(odd)
+    kept = shard_batches.WireBatch.of(odd)
     assert kept.segment0_lengths is None and kept.unpack() is odd
 
 
@@ -465,7 +478,7 @@ def test_a_corrupt_row_group_loses_its_part_with_a_dead_letter(minilm_dir, tmp_p
                    column.data_page_offset + column.total_compressed_size - 4):
         data[i] ^= 0x5A
     path.write_bytes(bytes(data))
-    (part,) = make_shards.read_parts([str(path)], 1024)[:1]
+    (part,) = shard_inputs.read_parts([str(path)], 1024)[:1]
     assert part.num_parts > 1  # the file is read in parts, so the corrupt group is not in part 0
     manifest = _run(folder, tmp_path / "out", minilm_dir, "--read_part_kb", "1",
                     "--num_shards", "1")

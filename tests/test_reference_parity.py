@@ -1,6 +1,6 @@
 """Reference mode against BERT's own generator, run in this process: exactly the same instances.
 
-The peer is BERT's `create_pretraining_data.py` as `pipelines/reference_peer.py` loads it (the
+The peer is BERT's `create_pretraining_data.py` as `peers/bert_generator.py` loads it (the
 PyPI package `bert-tensorflow` 1.0.4 behind a stand-in for its TensorFlow file I/O, logging and
 flags). Nothing of ours is replaced: the peer reads the file and tokenizes with its own tokenizer.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines import reference_peer
+from peers import bert_generator
 from pipelines.instances import (
     InstanceConfig,
     Vocab,
@@ -29,10 +29,10 @@ from pipelines.tokenization import load_tokenizer, read_vocab
 @pytest.fixture(scope="module")
 def peer():
     """The peer's `create_pretraining_data` module, imported behind the I/O stand-in."""
-    reason = reference_peer.available()
+    reason = bert_generator.available()
     if reason:
         pytest.skip(reason)
-    return reference_peer.load()
+    return bert_generator.load()
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,8 @@ def test_synthetic_corpora_equal_reference(peer, vocab_path, corpus_seed, num_do
     cfg = InstanceConfig(max_seq_length=max_seq_length, max_predictions_per_seq=6,
                          short_seq_prob=short_seq_prob, masked_lm_prob=masked_lm_prob,
                          dupe_factor=3, random_seed=corpus_seed)
-    theirs = reference_peer.instances_from_documents(peer, [[[tokens[i] for i in s] for s in d] for d in docs], tokens, cfg)
+    token_docs = [[[tokens[i] for i in s] for s in d] for d in docs]
+    theirs = bert_generator.instances_from_documents(peer, token_docs, tokens, cfg)
     ours = create_instances_reference(docs, Vocab.from_tokens(tokens), cfg)
     assert len(ours) == num_instances
     assert_same_instances(theirs, ours, tokens)
