@@ -96,6 +96,7 @@ from pipelines.shard_inputs import (
     TokenizedDoc,
     corpus_parquet,
     is_parquet,
+    open_ends,
     parse_reference_text,
     read_parts,
     select_inputs,
@@ -563,40 +564,62 @@ def build_scalable_pipeline(p, files: list[str], output: str, vocab_path: str,
 
 def read_all_documents(files: list[str], tokenizer, validation_fraction: float
                        ) -> tuple[dict[str, list[list[np.ndarray]]], list[jobs.BadRecord], int]:
-    """Every document of every file, in input order, split by doc_id hash; and bad records."""
+    """Every document of every file, in input order, split by doc_id hash; and bad records.
+
+    Text files are read as the reference reads them: as one stream of lines, so a document
+    that reaches the end of a file without a blank line goes on in the next one.
+    """
     from tqdm import tqdm
 
-    docs: dict[str, list] = {"train": [], "validation": []}
+    records: list[tuple[str, list[str]]] = []  # (doc_id, sentences), in input order
     bad: list[jobs.BadRecord] = []
-    empty = 0
+    continues = False  # the last text file ended inside a document
     for path in tqdm(files, desc="read", unit="file", file=sys.stderr):
         try:
-            if is_parquet(path):
-                with storage.open_read(path, "rb") as f:
-                    table = corpus_parquet(f, path).read(columns=["doc_id", "sentences"])
-                batches = [(table.column(0).to_pylist(), table.column(1).to_pylist())]
-            else:
-                with storage.open_read(path, "rb") as f:
-                    lines_docs, file_bad = parse_reference_text(f.read(), path)
-                bad += file_bad
-                name = os.path.basename(path)
-                batches = [([f"{name}:{i}" for i in range(len(lines_docs))], lines_docs)]
+            with storage.open_read(path, "rb") as f:
+                if is_parquet(path):
+                    file_records = _parquet_records(corpus_parquet(f, path), path, bad)
+                    continues = False
+                else:
+                    data = f.read()
+                    file_docs, file_bad = parse_reference_text(data, path)
+                    bad += file_bad
+                    name = os.path.basename(path)
+                    file_records = [(f"{name}:{i}", d) for i, d in enumerate(file_docs)]
+                    ends = open_ends(data)
+                    if ends and continues and ends[0]:  # its first document is the last one's end
+                        records[-1] = (records[-1][0], records[-1][1] + file_records.pop(0)[1])
+                    continues = ends[1] if ends else continues
         except Exception as e:  # noqa: BLE001 - any unreadable file is a dead letter
             bad.append(jobs.BadRecord(path, "file", f"{type(e).__name__}: {e}"))
+            continues = False
             continue
-        for doc_ids, sentences in batches:
-            for row, (doc_id, sents) in enumerate(zip(doc_ids, sentences)):
-                if doc_id is None or sents is None:
-                    bad.append(jobs.BadRecord(path, f"row {row}", "null doc_id or sentences"))
-            pairs = [(d, s) for d, s in zip(doc_ids, sentences) if d is not None and s is not None]
-            for (doc_id, _), (tokens, lengths) in zip(
-                    pairs, tokenize_documents(tokenizer, [s for _, s in pairs])):
-                if len(lengths) == 0:
-                    empty += 1
-                    continue
-                docs[split_of(doc_id, validation_fraction)].append(
-                    np.split(tokens, np.cumsum(lengths)[:-1]))
+        records += file_records
+    docs: dict[str, list] = {"train": [], "validation": []}
+    empty = 0
+    for start in range(0, len(records), 512):  # batched WordPiece, bounded memory
+        chunk = records[start:start + 512]
+        for (doc_id, _), (tokens, lengths) in zip(
+                chunk, tokenize_documents(tokenizer, [s for _, s in chunk])):
+            if len(lengths) == 0:
+                empty += 1
+                continue
+            docs[split_of(doc_id, validation_fraction)].append(
+                np.split(tokens, np.cumsum(lengths)[:-1]))
     return docs, bad, empty
+
+
+def _parquet_records(parquet, path: str, bad: list[jobs.BadRecord]) -> list[tuple[str, list[str]]]:
+    """(doc_id, sentences) of every row of a corpus Parquet file; a null row goes to `bad`."""
+    table = parquet.read(columns=["doc_id", "sentences"])
+    records = []
+    for row, (doc_id, sents) in enumerate(zip(table.column(0).to_pylist(),
+                                              table.column(1).to_pylist())):
+        if doc_id is None or sents is None:
+            bad.append(jobs.BadRecord(path, f"row {row}", "null doc_id or sentences"))
+        else:
+            records.append((doc_id, sents))
+    return records
 
 
 def run_reference(files: list[str], output: str, vocab_path: str, cfg: InstanceConfig,

@@ -101,9 +101,12 @@ def text_shard_path(output: str, prefix: str, index: int, count: int) -> str:
 
 
 def reference_text(documents: Iterable[Iterable[str]]) -> str:
-    """BERT's input text format: one sentence per line, one blank line between documents."""
-    body = "\n\n".join("\n".join(sentences) for sentences in documents)
-    return body + "\n" if body else ""
+    """BERT's input text format: one sentence per line, a blank line after every document.
+
+    The blank line after the last one too: BERT's generator reads all its input files as one
+    stream of lines, so without it a file's last document would go on into the next file.
+    """
+    return "".join("\n".join(sentences) + "\n\n" for sentences in documents)
 
 
 def finish_shards(output: str, prefix: str, count: int, schema: pa.Schema,

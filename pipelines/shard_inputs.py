@@ -97,6 +97,24 @@ def parse_reference_text(data: bytes, file: str) -> tuple[list[list[str]], list[
     return [d for d in docs if d], bad
 
 
+def open_ends(data: bytes) -> tuple[bool, bool] | None:
+    """(first line has text, last line has text) of a reference-format file; None if it has no
+    lines. The reference reads all its input files as one stream of lines, so a document whose
+    file ends without a blank line goes on in the next file (a trailing "\\n" ends a line, not
+    the document, as `readline` sees it)."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    if not lines:
+        return None
+    return _has_text(lines[0]), _has_text(lines[-1])
+
+
+def _has_text(line: bytes) -> bool:
+    """Whether a line is not blank to the reference (stripped after dropping bad UTF-8)."""
+    return bool(line.decode("utf-8", "ignore").strip())
+
+
 def is_parquet(path: str) -> bool:
     return path.endswith(".parquet")
 

@@ -64,7 +64,7 @@ def test_keep_first_is_the_same_whatever_the_order_of_ties():
 
 
 def test_reference_text_format():
-    assert parquet_io.reference_text([["A.", "B."], ["C."]]) == "A.\nB.\n\nC.\n"
+    assert parquet_io.reference_text([["A.", "B."], ["C."]]) == "A.\nB.\n\nC.\n\n"
     assert parquet_io.reference_text([]) == ""
 
 
@@ -103,7 +103,8 @@ def test_text_output_is_the_reference_format_exactly(tmp_path):
         "\n"
         "Only sentence here\n"
         "\n"
-        "Mr. Smith came.\nHe left.\n")
+        "Mr. Smith came.\nHe left.\n"
+        "\n")  # a file's last document ends too: the reference reads on across files
     rows = read_corpus(out)
     assert [r["doc_id"] for r in rows] == ["books/a", "books/b", "wiki/12"]
     assert rows[0]["sentences"] == ["First one.", "Second one.", "Third, in a new paragraph."]
@@ -159,10 +160,11 @@ def test_duplicate_book_across_folders_is_removed_and_counted(two_book_folders, 
                     "kept_file": str(root / "books_a" / "shakespeare-caesar.txt")})]
     # The text format: one block per document, in Parquet order, no blank line inside a block.
     text = (out / f"{CORPUS}.txt").read_text(encoding="utf-8")
-    blocks = text[:-1].split("\n\n")
+    assert text.endswith(".\n\n")
+    blocks = text[:-2].split("\n\n")
     assert [block.split("\n") for block in blocks] == [r["sentences"] for r in rows]
     assert all(line.strip() == line and line for b in blocks for line in b.split("\n"))
-    assert counts["sentences"] == sum(len(r["sentences"]) for r in rows) == text.count("\n") - 2
+    assert counts["sentences"] == sum(len(r["sentences"]) for r in rows) == text.count("\n") - 3
     for row in rows:
         assert row["sentences"] == split_passages(row["passages"])
 

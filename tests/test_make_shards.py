@@ -49,14 +49,17 @@ def corpus(shared_data, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("corpus")
     (root / "text").mkdir()
     (root / "parquet").mkdir()
-    shutil.copy(shared_data / "reference" / "sample_text.txt", root / "text" / "a-sample.txt")
+    # Every file ends with a blank line, so it holds the same documents as its Parquet twin in
+    # reference mode too (the reference reads on across files; the sample ends without one).
+    (root / "text" / "a-sample.txt").write_bytes(
+        (shared_data / "reference" / "sample_text.txt").read_bytes() + b"\n")
     sample_docs = (shared_data / "reference" / "sample_text.txt").read_text().split("\n\n")
     all_docs = {"a-sample": [[s for s in d.split("\n") if s.strip()] for d in sample_docs]}
     for name in BOOKS:
         docs = book_documents(shared_data / "books", name)
         stem = "b-" + name.removesuffix(".txt")
         all_docs[stem] = docs
-        (root / "text" / f"{stem}.txt").write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+        (root / "text" / f"{stem}.txt").write_text("".join("\n".join(d) + "\n\n" for d in docs))
     for i, (stem, docs) in enumerate(sorted(all_docs.items())):
         docs = [d for d in docs if d]
         table = pa.Table.from_pylist([{

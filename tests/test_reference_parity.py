@@ -171,3 +171,42 @@ def test_synthetic_corpora_equal_reference(peer, vocab_path, corpus_seed, num_do
     ours = create_instances_reference(docs, Vocab.from_tokens(tokens), cfg)
     assert len(ours) == num_instances
     assert_same_instances(theirs, ours, tokens)
+
+
+def test_make_shards_reference_mode_reads_several_files_as_the_reference(
+        peer, shared_data, vocab_path, tmp_path):
+    """The reference reads its input files as one stream of lines: a document cut by a file
+    boundary (no blank line there) is still one document. The job, end to end, on three files."""
+    import json
+
+    from bert import tokenization as peer_tokenization
+
+    from pipelines import make_shards
+
+    lines = (shared_data / "reference" / "sample_text.txt").read_bytes().split(b"\n")
+    cut = next(i for i in range(5, len(lines)) if lines[i].strip() and lines[i + 1].strip())
+    blank = next(i for i in range(cut, len(lines)) if not lines[i].strip())
+    folder = tmp_path / "input"
+    folder.mkdir()
+    parts = [lines[:cut + 1], lines[cut + 1:blank], lines[blank:]]  # mid-document, then a blank
+    for k, part in enumerate(parts):
+        (folder / f"part-{k}.txt").write_bytes(b"\n".join(part) + b"\n")
+    files = sorted(str(p) for p in folder.iterdir())
+    cfg = InstanceConfig(dupe_factor=2)
+    theirs = peer.create_training_instances(
+        files, peer_tokenization.FullTokenizer(vocab_path, do_lower_case=True),
+        cfg.max_seq_length, cfg.dupe_factor, cfg.short_seq_prob, cfg.masked_lm_prob,
+        cfg.max_predictions_per_seq, random.Random(cfg.random_seed))
+    out = tmp_path / "out"
+    manifest = make_shards.run([
+        "--input", str(folder), "--vocab", vocab_path, "--output", str(out), "--mode",
+        "reference", "--format", "jsonl", "--dupe_factor", "2", "--num_shards", "1"])
+    ours = [json.loads(line) for line in (out / "train-000000.jsonl").read_text().splitlines()]
+    assert manifest["counters"]["documents"] == 3  # the sample's 3 (4 if a file ended one)
+    assert len(ours) == len(theirs) == 23
+    for k, (p, o) in enumerate(zip(theirs, ours)):
+        assert o["tokens"] == p.tokens, k
+        assert o["segment_ids"] == p.segment_ids, k
+        assert o["next_sentence_label"] == int(p.is_random_next), k
+        assert o["masked_lm_positions"] == p.masked_lm_positions, k
+        assert o["masked_lm_labels"] == p.masked_lm_labels, k
