@@ -91,19 +91,30 @@ def matmul_flops_per_s(dtype: torch.dtype, reps: int, n: int = 4096) -> float:
     return 2 * n**3 / best
 
 
-def useful_flops(config: BertConfig, model: BertForPreTraining, instance_lengths: list[int],
-                 num_masked: int) -> float:
-    """Training FLOPs (forward + backward = 3 x forward) of the work that matters in a step.
+def useful_flops(config: BertConfig, model: BertForPreTraining,
+                 instances: list[tuple[int, int]]) -> float:
+    """Training FLOPs (forward + backward = 3 x forward) of the work the losses need in a step.
 
-    Every linear layer costs 6 x params x tokens; the MLM head counts only at masked positions
-    (its vocabulary projection is tied, so not in the layer params); attention scores and
-    mixing cost 12 x T_instance x H per token and layer, within each instance only.
+    `instances` holds (tokens, masked positions) per instance. A linear layer costs 6 x params
+    x the tokens it must see; attention scores and mixing 12 x H x queries x keys per layer,
+    within each instance only. The losses read the last layer only at the masked positions and
+    the [CLS] (its "queries"): there only the keys and values are needed at every token, the
+    query projection, attention output and feed-forward at the queries alone. The MLM head
+    counts at the masked positions (its vocabulary projection is tied, so not in the layer
+    params), pooler and NSP head once per instance.
     """
-    layer_params = sum(p.numel() for p in model.bert.layers.parameters())
-    head_params = config.hidden_size * (config.hidden_size + config.vocab_size)
-    tokens = sum(instance_lengths)
-    attention = 12 * config.num_hidden_layers * config.hidden_size * sum(n * n for n in instance_lengths)
-    return 6 * layer_params * tokens + 6 * head_params * num_masked + attention
+    H, layers = config.hidden_size, config.num_hidden_layers
+    layer_params = sum(p.numel() for p in model.bert.layers[0].parameters())
+    key_value_params = 2 * (H * H + H)  # two thirds of the fused QKV projection
+    tokens = sum(n for n, _ in instances)
+    queries = sum(q + 1 for _, q in instances)
+    linear = (6 * layer_params * tokens * (layers - 1)
+              + 6 * key_value_params * tokens + 6 * (layer_params - key_value_params) * queries)
+    attention = 12 * H * (sum(n * n for n, _ in instances) * (layers - 1)
+                          + sum(n * (q + 1) for n, q in instances))
+    heads = (6 * H * (H + config.vocab_size) * sum(q for _, q in instances)
+             + 6 * (H * H + 2 * H) * len(instances))
+    return linear + attention + heads
 
 
 # ------------------------------------------------------------------------------------ data
@@ -281,8 +292,8 @@ def run_setting(name: str, ours_rows: list[Row], peer_rows: list[Row], dtype: st
     ours_batch, peer_batch = collate(ours_rows), hf_inputs(collate(peer_rows))
     useful_tokens = sum(len(r.input_ids) for r in ours_rows)
     assert useful_tokens == sum(len(r.input_ids) for r in peer_rows)
-    lengths = [len(r.input_ids) for r in unpack_rows(ours_rows)]
-    flops = useful_flops(ours.config, ours, lengths, sum(len(r.masked_lm_ids) for r in ours_rows))
+    flops = useful_flops(ours.config, ours, [(len(r.input_ids), len(r.masked_lm_ids))
+                                             for r in unpack_rows(ours_rows)])
     times = time_alternating({"ours": train_step_fn(ours, ours_batch, dtype),
                               "peer": train_step_fn(peer, peer_batch, dtype)}, cfg)
     ours_s, peer_s = times["ours"].cpu, times["peer"].cpu
