@@ -5,7 +5,8 @@ own checkpoint format.
   or `pytorch_model.bin`, with `BertModel` keys or `bert.`/`cls.` `BertForPreTraining` keys)
   -> our `BertForPreTraining` (heads absent from the checkpoint keep their fresh initialisation).
 - `export_hf_folder(model, vocab_dir, out_dir)`: -> a folder that
-  `transformers.BertForPreTraining.from_pretrained` and `AutoTokenizer.from_pretrained` load.
+  `transformers.BertForPreTraining.from_pretrained` and `AutoTokenizer.from_pretrained` load,
+  lower-casing or not as the vocabulary folder's `tokenizer_config.json` says.
 - `save_checkpoint(model, folder)` / `load_checkpoint(folder)`: our keys in
   `bert.safetensors` + `bert_config.json` (our `BertConfig` and the head kind).
 """
@@ -190,10 +191,27 @@ def hf_config_dict(config: BertConfig, architecture: str, **extra) -> dict:
     return hf_config.to_dict()
 
 
+def vocab_do_lower_case(vocab_dir: str) -> bool:
+    """Whether a vocabulary folder's tokenizer lower-cases: `do_lower_case` of its
+    `tokenizer_config.json` (train_vocab --cased writes false); True when the folder has none
+    (a bare `vocab.txt`, BERT's uncased default)."""
+    path = storage.join(vocab_dir, "tokenizer_config.json")
+    if not storage.exists(path):
+        return True
+    value = storage.read_json(path).get("do_lower_case", True)
+    if not isinstance(value, bool):
+        raise TypeError(f"{path}: do_lower_case must be true or false, got {value!r}")
+    return value
+
+
 def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
-                     do_lower_case: bool = True) -> None:
+                     do_lower_case: bool | None = None) -> None:
     """Write `config.json`, `model.safetensors`, `vocab.txt`, `tokenizer.json` and the tokenizer
-    configs for `transformers` (BertForPreTraining, BertForSequenceClassification or BertModel)."""
+    configs for `transformers` (BertForPreTraining, BertForSequenceClassification or BertModel).
+
+    `do_lower_case`: None = as the vocabulary folder says (`vocab_do_lower_case`)."""
+    if do_lower_case is None:
+        do_lower_case = vocab_do_lower_case(vocab_dir)
     vocab = read_vocab(vocab_dir)
     config: BertConfig = model.config
     if len(vocab) != config.vocab_size:

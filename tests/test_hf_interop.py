@@ -185,3 +185,29 @@ def test_checkpoints_this_model_cannot_hold_are_refused(minilm_dir, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="config.json: position_embedding_type 'relative_key'"):
         load_hf_checkpoint(str(tmp_path))
+
+
+def test_export_keeps_the_casing_of_the_vocabulary_folder(minilm_dir, tmp_path):
+    """A cased vocabulary folder (train_vocab --cased: `do_lower_case: false`) exports a tokenizer
+    that keeps case; an uncased one, or a bare vocab.txt, lower-cases."""
+    from model.hf import vocab_do_lower_case
+    from pipelines.tokenization import read_vocab, save_tokenizer_folder
+
+    vocab = read_vocab(str(minilm_dir))
+    cased, bare = tmp_path / "cased_vocab", tmp_path / "bare_vocab"
+    save_tokenizer_folder(vocab, str(cased), do_lower_case=False)
+    bare.mkdir()
+    shutil.copy(minilm_dir / "vocab.txt", bare / "vocab.txt")
+    assert (vocab_do_lower_case(str(cased)), vocab_do_lower_case(str(bare)),
+            vocab_do_lower_case(str(minilm_dir))) == (False, True, True)
+    model = BertForPreTraining(bert_tiny())
+    tokens = {}
+    for name, folder in (("cased", cased), ("bare", bare), ("minilm", minilm_dir)):
+        export_hf_folder(model, str(folder), str(tmp_path / name))
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / name))
+        tokens[name] = tokenizer.tokenize("Hello World, Émile")
+    # MiniLM's vocabulary is uncased: capitals and accents are unknown unless lower-cased.
+    assert tokens["cased"] == ["[UNK]", "[UNK]", ",", "[UNK]"]
+    assert tokens["bare"] == tokens["minilm"] == ["hello", "world", ",", "emile"]
+    assert json.loads((tmp_path / "cased" / "tokenizer_config.json").read_text())[
+        "do_lower_case"] is False

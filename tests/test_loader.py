@@ -6,6 +6,7 @@ import collections
 import functools
 import http.server
 import json
+import logging
 import tarfile
 import threading
 from pathlib import Path
@@ -70,6 +71,40 @@ def test_plan_equal_rows_per_slot_with_uneven_shards():
     orders = {tuple(s.index for slot in plan_epoch(shards, e, 7, 1, 4).slots for s in slot)
               for e in range(5)}
     assert len(orders) > 1, "the shard order must change between epochs"
+
+
+def test_rows_cut_to_equalise_the_slots_are_counted_and_logged(books, tmp_path, caplog):
+    """167 rows in 2 slots: 56+24 | 40+30+17 -> 80 and 87, cut to 80 each: 7 rows (4.19%) cut
+    every epoch, logged once per epoch by rank 0 as a warning (> 1%) and counted."""
+    shards = [ShardInfo(f"train-{i:06d}.tar", "", n, i) for i, n in enumerate([40, 24, 56, 30, 17])]
+    plan = plan_epoch(shards, 0, seed=5, num_slots=2, batch_size=4)
+    assert (plan.total_rows, plan.rows_per_slot, plan.rows_cut) == (167, 80, 7)
+    assert plan_epoch(shards, 0, seed=5, num_slots=4, batch_size=4).rows_cut == 167 - 4 * 28
+    folder = _shards(books, tmp_path / "s", [40, 24, 56, 30, 17])
+    loaders = [ShardLoader(LoaderConfig(str(folder), 4, SEQ, rank=r, world_size=2, seed=5,
+                                        shuffle_buffer=16)) for r in range(2)]
+    caplog.set_level(logging.INFO, logger="training.loader")
+    for loader in loaders:
+        assert loader.rows_cut == 7  # epoch 0's plan
+        stream = iter(loader)
+        _take(stream, 20 + 1)  # 80 rows / 4 = 20 batches, then the first of epoch 1
+        assert (loader.epoch, loader.rows_cut) == (1, 14)
+    messages = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "training.loader"]
+    assert [level for level, _ in messages] == [logging.WARNING] * 2  # rank 0 only, per epoch
+    assert "epoch 0: 7 of 167 train rows (4.19%) left out so that each of the 2 loader slots " \
+           "(ranks x workers) yields 80 rows; 7 cut so far" in messages[0][1]
+    assert messages[1][1].endswith("; 14 cut so far")
+    resumed = ShardLoader(loaders[0].config)
+    resumed.load_state_dict(loaders[0].state_dict())
+    assert resumed.rows_cut == 14
+    caplog.clear()
+    even_folder = _shards(books, tmp_path / "e", [48, 48])
+    even = ShardLoader(LoaderConfig(str(even_folder), 8, SEQ, num_workers=2, seed=5))
+    next(iter(even))
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.INFO, (f"{even_folder} epoch 0: 0 of 96 train rows (0.00%) left out so that "
+                        "each of the 2 loader slots (ranks x workers) yields 48 rows; 0 cut so "
+                        "far"))]
 
 
 def test_too_few_shards_or_rows_is_a_clear_error():

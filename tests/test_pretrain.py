@@ -7,11 +7,14 @@ real Beam job pipelines.make_shards for both phases; uneven shards re-sharded fr
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -23,7 +26,7 @@ from shard_fixtures import book_shards, write_shards
 from training import config as cfg
 from training import pretrain
 from training.config import PhaseConfig
-from training.ds_config import build_ds_config, param_groups
+from training.ds_config import LinearWarmupDecay, build_ds_config, param_groups
 from training.launch import deepspeed_command, torchrun_command
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,7 +158,7 @@ def test_zero_stages_give_the_same_losses(data, tmp_path):
 
 
 def test_bf16_zero2_dynamic_masking_trains_and_exports(data, tmp_path):
-    """bf16 (DeepSpeed's bf16 optimizer, fp32 master weights) on CPU with ZeRO-2, re-masking
+    """bf16 (ZeRO-2's partitioned fp32 master weights) on CPU, re-masking
     every row each epoch (8 steps of 8 rows cross the 40-row epochs of the uneven shards)."""
     pretrain.run(make_config(data, tmp_path, zero_stage=2, precision="bf16", steps=8,
                              num_workers=0, export_hf=True, dynamic_masking=True))
@@ -188,6 +191,10 @@ def test_two_ranks_match_one_rank_on_uneven_shards(data, tmp_path):
     w1, w2 = final_weights(one), final_weights(two)
     for key in w1:
         torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=1e-5)
+    # 84 rows in 2 slots of 28+12 | 20+15+9: 40 rows each, so 4 rows cut per epoch, counted.
+    for out in (one, two):
+        train = [r for r in pretrain.read_metrics(str(out)) if r["split"] == "train"]
+        assert [(r["data_epoch"], r["rows_cut"]) for r in train] == [(0, 4)] * 10 + [(1, 8)] * 2
 
 
 def test_stopped_and_resumed_run_equals_the_uninterrupted_run(data, tmp_path):
@@ -231,9 +238,14 @@ def test_deepspeed_config_and_param_groups(data, tmp_path):
     assert ds["optimizer"] == {"type": "AdamW", "params": {
         "lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01,
         "torch_adam": True, "adam_w_mode": True}}
-    assert ds["scheduler"]["params"] == {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-4,
-                                         "warmup_num_steps": 100, "total_num_steps": 1000,
-                                         "warmup_type": "linear"}
+    assert "scheduler" not in ds  # ours, LinearWarmupDecay, is passed to deepspeed.initialize
+    schedule = LinearWarmupDecay(torch.optim.SGD([torch.zeros(1)], lr=1.0), phase.learning_rate,
+                                 phase.warmup_steps, phase.steps)
+    assert [schedule.lr_at(s) for s in (0, 50, 100, 550, 1000)] == \
+        pytest.approx([0.0, 5e-5, 1e-4, 5e-5, 0.0], rel=1e-12, abs=0)
+    schedule.load_state_dict({"last_batch_iteration": 549})  # DeepSpeed WarmupDecayLR's state
+    assert schedule.state_dict() == {"steps_taken": 550}
+    assert schedule.get_lr() == pytest.approx([5e-5], rel=1e-12, abs=0)
     assert ds["gradient_clipping"] == 1.0 and ds["bf16"] == {"enabled": True}
     assert ds["zero_optimization"]["stage"] == 2
     with pytest.raises(ValueError, match="precision=fp16 needs a GPU"):
@@ -375,3 +387,150 @@ def test_deepspeed_launcher_with_a_hostfile_matches_one_rank(data, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     torch.testing.assert_close(torch.tensor(train_losses(two)), torch.tensor(train_losses(one)),
                                rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------- review fixes
+
+def _engine(config):
+    """A real DeepSpeed engine and loader for the config's first phase, as run_phase builds them."""
+    dist = pretrain.init_distributed()
+    phase = config.phases[0]
+    torch.manual_seed(config.seed)
+    model = pretrain.build_model(config, pretrain.shard_manifest(phase))
+    engine = pretrain.build_engine(config, phase, model, dist)
+    return engine, pretrain.ShardLoader(pretrain.build_loader(config, phase, dist)), dist
+
+
+def _lrs_of_steps(engine, loader, count: int) -> list[float]:
+    """The learning rate each of the next `count` optimizer steps runs at."""
+    batches, lrs = iter(loader), []
+    for _ in range(count):
+        lrs.append(engine.optimizer.param_groups[0]["lr"])
+        pretrain.train_step(engine, batches)
+    return lrs
+
+
+def test_warmup_of_0_and_1_steps_is_what_the_config_says(data, tmp_path):
+    """DeepSpeed's WarmupDecayLR turned warmup 1 into 2 (and started a step late); ours runs
+    step s at lr * s / warmup, then decays linearly to 0 at `steps` (here 4, peak 1e-3)."""
+    expected = {0: [1e-3, 7.5e-4, 5e-4, 2.5e-4], 1: [0.0, 1e-3, 2e-3 / 3, 1e-3 / 3],
+                2: [0.0, 5e-4, 1e-3, 5e-4]}
+    for warmup, lrs in expected.items():
+        config = make_config(data, tmp_path / f"w{warmup}", steps=4, num_workers=0)
+        config = dataclasses.replace(config, phases=(dataclasses.replace(
+            config.phases[0], warmup_steps=warmup, learning_rate=1e-3),))
+        engine, loader, _ = _engine(config)
+        assert _lrs_of_steps(engine, loader, 4) == pytest.approx(lrs, rel=1e-12, abs=0), warmup
+        engine.destroy()
+
+
+def test_bf16_needs_zero_1_and_exports_the_fp32_masters_with_a_cased_vocab(data, tmp_path):
+    """bf16 at ZeRO stage 0 is refused (its fp32 masters would not reach the export); at stage 1
+    the exported weights are the optimizer's fp32 master weights, not their bf16 rounding, and a
+    cased vocabulary exports a tokenizer that keeps case."""
+    from deepspeed.utils import safe_get_full_fp32_param
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from model.hf import ours_to_hf
+    from pipelines.tokenization import read_vocab, save_tokenizer_folder
+
+    with pytest.raises(ValueError, match="precision=bf16 cannot be combined with zero_stage=0"):
+        make_config(data, tmp_path, precision="bf16", zero_stage=0)
+    with pytest.raises(ValueError, match="precision=bf16 cannot be combined with zero_stage=0"):
+        cfg.resolve("base", None, ["zero_stage=0"])
+    assert (cfg.base().precision, cfg.base().zero_stage) == ("bf16", 1)
+
+    cased = tmp_path / "cased_vocab"  # the same tokens, as train_vocab --cased writes them
+    save_tokenizer_folder(read_vocab(str(data["vocab"])), str(cased), do_lower_case=False)
+    config = make_config(data, tmp_path / "run", precision="bf16", zero_stage=1, steps=3,
+                         num_workers=0, vocab_dir=str(cased), export_hf=True)
+    engine, loader, dist = _engine(config)
+    batches = iter(loader)
+    for _ in range(3):
+        pretrain.train_step(engine, batches)
+    tag = pretrain.save_checkpoint(engine, config, 0, config.phases[0], 3, loader, dist)
+    masters = {name: safe_get_full_fp32_param(p).detach().clone()
+               for name, p in engine.module.named_parameters()}
+    engine.destroy()
+    assert any(not torch.equal(m, m.bfloat16().float()) for m in masters.values())
+    out = pretrain.export(config, str(tmp_path / "run" / "checkpoints"), tag)
+    exported = load_file(str(Path(out) / "model.safetensors"))
+    expected = ours_to_hf(masters)
+    assert exported.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(exported[key], value), key
+
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.tokenize("Emma Woodhouse, handsome") == \
+        ["[UNK]", "[UNK]", ",", "hands", "##ome"]  # the vocabulary has no capitals
+    assert tokenizer.tokenize("emma woodhouse, handsome") == \
+        ["emma", "woodhouse", ",", "hands", "##ome"]
+
+
+def test_resume_refuses_a_changed_config_or_shard_set(data, tmp_path):
+    """Fields that shape the training, and the shard set's content, must match the checkpoint's;
+    locations and logging/evaluation/checkpoint cadence may change."""
+    out = tmp_path / "run"
+    pretrain.run(make_config(data, out, steps=4, num_workers=0), stop_after_steps=2)
+    saved = (out / "config.json").read_text()
+    changed = make_config(data, out, steps=4, num_workers=0, zero_stage=1, dropout=0.1)
+    changed = dataclasses.replace(changed, phases=(dataclasses.replace(
+        changed.phases[0], learning_rate=1e-3, global_batch_size=4),))
+    with pytest.raises(ValueError) as error:
+        pretrain.run(changed)
+    message = str(error.value)
+    assert "cannot resume" in message and "00-phase1-step00000002" in message
+    assert [line.strip() for line in message.splitlines()[1:5]] == [
+        "dropout: 0.0 -> 0.1", "zero_stage: 0 -> 1", "phases.0.global_batch_size: 8 -> 4",
+        "phases.0.learning_rate: 0.002 -> 0.001"]
+    assert (out / "config.json").read_text() == saved  # not overwritten by the refused config
+    other_shards = make_config(data, out, shards="learn", steps=4, num_workers=0)
+    with pytest.raises(ValueError, match=r"phases\.0\.train_shards: .* lists other shards"):
+        pretrain.run(other_shards)
+
+    moved = tmp_path / "moved_shards"  # the same shard set elsewhere: fine
+    shutil.copytree(data["uneven"], moved)
+    free = make_config(data, out, steps=4, num_workers=0, log_every=2, eval_batches=1,
+                       checkpoint_every=1, keep_checkpoints=5)
+    free = dataclasses.replace(free, phases=(dataclasses.replace(
+        free.phases[0], train_shards=str(moved), micro_batch_size=2),))
+    assert pretrain.run(free)["complete"]
+    assert checkpoint_dirs(out)[-2:] == ["00-phase1-step00000003", "00-phase1-step00000004"]
+
+
+def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(data, tmp_path):
+    """Too few validation rows for one micro-batch per rank fail before the first step; an
+    evaluation that fails (a corrupt validation shard) comes after the step's checkpoint."""
+    rows = list(pretrain_rows(data))
+    vocab_size = len((data["vocab"] / "vocab.txt").read_text().split())
+    small = tmp_path / "small"
+    write_shards(rows, small, {"train": [20, 20], "validation": [3]}, vocab_size, 128, 16)
+    config = make_config(data, tmp_path / "run_small", steps=2, num_workers=0)
+    config = dataclasses.replace(config, phases=(dataclasses.replace(
+        config.phases[0], train_shards=str(small)),))
+    with pytest.raises(ValueError, match=r"the validation shards hold 3 rows, fewer than one "
+                                         r"micro-batch per rank \(1 ranks x phase1\."
+                                         r"micro_batch_size 4 = 4\)"):
+        pretrain.run(config)
+    assert list((tmp_path / "run_small" / "checkpoints").iterdir()) == []
+
+    corrupt = tmp_path / "corrupt"
+    write_shards(rows, corrupt, {"train": [20, 20], "validation": [16]}, vocab_size, 128, 16)
+    with tarfile.open(corrupt / "validation-000000.tar", "w") as tar:
+        info = tarfile.TarInfo("000000-000000.rows.npz")
+        info.size = 5
+        tar.addfile(info, fileobj=io.BytesIO(b"notnp"))
+    config = dataclasses.replace(config, output_dir=str(tmp_path / "run_corrupt"), phases=(
+        dataclasses.replace(config.phases[0], train_shards=str(corrupt)),))
+    with pytest.raises(ValueError, match=r"validation-000000\.tar: member 000000-000000: cannot"):
+        pretrain.run(config)
+    latest = tmp_path / "run_corrupt" / "checkpoints" / "latest"
+    assert latest.read_text() == "00-phase1-step00000002"
+    assert (latest.parent / "00-phase1-step00000002" / "training_state.json").exists()
+
+
+def pretrain_rows(data) -> list:
+    from shard_fixtures import read_rows
+    return read_rows(data["uneven"])
+

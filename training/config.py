@@ -49,7 +49,8 @@ class PhaseConfig:
     steps: int = 900_000
     """Optimizer steps in this phase."""
     warmup_steps: int = 10_000
-    """Linear warmup steps from 0 to `learning_rate`, then linear decay to 0 at `steps`."""
+    """Linear warmup steps from 0 to `learning_rate` (0 = start at the peak), then linear decay
+    to 0 at `steps`; exactly as given (training/ds_config.py `LinearWarmupDecay`)."""
     learning_rate: float = 1e-4
     """Peak learning rate."""
 
@@ -85,11 +86,12 @@ class PretrainConfig:
     phases: tuple[PhaseConfig, ...] = (PhaseConfig(),)
     """The phases, run in order; each continues from the previous one's weights."""
     zero_stage: int = 0
-    """DeepSpeed ZeRO stage 0-3."""
+    """DeepSpeed ZeRO stage 0-3 (bf16 and fp16 need >= 1, see LOW_PRECISION_ZERO0_MESSAGE)."""
     precision: str = "fp32"
-    """fp32, bf16 (CPU and GPU) or fp16 (GPU only, dynamic loss scaling)."""
+    """fp32, bf16 (CPU and GPU) or fp16 (GPU only, dynamic loss scaling); bf16/fp16 need
+    zero_stage >= 1."""
     optimizer: str = "adamw"
-    """adamw, or lamb (large batches, GPU, ZeRO stage 0 only)."""
+    """adamw, or lamb (large batches, GPU, ZeRO stage 0 only, so fp32)."""
     adam_beta1: float = 0.9
     """First-moment decay."""
     adam_beta2: float = 0.999
@@ -142,6 +144,8 @@ class PretrainConfig:
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", ">= 1")
         if self.optimizer == "lamb" and self.zero_stage >= 1:
             raise ValueError(LAMB_ZERO_MESSAGE.format(stage=self.zero_stage))
+        if self.precision != "fp32" and self.zero_stage == 0:
+            raise ValueError(LOW_PRECISION_ZERO0_MESSAGE.format(precision=self.precision))
 
     def phase(self, name: str) -> PhaseConfig:
         for p in self.phases:
@@ -154,6 +158,18 @@ LAMB_ZERO_MESSAGE = (
     "optimizer=lamb cannot be combined with zero_stage={stage}: ZeRO partitions parameters "
     "across ranks, so LAMB's per-layer trust ratio ||w|| / ||update|| would be computed on "
     "partitions instead of whole layers. Use optimizer=adamw with ZeRO, or lamb with zero_stage=0."
+)
+# Why: at stage 0 DeepSpeed 0.19 wraps the optimizer in its FP16 optimizer, whose fp32 master
+# weights live only in that wrapper's private optimizer state; the checkpoint's "module" (what
+# every export reads) holds the bf16/fp16-rounded copy. ZeRO 1-3 keep the masters in the
+# optimizer-state files that DeepSpeed's own zero_to_fp32 consolidates (it supports stages 1-3
+# only), and ZeRO-1 on one rank costs nothing.
+LOW_PRECISION_ZERO0_MESSAGE = (
+    "precision={precision} cannot be combined with zero_stage=0: DeepSpeed keeps the fp32 master "
+    "weights of a stage-0 {precision} run only inside its FP16 optimizer wrapper, so checkpoints, "
+    "the consolidated export and phase 2's starting weights would be {precision}-rounded. Use "
+    "zero_stage=1 (same memory on one rank; fp32 masters partitioned over ranks), or "
+    "precision=fp32."
 )
 
 
@@ -192,7 +208,7 @@ def tiny() -> PretrainConfig:
 def base() -> PretrainConfig:
     """BERT-base as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
     return PretrainConfig(model="bert_base", phases=_paper_phases(), precision="bf16",
-                          log_every=100, eval_every=10_000, checkpoint_every=5_000)
+                          zero_stage=1, log_every=100, eval_every=10_000, checkpoint_every=5_000)
 
 
 def large() -> PretrainConfig:
@@ -333,6 +349,30 @@ def load_saved(path: str) -> PretrainConfig:
     """The config saved with a run or checkpoint (config.json)."""
     with open(path, encoding="utf-8") as f:
         return from_dict(json.load(f))
+
+
+# Fields a resumed run may change: where things are, how often to log/evaluate/save, and speed or
+# memory knobs. (micro_batch_size: the global batch fixes the optimisation; the loader then
+# resumes at the same share of the epoch. Shard locations: their content is compared instead.)
+RESUME_FREE_FIELDS = ("output_dir", "vocab_dir", "num_workers", "log_every", "eval_every",
+                      "eval_batches", "checkpoint_every", "keep_checkpoints", "export_hf",
+                      "phases.*.train_shards", "phases.*.validation_shards",
+                      "phases.*.micro_batch_size")
+
+
+def resume_conflicts(saved: PretrainConfig, current: PretrainConfig) -> list[str]:
+    """`field: saved -> current` for every field outside RESUME_FREE_FIELDS that differs."""
+    old, new = to_dict(saved), to_dict(current)
+    free = set(RESUME_FREE_FIELDS)
+    conflicts = [f"{key}: {old[key]!r} -> {new[key]!r}" for key in old
+                 if key != "phases" and key not in free and old[key] != new.get(key)]
+    if len(old["phases"]) != len(new["phases"]):
+        conflicts.append(f"phases: {[p['name'] for p in old['phases']]} -> "
+                         f"{[p['name'] for p in new['phases']]}")
+    for i, (a, b) in enumerate(zip(old["phases"], new["phases"])):
+        conflicts += [f"phases.{i}.{key}: {a[key]!r} -> {b[key]!r}" for key in a
+                      if f"phases.*.{key}" not in free and a[key] != b[key]]
+    return conflicts
 
 
 def describe(config: PretrainConfig, world_size: int = 1) -> str:

@@ -1,9 +1,15 @@
-"""The DeepSpeed config of one phase, and the optimizer's parameter groups.
+"""The DeepSpeed config of one phase, the optimizer's parameter groups and the lr schedule.
 
 AdamW(0.9, 0.999, eps 1e-6, weight decay 0.01 except LayerNorm weights and biases) with linear
-warmup then linear decay to 0 (the paper, section A.2; DeepSpeed's `WarmupDecayLR` with
-`warmup_type: linear`; like the reference, the first step runs at lr 0), gradient clipping 1.0,
-ZeRO stage 0-3, bf16 (CPU and GPU) or fp16 (GPU, dynamic loss scale).
+warmup then linear decay to 0 (the paper, section A.2; `LinearWarmupDecay`, handed to
+`deepspeed.initialize` as the client scheduler), gradient clipping 1.0, ZeRO stage 0-3, bf16
+(CPU and GPU) or fp16 (GPU, dynamic loss scale) with ZeRO >= 1.
+
+Why not DeepSpeed's `WarmupDecayLR`: it rounds `warmup_num_steps` of 0 or 1 up to 2 (0 raises
+in 0.19.8) and starts one step late (optimizer steps 0 and 1 both run at lr 0, the peak comes at
+step warmup + 1). `LinearWarmupDecay` runs step s at `lr * s / warmup` for s < warmup (so, like
+the reference's optimization.py, the first step runs at lr 0 when there is a warmup), then
+`lr * (steps - s) / (steps - warmup)`.
 
 On CPU the optimizer is `torch.optim.AdamW` (`torch_adam: true`): DeepSpeed's FusedAdam and
 DeepSpeedCPUAdam are C++ ops that would be compiled at run time. LAMB is DeepSpeed's FusedLamb
@@ -14,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
+from torch.optim import Optimizer
 
 from training.config import LAMB_ZERO_MESSAGE, PhaseConfig, PretrainConfig
 
@@ -52,12 +59,6 @@ def build_ds_config(config: PretrainConfig, phase: PhaseConfig, world_size: int,
         "gradient_clipping": config.max_grad_norm,
         "zero_optimization": zero_section(config.zero_stage),
         "optimizer": optimizer_section(config, phase, on_gpu),
-        "scheduler": {
-            "type": "WarmupDecayLR",
-            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": phase.learning_rate,
-                       "warmup_num_steps": phase.warmup_steps, "total_num_steps": phase.steps,
-                       "warmup_type": "linear"},
-        },
         "bf16": {"enabled": config.precision == "bf16"},
         "fp16": {"enabled": config.precision == "fp16", "loss_scale": 0,
                  "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
@@ -92,3 +93,60 @@ def optimizer_section(config: PretrainConfig, phase: PhaseConfig, on_gpu: bool) 
                                         "eps": config.adam_epsilon,
                                         "weight_decay": config.weight_decay,
                                         "torch_adam": not on_gpu, "adam_w_mode": True}}
+
+
+class LinearWarmupDecay:
+    """The phase's learning rate per optimizer step; DeepSpeed calls `step()` after each one.
+
+    `steps_taken` is the number of optimizer steps done, so the next step runs at `lr_at(
+    steps_taken)`. State: `{"steps_taken": n}` (saved and restored with DeepSpeed checkpoints).
+    """
+
+    def __init__(self, optimizer: Optimizer, learning_rate: float, warmup_steps: int,
+                 total_steps: int):
+        if not 0 <= warmup_steps <= total_steps or total_steps <= 0:
+            raise ValueError(f"warmup_steps={warmup_steps} must be in [0, steps={total_steps}]")
+        self.optimizer = optimizer
+        self.learning_rate, self.warmup_steps = learning_rate, warmup_steps
+        self.total_steps = total_steps
+        self.steps_taken = 0
+        self._apply()
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step `step` (0-based)."""
+        if step < self.warmup_steps:
+            return self.learning_rate * step / self.warmup_steps
+        remaining = max(0, self.total_steps - step)
+        return self.learning_rate * remaining / max(1, self.total_steps - self.warmup_steps)
+
+    def _apply(self) -> None:
+        lr = self.lr_at(self.steps_taken)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self) -> None:
+        self.steps_taken += 1
+        self._apply()
+
+    def get_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        return self.get_lr()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"steps_taken": self.steps_taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if "steps_taken" in state:
+            self.steps_taken = int(state["steps_taken"])
+        else:  # a checkpoint of DeepSpeed's WarmupDecayLR (before this class): its step counter
+            self.steps_taken = int(state["last_batch_iteration"]) + 1
+        self._apply()
+
+
+def lr_scheduler(phase: PhaseConfig):
+    """The callable `deepspeed.initialize(lr_scheduler=...)` calls with the optimizer."""
+    def build(optimizer: Optimizer) -> LinearWarmupDecay:
+        return LinearWarmupDecay(optimizer, phase.learning_rate, phase.warmup_steps, phase.steps)
+    return build

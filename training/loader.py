@@ -10,7 +10,9 @@ rank: the shards are shuffled with (seed, epoch), then dealt to `ranks x workers
 largest-first greedy balancing, and every slot is cut to the same number of rows (the smallest
 slot's, rounded down to whole micro-batches). So every rank runs the same number of steps each
 epoch whatever the shard sizes are (uneven shards make plain `split_by_node` hang the ranks
-that run out first at their next collective). The rows cut this epoch differ the next epoch.
+that run out first at their next collective). The rows cut this epoch differ the next epoch;
+how many are cut is logged once per epoch (a warning above `CUT_WARN_FRACTION`) and counted in
+`ShardLoader.rows_cut`, which training/pretrain.py writes into its metrics.
 
 A slot's stream: its shards in order -> tar members -> `.rows.npz` blocks decoded with
 `pipelines.shard_format.decode_block` -> rows -> shuffle buffer (seeded by epoch and slot) ->
@@ -27,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import random
 import zlib
@@ -40,10 +43,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from pipelines import shard_format
 from pipelines.shard_format import Row
 
+log = logging.getLogger(__name__)
+
 IGNORE_INDEX = -100
 """Label padding of `masked_lm_ids` and `next_sentence_label` (the model ignores labels < 0)."""
 PAD_SEQUENCE_ID = -1
 MANIFEST = "manifest.json"
+CUT_WARN_FRACTION = 0.01
+"""Above this share of an epoch's rows cut to equalise the slots, the loader warns."""
 
 
 # ---------------------------------------------------------------- shard list
@@ -113,6 +120,16 @@ def list_shards(source: str, split: str = "train") -> tuple[list[ShardInfo], dic
     return shards, manifest
 
 
+def shard_set_digest(manifest: dict, url: str, split: str = "train") -> str:
+    """A hash of the `split` shards a manifest lists (names, row counts, sha256): the identity of
+    a shard set wherever it is stored."""
+    from pipelines import storage
+    entries = [(e["name"], int(e["num_rows"]), e.get("sha256", ""))
+               for e in _manifest_entries(manifest, url)
+               if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
+    return storage.config_hash(sorted(entries))
+
+
 # ---------------------------------------------------------------- epoch plan
 
 @dataclass(frozen=True)
@@ -126,6 +143,11 @@ class EpochPlan:
     @property
     def total_rows(self) -> int:
         return sum(s.num_rows for slot in self.slots for s in slot)
+
+    @property
+    def rows_cut(self) -> int:
+        """Rows of the epoch's shards that no slot yields (all ranks together)."""
+        return self.total_rows - self.rows_per_slot * len(self.slots)
 
 
 def plan_epoch(shards: Sequence[ShardInfo], epoch: int, seed: int, num_slots: int,
@@ -381,11 +403,36 @@ class ShardLoader:
                              f"{seq}, the phase wants {config.max_seq_length}")
         self.epoch = 0
         self.batch_in_epoch = 0
+        self._plans: dict[int, EpochPlan] = {}
 
     def plan(self, epoch: int) -> EpochPlan:
-        c = self.config
-        return plan_epoch(self.shards, epoch, c.seed, c.world_size * c.slots_per_rank,
-                          c.batch_size, shuffle=c.shuffle_buffer > 0)
+        if epoch not in self._plans:
+            c = self.config
+            self._plans[epoch] = plan_epoch(self.shards, epoch, c.seed,
+                                            c.world_size * c.slots_per_rank, c.batch_size,
+                                            shuffle=c.shuffle_buffer > 0)
+        return self._plans[epoch]
+
+    @property
+    def rows_cut(self) -> int:
+        """Rows cut by the epochs started so far, the current one included (all ranks)."""
+        return sum(self.plan(e).rows_cut for e in range(self.epoch + 1))
+
+    def shard_set_digest(self) -> str:
+        """`shard_set_digest` of the shards this loader reads."""
+        return shard_set_digest(self.manifest, _location(self.config.source, MANIFEST),
+                                self.config.split)
+
+    def _report_cut(self, plan: EpochPlan) -> None:
+        """Log (rank 0; every rank plans the same) how many rows this epoch leaves out."""
+        if self.config.rank != 0 or plan.total_rows == 0:
+            return
+        share = plan.rows_cut / plan.total_rows
+        level = logging.WARNING if share > CUT_WARN_FRACTION else logging.INFO
+        log.log(level, "%s epoch %d: %d of %d %s rows (%.2f%%) left out so that each of the %d "
+                "loader slots (ranks x workers) yields %d rows; %d cut so far", self.config.source,
+                self.epoch, plan.rows_cut, plan.total_rows, self.config.split, 100 * share,
+                len(plan.slots), plan.rows_per_slot, self.rows_cut)
 
     def batches_per_epoch(self) -> int:
         return self.plan(self.epoch).rows_per_slot // self.config.batch_size \
@@ -393,8 +440,9 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while True:
-            dataset = _EpochDataset(self.config, self.plan(self.epoch), self.epoch,
-                                    self.batch_in_epoch)
+            plan = self.plan(self.epoch)
+            self._report_cut(plan)
+            dataset = _EpochDataset(self.config, plan, self.epoch, self.batch_in_epoch)
             # Its own generator: drawing the workers' base seed from the global RNG would shift
             # the model's dropout masks whenever an epoch starts (and break exact resume).
             generator = torch.Generator().manual_seed(self.config.seed * 1000 + self.epoch)

@@ -9,7 +9,9 @@ The run is its phases in order (phase 2 starts from phase 1's final weights with
 batch, optimizer and schedule). Steps: `build_model` -> `build_engine` (deepspeed.initialize) ->
 `train_step` x steps (with `evaluate` and `save_checkpoint`) -> `export`. Started again with the
 same `output_dir`, it resumes from `checkpoints/latest`: weights, optimizer, scheduler, RNG and
-the loader's position, so a run killed with `kill -9` continues as if never stopped.
+the loader's position, so a run killed with `kill -9` continues as if never stopped. Resuming
+with a config that differs in a field that shapes the training (`config.resume_conflicts`) or
+on another shard set (names, row counts and sha256 of the manifest) is refused, naming them.
 
 Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 `loss_curve.png`, `checkpoints/<tag>/` (DeepSpeed files + `training_state.json` + per-rank
@@ -19,11 +21,15 @@ Checkpoints are written to `checkpoints/.tmp-<tag>`, renamed to `<tag>` when eve
 and only then is `latest` replaced (atomically); the oldest beyond `keep_checkpoints` are deleted.
 
 Resuming on a different number of ranks: when the optimizer state is partitioned by rank
-(zero_stage >= 1, or bf16) the checkpoint is converted once with DeepSpeed's `ds_to_universal`
-(`python -m deepspeed.checkpoint.ds_to_universal --input_folder <tag> --output_folder
-<tag>-universal`, done here automatically on rank 0) and loaded with `"checkpoint":
+(zero_stage >= 1, which bf16 and fp16 require) the checkpoint is converted once with DeepSpeed's
+`ds_to_universal` (`python -m deepspeed.checkpoint.ds_to_universal --input_folder <tag>
+--output_folder <tag>-universal`, done here automatically on rank 0) and loaded with `"checkpoint":
 {"load_universal": true}`; the loader then skips the same share of the epoch (not the exact same
 rows). With fp32 at zero_stage 0 the model-states file holds everything and loads as it is.
+
+Validation: checked once at each phase start (held-out rows for at least one micro-batch per
+rank, else a clear error before any step: better to fail in seconds than at the first evaluation
+hours in); a checkpoint due at a step is written before that step's evaluation.
 """
 from __future__ import annotations
 
@@ -76,6 +82,8 @@ class CheckpointState:
     world_size: int
     zero_stage: int
     loader: dict
+    train_shards: str = ""
+    """`loader.shard_set_digest` of the phase's train shards (empty in older checkpoints)."""
 
 
 # ---------------------------------------------------------------- setup
@@ -134,10 +142,11 @@ def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
     """`deepspeed.initialize` with the phase's DeepSpeed config; returns the engine."""
     import deepspeed
 
-    from training.ds_config import build_ds_config, param_groups
+    from training.ds_config import build_ds_config, lr_scheduler, param_groups
     ds_config = build_ds_config(config, phase, dist.world_size, dist.on_gpu, load_universal)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=param_groups(model, config.weight_decay), config=ds_config)
+        model=model, model_parameters=param_groups(model, config.weight_decay), config=ds_config,
+        lr_scheduler=lr_scheduler(phase))
     return engine
 
 
@@ -195,16 +204,27 @@ def evaluate(engine, config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> 
 
 
 def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bool:
-    """Whether the phase has held-out shards (else validation is skipped, with a warning)."""
+    """Whether to validate the phase: eval_batches > 0 and held-out shards exist (else skipped,
+    with a warning). Checked at phase start: shards with fewer rows than one micro-batch per rank
+    raise here, not at the first evaluation (where `validation_batches` would end the run)."""
     from training.loader import list_shards
+    if config.eval_batches == 0:
+        return False
     source = build_loader(config, phase, dist, validation=True).source
     try:
-        list_shards(source, "validation")
+        shards, _ = list_shards(source, "validation")
     except FileNotFoundError as e:
         if dist.is_main:
             log.warning("%s: no validation shards, validation skipped (%s)", phase.name, e)
         return False
-    return config.eval_batches > 0
+    rows, needed = sum(s.num_rows for s in shards), dist.world_size * phase.micro_batch_size
+    if rows < needed:
+        raise ValueError(
+            f"{source}: the validation shards hold {rows} rows, fewer than one micro-batch per "
+            f"rank ({dist.world_size} ranks x {phase.name}.micro_batch_size "
+            f"{phase.micro_batch_size} = {needed}); write more validation rows, point --set "
+            f"{phase.name}.validation_shards=... elsewhere, or --set eval_batches=0")
+    return True
 
 
 def all_reduce(sums: dict[str, float]) -> dict[str, float]:
@@ -254,7 +274,7 @@ def save_checkpoint(engine, config: PretrainConfig, phase_index: int, phase: Pha
     torch.distributed.barrier()
     state = {"phase_index": phase_index, "phase": phase.name, "step": step,
              "world_size": dist.world_size, "zero_stage": config.zero_stage,
-             "loader": loader.state_dict()}
+             "loader": loader.state_dict(), "train_shards": loader.shard_set_digest()}
     engine.save_checkpoint(ckpt_dir, tag=tmp, client_state={**state, **universal_info()},
                            save_latest=False)
     torch.save(rng_state(), os.path.join(ckpt_dir, tmp, f"rng_rank{dist.rank:03d}.pt"))
@@ -309,8 +329,7 @@ def load_checkpoint(engine, config: PretrainConfig, state: CheckpointState, load
 
 
 def has_partitioned_state(ckpt_dir: str, tag: str) -> bool:
-    """Whether optimizer state is split by rank (ZeRO >= 1, or bf16 at any stage: DeepSpeed's
-    bf16 optimizer partitions its fp32 master weights like ZeRO-1)."""
+    """Whether optimizer state is split by rank (ZeRO >= 1: per-rank `*optim_states.pt` files)."""
     return any("optim_states" in name for name in os.listdir(os.path.join(ckpt_dir, tag)))
 
 
@@ -333,10 +352,15 @@ def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
     zero_files = [f for f in os.listdir(os.path.join(ckpt_dir, tag)) if "optim_states" in f]
     if zero_files:
         state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
-    else:  # zero_stage 0 in fp32: the module states file holds the full-precision weights
+    else:  # zero_stage 0, fp32 only (config.py refuses bf16/fp16 there): full-precision module
         module = torch.load(os.path.join(ckpt_dir, tag, "mp_rank_00_model_states.pt"),
                             map_location="cpu", weights_only=True)["module"]
-        state = {k: v.float() for k, v in module.items()}
+        low = sorted({str(v.dtype) for v in module.values() if v.dtype != torch.float32})
+        if low:
+            raise ValueError(f"{ckpt_dir}/{tag}: a ZeRO stage-0 checkpoint with {low} weights; "
+                             "its fp32 master weights are not in the module states "
+                             "(see training/config.py LOW_PRECISION_ZERO0_MESSAGE)")
+        state = module
     return {k: v.float().contiguous() for k, v in state.items()}
 
 
@@ -383,13 +407,16 @@ class MetricsLog:
             os.fsync(f.fileno())
         prefix = record["split"]
         for key, value in record.items():
-            if isinstance(value, float):
+            if isinstance(value, (int, float)) and key not in _RECORD_KEYS:
                 self.writer.add_scalar(f"{prefix}/{key}", value, record["global_step"])
         self.writer.flush()
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+_RECORD_KEYS = ("phase_index", "step", "global_step")
 
 
 def read_metrics(output_dir: str) -> list[dict]:
@@ -425,14 +452,14 @@ def plot_loss_curve(output_dir: str) -> str:
 
 def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseConfig,
                 loader: ShardLoader, step: int, step_offset: int, metrics: MetricsLog,
-                dist: Dist, stop_at: int) -> tuple[str | None, int]:
+                dist: Dist, stop_at: int, validate: bool) -> tuple[str | None, int]:
     """Steps `step`..`stop_at` (<= phase.steps) of one phase; returns the last checkpoint tag
-    and the step reached. Stopping early (`stop_at` < phase.steps) saves a checkpoint."""
+    and the step reached. Stopping early (`stop_at` < phase.steps) saves a checkpoint. A step's
+    checkpoint is written before its evaluation, so a failing evaluation loses no training."""
     from tqdm import tqdm
 
     batches = iter(loader)
     tag = None
-    validate = has_validation(config, phase, dist)
     window, started = dict.fromkeys(METRIC_KEYS, 0.0), time.perf_counter()
     bar = tqdm(total=phase.steps, initial=step, desc=phase.name, disable=not dist.is_main,
                dynamic_ncols=True)
@@ -443,17 +470,18 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
         bar.update(1)
         if step % config.log_every == 0 or step == phase.steps:
             summary = summarize(all_reduce(window), time.perf_counter() - started)
-            summary["lr"] = float(engine.get_lr()[0])
+            summary["lr"] = float(engine.get_lr()[0])  # of the next step
+            summary.update(data_epoch=loader.epoch, rows_cut=loader.rows_cut)
             metrics.write(_record("train", phase_index, phase, step, step_offset, summary))
             bar.set_postfix(loss=f"{summary['loss']:.3f}", mlm_acc=f"{summary['mlm_accuracy']:.3f}")
             window, started = dict.fromkeys(METRIC_KEYS, 0.0), time.perf_counter()
+        if ((config.checkpoint_every and step % config.checkpoint_every == 0)
+                or step in (phase.steps, stop_at)):
+            tag = save_checkpoint(engine, config, phase_index, phase, step, loader, dist)
         if validate and ((config.eval_every and step % config.eval_every == 0)
                          or step == phase.steps):
             summary = evaluate(engine, config, phase, dist)
             metrics.write(_record("validation", phase_index, phase, step, step_offset, summary))
-        if ((config.checkpoint_every and step % config.checkpoint_every == 0)
-                or step in (phase.steps, stop_at)):
-            tag = save_checkpoint(engine, config, phase_index, phase, step, loader, dist)
     bar.close()
     return tag, step
 
@@ -475,12 +503,14 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
         raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
                          "(or --set export_hf=false)")
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
+    resume = read_latest(ckpt_dir)
+    if resume:
+        check_resume(config, ckpt_dir, resume)  # every rank: all of them must stop
     if dist.is_main:
         print(cfg.describe(config, dist.world_size), flush=True)
         os.makedirs(ckpt_dir, exist_ok=True)
         cfg.save(config, os.path.join(config.output_dir, "config.json"))
     torch.distributed.barrier()
-    resume = read_latest(ckpt_dir)
     if resume and dist.is_main:
         log.info("resuming from %s/%s (phase %s step %d, saved on %d ranks)", ckpt_dir,
                  resume.tag, resume.phase, resume.step, resume.world_size)
@@ -515,11 +545,31 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
 
 
+def check_resume(config: PretrainConfig, ckpt_dir: str, resume: CheckpointState) -> None:
+    """Refuse to resume `resume` under a config or shard set that would change the training."""
+    from training.loader import read_shard_manifest, shard_set_digest
+    saved = cfg.load_saved(os.path.join(ckpt_dir, resume.tag, "config.json"))
+    conflicts = cfg.resume_conflicts(saved, config)
+    if resume.train_shards and resume.phase_index < len(config.phases):
+        phase = config.phases[resume.phase_index]
+        manifest = read_shard_manifest(phase.train_shards)
+        if shard_set_digest(manifest, phase.train_shards) != resume.train_shards:
+            conflicts.append(f"phases.{resume.phase_index}.train_shards: {phase.train_shards} "
+                             "lists other shards (names, row counts or sha256) than the run's")
+    if conflicts:
+        raise ValueError(
+            f"{ckpt_dir}/{resume.tag}: cannot resume, the config differs from the checkpoint's "
+            "in fields that shape the training:\n  " + "\n  ".join(conflicts) +
+            "\nPut them back, or start a new output_dir (free to change on resume: "
+            f"{', '.join(cfg.RESUME_FREE_FIELDS)})")
+
+
 def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist,
               metrics: MetricsLog, step_offset: int, resume: CheckpointState | None,
               previous_tag: str | None, budget: int | None) -> tuple[str, int]:
     """Build, (resume,) train one phase; returns the last checkpoint tag and steps run."""
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
+    validate = has_validation(config, phase, dist)  # fails here, before any step, if it must
     torch.manual_seed(config.seed + index)  # identical initial weights on every rank
     initial = None
     if resume is None and previous_tag is not None:
@@ -537,19 +587,21 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
         step = load_checkpoint(engine, config, resume, loader, dist, universal)
     stop_at = phase.steps if budget is None else min(phase.steps, step + budget)
     tag, reached = train_phase(engine, config, index, phase, loader, step, step_offset, metrics,
-                               dist, stop_at)
+                               dist, stop_at, validate)
     engine.destroy()
     return tag or (resume.tag if resume else previous_tag), reached - step
 
 
 def export(config: PretrainConfig, ckpt_dir: str, tag: str) -> str:
     """Consolidated fp32 weights of `tag` -> `<output_dir>/hf` (transformers folder)."""
-    from model.hf import export_hf_folder
+    from model.hf import export_hf_folder, vocab_do_lower_case
 
     last = config.phases[-1]
     model = build_model(config, shard_manifest(last), consolidated_state_dict(ckpt_dir, tag))
     out = os.path.join(config.output_dir, "hf")
-    export_hf_folder(model, config.vocab_dir, out)
+    # A cased vocabulary (train_vocab --cased) must export a tokenizer that keeps case.
+    export_hf_folder(model, config.vocab_dir, out,
+                     do_lower_case=vocab_do_lower_case(config.vocab_dir))
     log.info("exported %s to %s", tag, out)
     return out
 
