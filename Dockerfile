@@ -72,7 +72,8 @@ CMD ["bert-dag", "--help"]
 
 # =============================================================================================
 # CI: cpu + the dev tools, the tests and the MiniLM checkpoint; mount the shared data and set
-# BERT_SHARED_DATA to run the tests that need it (they skip with a reason otherwise).
+# BERT_SHARED_DATA to run the tests that need it (they skip with a reason otherwise; with
+# BERT_REQUIRE_SHARED=1, as .ci/run sets, they fail instead).
 FROM cpu AS ci
 USER 0:0
 COPY infra/docker/pyproject_requirements.py /tmp/
@@ -124,6 +125,12 @@ RUN DS_BUILD_FUSED_ADAM=1 DS_BUILD_FUSED_LAMB=1 DS_BUILD_CPU_ADAM=1 DS_BUILD_UTI
     && python -c "from deepspeed.git_version_info import installed_ops as ops; \
 missing = [op for op in ('fused_adam', 'fused_lamb', 'cpu_adam', 'utils') if not ops.get(op)]; \
 assert not missing, f'DeepSpeed ops not prebuilt: {missing}'"
+# webdataset opens gs:// shard URLs (training/configs/bert_large_8gpu.yaml) by piping
+# `gsutil cat`: gsutil from PyPI, in a virtualenv of its own so that its pins stay apart from
+# the project's. On GKE it authenticates through the node's or workload identity's account.
+RUN python3.11 -m venv /opt/gsutil \
+    && /opt/gsutil/bin/pip install gsutil==5.38 \
+    && /opt/gsutil/bin/gsutil version
 WORKDIR /src
 COPY pyproject.toml infra/docker/pyproject_requirements.py ./
 RUN python pyproject_requirements.py > /tmp/requirements.txt \
@@ -136,7 +143,8 @@ COPY flows flows
 RUN pip install --no-deps . && pip check
 
 # =============================================================================================
-# GPU runtime: `bert-pretrain`, the `deepspeed` launcher (pdsh over ssh) and `torchrun`
+# GPU runtime: `bert-pretrain`, the `deepspeed` launcher (pdsh over ssh), `torchrun`, `gsutil`.
+# It carries no data: runs name their inputs and write to the mounted volume (prefect.yaml).
 FROM ${CUDA_RUNTIME_IMAGE} AS gpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV DEBIAN_FRONTEND=noninteractive
@@ -148,8 +156,10 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends python3.11 pdsh openssh-client openssh-server \
     && apt-get purge -y --auto-remove software-properties-common gpg-agent \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 1000 --shell /bin/bash bert
+    && useradd --create-home --uid 1000 --shell /bin/bash bert \
+    && ln -s /opt/gsutil/bin/gsutil /usr/local/bin/gsutil
 COPY --from=gpu-builder /opt/venv /opt/venv
+COPY --from=gpu-builder /opt/gsutil /opt/gsutil
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 \
     HF_HUB_OFFLINE=1 PDSH_RCMD_TYPE=ssh \
     BERT_DAG_HOME=/opt/bert-dag TORCH_EXTENSIONS_DIR=/home/bert/.cache/torch_extensions

@@ -2,7 +2,11 @@
 
     bert-dag --preset tiny                          # the demo DAG on the bundled sample
     bert-dag --preset base --set data.wikipedia=gs://bucket/enwiki-*.xml.bz2 \\
+        --set data.books=gs://bucket/books/ --set glue.data=/data/glue_data \\
         --set data.beam_args='["--runner=DataflowRunner","--project=p","--region=r"]'
+
+Values are converted to each setting's type: lists as a,b,c or a JSON list, booleans as
+true/false/1/0/yes/no. base and large name their inputs (a path, or '' to skip one).
 """
 from __future__ import annotations
 
@@ -24,11 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    overrides = parse_set_flags(args.set)
-    if args.output:
-        overrides["output"] = os.path.abspath(args.output)
-    resolve(args.preset, overrides)  # fail fast on a bad setting, before Prefect starts
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        overrides = parse_set_flags(args.set)
+        if args.output:
+            overrides["output"] = os.path.abspath(args.output)
+        resolve(args.preset, overrides)  # fail fast on a bad setting, before Prefect starts
+    except (TypeError, ValueError) as e:
+        parser.error(str(e))
     from flows.pretrain_bert import pretrain_bert
 
     result = pretrain_bert(preset=args.preset, overrides=overrides)

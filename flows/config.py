@@ -2,12 +2,18 @@
 
 Paths may be local folders or URLs (`gs://...`). Overrides come as a nested mapping
 (`{"pretrain": {"phase1_steps": 20}}`) from deployment parameters or the CLI (`--set
-pretrain.phase1_steps=20`), validated against the dataclasses so a typo fails at once.
+pretrain.phase1_steps=20`), validated against the dataclasses so a typo fails at once, and
+converted to each field's declared type (`glue.seeds=1,2` -> (1, 2), `vocab.cased=false` ->
+False). `tiny` reads the bundled sample; `base` and `large` have no default inputs (None) and
+`resolve` refuses them until each is set.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,10 +24,10 @@ SAMPLE = REPO / "data" / "sample"
 
 @dataclass(frozen=True)
 class DataConfig:
-    wikipedia: str = str(SAMPLE / "wiki")
-    """MediaWiki pages-articles dump(s): a file, glob or folder; empty string skips Wikipedia."""
-    books: str = str(SAMPLE / "books")
-    """Book text files (one book per file): a file, glob or folder; empty string skips books."""
+    wikipedia: str | None = None
+    """MediaWiki pages-articles dump(s): a file, glob or folder; "" skips Wikipedia; None: unset."""
+    books: str | None = None
+    """Book text files (one book per file): a file, glob or folder; "" skips books; None: unset."""
     beam_args: tuple[str, ...] = ()
     """Beam pipeline options for every data job, e.g. ("--runner=DataflowRunner", "--project=p")."""
 
@@ -101,8 +107,8 @@ class PretrainConfig:
 
 @dataclass(frozen=True)
 class GlueConfig:
-    data: str = ""
-    """GLUE data folder (glue_data layout); empty string skips fine-tuning."""
+    data: str | None = ""
+    """GLUE data folder (glue_data layout); "" skips fine-tuning; None: unset (base, large)."""
     tasks: tuple[str, ...] = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")
     """Tasks to fine-tune."""
     learning_rates: tuple[float, ...] = (5e-5, 4e-5, 3e-5, 2e-5)
@@ -140,6 +146,7 @@ def tiny() -> DagConfig:
     return DagConfig(
         name="tiny",
         output=str(REPO / "runs" / "tiny"),
+        data=DataConfig(wikipedia=str(SAMPLE / "wiki"), books=str(SAMPLE / "books")),
         vocab=VocabConfig(vocab_size=4000),
         shards=ShardsConfig(dupe_factor=2, phase1_max_seq_length=128, phase1_max_predictions=20,
                             phase2_max_seq_length=256, phase2_max_predictions=40,
@@ -155,10 +162,12 @@ def tiny() -> DagConfig:
     )
 
 
+# base and large run on real corpora that no image or checkout carries: their data paths have
+# no default (None), and `resolve` names every one still unset.
+
 def base() -> DagConfig:
     """BERT-base as in the paper: 1M steps of 256 sequences, 90% at 128 then 10% at 512."""
-    return DagConfig(name="base", output=str(REPO / "runs" / "base"),
-                     glue=GlueConfig(data=str(REPO / "data" / "glue_data")))
+    return DagConfig(name="base", output=str(REPO / "runs" / "base"), glue=GlueConfig(data=None))
 
 
 def large() -> DagConfig:
@@ -168,7 +177,7 @@ def large() -> DagConfig:
         pretrain=PretrainConfig(model="bert_large", micro_batch_size=32, phase2_micro_batch_size=8,
                                 launcher="deepspeed", nproc_per_node=8,
                                 hostfile="/etc/deepspeed/hostfile"),
-        glue=GlueConfig(data=str(REPO / "data" / "glue_data")),
+        glue=GlueConfig(data=None),
     )
 
 
@@ -176,14 +185,33 @@ PRESETS = {"tiny": tiny, "base": base, "large": large}
 
 
 def resolve(preset: str, overrides: dict[str, Any] | None = None) -> DagConfig:
-    """The preset with nested overrides applied; unknown keys are an error naming them."""
+    """The preset with nested overrides applied; unknown keys and unset paths are errors."""
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r}: choose one of {sorted(PRESETS)}")
-    return _apply(PRESETS[preset](), overrides or {}, prefix="")
+    cfg = _apply(PRESETS[preset](), overrides or {}, prefix="")
+    missing = unset_settings(cfg)
+    if missing:
+        raise ValueError(
+            f"preset {preset!r} needs {', '.join(missing)}: set each to a file, glob, folder or "
+            f"gs:// URL (e.g. --set {missing[0]}=gs://bucket/path), or to '' to skip that input")
+    return cfg
+
+
+def unset_settings(obj, prefix: str = "") -> list[str]:
+    """Dotted keys of the settings still None (the paths base and large leave to the user)."""
+    missing = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            missing += unset_settings(value, prefix=f"{prefix}{f.name}.")
+        elif value is None:
+            missing.append(f"{prefix}{f.name}")
+    return missing
 
 
 def _apply(obj, overrides: dict[str, Any], prefix: str):
     fields = {f.name: f for f in dataclasses.fields(obj)}
+    hints = typing.get_type_hints(type(obj))
     changes = {}
     for key, value in overrides.items():
         if key not in fields:
@@ -193,27 +221,109 @@ def _apply(obj, overrides: dict[str, Any], prefix: str):
             if not isinstance(value, dict):
                 raise ValueError(f"setting {prefix}{key!r} takes a mapping, got {value!r}")
             changes[key] = _apply(current, value, prefix=f"{prefix}{key}.")
-        elif isinstance(current, tuple):
-            changes[key] = tuple(value.split(",") if isinstance(value, str) else value)
         else:
-            changes[key] = type(current)(value) if current is not None else value
+            changes[key] = convert_setting(f"{prefix}{key}", value, hints[key])
     return dataclasses.replace(obj, **changes)
 
 
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def convert_setting(key: str, value: Any, hint: Any) -> Any:
+    """`value` (a `--set` string or a JSON value) as the field's declared type.
+
+    Tuples take a JSON list or a comma-separated string; bools take true/false/1/0/yes/no.
+    A value that does not fit is an error naming the setting and the value.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):  # `str | None`: None means "not set yet"
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        return convert_setting(key, value, hint)
+    try:
+        if origin is tuple:
+            return tuple(_SCALARS[args[0]](item) for item in _as_list(value))
+        return _SCALARS[hint](value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"setting {key}={value!r}: {e}") from None
+
+
+def _as_list(value: Any) -> list:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if not isinstance(value, str):
+        raise TypeError("expected a list or comma-separated values")
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not a JSON list ({e})") from None
+        if not isinstance(items, list):
+            raise ValueError("expected a JSON list")
+        return items
+    return [item.strip() for item in text.split(",")] if text else []
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"{value!r} is not a bool ({'/'.join(_TRUE)} or {'/'.join(_FALSE)})")
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"{value!r} is not an int")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{value!r} is not an int")
+        return int(value)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an int") from None
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"{value!r} is not a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} is not a finite number")
+    return number
+
+
+def _to_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
 def parse_set_flags(pairs: list[str]) -> dict[str, Any]:
-    """`["pretrain.phase1_steps=20", "glue.tasks=rte,mrpc"]` -> nested overrides mapping."""
+    """`["pretrain.phase1_steps=20", "glue.tasks=rte,mrpc"]` -> nested overrides mapping.
+
+    Values stay strings here; `resolve` converts each to its field's type."""
     overrides: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")
         if not sep:
             raise ValueError(f"--set {pair!r}: expected key=value")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
         node = overrides
         *parents, leaf = key.split(".")
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = value
+            if not isinstance(node, dict):
+                raise TypeError(f"--set {pair!r}: {p} is a setting, not a section")
+        node[leaf] = raw
     return overrides

@@ -88,8 +88,14 @@ def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None) -> dict
 
 
 @flow(name="pretrain-bert", log_prints=True)
-def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None) -> dict:
-    """Data -> vocabulary -> shards -> pre-training -> export -> GLUE fan-out -> report."""
+def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
+                  output: str | None = None) -> dict:
+    """Data -> vocabulary -> shards -> pre-training -> export -> GLUE fan-out -> report.
+
+    `output` (the run's root folder) is its own parameter so that a deployment can fix it (the
+    cluster's volume) while each run passes its own `overrides`; an `output` key there wins."""
+    if output:
+        overrides = {"output": output, **(overrides or {})}
     cfg = resolve(preset, overrides)
     get_run_logger().info("resolved config:\n%s", steps.describe(cfg))
 

@@ -336,29 +336,16 @@ def glue_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
 
 
 def _task_result(finetune, name: str, runs: list[dict]):
-    import statistics
-
+    """The task's summary by `finetune.select_best` (the CLI's rule): the test predictions are
+    those of the best seed at the best learning rate."""
     results = [finetune.RunResult(**o["result"]) for o in runs]
-    rates = sorted({r.learning_rate for r in results}, reverse=True)
-    by_rate = {lr: [r for r in results if r.learning_rate == lr] for lr in rates}
-    best_lr = max(rates, key=lambda lr: statistics.fmean(r.score for r in by_rate[lr]))
-    chosen = by_rate[best_lr]
-    names = list(chosen[0].metrics)
-    mean = {n: statistics.fmean(r.metrics[n] for r in chosen) for n in names}
-    std = {n: statistics.stdev([r.metrics[n] for r in chosen]) if len(chosen) > 1 else 0.0
-           for n in names}
-    scores = [r.score for r in chosen]
-    best_run = max(runs, key=lambda o: o["result"]["score"]
-                   if o["result"]["learning_rate"] == best_lr else float("-inf"))
-    predictions = tuple(finetune.TestPredictions(**p) for p in best_run["predictions"])
-    return finetune.TaskResult(
-        task=name, best_learning_rate=best_lr, seeds=tuple(sorted({r.seed for r in chosen})),
-        metrics=mean, metrics_std=std, score=statistics.fmean(scores),
-        score_std=statistics.stdev(scores) if len(scores) > 1 else 0.0, runs=tuple(results),
-        num_train_examples=best_run["num_train"], num_dev_examples=best_run["num_dev"],
-        bad_rows=best_run.get("bad_rows", 0),
+    best = finetune.select_best(results)
+    best_run = next(o for o, r in zip(runs, results) if r is best.best_run)
+    return finetune.summarise_task(
+        name, results, num_train_examples=best_run["num_train"],
+        num_dev_examples=best_run["num_dev"], bad_rows=best_run.get("bad_rows", 0),
         seconds=sum(r.train_seconds + r.eval_seconds for r in results),
-        test_predictions=predictions)
+        test_predictions=tuple(finetune.TestPredictions(**p) for p in best_run["predictions"]))
 
 
 # ---------------------------------------------------------------- report

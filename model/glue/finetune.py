@@ -505,48 +505,85 @@ def predict_test_sets(model: BertForSequenceClassification, prepared: PreparedTa
     return tuple(out)
 
 
-def _summarise(runs: Sequence[RunResult]) -> tuple[dict[str, float], dict[str, float]]:
-    names = list(runs[0].metrics)
-    mean = {n: statistics.fmean(r.metrics[n] for r in runs) for n in names}
-    std = {n: statistics.stdev(r.metrics[n] for r in runs) if len(runs) > 1 else 0.0
+@dataclass(frozen=True)
+class BestRuns:
+    """The learning rate a task reports and the run whose weights predict its test sets."""
+
+    learning_rate: float
+    """The rate with the best mean dev score over its seeds (the first such rate on ties)."""
+    runs: tuple[RunResult, ...]
+    """The runs at `learning_rate`, one per seed, in run order."""
+    best_run: RunResult
+    """The best-scoring seed at `learning_rate` (the first on ties)."""
+
+
+def select_best(runs: Sequence[RunResult]) -> BestRuns:
+    """The best learning rate by mean dev score over seeds, and its best seed.
+
+    The one rule of both GLUE paths (`finetune_task` here and the flow's fan-out), so the
+    reported rate, its mean and the test-set predictions always come from the same runs; the
+    best single run of another rate (a lucky seed) never predicts the test sets.
+    """
+    if not runs:
+        raise ValueError("select_best: no runs")
+    rates = list(dict.fromkeys(r.learning_rate for r in runs))
+    by_rate = {lr: [r for r in runs if r.learning_rate == lr] for lr in rates}
+    best_lr = max(rates, key=lambda lr: statistics.fmean(r.score for r in by_rate[lr]))
+    chosen = by_rate[best_lr]
+    return BestRuns(best_lr, tuple(chosen), max(chosen, key=lambda r: r.score))
+
+
+def summarise_task(task: str, runs: Sequence[RunResult], num_train_examples: int,
+                   num_dev_examples: dict[str, int], bad_rows: int, seconds: float,
+                   test_predictions: tuple[TestPredictions, ...] = ()) -> TaskResult:
+    """A task's result from all its runs: the `select_best` rate's mean and spread over seeds.
+
+    `test_predictions` must be those of `select_best(runs).best_run`."""
+    best = select_best(runs)
+    names = list(best.runs[0].metrics)
+    mean = {n: statistics.fmean(r.metrics[n] for r in best.runs) for n in names}
+    std = {n: statistics.stdev(r.metrics[n] for r in best.runs) if len(best.runs) > 1 else 0.0
            for n in names}
-    return mean, std
+    scores = [r.score for r in best.runs]
+    return TaskResult(
+        task=task, best_learning_rate=best.learning_rate,
+        seeds=tuple(r.seed for r in best.runs), metrics=mean, metrics_std=std,
+        score=statistics.fmean(scores),
+        score_std=statistics.stdev(scores) if len(scores) > 1 else 0.0, runs=tuple(runs),
+        num_train_examples=num_train_examples, num_dev_examples=num_dev_examples,
+        bad_rows=bad_rows, seconds=seconds, test_predictions=test_predictions)
 
 
 def finetune_task(encoder: BertModel, prepared: PreparedTask, cfg: FinetuneConfig) -> TaskResult:
-    """The learning-rate grid x seeds for one task; the rate with the best mean dev score wins."""
+    """The learning-rate grid x seeds for one task; the rate with the best mean dev score wins,
+    and its best seed predicts the test sets (`select_best`)."""
     task = prepared.task
     seeds = cfg.seeds if task.small else cfg.seeds[:1]
     start = time.perf_counter()
     runs: list[RunResult] = []
-    best_run: RunResult | None = None
-    best_state = None
+    # The weights of the best seed at the best rate so far: a rate's mean is known once its
+    # seeds are done, and a rate that is not best then never becomes the overall best later
+    # (select_best keeps the first rate on ties), so one kept copy (+ the current rate's) does.
+    kept: tuple[RunResult, dict] | None = None
     for learning_rate in cfg.learning_rates:
+        rate_best: tuple[RunResult, dict] | None = None
         for seed in seeds:
             result, model = run_one(encoder, prepared, learning_rate, seed, cfg)
             runs.append(result)
-            if best_run is None or result.score > best_run.score:
-                best_run, best_state = result, copy.deepcopy(model.state_dict())
+            if prepared.test and (rate_best is None or result.score > rate_best[0].score):
+                rate_best = (result, copy.deepcopy(model.state_dict()))
             del model
-    by_rate = {lr: [r for r in runs if r.learning_rate == lr] for lr in cfg.learning_rates}
-    best_lr = max(cfg.learning_rates,
-                  key=lambda lr: statistics.fmean(r.score for r in by_rate[lr]))
-    chosen = by_rate[best_lr]
-    mean, std = _summarise(chosen)
-    scores = [r.score for r in chosen]
+        if rate_best is not None and select_best(runs).best_run is rate_best[0]:
+            kept = rate_best
     predictions: tuple[TestPredictions, ...] = ()
     if prepared.test:
-        model = build_model(encoder, task.num_labels, seeds[0])
-        model.load_state_dict(best_state)
+        assert kept is not None and kept[0] is select_best(runs).best_run
+        model = build_model(encoder, task.num_labels, kept[0].seed)
+        model.load_state_dict(kept[1])
         predictions = predict_test_sets(model, prepared, cfg)
-    return TaskResult(
-        task=task.name, best_learning_rate=best_lr, seeds=tuple(seeds), metrics=mean,
-        metrics_std=std, score=statistics.fmean(scores),
-        score_std=statistics.stdev(scores) if len(scores) > 1 else 0.0, runs=tuple(runs),
-        num_train_examples=len(prepared.train),
-        num_dev_examples={k: len(v) for k, v in prepared.dev.items()},
-        bad_rows=prepared.bad_rows, seconds=time.perf_counter() - start,
-        test_predictions=predictions)
+    return summarise_task(task.name, runs, len(prepared.train),
+                          {k: len(v) for k, v in prepared.dev.items()}, prepared.bad_rows,
+                          time.perf_counter() - start, predictions)
 
 
 def run_glue(model_dir: str, data_dir: str, tasks: Sequence[TaskSpec],
