@@ -13,19 +13,24 @@ import sys
 
 
 def load_job(target: str):
-    if target.endswith(".py") or os.sep in target:
-        name = os.path.splitext(os.path.basename(target))[0]
-        # Jobs are library modules: prefer the installed package so relative imports resolve.
-        try:
-            return importlib.import_module(f"pipelines.{name}")
-        except ModuleNotFoundError:
-            spec = importlib.util.spec_from_file_location(name, target)
-            if spec is None or spec.loader is None:
-                raise SystemExit(f"beam: cannot load job file {target!r}")
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module
-    return importlib.import_module(target if "." in target else f"pipelines.{target}")
+    """The job module: a file path runs that very file, a name is a module (`make_shards` =
+    `pipelines.make_shards`)."""
+    if not (target.endswith(".py") or os.sep in target):
+        return importlib.import_module(target if "." in target else f"pipelines.{target}")
+    if not os.path.isfile(target):
+        raise SystemExit(f"beam: no job file {target!r}")
+    name = os.path.splitext(os.path.basename(target))[0]
+    ours = importlib.util.find_spec(f"pipelines.{name}")
+    if ours and ours.origin and os.path.samefile(ours.origin, target):
+        # One of our jobs: import it as `pipelines.<name>`, so that what Beam pickles for its
+        # workers names an importable module, not a file.
+        return importlib.import_module(f"pipelines.{name}")
+    spec = importlib.util.spec_from_file_location(name, target)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"beam: cannot load job file {target!r}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,3 +103,21 @@ def test_beam_command_help_lists_job_options():
     out = subprocess.run([os.path.join(os.path.dirname(sys.executable), "beam"), "--help"],
                          check=False, capture_output=True, text=True)
     assert out.returncode == 0 and "beam run" in out.stdout
+
+
+def test_beam_command_runs_the_job_file_it_is_given(tmp_path):
+    """A user's own job file runs, even when it shares a name with one of ours."""
+    from pipelines import cli
+
+    mine = tmp_path / "make_shards.py"
+    mine.write_text("def run(argv):\n    print('my job', argv)\n")
+    assert cli.load_job(str(mine)).__file__ == str(mine)
+    ours = cli.load_job(os.path.join(os.path.dirname(cli.__file__), "make_shards.py"))
+    assert ours.__name__ == "pipelines.make_shards"
+    beam = os.path.join(os.path.dirname(sys.executable), "beam")
+    out = subprocess.run([beam, "run", str(mine), "--x"], check=False, capture_output=True,
+                         text=True)
+    assert out.returncode == 0 and out.stdout == "my job ['--x']\n"
+    missing = subprocess.run([beam, "run", str(tmp_path / "nope.py")], check=False,
+                             capture_output=True, text=True)
+    assert missing.returncode != 0 and "no job file" in missing.stderr
