@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import skip_or_fail
 
 from peers import bert_generator
 from pipelines.instances import (
@@ -31,7 +32,7 @@ def peer():
     """The peer's `create_pretraining_data` module, imported behind the I/O stand-in."""
     reason = bert_generator.available()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail(reason)
     return bert_generator.load()
 
 
