@@ -8,9 +8,9 @@ the mean and spread at the chosen rate; larger tasks run the first seed only. Th
 weights predict the test sets for the leaderboard.
 
 Batches are packed, not padded: the examples of a batch (the same 32 examples a padded batch
-would hold) are laid out first-fit-decreasing into rows as long as the batch's longest example,
-and the encoder's block-diagonal attention (`sequence_ids`) keeps each example on its own. The
-output of each example is the same as alone; only the pad tokens' work is saved.
+would hold) are laid out first-fit-decreasing into max_seq_length rows, and the encoder's
+per-instance attention (`sequence_ids`) keeps each example on its own. The output of each
+example is the same as alone; only the pad tokens' work is saved.
 """
 from __future__ import annotations
 
