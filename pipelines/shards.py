@@ -59,12 +59,6 @@ def assign_round_robin(ranks: np.ndarray, num_shards: int) -> tuple[np.ndarray, 
     return ranks % num_shards, ranks // num_shards
 
 
-def shard_row_counts(num_rows: int, num_shards: int) -> list[int]:
-    """Rows per shard under round robin: balanced to within one row."""
-    return [num_rows // num_shards + (1 if s < num_rows % num_shards else 0)
-            for s in range(num_shards)]
-
-
 @dataclass
 class ShardStats:
     """What a shard holds; totals over shards are their sums."""

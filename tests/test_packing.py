@@ -128,8 +128,8 @@ def test_shuffle_keys_deterministic_and_distinct():
 
 
 def test_round_robin_balance_and_shard_count():
-    assert shards.shard_row_counts(10, 4) == [3, 3, 2, 2]
     shard, pos = shards.assign_round_robin(np.arange(10), 4)
+    assert np.bincount(shard).tolist() == [3, 3, 2, 2]  # balanced to within one row
     assert shard.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
     assert pos.tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
     assert shards.choose_num_shards(0, 0, 100) == 0
