@@ -171,12 +171,13 @@ def base() -> DagConfig:
 
 
 def large() -> DagConfig:
-    """BERT-large on a GPU cluster: 8 GPUs per node, ZeRO-1, bf16."""
+    """BERT-large on a GPU node: 8 GPUs, ZeRO-1, bf16. Several nodes: set `pretrain.hostfile`
+    to a DeepSpeed hostfile the pod can read (its nodes reached by ssh), or launch through
+    infra/slurm or infra/launch instead."""
     return DagConfig(
         name="large", output=str(REPO / "runs" / "large"),
         pretrain=PretrainConfig(model="bert_large", micro_batch_size=32, phase2_micro_batch_size=8,
-                                launcher="deepspeed", nproc_per_node=8,
-                                hostfile="/etc/deepspeed/hostfile"),
+                                launcher="deepspeed", nproc_per_node=8),
         glue=GlueConfig(data=None),
     )
 

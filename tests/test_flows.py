@@ -192,8 +192,12 @@ def test_launch_commands_for_each_launcher():
                                                                   "nproc_per_node": 2}}), "c.json")
     assert torchrun[0].endswith("torchrun") and "--nproc_per_node=2" in torchrun
     ds = steps.launch_command(resolve("large", CLUSTER_DATA), "c.json")
-    assert ds[0].endswith("deepspeed") and ds[1:3] == ["--hostfile", "/etc/deepspeed/hostfile"]
-    assert ["--module", "training.pretrain"] == ds[4:6]
+    assert ds[0].endswith("deepspeed") and ds[1:4] == ["--num_gpus=8", "--module",
+                                                        "training.pretrain"]
+    hosts = {**CLUSTER_DATA, "pretrain": {"hostfile": "/etc/deepspeed/hostfile"}}
+    multi = steps.launch_command(resolve("large", hosts), "c.json")
+    assert multi[1:3] == ["--hostfile", "/etc/deepspeed/hostfile"]
+    assert ["--module", "training.pretrain"] == multi[4:6]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
