@@ -103,6 +103,10 @@ class PretrainConfig:
             raise ValueError(f"pretrain.launcher={self.launcher!r}: python, deepspeed or torchrun")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"pretrain.zero_stage={self.zero_stage}: must be 0-3")
+        if self.precision in ("bf16", "fp16") and self.zero_stage == 0:
+            # training/config.py refuses it too, but only when the pretrain stage starts
+            raise ValueError(f"pretrain.precision={self.precision} needs pretrain.zero_stage >= 1 "
+                             "(at stage 0 DeepSpeed keeps no fp32 master weights to export)")
 
 
 @dataclass(frozen=True)
@@ -194,7 +198,12 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None) -> DagConfig:
     if missing:
         raise ValueError(
             f"preset {preset!r} needs {', '.join(missing)}: set each to a file, glob, folder or "
-            f"gs:// URL (e.g. --set {missing[0]}=gs://bucket/path), or to '' to skip that input")
+            f"gs:// URL (glue.data: a local folder), e.g. --set {missing[0]}=/data/..., or to '' "
+            "to skip that input")
+    glue = cfg.glue.data
+    if glue and "://" in glue:
+        raise ValueError(f"glue.data={glue!r}: the GLUE readers take a local folder (copy the "
+                         "data onto the volume, e.g. /data/glue_data)")
     return cfg
 
 

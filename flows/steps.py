@@ -188,11 +188,18 @@ _EXEC_WITH_PDEATHSIG = (
 )
 
 
+_RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT")
+
+
 def run_subprocess(command: list[str], log: Callable[[str], None] = print,
                    env: dict[str, str] | None = None) -> None:
     """Run `command`, streaming its output to `log`; stop its whole process group on cancel."""
     log("$ " + " ".join(command))
-    env = {**os.environ, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
+    # A launched training job makes its own rendezvous: a RANK or MASTER_PORT left in this
+    # process's environment (by an in-process run, say) would send it to a port in use.
+    inherited = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS_VARIABLES}
+    env = {**inherited, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
            "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen([sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *command],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,

@@ -252,13 +252,15 @@ def attend_with_dropout(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     probabilities (with `dropout`'s mask) in the input dtype for the product with v.
 
     bf16 scores would double the output error of attention (1.0% vs SDPA's 0.5% here at
-    512 tokens, tests/test_model.py); fp32 ones cost a fp32 matmul in the forward only.
+    512 tokens, tests/test_model.py). fp32 ones cost a fp32 matmul in the forward, and the
+    scores and probabilities (N, A, Tq, Tk) are held in fp32 for the backward: twice the
+    memory of that, the largest activation, in bf16.
     """
     q = q * q.shape[-1] ** -0.5
-    if q.dtype == torch.float32:
-        scores = q @ k.transpose(-1, -2)  # (N, A, Tq, Tk)
-    else:
+    if q.dtype in (torch.bfloat16, torch.float16) and k.dtype == q.dtype:
         scores = _ScoresInFloat32.apply(q, k)  # (N, A, Tq, Tk) fp32
+    else:  # fp32 or fp64: in their own precision
+        scores = q @ k.transpose(-1, -2)  # (N, A, Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     return dropout(scores.softmax(-1).to(v.dtype), dropout_p) @ v

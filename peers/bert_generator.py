@@ -1,7 +1,7 @@
 """BERT's own instance generator, run in this process: the peer of reference-mode parity.
 
 The peer is `create_pretraining_data.py` + `tokenization.py` of google-research/bert as the PyPI
-package `bert-tensorflow` (1.0.4) ships them (a dev dependency, installed with --no-deps). They
+package `bert-tensorflow` (1.0.4) ships them (a dev dependency; it pulls in no TensorFlow). They
 need TensorFlow only for file reading, logging and flags, so `load()` imports them behind a
 stand-in `tensorflow.compat.v1` with exactly those three: `gfile.GFile` = `open` (text, UTF-8,
 lines split on "\\n" only, as TensorFlow's GFile) and absl's `logging` and `flags` (what TF1

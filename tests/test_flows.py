@@ -95,6 +95,8 @@ def test_typed_seeds_and_rates_reach_fine_tuning():
     ({"pretrain": {"learning_rate": "nan"}}, "setting pretrain.learning_rate='nan': 'nan' is not a finite"),
     ({"pretrain": {"model": 7}}, "setting pretrain.model=7: 7 is not a string"),
     ({"data": {"wikipedia": None}}, "needs data.wikipedia"),
+    ({"pretrain": {"zero_stage": "0"}}, "pretrain.precision=bf16 needs pretrain.zero_stage >= 1"),
+    ({"glue": {"data": "gs://b/glue_data"}}, "glue.data='gs://b/glue_data': the GLUE readers take"),
 ])
 def test_bad_override_values_name_the_setting_and_value(overrides, message):
     with pytest.raises(ValueError) as error:
@@ -341,3 +343,15 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
     assert "FAILED" in report and "'task': 'WNLI'" in report
     assert "| pretrain | yes |" in report
     assert (tmp_path / "run" / "glue").is_dir()
+
+
+def test_a_launched_job_gets_no_stale_rendezvous(monkeypatch):
+    """An in-process run leaves RANK/MASTER_PORT in os.environ; the pretrain job the flow
+    launches must pick its own port, not bind one that is still in use."""
+    monkeypatch.setenv("MASTER_PORT", "58713")
+    monkeypatch.setenv("RANK", "0")
+    lines: list[str] = []
+    show = "import os; print(os.environ.get('MASTER_PORT'), os.environ.get('RANK'), " \
+           "os.environ['DS_ACCELERATOR'])"
+    steps.run_subprocess([sys.executable, "-c", show], log=lines.append)
+    assert lines[-1] == "None None cpu"

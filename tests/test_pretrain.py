@@ -514,6 +514,13 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
                                          r"micro_batch_size 4 = 4\)"):
         pretrain.run(config)
     assert list((tmp_path / "run_small" / "checkpoints").iterdir()) == []
+    # The same shards as a second phase: checked before the first phase takes a step too.
+    good = make_config(data, tmp_path / "run_two", steps=2, num_workers=0).phases[0]
+    two = dataclasses.replace(config, output_dir=str(tmp_path / "run_two"), phases=(
+        good, dataclasses.replace(good, name="phase2", train_shards=str(small))))
+    with pytest.raises(ValueError, match=r"the validation shards hold 3 rows"):
+        pretrain.run(two)
+    assert list((tmp_path / "run_two" / "checkpoints").iterdir()) == []
 
     corrupt = tmp_path / "corrupt"
     write_shards(rows, corrupt, {"train": [20, 20], "validation": [16]}, vocab_size, 128, 16)
@@ -534,3 +541,15 @@ def pretrain_rows(data) -> list:
     from shard_fixtures import read_rows
     return read_rows(data["uneven"])
 
+
+
+def test_a_checkpoint_whose_config_is_no_longer_accepted_is_named(tmp_path):
+    """Session-2 base runs saved bf16 at ZeRO stage 0, refused since: resuming one names the
+    checkpoint's config file instead of failing on a config the user never wrote."""
+    old = {**cfg.to_dict(cfg.tiny()), "precision": "bf16", "zero_stage": 0}
+    (tmp_path / "step-10").mkdir()
+    (tmp_path / "step-10" / "config.json").write_text(json.dumps(old))
+    state = pretrain.CheckpointState("step-10", 0, "phase1", 10, 1, 0, {})
+    with pytest.raises(ValueError, match=r"step-10/config\.json: this checkpoint's config is no "
+                                         r"longer accepted \(precision=bf16 cannot"):
+        pretrain.check_resume(cfg.tiny(), str(tmp_path), state)

@@ -98,8 +98,10 @@ def optimizer_section(config: PretrainConfig, phase: PhaseConfig, on_gpu: bool) 
 class LinearWarmupDecay:
     """The phase's learning rate per optimizer step; DeepSpeed calls `step()` after each one.
 
-    `steps_taken` is the number of optimizer steps done, so the next step runs at `lr_at(
-    steps_taken)`. State: `{"steps_taken": n}` (saved and restored with DeepSpeed checkpoints).
+    `steps_taken` counts the calls of `step()`, i.e. the optimizer steps done, so the next step
+    runs at `lr_at(steps_taken)`. With fp16, DeepSpeed skips `step()` on a step it drops for a
+    gradient overflow: the schedule then runs behind by the dropped steps (bf16 and fp32 drop
+    none). State: `{"steps_taken": n}` (saved and restored with DeepSpeed checkpoints).
     """
 
     def __init__(self, optimizer: Optimizer, learning_rate: float, warmup_steps: int,

@@ -355,7 +355,8 @@ def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
     else:  # zero_stage 0, fp32 only (config.py refuses bf16/fp16 there): full-precision module
         module = torch.load(os.path.join(ckpt_dir, tag, "mp_rank_00_model_states.pt"),
                             map_location="cpu", weights_only=True)["module"]
-        low = sorted({str(v.dtype) for v in module.values() if v.dtype != torch.float32})
+        low = sorted({str(v.dtype) for v in module.values()
+                      if v.is_floating_point() and v.dtype != torch.float32})
         if low:
             raise ValueError(f"{ckpt_dir}/{tag}: a ZeRO stage-0 checkpoint with {low} weights; "
                              "its fp32 master weights are not in the module states "
@@ -518,6 +519,8 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
                          (resume.phase_index, resume.step) if resume else None)
     last_tag = resume.tag if resume else None
     step_offset, budget, complete = 0, stop_after_steps, True
+    # Every phase's validation set is checked now: phase 2's must not fail after phase 1.
+    validate = [has_validation(config, phase, dist) for phase in config.phases]
     for index, phase in enumerate(config.phases):
         here = resume is not None and resume.phase_index == index
         if resume is not None and (resume.phase_index > index or
@@ -528,7 +531,7 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
             complete = False
             break
         last_tag, done = run_phase(config, index, phase, dist, metrics, step_offset,
-                                   resume if here else None, last_tag, budget)
+                                   resume if here else None, last_tag, budget, validate[index])
         if budget is not None:
             budget -= done
         if done < phase.steps - (resume.step if here else 0):
@@ -548,7 +551,13 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
 def check_resume(config: PretrainConfig, ckpt_dir: str, resume: CheckpointState) -> None:
     """Refuse to resume `resume` under a config or shard set that would change the training."""
     from training.loader import read_shard_manifest, shard_set_digest
-    saved = cfg.load_saved(os.path.join(ckpt_dir, resume.tag, "config.json"))
+    saved_path = os.path.join(ckpt_dir, resume.tag, "config.json")
+    try:
+        saved = cfg.load_saved(saved_path)
+    except ValueError as e:  # e.g. bf16 at ZeRO stage 0, refused since this checkpoint was made
+        raise ValueError(f"{saved_path}: this checkpoint's config is no longer accepted ({e}); "
+                         "resume it with the version of this code that wrote it, or start a "
+                         "new output_dir") from None
     conflicts = cfg.resume_conflicts(saved, config)
     if resume.train_shards and resume.phase_index < len(config.phases):
         phase = config.phases[resume.phase_index]
@@ -566,10 +575,10 @@ def check_resume(config: PretrainConfig, ckpt_dir: str, resume: CheckpointState)
 
 def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist,
               metrics: MetricsLog, step_offset: int, resume: CheckpointState | None,
-              previous_tag: str | None, budget: int | None) -> tuple[str, int]:
+              previous_tag: str | None, budget: int | None,
+              validate: bool) -> tuple[str, int]:
     """Build, (resume,) train one phase; returns the last checkpoint tag and steps run."""
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
-    validate = has_validation(config, phase, dist)  # fails here, before any step, if it must
     torch.manual_seed(config.seed + index)  # identical initial weights on every rank
     initial = None
     if resume is None and previous_tag is not None:
