@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,8 @@ from typing import Any
 from flows.config import DagConfig
 from flows.stages import StageResult, run_stage
 from pipelines import storage
+
+logger = logging.getLogger("flows")
 
 
 def describe(cfg: DagConfig) -> str:
@@ -346,10 +350,18 @@ def _task_result(finetune, name: str, runs: list[dict]):
     """The task's summary by `finetune.select_best` (the CLI's rule): the test predictions are
     those of the best seed at the best learning rate."""
     results = [finetune.RunResult(**o["result"]) for o in runs]
-    best = finetune.select_best(results)
+    # A rate that lost seeds to failed runs would be judged on fewer of them: compare only the
+    # rates with every seed that any rate completed (the failures are in glue_best's "failed").
+    seeds = Counter(r.learning_rate for r in results)
+    complete = [r for r in results if seeds[r.learning_rate] == max(seeds.values())]
+    if len(complete) < len(results):
+        logger.warning("%s: learning rate(s) %s lost seeds to failed runs and are not compared",
+                    name, sorted({r.learning_rate for r in results} -
+                                 {r.learning_rate for r in complete}))
+    best = finetune.select_best(complete)
     best_run = next(o for o, r in zip(runs, results) if r is best.best_run)
     return finetune.summarise_task(
-        name, results, num_train_examples=best_run["num_train"],
+        name, complete, num_train_examples=best_run["num_train"],
         num_dev_examples=best_run["num_dev"], bad_rows=best_run.get("bad_rows", 0),
         seconds=sum(r.train_seconds + r.eval_seconds for r in results),
         test_predictions=tuple(finetune.TestPredictions(**p) for p in best_run["predictions"]))

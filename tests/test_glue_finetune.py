@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import zipfile
@@ -416,3 +417,18 @@ def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder
     # ... and the runs differ, so another choice would have given other predictions.
     others = {tuple(o["predictions"][0]["predictions"]) for o in outcomes if o is not chosen}
     assert tuple(expected[0].predictions) not in others and len(others) == 3
+
+
+def test_flow_compares_only_learning_rates_with_every_seed():
+    """A rate whose runs partly failed is not judged on the seeds it has left."""
+    from flows import steps
+
+    def outcome(lr: float, seed: int, score: float) -> dict:
+        return {"job": {"task": "RTE"}, "num_train": 10, "num_dev": {"dev": 5}, "predictions": [],
+                "result": dataclasses.asdict(_run(lr, seed, score))}
+
+    runs = [outcome(5e-5, 1, 0.90),                          # seed 2 failed: one lucky seed
+            outcome(3e-5, 1, 0.60), outcome(3e-5, 2, 0.70)]
+    task = steps._task_result(ft, "RTE", runs)
+    assert (task.best_learning_rate, task.seeds) == (3e-5, (1, 2))
+    assert task.score == pytest.approx(0.65)
