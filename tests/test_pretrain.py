@@ -553,3 +553,22 @@ def test_a_checkpoint_whose_config_is_no_longer_accepted_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"step-10/config\.json: this checkpoint's config is no "
                                          r"longer accepted \(precision=bf16 cannot"):
         pretrain.check_resume(cfg.tiny(), str(tmp_path), state)
+
+
+def test_export_takes_casing_from_the_shards_then_the_vocabulary(tmp_path):
+    """A bare cased vocab.txt (no tokenizer_config.json) with shards made by make_shards
+    --do_lower_case=false exports a tokenizer that keeps case; a contradiction is refused."""
+    bare, uncased = tmp_path / "bare", tmp_path / "uncased"
+    for folder in (bare, uncased):
+        folder.mkdir()
+        (folder / "vocab.txt").write_text("[PAD]\n[UNK]\n")
+    (uncased / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+
+    def manifest(lower):
+        return {"options": {"job": {"do_lower_case": lower}}}
+    assert pretrain.export_do_lower_case(manifest(False), str(bare)) is False
+    assert pretrain.export_do_lower_case(manifest(True), str(uncased)) is True
+    assert pretrain.export_do_lower_case({}, str(bare)) is True  # BERT's uncased default
+    with pytest.raises(ValueError, match="made with do_lower_case=False but .*uncased/"
+                                         "tokenizer_config.json says do_lower_case=True"):
+        pretrain.export_do_lower_case(manifest(False), str(uncased))

@@ -503,6 +503,8 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     if config.export_hf and not config.vocab_dir:
         raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
                          "(or --set export_hf=false)")
+    if config.export_hf:  # a casing contradiction must stop the run now, not at its export
+        export_do_lower_case(shard_manifest(config.phases[-1]), config.vocab_dir)
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
     resume = read_latest(ckpt_dir)
     if resume:
@@ -603,16 +605,31 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
 
 def export(config: PretrainConfig, ckpt_dir: str, tag: str) -> str:
     """Consolidated fp32 weights of `tag` -> `<output_dir>/hf` (transformers folder)."""
-    from model.hf import export_hf_folder, vocab_do_lower_case
+    from model.hf import export_hf_folder
 
-    last = config.phases[-1]
-    model = build_model(config, shard_manifest(last), consolidated_state_dict(ckpt_dir, tag))
+    manifest = shard_manifest(config.phases[-1])
+    model = build_model(config, manifest, consolidated_state_dict(ckpt_dir, tag))
     out = os.path.join(config.output_dir, "hf")
-    # A cased vocabulary (train_vocab --cased) must export a tokenizer that keeps case.
     export_hf_folder(model, config.vocab_dir, out,
-                     do_lower_case=vocab_do_lower_case(config.vocab_dir))
+                     do_lower_case=export_do_lower_case(manifest, config.vocab_dir))
     log.info("exported %s to %s", tag, out)
     return out
+
+
+def export_do_lower_case(manifest: dict, vocab_dir: str) -> bool:
+    """Whether the exported tokenizer lower-cases: as the shards were made (make_shards records
+    --do_lower_case), else as the vocabulary folder says. A cased model must not get a
+    lower-casing tokenizer, whichever of the two knows it; if both know and disagree, refuse."""
+    from model.hf import vocab_do_lower_case
+
+    shards = manifest.get("options", {}).get("job", {}).get("do_lower_case")
+    folder = (vocab_do_lower_case(vocab_dir)
+              if storage.exists(storage.join(vocab_dir, "tokenizer_config.json")) else None)
+    if shards is not None and folder is not None and shards != folder:
+        raise ValueError(f"the shards were made with do_lower_case={shards} but {vocab_dir}/"
+                         f"tokenizer_config.json says do_lower_case={folder}: export would give "
+                         "the model a tokenizer other than the one its data had")
+    return next((v for v in (shards, folder) if v is not None), True)
 
 
 def build_parser() -> argparse.ArgumentParser:
