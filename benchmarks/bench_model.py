@@ -14,7 +14,8 @@ the best step counts (as in `timeit`).
    Ours trains on a seeded sample of packed rows, the peer on the same instances one per row
    with padding; useful (non-padding) tokens/s, and the whole-data estimate (ratio per row x
    instances per packed row).
-3. Our model FLOP/s (6 x non-embedding params x tokens + masked-LM head at the masked positions
+3. Useful model FLOP/s (`useful_flops`: 6 x layer params x the tokens each layer must see, the
+   last layer at the masked positions and [CLS]s only, + masked-LM head at the masked positions
    + attention within instances) as a share of a 4096^3 matmul measured in the same run.
 4. One layer's attention core, forward + backward with dropout, on sampled packed rows: the
    old block-diagonal-mask SDPA vs per-instance attention (`model.bert.attend_instances`).
