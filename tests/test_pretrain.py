@@ -572,3 +572,35 @@ def test_export_takes_casing_from_the_shards_then_the_vocabulary(tmp_path):
     with pytest.raises(ValueError, match="made with do_lower_case=False but .*uncased/"
                                          "tokenizer_config.json says do_lower_case=True"):
         pretrain.export_do_lower_case(manifest(False), str(uncased))
+
+
+@pytest.mark.parametrize(("assignment", "field", "expected"), [
+    ("learning_rate=1e-4", None, None),  # unknown at the top level: a phase field
+    ("adam_epsilon=1e-8", "adam_epsilon", 1e-8),
+    ("dynamic_masking=yes", "dynamic_masking", True),
+    ("export_hf=false", "export_hf", False),
+    ("output_dir=2024", "output_dir", "2024"),  # text as given, not YAML's int
+    ("vocab_dir=~", "vocab_dir", "~"),  # not YAML's null
+    ("seed=7", "seed", 7),
+])
+def test_set_converts_text_with_the_flows_converter(assignment, field, expected):
+    """One converter for `bert-pretrain --set` and the flow's `--set` (training.settings)."""
+    if field is None:
+        with pytest.raises(ValueError, match="unknown field"):
+            cfg.apply_overrides(cfg.tiny(), [assignment])
+        return
+    value = getattr(cfg.apply_overrides(cfg.tiny(), [assignment]), field)
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize(("assignment", "message"), [
+    ("seed=1.5", "--set seed='1.5': '1.5' is not an int"),
+    ("export_hf=maybe", "--set export_hf='maybe': 'maybe' is not a bool"),
+    ("phase1.learning_rate=fast", "--set phases.0.learning_rate='fast': 'fast' is not a number"),
+    ("phase1.steps=inf", "--set phases.0.steps='inf': 'inf' is not an int"),
+    ("seed=7.0", "--set seed='7.0': '7.0' is not an int"),
+])
+def test_set_rejects_values_of_the_wrong_type_naming_them(assignment, message):
+    with pytest.raises(ValueError) as error:
+        cfg.apply_overrides(cfg.tiny(), [assignment])
+    assert message in str(error.value)

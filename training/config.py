@@ -7,8 +7,9 @@ from phase 1's weights with a fresh optimizer and schedule.
 Overrides, applied in order after the preset:
 - `--config run.yaml` (or `.json`): a nested mapping of the fields below; `phases` a list.
 - `--set key=value` (repeatable): dotted keys, `zero_stage=2`, `phases.0.steps=300` or by phase
-  name, `phase1.learning_rate=5e-4`. Values are parsed as YAML scalars and checked against the
-  field type.
+  name, `phase1.learning_rate=5e-4`. Each value is converted to its field's type by
+  `training.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
+  float, `true`/`false` a bool, text as given).
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+
+from training.settings import convert_setting
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "lamb")
@@ -269,16 +272,15 @@ def apply_overrides(config: PretrainConfig, assignments: Sequence[str]) -> Pretr
         key, sep, raw = assignment.partition("=")
         if not sep:
             raise ValueError(f"--set {assignment!r}: expected key=value")
-        value = yaml.safe_load(raw) if raw else ""
         parts = key.strip().split(".")
         if len(parts) == 1 and parts[0] != "phases":
-            _assign(data, PretrainConfig, parts[0], value, parts[0])
+            _assign(data, PretrainConfig, parts[0], raw, parts[0])
         elif len(parts) == 3 and parts[0] == "phases" and parts[1].isdigit() \
                 and int(parts[1]) < len(names):
-            _assign(data["phases"][int(parts[1])], PhaseConfig, parts[2], value, key)
+            _assign(data["phases"][int(parts[1])], PhaseConfig, parts[2], raw, key)
         elif len(parts) == 2 and parts[0] in names:
             index = names.index(parts[0])
-            _assign(data["phases"][index], PhaseConfig, parts[1], value,
+            _assign(data["phases"][index], PhaseConfig, parts[1], raw,
                     f"phases.{index}.{parts[1]}")
         else:
             raise ValueError(f"--set {assignment!r}: unknown key {key!r} (use a field, "
@@ -286,12 +288,12 @@ def apply_overrides(config: PretrainConfig, assignments: Sequence[str]) -> Pretr
     return _build(data)
 
 
-def _assign(target: dict, cls: type, name: str, value: Any, flag: str) -> None:
-    """target[name] = value after checking that `cls` has that field and the type fits."""
+def _assign(target: dict, cls: type, name: str, raw: str, flag: str) -> None:
+    """target[name] = `raw` as the field's type, after checking that `cls` has that field."""
     fields = {f.name for f in dataclasses.fields(cls)} - {"phases"}
     if name not in fields:
         raise ValueError(f"--set {flag}: unknown field (known: {sorted(fields)})")
-    target[name] = _coerce(value, typing.get_type_hints(cls)[name], flag)
+    target[name] = convert_setting(f"--set {flag}", raw, typing.get_type_hints(cls)[name])
 
 
 def _build(data: dict) -> PretrainConfig:
@@ -303,30 +305,6 @@ def _build(data: dict) -> PretrainConfig:
         except ValueError as e:
             raise ValueError(str(e).replace("--set ", f"--set phases.{i}.", 1)) from None
     return PretrainConfig(**{**data, "phases": tuple(phases)})
-
-
-def _coerce(value: Any, hint, flag: str) -> Any:
-    if hint is bool:
-        if isinstance(value, bool):
-            return value
-    elif hint is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-    elif hint is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):  # YAML 1.1 reads "1e-4" as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-    elif hint is str:
-        return value if isinstance(value, str) else str(value)
-    else:
-        return value  # phases: handled by from_dict
-    raise ValueError(f"--set {flag}={value!r}: expected {hint.__name__}")
 
 
 def resolve(preset: str = "tiny", config_file: str | None = None,
