@@ -536,6 +536,45 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
     assert latest.read_text() == "00-phase1-step00000002"
     assert (latest.parent / "00-phase1-step00000002" / "training_state.json").exists()
 
+    # Good validation shards: the resumed run redoes the evaluation the failure skipped (the
+    # phase's last step, so there is nothing left to train); it equals an uninterrupted run's.
+    repaired = tmp_path / "repaired"
+    write_shards(rows, repaired, {"train": [20, 20], "validation": [16]}, vocab_size, 128, 16)
+    config = dataclasses.replace(config, phases=(
+        dataclasses.replace(config.phases[0], validation_shards=str(repaired)),))
+    assert "validation" not in {r["split"] for r in pretrain.read_metrics(config.output_dir)}
+    pretrain.run(config)
+    clean = dataclasses.replace(config, output_dir=str(tmp_path / "run_clean"))
+    pretrain.run(clean)
+    for run in (config, clean):
+        assert [(r["split"], r["step"]) for r in pretrain.read_metrics(run.output_dir)] == [
+            ("train", 1), ("train", 2), ("validation", 2)]
+    assert timeless_metrics(config.output_dir) == timeless_metrics(clean.output_dir)
+
+
+def timeless_metrics(output) -> list[dict]:
+    """metrics.jsonl without the wall-clock rates, which differ from run to run."""
+    return [{k: v for k, v in r.items() if k not in ("tokens_per_s", "samples_per_s")}
+            for r in pretrain.read_metrics(str(output))]
+
+
+def test_a_resumed_run_redoes_the_evaluation_a_kill_skipped(data, tmp_path):
+    """Killed after step 2's checkpoint, before its evaluation was logged: resuming evaluates
+    step 2 first, then trains on; the metrics equal the uninterrupted run's."""
+    changes = {"steps": 4, "eval_every": 2, "num_workers": 0, "dropout": 0.1}
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    pretrain.run(make_config(data, full, **changes))
+    pretrain.run(make_config(data, parts, **changes), stop_after_steps=2)
+    records = pretrain.read_metrics(str(parts))
+    assert records[-1]["split"] == "validation" and records[-1]["step"] == 2
+    (parts / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[:-1]))
+    pretrain.run(make_config(data, parts, **changes))
+    resumed = timeless_metrics(parts)
+    assert [(r["split"], r["step"]) for r in resumed] == [
+        ("train", 1), ("train", 2), ("validation", 2), ("train", 3), ("train", 4),
+        ("validation", 4)]
+    assert resumed == timeless_metrics(full)
+
 
 def pretrain_rows(data) -> list:
     from shard_fixtures import read_rows

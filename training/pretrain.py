@@ -479,12 +479,32 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
         if ((config.checkpoint_every and step % config.checkpoint_every == 0)
                 or step in (phase.steps, stop_at)):
             tag = save_checkpoint(engine, config, phase_index, phase, step, loader, dist)
-        if validate and ((config.eval_every and step % config.eval_every == 0)
-                         or step == phase.steps):
+        if validate and is_evaluation_step(config, phase, step):
             summary = evaluate(engine, config, phase, dist)
             metrics.write(_record("validation", phase_index, phase, step, step_offset, summary))
     bar.close()
     return tag, step
+
+
+def is_evaluation_step(config: PretrainConfig, phase: PhaseConfig, step: int) -> bool:
+    return bool(config.eval_every and step % config.eval_every == 0) or step == phase.steps
+
+
+def validation_missing(config: PretrainConfig, resume: CheckpointState, validate: list[bool],
+                       dist: Dist) -> bool:
+    """Whether the run was stopped between the resumed step's checkpoint and its evaluation
+    (a kill, a failing validation shard): then that evaluation is redone before training on.
+    Rank 0 reads metrics.jsonl and tells the others, since evaluation is collective."""
+    phase = config.phases[resume.phase_index]
+    missing = [False]
+    if dist.is_main and validate[resume.phase_index] and \
+            is_evaluation_step(config, phase, resume.step):
+        path = os.path.join(config.output_dir, "metrics.jsonl")
+        records = read_metrics(config.output_dir) if os.path.exists(path) else []
+        missing[0] = not any(r["split"] == "validation" and r["phase_index"] == resume.phase_index
+                             and r["step"] == resume.step for r in records)
+    torch.distributed.broadcast_object_list(missing, src=0)
+    return missing[0]
 
 
 def _record(split: str, phase_index: int, phase: PhaseConfig, step: int, offset: int,
@@ -523,17 +543,19 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     step_offset, budget, complete = 0, stop_after_steps, True
     # Every phase's validation set is checked now: phase 2's must not fail after phase 1.
     validate = [has_validation(config, phase, dist) for phase in config.phases]
+    redo = resume is not None and validation_missing(config, resume, validate, dist)
     for index, phase in enumerate(config.phases):
         here = resume is not None and resume.phase_index == index
         if resume is not None and (resume.phase_index > index or
-                                   (here and resume.step >= phase.steps)):
+                                   (here and resume.step >= phase.steps and not redo)):
             step_offset += phase.steps
             continue  # phase already done
         if budget is not None and budget <= 0:
             complete = False
             break
         last_tag, done = run_phase(config, index, phase, dist, metrics, step_offset,
-                                   resume if here else None, last_tag, budget, validate[index])
+                                   resume if here else None, last_tag, budget, validate[index],
+                                   redo_validation=here and redo)
         if budget is not None:
             budget -= done
         if done < phase.steps - (resume.step if here else 0):
@@ -578,8 +600,9 @@ def check_resume(config: PretrainConfig, ckpt_dir: str, resume: CheckpointState)
 def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist,
               metrics: MetricsLog, step_offset: int, resume: CheckpointState | None,
               previous_tag: str | None, budget: int | None,
-              validate: bool) -> tuple[str, int]:
-    """Build, (resume,) train one phase; returns the last checkpoint tag and steps run."""
+              validate: bool, redo_validation: bool = False) -> tuple[str, int]:
+    """Build, (resume,) train one phase; returns the last checkpoint tag and steps run.
+    `redo_validation`: evaluate the resumed step first (its record was never written)."""
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
     torch.manual_seed(config.seed + index)  # identical initial weights on every rank
     initial = None
@@ -596,6 +619,9 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     step = 0
     if resume is not None:
         step = load_checkpoint(engine, config, resume, loader, dist, universal)
+        if redo_validation:
+            summary = evaluate(engine, config, phase, dist)
+            metrics.write(_record("validation", index, phase, step, step_offset, summary))
     stop_at = phase.steps if budget is None else min(phase.steps, step + budget)
     tag, reached = train_phase(engine, config, index, phase, loader, step, step_offset, metrics,
                                dist, stop_at, validate)
