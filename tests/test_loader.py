@@ -3,6 +3,7 @@ counts with uneven shards, exact resume, remote sources, dynamic re-masking, col
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import http.server
 import json
@@ -97,6 +98,11 @@ def test_rows_cut_to_equalise_the_slots_are_counted_and_logged(books, tmp_path, 
     resumed = ShardLoader(loaders[0].config)
     resumed.load_state_dict(loaders[0].state_dict())
     assert resumed.rows_cut == 14
+    # Resumed on 4 ranks: epoch 0 cut 7 rows on the 2 ranks it ran on; epoch 1 is planned anew.
+    wider = ShardLoader(dataclasses.replace(loaders[0].config, world_size=4))
+    wider.load_state_dict(loaders[0].state_dict())
+    assert wider.plan(0).rows_cut == 167 - 4 * 28  # what a recount would wrongly add
+    assert wider.rows_cut == 7 + wider.plan(1).rows_cut
     caplog.clear()
     even_folder = _shards(books, tmp_path / "e", [48, 48])
     even = ShardLoader(LoaderConfig(str(even_folder), 8, SEQ, num_workers=2, seed=5))

@@ -403,6 +403,8 @@ class ShardLoader:
                              f"{seq}, the phase wants {config.max_seq_length}")
         self.epoch = 0
         self.batch_in_epoch = 0
+        self.rows_cut_before = 0
+        """Rows cut by the finished epochs, as they were planned (on the ranks of that time)."""
         self._plans: dict[int, EpochPlan] = {}
 
     def plan(self, epoch: int) -> EpochPlan:
@@ -416,7 +418,7 @@ class ShardLoader:
     @property
     def rows_cut(self) -> int:
         """Rows cut by the epochs started so far, the current one included (all ranks)."""
-        return sum(self.plan(e).rows_cut for e in range(self.epoch + 1))
+        return self.rows_cut_before + self.plan(self.epoch).rows_cut
 
     def shard_set_digest(self) -> str:
         """`shard_set_digest` of the shards this loader reads."""
@@ -452,20 +454,28 @@ class ShardLoader:
             for batch in loader:
                 self.batch_in_epoch += 1
                 yield batch
-            self.epoch += 1
-            self.batch_in_epoch = 0
+            self._next_epoch()
+
+    def _next_epoch(self) -> None:
+        self.rows_cut_before += self.plan(self.epoch).rows_cut
+        self.epoch += 1
+        self.batch_in_epoch = 0
 
     def state_dict(self) -> dict:
         c = self.config
         return {"epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
                 "rows_consumed_in_epoch": self.batch_in_epoch * c.batch_size,
                 "world_size": c.world_size, "slots_per_rank": c.slots_per_rank,
-                "batch_size": c.batch_size, "seed": c.seed, "source": c.source}
+                "batch_size": c.batch_size, "seed": c.seed, "source": c.source,
+                "rows_cut_before": self.rows_cut_before}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue where `state` stopped; on a different rank/worker count, approximately."""
         c = self.config
         self.epoch = int(state["epoch"])
+        # Older checkpoints lack the count: recount with this run's slots.
+        self.rows_cut_before = int(state.get("rows_cut_before", sum(
+            self.plan(e).rows_cut for e in range(self.epoch))))
         same = (state["world_size"], state["slots_per_rank"], state["batch_size"]) == \
             (c.world_size, c.slots_per_rank, c.batch_size)
         if same:
@@ -476,8 +486,7 @@ class ShardLoader:
             consumed = int(state["rows_consumed_in_epoch"]) * int(state["world_size"])
             self.batch_in_epoch = consumed // (c.batch_size * c.world_size)
         if self.batch_in_epoch >= self.batches_per_epoch():
-            self.epoch += 1
-            self.batch_in_epoch = 0
+            self._next_epoch()
 
 
 def validation_batches(config: LoaderConfig, max_batches: int) -> Iterator[dict[str, torch.Tensor]]:
