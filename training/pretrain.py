@@ -46,6 +46,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from pipelines import storage
 from training import config as cfg
@@ -164,41 +165,44 @@ def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
 
 # ---------------------------------------------------------------- steps
 
-def train_step(engine, batches: Iterator[dict]) -> dict[str, float]:
-    """One optimizer step: gradient_accumulation_steps micro-batches of forward + backward."""
-    sums = dict.fromkeys(METRIC_KEYS, 0.0)
+def train_step(engine, batches: Iterator[dict]) -> Tensor:
+    """One optimizer step: gradient_accumulation_steps micro-batches of forward + backward.
+    Returns the step's summed metrics (`metric_sums`) on the device, not yet read."""
+    sums = torch.zeros(len(METRIC_KEYS), dtype=torch.float64, device=engine.device)
     for _ in range(engine.gradient_accumulation_steps()):
-        batch = {k: v.to(engine.device) for k, v in next(batches).items()}
+        batch = to_device(next(batches), engine.device)
         out = engine(**batch)
         engine.backward(out.loss)
         engine.step()
-        _accumulate(sums, out, batch)
+        sums += metric_sums(out, batch)
     return sums
 
 
-def _accumulate(sums: dict, out, batch: dict) -> None:
-    sums["loss"] += out.loss.item()
-    sums["mlm_loss"] += out.mlm_loss.item()
-    sums["mlm_correct"] += out.mlm_correct.item()
-    sums["mlm_count"] += out.mlm_count.item()
-    if out.nsp_loss is not None:
-        sums["nsp_loss"] += out.nsp_loss.item()
-        sums["nsp_correct"] += out.nsp_correct.item()
-        sums["nsp_count"] += out.nsp_count.item()
-    sums["tokens"] += batch["attention_mask"].sum().item()
-    sums["samples"] += batch["input_ids"].shape[0]
-    sums["micro_batches"] += 1
+def to_device(batch: dict[str, Tensor], device) -> dict[str, Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def metric_sums(out, batch: dict[str, Tensor]) -> Tensor:
+    """One micro-batch's METRIC_KEYS as a float64 vector on the device. Summed there and read
+    (`.tolist()`) once per logging step: an `.item()` per value would stall a GPU's queue
+    seven times per micro-batch."""
+    zero = out.loss.new_zeros(())
+    nsp = (out.nsp_loss, out.nsp_correct, out.nsp_count) if out.nsp_loss is not None \
+        else (zero, zero, zero)
+    values = (out.loss, out.mlm_loss, out.mlm_correct, out.mlm_count, *nsp,
+              batch["attention_mask"].sum(), zero + batch["input_ids"].shape[0], zero + 1)
+    return torch.stack([v.detach().to(torch.float64) for v in values])
 
 
 @torch.no_grad()
 def evaluate(engine, config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> dict[str, float]:
     """Validation loss and accuracies over `eval_batches` micro-batches per rank."""
     engine.eval()
-    sums = dict.fromkeys(METRIC_KEYS, 0.0)
+    sums = torch.zeros(len(METRIC_KEYS), dtype=torch.float64, device=engine.device)
     for batch in validation_batches(build_loader(config, phase, dist, validation=True),
                                     config.eval_batches):
-        batch = {k: v.to(engine.device) for k, v in batch.items()}
-        _accumulate(sums, engine(**batch), batch)
+        batch = to_device(batch, engine.device)
+        sums += metric_sums(engine(**batch), batch)
     engine.train()
     return summarize(all_reduce(sums), elapsed=None)
 
@@ -227,10 +231,12 @@ def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bo
     return True
 
 
-def all_reduce(sums: dict[str, float]) -> dict[str, float]:
-    values = torch.tensor([sums[k] for k in METRIC_KEYS], dtype=torch.float64)
-    torch.distributed.all_reduce(values)
-    return dict(zip(METRIC_KEYS, values.tolist()))
+def all_reduce(sums: Tensor) -> dict[str, float]:
+    """Metric sums over all ranks, read on the host. `sums` stays on the model's device: NCCL,
+    the backend on GPUs, reduces only device tensors."""
+    sums = sums.clone()
+    torch.distributed.all_reduce(sums)
+    return dict(zip(METRIC_KEYS, sums.tolist()))
 
 
 def summarize(sums: dict[str, float], elapsed: float | None) -> dict[str, float]:
@@ -461,12 +467,11 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
 
     batches = iter(loader)
     tag = None
-    window, started = dict.fromkeys(METRIC_KEYS, 0.0), time.perf_counter()
+    window, started = 0, time.perf_counter()
     bar = tqdm(total=phase.steps, initial=step, desc=phase.name, disable=not dist.is_main,
                dynamic_ncols=True)
     while step < stop_at:
-        for key, value in train_step(engine, batches).items():
-            window[key] += value
+        window = window + train_step(engine, batches)
         step += 1
         bar.update(1)
         if step % config.log_every == 0 or step == phase.steps:
@@ -475,7 +480,7 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
             summary.update(data_epoch=loader.epoch, rows_cut=loader.rows_cut)
             metrics.write(_record("train", phase_index, phase, step, step_offset, summary))
             bar.set_postfix(loss=f"{summary['loss']:.3f}", mlm_acc=f"{summary['mlm_accuracy']:.3f}")
-            window, started = dict.fromkeys(METRIC_KEYS, 0.0), time.perf_counter()
+            window, started = 0, time.perf_counter()
         if ((config.checkpoint_every and step % config.checkpoint_every == 0)
                 or step in (phase.steps, stop_at)):
             tag = save_checkpoint(engine, config, phase_index, phase, step, loader, dist)
