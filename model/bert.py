@@ -17,8 +17,9 @@ Inputs of `BertModel.forward` (B = batch rows, T = tokens per row):
 
 A token attends only to the tokens of its own instance, so a packed row gives exactly the hidden
 states of its instances computed one by one. Attention runs per instance (`attention_plan`,
-built once per batch from `sequence_ids` and `attention_mask`): the instances are gathered into
-(instances, length) blocks bucketed by length, so a packed row costs sum(n_k^2) rather than
+built once per batch from `sequence_ids` and `attention_mask`; in training the data loader
+builds it, see `BatchLayout`): the instances are gathered into (instances, length) blocks
+bucketed by length, so a packed row costs sum(n_k^2) rather than
 T^2 and no T x T block-diagonal mask (nor its dropout draws) is made. Dense batches without
 padding skip the gathering and call SDPA without a mask, so it may pick its fused kernel.
 In training, attention-probability dropout is computed here (`attend`) with a cheaper mask of
@@ -163,22 +164,25 @@ def instance_ids(attention_mask: Tensor | None, sequence_ids: Tensor | None,
     return ids
 
 
+def one_instance_per_row(ids: Tensor | None) -> bool:
+    """Whether every row is one instance without padding, so that attention needs no mask."""
+    return ids is None or bool((ids == ids[:, :1]).all())
+
+
 def attention_mask_4d(ids: Tensor | None) -> Tensor | None:
     """Boolean SDPA mask (B, 1, T, T), True = may attend, or None when nothing is masked.
 
     Query i sees key j iff both belong to the same instance. Padding tokens (-1) see only padding,
     so no row is fully masked (SDPA would return NaN there); their outputs are never used.
     """
-    if ids is None or bool((ids == ids[:, :1]).all()):
-        return None
-    return (ids[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, T, T)
+    return None if one_instance_per_row(ids) else query_attention_mask(ids, None)
 
 
-def query_attention_mask(ids: Tensor | None, query_index: Tensor) -> Tensor | None:
-    """`attention_mask_4d` for the queries at `query_index` (B, P) only: (B, 1, P, T) or None."""
-    if ids is None or bool((ids == ids[:, :1]).all()):
-        return None
-    return (ids.gather(1, query_index)[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, P, T)
+def query_attention_mask(ids: Tensor, query_index: Tensor | None) -> Tensor:
+    """The mask of `attention_mask_4d` for the queries at `query_index` (B, P) only (all
+    queries when None): (B, 1, P, T)."""
+    queries = ids if query_index is None else ids.gather(1, query_index)  # (B, P)
+    return (queries[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, P, T)
 
 
 class Dropout(nn.Dropout):
@@ -373,6 +377,38 @@ def attention_plan(ids: Tensor | None, bucket: int = ATTENTION_BUCKET) -> Attent
                          torch.from_numpy(np.concatenate(order)).to(device))
 
 
+@dataclass(frozen=True)
+class BatchLayout:
+    """How a batch's instances lie in its rows, worked out on the host: a data loader makes it
+    with the batch (`batch_layout`), so the forward pass never waits for the device to answer
+    a question about its input (on a GPU each such question stalls the kernel queue)."""
+
+    plan: AttentionPlan | None
+    """Per-instance attention (`attention_plan`); None: whole rows, masked if `masked`."""
+    masked: bool
+    """False when every row is one instance without padding: attention takes no mask."""
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> BatchLayout:
+        if self.plan is None:
+            return self
+
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.to(device, non_blocking=non_blocking)
+
+        groups = tuple(InstanceGroup(move(g.index), move(g.key_mask), move(g.real))
+                       for g in self.plan.groups)
+        return BatchLayout(AttentionPlan(groups, move(self.plan.slot_index),
+                                         move(self.plan.token_index)), self.masked)
+
+
+def batch_layout(ids: Tensor | None) -> BatchLayout:
+    """The `BatchLayout` of instance ids (B, T) (`instance_ids`), on the host."""
+    if ids is None:
+        return BatchLayout(None, masked=False)
+    ids = ids.cpu()
+    return BatchLayout(attention_plan(ids), masked=not one_instance_per_row(ids))
+
+
 def attend_instances(qkv: Tensor, plan: AttentionPlan, num_heads: int,
                      dropout_p: float) -> Tensor:
     """Attention of every instance within itself. qkv (B, T, 3H) -> (B, T, H), 0 at padding."""
@@ -499,12 +535,14 @@ class BertModel(nn.Module):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, sequence_ids: Tensor | None = None,
                 position_ids: Tensor | None = None,
-                output_positions: Tensor | None = None) -> Tensor:
+                output_positions: Tensor | None = None,
+                layout: BatchLayout | None = None) -> Tensor:
         """Last hidden states (B, T, H); see the module docstring for the (B, T) inputs.
 
         With `output_positions` (B, P) only the states at those positions (B, P, H) are
         returned, and the last layer computes attention output and feed-forward for those P
         tokens only (pre-training needs the masked positions and the [CLS]s: ~15% of tokens).
+        `layout`: the batch's `BatchLayout` from the data loader; made here when None.
         """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
@@ -518,9 +556,11 @@ class BertModel(nn.Module):
                             else torch.arange(input_ids.shape[1], device=input_ids.device)
                             .expand_as(input_ids))
         ids = instance_ids(attention_mask, sequence_ids, input_ids)
+        layout = batch_layout(ids) if layout is None else layout
         # stock dropout draws its masks over whole rows, as transformers' BERT does
-        plan = None if self.config.stock_dropout else attention_plan(ids)
-        mask = attention_mask_4d(ids) if plan is None else None  # instances not in single runs
+        plan = None if self.config.stock_dropout else layout.plan
+        whole_rows = plan is None and layout.masked  # instances not in single runs, or stock
+        mask = query_attention_mask(ids, None) if whole_rows else None
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         for layer in self.layers[:-1]:
             x = layer(x, plan, mask)
@@ -529,8 +569,8 @@ class BertModel(nn.Module):
         # The sparse last layer attends from P queries over whole rows: a (B, 1, P, T) mask is
         # small, and per-instance groups would need the queries sorted into them.
         query_index = output_positions.long()
-        return self.layers[-1](x, mask=query_attention_mask(ids, query_index),
-                               query_index=query_index)
+        query_mask = query_attention_mask(ids, query_index) if layout.masked else None
+        return self.layers[-1](x, mask=query_mask, query_index=query_index)
 
     def pool(self, hidden: Tensor, cls_positions: Tensor | None = None) -> Tensor:
         """Pooled `[CLS]` states: (B, T, H) -> (B, H) at position 0, or (B, K, H) at `cls_positions` (B, K)."""

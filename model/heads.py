@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.bert import ACTIVATIONS, BertConfig, BertModel, init_bert_weights
+from model.bert import ACTIVATIONS, BatchLayout, BertConfig, BertModel, init_bert_weights
 
 IGNORE_INDEX = -100
 
@@ -131,11 +131,12 @@ class BertForPreTraining(nn.Module):
                 token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 sequence_ids: Tensor | None = None, position_ids: Tensor | None = None,
                 masked_lm_ids: Tensor | None = None, next_sentence_label: Tensor | None = None,
-                cls_positions: Tensor | None = None) -> PreTrainingOutput:
+                cls_positions: Tensor | None = None,
+                layout: BatchLayout | None = None) -> PreTrainingOutput:
         """Scores at the masked positions and per instance, and the losses when labels are given.
 
         Shapes as in the module docstring. Losses need `masked_lm_ids`; the NSP loss needs
-        `next_sentence_label`.
+        `next_sentence_label`. `layout`: see `BertModel.forward`.
         """
         masked = masked_lm_positions.long()
         per_instance = cls_positions is not None or (
@@ -146,7 +147,7 @@ class BertForPreTraining(nn.Module):
         # them); everything else would be discarded: gather first, then project.
         wanted = masked if cls_positions is None else torch.cat([masked, cls_positions], dim=1)
         states = self.bert(input_ids, token_type_ids, attention_mask, sequence_ids, position_ids,
-                           output_positions=wanted)  # (B, M + K, H)
+                           output_positions=wanted, layout=layout)  # (B, M + K, H)
         mlm_logits = self.mlm(states[:, :masked.shape[1]])  # (B, M, V)
         nsp_logits = None
         if self.nsp is not None:

@@ -181,8 +181,18 @@ def test_resume_continues_exactly_at_the_saved_position(books, tmp_path, num_wor
         got = _take(iter(resumed), 5)
         for a, b in zip(got, expected[stop:stop + 5]):
             assert a.keys() == b.keys()
-            for key in a:
+            for key in a.keys() - {"layout"}:
                 assert torch.equal(a[key], b[key]), (stop, key)
+            assert layout_tensors(a["layout"]) == layout_tensors(b["layout"]), stop
+
+
+def layout_tensors(layout) -> tuple:
+    """A BatchLayout as nested lists, for comparing two of them."""
+    if layout.plan is None:
+        return (layout.masked, None)
+    groups = [(g.index.tolist(), None if g.real is None else g.real.tolist())
+              for g in layout.plan.groups]
+    return (layout.masked, groups, layout.plan.token_index.tolist())
 
 
 def test_one_rank_two_workers_sees_the_rows_of_two_ranks(books, tmp_path):
@@ -272,7 +282,14 @@ def test_collate_pads_packed_rows():
     assert batch["masked_lm_ids"].tolist() == [[11, 12], [13, -100]]
     assert batch["next_sentence_label"].tolist() == [[1, 0], [-1, -100]]
     assert batch["cls_positions"].tolist() == [[0, 6], [0, 0]]
+    layout = batch.pop("layout")
     assert all(t.dtype == torch.int64 for t in batch.values())
+    # Instances of 6, 5 and 3 tokens at flat offsets 0, 6 and 16 (row 1 starts at 16): one
+    # length bucket, each slot past an instance's end repeating its first token.
+    assert layout_tensors(layout) == (True, [(
+        [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 6], [16, 17, 18, 16, 16, 16]],
+        [[True] * 6, [True] * 5 + [False], [True] * 3 + [False] * 3])],
+        [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 17, 18])
 
 
 def test_corrupt_member_names_the_shard_and_member(books, tmp_path):

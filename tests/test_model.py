@@ -395,3 +395,36 @@ def test_cpu_dropout_attention_gradients_match_fp32():
         assert ours_error < 1.25 * sdpa_error, (name, ours_error, sdpa_error)  # bf16 scores: 1.3x
     small = [x[:1, :1, :6, :4].double().requires_grad_() for x in (q, k, v)]
     assert torch.autograd.gradcheck(lambda *qkv: attend_with_dropout(*qkv, None, 0.0), small)
+
+
+def test_the_loaders_batch_layout_gives_the_forward_it_would_make_itself():
+    """collate works out the attention plan on the host (`BatchLayout`); the forward with it
+    equals the forward that makes its own, also after the layout's move to a device."""
+    from training.loader import collate
+
+    def row(lengths: list[int], seed: int) -> shard_format.Row:
+        g = np.random.default_rng(seed)
+        n = sum(lengths)
+        return shard_format.Row(
+            input_ids=g.integers(5, VOCAB, n), segment_ids=np.zeros(n, np.uint8),
+            sequence_ids=np.repeat(np.arange(len(lengths)), lengths).astype(np.uint8),
+            masked_lm_positions=np.array([1, n - 2]), masked_lm_ids=g.integers(5, VOCAB, 2),
+            next_sentence_labels=np.zeros(len(lengths), np.int8))
+
+    model = pretraining_model()
+    packed = collate([row([9, 12], seed=1), row([7], seed=2)])
+    dense = collate([row([16], seed=3), row([16], seed=4)])
+    assert packed["layout"].masked and len(packed["layout"].plan.groups) == 1
+    assert not dense["layout"].masked and dense["layout"].plan is None
+    for batch in (packed, dense):
+        inputs = {k: v for k, v in batch.items() if k != "layout"}
+        own = model(**inputs)
+        for layout in (batch["layout"], batch["layout"].to("cpu", non_blocking=True)):
+            given = model(**inputs, layout=layout)
+            assert torch.equal(given.mlm_logits, own.mlm_logits)
+            assert torch.equal(given.nsp_logits, own.nsp_logits)
+    # The forward does use the layout it is given: the dense one lets the packed rows' instances
+    # (and padding) attend to each other.
+    inputs = {k: v for k, v in packed.items() if k != "layout"}
+    assert not torch.equal(model(**inputs, layout=dense["layout"]).mlm_logits,
+                           model(**inputs).mlm_logits)

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from model.bert import BatchLayout, batch_layout, instance_ids
 from pipelines import shard_format
 from pipelines.shard_format import Row
 
@@ -248,8 +249,9 @@ class Remasker:
 # ---------------------------------------------------------------- collate
 
 def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
-            max_seq_length: int | None = None) -> dict[str, torch.Tensor]:
-    """Rows -> the padded batch `model.heads.BertForPreTraining` takes (see its docstring).
+            max_seq_length: int | None = None) -> dict[str, torch.Tensor | BatchLayout]:
+    """Rows -> the padded batch `model.heads.BertForPreTraining` takes (see its docstring),
+    with its `layout` (`model.bert.BatchLayout`) worked out here on the host.
 
     T = longest row rounded up to `pad_to_multiple_of` (at most `max_seq_length`); M = most
     masked positions; K = most instances per row. `next_sentence_label` is (B,) for unpacked rows,
@@ -291,7 +293,11 @@ def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
     else:
         batch["next_sentence_label"] = nsp
         batch["cls_positions"] = cls_positions
-    return {name: torch.from_numpy(a) for name, a in batch.items()}
+    tensors = {name: torch.from_numpy(a) for name, a in batch.items()}
+    # The attention plan is host work: done here, in the loader's workers, not in the forward.
+    tensors["layout"] = batch_layout(instance_ids(
+        tensors["attention_mask"], tensors["sequence_ids"], tensors["input_ids"]))
+    return tensors
 
 
 # ---------------------------------------------------------------- streams
