@@ -28,6 +28,7 @@ from training import pretrain
 from training.config import PhaseConfig
 from training.ds_config import LinearWarmupDecay, build_ds_config, param_groups
 from training.launch import deepspeed_command, torchrun_command
+from training.loader import LoaderConfig
 
 REPO = Path(__file__).resolve().parents[1]
 UNEVEN = [20, 12, 28, 15, 9]  # 2 slots: 28+12 | 20+15+9 -> 40 rows each = 10 batches of 4
@@ -643,3 +644,52 @@ def test_set_rejects_values_of_the_wrong_type_naming_them(assignment, message):
     with pytest.raises(ValueError) as error:
         cfg.apply_overrides(cfg.tiny(), [assignment])
     assert message in str(error.value)
+
+
+def test_every_phases_inputs_are_checked_before_the_first_step(data, tmp_path):
+    """Another vocabulary of the same size, phase-2 shards of the wrong length, a truncated
+    shard: each stops the run at its start, naming the phase and the file, with no checkpoint."""
+    learn = make_config(data, tmp_path / "run", shards="learn", steps=2, num_workers=0)
+    other_vocab = tmp_path / "other_vocab"
+    shutil.copytree(data["vocab"], other_vocab)
+    tokens = (other_vocab / "vocab.txt").read_text().split("\n")
+    tokens[-3], tokens[-2] = tokens[-2], tokens[-3]  # same size, two ids swapped
+    (other_vocab / "vocab.txt").write_text("\n".join(tokens))
+    wrong_length = dataclasses.replace(learn.phases[0], name="phase2", max_seq_length=512)
+    truncated = tmp_path / "truncated"
+    shutil.copytree(data["learn"], truncated)
+    shard = max(truncated.glob("train-*.tar"))
+    shard.write_bytes(shard.read_bytes()[:10_000])
+    cases = [
+        (dataclasses.replace(learn, vocab_dir=str(other_vocab)),
+         (r"phase1\.train_shards=.*: shards made with the vocabulary .*vocab\.txt "
+          r"\(sha256 \w{12}\), but vocab_dir=.*other_vocab holds another")),
+        (dataclasses.replace(learn, phases=(learn.phases[0], wrong_length)),
+         (r"phase2\.train_shards=.*: shards of max_seq_length 128, but "
+          r"phase2\.max_seq_length is 512")),
+        (dataclasses.replace(learn, phases=(dataclasses.replace(
+            learn.phases[0], train_shards=str(truncated)),)),
+         (rf"{shard.name}: 10000 bytes, the manifest records \d+: truncated or replaced; "
+          r"check the folder with `python -m pipelines.verify_shards <folder>`")),
+    ]
+    for i, (config, message) in enumerate(cases):
+        config = dataclasses.replace(config, output_dir=str(tmp_path / f"run{i}"))
+        with pytest.raises(ValueError, match=message):
+            pretrain.run(config)
+        assert not (tmp_path / f"run{i}" / "checkpoints").exists()
+
+
+def test_a_shard_that_breaks_while_read_is_named(data, tmp_path):
+    """A shard whose size the manifest does not record (or a remote one) truncated: the loader
+    names it when webdataset cannot read it, never skips it."""
+    rows = list(pretrain_rows(data))
+    vocab_size = len((data["vocab"] / "vocab.txt").read_text().split())
+    folder = tmp_path / "shards"
+    write_shards(rows, folder, {"train": [40, 40]}, vocab_size, 128, 8)
+    shard = folder / "train-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:5_000])
+    loader = pretrain.ShardLoader(LoaderConfig(str(folder), 8, 128, shuffle_buffer=0))
+    with pytest.raises(ValueError, match=r"train-000001\.tar: cannot read the shard \(\w+Error: "
+                                         r".*\); it is truncated or corrupt: check the folder"):
+        for _ in zip(range(20), iter(loader)):
+            pass

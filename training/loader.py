@@ -67,6 +67,8 @@ class ShardInfo:
     """Rows in the shard (from the manifest)."""
     index: int
     """Position in the manifest's shard list (stable identity for seeds)."""
+    num_bytes: int | None = None
+    """File size the manifest records (None in manifests without `bytes`)."""
 
 
 def _location(source: str, name: str) -> str:
@@ -116,9 +118,50 @@ def list_shards(source: str, split: str = "train") -> tuple[list[ShardInfo], dic
                if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
     if not entries:
         raise FileNotFoundError(f"{_location(source, MANIFEST)}: no {split}-*.tar shards listed")
-    shards = [ShardInfo(e["name"], _location(source, e["name"]), int(e["num_rows"]), i)
+    shards = [ShardInfo(e["name"], _location(source, e["name"]), int(e["num_rows"]), i,
+                        int(e["bytes"]) if "bytes" in e else None)
               for i, e in enumerate(sorted(entries, key=lambda e: e["name"]))]
     return shards, manifest
+
+
+VERIFY_HINT = "check the folder with `python -m pipelines.verify_shards <folder>`"
+
+
+def check_shard_files(shards: Sequence[ShardInfo]) -> None:
+    """Local shards exist and have the sizes their manifest records: a truncated or replaced
+    shard fails here, before training, rather than in a loader worker hours into the run.
+    (Remote shards are checked as they are read.)"""
+    for shard in shards:
+        path = shard.url.removeprefix("file://")
+        if "://" in path:
+            continue
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: shard listed in the manifest is missing")
+        size = os.path.getsize(path)
+        if shard.num_bytes is not None and size != shard.num_bytes:
+            raise ValueError(f"{path}: {size} bytes, the manifest records {shard.num_bytes}: "
+                             f"truncated or replaced; {VERIFY_HINT}")
+
+
+class UnreadableShard(ValueError):
+    """A shard that cannot be read as a tar file (truncated, corrupt), named by its URL.
+    (One message argument, so that DataLoader workers can re-raise it in the main process.)"""
+    url: str | None = None
+    cause: BaseException | None = None
+
+
+def _unreadable_shard(exn: Exception) -> bool:
+    """webdataset's error hook while it reads tar files: name the shard and stop (never skip).
+    webdataset appends the shard's URL to `exn.args` once the error leaves the tar reader."""
+    url = next((a for a in reversed(exn.args[1:]) if isinstance(a, str)), None)
+    cause = exn
+    if isinstance(exn, UnreadableShard):  # raised by the inner reader, now with its URL
+        url, cause = exn.url or url, exn.cause
+    detail = cause.args[0] if cause.args else ""
+    error = UnreadableShard(f"{url or 'a shard'}: cannot read the shard ({type(cause).__name__}: "
+                            f"{detail}); it is truncated or corrupt: {VERIFY_HINT}")
+    error.url, error.cause = url, cause
+    raise error from cause
 
 
 def shard_set_digest(manifest: dict, url: str, split: str = "train") -> str:
@@ -349,7 +392,7 @@ def slot_rows(config: LoaderConfig, slot: Sequence[ShardInfo], epoch: int, slot_
 
     stages = [
         wds.SimpleShardList([s.url for s in slot]),
-        wds.tarfile_to_samples(),
+        wds.tarfile_to_samples(handler=_unreadable_shard),
         wds.map(lambda sample: block_rows(sample, config.max_seq_length)),
         _flatten,
     ]

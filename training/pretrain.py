@@ -109,6 +109,49 @@ def shard_manifest(phase: PhaseConfig) -> dict:
     return read_shard_manifest(phase.train_shards)
 
 
+def check_phase_inputs(config: PretrainConfig) -> None:
+    """Every phase's shards, before the first step: a mistake in phase 2's inputs must not
+    surface after phase 1's hours. Per phase: the manifest, the sequence length, the vocabulary
+    (size, and the file's sha256 against `vocab_dir`'s: same-size vocabularies with other
+    tokens would train silently on ids the tokenizer does not mean), complete local shard
+    files. Across phases: one vocabulary, and NSP in all or none."""
+    from pipelines import storage
+    from training.loader import check_shard_files, list_shards
+
+    vocab_file, vocab_sha, vocab_size = None, None, None
+    if config.vocab_dir:
+        from pipelines.tokenization import read_vocab
+        vocab_file = config.vocab_dir if config.vocab_dir.endswith(".txt") else \
+            storage.join(config.vocab_dir, "vocab.txt")
+        vocab_size, vocab_sha = len(read_vocab(config.vocab_dir)), storage.sha256_file(vocab_file)
+    seen: dict[str, tuple[str, object]] = {}  # manifest key -> (first phase, its value)
+    for phase in config.phases:
+        manifest = shard_manifest(phase)
+        where = f"{phase.name}.train_shards={phase.train_shards}"
+        seq = manifest.get("max_seq_length")
+        if seq is not None and int(seq) != phase.max_seq_length:
+            raise ValueError(f"{where}: shards of max_seq_length {seq}, but "
+                             f"{phase.name}.max_seq_length is {phase.max_seq_length}")
+        recorded = (manifest.get("vocab") or {}).get("sha256")
+        if vocab_sha and recorded and recorded != vocab_sha:
+            raise ValueError(
+                f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
+                f"(sha256 {recorded[:12]}), but vocab_dir={config.vocab_dir} holds another "
+                f"({vocab_file}, sha256 {vocab_sha[:12]}): the token ids would not mean what "
+                "the exported tokenizer says. Point vocab_dir at the shards' vocabulary")
+        if vocab_size and manifest.get("vocab_size") and int(manifest["vocab_size"]) != vocab_size:
+            raise ValueError(f"{where}: shards made with vocab_size {manifest['vocab_size']}, "
+                             f"but vocab_dir={config.vocab_dir} holds {vocab_size} tokens")
+        for key, value in (("vocab_size", manifest.get("vocab_size")), ("vocab sha256", recorded),
+                           ("nsp", bool(manifest.get("nsp", True)))):
+            first = seen.setdefault(key, (phase.name, value))
+            if value is not None and first[1] is not None and value != first[1]:
+                raise ValueError(f"{where}: shards with {key} {value}, but {first[0]}'s have "
+                                 f"{first[1]}: every phase must train one model on one "
+                                 "vocabulary, with next-sentence pairs in all phases or none")
+        check_shard_files(list_shards(phase.train_shards, "train")[0])
+
+
 def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None):
     """`model.heads.BertForPreTraining` of the preset, sized to the shards' vocabulary."""
     from model import bert
@@ -211,7 +254,7 @@ def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bo
     """Whether to validate the phase: eval_batches > 0 and held-out shards exist (else skipped,
     with a warning). Checked at phase start: shards with fewer rows than one micro-batch per rank
     raise here, not at the first evaluation (where `validation_batches` would end the run)."""
-    from training.loader import list_shards
+    from training.loader import check_shard_files, list_shards
     if config.eval_batches == 0:
         return False
     source = build_loader(config, phase, dist, validation=True).source
@@ -221,6 +264,7 @@ def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bo
         if dist.is_main:
             log.warning("%s: no validation shards, validation skipped (%s)", phase.name, e)
         return False
+    check_shard_files(shards)
     rows, needed = sum(s.num_rows for s in shards), dist.world_size * phase.micro_batch_size
     if rows < needed:
         raise ValueError(
@@ -525,6 +569,7 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     as a preemption would; running again resumes. Returns the last checkpoint tag, the export
     folder (None if stopped early) and whether the run is complete."""
     dist = init_distributed()
+    check_phase_inputs(config)  # every rank: all of them must stop
     if config.export_hf and not config.vocab_dir:
         raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
                          "(or --set export_hf=false)")
