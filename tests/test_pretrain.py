@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import os
 import shutil
 import signal
@@ -693,3 +694,27 @@ def test_a_shard_that_breaks_while_read_is_named(data, tmp_path):
                                          r".*\); it is truncated or corrupt: check the folder"):
         for _ in zip(range(20), iter(loader)):
             pass
+
+
+def test_a_config_files_phases_merge_into_the_presets_phases_by_name(tmp_path, caplog):
+    """`{name: phase2, ...}` alone keeps phase 2's 512 tokens and learning rate (it used to
+    inherit phase 1's by position), and leaving phase 1 out is said, not silent."""
+    path = tmp_path / "run.yaml"
+    path.write_text("phases:\n  - {name: phase2, steps: 50, warmup_steps: 5}\n")
+    base = cfg.base()
+    with caplog.at_level(logging.WARNING, logger="training.config"):
+        config = cfg.resolve("base", str(path))
+    (phase,) = config.phases
+    assert (phase.name, phase.steps, phase.warmup_steps) == ("phase2", 50, 5)
+    assert (phase.max_seq_length, phase.learning_rate, phase.micro_batch_size) == (
+        base.phases[1].max_seq_length, base.phases[1].learning_rate,
+        base.phases[1].micro_batch_size) == (512, 1e-4, 8)
+    assert "the config file's phases ['phase2'] leave out the preset's ['phase1']: not run" \
+        in caplog.text
+    # Unnamed entries still merge by position; a new name starts from the defaults.
+    path.write_text("phases:\n  - {steps: 7, warmup_steps: 0}\n  - {name: extra, steps: 3, "
+                    "warmup_steps: 0, max_seq_length: 256}\n")
+    first, extra = cfg.resolve("base", str(path)).phases
+    assert (first.name, first.steps, first.max_seq_length) == ("phase1", 7, 128)
+    assert (extra.name, extra.steps, extra.max_seq_length, extra.learning_rate) == (
+        "extra", 3, 256, cfg.PhaseConfig().learning_rate)

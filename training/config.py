@@ -5,7 +5,8 @@ at 512 tokens). Each phase has its own shards, batch and learning-rate schedule;
 from phase 1's weights with a fresh optimizer and schedule.
 
 Overrides, applied in order after the preset:
-- `--config run.yaml` (or `.json`): a nested mapping of the fields below; `phases` a list.
+- `--config run.yaml` (or `.json`): a nested mapping of the fields below; `phases` a list,
+  the run's phases, each merged into the preset's phase of its name (`_merge_phases`).
 - `--set key=value` (repeatable): dotted keys, `zero_stage=2`, `phases.0.steps=300` or by phase
   name, `phase1.learning_rate=5e-4`. Each value is converted to its field's type by
   `training.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import typing
 from collections.abc import Mapping, Sequence
@@ -24,6 +26,8 @@ from typing import Any
 import yaml
 
 from training.settings import convert_setting
+
+log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "lamb")
@@ -238,17 +242,32 @@ def from_dict(data: Mapping[str, Any], base: PretrainConfig | None = None) -> Pr
         if key != "phases":
             _assign(merged, PretrainConfig, key, value, key)
             continue
-        if not isinstance(value, list):
-            raise TypeError("config key 'phases' must be a list of phase mappings")
-        phases = []
-        for i, raw in enumerate(value):
-            phase = dict(merged["phases"][i]) if i < len(merged["phases"]) else \
-                dataclasses.asdict(PhaseConfig())
-            for name, v in raw.items():
-                _assign(phase, PhaseConfig, name, v, f"phases.{i}.{name}")
-            phases.append(phase)
-        merged["phases"] = phases
+        merged["phases"] = _merge_phases(merged["phases"], value)
     return _build(merged)
+
+
+def _merge_phases(base: list[dict], entries: Any) -> list[dict]:
+    """A file's `phases` list is the run's phases, in its order. An entry with a `name` starts
+    from the base phase of that name (so `{name: phase2, steps: 10}` keeps phase 2's length
+    and learning rate), an unnamed one from the base phase at its position; phases of the base
+    the list leaves out are not run, and a warning says so."""
+    if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
+        raise TypeError("config key 'phases' must be a list of phase mappings")
+    by_name = {phase["name"]: phase for phase in base}
+    phases = []
+    for i, entry in enumerate(entries):
+        if "name" in entry:
+            phase = dict(by_name.get(str(entry["name"]), dataclasses.asdict(PhaseConfig())))
+        else:
+            phase = dict(base[i]) if i < len(base) else dataclasses.asdict(PhaseConfig())
+        for name, v in entry.items():
+            _assign(phase, PhaseConfig, name, v, f"phases.{i}.{name}")
+        phases.append(phase)
+    dropped = [name for name in by_name if name not in {p["name"] for p in phases}]
+    if dropped:
+        log.warning("the config file's phases %s leave out the preset's %s: not run",
+                    [p["name"] for p in phases], dropped)
+    return phases
 
 
 def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
