@@ -10,6 +10,7 @@ False). `tiny` reads the bundled sample; `base` and `large` have no default inpu
 from __future__ import annotations
 
 import dataclasses
+import glob
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -203,7 +204,28 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None) -> DagConfig:
     if glue and "://" in glue:
         raise ValueError(f"glue.data={glue!r}: the GLUE readers take a local folder (copy the "
                          "data onto the volume, e.g. /data/glue_data)")
+    if glue:
+        from model.glue.tasks import get_task
+        for name in cfg.glue.tasks:
+            try:
+                get_task(name)
+            except ValueError as e:
+                raise ValueError(f"setting glue.tasks={','.join(cfg.glue.tasks)}: "
+                                 f"{str(e).removeprefix('--tasks: ')}") from None
     return cfg
+
+
+def check_inputs_exist(cfg: DagConfig) -> None:
+    """Local input folders exist, checked where the flow runs (the worker, whose volumes the
+    paths name) before the first stage: a missing GLUE folder must not surface only after
+    pre-training. Remote inputs are checked by the jobs that read them."""
+    local = [("data.wikipedia", cfg.data.wikipedia), ("data.books", cfg.data.books),
+             ("glue.data", cfg.glue.data)]
+    for key, value in local:
+        for path in (value or "").split(","):
+            if path and "://" not in path and not glob.glob(path):
+                raise FileNotFoundError(f"setting {key}={value!r}: {path} matches no file or "
+                                        "folder here")
 
 
 def unset_settings(obj, prefix: str = "") -> list[str]:

@@ -19,7 +19,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
 from flows import steps
-from flows.config import DagConfig, resolve
+from flows.config import DagConfig, check_inputs_exist, resolve
 from flows.stages import StageResult
 
 # Stage outputs are content-addressed on disk; Prefect's own result caching stays off.
@@ -98,6 +98,7 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
         overrides = {"output": output, **(overrides or {})}
     cfg = resolve(preset, overrides)
     get_run_logger().info("resolved config:\n%s", steps.describe(cfg))
+    check_inputs_exist(cfg)
 
     wiki, books = extract_wikipedia.submit(cfg), extract_books.submit(cfg)
     sources = [s for s in (wiki.result(), books.result()) if s is not None]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from flows import steps
-from flows.config import parse_set_flags, resolve
+from flows.config import check_inputs_exist, parse_set_flags, resolve
 from flows.stages import run_stage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -355,3 +355,20 @@ def test_a_launched_job_gets_no_stale_rendezvous(monkeypatch):
            "os.environ['DS_ACCELERATOR'])"
     steps.run_subprocess([sys.executable, "-c", show], log=lines.append)
     assert lines[-1] == "None None cpu"
+
+
+def test_glue_task_names_and_local_inputs_are_checked_before_any_stage(tmp_path):
+    """A task typo fails at resolve; a GLUE folder missing where the flow runs fails before the
+    data stages (it used to surface after pre-training)."""
+    with pytest.raises(ValueError) as error:
+        resolve("tiny", {"glue": {"tasks": "rte,mrcp"}})
+    assert str(error.value).startswith("setting glue.tasks=rte,mrcp: unknown GLUE task 'mrcp'")
+    cfg = resolve("tiny", {"glue": {"data": str(tmp_path / "nowhere")}})
+    with pytest.raises(FileNotFoundError, match=r"setting glue\.data='.*nowhere': .*nowhere "
+                                                r"matches no file or folder here"):
+        check_inputs_exist(cfg)
+    books = f"{resolve('tiny').data.books},{tmp_path / 'missing.txt'}"
+    with pytest.raises(FileNotFoundError, match=r"setting data\.books=.*missing\.txt matches no"):
+        check_inputs_exist(resolve("tiny", {"data": {"books": books}}))
+    check_inputs_exist(resolve("tiny"))  # the bundled sample is all there
+    check_inputs_exist(resolve("tiny", {"data": {"wikipedia": "gs://b/wiki"}}))  # the job's
