@@ -718,3 +718,21 @@ def test_a_config_files_phases_merge_into_the_presets_phases_by_name(tmp_path, c
     assert (first.name, first.steps, first.max_seq_length) == ("phase1", 7, 128)
     assert (extra.name, extra.steps, extra.max_seq_length, extra.learning_rate) == (
         "extra", 3, 256, cfg.PhaseConfig().learning_rate)
+
+
+def test_bad_settings_and_inputs_are_one_line_errors_not_tracebacks(tmp_path):
+    """`bert-pretrain` with a bad value or a missing shard folder: exit 2 and the message
+    naming the setting or folder, no traceback (BERT_DEBUG=1 would show it)."""
+    command = [sys.executable, "-m", "training.pretrain", "--preset", "tiny",
+               "--set", f"output_dir={tmp_path / 'run'}", "--set", "export_hf=false"]
+    cases = [
+        (["--set", "zero_stage=4"], "bert-pretrain: error: --set zero_stage: must be 0, 1, 2 or 3"),
+        (["--set", f"phase1.train_shards={tmp_path / 'nowhere'}"],
+         (f"bert-pretrain: error: {tmp_path / 'nowhere' / 'manifest.json'}: cannot read the "
+          "shard manifest")),
+    ]
+    for extra, message in cases:
+        done = subprocess.run(command + extra, capture_output=True, text=True, timeout=300,
+                              cwd=REPO, env=subprocess_env(), check=False)
+        assert done.returncode == 2, done.stderr[-2000:]
+        assert message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]

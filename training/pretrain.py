@@ -709,7 +709,7 @@ def export_do_lower_case(manifest: dict, vocab_dir: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="bert-pretrain", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny", choices=sorted(cfg.PRESETS),
                         help="starting configuration (training/config.py)")
@@ -723,11 +723,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+USER_ERRORS = (ValueError, TypeError, FileNotFoundError)
+"""What bad settings and bad inputs raise: their messages name the setting or file, so the
+command prints the message alone (BERT_DEBUG=1 shows the traceback)."""
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = cfg.resolve(args.preset, args.config, args.set)
-    result = run(config, args.stop_after_steps)
+    debug = os.environ.get("BERT_DEBUG", "") not in ("", "0")
+    try:
+        config = cfg.resolve(args.preset, args.config, args.set)
+    except USER_ERRORS as e:
+        if debug:
+            raise
+        parser.error(str(e))
+    try:
+        result = run(config, args.stop_after_steps)
+    except USER_ERRORS as e:
+        if debug:
+            raise
+        rank = os.environ.get("RANK", "0")
+        print(f"bert-pretrain: error{f' (rank {rank})' if rank != '0' else ''}: {e}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     if int(os.environ.get("RANK", "0")) == 0:
         log.info("done: %s", result)
 
