@@ -736,3 +736,14 @@ def test_bad_settings_and_inputs_are_one_line_errors_not_tracebacks(tmp_path):
                               cwd=REPO, env=subprocess_env(), check=False)
         assert done.returncode == 2, done.stderr[-2000:]
         assert message in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_config_file_typo_is_named_as_the_files_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("lerning_rate: 1e-4\n")
+    with pytest.raises(ValueError, match=r"run\.yaml: config key lerning_rate: unknown field"):
+        cfg.resolve("tiny", str(path))
+    path.write_text("phases:\n  - {name: phase1, warm_up_steps: 5}\n")
+    with pytest.raises(ValueError, match=r"run\.yaml: config key phases\.0\.warm_up_steps: "
+                                         r"unknown field"):
+        cfg.resolve("tiny", str(path))

@@ -240,7 +240,7 @@ def from_dict(data: Mapping[str, Any], base: PretrainConfig | None = None) -> Pr
     merged = to_dict(base or PretrainConfig())
     for key, value in data.items():
         if key != "phases":
-            _assign(merged, PretrainConfig, key, value, key)
+            _assign(merged, PretrainConfig, key, value, key, origin="config key")
             continue
         merged["phases"] = _merge_phases(merged["phases"], value)
     return _build(merged)
@@ -261,7 +261,7 @@ def _merge_phases(base: list[dict], entries: Any) -> list[dict]:
         else:
             phase = dict(base[i]) if i < len(base) else dataclasses.asdict(PhaseConfig())
         for name, v in entry.items():
-            _assign(phase, PhaseConfig, name, v, f"phases.{i}.{name}")
+            _assign(phase, PhaseConfig, name, v, f"phases.{i}.{name}", origin="config key")
         phases.append(phase)
     dropped = [name for name in by_name if name not in {p["name"] for p in phases}]
     if dropped:
@@ -307,12 +307,14 @@ def apply_overrides(config: PretrainConfig, assignments: Sequence[str]) -> Pretr
     return _build(data)
 
 
-def _assign(target: dict, cls: type, name: str, raw: str, flag: str) -> None:
-    """target[name] = `raw` as the field's type, after checking that `cls` has that field."""
+def _assign(target: dict, cls: type, name: str, raw: Any, flag: str,
+            origin: str = "--set") -> None:
+    """target[name] = `raw` as the field's type, after checking that `cls` has that field.
+    Errors name `origin` and `flag` ("--set phases.0.steps", "config key phases.0.steps")."""
     fields = {f.name for f in dataclasses.fields(cls)} - {"phases"}
     if name not in fields:
-        raise ValueError(f"--set {flag}: unknown field (known: {sorted(fields)})")
-    target[name] = convert_setting(f"--set {flag}", raw, typing.get_type_hints(cls)[name])
+        raise ValueError(f"{origin} {flag}: unknown field (known: {sorted(fields)})")
+    target[name] = convert_setting(f"{origin} {flag}", raw, typing.get_type_hints(cls)[name])
 
 
 def _build(data: dict) -> PretrainConfig:
