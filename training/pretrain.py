@@ -229,7 +229,7 @@ def metric_sums(out, batch: dict[str, Tensor]) -> Tensor:
     """One micro-batch's METRIC_KEYS as a float64 vector on the device. Summed there and read
     (`.tolist()`) once per logging step: an `.item()` per value would stall a GPU's queue
     seven times per micro-batch."""
-    zero = out.loss.new_zeros(())
+    zero = out.loss.new_zeros((), dtype=torch.float64)  # not the loss's dtype: bf16 counts stop at 256
     nsp = (out.nsp_loss, out.nsp_correct, out.nsp_count) if out.nsp_loss is not None \
         else (zero, zero, zero)
     values = (out.loss, out.mlm_loss, out.mlm_correct, out.mlm_count, *nsp,
