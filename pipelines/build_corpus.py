@@ -270,6 +270,9 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
     if rows != counts["documents"]:
         raise RuntimeError(f"{config.output}: {rows} rows written but {counts['documents']} "
                            "documents counted")
+    if counts["documents"] == 0:
+        raise jobs.nothing_produced(f"documents ({counts['documents_read']} read)", config.input,
+                                    counts["bad_records"], dead_letters)
     manifest = {
         "stage": NAMESPACE,
         "config": dataclasses.asdict(config),
@@ -284,8 +287,11 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
     storage.write_manifest(config.output, manifest)
     manifest = storage.read_manifest(config.output)  # what later stages read (tuples as lists)
     log.info("build_corpus: %s", counts)
+    jobs.warn_dead_letters(log, NAMESPACE, counts["bad_records"], dead_letters)
     return manifest
 
 
 if __name__ == "__main__":
-    run()
+    import sys
+
+    sys.exit(jobs.main(NAMESPACE, run))

@@ -2,6 +2,9 @@
 
 Apache Beam's Python SDK ships no such executable; this one loads the job file (or module) and
 calls its `run(argv)`, so `beam run ...` and `python pipelines/<job>.py ...` are the same job.
+A user error (ValueError, FileNotFoundError, ... from the job's options or inputs) prints
+`<job>: error: <message>` and exits 2 (1: the job ran but produced nothing); `--debug` or
+BERT_DEBUG=1 shows the traceback.
 """
 from __future__ import annotations
 
@@ -46,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     job = load_job(args.job)
     if not hasattr(job, "run"):
         raise SystemExit(f"beam: {args.job} has no run(argv) function")
-    job.run(argv[2:])
-    return 0
+    from pipelines import jobs
+
+    # A user error (bad option, missing input, nothing produced) is one line, not a traceback.
+    return jobs.main(job.__name__.rsplit(".", 1)[-1], job.run, argv[2:])
 
 
 if __name__ == "__main__":

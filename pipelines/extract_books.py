@@ -13,7 +13,9 @@ Bad input is set aside in `<output>/dead_letter/` and counted, never dropped sil
 binary file, a file with no text left, an unreadable file (one record each), and a paragraph
 longer than --max_passage_chars (e.g. a 50 MB file with no line breaks: the paragraph is set
 aside with its size and line; the rest of that book is kept). Files whose name matches
---exclude (default: README*, LICENSE*, ...) are not books: they are skipped and listed.
+--exclude (default: README*, LICENSE*, ...) are not books: they are skipped and listed. A folder
+--input reads its subfolders too. A run whose files give no document at all writes no manifest
+and fails naming the input and its dead letters.
 
 Output: `documents-{i:05d}-of-{n:05d}.parquet` (pipelines.documents.DOCUMENT_SCHEMA), dead letters,
 and `manifest.json` written last (config + hash, counts, inputs, outputs with sha256).
@@ -202,6 +204,9 @@ def finish(config: ExtractBooksConfig, files: list[str], excluded: list[str],
         raise RuntimeError(f"{config.output}: {rows} rows written but {counts['documents']} "
                            "documents counted")
     counts = {**counts, "files_excluded": len(excluded)}
+    if counts["documents"] == 0:
+        raise jobs.nothing_produced(f"documents ({len(files)} file(s) read)", config.input,
+                                    counts["bad_records"], dead_letters)
     manifest = {
         "stage": NAMESPACE,
         "config": dataclasses.asdict(config),
@@ -215,8 +220,11 @@ def finish(config: ExtractBooksConfig, files: list[str], excluded: list[str],
     storage.write_manifest(config.output, manifest)
     manifest = storage.read_manifest(config.output)  # what later stages read (tuples as lists)
     log.info("extract_books: %s", counts)
+    jobs.warn_dead_letters(log, NAMESPACE, counts["bad_records"], dead_letters)
     return manifest
 
 
 if __name__ == "__main__":
-    run()
+    import sys
+
+    sys.exit(jobs.main(NAMESPACE, run))

@@ -10,7 +10,8 @@ streams them to `documents-{index:05d}-of-{count:05d}.parquet`, one file per spl
 order: the split plan depends only on the input files and the config, so a re-run writes the same
 bytes, whatever the runner or number of workers. Files are written under a temporary name and
 renamed. Pages that cannot be read go to `dead_letter/`; `manifest.json` (config, hash, counts,
-inputs, outputs with sha256) is written last.
+inputs, outputs with sha256) is written last. A run that keeps no article at all (e.g. its input
+is not a MediaWiki dump) writes no manifest and fails naming the input and its dead letters.
 """
 from __future__ import annotations
 
@@ -34,7 +35,10 @@ from pipelines.jobs import (
     configure_logging,
     job_parser,
     local_runner,
+    main,
+    nothing_produced,
     parse_job_args,
+    warn_dead_letters,
 )
 from pipelines.wiki_dump import DumpSplit, Page, iter_pages, plan_splits
 from pipelines.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
@@ -45,7 +49,8 @@ PREFIX = "documents"
 COUNT_NAMES = (
     "pages_read", "articles_kept", "skipped_redirect", "skipped_disambiguation",
     "skipped_namespace", "skipped_empty", "bad_records", "passages",
-    "passages_residue_dropped", "templates_removed", "page_bytes",
+    "passages_residue_dropped", "templates_removed", "templates_unclosed", "links_unclosed",
+    "page_bytes",
 )
 LOG = logging.getLogger(__name__)
 
@@ -209,6 +214,8 @@ def _finalise(results: list[SplitResult], output_dir: str, resolved_config: dict
     # Dead letters in split order, then file order: already deterministic, so not re-sorted.
     storage.atomic_write_text(parquet_io.dead_letter_path(output_dir), dead_letter_lines(results))
     manifest = summarise(results, resolved_config, inputs)
+    if manifest["counts"]["articles_kept"] == 0:
+        return  # nothing to mark complete: run() fails with the counts
     storage.write_manifest(output_dir, manifest)  # last: marks the output complete
 
 
@@ -231,6 +238,14 @@ def _config_from_args(args: argparse.Namespace) -> WikipediaConfig:
                               for f in dataclasses.fields(WikipediaConfig)})
 
 
+def dump_files(files: list[str]) -> list[str]:
+    """The dumps among `files`: a multistream dump's `...-index.txt.bz2` beside it (a folder
+    --input holds both, as Wikimedia publishes them) is how the dump is read, not a dump."""
+    indexes = {f.removesuffix(".xml.bz2") + "-index.txt.bz2" for f in files
+               if f.endswith(".xml.bz2")}
+    return [f for f in files if f not in indexes]
+
+
 def _indexed_splits(inputs: list[tuple[str, int]],
                     config: WikipediaConfig) -> list[tuple[int, DumpSplit]]:
     from tqdm import tqdm
@@ -248,7 +263,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     configure_logging()
     args, options = parse_job_args(build_parser(), argv)
     config = _config_from_args(args)
-    files = storage.expand_inputs(args.input)
+    files = dump_files(storage.expand_inputs(args.input))
     inputs = [(path, storage.file_size(path)) for path in files]
     # The output folder is where, not what: it stays out of the config (and its hash).
     resolved = {"input": files, **dataclasses.asdict(config)}
@@ -273,14 +288,23 @@ def run(argv: Sequence[str] | None = None) -> dict:
         )
     totals = parquet_io.query_counters(pipeline.result, METRICS_NAMESPACE, COUNT_NAMES)
     LOG.info("Beam metrics: %s", json.dumps(totals, sort_keys=True))
+    dead_letters = parquet_io.dead_letter_path(args.output)
     manifest = storage.read_manifest(args.output)
+    if manifest is None:
+        raise nothing_produced(f"documents ({totals['pages_read']} pages read, "
+                               f"{totals['skipped_redirect']} redirects, "
+                               f"{totals['skipped_empty']} empty)", args.input,
+                               totals["bad_records"], dead_letters)
     LOG.info("counts: %s", json.dumps(manifest["counts"], sort_keys=True))
+    warn_dead_letters(LOG, STAGE, manifest["counts"]["bad_records"], dead_letters)
     return manifest
 
 
 if __name__ == "__main__":
     # Run the module under its package name, so the classes Beam pickles for its workers are
     # `pipelines.extract_wikipedia.X`, importable there, not `__main__.X`.
+    import sys
+
     from pipelines import extract_wikipedia as _job  # noqa: PLW0406
 
-    _job.run()
+    sys.exit(main(STAGE, _job.run))

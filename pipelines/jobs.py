@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Sequence
+import os
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 DEAD_LETTER_DIR = "dead_letter"
@@ -67,3 +69,62 @@ def configure_logging() -> None:
     # Beam logs a root-logger warning at import; force our format over it.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
+
+
+class NoOutputError(ValueError):
+    """The job ran but its whole input gave nothing (0 documents, 0 instances): it fails, and
+    writes no manifest, so no later stage takes an empty folder for a finished one. A
+    ValueError: the input's values are what is wrong."""
+
+
+def nothing_produced(what: str, input_arg: str, num_bad: int, dead_letter_path: str
+                     ) -> NoOutputError:
+    """The one-line error of a job that produced no `what` from `input_arg`, with the first
+    dead letter's reason (most often the reason for all of them)."""
+    inputs = input_arg if isinstance(input_arg, str) else ",".join(input_arg)
+    first = _first_dead_letter(dead_letter_path) if num_bad else None
+    example = f" (first: {first['file']} {first['record']}: {first['reason']})" if first else ""
+    return NoOutputError(f"0 {what} from --input {inputs}: {num_bad} bad record(s) set aside "
+                         f"in {dead_letter_path}{example}; no manifest written")
+
+
+def _first_dead_letter(path: str) -> dict | None:
+    import json
+
+    from pipelines import storage
+    try:
+        with storage.open_read(path) as f:
+            line = f.readline()
+        return json.loads(line) if line.strip() else None
+    except (OSError, ValueError):
+        return None  # the summary is still right without its example
+
+
+def warn_dead_letters(logger: logging.Logger, job: str, num_bad: int, dead_letter_path: str) -> None:
+    """The closing warning of a job that set records aside (a success log alone hides them)."""
+    if num_bad:
+        logger.warning("%s: %d bad record(s) set aside in %s", job, num_bad, dead_letter_path)
+
+
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+               PermissionError, NoOutputError)
+"""What a user's options or inputs cause: reported in one line, not as a traceback."""
+DEBUG_ENV = "BERT_DEBUG"
+
+
+def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | None = None) -> int:
+    """A job's command line: `run(argv)`; a user error prints `<job>: error: <message>` and
+    returns 2 (1 when the job ran but produced nothing). `--debug` (or BERT_DEBUG=1)
+    re-raises it with its traceback; other exceptions are bugs and always keep theirs."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
+    try:
+        run(argv)
+    except USER_ERRORS as e:
+        if debug:
+            raise
+        message = str(e).strip() or type(e).__name__
+        print(f"{job}: error: {message}", file=sys.stderr)
+        return 1 if isinstance(e, NoOutputError) else 2
+    return 0

@@ -47,7 +47,9 @@ On Dataflow the same code runs with the standard Beam options, e.g. `--runner=Da
 `--sdk_container_image` built from infra/dataflow/Dockerfile) and gs:// paths for `--input`,
 `--vocab` and `--output`. Output: `{split}-{index:06d}.tar` shards (`pipelines/shard_format.py`;
 `next_sentence_label` 1 = random next), `dead_letter/make_shards.jsonl` and, written last,
-`manifest.json`; `python -m pipelines.verify_shards <output>` checks them.
+`manifest.json`; `python -m pipelines.verify_shards <output>` checks them. A binary text input is
+one dead letter; a run that makes no instance writes no manifest and fails (`jobs.NoOutputError`).
+Casing follows the vocabulary folder (`--do_lower_case` defaults to what it records).
 """
 from __future__ import annotations
 
@@ -144,9 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--do_whole_word_mask", type=_bool, nargs="?", const=True,
                         default=defaults.do_whole_word_mask,
                         help="mask all pieces of a word together")
-    parser.add_argument("--do_lower_case", type=_bool, nargs="?", const=True, default=True,
-                        help="lower-case input (default true; --do_lower_case=false for cased "
-                             "vocabularies)")
+    parser.add_argument("--do_lower_case", type=_bool, nargs="?", const=True, default=None,
+                        help="lower-case input (default: as the vocabulary folder's "
+                             "tokenizer_config.json says; true for a bare vocab.txt)")
     parser.add_argument("--no_next_sentence", action="store_true",
                         help="MLM-only: one segment per instance, no next-sentence pairs")
     job = ShardJobConfig()
@@ -183,12 +185,32 @@ def configs_from_args(args: argparse.Namespace) -> tuple[InstanceConfig, ShardJo
     job = ShardJobConfig(
         mode=args.mode, pack=args.pack, target_shard_mb=args.target_shard_mb,
         num_shards=args.num_shards, rows_per_block=args.rows_per_block, format=args.format,
-        validation_fraction=args.validation_fraction, do_lower_case=args.do_lower_case,
+        validation_fraction=args.validation_fraction,
+        do_lower_case=resolve_do_lower_case(args.do_lower_case, args.vocab),
         join_buckets=args.join_buckets, read_part_kb=args.read_part_kb,
         instances_per_pack_bucket=args.instances_per_pack_bucket)
     if cfg.max_seq_length > 65535:
         raise ValueError("--max_seq_length must fit the shard format's uint16 positions")
     return cfg, job
+
+
+def resolve_do_lower_case(flag: bool | None, vocab_path: str) -> bool:
+    """--do_lower_case, defaulting to the casing the vocabulary folder records.
+
+    A cased vocabulary lower-cased (or the reverse) maps much of the text to [UNK] or to the
+    wrong pieces without any error, so a flag that contradicts the folder is refused. A bare
+    vocab.txt records nothing: lower case, the reference's default.
+    """
+    from pipelines.tokenization import recorded_lower_case
+
+    recorded = recorded_lower_case(vocab_path)
+    if flag is None:
+        return True if recorded is None else recorded
+    if recorded is not None and flag != recorded:
+        raise ValueError(f"--do_lower_case={str(flag).lower()} contradicts --vocab {vocab_path}, "
+                         f"whose tokenizer files say do_lower_case={str(recorded).lower()}; "
+                         "leave the flag out to follow the vocabulary")
+    return flag
 
 
 # ----------------------------------------------------------------------------------------------
@@ -688,6 +710,8 @@ def output_options(options: dict, job: ShardJobConfig) -> dict:
 def build_manifest(infos: list[shards.ShardInfo], options: dict, vocab_path: str,
                    vocab_size: int, cfg: InstanceConfig, job: ShardJobConfig,
                    counters: dict) -> dict:
+    from pipelines.tokenization import is_vocab_folder
+
     infos = sorted(infos, key=lambda i: (shards.SPLITS.index(i.split), i.index))
     totals = shards.ShardStats()
     splits = {}
@@ -705,9 +729,8 @@ def build_manifest(infos: list[shards.ShardInfo], options: dict, vocab_path: str
                          "min_rows_per_shard": min(per), "max_rows_per_shard": max(per)}
     L = cfg.max_seq_length
     edges = [round(b * (L + 1) / shards.HISTOGRAM_BINS) for b in range(shards.HISTOGRAM_BINS + 1)]
-    is_folder = (vocab_path.endswith("/") or not vocab_path.endswith(".txt")
-                 if storage.is_remote(vocab_path) else os.path.isdir(vocab_path))
-    vocab_file = storage.join(vocab_path.rstrip("/"), "vocab.txt") if is_folder else vocab_path
+    vocab_file = (storage.join(vocab_path.rstrip("/"), "vocab.txt") if is_vocab_folder(vocab_path)
+                  else vocab_path)
     return {
         "stage": "make_shards",
         "options": options,
@@ -779,12 +802,19 @@ def run(argv: list[str] | None = None) -> dict:
         logger.info("removed %d shard(s) left from an earlier run", len(stale))
     counters["seconds"] = round(time.perf_counter() - start, 3)
     manifest = build_manifest(infos, options, args.vocab, vocab_size, cfg, job, counters)
+    dead_letters = storage.join(args.output, jobs.DEAD_LETTER_DIR, "make_shards.jsonl")
+    num_bad = counters.get("bad_records", 0)
+    if manifest["totals"]["num_instances"] == 0:
+        raise jobs.nothing_produced(f"instances ({counters.get('documents', 0)} documents, "
+                                    f"{counters.get('empty_documents', 0)} empty)", args.input,
+                                    num_bad, dead_letters)
     storage.write_manifest(args.output, manifest)
     t = manifest["totals"]
     logger.info("make_shards: %d instances in %d rows, %d shards, %.1f s (%.0f instances/s); "
                 "random-next share %.3f, padding share %.3f", t["num_instances"], t["num_rows"],
                 len(infos), counters["seconds"], t["num_instances"] / max(counters["seconds"], 1e-9),
                 t["random_next_share"], t["padding_share"])
+    jobs.warn_dead_letters(logger, "make_shards", num_bad, dead_letters)
     return manifest
 
 
@@ -810,4 +840,4 @@ if __name__ == "__main__":
     # `pipelines.make_shards.X`, importable there, not `__main__.X`.
     from pipelines import make_shards as _job  # noqa: PLW0406
 
-    _job.run()
+    sys.exit(jobs.main("make_shards", _job.run))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipelines import jobs
+from pipelines.books import BookConfig, control_fraction
 from pipelines.tokenization import encode_like_reference
 
 logger = logging.getLogger("make_shards")
@@ -78,8 +79,9 @@ def parse_reference_text(data: bytes, file: str) -> tuple[list[list[str]], list[
 
     Lines split on "\\n" only and are stripped, as the reference reads them; a blank line ends a
     document. Bytes that are not UTF-8 are dropped as the reference does, and each such line is
-    reported so nothing changes silently.
+    reported so nothing changes silently. A binary file raises ValueError (`check_text`).
     """
+    check_text(data, file)
     docs: list[list[str]] = [[]]
     bad: list[jobs.BadRecord] = []
     for number, raw in enumerate(data.split(b"\n"), 1):
@@ -95,6 +97,17 @@ def parse_reference_text(data: bytes, file: str) -> tuple[list[list[str]], list[
         elif docs[-1]:
             docs.append([])
     return [d for d in docs if d], bad
+
+
+def check_text(data: bytes, file: str,
+               max_control_fraction: float = BookConfig.max_control_fraction) -> None:
+    """Raises ValueError naming `file` when its bytes are binary, not text (extract_books' test:
+    `books.control_fraction` over its default limit), so a stray archive or model file is one
+    dead letter, not thousands of garbage instances."""
+    share = control_fraction(data)
+    if share > max_control_fraction:
+        raise ValueError(f"{file}: binary, not text: {share:.1%} of bytes are control characters "
+                         f"such as NUL (over {max_control_fraction:.0%})")
 
 
 def open_ends(data: bytes) -> tuple[bool, bool] | None:

@@ -169,29 +169,86 @@ def read_manifest(output_dir: str) -> dict | None:
     return read_json(path) if exists(path) else None
 
 
+SIDE_OUTPUT_DIRS = frozenset({"dead_letter", "duplicates"})
+"""Folders our jobs write next to their outputs (set-aside records, removed duplicates): never
+inputs of a later stage, so a folder --input does not descend into them (jobs.DEAD_LETTER_DIR,
+build_corpus.DUPLICATES_FILE)."""
+_TEMP_PREFIXES = (".", "beam-temp-")
+"""Hidden entries and the temporary folders Beam's file sinks leave when a job dies."""
+_GLOB_CHARS = frozenset("*?[")
+
+
 def expand_inputs(pattern: str | list[str]) -> list[str]:
     """Resolve `--input` (a file, a glob, a folder, or a comma-separated list of them) to files.
 
-    Folders expand to the files directly inside them (hidden files and manifests skipped).
-    Raises FileNotFoundError naming the pattern when nothing matches.
+    A folder expands to every file under it, subfolders included, in sorted path order (so a
+    run is deterministic), skipping hidden entries, manifests and our jobs' side outputs
+    (`SIDE_OUTPUT_DIRS`). A remote path is a folder when it ends with "/", or when no object has
+    that exact name but objects sit under it (`gs://bucket/books`). A glob matches what it says
+    (`*` stays inside one folder). Raises FileNotFoundError naming the pattern when nothing
+    matches.
     """
     from apache_beam.io.filesystems import FileSystems
 
     patterns = pattern if isinstance(pattern, list) else [p for p in str(pattern).split(",") if p]
     files: list[str] = []
     for p in patterns:
-        if not is_remote(p) and os.path.isdir(p):
-            p = os.path.join(p, "*")
-        elif is_remote(p) and p.endswith("/"):
-            p = p + "*"
-        matches = FileSystems.match([p])[0].metadata_list
-        found = sorted(
-            m.path for m in matches
-            if not os.path.basename(m.path).startswith(".")
-            and os.path.basename(m.path) != MANIFEST_NAME
-            and (is_remote(m.path) or os.path.isfile(m.path))
-        )
+        if _is_folder(p):
+            found = folder_files(p)
+        else:
+            matches = FileSystems.match([p])[0].metadata_list
+            found = sorted(m.path for m in matches if _is_input_name(os.path.basename(m.path))
+                           and (is_remote(m.path) or os.path.isfile(m.path)))
         if not found:
             raise FileNotFoundError(f"--input {p!r} matches no files")
         files.extend(found)
     return files
+
+
+def _is_folder(path: str) -> bool:
+    if not is_remote(path):
+        return os.path.isdir(path)
+    if path.endswith("/"):
+        return True
+    if _GLOB_CHARS & set(path):
+        return False
+    from apache_beam.io.filesystems import FileSystems
+    # An object store has no folders: `gs://b/books` is one when no object has that very name.
+    return not FileSystems.match([path])[0].metadata_list
+
+
+def folder_files(folder: str) -> list[str]:
+    """Every input file under `folder`, recursively, sorted; see `expand_inputs`."""
+    base = str(folder).rstrip("/") or "/"
+    if is_remote(base):
+        from apache_beam.io.filesystems import FileSystems
+        # Object stores list by prefix; `**` crosses "/" in Beam's patterns.
+        paths = [m.path for m in FileSystems.match([f"{base}/**"])[0].metadata_list]
+    else:
+        paths = list(_walk_local(base))
+    found = []
+    for path in paths:
+        parts = path[len(base):].lstrip("/").split("/")
+        if (all(_is_input_name(part) for part in parts)
+                and not SIDE_OUTPUT_DIRS & set(parts[:-1])
+                and (is_remote(path) or os.path.isfile(path))):
+            found.append(path)
+    return sorted(found)
+
+
+def _walk_local(base: str) -> Iterator[str]:
+    """Files under a local folder. Symlinked subfolders are followed (a linked book folder must
+    not vanish), each real folder once (a link to an ancestor is no endless loop)."""
+    seen: set[str] = set()
+    for root, dirs, files in os.walk(base, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        dirs[:] = [d for d in dirs if _is_input_name(d) and d not in SIDE_OUTPUT_DIRS]
+        yield from (os.path.join(root, name) for name in files)
+
+
+def _is_input_name(name: str) -> bool:
+    return bool(name) and not name.startswith(_TEMP_PREFIXES) and name != MANIFEST_NAME

@@ -31,8 +31,8 @@ def read_vocab(path: str) -> list[str]:
     """Vocabulary tokens in file order from a `vocab.txt` or a folder holding one."""
     from pipelines import storage
 
-    if not storage.is_remote(path) and os.path.isdir(path):
-        path = os.path.join(path, "vocab.txt")
+    if is_vocab_folder(path):
+        path = storage.join(path.rstrip("/"), "vocab.txt")
     with storage.open_read(path) as f:
         tokens = [line.rstrip("\n").rstrip("\r") for line in f]
     while tokens and tokens[-1] == "":
@@ -43,6 +43,34 @@ def read_vocab(path: str) -> list[str]:
     if missing:
         raise ValueError(f"{path}: vocabulary lacks special tokens {missing}")
     return tokens
+
+
+def is_vocab_folder(path: str) -> bool:
+    """A vocabulary folder rather than a vocab.txt: a local folder, or a remote path that ends
+    with "/" or does not name a .txt file (`gs://bucket/vocab`)."""
+    from pipelines import storage
+
+    if storage.is_remote(path):
+        return path.endswith("/") or not path.endswith(".txt")
+    return os.path.isdir(path)
+
+
+def recorded_lower_case(vocab_path: str) -> bool | None:
+    """The casing a vocabulary folder records in `tokenizer_config.json` (`do_lower_case`, as
+    transformers and train_vocab write it), or None when it records none (a bare vocab.txt).
+
+    The same rule as `model.hf.vocab_do_lower_case`, which decides the exported tokenizer: shards
+    and export must agree.
+    """
+    from pipelines import storage
+
+    config_path = storage.join(vocab_path.rstrip("/"), "tokenizer_config.json")
+    if not is_vocab_folder(vocab_path) or not storage.exists(config_path):
+        return None
+    value = storage.read_json(config_path).get("do_lower_case")
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{config_path}: do_lower_case must be true or false, got {value!r}")
+    return value
 
 
 def bert_normalizer(do_lower_case: bool) -> normalizers.Normalizer:

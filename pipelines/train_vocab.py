@@ -191,12 +191,17 @@ class CountWords(beam.PTransform):
 def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str], *,
                   output: str, config: VocabConfig, inputs: list[str], input_arg: str,
                   num_texts: int, show_progress: bool) -> str:
-    """Train on the exact counts and write the vocabulary folder; manifest.json last."""
+    """Train on the exact counts and write the vocabulary folder; manifest.json last.
+
+    No words at all: only the dead letters are written (run() then fails naming them); raising
+    here would bury the message in the runner's traceback."""
     word_counts = dict(word_count_pairs)
     if not word_counts:
-        raise ValueError(f"--input {input_arg!r}: no words in its {len(inputs)} file(s) "
-                         f"({num_texts} texts, {len(bad_records)} bad records): "
-                         f"{', '.join(inputs[:5])}")
+        logger.error("no words in %d file(s) (%d texts, %d bad records): %s", len(inputs),
+                     num_texts, len(bad_records), ", ".join(inputs[:5]))
+        storage.makedirs(output)
+        parquet_io.write_dead_letters(output, bad_records)
+        return ""
     logger.info("training WordPiece (%d entries) on %d unique words, %d in all",
                 config.vocab_size, len(word_counts), sum(word_counts.values()))
     started = time.monotonic()
@@ -252,10 +257,17 @@ def run(argv: Sequence[str] | None = None) -> dict:
                  num_texts=beam.pvalue.AsSingleton(num_texts),
                  show_progress=not args.no_progress))
     manifest = storage.read_manifest(args.output)
+    dead_letters = parquet_io.dead_letter_path(args.output)
     if manifest is None:
-        raise RuntimeError(f"train_vocab: the pipeline finished without {args.output}/manifest.json")
+        with storage.open_read(dead_letters) as f:
+            num_bad = sum(1 for line in f if line.strip())
+        raise jobs.nothing_produced(f"words ({len(inputs)} file(s): {', '.join(inputs[:5])})",
+                                    args.input, num_bad, dead_letters)
+    jobs.warn_dead_letters(logger, "train_vocab", manifest["num_bad_records"], dead_letters)
     return manifest
 
 
 if __name__ == "__main__":
-    run()
+    import sys
+
+    sys.exit(jobs.main("train_vocab", run))

@@ -221,8 +221,9 @@ def _render_template(inner: str, counter: Counter) -> str:
     return _remove_templates(render(args[1:]), counter)
 
 
-def _brace_spans(text: str) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]]:
-    """Outermost `{{...}}` (width 2) and `{{{...}}}` (width 3) spans, and unmatched braces.
+def _brace_spans(text: str) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]], int]:
+    """Outermost `{{...}}` (width 2) and `{{{...}}}` (width 3) spans, unmatched braces, and the
+    number of `{{` runs never closed.
 
     Runs of braces pair up as in MediaWiki's preprocessor: a closing run takes 3 braces from the
     innermost open run when both have at least 3 (a parameter), else 2 (a template), so
@@ -249,13 +250,16 @@ def _brace_spans(text: str) -> tuple[list[tuple[int, int, int]], list[tuple[int,
                     stray.append((top[0], top[0] + 1))
         if left:
             stray.append((pos, pos + left))
-    # An unclosed "{{name" is never prose: drop it with the rest of its line.
+    # An unclosed "{{name" is never prose: drop it with the rest of its line. Its argument
+    # lines may still leak into a passage: the caller counts it (templates_unclosed).
     stray.extend((start, _line_end(text, start)) for start, _ in stack)
     outer: list[tuple[int, int, int]] = []
     for span in sorted(closed):
         if not outer or span[0] >= outer[-1][1]:
             outer.append(span)
-    return outer, _not_inside(sorted(stray), [(s, e) for s, e, _ in outer])
+    unclosed = len(_not_inside([(start, start + 1) for start, _ in stack],
+                               [(s, e) for s, e, _ in outer]))
+    return outer, _not_inside(sorted(stray), [(s, e) for s, e, _ in outer]), unclosed
 
 
 def _line_end(text: str, start: int) -> int:
@@ -266,7 +270,9 @@ def _line_end(text: str, start: int) -> int:
 def _remove_templates(text: str, counter: Counter) -> str:
     if "{{" not in text and "}}" not in text:
         return text
-    outer, stray = _brace_spans(text)
+    outer, stray, unclosed = _brace_spans(text)
+    if unclosed:
+        counter("templates_unclosed", unclosed)
     pieces, pos = [], 0
     for start, end, width in sorted(outer + [(s, e, 0) for s, e in stray]):
         if start < pos:
@@ -360,7 +366,7 @@ def _render_link(inner: str) -> str:
     return target.strip().lstrip(":").split("#", 1)[0] or target.strip().lstrip(":#")
 
 
-def _replace_links(text: str) -> str:
+def _replace_links(text: str, counter: Counter = _no_count) -> str:
     # Innermost links first: a file caption's own links become text, then the whole file link
     # goes in the next round. Each round is one linear regex pass; rounds = nesting depth.
     while "[[" in text:
@@ -369,6 +375,8 @@ def _replace_links(text: str) -> str:
             break
         text = replaced
     if "[[" in text or "]]" in text:  # unmatched: MediaWiki shows the brackets as text
+        # An unclosed "[[target|label" leaks its target and pipe into the passage: counted.
+        counter("links_unclosed", text.count("[["))
         text = text.replace("[[", "").replace("]]", "")
     if "[" in text:
         text = _EXTERNAL_LINK.sub(lambda m: m.group(1) or m.group(2) or "", text)
@@ -470,7 +478,7 @@ def clean_wikitext(wikitext: str, counter: Counter = _no_count) -> str:
     text = _remove_templates(text, counter)
     text = _strip_tags(text)
     text = _drop_tables(text)
-    return _replace_links(text)
+    return _replace_links(text, counter)
 
 
 def extract_passages(wikitext: str, counter: Counter = _no_count) -> list[str]:
@@ -478,8 +486,10 @@ def extract_passages(wikitext: str, counter: Counter = _no_count) -> list[str]:
 
     Lists, tables, headings, templates, references, files, categories, comments and HTML tags are
     dropped; link text and bold/italic text stay; entities are decoded. `counter(name, n)` receives
-    "templates_removed" and "passages_residue_dropped" (a paragraph still holding markup after
-    cleaning, e.g. from markup too broken to interpret: dropped rather than emitted).
+    "templates_removed", "passages_residue_dropped" (a paragraph still holding markup after
+    cleaning, e.g. from markup too broken to interpret: dropped rather than emitted), and
+    "templates_unclosed" / "links_unclosed" (a `{{` or `[[` never closed: its line is dropped or
+    its brackets removed, but text of it may remain in a passage).
     """
     paragraphs = _paragraphs(clean_wikitext(wikitext, counter))
     passages = [p for p in _clean_inline("\n".join(paragraphs)) if _has_text(p)]

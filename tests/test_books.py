@@ -12,7 +12,7 @@ import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines import books, extract_books
+from pipelines import books, extract_books, jobs
 from pipelines.documents import DOCUMENT_SCHEMA
 
 BOOK_NAMES = ["austen-emma", "austen-persuasion", "austen-sense", "blake-poems",
@@ -380,3 +380,39 @@ def test_rerun_into_the_same_folder_leaves_no_stale_shard(tmp_path):
         "dead_letter", "documents-00000-of-00001.parquet", "manifest.json"]
     assert manifest["counts"]["documents"] == 4 and manifest["counts"]["decoded_fallback"] == 2
     assert manifest["counts"]["gutenberg_footers_stripped"] == 1
+
+
+def test_a_folder_input_reads_its_subfolders(shared_data, tmp_path):
+    """books/fiction/caesar.txt and books/poetry/blake.txt are books too (sorted, deterministic);
+    a dead_letter/ folder left by an earlier run is not."""
+    src = tmp_path / "books"
+    for name, book in [("crlf.txt", "austen-persuasion.txt"),
+                       ("fiction/caesar.txt", "shakespeare-caesar.txt"),
+                       ("poetry/blake.txt", "blake-poems.txt")]:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes((shared_data / "books" / book).read_bytes())
+    (src / "dead_letter").mkdir()
+    (src / "dead_letter" / "dead_letter-00000-of-00001.jsonl").write_text('{"file": "x"}\n')
+    manifest = extract_books.run(["--input", str(src), "--output", str(tmp_path / "out")])
+    assert [i["path"] for i in manifest["inputs"]] == [
+        str(src / "crlf.txt"), str(src / "fiction" / "caesar.txt"), str(src / "poetry" / "blake.txt")]
+    assert [d["doc_id"] for d in _read_docs(tmp_path / "out")] == [
+        "books/blake", "books/caesar", "books/crlf"]
+    assert (manifest["counts"]["documents"], manifest["counts"]["files_excluded"]) == (3, 0)
+
+
+def test_only_bad_files_fail_the_run_without_a_manifest(shared_data, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    (src / "empty.txt").write_bytes(b"")
+    (src / "weights.bin").write_bytes(b"\x00\x01\x02\xff" * 50_000)
+    out = tmp_path / "out"
+    with pytest.raises(jobs.NoOutputError, match=(
+            rf"^0 documents \(2 file\(s\) read\) from --input {re.escape(str(src))}: 2 bad "
+            rf"record\(s\) set aside in {re.escape(str(out))}/dead_letter/dead_letter-00000-of-"
+            rf"00001.jsonl \(first: {re.escape(str(src / 'empty.txt'))} file: empty file\); "
+            "no manifest written$")):
+        extract_books.run(["--input", str(src), "--output", str(out)])
+    assert not (out / "manifest.json").exists()
+    assert len((out / "dead_letter" / "dead_letter-00000-of-00001.jsonl").read_text()
+               .splitlines()) == 2

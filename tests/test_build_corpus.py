@@ -11,7 +11,7 @@ import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines import build_corpus, extract_books, extract_wikipedia, parquet_io, storage
+from pipelines import build_corpus, extract_books, extract_wikipedia, jobs, parquet_io, storage
 from pipelines.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
 from pipelines.sentences import split_passages
 
@@ -227,3 +227,17 @@ def test_corrupt_parquet_is_a_dead_letter_and_the_rest_kept(tmp_path):
     letter = json.loads(letter)
     assert (letter["file"], letter["record"]) == (str(broken), "rows after 0")
     assert letter["reason"].startswith("unreadable Parquet: ")
+
+
+def test_no_document_left_fails_the_run_without_a_manifest(tmp_path):
+    """Every document set aside or removed: a failure, not an empty corpus. (The two texts are
+    both empty after normalisation: one is a duplicate, the kept one has no sentence.)"""
+    folder = write_documents(tmp_path / "docs", [doc("books/a", ["   "], "a.txt"),
+                                                 doc("books/b", [], "b.txt")])
+    out = tmp_path / "corpus"
+    with pytest.raises(jobs.NoOutputError, match=(
+            r"^0 documents \(2 read\) from --input .*docs: 1 bad record\(s\) set aside in "
+            r".*corpus/dead_letter/dead_letter-00000-of-00001.jsonl \(first: a.txt books/a: "
+            r"document has no sentence\); no manifest written$")):
+        build_corpus.run(["--input", str(folder), "--output", str(out)])
+    assert not (out / "manifest.json").exists()

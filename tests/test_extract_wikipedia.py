@@ -22,7 +22,7 @@ import pytest
 
 from pipelines import extract_wikipedia, storage
 from pipelines.documents import DOCUMENT_SCHEMA
-from pipelines.jobs import BadRecord
+from pipelines.jobs import BadRecord, NoOutputError
 from pipelines.wiki_dump import Page, bz2_stream_offsets, iter_pages, plan_splits
 
 DUMP = "wiki/enwiki-dbpedia-minidump-pages-articles.xml.bz2"
@@ -102,6 +102,8 @@ def test_job_counts_exactly(job_output, dump):
         "skipped_disambiguation": 1, "skipped_namespace": 1, "skipped_empty": 0,
         "bad_records": 0, "passages": NUM_PASSAGES, "passages_residue_dropped": 0}
     assert counts["page_bytes"] == 1547257  # the XML of the 27 <page> elements
+    # Kerala Agricultural University's list line "*College of Forestry, ..., [[Thrissur]".
+    assert (counts["templates_unclosed"], counts["links_unclosed"]) == (0, 1)
     assert manifest["inputs"] == [{"path": str(dump), "size_bytes": 421382}]
 
 
@@ -528,3 +530,41 @@ def test_old_exports_without_ns_use_the_title_prefix(tmp_path):
     assert [(p.page_id, p.namespace, p.text) for p in pages] == [
         (1, 0, "Text of Kill Bill: Volume 1."), (2, 1, "Text of Talk:Berlin."),
         (3, 1, "Text of Category:Cities.")]
+
+
+def test_input_with_no_article_fails_naming_it_and_writes_no_manifest(shared_data, dump_xml,
+                                                                       tmp_path):
+    """A book (.txt) or a gzipped dump (a format the reader does not take) gives no article:
+    the run fails with the reason instead of finishing "complete" and empty."""
+    import gzip
+
+    gz = tmp_path / "dump.xml.gz"
+    gz.write_bytes(gzip.compress(dump_xml))
+    for path in (shared_data / "books" / "shakespeare-caesar.txt", gz):
+        out = tmp_path / f"out_{path.name}"
+        with pytest.raises(NoOutputError, match=(
+                rf"^0 documents \(0 pages read, 0 redirects, 0 empty\) from --input "
+                rf"{re.escape(str(path))}: 1 bad record\(s\) set aside in "
+                rf"{re.escape(str(out))}/dead_letter/dead_letter-00000-of-00001.jsonl \(first: "
+                rf"{re.escape(str(path))} file: no <page> element: not a MediaWiki XML dump\); "
+                "no manifest written$")):
+            run_job(path, out)
+        assert not (out / storage.MANIFEST_NAME).exists()
+
+
+
+def test_a_folder_with_a_multistream_dump_and_its_index_reads_the_dump_once(
+        multistream_output, job_output, tmp_path):
+    """Wikimedia publishes the index beside the dump: the index is how the dump is cut, not
+    a second input (read as a dump it would be a dead letter)."""
+    path, _, _ = multistream_output
+    folder = tmp_path / "dumps"
+    (folder / "enwiki").mkdir(parents=True)
+    dump = folder / "enwiki" / path.name
+    dump.write_bytes(path.read_bytes())
+    offsets = bz2_stream_offsets(str(dump))
+    (folder / "enwiki" / "mini-multistream-index.txt.bz2").write_bytes(bz2.compress("".join(
+        f"{offset}:{n}:Title {n}\n" for n, offset in enumerate(offsets[1:-1])).encode()))
+    manifest = run_job(folder, tmp_path / "out", *DEBUG_ARGS)
+    assert [i["path"] for i in manifest["inputs"]] == [str(dump)]
+    assert manifest["counts"] == job_output[1]["counts"]

@@ -1,6 +1,7 @@
 """The shared foundation: atomic writes, input expansion, the beam command, the tokenizer."""
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines import shard_format, storage
+from pipelines import jobs, shard_format, storage
 from pipelines.tokenization import load_tokenizer, read_vocab, save_tokenizer_folder
 
 
@@ -121,3 +122,148 @@ def test_beam_command_runs_the_job_file_it_is_given(tmp_path):
     missing = subprocess.run([beam, "run", str(tmp_path / "nope.py")], check=False,
                              capture_output=True, text=True)
     assert missing.returncode != 0 and "no job file" in missing.stderr
+
+
+def test_expand_inputs_walks_subfolders_in_sorted_order_skipping_side_outputs(tmp_path):
+    """A folder is every file under it (books/fiction/..., books/poetry/...), never our jobs'
+    dead letters, duplicates or manifests, hidden entries or Beam's leftover temp folders."""
+    books = tmp_path / "books"
+    inputs = ["crlf.txt", "fiction/caesar.txt", "poetry/blake.txt", "poetry/old/x.txt"]
+    skipped = [".git/HEAD", "poetry/.draft.txt", "dead_letter/dead_letter-00000-of-00001.jsonl",
+               "duplicates/duplicates-00000-of-00001.jsonl", "poetry/manifest.json",
+               "manifest.json", "beam-temp-make_shards-1f2e/part"]
+    for name in inputs + skipped:
+        (books / name).parent.mkdir(parents=True, exist_ok=True)
+        (books / name).write_text("x")
+    (books / "poetry" / "again").symlink_to(books)  # a loop: each real folder read once
+    linked = tmp_path / "linked"
+    (linked / "drama").mkdir(parents=True)
+    (linked / "drama" / "hamlet.txt").write_text("x")
+    (books / "linked").symlink_to(linked)  # a linked folder of books is read like any other
+    inputs.insert(2, "linked/drama/hamlet.txt")
+    expected = [str(books / name) for name in inputs]
+    assert storage.expand_inputs(str(books)) == expected
+    assert storage.expand_inputs(str(books) + "/") == expected
+    # A glob is what it says: `*` stays in one folder.
+    assert storage.expand_inputs(str(books / "*")) == [str(books / "crlf.txt")]
+
+
+_OBJECTS: dict[str, bytes] = {}
+"""Objects by full name, as an object store (gs://, s3://) holds them: no folders."""
+
+
+@functools.cache
+def _object_store_filesystem():
+    """A Beam filesystem for the `objtest://` scheme over `_OBJECTS` (Beam finds every
+    FileSystem subclass by its scheme, so it is defined once), listing by prefix as GCS does."""
+    from apache_beam.io.filesystem import FileMetadata, FileSystem
+
+    class ObjectStoreFileSystem(FileSystem):
+        @classmethod
+        def scheme(cls):
+            return "objtest"
+
+        def join(self, base, *paths):
+            return "/".join([base.rstrip("/"), *paths])
+
+        def split(self, path):
+            return tuple(path.rsplit("/", 1))
+
+        def has_dirs(self):
+            return False
+
+        def exists(self, path):
+            return path in _OBJECTS
+
+        def size(self, path):
+            return len(_OBJECTS[path])
+
+        def last_updated(self, path):
+            return 0.0
+
+        def metadata(self, path):
+            return FileMetadata(path, self.size(path), 0.0)
+
+        def _list(self, prefix):
+            for name in sorted(_OBJECTS):
+                if name.startswith(prefix):
+                    yield self.metadata(name)
+
+        def mkdirs(self, path):
+            pass
+
+        def open(self, path, *args, **kwargs):
+            import io
+            return io.BytesIO(_OBJECTS[path])
+
+        def create(self, path, *args, **kwargs):
+            raise NotImplementedError
+
+        copy = rename = delete = checksum = create
+
+    return ObjectStoreFileSystem
+
+
+def test_expand_inputs_remote_folder_with_or_without_trailing_slash():
+    _object_store_filesystem()
+    _OBJECTS.clear()
+    _OBJECTS.update({f"objtest://bucket/{name}": b"x" for name in (
+        "books/crlf.txt", "books/fiction/caesar.txt", "books/dead_letter/d.jsonl",
+        "books/.hidden", "books/manifest.json", "books2/other.txt", "single.txt")})
+    expected = ["objtest://bucket/books/crlf.txt", "objtest://bucket/books/fiction/caesar.txt"]
+    assert storage.expand_inputs("objtest://bucket/books/") == expected
+    assert storage.expand_inputs("objtest://bucket/books") == expected  # the README's spelling
+    assert storage.expand_inputs("objtest://bucket/single.txt") == ["objtest://bucket/single.txt"]
+    assert storage.expand_inputs("objtest://bucket/books/*.txt") == expected[:1]
+    with pytest.raises(FileNotFoundError, match="objtest://bucket/book'"):
+        storage.expand_inputs("objtest://bucket/book")
+
+
+def test_user_errors_are_one_line_exit_2_and_bugs_keep_their_traceback(capsys):
+    def bad_option(argv):
+        raise ValueError(f"--num_shards must be >= 0, got {argv[-1]}")
+
+    def nothing(argv):
+        raise jobs.nothing_produced("documents", "books/", 2, "out/dead_letter/d.jsonl")
+
+    def bug(argv):
+        raise KeyError("a bug")
+
+    assert jobs.main("extract_books", bad_option, ["--num_shards", "-1"]) == 2
+    assert capsys.readouterr().err == "extract_books: error: --num_shards must be >= 0, got -1\n"
+    assert jobs.main("extract_books", nothing, []) == 1
+    assert capsys.readouterr().err == (
+        "extract_books: error: 0 documents from --input books/: 2 bad record(s) set aside in "
+        "out/dead_letter/d.jsonl; no manifest written\n")
+    with pytest.raises(ValueError, match="got -1"):
+        jobs.main("extract_books", bad_option, ["--debug", "-1"])
+    with pytest.raises(KeyError):
+        jobs.main("extract_books", bug, [])
+
+
+def test_beam_command_prints_a_user_error_in_one_line(tmp_path):
+    beam = os.path.join(os.path.dirname(sys.executable), "beam")
+    out = subprocess.run([beam, "run", "pipelines/extract_books.py", "--input",
+                          str(tmp_path / "nope"), "--output", str(tmp_path / "out")],
+                         check=False, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(storage.__file__)))
+    assert out.returncode == 2
+    assert "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1] == (
+        f"extract_books: error: --input {str(tmp_path / 'nope')!r} matches no files")
+
+
+def test_remote_vocabulary_folder_without_trailing_slash(minilm_dir, tmp_path):
+    """`--vocab gs://bucket/vocab` (README) reads the folder's vocab.txt and its casing."""
+    from pipelines.tokenization import recorded_lower_case
+
+    _object_store_filesystem()
+    save_tokenizer_folder(read_vocab(str(minilm_dir)), str(tmp_path), do_lower_case=False)
+    _OBJECTS.clear()
+    _OBJECTS.update({f"objtest://bucket/vocab/{p.name}": p.read_bytes() for p in tmp_path.iterdir()})
+    assert read_vocab("objtest://bucket/vocab") == read_vocab(str(minilm_dir))
+    assert read_vocab("objtest://bucket/vocab/") == read_vocab(str(minilm_dir))
+    assert read_vocab("objtest://bucket/vocab/vocab.txt") == read_vocab(str(minilm_dir))
+    assert [recorded_lower_case(p) for p in ("objtest://bucket/vocab", str(tmp_path),
+                                             str(minilm_dir), str(minilm_dir / "vocab.txt"))] == [
+        False, False, True, None]

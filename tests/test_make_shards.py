@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import (
+    jobs,
     make_shards,
     shard_batches,
     shard_format,
@@ -28,7 +29,7 @@ from pipelines.instances import (
     create_instances_reference,
     read_reference_text,
 )
-from pipelines.tokenization import load_tokenizer, read_vocab
+from pipelines.tokenization import load_tokenizer, read_vocab, save_tokenizer_folder
 
 BOOKS = ("austen-persuasion.txt", "chesterton-brown.txt", "shakespeare-caesar.txt")
 
@@ -241,10 +242,11 @@ def test_wrong_parquet_columns_are_named(minilm_dir, tmp_path):
     docs_only.mkdir()
     pq.write_table(pa.table({"doc_id": ["x"], "passages": [["A passage."]]}),
                    docs_only / "documents-00000-of-00001.parquet")
-    manifest = _run(docs_only, tmp_path / "out2", minilm_dir)
+    with pytest.raises(jobs.NoOutputError, match=r"^0 instances"):  # the run makes nothing
+        _run(docs_only, tmp_path / "out2", minilm_dir)
     (letter,) = (tmp_path / "out2" / "dead_letter" / "make_shards.jsonl").read_text().splitlines()
     assert "documents-00000-of-00001.parquet: no column(s) ['sentences']" in letter
-    assert manifest["totals"]["num_instances"] == 0 and manifest["shards"] == []
+    assert sorted(p.name for p in (tmp_path / "out2").iterdir()) == ["dead_letter"]
 
 
 def test_null_rows_and_empty_documents_are_counted(corpus, minilm_dir, tmp_path):
@@ -491,3 +493,86 @@ def test_a_corrupt_row_group_loses_its_part_with_a_dead_letter(minilm_dir, tmp_p
     assert all(entry["record"] != f"part 1/{part.num_parts}" for entry in letters)
     assert manifest["counters"]["bad_records"] == len(letters)
     assert 0 < manifest["counters"]["documents"] < 40
+
+
+def _reference_run(inputs, out, vocab, *extra) -> dict:
+    return make_shards.run(["--input", str(inputs), "--vocab", str(vocab), "--output", str(out),
+                            "--mode", "reference", "--dupe_factor", "1", "--num_shards", "1",
+                            *extra])
+
+
+def test_the_vocabulary_folder_decides_the_casing(corpus, minilm_dir, tmp_path):
+    """A cased vocabulary folder (train_vocab --cased) is not lower-cased behind its back; a bare
+    vocab.txt keeps the reference's default (lower case); a contradicting flag is refused."""
+    cased = tmp_path / "cased"
+    save_tokenizer_folder(read_vocab(str(minilm_dir)), str(cased), do_lower_case=False)
+    bare = tmp_path / "bare" / "vocab.txt"
+    bare.parent.mkdir()
+    shutil.copy(minilm_dir / "vocab.txt", bare)
+    assert [make_shards.resolve_do_lower_case(flag, str(vocab)) for flag, vocab in [
+        (None, cased), (None, minilm_dir), (None, bare), (False, bare), (False, cased)]] == [
+        False, True, True, False, False]
+    with pytest.raises(ValueError, match=r"--do_lower_case=true contradicts --vocab .*cased, "
+                                         r"whose tokenizer files say do_lower_case=false"):
+        _reference_run(corpus["text"] / "a-sample.txt", tmp_path / "x", cased, "--do_lower_case")
+    sample = corpus["text"] / "a-sample.txt"
+    by_folder = _reference_run(sample, tmp_path / "by_folder", cased)
+    by_flag = _reference_run(sample, tmp_path / "by_flag", bare, "--do_lower_case=false")
+    lowered = _reference_run(sample, tmp_path / "lowered", bare)
+    assert by_folder["options"]["job"]["do_lower_case"] is False
+    assert lowered["options"]["job"]["do_lower_case"] is True
+    assert ([s["sha256"] for s in by_folder["shards"]] == [s["sha256"] for s in by_flag["shards"]]
+            != [s["sha256"] for s in lowered["shards"]])
+
+
+def test_a_run_that_makes_no_instance_fails_without_a_manifest(corpus, minilm_dir, tmp_path):
+    """A documents folder (no `sentences`) or a blank-only text: no "complete" empty output."""
+    docs = tmp_path / "documents"
+    (docs / "dead_letter").mkdir(parents=True)
+    table = pq.read_table(corpus["parquet"] / "corpus-00000-of-00004.parquet")
+    pq.write_table(table.drop(["sentences"]), docs / "documents-00000-of-00001.parquet")
+    (docs / "dead_letter" / "dead_letter-00000-of-00001.jsonl").write_text("")
+    (docs / storage.MANIFEST_NAME).write_text("{}")
+    out = tmp_path / "out"
+    with pytest.raises(jobs.NoOutputError, match=(
+            r"^0 instances \(0 documents, 0 empty\) from --input .*documents: 1 bad record\(s\) "
+            r"set aside in .*out/dead_letter/make_shards.jsonl \(first: .*documents-00000-of-"
+            r"00001.parquet file: ValueError: .*no column\(s\) \['sentences'\].*; no manifest")):
+        _run(docs, out, minilm_dir)
+    assert not (out / storage.MANIFEST_NAME).exists()
+    (letter,) = (out / "dead_letter" / "make_shards.jsonl").read_text().splitlines()
+    assert json.loads(letter)["record"] == "file"
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n   \n\t\n\n")
+    for mode in ("reference", "scalable"):
+        with pytest.raises(jobs.NoOutputError, match=r"^0 instances \(0 documents, 0 empty\) "
+                                                     r".*: 0 bad record\(s\) set aside"):
+            _run(blank, tmp_path / mode, minilm_dir, "--mode", mode)
+        assert not (tmp_path / mode / storage.MANIFEST_NAME).exists()
+
+
+def test_a_binary_file_is_one_dead_letter_and_the_last_log_line_says_so(
+        corpus, minilm_dir, tmp_path, capfd):
+    """A model file among the text: set aside whole (as extract_books does), not read as
+    thousands of garbage instances; the run's last line reports the dead letters."""
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    shutil.copy(corpus["text"] / "a-sample.txt", inputs / "a-sample.txt")
+    (inputs / "weights.bin").write_bytes((minilm_dir / "model.safetensors").read_bytes()[:300_000])
+    alone = _run(inputs / "a-sample.txt", tmp_path / "alone", minilm_dir)
+    capfd.readouterr()
+    mixed = _run(inputs, tmp_path / "mixed", minilm_dir)
+    assert _shard_files(tmp_path / "mixed") == _shard_files(tmp_path / "alone")
+    assert mixed["totals"]["num_instances"] == alone["totals"]["num_instances"]
+    assert mixed["counters"]["bad_records"] == 1
+    (letter,) = (tmp_path / "mixed" / "dead_letter" / "make_shards.jsonl").read_text().splitlines()
+    letter = json.loads(letter)
+    assert (letter["file"], letter["record"]) == (str(inputs / "weights.bin"), "file")
+    assert letter["reason"].startswith(f"ValueError: {inputs / 'weights.bin'}: binary, not text: ")
+    last = capfd.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith(f"WARNING make_shards: make_shards: 1 bad record(s) set aside in "
+                         f"{tmp_path / 'mixed' / 'dead_letter' / 'make_shards.jsonl'}")
+    reference = _reference_run(inputs, tmp_path / "reference", minilm_dir)
+    assert reference["counters"]["bad_records"] == 1
+    assert reference["totals"]["num_instances"] == _reference_run(
+        inputs / "a-sample.txt", tmp_path / "reference_alone", minilm_dir)["totals"]["num_instances"]

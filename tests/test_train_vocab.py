@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import train_vocab, vocab
+from pipelines import jobs, train_vocab, vocab
 from pipelines.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
 from pipelines.tokenization import load_tokenizer, read_vocab
 
@@ -328,8 +328,12 @@ def test_script_runs_as_beam_run_would(shared_data, tmp_path):
 def test_empty_input_is_a_clear_error_naming_it(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "blank.txt").write_text("\n  \n")
-    with pytest.raises(ValueError, match=r"--input '.*empty'.*no words.*blank\.txt"):
-        run_job(tmp_path / "empty", tmp_path / "out", "--vocab_size", 500)
-    assert not (tmp_path / "out" / "manifest.json").exists()
+    out = tmp_path / "out"
+    with pytest.raises(jobs.NoOutputError, match=(
+            rf"^0 words \(1 file\(s\): .*empty/blank\.txt\) from --input .*empty: 0 bad "
+            rf"record\(s\) set aside in {out}/dead_letter/dead_letter-00000-of-00001.jsonl; "
+            "no manifest written$")):
+        run_job(tmp_path / "empty", out, "--vocab_size", 500)
+    assert not (out / "manifest.json").exists()
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         run_job(tmp_path / "nothing-here", tmp_path / "out", "--vocab_size", 500)

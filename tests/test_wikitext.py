@@ -141,7 +141,19 @@ def test_broken_markup_keeps_prose_and_leaves_no_residue():
         "Fourth an unclosed reference and and strays.",
         "Fifth",
     ]
-    assert counts == {}
+    # No residue, but the unclosed "{{" is counted: its text may leak (see below). The "[["
+    # pairs with the stray "]]" two paragraphs on, so no link is left open.
+    assert counts == {"templates_unclosed": 1}
+
+
+def test_unclosed_template_and_link_are_counted_where_their_text_leaks():
+    # An unclosed {{Taxobox loses its first line only; an unclosed [[target|label keeps both.
+    text = ("Lions are big.\n\n{{Taxobox\n| name = Lion\nstatus = VU\n}\n\n"
+            "The lion is a cat, see [[Panthera leo|the lion\nand {{a|{{b}} c.")
+    passages, counts = passages_and_counts(text)
+    assert passages == ["Lions are big.", "status = VU }",
+                        "The lion is a cat, see Panthera leo|the lion and"]
+    assert counts == {"templates_unclosed": 2, "links_unclosed": 1}
 
 
 def test_stray_closing_braces_and_a_template_spanning_paragraphs():
