@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from glue_fixtures import glue_slice
 
 from model.glue import data as glue_data
 from model.glue.tasks import TASKS, get_task, parse_tasks
@@ -242,3 +243,127 @@ def test_task_table():
     with pytest.raises(ValueError, match="listed twice"):
         parse_tasks("rte,RTE")
     assert np.all([t.train.columns.label is not None for t in TASKS.values()])
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input found early and reported with its place (a user's-eye review, issue: bert-glue)
+# ---------------------------------------------------------------------------------------------
+
+
+def test_set_aside_rows_keep_their_raw_text(shared_data, tmp_path):
+    task, spec = _split_spec("RTE", "dev")
+    original = (shared_data / "glue" / "RTE" / "dev.tsv").read_text(encoding="utf-8").split("\n")
+    path = _broken_copy(shared_data / "glue" / "RTE" / "dev.tsv", tmp_path, 7,
+                        lambda line: line.rsplit("\t", 1)[0] + "\tmaybe")
+    split = glue_data.read_glue_tsv(str(path), task, spec, skip_bad_rows=True)
+    (bad,) = split.bad_rows
+    assert (bad.file, bad.record) == (str(path), "line 7")
+    assert bad.text == original[6].rsplit("\t", 1)[0] + "\tmaybe"  # the line as written
+    assert json.loads(bad.to_json()) == {
+        "file": str(path), "record": "line 7", "text": bad.text,
+        "reason": "label 'maybe' is not one of ['entailment', 'not_entailment']"}
+
+
+def test_text_that_is_not_utf8_names_its_line(shared_data, tmp_path):
+    """A Latin-1 byte on line 100 stops the read there, with or without skip_bad_rows (the
+    reader decodes ahead of the rows, so the line is located, not guessed)."""
+    task, spec = _split_spec("RTE", "train")
+    data = (shared_data / "glue" / "RTE" / "train.tsv").read_bytes().split(b"\n")
+    data[99] = data[99].replace(b"a", b"\xe9", 1)
+    path = tmp_path / "train.tsv"
+    path.write_bytes(b"\n".join(data))
+    for skip in (False, True):
+        with pytest.raises(glue_data.GlueFormatError,
+                           match=rf"{path}:100: not UTF-8 text \(invalid continuation byte"):
+            glue_data.read_glue_tsv(str(path), task, spec, skip_bad_rows=skip)
+
+
+def test_duplicate_vocab_token_names_both_lines(minilm_dir, tmp_path):
+    lines = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert lines[1996] == "the"
+    (tmp_path / "vocab.txt").write_text("\n".join(lines + ["the"]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{tmp_path}/vocab.txt:30523: token 'the' repeats "
+                                         "line 1997"):
+        glue_data.load_glue_tokenizer(str(tmp_path))
+    (tmp_path / "vocab.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert glue_data.load_glue_tokenizer(str(tmp_path)).get_vocab_size() == 30522
+
+
+def test_unreadable_tokenizer_json_names_the_file(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json", encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{tmp_path}/tokenizer.json: not a tokenizers file"):
+        glue_data.load_glue_tokenizer(str(tmp_path))
+
+
+def test_check_task_files_reports_every_problem_before_training(shared_data, tmp_path):
+    rte, mrpc = TASKS["RTE"], TASKS["MRPC"]
+    root = glue_slice(shared_data, tmp_path / "glue",
+                       {"RTE/train.tsv": 4, "RTE/dev.tsv": 4, "RTE/test.tsv": 4})
+    glue_data.check_task_files(str(root), [rte], predict_test=True)  # all present and right
+    with pytest.raises(FileNotFoundError) as missing:
+        glue_data.check_task_files(str(root), [rte, mrpc], predict_test=True)
+    assert str(missing.value).splitlines() == [
+        f"--data {root}: 2 problem(s) found before any fine-tuning:",
+        (f"  MRPC train: neither {root}/MRPC/train.tsv nor a Hugging Face mrpc/train.* file "
+         f"under {root}"),
+        (f"  MRPC dev: neither {root}/MRPC/dev.tsv nor a Hugging Face mrpc/validation.* file "
+         f"under {root}")]
+    # A test file with a label column (a dev file copied over it): checked only when predicted.
+    (root / "RTE" / "test.tsv").write_bytes((root / "RTE" / "dev.tsv").read_bytes())
+    glue_data.check_task_files(str(root), [rte], predict_test=False)
+    with pytest.raises(glue_data.GlueFormatError) as malformed:
+        glue_data.check_task_files(str(root), [rte, mrpc], predict_test=True)
+    assert str(malformed.value).splitlines()[1:] == [
+        (f"  MRPC train: neither {root}/MRPC/train.tsv nor a Hugging Face mrpc/train.* file "
+         f"under {root}"),
+        (f"  MRPC dev: neither {root}/MRPC/dev.tsv nor a Hugging Face mrpc/validation.* file "
+         f"under {root}"),
+        f"  {root}/RTE/test.tsv:1: header has 4 fields, expected 3 for RTE test"]
+    # An empty file and a CoLA file (no header) whose first row lacks a field.
+    (root / "RTE" / "train.tsv").write_bytes(b"")
+    cola = glue_slice(shared_data, tmp_path / "cola", {"CoLA/dev.tsv": 3, "CoLA/train.tsv": 3})
+    (cola / "CoLA" / "train.tsv").write_text("gj04\t1\tThe sailors rode.\n", encoding="utf-8")
+    with pytest.raises(glue_data.GlueFormatError, match=r"RTE/train.tsv: empty file"):
+        glue_data.check_task_files(str(root), [rte], predict_test=False)
+    with pytest.raises(glue_data.GlueFormatError,
+                       match=r"CoLA/train.tsv:1: first row has 3 fields, expected 4 for CoLA"):
+        glue_data.check_task_files(str(cola), [TASKS["CoLA"]], predict_test=False)
+
+
+def test_check_task_files_reads_hf_columns(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    task = TASKS["RTE"]
+    (tmp_path / "rte").mkdir()
+    rows = [{"sentence1": "A man sleeps.", "sentence2": "A man rests.", "label": 0, "idx": 0}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rte" / "train-00000-of-00001.parquet")
+    (tmp_path / "rte" / "validation.jsonl").write_text(
+        json.dumps({"sentence1": "It rains.", "label": 1, "idx": 0}) + "\n", encoding="utf-8")
+    with pytest.raises(glue_data.GlueFormatError, match=r"rte/validation.jsonl: missing columns "
+                                                        r"\['sentence2'\] for RTE dev"):
+        glue_data.check_task_files(str(tmp_path), [task], predict_test=False)
+    (tmp_path / "rte" / "validation.jsonl").write_bytes(b"PAR1 not parquet")
+    (tmp_path / "rte" / "validation.jsonl").rename(tmp_path / "rte" / "validation.parquet")
+    with pytest.raises(glue_data.GlueFormatError, match=r"validation.parquet: not a readable "
+                                                        r"parquet file"):
+        glue_data.check_task_files(str(tmp_path), [task], predict_test=False)
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rte" / "validation.parquet")
+    glue_data.check_task_files(str(tmp_path), [task], predict_test=True)  # no test: optional
+
+
+def test_hf_score_that_is_not_finite_is_a_bad_row(tmp_path):
+    """STS-B in JSON lines: a NaN score would train to a NaN loss; it is a bad row instead."""
+    task = TASKS["STS-B"]
+    (tmp_path / "stsb").mkdir()
+    rows = [{"sentence1": "A dog runs.", "sentence2": "A dog is running.", "label": 4.8, "idx": 0},
+            {"sentence1": "It rains.", "sentence2": "The sun shines.", "label": float("nan"),
+             "idx": 1}]
+    path = tmp_path / "stsb" / "validation.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    with pytest.raises(glue_data.GlueFormatError,
+                       match=rf"{path}: line 2: score nan is not a finite number"):
+        glue_data.read_split(str(tmp_path), task, task.dev[0])
+    split = glue_data.read_split(str(tmp_path), task, task.dev[0], skip_bad_rows=True)
+    assert [e.label for e in split.examples] == [4.8]
+    assert [(b.record, b.text) for b in split.bad_rows] == [("line 2", json.dumps(rows[1]))]

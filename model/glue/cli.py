@@ -5,6 +5,10 @@
 `--model` is our exported folder, a `model.hf.save_checkpoint` folder or any Hugging Face BERT
 folder; `--data` is a `download_glue_data.py` folder (`RTE/train.tsv`, ...) or a Hugging Face
 `datasets` GLUE folder (`rte/train-*.parquet`, ...). Defaults are the paper's recipe.
+
+Every data file, the checkpoint and its tokenizer are checked before the first task trains; the
+results are rewritten after each finished task (a later failure keeps them). A bad input prints
+`bert-glue: error: <message>` and exits 2 (`--debug` or BERT_DEBUG=1 shows the traceback).
 """
 from __future__ import annotations
 
@@ -12,15 +16,21 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
-from model.glue.finetune import FinetuneConfig, run_glue
+from model.glue.finetune import FinetuneConfig, GlueResult, run_glue
 from model.glue.report import markdown_table, write_report
 from model.glue.tasks import parse_tasks
 from pipelines import storage
 
 log = logging.getLogger("bert-glue")
+
+USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
+               IsADirectoryError, PermissionError, FloatingPointError)
+"""What bad options or inputs cause (a GlueFormatError is a ValueError; FloatingPointError is a
+diverged loss): one line on stderr and exit code 2, not a traceback."""
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -63,11 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no_packing", action="store_true",
                    help="pad each example to the batch's longest instead of packing rows")
     p.add_argument("--skip_bad_rows", action="store_true",
-                   help="set malformed rows aside (counted) instead of failing on the first")
+                   help="set malformed rows aside (counted, and written with their text to "
+                        "<output>/dead_letter/glue_bad_rows.jsonl) instead of failing")
     p.add_argument("--no_test", action="store_true", help="do not predict the test sets")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
     p.add_argument("--num_threads", type=int, default=None,
                    help="torch CPU threads (default: torch's; 1 is faster on a busy machine)")
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback of a bad-input error instead of one line")
     return p
 
 
@@ -85,6 +98,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     parser = build_parser()
     args = parser.parse_args(argv)
+    finished: list[str] = []
+    try:
+        return run(parser, args, finished)
+    except USER_ERRORS as e:
+        if args.debug or os.environ.get("BERT_DEBUG", "") not in ("", "0"):
+            raise
+        message = str(e).strip() or type(e).__name__
+        sys.stderr.write(f"{parser.prog}: error: {message}\n")
+        if finished:
+            sys.stderr.write(f"{parser.prog}: the results of {', '.join(finished)} (finished "
+                             f"before the error) are in {args.output}\n")
+        return 2
+
+
+def run(parser: argparse.ArgumentParser, args: argparse.Namespace, finished: list[str]) -> int:
+    """The whole command for parsed `args`; bad inputs raise (main turns them into one line).
+
+    The names of the tasks whose results are written are appended to `finished` as they are.
+    """
     try:
         cfg = config_from_args(args)
         tasks = parse_tasks(args.tasks)
@@ -101,15 +133,35 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "config": dataclasses.asdict(cfg)}
     log.info("resolved config (hash %s):\n%s", storage.config_hash(resolved),
              json.dumps(resolved, indent=2))
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        raise NotADirectoryError(f"--output {args.output}: exists and is not a folder")
     storage.makedirs(args.output)
     storage.atomic_write_json(storage.join(args.output, "config.json"),
                               resolved | {"config_hash": storage.config_hash(resolved)})
-    result = run_glue(args.model, args.data, tasks, cfg, vocab_dir=args.vocab)
-    paths = write_report(result, args.output)
+
+    def write_finished(partial: GlueResult) -> None:
+        if partial.pending_tasks:  # the last task's report is written (and logged) below
+            _write(partial, args.output)
+            finished.append(partial.tasks[-1].task)
+            log.info("%s done; results so far in %s", partial.tasks[-1].task, args.output)
+
+    result = run_glue(args.model, args.data, tasks, cfg, vocab_dir=args.vocab,
+                      on_task_done=write_finished)
+    paths = _write(result, args.output)
     sys.stdout.write(markdown_table(result))
     for kind, path in paths.items():
         log.info("wrote %s: %s", kind, path)
     return 0
+
+
+def _write(result: GlueResult, output_dir: str) -> dict[str, str]:
+    """The report of `result`; a warning names the dead-letter file when rows were set aside."""
+    paths = write_report(result, output_dir)
+    bad_rows = sum(t.bad_rows for t in result.tasks)
+    if bad_rows:
+        log.warning("%d malformed row(s) set aside (--skip_bad_rows) in %s", bad_rows,
+                    paths["dead_letter"])
+    return paths
 
 
 if __name__ == "__main__":

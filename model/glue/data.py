@@ -6,11 +6,15 @@ CoLA train/dev have no header; MRPC train/dev start with a UTF-8 BOM (read as `u
 sentences end with a space (kept: the tokenizer drops it); STS-B scores are written `5.000`, `3.8`
 or `4` (parsed as floats); CoLA dev has no final newline. A row with the wrong number of fields or
 an unknown label raises `GlueFormatError` naming the file and line, unless `skip_bad_rows` is set,
-in which case the row is set aside in `GlueSplit.bad_rows` (counted and reported, never silent).
+in which case the row is set aside in `GlueSplit.bad_rows` with its raw text (`BadRow`: counted,
+written to the run's dead-letter file, never silent). A file that is not UTF-8 text raises
+`GlueFormatError` naming the file and line in either case. `check_task_files` opens every file a
+run needs and checks its header before any training, so a missing or misnamed file fails at once.
 """
 from __future__ import annotations
 
 import csv
+import dataclasses
 import glob
 import json
 import math
@@ -32,6 +36,17 @@ class GlueFormatError(ValueError):
 
 
 @dataclass(frozen=True)
+class BadRow(BadRecord):
+    """A malformed row set aside with `skip_bad_rows`: where, why, and its raw text."""
+
+    text: str = ""
+    """The row as read: the TSV line without its line end, or the record as JSON."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
 class Example:
     """One GLUE example: its id, one or two sentences and the label (None in test sets)."""
 
@@ -50,7 +65,7 @@ class GlueSplit:
     split: str
     path: str
     examples: list[Example]
-    bad_rows: list[BadRecord] = field(default_factory=list)
+    bad_rows: list[BadRow] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.examples)
@@ -74,12 +89,34 @@ def parse_label(task: TaskSpec, raw: str) -> int | float:
 
 
 def _tsv_rows(path: str) -> Iterator[tuple[int, list[str]]]:
-    """(line number from 1, fields) of a TSV, quoting off, BOM dropped."""
+    """(line number from 1, fields) of a TSV, quoting off, BOM dropped.
+
+    Text that is not UTF-8 (a binary or Latin-1 file) raises `GlueFormatError` naming the file
+    and the line: no row can be set aside when the text is unreadable.
+    """
     # newline="" lets csv see the raw line ends; utf-8-sig drops MRPC's byte-order mark.
     with open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE, strict=True)
-        for fields in reader:
-            yield reader.line_num, fields
+        try:
+            for fields in reader:
+                yield reader.line_num, fields
+        except UnicodeDecodeError as e:
+            # decoding runs ahead of the csv reader by a buffer: find the line itself
+            raise GlueFormatError(f"{path}:{_first_undecodable_line(path)}: not UTF-8 text "
+                                  f"({e.reason}, byte 0x{e.object[e.start]:02x})") from None
+        except csv.Error as e:
+            raise GlueFormatError(f"{path}:{reader.line_num}: {e}") from None
+
+
+def _first_undecodable_line(path: str) -> int:
+    """The number (from 1) of the first line of `path` that is not UTF-8, else 0."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return 0
 
 
 def _tsv_example(task: TaskSpec, split: SplitSpec, fields: list[str], row: int) -> Example:
@@ -114,7 +151,9 @@ def read_glue_tsv(path: str, task: TaskSpec, split: SplitSpec,
         except ValueError as e:
             if not skip_bad_rows:
                 raise GlueFormatError(f"{path}:{line}: {e}") from None
-            bad_rows.append(BadRecord(file=path, record=f"line {line}", reason=str(e)))
+            # quoting is off, so the fields joined by tabs are the line as written
+            bad_rows.append(BadRow(file=path, record=f"line {line}", reason=str(e),
+                                   text="\t".join(fields)))
     return GlueSplit(task.name, split.name, path, examples, bad_rows)
 
 
@@ -144,31 +183,50 @@ def find_hf_files(data_dir: str, task: TaskSpec, split: SplitSpec) -> list[str]:
     return []
 
 
-def _read_arrow_table(path: str):
+def _read_arrow_table(path: str, schema_only: bool = False):
+    """The table of a Parquet or Arrow file (its schema only with `schema_only`)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if path.endswith(".parquet"):
-        return pq.read_table(path)
-    try:  # `datasets` writes the Arrow streaming format; plain Arrow files use the file format
-        with pa.memory_map(path) as source:
-            return pa.ipc.open_stream(source).read_all()
-    except pa.ArrowInvalid:
-        with pa.memory_map(path) as source:
-            return pa.ipc.open_file(source).read_all()
+    try:
+        if path.endswith(".parquet"):
+            return pq.read_schema(path) if schema_only else pq.read_table(path)
+        try:  # `datasets` writes the Arrow streaming format; plain Arrow files the file format
+            with pa.memory_map(path) as source:
+                reader = pa.ipc.open_stream(source)
+                return reader.schema if schema_only else reader.read_all()
+        except pa.ArrowInvalid:
+            with pa.memory_map(path) as source:
+                reader = pa.ipc.open_file(source)
+                return reader.schema if schema_only else reader.read_all()
+    except (pa.ArrowException, OSError) as e:
+        raise GlueFormatError(f"{path}: not a readable {os.path.splitext(path)[1][1:]} "
+                              f"file ({e})") from None
 
 
-def _hf_records(path: str) -> Iterator[tuple[str, dict]]:
-    """(record name for errors, row dict) for every row of one HF data file."""
-    if path.endswith((".jsonl", ".json")):
+def _json_lines(path: str) -> Iterator[tuple[str, dict]]:
+    """(record name, row) of a JSON-lines file; bad JSON or text names the file and line."""
+    line_number = 0
+    try:
         with open(path, encoding="utf-8") as f:
             for line_number, line in enumerate(f, start=1):
                 if not line.strip():
                     continue
                 try:
-                    yield f"line {line_number}", json.loads(line)
+                    row = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise GlueFormatError(f"{path}:{line_number}: not JSON: {e}") from None
+                if not isinstance(row, dict):
+                    raise GlueFormatError(f"{path}:{line_number}: not a JSON object")
+                yield f"line {line_number}", row
+    except UnicodeDecodeError as e:
+        raise GlueFormatError(f"{path}:{line_number + 1}: not UTF-8 text ({e})") from None
+
+
+def _hf_records(path: str) -> Iterator[tuple[str, dict]]:
+    """(record name for errors, row dict) for every row of one HF data file."""
+    if path.endswith((".jsonl", ".json")):
+        yield from _json_lines(path)
         return
     for row_number, row in enumerate(_read_arrow_table(path).to_pylist()):
         yield f"row {row_number}", row
@@ -185,6 +243,8 @@ def _hf_example(task: TaskSpec, row: dict, has_labels: bool) -> Example:
             raise ValueError("missing label")
         if task.is_regression:
             label = float(raw)
+            if not math.isfinite(label):
+                raise ValueError(f"score {raw!r} is not a finite number")
         elif isinstance(raw, int) and 0 <= raw < task.num_labels:
             label = raw
         else:
@@ -209,7 +269,8 @@ def read_hf_split(files: Sequence[str], task: TaskSpec, split: SplitSpec,
             except (ValueError, TypeError) as e:
                 if not skip_bad_rows:
                     raise GlueFormatError(f"{path}: {record}: {e}") from None
-                bad_rows.append(BadRecord(file=path, record=record, reason=str(e)))
+                bad_rows.append(BadRow(file=path, record=record, reason=str(e),
+                                       text=json.dumps(row, ensure_ascii=False, default=str)))
     return GlueSplit(task.name, split.name, ",".join(files), examples, bad_rows)
 
 
@@ -222,14 +283,83 @@ def read_split(data_dir: str, task: TaskSpec, split: SplitSpec,
     hf_files = find_hf_files(data_dir, task, split)
     if hf_files:
         return read_hf_split(hf_files, task, split, skip_bad_rows)
-    raise FileNotFoundError(
-        f"{task.name} {split.name}: neither {tsv} nor a Hugging Face "
-        f"{split.hf_config or task.hf_config}/{split.hf_split}.* file under {data_dir}")
+    raise _missing_split(data_dir, task, split)
+
+
+def _missing_split(data_dir: str, task: TaskSpec, split: SplitSpec) -> FileNotFoundError:
+    return FileNotFoundError(
+        f"{task.name} {split.name}: neither {os.path.join(data_dir, split.path)} nor a Hugging "
+        f"Face {split.hf_config or task.hf_config}/{split.hf_split}.* file under {data_dir}")
 
 
 def has_split(data_dir: str, task: TaskSpec, split: SplitSpec) -> bool:
     return os.path.isfile(os.path.join(data_dir, split.path)) or bool(
         find_hf_files(data_dir, task, split))
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks before any training
+# ---------------------------------------------------------------------------------------------
+
+def _hf_columns(path: str) -> list[str]:
+    """Column names of a HF data file (a JSON-lines file: the keys of its first record)."""
+    if path.endswith((".jsonl", ".json")):
+        return list(next((row for _, row in _json_lines(path)), {}))
+    return list(_read_arrow_table(path, schema_only=True).names)
+
+
+def check_split_file(data_dir: str, task: TaskSpec, split: SplitSpec) -> None:
+    """Raise unless `split` of `task` exists under `data_dir` and starts as its spec says.
+
+    Reads only the start of each file: the header's field count (TSV; the first row's when the
+    file has no header) or the column names (HF layout). Rows further on are checked when read.
+    """
+    tsv = os.path.join(data_dir, split.path)
+    if os.path.isfile(tsv):
+        first = next(_tsv_rows(tsv), None)
+        if first is None:
+            raise GlueFormatError(f"{tsv}: empty file, expected {task.name} {split.name} rows")
+        line, fields = first
+        if len(fields) != split.columns.num_columns:
+            what = "header" if split.columns.has_header else "first row"
+            raise GlueFormatError(
+                f"{tsv}:{line}: {what} has {len(fields)} fields, expected "
+                f"{split.columns.num_columns} for {task.name} {split.name}")
+        return
+    files = find_hf_files(data_dir, task, split)
+    if not files:
+        raise _missing_split(data_dir, task, split)
+    wanted = [*task.hf_text_fields, "idx"] + (["label"] if split.columns.label is not None else [])
+    for path in files:
+        missing = [c for c in wanted if c not in _hf_columns(path)]
+        if missing:
+            raise GlueFormatError(f"{path}: missing columns {missing} for {task.name} {split.name}")
+
+
+def check_task_files(data_dir: str, tasks: Sequence[TaskSpec], predict_test: bool) -> None:
+    """Check every file a run of `tasks` reads before any of them is fine-tuned.
+
+    Train and dev files must exist; test files are optional (a task without one has no
+    leaderboard file) but, when `predict_test`, those present must start right. All problems
+    are reported at once: FileNotFoundError when every one is a missing file, else
+    GlueFormatError.
+    """
+    missing: list[str] = []
+    malformed: list[str] = []
+    for task in tasks:
+        tests = [s for s in task.test if has_split(data_dir, task, s)] if predict_test else []
+        for split in (task.train, *task.dev, *tests):
+            try:
+                check_split_file(data_dir, task, split)
+            except FileNotFoundError as e:
+                missing.append(str(e))
+            except GlueFormatError as e:
+                malformed.append(str(e))
+    problems = missing + malformed
+    if problems:
+        error = GlueFormatError if malformed else FileNotFoundError
+        raise error(f"--data {data_dir}: {len(problems)} problem(s) found before any "
+                    "fine-tuning:\n  " + "\n  ".join(problems))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,9 +378,14 @@ def load_glue_tokenizer(model_dir: str, max_seq_length: int = MAX_SEQ_LENGTH):
     from pipelines.tokenization import load_tokenizer
 
     tokenizer_json = os.path.join(model_dir, "tokenizer.json")
+    vocab_txt = os.path.join(model_dir, "vocab.txt")
     if os.path.isfile(tokenizer_json):
-        tokenizer = Tokenizer.from_file(tokenizer_json)
-    elif os.path.isfile(os.path.join(model_dir, "vocab.txt")):
+        try:
+            tokenizer = Tokenizer.from_file(tokenizer_json)
+        except Exception as e:  # noqa: BLE001 - `tokenizers` raises a bare Exception here
+            raise ValueError(f"{tokenizer_json}: not a tokenizers file ({e})") from None
+    elif os.path.isfile(vocab_txt):
+        check_unique_tokens(vocab_txt)
         tokenizer = load_tokenizer(model_dir, do_lower_case=_do_lower_case(model_dir))
     else:
         raise FileNotFoundError(f"{model_dir}: no tokenizer.json or vocab.txt")
@@ -259,6 +394,22 @@ def load_glue_tokenizer(model_dir: str, max_seq_length: int = MAX_SEQ_LENGTH):
     # `_truncate_seq_pair` does (run_classifier.py).
     tokenizer.enable_truncation(max_length=max_seq_length, strategy="longest_first")
     return tokenizer
+
+
+def check_unique_tokens(vocab_path: str) -> None:
+    """Raise naming both lines when a `vocab.txt` lists a token twice.
+
+    Ids are line numbers, so a repeated token leaves an id no text maps to and moves the
+    token's id to its last line: a vocabulary that silently does not match the embeddings.
+    """
+    from pipelines.tokenization import read_vocab
+
+    first_line: dict[str, int] = {}
+    for line, token in enumerate(read_vocab(vocab_path), start=1):
+        if token in first_line:
+            raise ValueError(f"{vocab_path}:{line}: token {token!r} repeats line "
+                             f"{first_line[token]}; every vocabulary line must be distinct")
+        first_line[token] = line
 
 
 def _do_lower_case(model_dir: str) -> bool:

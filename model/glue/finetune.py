@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import logging
 import math
 import os
+import re
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,6 +36,7 @@ from model.glue import data as glue_data
 from model.glue.metrics import compute_metrics, glue_score, task_score
 from model.glue.tasks import TaskSpec
 from model.heads import BertForSequenceClassification
+from pipelines.jobs import BadRecord
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +76,8 @@ class FinetuneConfig:
     max_eval_examples: int | None = None
     """Score a fixed random subset of this many dev examples per dev set (None = all)."""
     skip_bad_rows: bool = False
-    """Set aside malformed rows (counted in the results) instead of stopping at the first."""
+    """Set aside malformed rows (counted, and written to the dead-letter file) instead of
+    stopping at the first."""
     predict_test: bool = True
     """Predict the test sets (when present) with the best run, for the leaderboard files."""
     progress: bool = True
@@ -165,6 +169,8 @@ class TaskResult:
     """Malformed rows set aside while reading (only with skip_bad_rows)."""
     seconds: float
     test_predictions: tuple[TestPredictions, ...] = ()
+    bad_records: tuple[BadRecord, ...] = ()
+    """The rows counted in `bad_rows` (file, line, reason, text) for the dead-letter file."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,8 @@ class GlueResult:
     model_dir: str
     config: FinetuneConfig
     seconds: float = 0.0
+    pending_tasks: tuple[str, ...] = ()
+    """Requested tasks not finished yet (in the report written after each finished task)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +200,8 @@ class PreparedTask:
     """Dev split name -> tokens (two for MNLI)."""
     test: dict[str, glue_data.EncodedSplit]
     bad_rows: int
+    bad_records: tuple[BadRecord, ...] = ()
+    """The `bad_rows` set aside (file, line, reason, raw text), for the dead-letter file."""
 
 
 def subset(split: glue_data.GlueSplit, limit: int | None, seed: int = 0) -> glue_data.GlueSplit:
@@ -206,24 +216,32 @@ def subset(split: glue_data.GlueSplit, limit: int | None, seed: int = 0) -> glue
 def prepare_task(task: TaskSpec, data_dir: str, tokenizer,
                  cfg: FinetuneConfig) -> PreparedTask:
     """Read and tokenize the train, dev and (when present) test files of `task`."""
-    def load(split_spec, limit=None):
+    def load(split_spec, limit=None, required=True):
         split = glue_data.read_split(data_dir, task, split_spec, cfg.skip_bad_rows)
+        if required and not split.examples:
+            # 0 training steps or an empty dev set would still "score" and report a number.
+            aside = f" ({len(split.bad_rows)} malformed rows set aside)" if split.bad_rows else ""
+            raise glue_data.GlueFormatError(
+                f"{split.path}: no {task.name} {split_spec.name} examples{aside}")
         return subset(split, limit)
 
     train = load(task.train, cfg.max_train_examples)
     devs = {s.name: load(s, cfg.max_eval_examples) for s in task.dev}
     tests = {}
     if cfg.predict_test:
-        tests = {s.name: load(s) for s in task.test if glue_data.has_split(data_dir, task, s)}
-    bad = sum(len(s.bad_rows) for s in (train, *devs.values(), *tests.values()))
-    if bad:
-        log.warning("%s: set aside %d malformed rows", task.name, bad)
+        tests = {s.name: load(s, required=False) for s in task.test
+                 if glue_data.has_split(data_dir, task, s)}
+    # Subsets keep every bad row of the file: they were read, so they are reported.
+    bad_records = tuple(b for s in (train, *devs.values(), *tests.values()) for b in s.bad_rows)
+    if bad_records:
+        log.warning("%s: set aside %d malformed rows (written to the dead-letter file of the "
+                    "results)", task.name, len(bad_records))
 
     def encode(split):
         return glue_data.encode_split(tokenizer, split, task)
 
     return PreparedTask(task, encode(train), {k: encode(v) for k, v in devs.items()},
-                        {k: encode(v) for k, v in tests.items()}, bad)
+                        {k: encode(v) for k, v in tests.items()}, len(bad_records), bad_records)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,15 +364,78 @@ def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
 
 def load_encoder(model_dir: str) -> BertModel:
     """Our `BertModel` with the weights of `model_dir`: a folder `model.hf.save_checkpoint` wrote
-    (`bert_config.json`), or our HF export / any Hugging Face BERT folder (`config.json`)."""
+    (`bert_config.json`), or our HF export / any Hugging Face BERT folder (`config.json`).
+
+    Errors name the folder: a config that is not JSON, weights that are not readable, and
+    weights whose shapes differ from the config's (a config.json of another model size).
+    """
+    from safetensors import SafetensorError
+
     from model import hf
 
     if os.path.isfile(os.path.join(model_dir, hf.CHECKPOINT_CONFIG)):
-        model = hf.load_checkpoint(model_dir)
-        return model if isinstance(model, BertModel) else model.bert
-    if os.path.isfile(os.path.join(model_dir, "config.json")):
-        return hf.load_hf_encoder(model_dir)
-    raise FileNotFoundError(f"--model {model_dir}: no {hf.CHECKPOINT_CONFIG} or config.json")
+        config_name, load = hf.CHECKPOINT_CONFIG, hf.load_checkpoint
+    elif os.path.isfile(os.path.join(model_dir, "config.json")):
+        config_name, load = "config.json", hf.load_hf_encoder
+    else:
+        raise FileNotFoundError(f"--model {model_dir}: no {hf.CHECKPOINT_CONFIG} or config.json")
+    try:
+        model = load(model_dir)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--model {model_dir}: {config_name} is not JSON ({e})") from None
+    except (SafetensorError, RuntimeError) as e:  # torch.load_state_dict / unreadable weights
+        raise ValueError(f"--model {model_dir}: {weights_error(e, config_name)}") from e
+    except (ValueError, TypeError) as e:  # BertConfig's checks of the folder's config values
+        if model_dir in str(e):
+            raise
+        raise ValueError(f"--model {model_dir}: {config_name}: {e}") from e
+    return model if isinstance(model, BertModel) else model.bert
+
+
+_SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape "
+                            r"torch\.Size\((\[.*?\])\) from checkpoint, the shape in current "
+                            r"model is torch\.Size\((\[.*?\])\)")
+
+
+def weights_error(error: Exception, config_name: str, shown: int = 3) -> str:
+    """One line for a checkpoint that does not load: its first shape mismatches, if any."""
+    mismatches = _SIZE_MISMATCH.findall(str(error))
+    if not mismatches:
+        return f"cannot load the weights: {str(error).strip().splitlines()[0]}"
+    listed = "; ".join(f"{name} is {saved} in the weights but {expected} by {config_name}"
+                       for name, saved, expected in mismatches[:shown])
+    more = f" (and {len(mismatches) - shown} more)" if len(mismatches) > shown else ""
+    return f"the weights do not match {config_name}: {listed}{more}"
+
+
+def check_model_fits(encoder: BertModel, tokenizer, tasks: Sequence[TaskSpec],
+                     cfg: FinetuneConfig, model_dir: str, tokenizer_dir: str) -> None:
+    """Raise before any training when the encoder cannot embed what the tokenizer and the
+    recipe give it; warn when the tokenizer uses only part of the model's vocabulary.
+
+    A token id >= vocab_size or a position >= max_position_embeddings would otherwise stop
+    training with an IndexError deep in torch; a smaller vocabulary runs but maps text to
+    rows the model learnt for other tokens (most likely the wrong vocab.txt).
+    """
+    config = encoder.config
+    ids = tokenizer.get_vocab(with_added_tokens=True).values()
+    num_ids = max(ids) + 1 if ids else 0  # not the token count: ids can have gaps
+    if num_ids > config.vocab_size:
+        raise ValueError(
+            f"tokenizer of {tokenizer_dir} gives token ids up to {num_ids - 1} ({num_ids} ids) "
+            f"but the model {model_dir} has vocab_size {config.vocab_size}: use the model's "
+            "own vocabulary (--vocab)")
+    if num_ids < config.vocab_size:
+        log.warning("tokenizer of %s has %d token ids but the model %s has vocab_size %d: "
+                    "check that it is the vocabulary the model was trained with",
+                    tokenizer_dir, num_ids, model_dir, config.vocab_size)
+    if cfg.max_seq_length > config.max_position_embeddings:
+        raise ValueError(f"--max_seq_length {cfg.max_seq_length} exceeds the model's "
+                         f"max_position_embeddings {config.max_position_embeddings} ({model_dir})")
+    pairs = [t.name for t in tasks if len(t.hf_text_fields) == 2]
+    if pairs and config.type_vocab_size < 2:
+        raise ValueError(f"{', '.join(pairs)}: sentence pairs need 2 token types but the model "
+                         f"{model_dir} has type_vocab_size {config.type_vocab_size}")
 
 
 def build_model(encoder: BertModel, num_labels: int, seed: int) -> BertForSequenceClassification:
@@ -535,7 +616,8 @@ def select_best(runs: Sequence[RunResult]) -> BestRuns:
 
 def summarise_task(task: str, runs: Sequence[RunResult], num_train_examples: int,
                    num_dev_examples: dict[str, int], bad_rows: int, seconds: float,
-                   test_predictions: tuple[TestPredictions, ...] = ()) -> TaskResult:
+                   test_predictions: tuple[TestPredictions, ...] = (),
+                   bad_records: tuple[BadRecord, ...] = ()) -> TaskResult:
     """A task's result from all its runs: the `select_best` rate's mean and spread over seeds.
 
     `test_predictions` must be those of `select_best(runs).best_run`."""
@@ -551,7 +633,8 @@ def summarise_task(task: str, runs: Sequence[RunResult], num_train_examples: int
         score=statistics.fmean(scores),
         score_std=statistics.stdev(scores) if len(scores) > 1 else 0.0, runs=tuple(runs),
         num_train_examples=num_train_examples, num_dev_examples=num_dev_examples,
-        bad_rows=bad_rows, seconds=seconds, test_predictions=test_predictions)
+        bad_rows=bad_rows, seconds=seconds, test_predictions=test_predictions,
+        bad_records=bad_records)
 
 
 def finetune_task(encoder: BertModel, prepared: PreparedTask, cfg: FinetuneConfig) -> TaskResult:
@@ -583,26 +666,39 @@ def finetune_task(encoder: BertModel, prepared: PreparedTask, cfg: FinetuneConfi
         predictions = predict_test_sets(model, prepared, cfg)
     return summarise_task(task.name, runs, len(prepared.train),
                           {k: len(v) for k, v in prepared.dev.items()}, prepared.bad_rows,
-                          time.perf_counter() - start, predictions)
+                          time.perf_counter() - start, predictions, prepared.bad_records)
 
 
 def run_glue(model_dir: str, data_dir: str, tasks: Sequence[TaskSpec],
-             cfg: FinetuneConfig, vocab_dir: str | None = None) -> GlueResult:
+             cfg: FinetuneConfig, vocab_dir: str | None = None,
+             on_task_done: Callable[[GlueResult], None] | None = None) -> GlueResult:
     """Fine-tune the checkpoint in `model_dir` on each task of `tasks` with data from `data_dir`.
 
-    The tokenizer is the one in `vocab_dir` if given, else the checkpoint folder's.
+    The tokenizer is the one in `vocab_dir` if given, else the checkpoint folder's. Every data
+    file, the checkpoint and the tokenizer are checked before the first task trains; after each
+    task, `on_task_done` gets the result so far (the finished tasks, the others pending), so a
+    later failure loses no finished work.
     """
+    if not tasks:
+        raise ValueError("--tasks: no task given")
     if not os.path.isdir(data_dir):
         raise FileNotFoundError(f"--data {data_dir}: no such folder")
     start = time.perf_counter()
+    glue_data.check_task_files(data_dir, tasks, cfg.predict_test)
     encoder = load_encoder(model_dir)
-    tokenizer = glue_data.load_glue_tokenizer(vocab_dir or model_dir, cfg.max_seq_length)
-    results = []
-    for task in tasks:
+    tokenizer_dir = vocab_dir or model_dir
+    tokenizer = glue_data.load_glue_tokenizer(tokenizer_dir, cfg.max_seq_length)
+    check_model_fits(encoder, tokenizer, tasks, cfg, model_dir, tokenizer_dir)
+    results: list[TaskResult] = []
+    for i, task in enumerate(tasks):
         prepared = prepare_task(task, data_dir, tokenizer, cfg)
         results.append(finetune_task(encoder, prepared, cfg))
-    combined = combine_results(results, model_dir, cfg)
-    return dataclasses.replace(combined, seconds=time.perf_counter() - start)
+        combined = dataclasses.replace(
+            combine_results(results, model_dir, cfg), seconds=time.perf_counter() - start,
+            pending_tasks=tuple(t.name for t in tasks[i + 1:]))
+        if on_task_done is not None:
+            on_task_done(combined)
+    return combined
 
 
 def combine_results(results: Sequence[TaskResult], model_dir: str,

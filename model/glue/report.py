@@ -4,18 +4,24 @@ Everything is written atomically (`pipelines.storage`), `results.json` last of t
 Submission files follow the GLUE server's format: one `<TASK>.tsv` per task with the header
 `index\tprediction`, label strings where the task's files use strings (`entailment`), `0`/`1`
 for the binary tasks and the score for STS-B; all zipped flat into `submission.zip`.
+Rows set aside with `--skip_bad_rows` go to `dead_letter/glue_bad_rows.jsonl` (one JSON object
+per row: task, split file, line or record, reason, raw text), named in `results.json`.
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
 import io
+import json
 import os
 import zipfile
 
 from model.glue.finetune import GlueResult, TaskResult, TestPredictions
 from model.glue.tasks import SUBMISSION_FILES
 from pipelines import storage
+from pipelines.jobs import DEAD_LETTER_DIR
+
+DEAD_LETTER_FILE = "glue_bad_rows.jsonl"
 
 TABLE_COLUMNS = ("task", "metric", "score", "score_std", "best_lr", "seeds", "train_examples",
                  "dev_examples", "minutes")
@@ -143,20 +149,40 @@ def write_submission(result: GlueResult, output_dir: str) -> str | None:
     return path
 
 
-def results_dict(result: GlueResult) -> dict:
-    """JSON-able summary (test predictions are in the submission files, not here)."""
+def dead_letter_lines(result: GlueResult) -> str:
+    """One JSON line per row set aside, in task and file order."""
+    return "".join(json.dumps({"task": task.task, **dataclasses.asdict(bad)},
+                              ensure_ascii=False) + "\n"
+                   for task in result.tasks for bad in task.bad_records)
+
+
+def write_dead_letter(result: GlueResult, output_dir: str) -> str | None:
+    """`<output>/dead_letter/glue_bad_rows.jsonl` when rows were set aside, else None."""
+    text = dead_letter_lines(result)
+    if not text:
+        return None
+    path = os.path.join(output_dir, DEAD_LETTER_DIR, DEAD_LETTER_FILE)
+    storage.atomic_write_text(path, text)
+    return path
+
+
+def results_dict(result: GlueResult, dead_letter: str | None = None) -> dict:
+    """JSON-able summary (test predictions are in the submission files, the rows set aside in
+    the `dead_letter` file, not here)."""
     tasks = []
     for task in result.tasks:
         entry = dataclasses.asdict(task)
         entry["test_predictions"] = {p.submission_file: len(p.guids)
                                      for p in task.test_predictions}
+        del entry["bad_records"]  # counted in bad_rows, listed in the dead-letter file
         tasks.append(entry)
     written = {p.submission_file for t in result.tasks for p in t.test_predictions}
     return {
         "glue_score": result.glue_score, "model_dir": result.model_dir,
         "config": dataclasses.asdict(result.config),
         "config_hash": storage.config_hash(result.config), "seconds": result.seconds,
-        "tasks": tasks,
+        "tasks": tasks, "pending_tasks": list(result.pending_tasks),
+        "bad_rows": sum(t.bad_rows for t in result.tasks), "dead_letter": dead_letter,
         "submission_missing": [f for f in SUBMISSION_FILES if f not in written],
     }
 
@@ -178,5 +204,8 @@ def write_report(result: GlueResult, output_dir: str) -> dict[str, str]:
     submission = write_submission(result, output_dir)
     if submission:
         paths["submission"] = submission
-    storage.atomic_write_json(paths["json"], results_dict(result))
+    dead_letter = write_dead_letter(result, output_dir)
+    if dead_letter:
+        paths["dead_letter"] = dead_letter
+    storage.atomic_write_json(paths["json"], results_dict(result, dead_letter))
     return paths
