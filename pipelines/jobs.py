@@ -110,6 +110,27 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryEr
                PermissionError, NoOutputError)
 """What a user's options or inputs cause: reported in one line, not as a traceback."""
 DEBUG_ENV = "BERT_DEBUG"
+OUR_PACKAGES = ("pipelines", "training", "model", "flows", "peers")
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def debug_requested() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def is_user_error(error: BaseException) -> bool:
+    """Whether `error` is one of our checks speaking to the user: a USER_ERRORS type raised by
+    this project's code (its innermost frame in one of OUR_PACKAGES). The same types raised
+    inside torch, DeepSpeed or Beam are bugs (ours or theirs) and keep their traceback."""
+    if not isinstance(error, USER_ERRORS):
+        return False
+    tb = error.__traceback__
+    if tb is None or isinstance(error, NoOutputError):
+        return True
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    return any(path.startswith(os.path.join(_REPO, package) + os.sep) for package in OUR_PACKAGES)
 
 
 def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | None = None) -> int:
@@ -117,12 +138,12 @@ def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | Non
     returns 2 (1 when the job ran but produced nothing). `--debug` (or BERT_DEBUG=1)
     re-raises it with its traceback; other exceptions are bugs and always keep theirs."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in argv or os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    debug = "--debug" in argv or debug_requested()
     argv = [a for a in argv if a != "--debug"]
     try:
         run(argv)
     except USER_ERRORS as e:
-        if debug:
+        if debug or not is_user_error(e):
             raise
         message = str(e).strip() or type(e).__name__
         print(f"{job}: error: {message}", file=sys.stderr)
