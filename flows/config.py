@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,7 +224,7 @@ def check_inputs_exist(cfg: DagConfig) -> None:
              ("glue.data", cfg.glue.data)]
     for key, value in local:
         for path in (value or "").split(","):
-            if path and "://" not in path and not glob.glob(path):
+            if path and "://" not in path and not (os.path.exists(path) or glob.glob(path)):
                 raise FileNotFoundError(f"setting {key}={value!r}: {path} matches no file or "
                                         "folder here")
 

@@ -118,11 +118,12 @@ def debug_requested() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
 
 
-def is_user_error(error: BaseException) -> bool:
-    """Whether `error` is one of our checks speaking to the user: a USER_ERRORS type raised by
+def is_user_error(error: BaseException, kinds: tuple[type[BaseException], ...] = USER_ERRORS
+                  ) -> bool:
+    """Whether `error` is one of our checks speaking to the user: one of `kinds` raised by
     this project's code (its innermost frame in one of OUR_PACKAGES). The same types raised
     inside torch, DeepSpeed or Beam are bugs (ours or theirs) and keep their traceback."""
-    if not isinstance(error, USER_ERRORS):
+    if not isinstance(error, kinds):
         return False
     tb = error.__traceback__
     if tb is None or isinstance(error, NoOutputError):

@@ -371,4 +371,7 @@ def test_glue_task_names_and_local_inputs_are_checked_before_any_stage(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"setting data\.books=.*missing\.txt matches no"):
         check_inputs_exist(resolve("tiny", {"data": {"books": books}}))
     check_inputs_exist(resolve("tiny"))  # the bundled sample is all there
+    literal = tmp_path / "books [v2]"  # a real folder whose name is no glob of itself
+    literal.mkdir()
+    check_inputs_exist(resolve("tiny", {"data": {"books": str(literal)}}))
     check_inputs_exist(resolve("tiny", {"data": {"wikipedia": "gs://b/wiki"}}))  # the job's

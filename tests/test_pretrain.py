@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -515,14 +516,14 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
                                          r"micro-batch per rank \(1 ranks x phase1\."
                                          r"micro_batch_size 4 = 4\)"):
         pretrain.run(config)
-    assert list((tmp_path / "run_small" / "checkpoints").iterdir()) == []
+    assert not list((tmp_path / "run_small" / "checkpoints").glob("*"))  # no checkpoint
     # The same shards as a second phase: checked before the first phase takes a step too.
     good = make_config(data, tmp_path / "run_two", steps=2, num_workers=0).phases[0]
     two = dataclasses.replace(config, output_dir=str(tmp_path / "run_two"), phases=(
         good, dataclasses.replace(good, name="phase2", train_shards=str(small))))
     with pytest.raises(ValueError, match=r"the validation shards hold 3 rows"):
         pretrain.run(two)
-    assert list((tmp_path / "run_two" / "checkpoints").iterdir()) == []
+    assert not list((tmp_path / "run_two" / "checkpoints").glob("*"))
 
     corrupt = tmp_path / "corrupt"
     write_shards(rows, corrupt, {"train": [20, 20], "validation": [16]}, vocab_size, 128, 16)
@@ -689,11 +690,23 @@ def test_a_shard_that_breaks_while_read_is_named(data, tmp_path):
     write_shards(rows, folder, {"train": [40, 40]}, vocab_size, 128, 8)
     shard = folder / "train-000001.tar"
     shard.write_bytes(shard.read_bytes()[:5_000])
+    for workers in (0, 1):  # in a loader worker too, where torch wraps the message
+        loader = pretrain.ShardLoader(LoaderConfig(str(folder), 8, 128, shuffle_buffer=0,
+                                                   num_workers=workers))
+        with pytest.raises(ValueError) as error:
+            for _ in zip(range(20), iter(loader)):
+                pass
+        assert re.fullmatch(r".*/train-000001\.tar: cannot read the shard \(\w+Error: .*\); it "
+                            r"is truncated or corrupt: check the folder with `python -m "
+                            r"pipelines\.verify_shards <folder>`", str(error.value)), workers
+    # A shard the manifest lists but that is gone: "cannot open", not "truncated".
+    (folder / "train-000001.tar").unlink()
     loader = pretrain.ShardLoader(LoaderConfig(str(folder), 8, 128, shuffle_buffer=0))
-    with pytest.raises(ValueError, match=r"train-000001\.tar: cannot read the shard \(\w+Error: "
-                                         r".*\); it is truncated or corrupt: check the folder"):
+    with pytest.raises(ValueError) as error:
         for _ in zip(range(20), iter(loader)):
             pass
+    assert re.fullmatch(r".*/train-000001\.tar: cannot open the shard \(FileNotFoundError: No "
+                        r"such file or directory\); check the folder .*", str(error.value))
 
 
 def test_a_config_files_phases_merge_into_the_presets_phases_by_name(tmp_path, caplog):
@@ -718,6 +731,13 @@ def test_a_config_files_phases_merge_into_the_presets_phases_by_name(tmp_path, c
     assert (first.name, first.steps, first.max_seq_length) == ("phase1", 7, 128)
     assert (extra.name, extra.steps, extra.max_seq_length, extra.learning_rate) == (
         "extra", 3, 256, cfg.PhaseConfig().learning_rate)
+    # A run's saved config (read on every resume) is no user file: no warning there.
+    caplog.clear()
+    saved = tmp_path / "config.json"
+    cfg.save(config, str(saved))
+    with caplog.at_level(logging.WARNING, logger="training.config"):
+        assert cfg.load_saved(str(saved)) == config
+    assert "leave out" not in caplog.text
 
 
 def test_bad_settings_and_inputs_are_one_line_errors_not_tracebacks(tmp_path):
@@ -747,3 +767,50 @@ def test_a_config_file_typo_is_named_as_the_files_key(tmp_path):
     with pytest.raises(ValueError, match=r"run\.yaml: config key phases\.0\.warm_up_steps: "
                                          r"unknown field"):
         cfg.resolve("tiny", str(path))
+
+
+def test_a_resume_in_phase_2_needs_no_longer_phase_1s_shards(data, tmp_path):
+    """Phase 1 done and its shards deleted (a common clean-up): the run resumes phase 2."""
+    phase1_shards = tmp_path / "phase1_shards"
+    shutil.copytree(data["learn"], phase1_shards)
+    config = make_config(data, tmp_path / "run", shards="learn", steps=2, num_workers=0)
+    first = dataclasses.replace(config.phases[0], train_shards=str(phase1_shards))
+    config = dataclasses.replace(config, phases=(
+        first, dataclasses.replace(config.phases[0], name="phase2")))
+    assert pretrain.run(config, stop_after_steps=2)["complete"] is False
+    shutil.rmtree(phase1_shards)
+    result = pretrain.run(config)
+    assert result["complete"] and result["last_checkpoint"] == "01-phase2-step00000002"
+
+
+def test_phases_must_share_the_vocabulary_and_nsp(data, tmp_path):
+    """Without vocab_dir to compare with, the phases are compared with each other."""
+    config = make_config(data, tmp_path / "run", shards="learn", steps=2, num_workers=0,
+                         vocab_dir="")
+    cases = (("vocab_size", 999, "shards with vocab_size 999, but phase1's have 2000"),
+             ("nsp", False, "shards with nsp False, but phase1's have True"))
+    for key, value, message in cases:
+        other = tmp_path / f"other_{key}"
+        shutil.copytree(data["learn"], other)
+        manifest = json.loads((other / "manifest.json").read_text())
+        manifest[key] = value
+        (other / "manifest.json").write_text(json.dumps(manifest))
+        two = dataclasses.replace(config, phases=(config.phases[0], dataclasses.replace(
+            config.phases[0], name="phase2", train_shards=str(other))))
+        with pytest.raises(ValueError, match=rf"phase2\.train_shards=.*: {message}"):
+            pretrain.check_phase_inputs(two)
+
+
+def test_metric_counts_stay_exact_with_a_bf16_loss():
+    """bf16 holds integers exactly only up to 256: counts are summed in float64 instead."""
+    from types import SimpleNamespace
+
+    loss = torch.tensor(2.5, dtype=torch.bfloat16)
+    out = SimpleNamespace(loss=loss, mlm_loss=loss, mlm_correct=torch.tensor(1001),
+                          mlm_count=torch.tensor(3001), nsp_loss=None)
+    batch = {"attention_mask": torch.ones(300, 128, dtype=torch.long),
+             "input_ids": torch.zeros(300, 128, dtype=torch.long)}
+    sums = dict(zip(pretrain.METRIC_KEYS, pretrain.metric_sums(out, batch).tolist()))
+    assert sums == {"loss": 2.5, "mlm_loss": 2.5, "mlm_correct": 1001.0, "mlm_count": 3001.0,
+                    "nsp_loss": 0.0, "nsp_correct": 0.0, "nsp_count": 0.0,
+                    "tokens": 38400.0, "samples": 300.0, "micro_batches": 1.0}

@@ -235,24 +235,26 @@ def to_dict(config: PretrainConfig) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(config)))
 
 
-def from_dict(data: Mapping[str, Any], base: PretrainConfig | None = None) -> PretrainConfig:
-    """Apply a nested mapping (a YAML/JSON file's content) on top of `base`; validated once."""
+def from_dict(data: Mapping[str, Any], base: PretrainConfig | None = None,
+              user_file: bool = False) -> PretrainConfig:
+    """Apply a nested mapping (a YAML/JSON file's content) on top of `base`; validated once.
+    `user_file`: a user's config file, told when its phases leave some of `base`'s out."""
     merged = to_dict(base or PretrainConfig())
     for key, value in data.items():
         if key != "phases":
             _assign(merged, PretrainConfig, key, value, key, origin="config key")
             continue
-        merged["phases"] = _merge_phases(merged["phases"], value)
+        merged["phases"] = _merge_phases(merged["phases"], value, warn=user_file)
     return _build(merged)
 
 
-def _merge_phases(base: list[dict], entries: Any) -> list[dict]:
+def _merge_phases(base: list[dict], entries: Any, warn: bool) -> list[dict]:
     """A file's `phases` list is the run's phases, in its order. An entry with a `name` starts
     from the base phase of that name (so `{name: phase2, steps: 10}` keeps phase 2's length
     and learning rate), an unnamed one from the base phase at its position; phases of the base
     the list leaves out are not run, and a warning says so."""
     if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
-        raise TypeError("config key 'phases' must be a list of phase mappings")
+        raise ValueError("config key 'phases' must be a list of phase mappings")
     by_name = {phase["name"]: phase for phase in base}
     phases = []
     for i, entry in enumerate(entries):
@@ -264,7 +266,7 @@ def _merge_phases(base: list[dict], entries: Any) -> list[dict]:
             _assign(phase, PhaseConfig, name, v, f"phases.{i}.{name}", origin="config key")
         phases.append(phase)
     dropped = [name for name in by_name if name not in {p["name"] for p in phases}]
-    if dropped:
+    if dropped and warn:
         log.warning("the config file's phases %s leave out the preset's %s: not run",
                     [p["name"] for p in phases], dropped)
     return phases
@@ -275,9 +277,9 @@ def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
     with open(path, encoding="utf-8") as f:
         data = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
     if not isinstance(data, dict):
-        raise TypeError(f"{path}: expected a mapping at the top level")
+        raise ValueError(f"{path}: expected a mapping at the top level")  # noqa: TRY004 (bad input)
     try:
-        return from_dict(data, base)
+        return from_dict(data, base, user_file=True)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: {e}") from e
 

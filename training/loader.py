@@ -151,15 +151,23 @@ class UnreadableShard(ValueError):
 
 
 def _unreadable_shard(exn: Exception) -> bool:
-    """webdataset's error hook while it reads tar files: name the shard and stop (never skip).
-    webdataset appends the shard's URL to `exn.args` once the error leaves the tar reader."""
-    url = next((a for a in reversed(exn.args[1:]) if isinstance(a, str)), None)
+    """webdataset's error hook while it opens and reads tar files: name the shard and stop
+    (never skip). webdataset calls it up to twice: from inside the tar reader (no URL yet; it
+    tags the message " @ <stream>"), then from the opener (appends the URL) or the expander
+    (appends the stream and the URL)."""
+    args = exn.args
+    inner = bool(args) and isinstance(args[0], str) and " @ <" in args[0]
+    url = args[-1] if not inner and len(args) >= 2 and isinstance(args[-1], str) else None
+    opening = url is not None and isinstance(args[-2], (str, int))  # the opener adds the URL only
     cause = exn
     if isinstance(exn, UnreadableShard):  # raised by the inner reader, now with its URL
-        url, cause = exn.url or url, exn.cause
-    detail = cause.args[0] if cause.args else ""
-    error = UnreadableShard(f"{url or 'a shard'}: cannot read the shard ({type(cause).__name__}: "
-                            f"{detail}); it is truncated or corrupt: {VERIFY_HINT}")
+        url, cause, opening = url or exn.url, exn.cause, False
+    detail = getattr(cause, "strerror", None) or (cause.args[0] if cause.args else "")
+    detail = str(detail).split(" @ <")[0]
+    what = "cannot open the shard" if opening else "cannot read the shard"
+    hint = "" if opening else "it is truncated or corrupt: "
+    error = UnreadableShard(f"{url or 'a shard'}: {what} ({type(cause).__name__}: {detail}); "
+                            f"{hint}{VERIFY_HINT}")
     error.url, error.cause = url, cause
     raise error from cause
 
@@ -500,9 +508,12 @@ class ShardLoader:
             loader = DataLoader(dataset, batch_size=None, num_workers=self.config.num_workers,
                                 prefetch_factor=4 if self.config.num_workers else None,
                                 generator=generator)
-            for batch in loader:
-                self.batch_in_epoch += 1
-                yield batch
+            try:
+                for batch in loader:
+                    self.batch_in_epoch += 1
+                    yield batch
+            except (ValueError, FileNotFoundError) as e:  # our checks, raised in a worker
+                raise _without_worker_traceback(e) from e
             self._next_epoch()
 
     def _next_epoch(self) -> None:
@@ -536,6 +547,17 @@ class ShardLoader:
             self.batch_in_epoch = consumed // (c.batch_size * c.world_size)
         if self.batch_in_epoch >= self.batches_per_epoch():
             self._next_epoch()
+
+
+def _without_worker_traceback(error: Exception) -> Exception:
+    """The error a DataLoader worker raised, with its own message again: torch re-raises it
+    with the worker's whole traceback as the message (so a bad shard would not read as the one
+    line our checks write)."""
+    text = str(error)
+    marker = f"{type(error).__name__}: "
+    if "Original Traceback" not in text or marker not in text:
+        return error
+    return type(error)(text[text.rindex(marker) + len(marker):].strip())
 
 
 def validation_batches(config: LoaderConfig, max_batches: int) -> Iterator[dict[str, torch.Tensor]]:

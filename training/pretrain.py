@@ -34,6 +34,7 @@ hours in); a checkpoint due at a step is written before that step's evaluation.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -42,8 +43,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -59,6 +61,10 @@ LATEST = "latest"
 STATE_FILE = "training_state.json"
 METRIC_KEYS = ("loss", "mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct",
                "nsp_count", "tokens", "samples", "micro_batches")
+
+
+USER_ERRORS = (ValueError, FileNotFoundError)
+"""What bad settings and bad inputs raise (their messages name the setting or file)."""
 
 
 @dataclass(frozen=True)
@@ -109,12 +115,36 @@ def shard_manifest(phase: PhaseConfig) -> dict:
     return read_shard_manifest(phase.train_shards)
 
 
-def check_phase_inputs(config: PretrainConfig) -> None:
-    """Every phase's shards, before the first step: a mistake in phase 2's inputs must not
-    surface after phase 1's hours. Per phase: the manifest, the sequence length, the vocabulary
-    (size, and the file's sha256 against `vocab_dir`'s: same-size vocabularies with other
-    tokens would train silently on ids the tokenizer does not mean), complete local shard
-    files. Across phases: one vocabulary, and NSP in all or none."""
+def on_all_ranks(dist: Dist, check: Callable[[], Any], agree: str | None = None) -> Any:
+    """Run a start-of-run check on every rank and make the ranks act as one. If the check
+    raises on any rank (each reads its own filesystem: one node's copy may differ), every rank
+    raises that error, so none waits forever at the next collective. With `agree` (what the
+    result says) results that differ between ranks are an error too. Returns rank 0's result."""
+    try:
+        outcome = (check(), None)
+    except USER_ERRORS as e:
+        outcome = (None, e)
+    outcomes: list = [None] * dist.world_size
+    torch.distributed.all_gather_object(outcomes, outcome)
+    for rank, (_, error) in enumerate(outcomes):
+        if error is not None:
+            if rank == dist.rank:
+                raise error
+            raise type(error)(f"on rank {rank}: {error}")
+    results = [result for result, _ in outcomes]
+    if agree and any(r != results[0] for r in results):
+        raise ValueError(f"the ranks disagree on {agree} ({results}, by rank): give every "
+                         "node the same files")
+    return results[0]
+
+
+def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
+    """The shards of every phase from `first_phase` on (earlier ones are done: their shards may
+    be gone), before the first step: a mistake in phase 2's inputs must not surface after
+    phase 1's hours. Per phase: the manifest, the sequence length, the vocabulary (size, and
+    the file's sha256 against `vocab_dir`'s: same-size vocabularies with other tokens would
+    train silently on ids the tokenizer does not mean), complete local shard files. Across
+    phases: one vocabulary, and NSP in all or none."""
     from pipelines import storage
     from training.loader import check_shard_files, list_shards
 
@@ -125,7 +155,7 @@ def check_phase_inputs(config: PretrainConfig) -> None:
             storage.join(config.vocab_dir, "vocab.txt")
         vocab_size, vocab_sha = len(read_vocab(config.vocab_dir)), storage.sha256_file(vocab_file)
     seen: dict[str, tuple[str, object]] = {}  # manifest key -> (first phase, its value)
-    for phase in config.phases:
+    for phase in config.phases[first_phase:]:
         manifest = shard_manifest(phase)
         where = f"{phase.name}.train_shards={phase.train_shards}"
         seq = manifest.get("max_seq_length")
@@ -133,7 +163,8 @@ def check_phase_inputs(config: PretrainConfig) -> None:
             raise ValueError(f"{where}: shards of max_seq_length {seq}, but "
                              f"{phase.name}.max_seq_length is {phase.max_seq_length}")
         recorded = (manifest.get("vocab") or {}).get("sha256")
-        if vocab_sha and recorded and recorded != vocab_sha:
+        if vocab_sha and recorded and recorded != vocab_sha and \
+                not same_tokens(manifest["vocab"].get("path"), config.vocab_dir):
             raise ValueError(
                 f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
                 f"(sha256 {recorded[:12]}), but vocab_dir={config.vocab_dir} holds another "
@@ -144,12 +175,24 @@ def check_phase_inputs(config: PretrainConfig) -> None:
                              f"but vocab_dir={config.vocab_dir} holds {vocab_size} tokens")
         for key, value in (("vocab_size", manifest.get("vocab_size")), ("vocab sha256", recorded),
                            ("nsp", bool(manifest.get("nsp", True)))):
+            if value is None:  # an older manifest without it
+                continue
             first = seen.setdefault(key, (phase.name, value))
-            if value is not None and first[1] is not None and value != first[1]:
+            if value != first[1]:
                 raise ValueError(f"{where}: shards with {key} {value}, but {first[0]}'s have "
                                  f"{first[1]}: every phase must train one model on one "
                                  "vocabulary, with next-sentence pairs in all phases or none")
         check_shard_files(list_shards(phase.train_shards, "train")[0])
+
+
+def same_tokens(recorded_path: str | None, vocab_dir: str) -> bool:
+    """Whether the vocabulary file a manifest names (if still readable) holds the same tokens
+    as `vocab_dir`'s: a copy with other line endings hashes differently but is the same."""
+    from pipelines.tokenization import read_vocab
+    try:
+        return bool(recorded_path) and read_vocab(recorded_path) == read_vocab(vocab_dir)
+    except (OSError, ValueError):
+        return False
 
 
 def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None):
@@ -569,16 +612,26 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     as a preemption would; running again resumes. Returns the last checkpoint tag, the export
     folder (None if stopped early) and whether the run is complete."""
     dist = init_distributed()
-    check_phase_inputs(config)  # every rank: all of them must stop
     if config.export_hf and not config.vocab_dir:
         raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
                          "(or --set export_hf=false)")
-    if config.export_hf:  # a casing contradiction must stop the run now, not at its export
-        export_do_lower_case(shard_manifest(config.phases[-1]), config.vocab_dir)
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
     resume = read_latest(ckpt_dir)
     if resume:
-        check_resume(config, ckpt_dir, resume)  # every rank: all of them must stop
+        on_all_ranks(dist, lambda: check_resume(config, ckpt_dir, resume))
+    # Inputs are checked from the phase the run resumes in on (earlier phases' shards may be
+    # gone): every phase's validation set now, so that phase 2's cannot fail after phase 1.
+    owed = resume.phase_index if resume else 0
+    validate = [index >= owed and on_all_ranks(
+                    dist, functools.partial(has_validation, config, phase, dist),
+                    agree=f"whether {phase.name} has validation shards")
+                for index, phase in enumerate(config.phases)]
+    redo = resume is not None and validation_missing(config, resume, validate, dist)
+    first = owed if redo else first_unfinished_phase(config, resume)
+    on_all_ranks(dist, lambda: check_phase_inputs(config, first))
+    if config.export_hf:  # a casing contradiction must stop the run now, not at its export
+        on_all_ranks(dist, lambda: export_do_lower_case(shard_manifest(config.phases[-1]),
+                                                        config.vocab_dir))
     if dist.is_main:
         print(cfg.describe(config, dist.world_size), flush=True)
         os.makedirs(ckpt_dir, exist_ok=True)
@@ -591,9 +644,6 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
                          (resume.phase_index, resume.step) if resume else None)
     last_tag = resume.tag if resume else None
     step_offset, budget, complete = 0, stop_after_steps, True
-    # Every phase's validation set is checked now: phase 2's must not fail after phase 1.
-    validate = [has_validation(config, phase, dist) for phase in config.phases]
-    redo = resume is not None and validation_missing(config, resume, validate, dist)
     for index, phase in enumerate(config.phases):
         here = resume is not None and resume.phase_index == index
         if resume is not None and (resume.phase_index > index or
@@ -622,6 +672,16 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
 
 
+def first_unfinished_phase(config: PretrainConfig, resume: CheckpointState | None) -> int:
+    """Index of the first phase with steps left (len(phases) when the run is complete)."""
+    if resume is None:
+        return 0
+    if resume.phase_index < len(config.phases) and \
+            resume.step < config.phases[resume.phase_index].steps:
+        return resume.phase_index
+    return min(resume.phase_index + 1, len(config.phases))
+
+
 def check_resume(config: PretrainConfig, ckpt_dir: str, resume: CheckpointState) -> None:
     """Refuse to resume `resume` under a config or shard set that would change the training."""
     from training.loader import read_shard_manifest, shard_set_digest
@@ -633,8 +693,8 @@ def check_resume(config: PretrainConfig, ckpt_dir: str, resume: CheckpointState)
                          "resume it with the version of this code that wrote it, or start a "
                          "new output_dir") from None
     conflicts = cfg.resume_conflicts(saved, config)
-    if resume.train_shards and resume.phase_index < len(config.phases):
-        phase = config.phases[resume.phase_index]
+    if resume.train_shards and first_unfinished_phase(config, resume) == resume.phase_index:
+        phase = config.phases[resume.phase_index]  # still to be trained on: same shards
         manifest = read_shard_manifest(phase.train_shards)
         if shard_set_digest(manifest, phase.train_shards) != resume.train_shards:
             conflicts.append(f"phases.{resume.phase_index}.train_shards: {phase.train_shards} "
@@ -723,26 +783,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError)
-"""What bad settings and bad inputs raise: their messages name the setting or file, so the
-command prints the message alone (BERT_DEBUG=1 shows the traceback)."""
-
-
 def main(argv: list[str] | None = None) -> None:
+    """`bert-pretrain`: our checks' errors (a bad setting, a missing or mismatched input) print
+    one line and exit 2; anything else, or BERT_DEBUG=1, keeps its traceback."""
+    from pipelines.jobs import debug_requested, is_user_error
+
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    debug = os.environ.get("BERT_DEBUG", "") not in ("", "0")
     try:
         config = cfg.resolve(args.preset, args.config, args.set)
     except USER_ERRORS as e:
-        if debug:
+        if debug_requested() or not is_user_error(e):
             raise
         parser.error(str(e))
     try:
         result = run(config, args.stop_after_steps)
     except USER_ERRORS as e:
-        if debug:
+        if debug_requested() or not is_user_error(e):
             raise
         rank = os.environ.get("RANK", "0")
         print(f"bert-pretrain: error{f' (rank {rank})' if rank != '0' else ''}: {e}",

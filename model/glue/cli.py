@@ -24,6 +24,7 @@ from model.glue.finetune import FinetuneConfig, GlueResult, run_glue
 from model.glue.report import markdown_table, write_report
 from model.glue.tasks import parse_tasks
 from pipelines import storage
+from pipelines.jobs import debug_requested, is_user_error
 
 log = logging.getLogger("bert-glue")
 
@@ -102,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return run(parser, args, finished)
     except USER_ERRORS as e:
-        if args.debug or os.environ.get("BERT_DEBUG", "") not in ("", "0"):
+        if args.debug or debug_requested() or not is_user_error(e, USER_ERRORS):
             raise
         message = str(e).strip() or type(e).__name__
         sys.stderr.write(f"{parser.prog}: error: {message}\n")
