@@ -204,8 +204,9 @@ def build_parser():
     return parser
 
 
-def select_inputs(pattern: str) -> tuple[list[str], dict[str, str]]:
-    """(documents Parquet files, {input folder: its manifest's config_hash}).
+def select_inputs(pattern: str) -> tuple[list[storage.InputFile], dict[str, str]]:
+    """(documents Parquet files with their listed sizes, {input folder: its manifest's
+    config_hash}).
 
     A folder given as input must hold a manifest.json (its stage finished); raises naming it."""
     folders: dict[str, str] = {}
@@ -216,7 +217,8 @@ def select_inputs(pattern: str) -> tuple[list[str], dict[str, str]]:
                 raise FileNotFoundError(f"--input {part!r} has no manifest.json: the job that "
                                         "writes it did not finish")
             folders[part] = manifest.get("config_hash", "")
-    files = sorted(f for f in storage.expand_inputs(pattern) if f.endswith(".parquet"))
+    files = sorted((f for f in storage.expand_input_files(pattern) if f.path.endswith(".parquet")),
+                   key=lambda f: f.path)
     if not files:
         raise FileNotFoundError(f"--input {pattern!r} holds no Parquet files")
     return files, folders
@@ -227,8 +229,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
     args, options = jobs.parse_job_args(build_parser(), argv)
     config = BuildCorpusConfig(input=args.input, output=args.output,
                                num_shards=args.num_shards, text_output=args.text_output)
-    files, folders = select_inputs(config.input)
-    sizes = {f: storage.file_size(f) for f in files}
+    listed, folders = select_inputs(config.input)
+    files = [f.path for f in listed]
+    sizes = {f.path: f.size_bytes for f in listed}  # from the listing: no lookup per file
     num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
     text_column = "sentences" if config.text_output else None
     log.info("build_corpus: %d input files, %d shard(s), config %s",

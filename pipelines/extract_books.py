@@ -4,8 +4,9 @@
     python pipelines/extract_books.py --input 'books/*.txt' --output out/books --num_shards 4 \\
         --direct_num_workers=2 --direct_running_mode=multi_processing
 
-Each file becomes one document (`doc_id` "books/<file stem>", title from the book's first
-bracketed line): decoded (UTF-8 with or without BOM, else CP1252/Latin-1, counted), CRLF
+Each file becomes one document (`doc_id` "books/<path below the input folder, without its
+extension>": "books/crlf" for a top-level crlf.txt, "books/austen/emma/text" for
+austen/emma/text.txt; title from the book's first bracketed line): decoded (UTF-8 with or without BOM, else CP1252/Latin-1, counted), CRLF
 normalised, Project Gutenberg header/footer and chapter headings dropped, hard-wrapped lines
 unwrapped into one passage per paragraph (see `pipelines/books.py`).
 
@@ -75,30 +76,33 @@ def is_excluded(path: str, patterns: Sequence[str]) -> bool:
     return any(fnmatch.fnmatch(name, p) for p in patterns)
 
 
-def doc_id_for(path: str) -> str:
-    return f"books/{os.path.splitext(os.path.basename(path))[0]}"
+def doc_id_for(file: storage.InputFile) -> str:
+    """"books/" + the file's path below its input folder without the extension: a top-level
+    file keeps its bare stem, and `a/book/text.txt` and `b/book/text.txt` stay two books."""
+    return f"books/{os.path.splitext(file.name)[0]}"
 
 
-def book_record(path: str, book: books.Book) -> dict:
+def book_record(file: storage.InputFile, book: books.Book) -> dict:
     """The DOCUMENT_SCHEMA row of one book."""
-    stem = os.path.splitext(os.path.basename(path))[0]
-    return {"doc_id": doc_id_for(path), "source": "books", "source_file": path,
+    stem = os.path.splitext(os.path.basename(file.path))[0]
+    return {"doc_id": doc_id_for(file), "source": "books", "source_file": file.path,
             "title": book.title or stem, "passages": list(book.passages)}
 
 
 class ExtractBookFn(beam.DoFn):
-    """Wires `books.extract_book`: path -> document record, plus tagged dead letters."""
+    """Wires `books.extract_book`: InputFile -> document record, plus tagged dead letters."""
 
     def __init__(self, config: books.BookConfig):
         self.config = config
         self.counters = {name: beam.metrics.Metrics.counter(NAMESPACE, name) for name in COUNTERS}
 
-    def process(self, path: str):
-        yield from extract_path(path, self.config, self.counters)
+    def process(self, file: storage.InputFile):
+        yield from extract_path(file, self.config, self.counters)
 
 
-def extract_path(path: str, config: books.BookConfig, counters: dict):
+def extract_path(file: storage.InputFile, config: books.BookConfig, counters: dict):
     """Read and extract one file; yields a record or tagged dead letters and bumps counters."""
+    path = file.path
     counters["files_read"].inc()
     try:
         with storage.open_read(path, "rb") as f:
@@ -126,7 +130,7 @@ def extract_path(path: str, config: books.BookConfig, counters: dict):
         counters["documents"].inc()
         counters["passages"].inc(len(book.passages))
         log.info("book %s: %d passages (%s)", os.path.basename(path), len(book.passages), book.encoding)
-        yield book_record(path, book)
+        yield book_record(file, book)
 
 
 def build_parser():
@@ -152,20 +156,22 @@ def config_from_args(args) -> ExtractBooksConfig:
         max_control_fraction=args.max_control_fraction)
 
 
-def select_inputs(config: ExtractBooksConfig) -> tuple[list[str], list[str]]:
-    """(books, excluded files). Raises ValueError naming the files when two books would get
-    the same doc_id."""
-    files = storage.expand_inputs(config.input)
-    excluded = [f for f in files if is_excluded(f, config.exclude)]
-    selected = sorted(set(files) - set(excluded))
+def select_inputs(config: ExtractBooksConfig) -> tuple[list[storage.InputFile], list[str]]:
+    """(books sorted by path, excluded paths). Raises ValueError naming the files when two
+    books would get the same doc_id (e.g. the same name below two comma-separated inputs)."""
+    files = storage.expand_input_files(config.input)
+    excluded = {f.path for f in files if is_excluded(f.path, config.exclude)}
+    # A file two patterns both name is one book.
+    selected = sorted({f.path: f for f in files if f.path not in excluded}.values(),
+                      key=lambda f: f.path)
     by_id: dict[str, str] = {}
     for f in selected:
-        if (other := by_id.setdefault(doc_id_for(f), f)) != f:
-            raise ValueError(f"{other} and {f} would both be document {doc_id_for(f)!r}: "
-                             "book file names must be unique")
+        if (other := by_id.setdefault(doc_id_for(f), f.path)) != f.path:
+            raise ValueError(f"{other} and {f.path} would both be document {doc_id_for(f)!r}: "
+                             "book paths below their input folders must be unique")
     if not selected:
         raise FileNotFoundError(f"--input {config.input!r}: no book files left after --exclude")
-    return selected, excluded
+    return selected, sorted(excluded)
 
 
 def run(argv: Sequence[str] | None = None) -> dict:
@@ -173,7 +179,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     args, options = jobs.parse_job_args(build_parser(), argv)
     config = config_from_args(args)
     files, excluded = select_inputs(config)
-    sizes = {f: storage.file_size(f) for f in files}
+    sizes = {f.path: f.size_bytes for f in files}  # from the listing: no lookup per file
     num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
     log.info("extract_books: %d books (%d excluded), %d shard(s), config %s",
              len(files), len(excluded), num_shards, dataclasses.asdict(config))
@@ -191,7 +197,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
         _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             parquet_io.dead_letter_path(config.output))
     counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
-    return finish(config, files, excluded, sizes, num_shards, counts)
+    return finish(config, [f.path for f in files], excluded, sizes, num_shards, counts)
 
 
 def finish(config: ExtractBooksConfig, files: list[str], excluded: list[str],

@@ -40,7 +40,7 @@ from pipelines.jobs import (
     parse_job_args,
     warn_dead_letters,
 )
-from pipelines.wiki_dump import DumpSplit, Page, iter_pages, plan_splits
+from pipelines.wiki_dump import DumpSplit, Page, is_index_file, iter_pages, plan_splits
 from pipelines.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
 
 STAGE = "extract_wikipedia"
@@ -238,12 +238,25 @@ def _config_from_args(args: argparse.Namespace) -> WikipediaConfig:
                               for f in dataclasses.fields(WikipediaConfig)})
 
 
-def dump_files(files: list[str]) -> list[str]:
-    """The dumps among `files`: a multistream dump's `...-index.txt.bz2` beside it (a folder
-    --input holds both, as Wikimedia publishes them) is how the dump is read, not a dump."""
-    indexes = {f.removesuffix(".xml.bz2") + "-index.txt.bz2" for f in files
-               if f.endswith(".xml.bz2")}
-    return [f for f in files if f not in indexes]
+def dump_files(files: list[storage.InputFile]) -> list[storage.InputFile]:
+    """The dumps among `files`: a multistream index (`...-multistream-index.txt.bz2`, or a
+    partitioned dump's `...-multistream-index1.txt-p1p41242.bz2`; a folder --input holds them
+    beside the dumps, as Wikimedia publishes them) is how a dump is read, not a dump."""
+    return [f for f in files if not is_index_file(f.path)]
+
+
+def select_dumps(pattern: str) -> list[storage.InputFile]:
+    """The dump files of --input, with sizes from its listing. Raises FileNotFoundError when it
+    names only multistream index files."""
+    files = storage.expand_input_files(pattern)
+    dumps = dump_files(files)
+    if not dumps:
+        raise FileNotFoundError(f"--input {pattern!r} holds only multistream index files "
+                                f"({', '.join(f.name for f in files[:3])}...), no dump")
+    if len(dumps) < len(files):
+        LOG.info("%d multistream index file(s) are read with their dumps, not as dumps",
+                 len(files) - len(dumps))
+    return dumps
 
 
 def _indexed_splits(inputs: list[tuple[str, int]],
@@ -253,8 +266,8 @@ def _indexed_splits(inputs: list[tuple[str, int]],
     # Finding the streams of a bz2 file without an index reads it once: show progress.
     with tqdm(total=sum(size for _, size in inputs), unit="B", unit_scale=True,
               desc="planning splits") as bar:
-        splits = [s for path, _ in inputs for s in plan_splits(path, config.split_bytes,
-                                                                 on_bytes=bar.update)]
+        splits = [s for path, size in inputs
+                  for s in plan_splits(path, config.split_bytes, on_bytes=bar.update, size=size)]
     return list(enumerate(splits))
 
 
@@ -263,8 +276,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
     configure_logging()
     args, options = parse_job_args(build_parser(), argv)
     config = _config_from_args(args)
-    files = dump_files(storage.expand_inputs(args.input))
-    inputs = [(path, storage.file_size(path)) for path in files]
+    dumps = select_dumps(args.input)
+    files = [f.path for f in dumps]
+    inputs = [(f.path, f.size_bytes) for f in dumps]  # sizes from the listing: no stat per file
     # The output folder is where, not what: it stays out of the config (and its hash).
     resolved = {"input": files, **dataclasses.asdict(config)}
     LOG.info("%s config: %s -> %s", STAGE, json.dumps(resolved, sort_keys=True), args.output)

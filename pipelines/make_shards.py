@@ -298,7 +298,7 @@ class ReadDocumentsFn(beam.DoFn):
         if bad and unit.part == 0:
             yield bad, [[] for _ in bad]
         bounds = share_bounds([sum(map(len, d)) for d in docs], unit.num_parts)
-        name = os.path.basename(unit.path)
+        name = unit.name
         first, last = bounds[unit.part], bounds[unit.part + 1]
         for start in range(first, last, self.batch_documents):
             chunk = docs[start:min(start + self.batch_documents, last)]
@@ -558,7 +558,7 @@ class WriteShards(beam.PTransform):
                 | "Write" >> beam.ParDo(WriteShardFn(self.output, cfg, job, self.vocab_path)))
 
 
-def build_scalable_pipeline(p, files: list[str], output: str, vocab_path: str,
+def build_scalable_pipeline(p, files: list[storage.InputFile], output: str, vocab_path: str,
                             cfg: InstanceConfig, job: ShardJobConfig, vocab_size: int):
     """Wire the scalable job into pipeline `p`; returns the PCollection of shard infos (JSON)."""
     read = (p
@@ -584,19 +584,21 @@ def build_scalable_pipeline(p, files: list[str], output: str, vocab_path: str,
 # Reference mode
 # ----------------------------------------------------------------------------------------------
 
-def read_all_documents(files: list[str], tokenizer, validation_fraction: float
+def read_all_documents(files: list[storage.InputFile], tokenizer, validation_fraction: float
                        ) -> tuple[dict[str, list[list[np.ndarray]]], list[jobs.BadRecord], int]:
     """Every document of every file, in input order, split by doc_id hash; and bad records.
 
     Text files are read as the reference reads them: as one stream of lines, so a document
-    that reaches the end of a file without a blank line goes on in the next one.
+    that reaches the end of a file without a blank line goes on in the next one. A text
+    document's id is `<path below the input folder>:<i>` (a top-level file: its bare name).
     """
     from tqdm import tqdm
 
     records: list[tuple[str, list[str]]] = []  # (doc_id, sentences), in input order
     bad: list[jobs.BadRecord] = []
     continues = False  # the last text file ended inside a document
-    for path in tqdm(files, desc="read", unit="file", file=sys.stderr):
+    for file in tqdm(files, desc="read", unit="file", file=sys.stderr):
+        path = file.path
         try:
             with storage.open_read(path, "rb") as f:
                 if is_parquet(path):
@@ -606,7 +608,7 @@ def read_all_documents(files: list[str], tokenizer, validation_fraction: float
                     data = f.read()
                     file_docs, file_bad = parse_reference_text(data, path)
                     bad += file_bad
-                    name = os.path.basename(path)
+                    name = file.name
                     file_records = [(f"{name}:{i}", d) for i, d in enumerate(file_docs)]
                     ends = open_ends(data)
                     if ends and continues and ends[0]:  # its first document is the last one's end
@@ -644,7 +646,7 @@ def _parquet_records(parquet, path: str, bad: list[jobs.BadRecord]) -> list[tupl
     return records
 
 
-def run_reference(files: list[str], output: str, vocab_path: str, cfg: InstanceConfig,
+def run_reference(files: list[storage.InputFile], output: str, vocab_path: str, cfg: InstanceConfig,
                   job: ShardJobConfig) -> tuple[list[shards.ShardInfo], dict]:
     """One process, one random stream: `create_instances_reference`, then the same writers."""
     from tqdm import tqdm
@@ -779,6 +781,13 @@ def _remove_stale(output: str, infos: list[shards.ShardInfo]) -> list[str]:
     return stale
 
 
+def input_files(pattern: str) -> list[storage.InputFile]:
+    """--input's files (see `select_inputs`), with the names and sizes of their listing."""
+    listed = storage.expand_input_files(pattern)
+    by_path = {f.path: f for f in listed}
+    return [by_path[path] for path in select_inputs([f.path for f in listed])]
+
+
 def run(argv: list[str] | None = None) -> dict:
     """Make shards; returns the manifest written to `<output>/manifest.json`."""
     jobs.configure_logging()
@@ -786,8 +795,8 @@ def run(argv: list[str] | None = None) -> dict:
     cfg, job = configs_from_args(args)
     from pipelines.tokenization import read_vocab
     vocab_size = len(read_vocab(args.vocab))
-    files = select_inputs(storage.expand_inputs(args.input))
-    options = {"input": files, "vocab": args.vocab, "instance": asdict(cfg), "job": asdict(job)}
+    files = input_files(args.input)
+    options = {"input": [f.path for f in files], "vocab": args.vocab, "instance": asdict(cfg), "job": asdict(job)}
     logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), args.output,
                 "\n".join(f"  {k}: {v}" for k, v in {**asdict(cfg), **asdict(job)}.items()))
     storage.makedirs(args.output)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines import jobs
+from pipelines import jobs, storage
 from pipelines.books import BookConfig, control_fraction
 from pipelines.tokenization import encode_like_reference
 
@@ -172,31 +172,25 @@ class ReadPart:
     num_parts: int
     num_bytes: int
     """Estimated input bytes (the file's size over its parts)."""
+    name: str
+    """The file's path below its input folder: a text file's documents are `<name>:<i>`."""
 
 
-def read_parts(files: list[str], part_bytes: int) -> list[ReadPart]:
-    """Work units for `files`, about `part_bytes` of input each (by file size).
+def read_parts(files: list[storage.InputFile], part_bytes: int) -> list[ReadPart]:
+    """Work units for `files`, about `part_bytes` of input each (by the size their listing
+    gave: no lookup per file).
 
     The runner deals a stage's elements out to its workers whole, and tokenization is the
     heaviest stage: one element per file would leave a worker idle while another tokenizes
     the largest file.
     """
     out = []
-    for file_index, path in enumerate(files):
-        limit = 1 << 20 if is_parquet(path) else MAX_TEXT_PARTS
-        size = _file_size(path)
-        n = min(limit, max(1, math.ceil(size / part_bytes)))
-        out += [ReadPart(file_index, path, k, n, size // n) for k in range(n)]
+    for file_index, file in enumerate(files):
+        limit = 1 << 20 if is_parquet(file.path) else MAX_TEXT_PARTS
+        n = min(limit, max(1, math.ceil(file.size_bytes / part_bytes)))
+        out += [ReadPart(file_index, file.path, k, n, file.size_bytes // n, file.name)
+                for k in range(n)]
     return out
-
-
-def _file_size(path: str) -> int:
-    """Bytes of `path`, or 0 if it cannot be listed (reading it then reports the error)."""
-    from apache_beam.io.filesystems import FileSystems
-    try:
-        return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
-    except Exception:  # noqa: BLE001 - a missing file becomes a dead letter when read
-        return 0
 
 
 def share_bounds(sizes: list[int], num_parts: int) -> list[int]:

@@ -173,72 +173,117 @@ SIDE_OUTPUT_DIRS = frozenset({"dead_letter", "duplicates"})
 """Folders our jobs write next to their outputs (set-aside records, removed duplicates): never
 inputs of a later stage, so a folder --input does not descend into them (jobs.DEAD_LETTER_DIR,
 build_corpus.DUPLICATES_FILE)."""
+_SKIPPED_DIRS = SIDE_OUTPUT_DIRS | {"_temporary"}
+"""...and the folder Hadoop/Spark output committers stage unfinished task output in."""
+_SKIPPED_FILES = frozenset({MANIFEST_NAME, "_SUCCESS"})
+"""Completion markers, ours and Hadoop/Spark's (an empty `_SUCCESS` is no input)."""
 _TEMP_PREFIXES = (".", "beam-temp-")
 """Hidden entries and the temporary folders Beam's file sinks leave when a job dies."""
 _GLOB_CHARS = frozenset("*?[")
 
 
+@dataclasses.dataclass(frozen=True)
+class InputFile:
+    """One file an `--input` resolved to, with what its listing said about it."""
+    path: str
+    """The file, local or remote, as the job opens it."""
+    size_bytes: int
+    """Its size, from the listing that found it (no second lookup per file)."""
+    name: str
+    """Its path below the folder it was found in ("fiction/caesar.txt"), "/"-separated; for a
+    glob, below the glob's folder; for a file named directly, its base name."""
+
+
 def expand_inputs(pattern: str | list[str]) -> list[str]:
+    """The paths of `expand_input_files(pattern)`."""
+    return [f.path for f in expand_input_files(pattern)]
+
+
+def expand_input_files(pattern: str | list[str]) -> list[InputFile]:
     """Resolve `--input` (a file, a glob, a folder, or a comma-separated list of them) to files.
 
-    A folder expands to every file under it, subfolders included, in sorted path order (so a
-    run is deterministic), skipping hidden entries, manifests and our jobs' side outputs
-    (`SIDE_OUTPUT_DIRS`). A remote path is a folder when it ends with "/", or when no object has
-    that exact name but objects sit under it (`gs://bucket/books`). A glob matches what it says
-    (`*` stays inside one folder). Raises FileNotFoundError naming the pattern when nothing
-    matches.
+    A folder expands to every file under it, subfolders included (symlinked ones followed, each
+    real folder once, the first in sorted order), in sorted path order (so a run is
+    deterministic), skipping what is not input: hidden entries, Beam's `beam-temp-*` folders,
+    manifests, our jobs' side outputs (`SIDE_OUTPUT_DIRS`), and Hadoop/Spark's `_SUCCESS`
+    markers and `_temporary/` folders. A remote path is a folder when it ends with "/", or when
+    no object has that exact name but objects sit under it (`gs://bucket/books`). A glob matches
+    what it says (`*` stays inside one folder). Sizes come from the one listing of each pattern:
+    a remote folder of 100k objects costs one listing, not a lookup per object. Raises
+    FileNotFoundError naming the pattern when nothing matches.
     """
-    from apache_beam.io.filesystems import FileSystems
-
     patterns = pattern if isinstance(pattern, list) else [p for p in str(pattern).split(",") if p]
-    files: list[str] = []
+    files: list[InputFile] = []
     for p in patterns:
-        if _is_folder(p):
-            found = folder_files(p)
-        else:
-            matches = FileSystems.match([p])[0].metadata_list
-            found = sorted(m.path for m in matches if _is_input_name(os.path.basename(m.path))
-                           and (is_remote(m.path) or os.path.isfile(m.path)))
+        found = _resolve(p)
         if not found:
             raise FileNotFoundError(f"--input {p!r} matches no files")
         files.extend(found)
     return files
 
 
-def _is_folder(path: str) -> bool:
-    if not is_remote(path):
-        return os.path.isdir(path)
-    if path.endswith("/"):
-        return True
-    if _GLOB_CHARS & set(path):
-        return False
+def _resolve(pattern: str) -> list[InputFile]:
+    """The input files of one pattern, sorted by path."""
     from apache_beam.io.filesystems import FileSystems
-    # An object store has no folders: `gs://b/books` is one when no object has that very name.
-    return not FileSystems.match([path])[0].metadata_list
+
+    if _GLOB_CHARS & set(pattern):
+        matches = FileSystems.match([pattern])[0].metadata_list
+        glob_folder = pattern[:min(pattern.index(c) for c in _GLOB_CHARS & set(pattern))]
+        return _below(glob_folder.rpartition("/")[0], [
+            (m.path, m.size_in_bytes) for m in matches
+            if _is_input_name(os.path.basename(m.path))
+            and (is_remote(m.path) or os.path.isfile(m.path))])
+    if not is_remote(pattern):
+        if os.path.isdir(pattern):
+            return folder_input_files(pattern)
+        if not os.path.isfile(pattern):
+            return []
+        return [InputFile(pattern, os.path.getsize(pattern), os.path.basename(pattern))]
+    # An object store has no folders: `gs://b/books` is one when no object has that very name
+    # (one lookup; `gs://b/books/` needs none).
+    exact = [] if pattern.endswith("/") else FileSystems.match([pattern])[0].metadata_list
+    if exact:
+        return [InputFile(m.path, m.size_in_bytes, m.path.rpartition("/")[2]) for m in exact]
+    return folder_input_files(pattern)
+
+
+def _below(folder: str, listed: list[tuple[str, int]]) -> list[InputFile]:
+    """InputFiles of (path, size) pairs listed under `folder`, named relative to it."""
+    prefix = folder.rstrip("/") + "/" if folder else ""
+    return sorted((InputFile(path, size, path[len(prefix):] if path.startswith(prefix)
+                             else os.path.basename(path)) for path, size in listed),
+                  key=lambda f: f.path)
 
 
 def folder_files(folder: str) -> list[str]:
-    """Every input file under `folder`, recursively, sorted; see `expand_inputs`."""
+    """The paths of `folder_input_files(folder)`."""
+    return [f.path for f in folder_input_files(folder)]
+
+
+def folder_input_files(folder: str) -> list[InputFile]:
+    """Every input file under `folder`, recursively, sorted; see `expand_input_files`."""
     base = str(folder).rstrip("/") or "/"
     if is_remote(base):
         from apache_beam.io.filesystems import FileSystems
-        # Object stores list by prefix; `**` crosses "/" in Beam's patterns.
-        paths = [m.path for m in FileSystems.match([f"{base}/**"])[0].metadata_list]
+        # Object stores list by prefix; `**` crosses "/" in Beam's patterns. The listing
+        # carries each object's size.
+        listed = [(m.path, m.size_in_bytes)
+                  for m in FileSystems.match([f"{base}/**"])[0].metadata_list]
     else:
-        paths = list(_walk_local(base))
-    found = []
-    for path in paths:
+        listed = list(_walk_local(base))
+    kept = []
+    for path, size in listed:
         parts = path[len(base):].lstrip("/").split("/")
-        if (all(_is_input_name(part) for part in parts)
-                and not SIDE_OUTPUT_DIRS & set(parts[:-1])
-                and (is_remote(path) or os.path.isfile(path))):
-            found.append(path)
-    return sorted(found)
+        if all(_is_input_name(part) for part in parts) and not _SKIPPED_DIRS & set(parts[:-1]):
+            kept.append((path, size))
+    return _below(base, kept)
 
 
-def _walk_local(base: str) -> Iterator[str]:
-    """Files under a local folder. Symlinked subfolders are followed (a linked book folder must
-    not vanish), each real folder once (a link to an ancestor is no endless loop)."""
+def _walk_local(base: str) -> Iterator[tuple[str, int]]:
+    """(path, size) of the files under a local folder. Symlinked subfolders are followed (a
+    linked book folder must not vanish), each real folder once (a link to an ancestor is no
+    endless loop); subfolders are walked in sorted order, so which of two routes to one folder
+    is kept does not depend on the order the filesystem lists them in."""
     seen: set[str] = set()
     for root, dirs, files in os.walk(base, followlinks=True):
         real = os.path.realpath(root)
@@ -246,9 +291,12 @@ def _walk_local(base: str) -> Iterator[str]:
             dirs[:] = []
             continue
         seen.add(real)
-        dirs[:] = [d for d in dirs if _is_input_name(d) and d not in SIDE_OUTPUT_DIRS]
-        yield from (os.path.join(root, name) for name in files)
+        dirs[:] = sorted(d for d in dirs if _is_input_name(d) and d not in _SKIPPED_DIRS)
+        for name in files:
+            path = os.path.join(root, name)
+            if os.path.isfile(path):  # not a dangling symlink, a socket, ...
+                yield path, os.path.getsize(path)
 
 
 def _is_input_name(name: str) -> bool:
-    return bool(name) and not name.startswith(_TEMP_PREFIXES) and name != MANIFEST_NAME
+    return bool(name) and not name.startswith(_TEMP_PREFIXES) and name not in _SKIPPED_FILES

@@ -57,20 +57,33 @@ def is_vocab_folder(path: str) -> bool:
 
 def recorded_lower_case(vocab_path: str) -> bool | None:
     """The casing a vocabulary folder records in `tokenizer_config.json` (`do_lower_case`, as
-    transformers and train_vocab write it), or None when it records none (a bare vocab.txt).
+    transformers and train_vocab write it), or None when it records none (a vocab.txt alone).
+    For a `vocab.txt` path that is its folder's config: `--vocab cased/vocab.txt` is as cased
+    as `--vocab cased`.
 
     The same rule as `model.hf.vocab_do_lower_case`, which decides the exported tokenizer: shards
     and export must agree.
     """
     from pipelines import storage
 
-    config_path = storage.join(vocab_path.rstrip("/"), "tokenizer_config.json")
-    if not is_vocab_folder(vocab_path) or not storage.exists(config_path):
+    folder = (vocab_path.rstrip("/") if is_vocab_folder(vocab_path)
+              else _parent(vocab_path))
+    config_path = storage.join(folder, "tokenizer_config.json")
+    if not storage.exists(config_path):
         return None
     value = storage.read_json(config_path).get("do_lower_case")
     if value is not None and not isinstance(value, bool):
         raise ValueError(f"{config_path}: do_lower_case must be true or false, got {value!r}")
     return value
+
+
+def _parent(path: str) -> str:
+    """The folder holding file `path` (local or remote)."""
+    from pipelines import storage
+
+    if storage.is_remote(path):
+        return path.rpartition("/")[0]
+    return os.path.dirname(path) or "."
 
 
 def bert_normalizer(do_lower_case: bool) -> normalizers.Normalizer:

@@ -84,14 +84,16 @@ def is_bz2(path: str) -> bool:
 
 
 def bz2_stream_offsets(path: str, chunk_bytes: int = 8 * CHUNK_BYTES,
-                       on_bytes: Callable[[int], object] = lambda n: None) -> list[int]:
+                       on_bytes: Callable[[int], object] = lambda n: None,
+                       size: int | None = None) -> list[int]:
     """Byte offsets of the bz2 streams in `path` (a multistream index file is used if present).
 
-    `on_bytes(n)` is told of every n bytes scanned (a progress bar's update).
+    `on_bytes(n)` is told of every n bytes scanned (a progress bar's update); `size`: the
+    file's size if the caller's listing gave it (else it is looked up).
     """
     index = _index_path(path)
     if index is not None:
-        on_bytes(storage.file_size(path))
+        on_bytes(storage.file_size(path) if size is None else size)
         return _offsets_from_index(index)
     offsets: list[int] = []
     overlap = 9  # a stream header cut by a chunk boundary is found in the next chunk
@@ -109,12 +111,32 @@ def bz2_stream_offsets(path: str, chunk_bytes: int = 8 * CHUNK_BYTES,
     return offsets or [0]
 
 
+_PARTITION = re.compile(r"^(?P<stem>.*?)(?P<part>\d+)\.xml-(?P<pages>p\d+p\d+)\.bz2$")
+"""A partitioned dump: enwiki-DATE-pages-articles-multistream1.xml-p1p41242.bz2."""
+_INDEX_NAME = re.compile(r"-index(\.txt|\d+\.txt-p\d+p\d+)\.bz2$")
+"""A multistream index: ...-multistream-index.txt.bz2, or a partition's
+...-multistream-index1.txt-p1p41242.bz2 (one `offset:page_id:title` line per page)."""
+
+
+def index_name_for(path: str) -> str | None:
+    """The name Wikimedia gives the multistream index of dump `path`, or None (not a .bz2 dump):
+    ...-multistream.xml.bz2 -> ...-multistream-index.txt.bz2 and
+    ...-multistream1.xml-p1p41242.bz2 -> ...-multistream-index1.txt-p1p41242.bz2."""
+    if match := _PARTITION.match(path):
+        return f"{match['stem']}-index{match['part']}.txt-{match['pages']}.bz2"
+    if path.endswith(".xml.bz2"):
+        return path[: -len(".xml.bz2")] + "-index.txt.bz2"
+    return None
+
+
+def is_index_file(path: str) -> bool:
+    """Whether `path` is named as a multistream index (how a dump is read, not a dump)."""
+    return bool(_INDEX_NAME.search(path))
+
+
 def _index_path(path: str) -> str | None:
-    # enwiki-DATE-pages-articles-multistream.xml.bz2 -> ...-multistream-index.txt.bz2
-    if not path.endswith(".xml.bz2"):
-        return None
-    candidate = path[: -len(".xml.bz2")] + "-index.txt.bz2"
-    return candidate if storage.exists(candidate) else None
+    candidate = index_name_for(path)
+    return candidate if candidate is not None and storage.exists(candidate) else None
 
 
 def _offsets_from_index(index: str) -> list[int]:
@@ -126,14 +148,16 @@ def _offsets_from_index(index: str) -> list[int]:
 
 
 def plan_splits(path: str, split_bytes: int,
-                on_bytes: Callable[[int], object] = lambda n: None) -> list[DumpSplit]:
+                on_bytes: Callable[[int], object] = lambda n: None,
+                size: int | None = None) -> list[DumpSplit]:
     """Cut one dump file into splits of about `split_bytes` (bz2: whole streams, at least one).
 
-    `split_bytes=0` makes each bz2 stream a split (and a plain .xml file one split).
+    `split_bytes=0` makes each bz2 stream a split (and a plain .xml file one split). `size`: the
+    file's size if the caller's listing gave it (else it is looked up).
     """
-    size = storage.file_size(path)
+    size = storage.file_size(path) if size is None else size
     if size and is_bz2(path):
-        offsets = bz2_stream_offsets(path, on_bytes=on_bytes)
+        offsets = bz2_stream_offsets(path, on_bytes=on_bytes, size=size)
         starts = [offsets[0]]
         for offset in offsets[1:]:
             if offset - starts[-1] >= split_bytes:

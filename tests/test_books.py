@@ -12,7 +12,7 @@ import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines import books, extract_books, jobs
+from pipelines import books, extract_books, jobs, storage
 from pipelines.documents import DOCUMENT_SCHEMA
 
 BOOK_NAMES = ["austen-emma", "austen-persuasion", "austen-sense", "blake-poems",
@@ -360,7 +360,8 @@ def test_extract_fn_composite(tmp_path):
     (tmp_path / "tale.txt").write_bytes(b"[Tale by Me 1900]\r\n\r\nCHAPTER I\r\n\r\nOnce upon\r\na time.\r\n")
     (tmp_path / "blank.txt").write_bytes(b"")
     with test_pipeline.TestPipeline() as p:
-        results = (p | beam.Create([str(tmp_path / "tale.txt"), str(tmp_path / "blank.txt")])
+        results = (p | beam.Create([storage.InputFile(str(tmp_path / name), 0, name)
+                                    for name in ("tale.txt", "blank.txt")])
                    | beam.ParDo(extract_books.ExtractBookFn(books.BookConfig()))
                    .with_outputs("dead_letter", main="documents"))
         assert_that(results.documents, equal_to([{
@@ -397,8 +398,38 @@ def test_a_folder_input_reads_its_subfolders(shared_data, tmp_path):
     assert [i["path"] for i in manifest["inputs"]] == [
         str(src / "crlf.txt"), str(src / "fiction" / "caesar.txt"), str(src / "poetry" / "blake.txt")]
     assert [d["doc_id"] for d in _read_docs(tmp_path / "out")] == [
-        "books/blake", "books/caesar", "books/crlf"]
+        "books/crlf", "books/fiction/caesar", "books/poetry/blake"]
     assert (manifest["counts"]["documents"], manifest["counts"]["files_excluded"]) == (3, 0)
+    assert [i["bytes"] for i in manifest["inputs"]] == [
+        (shared_data / "books" / book).stat().st_size
+        for book in ("austen-persuasion.txt", "shakespeare-caesar.txt", "blake-poems.txt")]
+
+
+def test_books_with_the_same_file_name_in_their_own_folders(shared_data, tmp_path):
+    """`author/book/text.txt` trees (one folder per book, the text always text.txt): the doc_id
+    is the path below the input folder, so every book is kept; a top-level file keeps its stem,
+    and a glob names files below its folder."""
+    src = tmp_path / "books"
+    layout = [("austen/emma/text.txt", "austen-emma.txt"),
+              ("austen/persuasion/text.txt", "austen-persuasion.txt"),
+              ("blake/poems/text.txt", "blake-poems.txt"), ("caesar.txt", "shakespeare-caesar.txt")]
+    for name, book in layout:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_bytes((shared_data / "books" / book).read_bytes())
+    manifest = extract_books.run(["--input", str(src), "--output", str(tmp_path / "out")])
+    docs = _read_docs(tmp_path / "out")
+    assert [(d["doc_id"], d["source_file"]) for d in docs] == [
+        ("books/austen/emma/text", str(src / "austen/emma/text.txt")),
+        ("books/austen/persuasion/text", str(src / "austen/persuasion/text.txt")),
+        ("books/blake/poems/text", str(src / "blake/poems/text.txt")),
+        ("books/caesar", str(src / "caesar.txt"))]
+    assert [d["title"] for d in docs][:2] == ["Emma by Jane Austen 1816",
+                                              "Persuasion by Jane Austen 1818"]
+    assert manifest["counts"]["documents"] == 4
+    files, _ = extract_books.select_inputs(extract_books.ExtractBooksConfig(
+        input=str(src / "austen" / "*" / "text.txt"), output=str(tmp_path / "unused")))
+    assert [extract_books.doc_id_for(f) for f in files] == [
+        "books/emma/text", "books/persuasion/text"]
 
 
 def test_only_bad_files_fail_the_run_without_a_manifest(shared_data, tmp_path):

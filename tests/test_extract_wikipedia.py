@@ -568,3 +568,45 @@ def test_a_folder_with_a_multistream_dump_and_its_index_reads_the_dump_once(
     manifest = run_job(folder, tmp_path / "out", *DEBUG_ARGS)
     assert [i["path"] for i in manifest["inputs"]] == [str(dump)]
     assert manifest["counts"] == job_output[1]["counts"]
+
+
+PARTITIONS = ("enwiki-20240101-pages-articles-multistream1.xml-p1p41242.bz2",
+              "enwiki-20240101-pages-articles-multistream2.xml-p41243p151573.bz2")
+PARTITION_INDEXES = ("enwiki-20240101-pages-articles-multistream-index1.txt-p1p41242.bz2",
+                     "enwiki-20240101-pages-articles-multistream-index2.txt-p41243p151573.bz2")
+
+
+def test_partitioned_dump_names_and_their_index_names():
+    from pipelines.wiki_dump import index_name_for, is_index_file
+
+    assert [index_name_for(f"gs://b/{name}") for name in PARTITIONS] == [
+        f"gs://b/{name}" for name in PARTITION_INDEXES]
+    assert index_name_for("enwiki-20240101-pages-articles-multistream.xml.bz2") == \
+        "enwiki-20240101-pages-articles-multistream-index.txt.bz2"
+    assert index_name_for("wiki2024.xml.bz2") == "wiki2024-index.txt.bz2"
+    assert index_name_for("dump.xml") is None
+    assert [is_index_file(n) for n in (*PARTITION_INDEXES, "a-multistream-index.txt.bz2",
+                                       *PARTITIONS, "enwiki-pages-articles.xml.bz2",
+                                       "index.txt.bz2")] == [True] * 3 + [False] * 4
+
+
+def test_a_folder_of_partitioned_multistream_dumps_skips_their_indexes(
+        multistream_output, job_output, tmp_path):
+    """enwiki is published in partitions, each with its own index
+    (...-multistream-index1.txt-p1p41242.bz2): each index cuts its partition and is no input."""
+    path, _, _ = multistream_output
+    folder = tmp_path / "enwiki"
+    folder.mkdir()
+    offsets = bz2_stream_offsets(str(path))
+    for dump, index in zip(PARTITIONS, PARTITION_INDEXES):
+        (folder / dump).write_bytes(path.read_bytes())
+        (folder / index).write_bytes(bz2.compress("".join(
+            f"{offset}:{n}:Title {n}\n" for n, offset in enumerate(offsets[1:-1])).encode()))
+    # The index lists page streams only (no footer stream): read from it, not scanned.
+    assert bz2_stream_offsets(str(folder / PARTITIONS[0])) == offsets[:-1]
+    manifest = run_job(folder, tmp_path / "out", *DEBUG_ARGS)
+    assert [i["path"] for i in manifest["inputs"]] == [str(folder / name) for name in PARTITIONS]
+    assert [i["size_bytes"] for i in manifest["inputs"]] == [path.stat().st_size] * 2
+    assert manifest["counts"] == {k: 2 * v for k, v in job_output[1]["counts"].items()}
+    with pytest.raises(FileNotFoundError, match="holds only multistream index files"):
+        run_job(folder / PARTITION_INDEXES[0], tmp_path / "out_index")

@@ -1,6 +1,7 @@
 """The shared foundation: atomic writes, input expansion, the beam command, the tokenizer."""
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -151,6 +152,9 @@ def test_expand_inputs_walks_subfolders_in_sorted_order_skipping_side_outputs(tm
 
 _OBJECTS: dict[str, bytes] = {}
 """Objects by full name, as an object store (gs://, s3://) holds them: no folders."""
+_CALLS: collections.Counter[str] = collections.Counter()
+"""Requests made to the object store: "list" (one listing by prefix) or "lookup" (one object's
+existence or metadata; on GCS each is a round trip)."""
 
 
 @functools.cache
@@ -174,21 +178,25 @@ def _object_store_filesystem():
             return False
 
         def exists(self, path):
+            _CALLS["lookup"] += 1
             return path in _OBJECTS
 
         def size(self, path):
+            _CALLS["lookup"] += 1
             return len(_OBJECTS[path])
 
         def last_updated(self, path):
             return 0.0
 
         def metadata(self, path):
-            return FileMetadata(path, self.size(path), 0.0)
+            _CALLS["lookup"] += 1
+            return FileMetadata(path, len(_OBJECTS[path]), 0.0)
 
         def _list(self, prefix):
+            _CALLS["list"] += 1  # a listing carries each object's size
             for name in sorted(_OBJECTS):
                 if name.startswith(prefix):
-                    yield self.metadata(name)
+                    yield FileMetadata(name, len(_OBJECTS[name]), 0.0)
 
         def mkdirs(self, path):
             pass
@@ -218,6 +226,50 @@ def test_expand_inputs_remote_folder_with_or_without_trailing_slash():
     assert storage.expand_inputs("objtest://bucket/books/*.txt") == expected[:1]
     with pytest.raises(FileNotFoundError, match="objtest://bucket/book'"):
         storage.expand_inputs("objtest://bucket/book")
+
+
+def test_a_remote_folder_costs_one_listing_not_a_lookup_per_object(shared_data, tmp_path):
+    """100k book objects must not mean 200k sequential metadata requests: sizes and names come
+    from the one listing, for extract_books (whole run) and extract_wikipedia's inputs."""
+    from pipelines import extract_books, extract_wikipedia
+
+    _object_store_filesystem()
+    _OBJECTS.clear()
+    text = (shared_data / "books" / "blake-poems.txt").read_bytes()
+    names = [f"author{a}/book{b}/text.txt" for a in range(10) for b in range(3)] + ["top.txt"]
+    _OBJECTS.update({f"objtest://bucket/books/{name}": text[:1000 + i] for i, name in
+                     enumerate(names)})
+    _OBJECTS["objtest://bucket/books/_SUCCESS"] = b""
+    _CALLS.clear()
+    manifest = extract_books.run(["--input", "objtest://bucket/books",
+                                  "--output", str(tmp_path / "out")])
+    # One lookup: is `books` an object? No: one listing of `books/`; then only the 31 reads.
+    assert dict(_CALLS) == {"lookup": 1, "list": 1}
+    assert [(i["path"], i["bytes"]) for i in manifest["inputs"]] == sorted(
+        (f"objtest://bucket/books/{name}", 1000 + i) for i, name in enumerate(names))
+    assert manifest["counts"]["documents"] == 31
+    _CALLS.clear()
+    dumps = extract_wikipedia.select_dumps("objtest://bucket/books/")
+    assert dict(_CALLS) == {"list": 1}
+    assert [(d.name, d.size_bytes) for d in dumps][:2] == [("author0/book0/text.txt", 1000),
+                                                           ("author0/book1/text.txt", 1001)]
+
+
+def test_hadoop_markers_and_symlink_order_in_a_local_folder(tmp_path):
+    """Spark/Hadoop output folders hold `_SUCCESS` and `_temporary/` (unfinished task output):
+    no input. Two routes to one folder: the first in sorted order is kept, whatever order the
+    filesystem lists them in (here the real folder is created, so listed, first)."""
+    src = tmp_path / "parts"
+    for name in ["part-00000.txt", "_SUCCESS", "_temporary/0/_temporary/attempt_1/part-00001.txt",
+                 "z_real/book.txt", "sub/_SUCCESS", "sub/part-00002.txt"]:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text("x" * len(name))
+    (src / "a_link").symlink_to(src / "z_real")
+    files = storage.expand_input_files(str(src))
+    assert [(f.name, f.size_bytes) for f in files] == [
+        ("a_link/book.txt", 15), ("part-00000.txt", 14), ("sub/part-00002.txt", 18)]
+    assert [f.path for f in files] == [str(src / f.name) for f in files]
+    assert storage.expand_inputs(str(src / "*")) == [str(src / "part-00000.txt")]
 
 
 def test_user_errors_are_one_line_exit_2_and_bugs_keep_their_traceback(capsys, tmp_path):
@@ -272,6 +324,11 @@ def test_remote_vocabulary_folder_without_trailing_slash(minilm_dir, tmp_path):
     assert read_vocab("objtest://bucket/vocab") == read_vocab(str(minilm_dir))
     assert read_vocab("objtest://bucket/vocab/") == read_vocab(str(minilm_dir))
     assert read_vocab("objtest://bucket/vocab/vocab.txt") == read_vocab(str(minilm_dir))
-    assert [recorded_lower_case(p) for p in ("objtest://bucket/vocab", str(tmp_path),
-                                             str(minilm_dir), str(minilm_dir / "vocab.txt"))] == [
-        False, False, True, None]
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "vocab.txt").write_bytes((minilm_dir / "vocab.txt").read_bytes())
+    # A vocab.txt path: its folder's tokenizer_config.json decides; a vocab.txt alone, nothing.
+    assert [recorded_lower_case(p) for p in (
+        "objtest://bucket/vocab", "objtest://bucket/vocab/vocab.txt", str(tmp_path),
+        str(tmp_path / "vocab.txt"), str(minilm_dir), str(minilm_dir / "vocab.txt"),
+        str(bare / "vocab.txt"))] == [False, False, False, False, True, True, None]

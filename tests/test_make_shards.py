@@ -197,7 +197,7 @@ def test_files_read_in_parts_give_the_same_shards(one_worker, corpus, minilm_dir
     # A blank line that is not UTF-8: still a document break, so the documents are unchanged.
     separator = data.index(b"\n\n") + 1
     book.write_bytes(data[:separator] + b"\xff" + data[separator:])
-    files = [str(f) for f in sorted(text.iterdir())]
+    files = storage.expand_input_files(str(text))
     parts = shard_inputs.read_parts(files, 8 * 1024)
     assert len(parts) > 2 * len(files)
     assert {u.num_parts for u in parts if u.path == str(book)} == {
@@ -390,6 +390,33 @@ def test_validation_split(corpus, minilm_dir, tmp_path):
     assert verify_shards.verify_folder(str(tmp_path), progress=False)[0] == []
 
 
+@pytest.mark.parametrize("mode", ["scalable", "reference"])
+def test_text_files_of_the_same_name_in_subfolders_are_different_documents(
+        corpus, minilm_dir, tmp_path, mode):
+    """wikiextractor writes AA/wiki_00, AB/wiki_00, ...: a document's id is the file's path below
+    the input folder and its number, so `AA/wiki_00:3` and `AB/wiki_00:3` are two documents
+    (each held out by its own hash); a top-level file keeps its bare name."""
+    folder = tmp_path / "extracted"
+    sample = (corpus["text"] / "a-sample.txt").read_bytes()
+    for name in ("AA/wiki_00", "AB/wiki_00", "top.txt"):
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(sample)
+    assert [p.name for p in shard_inputs.read_parts(storage.expand_input_files(str(folder)),
+                                                    1 << 20)] == [
+        "AA/wiki_00", "AB/wiki_00", "top.txt"]
+    manifest = _run(folder, tmp_path / "out", minilm_dir, "--validation_fraction", "0.5",
+                    "--num_shards", "1", "--mode", mode)
+    per_file = len(sample.decode().strip().split("\n\n"))
+    doc_ids = [f"{name}:{i}" for name in ("AA/wiki_00", "AB/wiki_00", "top.txt")
+               for i in range(per_file)]
+    held_out = sum(shard_inputs.split_of(d, 0.5) == "validation" for d in doc_ids)
+    # With ids by base name the two wiki_00 copies would always share a split.
+    assert held_out != sum(shard_inputs.split_of(f"{name}:{i}", 0.5) == "validation"
+                           for name in ("wiki_00", "wiki_00", "top.txt") for i in range(per_file))
+    assert (manifest["counters"]["documents_validation"],
+            manifest["counters"]["documents"]) == (held_out, 3 * per_file)
+
+
 def test_mlm_only(corpus, minilm_dir, tmp_path):
     manifest = _run(corpus["text"], tmp_path, minilm_dir, "--no_next_sentence")
     assert not manifest["nsp"] and manifest["totals"]["num_random_next"] == 0
@@ -483,7 +510,7 @@ def test_a_corrupt_row_group_loses_its_part_with_a_dead_letter(minilm_dir, tmp_p
                    column.data_page_offset + column.total_compressed_size - 4):
         data[i] ^= 0x5A
     path.write_bytes(bytes(data))
-    (part,) = shard_inputs.read_parts([str(path)], 1024)[:1]
+    (part,) = shard_inputs.read_parts(storage.expand_input_files(str(path)), 1024)[:1]
     assert part.num_parts > 1  # the file is read in parts, so the corrupt group is not in part 0
     manifest = _run(folder, tmp_path / "out", minilm_dir, "--read_part_kb", "1",
                     "--num_shards", "1")
@@ -510,8 +537,13 @@ def test_the_vocabulary_folder_decides_the_casing(corpus, minilm_dir, tmp_path):
     bare.parent.mkdir()
     shutil.copy(minilm_dir / "vocab.txt", bare)
     assert [make_shards.resolve_do_lower_case(flag, str(vocab)) for flag, vocab in [
-        (None, cased), (None, minilm_dir), (None, bare), (False, bare), (False, cased)]] == [
-        False, True, True, False, False]
+        (None, cased), (None, minilm_dir), (None, bare), (False, bare), (False, cased),
+        (None, cased / "vocab.txt"), (False, cased / "vocab.txt"),
+        (None, minilm_dir / "vocab.txt")]] == [False, True, True, False, False, False, False, True]
+    # `--vocab cased/vocab.txt` names the same cased vocabulary as `--vocab cased`.
+    with pytest.raises(ValueError, match=r"--do_lower_case=true contradicts --vocab .*cased/"
+                                         r"vocab.txt, whose tokenizer files say do_lower_case="):
+        make_shards.resolve_do_lower_case(True, str(cased / "vocab.txt"))
     with pytest.raises(ValueError, match=r"--do_lower_case=true contradicts --vocab .*cased, "
                                          r"whose tokenizer files say do_lower_case=false"):
         _reference_run(corpus["text"] / "a-sample.txt", tmp_path / "x", cased, "--do_lower_case")
