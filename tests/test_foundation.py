@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import functools
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -272,7 +273,17 @@ def test_hadoop_markers_and_symlink_order_in_a_local_folder(tmp_path):
     assert storage.expand_inputs(str(src / "*")) == [str(src / "part-00000.txt")]
 
 
-def test_user_errors_are_one_line_exit_2_and_bugs_keep_their_traceback(capsys, tmp_path):
+@pytest.fixture
+def root_logging():
+    """Restores the root logger's handlers: a job run under capsys binds one to the captured
+    stderr, which is closed after the test (later log records would then fail to write)."""
+    handlers = logging.root.handlers[:]
+    yield
+    logging.root.handlers = handlers
+
+
+def test_user_errors_are_one_line_exit_2_and_bugs_keep_their_traceback(capsys, tmp_path,
+                                                                         root_logging):
     """Our checks' errors are one line; the same types raised inside a library are bugs."""
     from pipelines import extract_books
 
