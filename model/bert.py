@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -389,11 +390,18 @@ class BatchLayout:
     """False when every row is one instance without padding: attention takes no mask."""
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> BatchLayout:
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> BatchLayout:
+        """Page-locked copies (what a DataLoader with pin_memory=True asks of batch items)."""
+        return self._map(Tensor.pin_memory)
+
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> BatchLayout:
         if self.plan is None:
             return self
 
         def move(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.to(device, non_blocking=non_blocking)
+            return None if t is None else fn(t)
 
         groups = tuple(InstanceGroup(move(g.index), move(g.key_mask), move(g.real))
                        for g in self.plan.groups)

@@ -814,3 +814,14 @@ def test_metric_counts_stay_exact_with_a_bf16_loss():
     assert sums == {"loss": 2.5, "mlm_loss": 2.5, "mlm_correct": 1001.0, "mlm_count": 3001.0,
                     "nsp_loss": 0.0, "nsp_correct": 0.0, "nsp_count": 0.0,
                     "tokens": 38400.0, "samples": 300.0, "micro_batches": 1.0}
+
+
+def test_gpu_runs_pin_their_training_batches(data, tmp_path):
+    """On GPUs the training loader pins its batches (so `to(device, non_blocking=True)` copies
+    overlap with compute); on CPU nothing is pinned."""
+    config = make_config(data, tmp_path / "run")
+    phase = config.phases[0]
+    for on_gpu in (False, True):
+        dist = pretrain.Dist(rank=0, world_size=1, on_gpu=on_gpu)
+        assert pretrain.build_loader(config, phase, dist).pin_memory is on_gpu
+        assert pretrain.build_loader(config, phase, dist, validation=True).pin_memory is False

@@ -376,6 +376,9 @@ class LoaderConfig:
     """Shard name prefix (`train` or `validation`)."""
     remasker: Remasker | None = None
     """Dynamic re-masking, or None to use the shards' masks."""
+    pin_memory: bool = False
+    """Batches in page-locked memory (GPU training: their copies to the device then overlap
+    with compute)."""
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world_size:
@@ -507,7 +510,7 @@ class ShardLoader:
             generator = torch.Generator().manual_seed(self.config.seed * 1000 + self.epoch)
             loader = DataLoader(dataset, batch_size=None, num_workers=self.config.num_workers,
                                 prefetch_factor=4 if self.config.num_workers else None,
-                                generator=generator)
+                                generator=generator, pin_memory=self.config.pin_memory)
             try:
                 for batch in loader:
                     self.batch_in_epoch += 1

@@ -246,7 +246,8 @@ def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
         batch_size=phase.micro_batch_size, max_seq_length=phase.max_seq_length, rank=dist.rank,
         world_size=dist.world_size, num_workers=0 if validation else config.num_workers,
         seed=config.seed, shuffle_buffer=config.shuffle_buffer,
-        split="validation" if validation else "train", remasker=remasker)
+        split="validation" if validation else "train", remasker=remasker,
+        pin_memory=dist.on_gpu and not validation)
 
 
 # ---------------------------------------------------------------- steps
