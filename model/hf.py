@@ -200,7 +200,7 @@ def vocab_do_lower_case(vocab_dir: str) -> bool:
         return True
     value = storage.read_json(path).get("do_lower_case", True)
     if not isinstance(value, bool):
-        raise TypeError(f"{path}: do_lower_case must be true or false, got {value!r}")
+        raise ValueError(f"{path}: do_lower_case must be true or false, got {value!r}")  # noqa: TRY004 (a bad file)
     return value
 
 

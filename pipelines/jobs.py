@@ -130,7 +130,12 @@ def is_user_error(error: BaseException, kinds: tuple[type[BaseException], ...] =
         return True
     while tb.tb_next is not None:
         tb = tb.tb_next
-    path = os.path.abspath(tb.tb_frame.f_code.co_filename)
+    return is_our_file(tb.tb_frame.f_code.co_filename)
+
+
+def is_our_file(path: str) -> bool:
+    """Whether a source file belongs to this project's packages (not a library's)."""
+    path = os.path.abspath(path)
     return any(path.startswith(os.path.join(_REPO, package) + os.sep) for package in OUR_PACKAGES)
 
 

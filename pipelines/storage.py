@@ -226,7 +226,7 @@ def _resolve(pattern: str) -> list[InputFile]:
     """The input files of one pattern, sorted by path."""
     from apache_beam.io.filesystems import FileSystems
 
-    if _GLOB_CHARS & set(pattern):
+    if _GLOB_CHARS & set(pattern) and not (not is_remote(pattern) and os.path.exists(pattern)):
         matches = FileSystems.match([pattern])[0].metadata_list
         glob_folder = pattern[:min(pattern.index(c) for c in _GLOB_CHARS & set(pattern))]
         return _below(glob_folder.rpartition("/")[0], [

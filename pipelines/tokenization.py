@@ -58,16 +58,20 @@ def is_vocab_folder(path: str) -> bool:
 def recorded_lower_case(vocab_path: str) -> bool | None:
     """The casing a vocabulary folder records in `tokenizer_config.json` (`do_lower_case`, as
     transformers and train_vocab write it), or None when it records none (a vocab.txt alone).
-    For a `vocab.txt` path that is its folder's config: `--vocab cased/vocab.txt` is as cased
-    as `--vocab cased`.
+    For a path to a file named `vocab.txt` that is its folder's config (`--vocab
+    cased/vocab.txt` is as cased as `--vocab cased`); a file of another name records none.
 
     The same rule as `model.hf.vocab_do_lower_case`, which decides the exported tokenizer: shards
     and export must agree.
     """
     from pipelines import storage
 
-    folder = (vocab_path.rstrip("/") if is_vocab_folder(vocab_path)
-              else _parent(vocab_path))
+    if is_vocab_folder(vocab_path):
+        folder = vocab_path.rstrip("/")
+    elif vocab_path.rstrip("/").rpartition("/")[2] == "vocab.txt":
+        folder = _parent(vocab_path)
+    else:
+        return None
     config_path = storage.join(folder, "tokenizer_config.json")
     if not storage.exists(config_path):
         return None

@@ -324,6 +324,15 @@ def test_beam_command_prints_a_user_error_in_one_line(tmp_path):
         f"extract_books: error: --input {str(tmp_path / 'nope')!r} matches no files")
 
 
+def test_a_literal_local_path_with_glob_characters_is_read(tmp_path):
+    """`books [v2]` exists as a folder: it is that folder, not a glob matching nothing."""
+    folder = tmp_path / "books [v2]"
+    folder.mkdir()
+    (folder / "a.txt").write_text("x")
+    assert storage.expand_inputs(str(folder)) == [str(folder / "a.txt")]
+    assert storage.expand_inputs(str(folder / "a.txt")) == [str(folder / "a.txt")]
+
+
 def test_remote_vocabulary_folder_without_trailing_slash(minilm_dir, tmp_path):
     """`--vocab gs://bucket/vocab` (README) reads the folder's vocab.txt and its casing."""
     from pipelines.tokenization import recorded_lower_case
@@ -343,3 +352,6 @@ def test_remote_vocabulary_folder_without_trailing_slash(minilm_dir, tmp_path):
         "objtest://bucket/vocab", "objtest://bucket/vocab/vocab.txt", str(tmp_path),
         str(tmp_path / "vocab.txt"), str(minilm_dir), str(minilm_dir / "vocab.txt"),
         str(bare / "vocab.txt"))] == [False, False, False, False, True, True, None]
+    # Another file name beside a folder config is no vocab.txt of that folder: it records none.
+    (tmp_path / "uncased_vocab.txt").write_bytes((minilm_dir / "vocab.txt").read_bytes())
+    assert recorded_lower_case(str(tmp_path / "uncased_vocab.txt")) is None

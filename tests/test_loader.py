@@ -327,3 +327,34 @@ def test_a_manifest_promising_more_rows_than_the_shards_hold_fails_loudly(books,
     with pytest.raises(ValueError, match=r"hold 32 rows, their manifest promises at least 40"):
         for _ in loader:
             pass
+
+
+def test_worker_errors_keep_our_message_and_library_tracebacks(tmp_path):
+    """torch re-raises a loader worker's error with the worker's traceback as its message: our
+    checks' errors get their own message back (one line for the user); a library's error is
+    left as it is, traceback and all (it is a bug)."""
+    from torch._utils import ExceptionWrapper
+
+    from training.loader import ShardInfo, _without_worker_traceback, check_shard_files
+
+    def as_from_a_worker(fn):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 (what a worker does with any error)
+            wrapped = ExceptionWrapper(where="in DataLoader worker process 0")
+        try:
+            wrapped.reraise()
+        except Exception as e:  # noqa: BLE001
+            return e
+        raise AssertionError("not raised")
+
+    shard = tmp_path / "train-000000.tar"
+    shard.write_bytes(b"x" * 10)
+    ours = as_from_a_worker(lambda: check_shard_files([ShardInfo(shard.name, str(shard), 1, 0, 99)]))
+    assert "Original Traceback" in str(ours)
+    clean = _without_worker_traceback(ours)
+    assert type(clean) is ValueError and str(clean) == (
+        f"{shard}: 10 bytes, the manifest records 99: truncated or replaced; check the folder "
+        "with `python -m pipelines.verify_shards <folder>`")
+    library = as_from_a_worker(lambda: json.loads("{"))
+    assert _without_worker_traceback(library) is library

@@ -825,3 +825,95 @@ def test_gpu_runs_pin_their_training_batches(data, tmp_path):
         dist = pretrain.Dist(rank=0, world_size=1, on_gpu=on_gpu)
         assert pretrain.build_loader(config, phase, dist).pin_memory is on_gpu
         assert pretrain.build_loader(config, phase, dist, validation=True).pin_memory is False
+
+
+def _checks_on_two_ranks(rank: int, port: int, out_dir: str) -> None:
+    """Rank `rank` of 2 (gloo): runs on_all_ranks with checks that fail on rank 1 only."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    dist = pretrain.Dist(rank, 2, on_gpu=False)
+    shard = Path(out_dir) / "train-000000.tar"
+
+    def user_error_on_rank_1():  # our check, on rank 1's own (broken) copy
+        from training.loader import ShardInfo, check_shard_files
+        check_shard_files([ShardInfo(shard.name, str(shard), 1, 0, 99 if rank else 10)])
+
+    def library_error_on_rank_1():
+        return json.loads("{" if rank else "{}")
+
+    seen = {}
+    for name, check, agree in (("user", user_error_on_rank_1, None),
+                               ("library", library_error_on_rank_1, None),
+                               ("disagree", lambda: rank, "the rank's number"),
+                               ("agree", lambda: "same", "a constant")):
+        try:
+            seen[name] = ["ok", pretrain.on_all_ranks(dist, check, agree=agree)]
+        except Exception as e:  # noqa: BLE001 (recorded for the test to compare)
+            seen[name] = [type(e).__name__, str(e)]
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(seen))
+    torch.distributed.destroy_process_group()
+
+
+def test_start_of_run_checks_fail_on_every_rank_when_one_rank_fails(tmp_path):
+    """A check failing on one rank only (its own copy of a file) fails on all ranks, so none
+    waits at the next collective: the failing rank with its error, the others naming it."""
+    import socket
+
+    (tmp_path / "train-000000.tar").write_bytes(b"x" * 10)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.spawn(_checks_on_two_ranks, args=(port, str(tmp_path)), nprocs=2)
+    rank0, rank1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    shard = tmp_path / "train-000000.tar"
+    message = (f"{shard}: 10 bytes, the manifest records 99: truncated or replaced; check the "
+               "folder with `python -m pipelines.verify_shards <folder>`")
+    assert rank1["user"] == ["ValueError", message]
+    assert rank0["user"] == ["OtherRankError", f"on rank 1: {rank1['user'][1]}"]
+    assert rank1["library"][0] == "JSONDecodeError"
+    assert rank0["library"] == ["RuntimeError",
+                                f"on rank 1: JSONDecodeError: {rank1['library'][1]}"]
+    disagree = ("the ranks disagree on the rank's number ([0, 1], by rank): give every node the "
+                "same files")
+    for seen in (rank0, rank1):
+        assert seen["disagree"] == ["ValueError", disagree]
+        assert seen["agree"] == ["ok", "same"]
+
+
+def test_a_vocabulary_rewritten_in_place_is_caught_and_a_crlf_copy_is_not(data, tmp_path):
+    """The manifest names the vocabulary file it hashed. Rewritten in place since (two ids
+    swapped, same size) it no longer matches its hash: refused, although shards and vocab_dir
+    name the same file. A copy with CRLF line endings hashes differently but holds the same
+    tokens: accepted."""
+    vocab = tmp_path / "vocab"
+    shutil.copytree(data["vocab"], vocab)
+    shards = tmp_path / "shards"
+    shutil.copytree(data["learn"], shards)
+    manifest = json.loads((shards / "manifest.json").read_text())
+    manifest["vocab"]["path"] = str(vocab / "vocab.txt")
+    (shards / "manifest.json").write_text(json.dumps(manifest))
+    config = make_config(data, tmp_path / "run", shards="learn", vocab_dir=str(vocab))
+    config = dataclasses.replace(config, phases=(dataclasses.replace(
+        config.phases[0], train_shards=str(shards)),))
+    pretrain.check_phase_inputs(config)  # the very file it hashed
+    crlf = tmp_path / "crlf"
+    shutil.copytree(data["vocab"], crlf)
+    text = (crlf / "vocab.txt").read_text()
+    (crlf / "vocab.txt").write_bytes(text.replace("\n", "\r\n").encode())
+    pretrain.check_phase_inputs(dataclasses.replace(config, vocab_dir=str(crlf)))
+    tokens = text.split("\n")
+    tokens[-3], tokens[-2] = tokens[-2], tokens[-3]
+    (vocab / "vocab.txt").write_text("\n".join(tokens))
+    with pytest.raises(ValueError, match="shards made with the vocabulary .* holds another"):
+        pretrain.check_phase_inputs(config)
+
+
+def test_a_config_file_that_does_not_parse_is_named(tmp_path):
+    path = tmp_path / "run.json"
+    path.write_text('{"zero_stage": 1,}')
+    with pytest.raises(ValueError, match=r"run\.json: not valid JSON \(Expecting property name"):
+        cfg.resolve("tiny", str(path))
+    path = tmp_path / "run.yaml"
+    path.write_text("phases: [unclosed\n")
+    with pytest.raises(ValueError, match=r"run\.yaml: not valid YAML"):
+        cfg.resolve("tiny", str(path))

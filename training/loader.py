@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import random
+import re
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ def _manifest_entries(manifest: dict, url: str) -> list[dict]:
     if isinstance(shards, dict):  # {name: {num_rows: ...}}
         shards = [{"name": k, **v} for k, v in shards.items()]
     if not isinstance(shards, list):
-        raise TypeError(f"{url}: manifest has no 'shards' list")
+        raise ValueError(f"{url}: manifest has no 'shards' list")  # noqa: TRY004 (a bad file)
     entries = []
     for i, entry in enumerate(shards):
         name = entry.get("name") or entry.get("file") or entry.get("path")
@@ -516,7 +517,10 @@ class ShardLoader:
                     self.batch_in_epoch += 1
                     yield batch
             except (ValueError, FileNotFoundError) as e:  # our checks, raised in a worker
-                raise _without_worker_traceback(e) from e
+                clean = _without_worker_traceback(e)
+                if clean is e:
+                    raise
+                raise clean from e
             self._next_epoch()
 
     def _next_epoch(self) -> None:
@@ -552,15 +556,29 @@ class ShardLoader:
             self._next_epoch()
 
 
+_TRACEBACK_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
+
+
 def _without_worker_traceback(error: Exception) -> Exception:
-    """The error a DataLoader worker raised, with its own message again: torch re-raises it
-    with the worker's whole traceback as the message (so a bad shard would not read as the one
-    line our checks write)."""
-    text = str(error)
-    marker = f"{type(error).__name__}: "
-    if "Original Traceback" not in text or marker not in text:
+    """The error one of our checks raised in a DataLoader worker, with its own message again:
+    torch re-raises it with the worker's whole traceback as the message (so a bad shard would
+    not read as the one line our checks write). An error raised inside a library (the worker
+    traceback's innermost frame not in our packages) is returned as it is: it is a bug, and
+    its traceback is what shows where."""
+    from pipelines.jobs import is_our_file
+
+    lines = str(error).splitlines()
+    frames = [i for i, line in enumerate(lines) if _TRACEBACK_FRAME.match(line)]
+    if not frames or not is_our_file(_TRACEBACK_FRAME.match(lines[frames[-1]]).group(1)):
         return error
-    return type(error)(text[text.rindex(marker) + len(marker):].strip())
+    exception_line = re.compile(rf"^([\w.]+\.)?{re.escape(type(error).__name__)}: ")
+    for i in range(frames[-1] + 1, len(lines)):
+        if found := exception_line.match(lines[i]):
+            try:
+                return type(error)("\n".join([lines[i][found.end():], *lines[i + 1:]]).strip())
+            except TypeError:  # an exception class that takes other arguments
+                return error
+    return error
 
 
 def validation_batches(config: LoaderConfig, max_batches: int) -> Iterator[dict[str, torch.Tensor]]:

@@ -115,22 +115,35 @@ def shard_manifest(phase: PhaseConfig) -> dict:
     return read_shard_manifest(phase.train_shards)
 
 
+class OtherRankError(ValueError):
+    """A start-of-run check failed on another rank with a user error (its message says which)."""
+
+
 def on_all_ranks(dist: Dist, check: Callable[[], Any], agree: str | None = None) -> Any:
     """Run a start-of-run check on every rank and make the ranks act as one. If the check
     raises on any rank (each reads its own filesystem: one node's copy may differ), every rank
-    raises that error, so none waits forever at the next collective. With `agree` (what the
-    result says) results that differ between ranks are an error too. Returns rank 0's result."""
+    raises, so none waits forever at the next collective: the failing rank its own error, the
+    others an `OtherRankError` (a user error there) or a RuntimeError naming it. With `agree`
+    (what the result says), results that differ between ranks are an error too. Returns rank
+    0's result."""
+    from pipelines.jobs import is_user_error
+
+    error = None
     try:
         outcome = (check(), None)
-    except USER_ERRORS as e:
-        outcome = (None, e)
+    except Exception as e:  # noqa: BLE001 (every rank must reach the gather below, whatever failed)
+        error = e
+        outcome = (None, (type(e).__name__, str(e), is_user_error(e, USER_ERRORS)))
     outcomes: list = [None] * dist.world_size
     torch.distributed.all_gather_object(outcomes, outcome)
-    for rank, (_, error) in enumerate(outcomes):
-        if error is not None:
-            if rank == dist.rank:
-                raise error
-            raise type(error)(f"on rank {rank}: {error}")
+    if error is not None:
+        raise error
+    for rank, (_, failure) in enumerate(outcomes):
+        if failure is not None:
+            name, message, user = failure
+            if user:
+                raise OtherRankError(f"on rank {rank}: {message}")
+            raise RuntimeError(f"on rank {rank}: {name}: {message}")
     results = [result for result, _ in outcomes]
     if agree and any(r != results[0] for r in results):
         raise ValueError(f"the ranks disagree on {agree} ({results}, by rank): give every "
@@ -164,7 +177,7 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
                              f"{phase.name}.max_seq_length is {phase.max_seq_length}")
         recorded = (manifest.get("vocab") or {}).get("sha256")
         if vocab_sha and recorded and recorded != vocab_sha and \
-                not same_tokens(manifest["vocab"].get("path"), config.vocab_dir):
+                not same_tokens(manifest["vocab"].get("path"), recorded, config.vocab_dir):
             raise ValueError(
                 f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
                 f"(sha256 {recorded[:12]}), but vocab_dir={config.vocab_dir} holds another "
@@ -185,12 +198,15 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
         check_shard_files(list_shards(phase.train_shards, "train")[0])
 
 
-def same_tokens(recorded_path: str | None, vocab_dir: str) -> bool:
-    """Whether the vocabulary file a manifest names (if still readable) holds the same tokens
-    as `vocab_dir`'s: a copy with other line endings hashes differently but is the same."""
+def same_tokens(recorded_path: str | None, recorded_sha: str, vocab_dir: str) -> bool:
+    """Whether the vocabulary file a manifest names is still the one it hashed and holds the
+    same tokens as `vocab_dir`'s: a copy with other line endings hashes differently but is the
+    same vocabulary. (A file rewritten in place since is not: its hash no longer matches.)"""
+    from pipelines import storage
     from pipelines.tokenization import read_vocab
     try:
-        return bool(recorded_path) and read_vocab(recorded_path) == read_vocab(vocab_dir)
+        return bool(recorded_path) and storage.sha256_file(recorded_path) == recorded_sha and \
+            read_vocab(recorded_path) == read_vocab(vocab_dir)
     except (OSError, ValueError):
         return False
 
@@ -583,15 +599,14 @@ def is_evaluation_step(config: PretrainConfig, phase: PhaseConfig, step: int) ->
     return bool(config.eval_every and step % config.eval_every == 0) or step == phase.steps
 
 
-def validation_missing(config: PretrainConfig, resume: CheckpointState, validate: list[bool],
-                       dist: Dist) -> bool:
+def validation_missing(config: PretrainConfig, resume: CheckpointState, dist: Dist) -> bool:
     """Whether the run was stopped between the resumed step's checkpoint and its evaluation
-    (a kill, a failing validation shard): then that evaluation is redone before training on.
-    Rank 0 reads metrics.jsonl and tells the others, since evaluation is collective."""
-    phase = config.phases[resume.phase_index]
+    (a kill, a failing validation shard): then that evaluation is redone before training on
+    (if the phase has validation shards). Rank 0 reads metrics.jsonl and tells the others,
+    since evaluation is collective."""
     missing = [False]
-    if dist.is_main and validate[resume.phase_index] and \
-            is_evaluation_step(config, phase, resume.step):
+    if dist.is_main and config.eval_batches and resume.phase_index < len(config.phases) and \
+            is_evaluation_step(config, config.phases[resume.phase_index], resume.step):
         path = os.path.join(config.output_dir, "metrics.jsonl")
         records = read_metrics(config.output_dir) if os.path.exists(path) else []
         missing[0] = not any(r["split"] == "validation" and r["phase_index"] == resume.phase_index
@@ -617,18 +632,22 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
         raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
                          "(or --set export_hf=false)")
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
-    resume = read_latest(ckpt_dir)
+    resume = on_all_ranks(dist, lambda: read_latest(ckpt_dir),
+                          agree="the checkpoint to resume from")
     if resume:
         on_all_ranks(dist, lambda: check_resume(config, ckpt_dir, resume))
-    # Inputs are checked from the phase the run resumes in on (earlier phases' shards may be
-    # gone): every phase's validation set now, so that phase 2's cannot fail after phase 1.
-    owed = resume.phase_index if resume else 0
-    validate = [index >= owed and on_all_ranks(
+    # Inputs are checked from the first phase with steps left on (earlier phases' shards may
+    # be gone), or from the resumed phase if its last step still owes its evaluation: every
+    # such phase's validation set now, so that phase 2's cannot fail after phase 1.
+    owed = resume is not None and validation_missing(config, resume, dist)
+    first = first_unfinished_phase(config, resume)
+    if owed and resume.phase_index < first:
+        first = resume.phase_index
+    validate = [index >= first and on_all_ranks(
                     dist, functools.partial(has_validation, config, phase, dist),
                     agree=f"whether {phase.name} has validation shards")
                 for index, phase in enumerate(config.phases)]
-    redo = resume is not None and validation_missing(config, resume, validate, dist)
-    first = owed if redo else first_unfinished_phase(config, resume)
+    redo = owed and validate[resume.phase_index]
     on_all_ranks(dist, lambda: check_phase_inputs(config, first))
     if config.export_hf:  # a casing contradiction must stop the run now, not at its export
         on_all_ranks(dist, lambda: export_do_lower_case(shard_manifest(config.phases[-1]),
