@@ -632,26 +632,7 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
         raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
                          "(or --set export_hf=false)")
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
-    resume = on_all_ranks(dist, lambda: read_latest(ckpt_dir),
-                          agree="the checkpoint to resume from")
-    if resume:
-        on_all_ranks(dist, lambda: check_resume(config, ckpt_dir, resume))
-    # Inputs are checked from the first phase with steps left on (earlier phases' shards may
-    # be gone), or from the resumed phase if its last step still owes its evaluation: every
-    # such phase's validation set now, so that phase 2's cannot fail after phase 1.
-    owed = resume is not None and validation_missing(config, resume, dist)
-    first = first_unfinished_phase(config, resume)
-    if owed and resume.phase_index < first:
-        first = resume.phase_index
-    validate = [index >= first and on_all_ranks(
-                    dist, functools.partial(has_validation, config, phase, dist),
-                    agree=f"whether {phase.name} has validation shards")
-                for index, phase in enumerate(config.phases)]
-    redo = owed and validate[resume.phase_index]
-    on_all_ranks(dist, lambda: check_phase_inputs(config, first))
-    if config.export_hf:  # a casing contradiction must stop the run now, not at its export
-        on_all_ranks(dist, lambda: export_do_lower_case(shard_manifest(config.phases[-1]),
-                                                        config.vocab_dir))
+    resume, validate, redo = preflight(config, dist, ckpt_dir)
     if dist.is_main:
         print(cfg.describe(config, dist.world_size), flush=True)
         os.makedirs(ckpt_dir, exist_ok=True)
@@ -690,6 +671,40 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
             export_dir = export(config, ckpt_dir, last_tag)
     torch.distributed.barrier()
     return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
+
+
+def preflight(config: PretrainConfig, dist: Dist,
+              ckpt_dir: str) -> tuple[CheckpointState | None, list[bool], bool]:
+    """The start-of-run checks, agreed by all ranks, before anything is written: the
+    checkpoint to resume (and whether the config may resume it), each phase's validation set,
+    and the inputs of every phase with steps left (earlier phases' shards may be gone), so
+    that phase 2's mistakes cannot wait for phase 1. Returns the checkpoint, whether to
+    validate each phase, and whether the resumed step owes its evaluation (killed between its
+    checkpoint and its evaluation; then the resumed phase's inputs are checked too)."""
+    resume = on_all_ranks(dist, lambda: read_latest(ckpt_dir),
+                          agree="the checkpoint to resume from")
+    if resume:
+        on_all_ranks(dist, lambda: check_resume(config, ckpt_dir, resume))
+
+    def has_validation_on_all_ranks(index: int) -> bool:
+        phase = config.phases[index]
+        return on_all_ranks(dist, functools.partial(has_validation, config, phase, dist),
+                            agree=f"whether {phase.name} has validation shards")
+
+    first = first_unfinished_phase(config, resume)
+    validate = [index >= first and has_validation_on_all_ranks(index)
+                for index in range(len(config.phases))]
+    redo = False
+    if resume is not None and validation_missing(config, resume, dist):
+        if resume.phase_index < first:  # a finished phase that owes its last evaluation
+            validate[resume.phase_index] = has_validation_on_all_ranks(resume.phase_index)
+        redo = validate[resume.phase_index]
+    checked_from = resume.phase_index if redo else first
+    on_all_ranks(dist, lambda: check_phase_inputs(config, checked_from))
+    if config.export_hf:  # a casing contradiction must stop the run now, not at its export
+        on_all_ranks(dist, lambda: export_do_lower_case(shard_manifest(config.phases[-1]),
+                                                        config.vocab_dir))
+    return resume, validate, redo
 
 
 def first_unfinished_phase(config: PretrainConfig, resume: CheckpointState | None) -> int:
