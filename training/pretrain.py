@@ -63,10 +63,6 @@ METRIC_KEYS = ("loss", "mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_
                "nsp_count", "tokens", "samples", "micro_batches")
 
 
-USER_ERRORS = (ValueError, FileNotFoundError)
-"""What bad settings and bad inputs raise (their messages name the setting or file)."""
-
-
 @dataclass(frozen=True)
 class Dist:
     """This process's place in the job."""
@@ -133,7 +129,7 @@ def on_all_ranks(dist: Dist, check: Callable[[], Any], agree: str | None = None)
         outcome = (check(), None)
     except Exception as e:  # noqa: BLE001 (every rank must reach the gather below, whatever failed)
         error = e
-        outcome = (None, (type(e).__name__, str(e), is_user_error(e, USER_ERRORS)))
+        outcome = (None, (type(e).__name__, str(e), is_user_error(e)))
     outcomes: list = [None] * dist.world_size
     torch.distributed.all_gather_object(outcomes, outcome)
     if error is not None:
@@ -821,7 +817,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """`bert-pretrain`: our checks' errors (a bad setting, a missing or mismatched input) print
     one line and exit 2; anything else, or BERT_DEBUG=1, keeps its traceback."""
-    from pipelines.jobs import debug_requested, is_user_error
+    from pipelines.jobs import USER_ERRORS, debug_requested, is_user_error
 
     parser = build_parser()
     args = parser.parse_args(argv)

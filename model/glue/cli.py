@@ -23,15 +23,14 @@ from collections.abc import Sequence
 from model.glue.finetune import FinetuneConfig, GlueResult, run_glue
 from model.glue.report import markdown_table, write_report
 from model.glue.tasks import parse_tasks
-from pipelines import storage
+from pipelines import jobs, storage
 from pipelines.jobs import debug_requested, is_user_error
 
 log = logging.getLogger("bert-glue")
 
-USER_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError,
-               IsADirectoryError, PermissionError, FloatingPointError)
-"""What bad options or inputs cause (a GlueFormatError is a ValueError; FloatingPointError is a
-diverged loss): one line on stderr and exit code 2, not a traceback."""
+USER_ERRORS = (*jobs.USER_ERRORS, FileExistsError, FloatingPointError)
+"""What bad options or inputs cause (the jobs' kinds; a GlueFormatError is a ValueError;
+FloatingPointError is a diverged loss): one line on stderr and exit code 2, not a traceback."""
 
 
 def _floats(text: str) -> tuple[float, ...]:
