@@ -128,6 +128,9 @@ class GlueConfig:
     """Cap on training rows per task (0 = all), for quick runs."""
     max_eval_examples: int = 0
     """Cap on dev rows per task (0 = all)."""
+    skip_bad_rows: bool = False
+    """Set malformed GLUE rows aside (counted, written to glue/dead_letter/) instead of failing
+    the task's runs."""
 
 
 @dataclass(frozen=True)

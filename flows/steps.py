@@ -287,7 +287,8 @@ def _finetune_config(cfg: DagConfig):
     g = cfg.glue
     return FinetuneConfig(batch_size=g.batch_size, epochs=g.epochs, learning_rates=g.learning_rates,
                           seeds=g.seeds, max_train_examples=g.max_train_examples or None,
-                          max_eval_examples=g.max_eval_examples or None, progress=False)
+                          max_eval_examples=g.max_eval_examples or None,
+                          skip_bad_rows=g.skip_bad_rows, progress=False)
 
 
 def glue_finetune(cfg: DagConfig, model: StageResult, job: GlueJob) -> dict:
@@ -308,14 +309,17 @@ def _finetune_one(cfg: DagConfig, model: StageResult, job: GlueJob, ft) -> dict:
     from model.glue import finetune
     from model.glue.tasks import get_task
 
+    task, encoder = get_task(job.task), finetune.load_encoder(model.path)
     tokenizer = glue_data.load_glue_tokenizer(model.path, ft.max_seq_length)
-    prepared = finetune.prepare_task(get_task(job.task), cfg.glue.data, tokenizer, ft)
-    result, trained = finetune.run_one(finetune.load_encoder(model.path), prepared,
-                                       job.learning_rate, job.seed, ft)
+    # the export writes both from one run, but a hand-edited folder would fail deep in torch
+    finetune.check_model_fits(encoder, tokenizer, [task], ft, model.path, model.path)
+    prepared = finetune.prepare_task(task, cfg.glue.data, tokenizer, ft)
+    result, trained = finetune.run_one(encoder, prepared, job.learning_rate, job.seed, ft)
     predictions = finetune.predict_test_sets(trained, prepared, ft) if prepared.test else ()
     return {"job": dataclasses.asdict(job), "result": dataclasses.asdict(result),
             "predictions": [dataclasses.asdict(p) for p in predictions],
             "num_train": len(prepared.train), "bad_rows": prepared.bad_rows,
+            "bad_records": [dataclasses.asdict(b) for b in prepared.bad_records],
             "num_dev": {k: len(v) for k, v in prepared.dev.items()}}
 
 
@@ -342,6 +346,9 @@ def glue_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
                                  model.path, ft)
     out = storage.join(_root(cfg), "glue")
     files = report.write_report(result, out)
+    if files.get("dead_letter"):
+        logger.warning("GLUE: %d malformed row(s) set aside (glue.skip_bad_rows) in %s",
+                       sum(t.bad_rows for t in tasks), files["dead_letter"])
     return {"table": report.markdown_table(result), "glue_score": result.glue_score,
             "failed": failed, "files": files, "output": out}
 
@@ -349,6 +356,8 @@ def glue_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
 def _task_result(finetune, name: str, runs: list[dict]):
     """The task's summary by `finetune.select_best` (the CLI's rule): the test predictions are
     those of the best seed at the best learning rate."""
+    from model.glue.data import BadRow
+
     results = [finetune.RunResult(**o["result"]) for o in runs]
     # A rate that lost seeds to failed runs would be judged on fewer of them: compare only the
     # rates with every seed that any rate completed (the failures are in glue_best's "failed").
@@ -364,7 +373,9 @@ def _task_result(finetune, name: str, runs: list[dict]):
         name, complete, num_train_examples=best_run["num_train"],
         num_dev_examples=best_run["num_dev"], bad_rows=best_run.get("bad_rows", 0),
         seconds=sum(r.train_seconds + r.eval_seconds for r in results),
-        test_predictions=tuple(finetune.TestPredictions(**p) for p in best_run["predictions"]))
+        test_predictions=tuple(finetune.TestPredictions(**p) for p in best_run["predictions"]),
+        # every run of a task read the same files: one run's rows set aside are the task's
+        bad_records=tuple(BadRow(**b) for b in best_run.get("bad_records", ())))
 
 
 # ---------------------------------------------------------------- report

@@ -375,3 +375,63 @@ def test_glue_task_names_and_local_inputs_are_checked_before_any_stage(tmp_path)
     literal.mkdir()
     check_inputs_exist(resolve("tiny", {"data": {"books": str(literal)}}))
     check_inputs_exist(resolve("tiny", {"data": {"wikipedia": "gs://b/wiki"}}))  # the job's
+
+
+def _glue_fan_out(cfg, model_dir: Path) -> dict:
+    """The flow's GLUE steps (fine-tune each job, then pick the best), run in this process."""
+    from flows.stages import StageResult
+
+    model = StageResult("export", str(model_dir), "test", cached=False, seconds=0.0)
+    return steps.glue_best(cfg, model, [steps.glue_finetune(cfg, model, job)
+                                        for job in steps.glue_jobs(cfg)])
+
+
+def test_glue_fan_out_sets_bad_rows_aside_in_the_dead_letter_file(shared_data, minilm_dir,
+                                                                  tmp_path, caplog):
+    """glue.skip_bad_rows: the flow writes the rows set aside (file, line, reason, text) to
+    glue/dead_letter/ as bert-glue does; without it the run fails naming the file and line."""
+    from glue_fixtures import glue_slice
+
+    data = glue_slice(shared_data, tmp_path / "glue", {"RTE/train.tsv": 8, "RTE/dev.tsv": 4})
+    train = (data / "RTE" / "train.tsv").read_text(encoding="utf-8").split("\n")
+    train[2] = train[2].rsplit("\t", 1)[0] + "\tentailed"  # line 3: unknown label
+    (data / "RTE" / "train.tsv").write_text("\n".join(train), encoding="utf-8")
+    glue = {"data": str(data), "tasks": ["rte"], "learning_rates": [1e-4], "seeds": [1],
+            "epochs": 0.5}
+    strict = resolve("tiny", {"output": str(tmp_path / "strict"), "glue": glue})
+    path = data / "RTE" / "train.tsv"
+    with pytest.raises(ValueError, match=f"{path}:3: label 'entailed' is not one of"):
+        _glue_fan_out(strict, minilm_dir)
+
+    cfg = resolve("tiny", {"output": str(tmp_path / "run"),
+                           "glue": {**glue, "skip_bad_rows": "true"}})
+    summary = _glue_fan_out(cfg, minilm_dir)
+    dead_letter = tmp_path / "run" / "glue" / "dead_letter" / "glue_bad_rows.jsonl"
+    assert summary["files"]["dead_letter"] == str(dead_letter)
+    assert [json.loads(line) for line in dead_letter.read_text(encoding="utf-8").splitlines()] == [
+        {"task": "RTE", "file": str(path), "record": "line 3", "text": train[2],
+         "reason": "label 'entailed' is not one of ['entailment', 'not_entailment']"}]
+    results = json.loads((tmp_path / "run" / "glue" / "results.json").read_text())
+    assert (results["bad_rows"], results["tasks"][0]["num_train_examples"]) == (1, 7)
+    assert f"GLUE: 1 malformed row(s) set aside (glue.skip_bad_rows) in {dead_letter}" in (
+        caplog.messages)
+
+
+def test_glue_fan_out_checks_the_tokenizer_against_the_model(shared_data, minilm_dir, tmp_path):
+    """A model folder whose vocabulary has ids the model cannot embed fails before training
+    with the check bert-glue runs, not with an IndexError deep in torch."""
+    from glue_fixtures import glue_slice
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (model_dir / name).symlink_to(minilm_dir / name)
+    vocab = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    (model_dir / "vocab.txt").write_text("\n".join([*vocab, "newtoken"]) + "\n", encoding="utf-8")
+    data = glue_slice(shared_data, tmp_path / "glue", {"RTE/train.tsv": 4, "RTE/dev.tsv": 4})
+    cfg = resolve("tiny", {"output": str(tmp_path / "run"), "glue": {
+        "data": str(data), "tasks": ["rte"], "learning_rates": [1e-4], "seeds": [1]}})
+    with pytest.raises(ValueError, match=f"tokenizer of {model_dir} gives token ids up to 30522 "
+                                         f"\\(30523 ids\\) but the model {model_dir} has "
+                                         "vocab_size 30522"):
+        _glue_fan_out(cfg, model_dir)

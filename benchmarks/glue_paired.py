@@ -1,0 +1,111 @@
+"""Paired diagnostics for issue 5: does one detail of our fine-tuning move GLUE scores?
+
+Each seed runs OUR fine-tuning twice, identical but for one detail. Both runs draw the same
+data order (its own generator) and the same new head (seeded before it is built), so the
+per-seed difference is the effect of that detail plus, where it changes dropout draws, their
+luck. The peer of bench_glue.py (transformers' Trainer) differs from us in these details only:
+
+  head_scale     the new head's initial spread. Ours starts as BERT's reference
+                 `run_classifier.py`: N(0, 0.02) truncated at 2 std (std 0.0176);
+                 BertForSequenceClassification's is untruncated, 1.137x wider. The second run
+                 multiplies the same draws by that factor.
+  stock_dropout  our CPU fast paths (integer dropout masks, our attention dropout, per-example
+                 attention on packed rows) against torch's stock ops on padded batches
+                 (F.dropout, SDPA's dropout, row masks): the configuration that equals the
+                 Trainer draw for draw (tests/test_glue_finetune.py). Same distribution, other
+                 random numbers, so a systematic difference would show as a mean shift.
+
+    .venv/bin/python benchmarks/glue_paired.py --vary stock_dropout --tasks mrpc --seeds 1,2
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import time
+
+import torch
+
+from model.bert import BertModel
+from model.glue import data as glue_data
+from model.glue import finetune as ft
+from model.glue.metrics import task_score
+from model.glue.tasks import parse_tasks
+
+WIDER = 1 / math.sqrt(1 - 4 * math.exp(-2) / math.sqrt(2 * math.pi) / math.erf(math.sqrt(2)))
+"""std of N(0, 1) over std of N(0, 1) truncated at +-2: 1.137."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """One side of a pair: how the encoder, the recipe and the new head are set."""
+
+    name: str
+    stock_dropout: bool = False
+    head_scale: float = 1.0
+
+
+PAIRS = {
+    "head_scale": (Variant("reference head"), Variant(f"{WIDER:.3f}x wider head",
+                                                      head_scale=WIDER)),
+    "stock_dropout": (Variant("fast paths"), Variant("stock ops", stock_dropout=True)),
+}
+
+
+def encoder_for(encoder: BertModel, variant: Variant) -> BertModel:
+    if encoder.config.stock_dropout == variant.stock_dropout:
+        return encoder
+    other = BertModel(encoder.config.replace(stock_dropout=variant.stock_dropout))
+    other.load_state_dict(encoder.state_dict())
+    return other
+
+
+def run(encoder: BertModel, prepared: ft.PreparedTask, lr: float, seed: int,
+        cfg: ft.FinetuneConfig, variant: Variant) -> float:
+    """bench_glue.run_ours under `variant`: the dev score in points."""
+    # torch's stock attention path takes whole padded rows (the Trainer's layout)
+    cfg = dataclasses.replace(cfg, pack_sequences=not variant.stock_dropout)
+    model = ft.build_model(encoder_for(encoder, variant), prepared.task.num_labels, seed)
+    with torch.no_grad():  # a multiplication: no random number drawn, the pair stays paired
+        model.classifier.weight.mul_(variant.head_scale)
+    ft.train(model, prepared.train, lr, seed, cfg)
+    return 100 * task_score(ft.evaluate(model, prepared, cfg))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--vary", choices=sorted(PAIRS), required=True)
+    p.add_argument("--tasks", default="mrpc")
+    p.add_argument("--seeds", default="1,2")
+    p.add_argument("--learning_rate", type=float, default=5e-5)
+    p.add_argument("--max_train_examples", type=int, default=None, help="for a quick try")
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from bench_glue import default_data_dir, default_model_dir  # this script's folder
+
+    model_dir, data_dir = default_model_dir(), default_data_dir()
+    encoder = ft.load_encoder(model_dir)
+    first, second = PAIRS[args.vary]
+    for task in parse_tasks(args.tasks):
+        cfg = ft.FinetuneConfig(learning_rates=(args.learning_rate,), predict_test=False,
+                                progress=False, max_train_examples=args.max_train_examples)
+        tokenizer = glue_data.load_glue_tokenizer(model_dir, cfg.max_seq_length)
+        prepared = ft.prepare_task(task, data_dir, tokenizer, cfg)
+        for seed in (int(s) for s in args.seeds.split(",")):
+            scores, seconds = [], []
+            for variant in (first, second):
+                start = time.perf_counter()
+                scores.append(run(encoder, prepared, args.learning_rate, seed, cfg, variant))
+                seconds.append(time.perf_counter() - start)
+            print(f"{task.name} seed {seed}: {first.name} {scores[0]:.2f} ({seconds[0]:.0f} s), "
+                  f"{second.name} {scores[1]:.2f} ({seconds[1]:.0f} s), "
+                  f"diff {scores[1] - scores[0]:+.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
