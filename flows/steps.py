@@ -39,21 +39,22 @@ def _root(cfg: DagConfig) -> str:
 def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
     from pipelines import extract_wikipedia as job
 
-    return _extract(cfg, "wikipedia", cfg.data.wikipedia, job.run)
+    return _extract(cfg, "wikipedia", cfg.data.wikipedia, job)
 
 
 def extract_books(cfg: DagConfig) -> StageResult | None:
     from pipelines import extract_books as job
 
-    return _extract(cfg, "books", cfg.data.books, job.run)
+    return _extract(cfg, "books", cfg.data.books, job)
 
 
-def _extract(cfg: DagConfig, stage: str, pattern: str, run_job) -> StageResult | None:
-    """An extraction job over `pattern`; an empty pattern skips the source."""
+def _extract(cfg: DagConfig, stage: str, pattern: str, job) -> StageResult | None:
+    """An extraction job (its module) over `pattern`; an empty pattern skips the source."""
     if not pattern:
         return None
-    config = {"input": pattern, "input_sha": _inputs_fingerprint(pattern)}
-    return run_stage(_root(cfg), stage, config, lambda out: run_job(
+    config = {"input": pattern, "input_sha": _inputs_fingerprint(pattern),
+              "output_version": job.OUTPUT_VERSION}
+    return run_stage(_root(cfg), stage, config, lambda out: job.run(
         ["--input", pattern, "--output", out, *cfg.data.beam_args]))
 
 

@@ -37,6 +37,10 @@ from pipelines import books, jobs, parquet_io, storage
 from pipelines.documents import DOCUMENT_SCHEMA
 
 NAMESPACE = "extract_books"
+OUTPUT_VERSION = 2
+"""Bumped when the same input and options give other records (2: doc_ids from the path below
+the input folder, subfolders read). In the manifest, and in the flow's stage hash, so a cached
+output of older code is not reused."""
 PREFIX = "documents"
 DEFAULT_EXCLUDE = "README*,LICENSE*,LICENCE*,COPYING*,*.md,*.json,*.parquet"
 # Counter names, in manifest order.
@@ -215,6 +219,7 @@ def finish(config: ExtractBooksConfig, files: list[str], excluded: list[str],
                                     counts["bad_records"], dead_letters)
     manifest = {
         "stage": NAMESPACE,
+        "output_version": OUTPUT_VERSION,
         "config": dataclasses.asdict(config),
         "config_hash": parquet_io.content_hash(config),
         "num_shards": num_shards,

@@ -44,6 +44,10 @@ from pipelines.wiki_dump import DumpSplit, Page, is_index_file, iter_pages, plan
 from pipelines.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
 
 STAGE = "extract_wikipedia"
+OUTPUT_VERSION = 1
+"""Bumped when the same dump and options give other records (ids, fields, the wikitext rules).
+In the manifest, and in the flow's stage hash, so a cached output of older code is not
+reused."""
 METRICS_NAMESPACE = STAGE
 PREFIX = "documents"
 COUNT_NAMES = (
@@ -177,6 +181,7 @@ def summarise(results: Sequence[SplitResult], resolved_config: dict,
     counts = {name: sum(r.counts.get(name, 0) for r in results) for name in COUNT_NAMES}
     return {
         "stage": STAGE,
+        "output_version": OUTPUT_VERSION,
         "config": resolved_config,
         "config_hash": storage.config_hash(resolved_config),
         "counts": counts,

@@ -435,3 +435,22 @@ def test_glue_fan_out_checks_the_tokenizer_against_the_model(shared_data, minilm
                                          f"\\(30523 ids\\) but the model {model_dir} has "
                                          "vocab_size 30522"):
         _glue_fan_out(cfg, model_dir)
+
+
+def test_extraction_stage_is_rebuilt_when_the_jobs_output_version_changes(tmp_path,
+                                                                          monkeypatch):
+    """Same input and options, other records from newer code (session 4's doc ids): the
+    stage's hash holds the job's OUTPUT_VERSION, so an older cached output is not reused."""
+    from pipelines import extract_books
+
+    books = tmp_path / "books"
+    books.mkdir()
+    (books / "a.txt").write_text("It was a dark night. The rain fell.\n\nThen it stopped.\n")
+    cfg = resolve("tiny", {"output": str(tmp_path / "run"),
+                           "data": {"books": str(books)}})
+    first = steps.extract_books(cfg)
+    assert (first.cached, steps.extract_books(cfg).cached) == (False, True)
+    assert first.manifest["output_version"] == extract_books.OUTPUT_VERSION == 2
+    monkeypatch.setattr(extract_books, "OUTPUT_VERSION", 3)
+    newer = steps.extract_books(cfg)
+    assert not newer.cached and newer.path != first.path
