@@ -144,6 +144,7 @@ RUN pip install --no-deps . && pip check
 
 # =============================================================================================
 # GPU runtime: `bert-pretrain`, the `deepspeed` launcher (pdsh over ssh), `torchrun`, `gsutil`.
+# DS_ACCELERATOR=cuda: the flow's launcher otherwise passes `cpu` to the trainers it starts.
 # It carries no data: runs name their inputs and write to the mounted volume (prefect.yaml).
 FROM ${CUDA_RUNTIME_IMAGE} AS gpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -161,7 +162,7 @@ RUN apt-get update \
 COPY --from=gpu-builder /opt/venv /opt/venv
 COPY --from=gpu-builder /opt/gsutil /opt/gsutil
 ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 \
-    HF_HUB_OFFLINE=1 PDSH_RCMD_TYPE=ssh \
+    HF_HUB_OFFLINE=1 PDSH_RCMD_TYPE=ssh DS_ACCELERATOR=cuda \
     BERT_DAG_HOME=/opt/bert-dag TORCH_EXTENSIONS_DIR=/home/bert/.cache/torch_extensions
 # hadolint ignore=DL3064
 ENV TOKENIZERS_PARALLELISM=false

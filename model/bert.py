@@ -216,8 +216,28 @@ def dropout(x: Tensor, p: float) -> Tensor:
     if x.device.type != "cpu":
         return F.dropout(x, p)
     bits = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()  # [0, 2^31)
-    # scale before masking: x * (1/(1-p)) rounds once, a bf16 mask of 1/(1-p) would round twice
-    return torch.where(bits >= round(p * 2**31), x * (1.0 / (1.0 - p)), 0.0)
+    return _ApplyKeepMask.apply(x, bits >= round(p * 2**31), 1.0 / (1.0 - p))
+
+
+class _ApplyKeepMask(torch.autograd.Function):
+    """x where `keep`, else 0, times `scale`; the gradient alike.
+
+    A product with the mask in x's dtype, not `torch.where` on the bool mask: on CPU `where`
+    and bool -> float conversion are scalar loops (~6x slower than a multiply here), while
+    uint8 -> float is vectorised. (x * 1) * scale rounds once, as x * scale does: the values
+    are `where(keep, x * scale, 0)`'s. The bool mask (1 byte per element) is what is saved.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return (x * keep.view(torch.uint8).to(x.dtype)).mul_(scale)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
+        (keep,) = ctx.saved_tensors
+        return (grad * keep.view(torch.uint8).to(grad.dtype)).mul_(ctx.scale), None, None
 
 
 class BertEmbeddings(nn.Module):

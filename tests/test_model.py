@@ -287,6 +287,22 @@ def test_dropout_has_the_distribution_of_f_dropout():
     assert module.eval()(x) is x
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_output_and_gradient_are_the_kept_values_scaled_once(dtype):
+    """Kept elements are x * (1 / (1 - p)) rounded once in x's dtype (a bf16 factor would round
+    twice), dropped ones 0; the gradient likewise. Same values as `torch.where` on the mask."""
+    x = torch.randn(4, 64, 96, dtype=dtype, requires_grad=True)
+    grad = torch.randn(4, 64, 96, dtype=dtype)
+    torch.manual_seed(3)
+    y = dropout(x, 0.1)
+    (x_grad,) = torch.autograd.grad(y, x, grad)
+    torch.manual_seed(3)  # the same draws: one int32 per element, kept iff >= p * 2^31
+    keep = torch.empty(x.shape, dtype=torch.int32).random_() >= round(0.1 * 2**31)
+    assert torch.equal(y, torch.where(keep, x.detach() * (1 / 0.9), 0.0))
+    assert torch.equal(x_grad, torch.where(keep, grad * (1 / 0.9), 0.0))
+    assert 0.88 < keep.float().mean().item() < 0.92
+
+
 def test_attention_plan_groups_instances_by_length_bucket():
     ids = torch.tensor([[0, 0, 0, 1, 1, -1, -1, -1], [0, 0, 0, 0, 0, 0, 0, 0]])
     plan = attention_plan(ids, bucket=4)

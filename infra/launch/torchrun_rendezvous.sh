@@ -5,8 +5,9 @@
 #     infra/launch/torchrun_rendezvous.sh --preset large --config run.yaml
 #
 # Every argument goes to `bert-pretrain` (python -m training.pretrain) unchanged. The nodes
-# find each other through the rendezvous endpoint (a host:port all can reach; the first node to
-# arrive hosts the c10d store), so no ssh between nodes is needed: Slurm (infra/slurm) and
+# find each other through the rendezvous endpoint (a host:port all can reach; the node whose
+# hostname or IP address it names hosts the c10d store, so name one node by a name that node
+# resolves to itself), so no ssh between nodes is needed: Slurm (infra/slurm) and
 # Kubernetes (infra/k8s/pretrain-job.yaml) start this script once per node.
 #
 # Environment:
