@@ -52,9 +52,12 @@ SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/* \
-    && useradd --create-home --uid 1000 --shell /bin/bash bert
+    && useradd --create-home --uid 1000 --shell /bin/bash bert \
+    && install -d -o 1000 -g 1000 /opt/bert-dag
 COPY --from=cpu-builder /opt/venv /opt/venv
-ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 \
+# PYTHONPATH: the project's packages are also installed in the virtualenv (for the console
+# scripts), but flows/config.py finds data/sample and runs/ beside the copy it is imported from.
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONPATH=/opt/bert-dag \
     DS_ACCELERATOR=cpu HF_HUB_OFFLINE=1 \
     BERT_DAG_HOME=/opt/bert-dag TORCH_EXTENSIONS_DIR=/home/bert/.cache/torch_extensions
 # A `tokenizers` setting, not a secret (the rule matches "TOKEN" in the name).
@@ -158,10 +161,11 @@ RUN apt-get update \
     && apt-get purge -y --auto-remove software-properties-common gpg-agent \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 1000 --shell /bin/bash bert \
+    && install -d -o 1000 -g 1000 /opt/bert-dag \
     && ln -s /opt/gsutil/bin/gsutil /usr/local/bin/gsutil
 COPY --from=gpu-builder /opt/venv /opt/venv
 COPY --from=gpu-builder /opt/gsutil /opt/gsutil
-ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 \
+ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONPATH=/opt/bert-dag \
     HF_HUB_OFFLINE=1 PDSH_RCMD_TYPE=ssh DS_ACCELERATOR=cuda \
     BERT_DAG_HOME=/opt/bert-dag TORCH_EXTENSIONS_DIR=/home/bert/.cache/torch_extensions
 # hadolint ignore=DL3064
