@@ -197,6 +197,16 @@ _RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
                          "MASTER_PORT")
 
 
+def _accelerator() -> str:
+    """DS_ACCELERATOR for the trainers: the caller's setting, else what torch finds here (a
+    fixed "cpu" would put a GPU machine's ranks on the CPU with gloo)."""
+    if "DS_ACCELERATOR" in os.environ:
+        return os.environ["DS_ACCELERATOR"]
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def run_subprocess(command: list[str], log: Callable[[str], None] = print,
                    env: dict[str, str] | None = None) -> None:
     """Run `command`, streaming its output to `log`; stop its whole process group on cancel."""
@@ -204,8 +214,7 @@ def run_subprocess(command: list[str], log: Callable[[str], None] = print,
     # A launched training job makes its own rendezvous: a RANK or MASTER_PORT left in this
     # process's environment (by an in-process run, say) would send it to a port in use.
     inherited = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS_VARIABLES}
-    env = {**inherited, "DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu"),
-           "PYTHONUNBUFFERED": "1", **(env or {})}
+    env = {**inherited, "DS_ACCELERATOR": _accelerator(), "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.Popen([sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *command],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)

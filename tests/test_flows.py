@@ -357,6 +357,23 @@ def test_a_launched_job_gets_no_stale_rendezvous(monkeypatch):
     assert lines[-1] == "None None cpu"
 
 
+def test_launched_trainers_take_the_callers_accelerator_or_torchs(monkeypatch):
+    """DS_ACCELERATOR passes through (the GPU image sets cuda); unset, it follows torch, so a
+    GPU machine's trainers are not sent to the CPU (it used to be "cpu" whenever unset)."""
+    import torch
+
+    show = "import os; print(os.environ['DS_ACCELERATOR'])"
+    for setting, expected in (("cuda", "cuda"), (None, "cuda" if torch.cuda.is_available()
+                                                 else "cpu")):
+        if setting:
+            monkeypatch.setenv("DS_ACCELERATOR", setting)
+        else:
+            monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+        lines: list[str] = []
+        steps.run_subprocess([sys.executable, "-c", show], log=lines.append)
+        assert lines[-1] == expected
+
+
 def test_glue_task_names_and_local_inputs_are_checked_before_any_stage(tmp_path):
     """A task typo fails at resolve; a GLUE folder missing where the flow runs fails before the
     data stages (it used to surface after pre-training)."""

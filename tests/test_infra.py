@@ -285,6 +285,21 @@ def test_deepspeed_launch_command_parses_with_deepspeeds_own_parser(tmp_path):
     assert f"{bad} line 3: expected '<host> slots=<n>', got 'node-2 slots=eight'" in out.stderr
 
 
+def test_per_node_deepspeed_launch_uses_one_port_on_every_node():
+    """`--no_ssh --node_rank N` starts each node alone: without a master_port they must all
+    name the same one (each used to draw a random free port, and never met)."""
+    from deepspeed.launcher.runner import parse_args
+
+    from training.launch import DEFAULT_MASTER_PORT, deepspeed_command
+
+    ports = {parse_args(deepspeed_command(["--preset", "large"], hostfile="h", node_rank=rank,
+                                          master_addr="node-1")[3:]).master_port
+             for rank in (0, 1)}
+    assert ports == {DEFAULT_MASTER_PORT} == {29500}
+    single = deepspeed_command(["--preset", "tiny"], num_gpus=2)  # one node: any free port
+    assert parse_args(single[3:]).master_port > 0
+
+
 def test_torchrun_launch_command_parses_with_torchruns_own_parser():
     from torch.distributed.run import get_args_parser
 
@@ -601,8 +616,13 @@ def test_gpu_cluster_pool_mounts_the_data_volume_for_base_and_large(tmp_path):
         job = render_job(template, job_variables)["job_manifest"]
         pod = job["spec"]["template"]["spec"]
         (container,) = pod["containers"]
-        assert pod["volumes"] == [{"name": "bert-data", "persistentVolumeClaim": {"claimName": claim}}]
-        assert container["volumeMounts"] == [{"name": "bert-data", "mountPath": "/data"}]
+        # /dev/shm in memory: the 64 MiB default is too small for 8 NCCL ranks' shared-memory
+        # transport and their DataLoader workers (as infra/k8s/pretrain-job.yaml)
+        assert pod["volumes"] == [
+            {"name": "bert-data", "persistentVolumeClaim": {"claimName": claim}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]
+        assert container["volumeMounts"] == [{"name": "bert-data", "mountPath": "/data"},
+                                             {"name": "shm", "mountPath": "/dev/shm"}]
         assert container["resources"]["limits"] == {"nvidia.com/gpu": gpus}
         assert container["image"] == "bert-dag:gpu" and job["metadata"]["namespace"] == "bert"
         assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000,

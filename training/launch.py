@@ -24,6 +24,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+DEFAULT_MASTER_PORT = 29500
+"""The rendezvous port of a multi-node launch without one (torch's and DeepSpeed's default)."""
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -84,6 +87,9 @@ def deepspeed_command(args: Sequence[str], hostfile: str | None = None,
         cmd += ["--num_gpus", str(num_gpus)]
     if master_addr:
         cmd += ["--master_addr", master_addr]
-    cmd += ["--master_port", str(master_port or free_port()), "--no_local_rank",
+    if master_port is None:
+        # every node must name the same port: a random one only works on a single node
+        master_port = DEFAULT_MASTER_PORT if node_rank is not None else free_port()
+    cmd += ["--master_port", str(master_port), "--no_local_rank",
             "--module", "training.pretrain", *args]
     return cmd
