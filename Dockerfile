@@ -32,7 +32,7 @@ RUN python -m venv /opt/venv \
 WORKDIR /src
 # The dependencies from pyproject.toml alone: a code change does not reinstall them.
 COPY pyproject.toml infra/docker/pyproject_requirements.py ./
-RUN python pyproject_requirements.py > /tmp/requirements.txt \
+RUN python pyproject_requirements.py --extra gcp > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt -c /opt/venv/constraints.txt
 COPY README.md ./
 COPY pipelines pipelines
@@ -70,6 +70,8 @@ COPY --chown=1000:1000 model model
 COPY --chown=1000:1000 training training
 COPY --chown=1000:1000 flows flows
 COPY --chown=1000:1000 data/sample data/sample
+# `--setup_file infra/dataflow/setup.py` in data.beam_args: the data stages on Dataflow
+COPY --chown=1000:1000 infra/dataflow infra/dataflow
 USER 1000:1000
 CMD ["bert-dag", "--help"]
 
@@ -136,7 +138,7 @@ RUN python3.11 -m venv /opt/gsutil \
     && /opt/gsutil/bin/gsutil version
 WORKDIR /src
 COPY pyproject.toml infra/docker/pyproject_requirements.py ./
-RUN python pyproject_requirements.py > /tmp/requirements.txt \
+RUN python pyproject_requirements.py --extra gcp > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt -c /opt/venv/constraints.txt
 COPY README.md ./
 COPY pipelines pipelines
@@ -177,5 +179,6 @@ COPY --chown=1000:1000 model model
 COPY --chown=1000:1000 training training
 COPY --chown=1000:1000 flows flows
 COPY --chown=1000:1000 infra/launch infra/launch
+COPY --chown=1000:1000 infra/dataflow infra/dataflow
 USER 1000:1000
 CMD ["bert-pretrain", "--help"]
