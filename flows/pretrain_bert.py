@@ -89,11 +89,14 @@ def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None) -> dict
 
 @flow(name="pretrain-bert", log_prints=True)
 def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
-                  output: str | None = None) -> dict:
+                  output: str | None = None, data_only: bool = False) -> dict:
     """Data -> vocabulary -> shards -> pre-training -> export -> GLUE fan-out -> report.
 
     `output` (the run's root folder) is its own parameter so that a deployment can fix it (the
-    cluster's volume) while each run passes its own `overrides`; an `output` key there wins."""
+    cluster's volume) while each run passes its own `overrides`; an `output` key there wins.
+    `data_only` stops after the shards: run on a CPU pool, it leaves the data stages for a
+    later full run with the same settings and output, which reuses them instead of holding its
+    GPUs while the Beam jobs work."""
     if output:
         overrides = {"output": output, **(overrides or {})}
     cfg = resolve(preset, overrides)
@@ -106,6 +109,8 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     vocab = train_vocab(cfg, corpus)
     shards = [make_shards.submit(cfg, corpus, vocab, phase) for phase in (1, 2)]
     shards = [s.result() for s in shards]
+    if data_only:
+        return report(cfg, [*sources, corpus, vocab, *shards], None)
     run = pretrain(cfg, vocab, shards)
     model = export_hf(cfg, run)
 

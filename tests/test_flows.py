@@ -292,9 +292,10 @@ def _artifacts(env, flow_run_id: str) -> dict[str, object]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _run_deployment(env, overrides) -> str:
+def _run_deployment(env, overrides, data_only: bool = False) -> str:
+    params = {"preset": "tiny", "overrides": overrides, "data_only": data_only}
     out = _prefect(env, "deployment", "run", "pretrain-bert/tiny", "--params",
-                   json.dumps({"preset": "tiny", "overrides": overrides}), "--watch",
+                   json.dumps(params), "--watch",
                    "--watch-timeout", "900", timeout=960)
     flow_run_id = next(line.split("UUID:")[1].strip() for line in out.stdout.splitlines()
                        if "UUID:" in line)
@@ -321,6 +322,7 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
                  "max_train_examples": 32, "max_eval_examples": 32},
     }
     try:
+        data = _artifacts(env, _run_deployment(env, overrides, data_only=True))
         first = _artifacts(env, _run_deployment(env, overrides))
         second = _artifacts(env, _run_deployment(env, overrides))
     finally:
@@ -331,13 +333,16 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
             os.killpg(worker.pid, signal.SIGKILL)
 
     assert {"stage-timings", "report", "glue-results", "loss-curve"} <= set(first)
+    stages_data = {row["stage"]: row["cached"] for row in json.loads(data["stage-timings"])}
     stages_first = {row["stage"]: row["cached"] for row in json.loads(first["stage-timings"])}
     stages_second = {row["stage"]: row["cached"] for row in json.loads(second["stage-timings"])}
-    expected = {"wikipedia", "books", "corpus", "vocab", "shards128", "shards256", "pretrain",
-                "export"}
-    assert set(stages_first) == expected
-    assert not any(stages_first.values())          # first run builds every stage
-    assert all(stages_second.values())             # the second reuses every one of them
+    data_stages = {"wikipedia", "books", "corpus", "vocab", "shards128", "shards256"}
+    assert stages_data == dict.fromkeys(data_stages, False)  # data_only builds the data alone
+    assert "glue-results" not in data and "loss-curve" not in data
+    assert set(stages_first) == data_stages | {"pretrain", "export"}
+    # the full run reuses the data stages and builds the rest; a second one reuses everything
+    assert stages_first == {**dict.fromkeys(data_stages, True), "pretrain": False, "export": False}
+    assert all(stages_second.values())
     assert "RTE" in first["glue-results"] and "WNLI" not in first["glue-results"]
     report = (tmp_path / "run" / "report.md").read_text()
     assert "FAILED" in report and "'task': 'WNLI'" in report

@@ -629,6 +629,15 @@ def test_gpu_cluster_pool_mounts_the_data_volume_for_base_and_large(tmp_path):
                                           "runAsGroup": 1000, "fsGroup": 1000}
         # The run's outputs and checkpoints go to the volume, not the pod's disk.
         assert deployment["parameters"]["output"] == f"/data/runs/{name}"
+        # Its data stages alone: same preset and output (so the GPU run reuses them), no GPU.
+        data = next(d for d in prefect_yaml["deployments"] if d["name"] == f"data-{name}")
+        assert data["parameters"] == {**deployment["parameters"], "data_only": True}
+        data_variables = {**data["work_pool"]["job_variables"], "image": "bert-dag:gpu"}
+        jsonschema.validate(data_variables, template["variables"])
+        data_pod = render_job(template, data_variables)["job_manifest"]["spec"]["template"]["spec"]
+        assert data_pod["volumes"] == pod["volumes"]
+        assert data_pod["containers"][0]["resources"] == {
+            "limits": {}, "requests": {"cpu": "16", "memory": "64Gi"}}
     # Unset variables drop out: a pool job without `gpus` requests none.
     plain = render_job(template, {"image": "x"})["job_manifest"]["spec"]["template"]["spec"]
     assert plain["containers"][0]["resources"]["limits"] == {}
