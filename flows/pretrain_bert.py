@@ -63,8 +63,8 @@ def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:
 
 
 @task(name="glue-finetune", **COMPUTE_TASK)
-def glue_finetune(cfg: DagConfig, model: StageResult, job: steps.GlueJob) -> dict:
-    return steps.glue_finetune(cfg, model, job)
+def glue_finetune(cfg: DagConfig, model: StageResult, job: steps.GlueJob, device: str) -> dict:
+    return steps.glue_finetune(cfg, model, job, device)
 
 
 @task(name="glue-best", **COMPUTE_TASK)
@@ -117,7 +117,8 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     glue = None
     jobs = steps.glue_jobs(cfg)
     if jobs:
-        futures = glue_finetune.map(unmapped(cfg), unmapped(model), jobs)
+        futures = glue_finetune.map(unmapped(cfg), unmapped(model), jobs,
+                                    steps.glue_devices(len(jobs)))
         wait(futures)
         # A failed fine-tuning run is reported as failed; the others still count.
         outcomes = [steps.outcome(job, f.state) for job, f in zip(jobs, futures)]

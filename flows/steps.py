@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -301,16 +302,42 @@ def _finetune_config(cfg: DagConfig):
                           skip_bad_rows=g.skip_bad_rows, progress=False)
 
 
-def glue_finetune(cfg: DagConfig, model: StageResult, job: GlueJob) -> dict:
-    """Fine-tune one (task, learning rate, seed); its dev result and test predictions.
+def glue_devices(num_jobs: int, num_gpus: int | None = None) -> list[str]:
+    """A device for each fine-tuning job: the GPUs in turn (all torch sees by default), or
+    the CPU."""
+    if num_gpus is None:
+        import torch
 
-    Content-addressed like every stage: a re-run reuses a finished fine-tuning run."""
-    ft = _finetune_config(cfg)
-    config = {"job": dataclasses.asdict(job), "data": cfg.glue.data,
-              "recipe": {k: v for k, v in dataclasses.asdict(ft).items() if k != "progress"}}
+        num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return [f"cuda:{i % num_gpus}" if num_gpus else "cpu" for i in range(num_jobs)]
+
+
+_DEVICE_LOCKS: dict[str, threading.Lock] = {}
+_DEVICE_LOCKS_GUARD = threading.Lock()
+
+
+def _device_lock(device: str) -> threading.Lock:
+    with _DEVICE_LOCKS_GUARD:
+        return _DEVICE_LOCKS.setdefault(device, threading.Lock())
+
+
+def glue_finetune(cfg: DagConfig, model: StageResult, job: GlueJob, device: str = "cpu") -> dict:
+    """Fine-tune one (task, learning rate, seed) on `device`; its dev result and test
+    predictions.
+
+    Content-addressed like every stage (the device is not part of the key): a re-run reuses a
+    finished fine-tuning run. The flow maps these onto threads: one run per device at a time,
+    as concurrent runs would only share its cores or its memory."""
+    ft = dataclasses.replace(_finetune_config(cfg), device=device)
+    recipe = {k: v for k, v in dataclasses.asdict(ft).items() if k not in ("progress", "device")}
+    config = {"job": dataclasses.asdict(job), "data": cfg.glue.data, "recipe": recipe}
     name = f"glue-{job.task.lower()}-lr{job.learning_rate:g}-seed{job.seed}"
-    stage = run_stage(_root(cfg), name, config, lambda out: storage.write_manifest(
-        out, _finetune_one(cfg, model, job, ft)), upstream=(model,))
+
+    def build(out: str) -> None:
+        with _device_lock(device):
+            storage.write_manifest(out, _finetune_one(cfg, model, job, ft))
+
+    stage = run_stage(_root(cfg), name, config, build, upstream=(model,))
     return {**stage.manifest, "cached": stage.cached}
 
 

@@ -186,6 +186,15 @@ def test_glue_fan_out_covers_tasks_rates_and_seeds_for_small_tasks():
         ("SST-2", 1e-4, 1), ("SST-2", 5e-5, 1)]
 
 
+def test_glue_jobs_take_the_gpus_in_turn_or_the_cpu():
+    assert steps.glue_devices(5, num_gpus=2) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]
+    assert steps.glue_devices(2, num_gpus=0) == ["cpu", "cpu"]
+    import torch
+
+    if not torch.cuda.is_available():
+        assert steps.glue_devices(3) == ["cpu"] * 3
+
+
 def test_launch_commands_for_each_launcher():
     cfg = resolve("tiny")
     assert steps.launch_command(cfg, "c.json")[1:] == [

@@ -96,7 +96,36 @@ def test_config_validation_names_the_flag():
         ft.FinetuneConfig(seeds=(1, 1))
     with pytest.raises(ValueError, match="--max_train_examples"):
         ft.FinetuneConfig(max_train_examples=0)
+    with pytest.raises(ValueError, match="--device must be auto, cpu, cuda or cuda:N, got 'gpu0'"):
+        ft.FinetuneConfig(device="gpu0")
     assert ft.paper_recipe().learning_rates == (5e-5, 4e-5, 3e-5, 2e-5)
+
+
+def test_device_is_the_gpu_when_torch_sees_one_and_a_missing_gpu_is_named():
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert ft.resolve_device("auto") == torch.device("cuda" if gpus else "cpu")
+    assert ft.resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=f"--device cuda:{gpus}: torch sees {gpus} GPU\\(s\\)"):
+        ft.resolve_device(f"cuda:{gpus}")
+
+
+def test_batches_and_model_go_to_the_device(shared_data, encoder, tokenizer):
+    """The CPU half of the GPU path: a batch moves with `.to` unchanged, the model is built on
+    the device, and a training step runs there."""
+    task = TASKS["RTE"]
+    split = glue_data.read_split(str(shared_data / "glue"), task, task.dev[0])
+    encoded = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
+        task.name, "dev", split.path, split.examples[:8]), task)
+    batch = ft.pack_batch(encoded, list(range(8)))
+    moved = batch.to(torch.device("cpu"))
+    assert all(torch.equal(a, b) for a, b in zip(dataclasses.astuple(moved),
+                                                  dataclasses.astuple(batch)))
+    cfg = ft.FinetuneConfig(learning_rates=(1e-4,), seeds=(1,), progress=False)
+    model = ft.build_model(encoder, task.num_labels, seed=1, device=ft.resolve_device("cpu"))
+    assert {p.device.type for p in model.parameters()} == {"cpu"}
+    torch.manual_seed(0)
+    loss = ft.train_step(model, batch, *_optimizer_and_schedule(model, cfg), cfg)
+    assert 0.5 < loss < 1.0  # two classes from a fresh head: about ln 2
 
 
 def _fake_predictions(shared_data) -> ft.GlueResult:
@@ -209,6 +238,15 @@ def test_cli_rejects_bad_flags(tmp_path, capsys):
     with pytest.raises(SystemExit):
         glue_main([*base, "--tasks", "rte", "--learning_rates", "0"])
     assert "--learning_rates must be positive" in capsys.readouterr().err
+    if not torch.cuda.is_available():  # a GPU that is not there: one line, before any work
+        assert glue_main([*base, "--tasks", "rte", "--device", "cuda"]) == 2
+        assert capsys.readouterr().err == \
+            "bert-glue: error: --device cuda: torch sees 0 GPU(s) here\n"
+
+
+def _optimizer_and_schedule(model, cfg: ft.FinetuneConfig):
+    optimizer = ft.build_optimizer(model, cfg.learning_rates[0], cfg)
+    return optimizer, ft.warmup_linear_decay(optimizer, 10, 1)
 
 
 def test_training_gradients_match_transformers(shared_data, minilm_dir, encoder, tokenizer):

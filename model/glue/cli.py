@@ -70,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_eval_examples", type=int, default=None,
                    help="score a fixed random subset of this many dev examples")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast (faster on AVX-512 CPUs)")
+    p.add_argument("--device", default=defaults.device,
+                   help="auto (a GPU when torch sees one, else the CPU), cpu, cuda or cuda:N")
     p.add_argument("--no_packing", action="store_true",
                    help="pad each example to the batch's longest instead of packing rows")
     p.add_argument("--skip_bad_rows", action="store_true",
@@ -91,7 +93,7 @@ def config_from_args(args: argparse.Namespace) -> FinetuneConfig:
         warmup_proportion=args.warmup_proportion, bf16=args.bf16,
         pack_sequences=not args.no_packing, max_train_examples=args.max_train_examples,
         max_eval_examples=args.max_eval_examples, skip_bad_rows=args.skip_bad_rows,
-        predict_test=not args.no_test, progress=not args.no_progress)
+        predict_test=not args.no_test, progress=not args.no_progress, device=args.device)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

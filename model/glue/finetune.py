@@ -82,6 +82,9 @@ class FinetuneConfig:
     """Predict the test sets (when present) with the best run, for the leaderboard files."""
     progress: bool = True
     """Show progress bars."""
+    device: str = "auto"
+    """Where to fine-tune: "auto" (the GPU when torch sees one, else the CPU), "cpu", "cuda",
+    "cuda:N"."""
 
     def __post_init__(self) -> None:
         if not 2 <= self.max_seq_length <= 512:
@@ -103,6 +106,25 @@ class FinetuneConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name} must be >= 1, got {value}")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except RuntimeError:
+                raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got "
+                                 f"{self.device!r}") from None
+
+
+def resolve_device(name: str) -> torch.device:
+    """`FinetuneConfig.device` as a torch device; a GPU torch cannot see is an error here,
+    before any training, not a CUDA error at the first batch."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ValueError(f"--device {name}: torch sees {count} GPU(s) here")
+    return device
 
 
 def paper_recipe(**changes) -> FinetuneConfig:
@@ -266,6 +288,11 @@ class PackedBatch:
     """(B,) slot of example b within its row."""
     labels: Tensor
     """(B,) class ids or scores."""
+
+    def to(self, device: torch.device) -> PackedBatch:
+        """The batch on `device` (copies overlap compute when the host memory is pinned)."""
+        return PackedBatch(*(t.to(device, non_blocking=True)
+                             for t in dataclasses.astuple(self)))
 
 
 def pack_rows(lengths: Sequence[int], row_length: int) -> list[list[int]]:
@@ -438,10 +465,12 @@ def check_model_fits(encoder: BertModel, tokenizer, tasks: Sequence[TaskSpec],
                          f"{model_dir} has type_vocab_size {config.type_vocab_size}")
 
 
-def build_model(encoder: BertModel, num_labels: int, seed: int) -> BertForSequenceClassification:
-    """A classifier over a copy of `encoder`'s weights; the new head initialised from `seed`."""
+def build_model(encoder: BertModel, num_labels: int, seed: int,
+                device: torch.device | str = "cpu") -> BertForSequenceClassification:
+    """A classifier over a copy of `encoder`'s weights on `device`; the new head initialised
+    from `seed` (on the CPU, so the same seed gives the same head on any device)."""
     torch.manual_seed(seed)
-    return BertForSequenceClassification.from_encoder(encoder, num_labels)
+    return BertForSequenceClassification.from_encoder(encoder, num_labels).to(device)
 
 
 def build_optimizer(model: nn.Module, learning_rate: float,
@@ -486,8 +515,10 @@ def _progress(total: int, desc: str, enabled: bool):
 
 def train_step(model: BertForSequenceClassification, batch: PackedBatch,
                optimizer: torch.optim.Optimizer, scheduler, cfg: FinetuneConfig) -> float:
-    """One optimizer step on one batch; returns the loss."""
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+    """One optimizer step on one batch (moved to the model's device); returns the loss."""
+    device = next(model.parameters()).device
+    batch = batch.to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
         loss = loss_fn(classifier_logits(model, batch), batch.labels)
     loss.backward()
     if cfg.max_grad_norm > 0:
@@ -527,15 +558,17 @@ def predict(model: BertForSequenceClassification, encoded: glue_data.EncodedSpli
             cfg: FinetuneConfig) -> np.ndarray:
     """Class ids (N,) or scores (N,) for every example, in the split's order."""
     model.eval()
+    device = next(model.parameters()).device
     # Batches of similar length (sorted) waste the least; outputs do not depend on the order.
     order = np.argsort(encoded.lengths, kind="stable")
     outputs = np.zeros(len(encoded), dtype=np.float32 if model.num_labels == 1 else np.int64)
     for start in range(0, len(order), cfg.eval_batch_size):
         indices = order[start:start + cfg.eval_batch_size].tolist()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-            logits = classifier_logits(model, make_batch(encoded, indices, cfg)).float()
+        batch = make_batch(encoded, indices, cfg).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            logits = classifier_logits(model, batch).float()
         values = logits.squeeze(-1) if model.num_labels == 1 else logits.argmax(-1)
-        outputs[indices] = values.numpy()
+        outputs[indices] = values.cpu().numpy()
     return outputs
 
 
@@ -554,7 +587,7 @@ def run_one(encoder: BertModel, prepared: PreparedTask, learning_rate: float, se
             cfg: FinetuneConfig) -> tuple[RunResult, BertForSequenceClassification]:
     """Fine-tune a fresh classifier for one (rate, seed) and score it on dev."""
     task = prepared.task
-    model = build_model(encoder, task.num_labels, seed)
+    model = build_model(encoder, task.num_labels, seed, resolve_device(cfg.device))
     start = time.perf_counter()
     losses = train(model, prepared.train, learning_rate, seed, cfg,
                    desc=f"{task.name} lr={learning_rate:g} seed={seed}")
@@ -661,7 +694,7 @@ def finetune_task(encoder: BertModel, prepared: PreparedTask, cfg: FinetuneConfi
     predictions: tuple[TestPredictions, ...] = ()
     if prepared.test:
         assert kept is not None and kept[0] is select_best(runs).best_run
-        model = build_model(encoder, task.num_labels, kept[0].seed)
+        model = build_model(encoder, task.num_labels, kept[0].seed, resolve_device(cfg.device))
         model.load_state_dict(kept[1])
         predictions = predict_test_sets(model, prepared, cfg)
     return summarise_task(task.name, runs, len(prepared.train),
@@ -684,6 +717,7 @@ def run_glue(model_dir: str, data_dir: str, tasks: Sequence[TaskSpec],
     if not os.path.isdir(data_dir):
         raise FileNotFoundError(f"--data {data_dir}: no such folder")
     start = time.perf_counter()
+    resolve_device(cfg.device)
     glue_data.check_task_files(data_dir, tasks, cfg.predict_test)
     encoder = load_encoder(model_dir)
     tokenizer_dir = vocab_dir or model_dir
