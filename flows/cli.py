@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a setting, e.g. pretrain.phase1_steps=50 (repeatable)")
     parser.add_argument("--output", help="root folder of the run (default: runs/<preset>)")
+    parser.add_argument("--data_only", action="store_true",
+                        help="stop after the shards (a later full run with the same settings "
+                             "and output reuses them)")
     return parser
 
 
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     from flows.pretrain_bert import pretrain_bert
 
-    result = pretrain_bert(preset=args.preset, overrides=overrides)
+    result = pretrain_bert(preset=args.preset, overrides=overrides, data_only=args.data_only)
     print(result["markdown"])
     return 0
 
