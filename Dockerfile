@@ -149,7 +149,7 @@ RUN pip install --no-deps . && pip check
 
 # =============================================================================================
 # GPU runtime: `bert-pretrain`, the `deepspeed` launcher (pdsh over ssh), `torchrun`, `gsutil`.
-# DS_ACCELERATOR=cuda: the flow's launcher otherwise passes `cpu` to the trainers it starts.
+# DS_ACCELERATOR=cuda: passed on to the trainers the flow launches (DeepSpeed's accelerator).
 # It carries no data: runs name their inputs and write to the mounted volume (prefect.yaml).
 FROM ${CUDA_RUNTIME_IMAGE} AS gpu
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]

@@ -63,8 +63,8 @@ def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:
 
 
 @task(name="glue-finetune", **COMPUTE_TASK)
-def glue_finetune(cfg: DagConfig, model: StageResult, job: steps.GlueJob, device: str) -> dict:
-    return steps.glue_finetune(cfg, model, job, device)
+def glue_finetune(cfg: DagConfig, model: StageResult, job: steps.GlueJob) -> dict:
+    return steps.glue_finetune(cfg, model, job)
 
 
 @task(name="glue-best", **COMPUTE_TASK)
@@ -73,8 +73,9 @@ def glue_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
 
 
 @task(name="report", **COMPUTE_TASK)
-def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None) -> dict:
-    result = steps.report(cfg, stages, glue)
+def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None,
+           filename: str = "report.md") -> dict:
+    result = steps.report(cfg, stages, glue, filename)
     create_table_artifact(result["stages"], key="stage-timings",
                           description="Stage outputs, whether reused from a previous run, seconds")
     if result["glue_table"]:
@@ -110,15 +111,14 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     shards = [make_shards.submit(cfg, corpus, vocab, phase) for phase in (1, 2)]
     shards = [s.result() for s in shards]
     if data_only:
-        return report(cfg, [*sources, corpus, vocab, *shards], None)
+        return report(cfg, [*sources, corpus, vocab, *shards], None, "report-data.md")
     run = pretrain(cfg, vocab, shards)
     model = export_hf(cfg, run)
 
     glue = None
     jobs = steps.glue_jobs(cfg)
     if jobs:
-        futures = glue_finetune.map(unmapped(cfg), unmapped(model), jobs,
-                                    steps.glue_devices(len(jobs)))
+        futures = glue_finetune.map(unmapped(cfg), unmapped(model), jobs)
         wait(futures)
         # A failed fine-tuning run is reported as failed; the others still count.
         outcomes = [steps.outcome(job, f.state) for job, f in zip(jobs, futures)]

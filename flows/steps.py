@@ -6,17 +6,19 @@ so the `deepspeed`/`torchrun` launchers and multi-node runs work the same way), 
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,10 +55,18 @@ def _extract(cfg: DagConfig, stage: str, pattern: str, job) -> StageResult | Non
     """An extraction job (its module) over `pattern`; an empty pattern skips the source."""
     if not pattern:
         return None
-    config = {"input": pattern, "input_sha": _inputs_fingerprint(pattern),
-              "output_version": job.OUTPUT_VERSION}
+    config = extract_stage_config(pattern, _inputs_fingerprint(pattern), job.OUTPUT_VERSION)
     return run_stage(_root(cfg), stage, config, lambda out: job.run(
         ["--input", pattern, "--output", out, *cfg.data.beam_args]))
+
+
+def extract_stage_config(pattern: str, fingerprint: str, output_version: int) -> dict[str, Any]:
+    """What an extraction stage's folder is keyed on. Version 1 adds no key, so the stages
+    built before versions existed keep their folders (and everything downstream of them)."""
+    config: dict[str, Any] = {"input": pattern, "input_sha": fingerprint}
+    if output_version != 1:
+        config["output_version"] = output_version
+    return config
 
 
 def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
@@ -302,40 +312,61 @@ def _finetune_config(cfg: DagConfig):
                           skip_bad_rows=g.skip_bad_rows, progress=False)
 
 
-def glue_devices(num_jobs: int, num_gpus: int | None = None) -> list[str]:
-    """A device for each fine-tuning job: the GPUs in turn (all torch sees by default), or
-    the CPU."""
+def fine_tuning_devices(num_gpus: int | None = None) -> list[str]:
+    """Where GLUE runs train: every GPU torch sees, else the CPU."""
     if num_gpus is None:
         import torch
 
         num_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return [f"cuda:{i % num_gpus}" if num_gpus else "cpu" for i in range(num_jobs)]
+    return [f"cuda:{i}" for i in range(num_gpus)] or ["cpu"]
 
 
-_DEVICE_LOCKS: dict[str, threading.Lock] = {}
-_DEVICE_LOCKS_GUARD = threading.Lock()
+class DevicePool:
+    """Devices lent to one run at a time: the flow maps GLUE runs onto threads, and two runs
+    on one device would only share its cores or its memory. A run takes whichever device is
+    free, so uneven runs keep every device busy."""
+
+    def __init__(self, devices: Sequence[str]):
+        self._free: queue.Queue[str] = queue.Queue()
+        for device in devices:
+            self._free.put(device)
+
+    @contextlib.contextmanager
+    def take(self) -> Iterator[str]:
+        device = self._free.get()
+        try:
+            yield device
+        finally:
+            self._free.put(device)
 
 
-def _device_lock(device: str) -> threading.Lock:
-    with _DEVICE_LOCKS_GUARD:
-        return _DEVICE_LOCKS.setdefault(device, threading.Lock())
+_POOL: DevicePool | None = None
+_POOL_GUARD = threading.Lock()
 
 
-def glue_finetune(cfg: DagConfig, model: StageResult, job: GlueJob, device: str = "cpu") -> dict:
-    """Fine-tune one (task, learning rate, seed) on `device`; its dev result and test
+def _device_pool() -> DevicePool:
+    global _POOL
+    with _POOL_GUARD:
+        if _POOL is None:
+            _POOL = DevicePool(fine_tuning_devices())
+        return _POOL
+
+
+def glue_finetune(cfg: DagConfig, model: StageResult, job: GlueJob) -> dict:
+    """Fine-tune one (task, learning rate, seed) on a free device; its dev result and test
     predictions.
 
     Content-addressed like every stage (the device is not part of the key): a re-run reuses a
-    finished fine-tuning run. The flow maps these onto threads: one run per device at a time,
-    as concurrent runs would only share its cores or its memory."""
-    ft = dataclasses.replace(_finetune_config(cfg), device=device)
+    finished fine-tuning run."""
+    ft = _finetune_config(cfg)
     recipe = {k: v for k, v in dataclasses.asdict(ft).items() if k not in ("progress", "device")}
     config = {"job": dataclasses.asdict(job), "data": cfg.glue.data, "recipe": recipe}
     name = f"glue-{job.task.lower()}-lr{job.learning_rate:g}-seed{job.seed}"
 
     def build(out: str) -> None:
-        with _device_lock(device):
-            storage.write_manifest(out, _finetune_one(cfg, model, job, ft))
+        with _device_pool().take() as device:
+            result = _finetune_one(cfg, model, job, dataclasses.replace(ft, device=device))
+        storage.write_manifest(out, result)
 
     stage = run_stage(_root(cfg), name, config, build, upstream=(model,))
     return {**stage.manifest, "cached": stage.cached}
@@ -417,8 +448,10 @@ def _task_result(finetune, name: str, runs: list[dict]):
 
 # ---------------------------------------------------------------- report
 
-def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None) -> dict:
-    """`report.md` in the run folder: stage timings, data statistics, loss curve, GLUE table."""
+def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None,
+           filename: str = "report.md") -> dict:
+    """`report.md` in the run folder: stage timings, data statistics, loss curve, GLUE table.
+    (A data-only run writes `report-data.md`: the full run's report stays.)"""
     rows = [{"stage": s.stage, "cached": s.cached, "seconds": round(s.seconds, 1),
              "output": s.path} for s in stages]
     stats = _data_statistics(stages)
@@ -440,7 +473,7 @@ def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None) -> dict
         lines += ["", "## GLUE (dev)", "", glue["table"]]
         lines += [f"- FAILED {f['job']}: {f['error']}" for f in glue["failed"]]
     text = "\n".join(lines) + "\n"
-    path = storage.join(_root(cfg), "report.md")
+    path = storage.join(_root(cfg), filename)
     storage.atomic_write_text(path, text)
     return {"markdown": text, "path": path, "stages": rows, "loss_curve": loss_curve,
             "glue_table": glue["table"] if glue else "", "statistics": stats}

@@ -224,8 +224,10 @@ class _ApplyKeepMask(torch.autograd.Function):
 
     A product with the mask in x's dtype, not `torch.where` on the bool mask: on CPU `where`
     and bool -> float conversion are scalar loops (~6x slower than a multiply here), while
-    uint8 -> float is vectorised. (x * 1) * scale rounds once, as x * scale does: the values
-    are `where(keep, x * scale, 0)`'s. The bool mask (1 byte per element) is what is saved.
+    uint8 -> float is vectorised. (x * 1) * scale rounds once, as x * scale does: kept values
+    are `where(keep, x * scale, 0)`'s. Dropped ones are x * 0, as in `F.dropout`: -0.0 for a
+    negative x, NaN for an infinite one (a `where` would hide that overflow). The bool mask
+    (1 byte per element) is what is saved.
     """
 
     @staticmethod

@@ -186,13 +186,32 @@ def test_glue_fan_out_covers_tasks_rates_and_seeds_for_small_tasks():
         ("SST-2", 1e-4, 1), ("SST-2", 5e-5, 1)]
 
 
-def test_glue_jobs_take_the_gpus_in_turn_or_the_cpu():
-    assert steps.glue_devices(5, num_gpus=2) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1", "cuda:0"]
-    assert steps.glue_devices(2, num_gpus=0) == ["cpu", "cpu"]
+def test_fine_tuning_runs_take_a_free_device_one_run_each():
+    """GLUE runs mapped on Prefect's threads borrow a device from the pool: each device serves
+    one run at a time, and a run waits only while every device is taken."""
+    import threading
+
     import torch
 
+    assert steps.fine_tuning_devices(num_gpus=2) == ["cuda:0", "cuda:1"]
+    assert steps.fine_tuning_devices(num_gpus=0) == ["cpu"]
     if not torch.cuda.is_available():
-        assert steps.glue_devices(3) == ["cpu"] * 3
+        assert steps.fine_tuning_devices() == ["cpu"]
+    pool = steps.DevicePool(["cuda:0", "cuda:1"])
+    third: list[str] = []
+
+    def run() -> None:
+        with pool.take() as device:
+            third.append(device)
+
+    with pool.take() as first, pool.take() as second:
+        assert {first, second} == {"cuda:0", "cuda:1"}
+        waiting = threading.Thread(target=run)
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and not third  # both devices lent: the third run waits
+    waiting.join(10)
+    assert third in (["cuda:0"], ["cuda:1"])  # and gets one once they are back
 
 
 def test_launch_commands_for_each_launcher():
@@ -353,8 +372,9 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
     assert stages_first == {**dict.fromkeys(data_stages, True), "pretrain": False, "export": False}
     assert all(stages_second.values())
     assert "RTE" in first["glue-results"] and "WNLI" not in first["glue-results"]
-    report = (tmp_path / "run" / "report.md").read_text()
+    report = (tmp_path / "run" / "report.md").read_text()  # the full run's, not the data run's
     assert "FAILED" in report and "'task': 'WNLI'" in report
+    assert "| shards256 | no |" in (tmp_path / "run" / "report-data.md").read_text()
     assert "| pretrain | yes |" in report
     assert (tmp_path / "run" / "glue").is_dir()
 
@@ -470,8 +490,8 @@ def test_glue_fan_out_checks_the_tokenizer_against_the_model(shared_data, minilm
 
 def test_extraction_stage_is_rebuilt_when_the_jobs_output_version_changes(tmp_path,
                                                                           monkeypatch):
-    """Same input and options, other records from newer code (session 4's doc ids): the
-    stage's hash holds the job's OUTPUT_VERSION, so an older cached output is not reused."""
+    """Same input and options, other records from newer code: once a job bumps its
+    OUTPUT_VERSION the stage's hash holds it, so an older cached output is not reused."""
     from pipelines import extract_books
 
     books = tmp_path / "books"
@@ -479,9 +499,11 @@ def test_extraction_stage_is_rebuilt_when_the_jobs_output_version_changes(tmp_pa
     (books / "a.txt").write_text("It was a dark night. The rain fell.\n\nThen it stopped.\n")
     cfg = resolve("tiny", {"output": str(tmp_path / "run"),
                            "data": {"books": str(books)}})
+    # version 1 is keyed as before versions existed: older runs keep their folders
+    assert steps.extract_stage_config("in", "sha", 1) == {"input": "in", "input_sha": "sha"}
     first = steps.extract_books(cfg)
     assert (first.cached, steps.extract_books(cfg).cached) == (False, True)
-    assert first.manifest["output_version"] == extract_books.OUTPUT_VERSION == 2
-    monkeypatch.setattr(extract_books, "OUTPUT_VERSION", 3)
+    assert first.manifest["output_version"] == extract_books.OUTPUT_VERSION == 1
+    monkeypatch.setattr(extract_books, "OUTPUT_VERSION", 2)
     newer = steps.extract_books(cfg)
     assert not newer.cached and newer.path != first.path

@@ -298,9 +298,14 @@ def test_dropout_output_and_gradient_are_the_kept_values_scaled_once(dtype):
     (x_grad,) = torch.autograd.grad(y, x, grad)
     torch.manual_seed(3)  # the same draws: one int32 per element, kept iff >= p * 2^31
     keep = torch.empty(x.shape, dtype=torch.int32).random_() >= round(0.1 * 2**31)
-    assert torch.equal(y, torch.where(keep, x.detach() * (1 / 0.9), 0.0))
+    assert torch.equal(y, torch.where(keep, x.detach() * (1 / 0.9), 0.0))  # -0.0 == 0.0
     assert torch.equal(x_grad, torch.where(keep, grad * (1 / 0.9), 0.0))
     assert 0.88 < keep.float().mean().item() < 0.92
+    # as F.dropout: a dropped inf is inf * 0 = NaN (an overflow shows; a `where` would hide it)
+    torch.manual_seed(3)
+    overflowed = dropout(torch.full((64,), float("inf"), dtype=dtype), 0.5)
+    assert overflowed.isnan().any() and overflowed.isinf().any()
+    assert (overflowed.isnan() | overflowed.isinf()).all()
 
 
 def test_attention_plan_groups_instances_by_length_bucket():

@@ -22,6 +22,7 @@ import math
 import os
 import re
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -290,9 +291,9 @@ class PackedBatch:
     """(B,) class ids or scores."""
 
     def to(self, device: torch.device) -> PackedBatch:
-        """The batch on `device` (copies overlap compute when the host memory is pinned)."""
-        return PackedBatch(*(t.to(device, non_blocking=True)
-                             for t in dataclasses.astuple(self)))
+        """The batch on `device` (itself when it is there already)."""
+        return PackedBatch(*(getattr(self, f.name).to(device)
+                             for f in dataclasses.fields(self)))
 
 
 def pack_rows(lengths: Sequence[int], row_length: int) -> list[list[int]]:
@@ -465,12 +466,25 @@ def check_model_fits(encoder: BertModel, tokenizer, tasks: Sequence[TaskSpec],
                          f"{model_dir} has type_vocab_size {config.type_vocab_size}")
 
 
+_SEEDING = threading.Lock()
+
+
 def build_model(encoder: BertModel, num_labels: int, seed: int,
                 device: torch.device | str = "cpu") -> BertForSequenceClassification:
     """A classifier over a copy of `encoder`'s weights on `device`; the new head initialised
-    from `seed` (on the CPU, so the same seed gives the same head on any device)."""
-    torch.manual_seed(seed)
-    return BertForSequenceClassification.from_encoder(encoder, num_labels).to(device)
+    from `seed` on the CPU (the same head on any device), the device's dropout stream seeded.
+
+    Only this run's generators are seeded: `torch.manual_seed` would reseed every GPU, under
+    runs that the flow trains on other GPUs from other threads at the same time.
+    """
+    device = torch.device(device)
+    with _SEEDING:  # the CPU generator is the process's: one run seeds and draws at a time
+        torch.random.default_generator.manual_seed(seed)
+        model = BertForSequenceClassification.from_encoder(encoder, num_labels)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(seed)
+    return model.to(device)
 
 
 def build_optimizer(model: nn.Module, learning_rate: float,
