@@ -9,6 +9,10 @@ luck. The peer of bench_glue.py (transformers' Trainer) differs from us in these
                  `run_classifier.py`: N(0, 0.02) truncated at 2 std (std 0.0176);
                  BertForSequenceClassification's is untruncated, 1.137x wider. The second run
                  multiplies the same draws by that factor.
+  head_draws     the new head drawn twice from one private generator seeded per run: the
+                 reference's truncated normal against the peer's untruncated N(0, 0.02). The
+                 process's generator is left as it was, so data order and dropout stay paired;
+                 unlike head_scale these are the two distributions themselves.
   stock_dropout  our CPU fast paths (integer dropout masks, our attention dropout, per-example
                  attention on packed rows) against torch's stock ops on padded batches
                  (F.dropout, SDPA's dropout, row masks): the configuration that equals the
@@ -44,13 +48,29 @@ class Variant:
     name: str
     stock_dropout: bool = False
     head_scale: float = 1.0
+    head_draws: str | None = None
+    """Redraw the head's weights from a private generator: "truncated" or "normal"."""
 
 
 PAIRS = {
     "head_scale": (Variant("reference head"), Variant(f"{WIDER:.3f}x wider head",
                                                       head_scale=WIDER)),
     "stock_dropout": (Variant("fast paths"), Variant("stock ops", stock_dropout=True)),
+    "head_draws": (Variant("truncated-normal head", head_draws="truncated"),
+                   Variant("normal head", head_draws="normal")),
 }
+
+
+def redraw_head(weight: torch.Tensor, draws: str, seed: int, std: float) -> None:
+    """`weight` from a generator of its own (the process's stream stays untouched)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        if draws == "normal":  # transformers' BertForSequenceClassification
+            weight.normal_(0.0, std, generator=generator)
+        else:  # the reference run_classifier.py: truncated at 2 std, as model.bert does
+            bound = math.erf(2 / math.sqrt(2))
+            weight.uniform_(-bound, bound, generator=generator).erfinv_().mul_(std * math.sqrt(2))
+            weight.clamp_(-2 * std, 2 * std)
 
 
 def encoder_for(encoder: BertModel, variant: Variant) -> BertModel:
@@ -69,6 +89,9 @@ def run(encoder: BertModel, prepared: ft.PreparedTask, lr: float, seed: int,
     model = ft.build_model(encoder_for(encoder, variant), prepared.task.num_labels, seed)
     with torch.no_grad():  # a multiplication: no random number drawn, the pair stays paired
         model.classifier.weight.mul_(variant.head_scale)
+    if variant.head_draws:
+        redraw_head(model.classifier.weight, variant.head_draws, seed,
+                    encoder.config.initializer_range)
     ft.train(model, prepared.train, lr, seed, cfg)
     return 100 * task_score(ft.evaluate(model, prepared, cfg))
 
