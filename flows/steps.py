@@ -364,15 +364,17 @@ def glue_finetune(cfg: DagConfig, model: StageResult, job: GlueJob) -> dict:
     name = f"glue-{job.task.lower()}-lr{job.learning_rate:g}-seed{job.seed}"
 
     def build(out: str) -> None:
+        encoder, prepared = _prepare_one(cfg, model, job, ft)  # reading needs no device
         with _device_pool().take() as device:
-            result = _finetune_one(cfg, model, job, dataclasses.replace(ft, device=device))
+            result = _finetune_one(encoder, prepared, job, dataclasses.replace(ft, device=device))
         storage.write_manifest(out, result)
 
     stage = run_stage(_root(cfg), name, config, build, upstream=(model,))
     return {**stage.manifest, "cached": stage.cached}
 
 
-def _finetune_one(cfg: DagConfig, model: StageResult, job: GlueJob, ft) -> dict:
+def _prepare_one(cfg: DagConfig, model: StageResult, job: GlueJob, ft):
+    """(encoder, the task's tokenized splits) for one run, checked against each other."""
     from model.glue import data as glue_data
     from model.glue import finetune
     from model.glue.tasks import get_task
@@ -381,7 +383,12 @@ def _finetune_one(cfg: DagConfig, model: StageResult, job: GlueJob, ft) -> dict:
     tokenizer = glue_data.load_glue_tokenizer(model.path, ft.max_seq_length)
     # the export writes both from one run, but a hand-edited folder would fail deep in torch
     finetune.check_model_fits(encoder, tokenizer, [task], ft, model.path, model.path)
-    prepared = finetune.prepare_task(task, cfg.glue.data, tokenizer, ft)
+    return encoder, finetune.prepare_task(task, cfg.glue.data, tokenizer, ft)
+
+
+def _finetune_one(encoder, prepared, job: GlueJob, ft) -> dict:
+    from model.glue import finetune
+
     result, trained = finetune.run_one(encoder, prepared, job.learning_rate, job.seed, ft)
     predictions = finetune.predict_test_sets(trained, prepared, ft) if prepared.test else ()
     return {"job": dataclasses.asdict(job), "result": dataclasses.asdict(result),
