@@ -469,7 +469,8 @@ def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder
     cli = ft.finetune_task(encoder, prepared, sample)
 
     model = StageResult("export", str(minilm_dir), "minilm", cached=False, seconds=0.0)
-    outcomes = [steps._finetune_one(dag, model, job, sample) for job in steps.glue_jobs(dag)]
+    outcomes = [steps._finetune_one(*steps._prepare_one(dag, model, job, sample), job, sample)
+                for job in steps.glue_jobs(dag)]
     flow = steps._task_result(ft, "STS-B", outcomes)
 
     assert [(r.learning_rate, r.seed, r.steps) for r in cli.runs] == [
