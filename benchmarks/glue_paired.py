@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from model.bert import BertModel
+from model.bert import BertModel, truncated_normal_
 from model.glue import data as glue_data
 from model.glue import finetune as ft
 from model.glue.metrics import task_score
@@ -67,10 +67,8 @@ def redraw_head(weight: torch.Tensor, draws: str, seed: int, std: float) -> None
     with torch.no_grad():
         if draws == "normal":  # transformers' BertForSequenceClassification
             weight.normal_(0.0, std, generator=generator)
-        else:  # the reference run_classifier.py: truncated at 2 std, as model.bert does
-            bound = math.erf(2 / math.sqrt(2))
-            weight.uniform_(-bound, bound, generator=generator).erfinv_().mul_(std * math.sqrt(2))
-            weight.clamp_(-2 * std, 2 * std)
+        else:  # the reference run_classifier.py, as our model draws it
+            truncated_normal_(weight, std, generator)
 
 
 def encoder_for(encoder: BertModel, variant: Variant) -> BertModel:
