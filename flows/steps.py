@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -364,13 +365,51 @@ def glue_finetune(cfg: DagConfig, model: StageResult, job: GlueJob) -> dict:
     name = f"glue-{job.task.lower()}-lr{job.learning_rate:g}-seed{job.seed}"
 
     def build(out: str) -> None:
-        encoder, prepared = _prepare_one(cfg, model, job, ft)  # reading needs no device
+        # reading needs no device; the runs of one task waiting for a device share one reading
+        ready = _PREPARED.get((model.path, job.task, cfg.glue.data, ft),
+                              lambda: _Prepared(*_prepare_one(cfg, model, job, ft)))
         with _device_pool().take() as device:
-            result = _finetune_one(encoder, prepared, job, dataclasses.replace(ft, device=device))
+            result = _finetune_one(ready.encoder, ready.prepared, job,
+                                   dataclasses.replace(ft, device=device))
         storage.write_manifest(out, result)
 
     stage = run_stage(_root(cfg), name, config, build, upstream=(model,))
     return {**stage.manifest, "cached": stage.cached}
+
+
+@dataclass
+class _Prepared:
+    """One task's tokenized splits and the encoder they were checked against."""
+    encoder: Any
+    prepared: Any
+
+
+class SharedPreparations:
+    """Values built once per key and shared by the threads that hold them at the same time.
+
+    The fan-out maps every (task, rate, seed) onto a thread, and each reads and tokenizes its
+    task before it waits for a device: minutes per MNLI copy, and every waiting copy held in
+    memory. Here the first run of a task prepares it while the others wait on that key alone;
+    the entry lives while any run holds it (weak reference), so a finished task frees its memory.
+    """
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._key_locks: dict[Any, threading.Lock] = {}
+        self._values: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+    def get(self, key: Any, build: Callable[[], Any]) -> Any:
+        with self._guard:
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            value = self._values.get(key)
+            if value is None:
+                value = build()
+                self._values[key] = value
+            return value
+
+
+_PREPARED = SharedPreparations()
 
 
 def _prepare_one(cfg: DagConfig, model: StageResult, job: GlueJob, ft):

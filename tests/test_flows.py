@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import steps
+from flows import stages, steps
 from flows.config import check_inputs_exist, parse_set_flags, resolve
 from flows.stages import run_stage
 
@@ -176,6 +176,117 @@ def test_failed_stage_leaves_no_manifest_and_reruns(tmp_path):
     assert not done.cached and Path(done.path, "partial").exists()
 
 
+RACE = """
+import sys, time
+from pathlib import Path
+from flows.stages import BuildLease, run_stage
+
+root = sys.argv[1]
+def build(out):
+    with open(Path(root, "builds.log"), "a") as log:
+        log.write("built\\n")
+    time.sleep(2.0)
+    Path(out, "manifest.json").write_text("{}")
+
+result = run_stage(root, "shards", {"seq": 512}, build, lease=BuildLease(poll_seconds=0.1))
+print("cached" if result.cached else "built")
+"""
+
+
+def test_a_stage_two_runs_need_at_once_is_built_once(tmp_path):
+    """Two flow runs (processes) reaching the same stage together: one builds it, the other
+    waits for its manifest and reuses it; the build lock is gone afterwards."""
+    runs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path)], cwd=REPO,
+                             stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = sorted(run.communicate(timeout=120)[0].strip() for run in runs)
+    assert outputs == ["built", "cached"]
+    assert Path(tmp_path, "builds.log").read_text() == "built\n"
+    assert not list(tmp_path.glob("shards-*/.build.lock*"))
+
+
+def _lock(folder: Path, **holder) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / stages.LOCK_NAME
+    lock.write_text(json.dumps({"token": "other", "stage": "s", "started": time.time(),
+                                "refreshed": time.time(), **holder}))
+    return lock
+
+
+def test_a_stopped_runs_build_lock_is_taken_over(tmp_path):
+    """A lock whose process is gone (this host), or that nobody refreshed for the lease (any
+    host), is taken over at once; the build then runs."""
+    path, _ = stages.stage_dir(str(tmp_path), "s", {})
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    built = []
+
+    def build(out):
+        built.append(out)
+        Path(out, "manifest.json").write_text("{}")
+
+    _lock(Path(path), host=socket.gethostname(), pid=int(gone.stdout))
+    started = time.monotonic()
+    assert not run_stage(str(tmp_path), "s", {}, build).cached
+    quiet, _ = stages.stage_dir(str(tmp_path), "s", {"n": 2})
+    _lock(Path(quiet), host="another-pod", pid=1, refreshed=time.time() - 301)
+    assert not run_stage(str(tmp_path), "s", {"n": 2}, build).cached
+    assert time.monotonic() - started < 5  # no poll (10 s) was waited for
+    assert len(built) == 2 and not list(tmp_path.glob("*/.build.lock"))
+
+
+def test_a_live_runs_build_is_waited_for_and_reused(tmp_path):
+    """Another host's run, refreshing its lock: this run neither builds nor takes over; it
+    reuses the output once the other run writes its manifest and lets go."""
+    import threading
+
+    path, _ = stages.stage_dir(str(tmp_path), "s", {})
+    lock = _lock(Path(path), host="another-pod", pid=1)
+    built, results = [], []
+    lease = stages.BuildLease(seconds=1.0, poll_seconds=0.05)
+    waiter = threading.Thread(target=lambda: results.append(
+        run_stage(str(tmp_path), "s", {}, built.append, lease=lease)))
+    waiter.start()
+    for _ in range(6):  # 1.5 s: past the lease, had the other run not refreshed its lock
+        time.sleep(0.25)
+        _lock(Path(path), host="another-pod", pid=1)
+    assert waiter.is_alive() and not built
+    Path(path, "manifest.json").write_text('{"by": "the other run"}')
+    lock.unlink()
+    waiter.join(10)
+    assert [r.cached for r in results] == [True] and results[0].manifest == {"by": "the other run"}
+    assert not built
+
+
+def test_the_build_lock_is_refreshed_while_building_and_released_on_failure(tmp_path):
+    """A build longer than the lease keeps its lock (refreshed), so a second run waits instead
+    of building beside it; a failed build lets go of the lock at once."""
+    import threading
+
+    lease = stages.BuildLease(seconds=0.4, poll_seconds=0.05)
+    builds = []
+
+    def slow(out):
+        builds.append(out)
+        time.sleep(1.5)
+        Path(out, "manifest.json").write_text("{}")
+
+    first = threading.Thread(target=run_stage, args=(str(tmp_path), "s", {}, slow),
+                             kwargs={"lease": lease})
+    first.start()
+    time.sleep(0.2)
+    second = run_stage(str(tmp_path), "s", {}, slow, lease=lease)
+    first.join(10)
+    assert second.cached and len(builds) == 1
+
+    def fail(out):
+        assert Path(out, stages.LOCK_NAME).exists()
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_stage(str(tmp_path), "t", {}, fail, lease=lease)
+    assert not list(tmp_path.glob("t-*/.build.lock"))
+
+
 def test_glue_fan_out_covers_tasks_rates_and_seeds_for_small_tasks():
     cfg = resolve("tiny", {"glue": {"tasks": ["rte", "sst-2"], "learning_rates": [1e-4, 5e-5],
                                     "seeds": [1, 2]}})
@@ -212,6 +323,45 @@ def test_fine_tuning_runs_take_a_free_device_one_run_each():
         assert waiting.is_alive() and not third  # both devices lent: the third run waits
     waiting.join(10)
     assert third in (["cuda:0"], ["cuda:1"])  # and gets one once they are back
+
+
+def test_runs_of_one_task_share_one_preparation():
+    """The fan-out's threads tokenize a task once: runs that ask while it is being read wait
+    for that reading and get the same object; another task is prepared on its own; a task no
+    run holds any more is freed, and read again if asked for."""
+    import gc
+    import threading
+
+    shared = steps.SharedPreparations()
+    builds: list[str] = []
+    reading = threading.Event()
+    release = threading.Event()
+
+    def build(name: str):
+        def read():
+            builds.append(name)
+            reading.set()
+            release.wait(10)  # a slow read: the other runs of the task arrive meanwhile
+            return steps._Prepared(encoder=name, prepared=[name])
+        return read
+
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(shared.get("MRPC", build("MRPC"))))
+               for _ in range(3)]
+    for t in threads:
+        t.start()
+    assert reading.wait(10)
+    other = shared.get("RTE", build("RTE"))  # not blocked behind MRPC's reading
+    assert other.encoder == "RTE"
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert builds == ["MRPC", "RTE"]
+    assert len(got) == 3 and got[0] is got[1] is got[2]
+    del got[:], other
+    gc.collect()
+    shared.get("MRPC", build("MRPC"))
+    assert builds == ["MRPC", "RTE", "MRPC"]
 
 
 def test_launch_commands_for_each_launcher():
