@@ -13,6 +13,14 @@ luck. The peer of bench_glue.py (transformers' Trainer) differs from us in these
                  reference's truncated normal against the peer's untruncated N(0, 0.02). The
                  process's generator is left as it was, so data order and dropout stay paired;
                  unlike head_scale these are the two distributions themselves.
+  trainer_draws  our code with torch's stock ops twice: once with our own draws, once with the
+                 Trainer's (bench_glue.run_peer's) - its head (N(0, 0.02) from the process's
+                 generator seeded with the seed, nothing drawn before), its data order
+                 (Accelerate's seedable sampler: epoch e shuffled by a generator seeded with
+                 seed + e; epoch 0 is ours too) and its dropout stream (the process's generator
+                 seeded again, one int64 drawn by the DataLoader). The second run is the
+                 Trainer's run computed by our code: its score should be the Trainer's at that
+                 seed (bench_glue.py), if nothing else differs at full scale.
   stock_dropout  our CPU fast paths (integer dropout masks, our attention dropout, per-example
                  attention on packed rows) against torch's stock ops on padded batches
                  (F.dropout, SDPA's dropout, row masks): the configuration that equals the
@@ -50,6 +58,8 @@ class Variant:
     head_scale: float = 1.0
     head_draws: str | None = None
     """Redraw the head's weights from a private generator: "truncated" or "normal"."""
+    trainer_draws: bool = False
+    """Head, data order and dropout stream drawn as transformers' Trainer draws them."""
 
 
 PAIRS = {
@@ -58,6 +68,9 @@ PAIRS = {
     "stock_dropout": (Variant("fast paths"), Variant("stock ops", stock_dropout=True)),
     "head_draws": (Variant("truncated-normal head", head_draws="truncated"),
                    Variant("normal head", head_draws="normal")),
+    "trainer_draws": (Variant("stock ops, our draws", stock_dropout=True),
+                      Variant("stock ops, the Trainer's draws", stock_dropout=True,
+                              trainer_draws=True)),
 }
 
 
@@ -69,6 +82,17 @@ def redraw_head(weight: torch.Tensor, draws: str, seed: int, std: float) -> None
             weight.normal_(0.0, std, generator=generator)
         else:  # the reference run_classifier.py, as our model draws it
             truncated_normal_(weight, std, generator)
+
+
+def trainer_epoch_batches(num_examples: int, batch_size: int, seed: int):
+    """The Trainer's data order as `finetune.train`'s `epoch_batches`: each epoch its
+    DataLoader draws a base seed from the process's generator (one int64), and Accelerate's
+    seedable sampler shuffles with a generator seeded with data_seed + epoch."""
+    def epoch_batches(epoch: int) -> list[list[int]]:
+        torch.empty((), dtype=torch.int64).random_()
+        return glue_data.batch_indices(num_examples, batch_size,
+                                       torch.Generator().manual_seed(seed + epoch))
+    return epoch_batches
 
 
 def encoder_for(encoder: BertModel, variant: Variant) -> BertModel:
@@ -90,7 +114,13 @@ def run(encoder: BertModel, prepared: ft.PreparedTask, lr: float, seed: int,
     if variant.head_draws:
         redraw_head(model.classifier.weight, variant.head_draws, seed,
                     encoder.config.initializer_range)
-    ft.train(model, prepared.train, lr, seed, cfg)
+    if not variant.trainer_draws:
+        ft.train(model, prepared.train, lr, seed, cfg)
+    else:
+        redraw_head(model.classifier.weight, "normal", seed, encoder.config.initializer_range)
+        torch.manual_seed(seed)  # Trainer.train() seeds the process again
+        ft.train(model, prepared.train, lr, seed, cfg,
+                 epoch_batches=trainer_epoch_batches(len(prepared.train), cfg.batch_size, seed))
     return 100 * task_score(ft.evaluate(model, prepared, cfg))
 
 
@@ -103,6 +133,8 @@ def main() -> None:
     p.add_argument("--learning_rate", type=float, default=5e-5)
     p.add_argument("--max_train_examples", type=int, default=None, help="for a quick try")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--sides", choices=("both", "first", "second"), default="both",
+                   help="run one side only (the other's scores known from an earlier run)")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads:
@@ -117,15 +149,17 @@ def main() -> None:
                                 progress=False, max_train_examples=args.max_train_examples)
         tokenizer = glue_data.load_glue_tokenizer(model_dir, cfg.max_seq_length)
         prepared = ft.prepare_task(task, data_dir, tokenizer, cfg)
+        sides = {"both": (first, second), "first": (first,), "second": (second,)}[args.sides]
         for seed in (int(s) for s in args.seeds.split(",")):
             scores, seconds = [], []
-            for variant in (first, second):
+            for variant in sides:
                 start = time.perf_counter()
                 scores.append(run(encoder, prepared, args.learning_rate, seed, cfg, variant))
                 seconds.append(time.perf_counter() - start)
-            print(f"{task.name} seed {seed}: {first.name} {scores[0]:.2f} ({seconds[0]:.0f} s), "
-                  f"{second.name} {scores[1]:.2f} ({seconds[1]:.0f} s), "
-                  f"diff {scores[1] - scores[0]:+.2f}", flush=True)
+            line = ", ".join(f"{v.name} {score:.2f} ({secs:.0f} s)"
+                             for v, score, secs in zip(sides, scores, seconds))
+            diff = f", diff {scores[1] - scores[0]:+.2f}" if len(scores) == 2 else ""
+            print(f"{task.name} seed {seed}: {line}{diff}", flush=True)
 
 
 if __name__ == "__main__":

@@ -7,19 +7,17 @@ changed config or upstream output gets a new folder: two configs never mix.
 
 Two runs that need the same stage at once (a `data-large` run still building the shards that a
 `large` run started beside it also needs) must not build it into one folder together: the
-builder holds a lock file in the folder, refreshed while it works, and the other run waits for
-the manifest. A lock that stopped being refreshed belongs to a run that died and is taken over.
+builder holds a lock on a file in the folder (`building`), and the other run waits for the
+manifest. A run that dies lets go of its lock with its process.
 """
 from __future__ import annotations
 
 import contextlib
-import json
+import fcntl
 import logging
 import os
 import socket
-import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,33 +48,20 @@ def stage_dir(root: str, stage: str, config: dict[str, Any],
     return storage.join(root, f"{stage}-{digest}"), digest
 
 
-@dataclass(frozen=True)
-class BuildLease:
-    """How long a build lock lives without its run, and how often others look at it."""
-    seconds: float = 300.0
-    """A lock not refreshed for this long is a dead run's and is taken over (refreshed every
-    fifth of it). A run on this host whose process is gone loses its lock at once."""
-    poll_seconds: float = 10.0
-    """How often a run waiting for another's build looks again."""
-    settle_seconds: float = 3.0
-    """Object stores (gs://) have no create-if-absent through Beam's FileSystems: a claim is
-    written, then read back after this long, and the last writer holds it."""
-
-
 def run_stage(root: str, stage: str, config: dict[str, Any], build: Callable[[str], dict | None],
-              upstream: tuple[StageResult, ...] = (),
-              lease: BuildLease = BuildLease()) -> StageResult:
+              upstream: tuple[StageResult, ...] = (), poll_seconds: float = 10.0) -> StageResult:
     """Reuse `<root>/<stage>-<hash>` if complete, else call `build(path)` to make it.
 
     `build` must leave `manifest.json` in `path` when (and only when) it succeeded; it may find
     a partial previous attempt there (pre-training resumes from its last checkpoint). While
-    another live run builds the same folder, this one waits for it and reuses its output.
+    another live run builds the same folder, this one waits for it (looking every
+    `poll_seconds`) and reuses its output, or builds it if that run failed.
     """
     path, digest = stage_dir(root, stage, config, upstream)
     manifest = storage.read_manifest(path)
     if manifest is None:
         storage.makedirs(path)
-        with building(path, stage, lease):
+        with building(path, stage, poll_seconds):
             manifest = storage.read_manifest(path)  # finished by the run we waited for?
             if manifest is None:
                 started = time.monotonic()
@@ -91,91 +76,52 @@ def run_stage(root: str, stage: str, config: dict[str, Any], build: Callable[[st
 
 
 @contextlib.contextmanager
-def building(path: str, stage: str, lease: BuildLease = BuildLease()) -> Iterator[None]:
-    """Hold `path`'s build lock for the block: wait while a live run holds it, take it over
-    from a dead one, refresh it meanwhile, remove it after (also when the build fails)."""
-    lock_path = storage.join(path, LOCK_NAME)
-    mine = {"token": uuid.uuid4().hex, "stage": stage, "host": socket.gethostname(),
-            "pid": os.getpid(), "started": time.time()}
-    waiting_for = None
-    while not _claim(lock_path, {**mine, "refreshed": time.time()}, lease):
-        holder = _read_lock(lock_path)
-        if holder is None:
-            continue  # released between our claim and this look: claim again
-        if _dead(holder, lease):
-            logger.warning("%s: taking over the build lock of a run that stopped (%s)",
-                           stage, _describe(holder))
-            _release(lock_path, holder["token"])
-            continue
-        if holder["token"] != waiting_for:
-            logger.info("%s: another run is building it (%s); waiting for it to finish",
-                        stage, _describe(holder))
-            waiting_for = holder["token"]
-        time.sleep(lease.poll_seconds)
-    stop = threading.Event()
-    heartbeat = threading.Thread(target=_refresh, args=(lock_path, mine, lease, stop),
-                                 name=f"lock-{stage}", daemon=True)
-    heartbeat.start()
-    try:
+def building(path: str, stage: str, poll_seconds: float = 10.0) -> Iterator[None]:
+    """Hold `path`'s build lock for the block, waiting while another run holds it.
+
+    An advisory `flock` on `<path>/.build.lock`: the kernel lets go of it when its holder's
+    file closes, so also when that process dies (kill -9, a lost pod) - no lease to expire, no
+    clocks or pids to compare. It excludes processes on one machine and, on a shared volume
+    whose client maps flock to NFS locks (Linux NFSv4), across machines. Object-store roots
+    (gs://) have no lock: their runs are not told about each other (see the README).
+    """
+    if poll_seconds <= 0:
+        raise ValueError(f"poll_seconds must be > 0, got {poll_seconds}")
+    if storage.is_remote(path):
         yield
-    finally:
-        stop.set()
-        heartbeat.join()
-        _release(lock_path, mine["token"])
+        return
+    lock_path = storage.join(path, LOCK_NAME)
+    with open(lock_path, "a+", encoding="utf-8") as lock:
+        waited = False
+        while not _try_lock(lock):
+            if not waited:
+                logger.info("%s: another run is building %s (%s); waiting for it",
+                            stage, path, _holder(lock_path))
+                waited = True
+            time.sleep(poll_seconds)
+        _describe_holder(lock, stage)
+        yield  # closing the file releases the lock
 
 
-def _claim(lock_path: str, holder: dict, lease: BuildLease) -> bool:
-    data = json.dumps(holder).encode()
-    if not storage.is_remote(lock_path):
-        return storage.create_exclusive(lock_path, data)
-    if storage.exists(lock_path):
-        return False
-    storage.atomic_write_bytes(lock_path, data)
-    time.sleep(lease.settle_seconds)  # a run that looked before we wrote has written by now
-    current = _read_lock(lock_path)
-    return current is not None and current["token"] == holder["token"]
-
-
-def _read_lock(lock_path: str) -> dict | None:
+def _try_lock(lock) -> bool:
     try:
-        holder = storage.read_json(lock_path)
-    except (OSError, ValueError):  # gone (released), or not ours to read
-        return None
-    return holder if isinstance(holder, dict) and "token" in holder else None
-
-
-def _dead(holder: dict, lease: BuildLease) -> bool:
-    if holder.get("host") == socket.gethostname() and not _process_alive(holder.get("pid")):
-        return True
-    return time.time() - float(holder.get("refreshed", 0)) > lease.seconds
-
-
-def _process_alive(pid: Any) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         return False
-    except (PermissionError, TypeError, ValueError):
-        return True  # another user's process, or no pid to test: trust the refresh time
     return True
 
 
-def _refresh(lock_path: str, mine: dict, lease: BuildLease, stop: threading.Event) -> None:
-    while not stop.wait(lease.seconds / 5):
-        current = _read_lock(lock_path)
-        if current is None or current["token"] != mine["token"]:
-            logger.error("%s: lost the build lock %s (not refreshed for %.0f s?)",
-                         mine["stage"], lock_path, lease.seconds)
-            return
-        storage.atomic_write_json(lock_path, {**mine, "refreshed": time.time()})
+def _describe_holder(lock, stage: str) -> None:
+    """Who holds the lock, for the log line of the runs that wait (information only)."""
+    lock.seek(0)
+    lock.truncate()
+    lock.write(f"stage {stage}, host {socket.gethostname()}, pid {os.getpid()}, since "
+               f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}\n")
+    lock.flush()
 
 
-def _release(lock_path: str, token: str) -> None:
-    current = _read_lock(lock_path)
-    if current is not None and current["token"] == token:
-        storage.delete(lock_path)
-
-
-def _describe(holder: dict) -> str:
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(holder.get("started", 0))))
-    return f"host {holder.get('host')}, pid {holder.get('pid')}, since {started}"
+def _holder(lock_path: str) -> str:
+    with contextlib.suppress(OSError):
+        with open(lock_path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip() or "holder unknown"
+    return "holder unknown"

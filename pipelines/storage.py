@@ -157,26 +157,6 @@ def withdraw_manifest(output_dir: str) -> None:
     delete(join(output_dir, MANIFEST_NAME))
 
 
-def create_exclusive(path: str, data: bytes) -> bool:
-    """Create the local file `path` holding `data` unless it exists: False if it did.
-
-    Written aside, then hard-linked into place: a link never replaces a file, so of two
-    processes racing for `path` exactly one wins, and no reader ever sees it half written.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, _FILE_MODE)
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        os.unlink(tmp)
-
-
 def delete(path: str) -> None:
     """Remove a file if it is there."""
     if is_remote(path):

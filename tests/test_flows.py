@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import stages, steps
+from flows import steps
 from flows.config import check_inputs_exist, parse_set_flags, resolve
 from flows.stages import run_stage
 
@@ -176,115 +176,105 @@ def test_failed_stage_leaves_no_manifest_and_reruns(tmp_path):
     assert not done.cached and Path(done.path, "partial").exists()
 
 
-RACE = """
-import sys, time
+RUN = """
+import logging, sys, time
 from pathlib import Path
-from flows.stages import BuildLease, run_stage
+from flows.stages import run_stage
 
-root = sys.argv[1]
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+root, name, build_seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
 def build(out):
     with open(Path(root, "builds.log"), "a") as log:
-        log.write("built\\n")
-    time.sleep(2.0)
-    Path(out, "manifest.json").write_text("{}")
+        log.write(name + "\\n")
+    Path(root, name + ".building").touch()
+    time.sleep(build_seconds)
+    Path(out, "manifest.json").write_text('{"by": "' + name + '"}')
 
-result = run_stage(root, "shards", {"seq": 512}, build, lease=BuildLease(poll_seconds=0.1))
-print("cached" if result.cached else "built")
+result = run_stage(root, "shards", {"seq": 512}, build, poll_seconds=0.1)
+print(("cached " if result.cached else "built ") + result.manifest["by"])
 """
 
 
+def _flow_run(root: Path, name: str, build_seconds: float) -> subprocess.Popen:
+    """A process that needs the stage "shards" and would take `build_seconds` to build it."""
+    return subprocess.Popen([sys.executable, "-c", RUN, str(root), name, str(build_seconds)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
 def test_a_stage_two_runs_need_at_once_is_built_once(tmp_path):
-    """Two flow runs (processes) reaching the same stage together: one builds it, the other
-    waits for its manifest and reuses it; the build lock is gone afterwards."""
-    runs = [subprocess.Popen([sys.executable, "-c", RACE, str(tmp_path)], cwd=REPO,
-                             stdout=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs = sorted(run.communicate(timeout=120)[0].strip() for run in runs)
-    assert outputs == ["built", "cached"]
-    assert Path(tmp_path, "builds.log").read_text() == "built\n"
-    assert not list(tmp_path.glob("shards-*/.build.lock*"))
+    """A second flow run (process) reaching a stage the first is building waits for it, says
+    so, and reuses its output instead of building it beside it."""
+    first = _flow_run(tmp_path, "first", 3.0)
+    _wait_for(tmp_path / "first.building")
+    second = _flow_run(tmp_path, "second", 3.0)
+    out1, _ = first.communicate(timeout=120)
+    out2, err2 = second.communicate(timeout=120)
+    assert (out1.strip(), out2.strip()) == ("built first", "cached first")
+    assert "another run is building" in err2 and f"pid {first.pid}" in err2
+    assert Path(tmp_path, "builds.log").read_text() == "first\n"
 
 
-def _lock(folder: Path, **holder) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    lock = folder / stages.LOCK_NAME
-    lock.write_text(json.dumps({"token": "other", "stage": "s", "started": time.time(),
-                                "refreshed": time.time(), **holder}))
-    return lock
+def test_a_run_killed_while_building_lets_the_waiting_run_build(tmp_path):
+    """kill -9 of the building run frees its lock with its process: the waiting run builds
+    the stage itself at once (no lease to wait out)."""
+    dead = _flow_run(tmp_path, "dead", 600.0)
+    _wait_for(tmp_path / "dead.building")
+    waiting = _flow_run(tmp_path, "waiting", 0.0)
+    time.sleep(1.0)  # the waiting run has found the lock taken (asserted below)
+    dead.kill()
+    dead.wait(10)
+    started = time.monotonic()
+    out, err = waiting.communicate(timeout=120)
+    assert out.strip() == "built waiting" and "another run is building" in err
+    assert time.monotonic() - started < 30
+    assert Path(tmp_path, "builds.log").read_text() == "dead\nwaiting\n"
 
 
-def test_a_stopped_runs_build_lock_is_taken_over(tmp_path):
-    """A lock whose process is gone (this host), or that nobody refreshed for the lease (any
-    host), is taken over at once; the build then runs."""
-    path, _ = stages.stage_dir(str(tmp_path), "s", {})
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
-    built = []
+def test_a_failed_build_lets_the_waiting_run_build_it(tmp_path):
+    """Threads of one process exclude each other too (the GLUE fan-out's runs are threads):
+    a run waits while the build it found fails, then builds the stage itself."""
+    import threading
+
+    holding, fail = threading.Event(), threading.Event()
+
+    def failing(out):
+        holding.set()
+        fail.wait(30)
+        raise RuntimeError("boom")
+
+    errors, results, built = [], [], []
+
+    def first():
+        try:
+            run_stage(str(tmp_path), "s", {}, failing, poll_seconds=0.05)
+        except RuntimeError as e:
+            errors.append(str(e))
 
     def build(out):
         built.append(out)
         Path(out, "manifest.json").write_text("{}")
 
-    _lock(Path(path), host=socket.gethostname(), pid=int(gone.stdout))
-    started = time.monotonic()
-    assert not run_stage(str(tmp_path), "s", {}, build).cached
-    quiet, _ = stages.stage_dir(str(tmp_path), "s", {"n": 2})
-    _lock(Path(quiet), host="another-pod", pid=1, refreshed=time.time() - 301)
-    assert not run_stage(str(tmp_path), "s", {"n": 2}, build).cached
-    assert time.monotonic() - started < 5  # no poll (10 s) was waited for
-    assert len(built) == 2 and not list(tmp_path.glob("*/.build.lock"))
-
-
-def test_a_live_runs_build_is_waited_for_and_reused(tmp_path):
-    """Another host's run, refreshing its lock: this run neither builds nor takes over; it
-    reuses the output once the other run writes its manifest and lets go."""
-    import threading
-
-    path, _ = stages.stage_dir(str(tmp_path), "s", {})
-    lock = _lock(Path(path), host="another-pod", pid=1)
-    built, results = [], []
-    lease = stages.BuildLease(seconds=1.0, poll_seconds=0.05)
+    holder = threading.Thread(target=first)
+    holder.start()
+    assert holding.wait(30)
     waiter = threading.Thread(target=lambda: results.append(
-        run_stage(str(tmp_path), "s", {}, built.append, lease=lease)))
+        run_stage(str(tmp_path), "s", {}, build, poll_seconds=0.05)))
     waiter.start()
-    for _ in range(6):  # 1.5 s: past the lease, had the other run not refreshed its lock
-        time.sleep(0.25)
-        _lock(Path(path), host="another-pod", pid=1)
-    assert waiter.is_alive() and not built
-    Path(path, "manifest.json").write_text('{"by": "the other run"}')
-    lock.unlink()
-    waiter.join(10)
-    assert [r.cached for r in results] == [True] and results[0].manifest == {"by": "the other run"}
-    assert not built
-
-
-def test_the_build_lock_is_refreshed_while_building_and_released_on_failure(tmp_path):
-    """A build longer than the lease keeps its lock (refreshed), so a second run waits instead
-    of building beside it; a failed build lets go of the lock at once."""
-    import threading
-
-    lease = stages.BuildLease(seconds=0.4, poll_seconds=0.05)
-    builds = []
-
-    def slow(out):
-        builds.append(out)
-        time.sleep(1.5)
-        Path(out, "manifest.json").write_text("{}")
-
-    first = threading.Thread(target=run_stage, args=(str(tmp_path), "s", {}, slow),
-                             kwargs={"lease": lease})
-    first.start()
-    time.sleep(0.2)
-    second = run_stage(str(tmp_path), "s", {}, slow, lease=lease)
-    first.join(10)
-    assert second.cached and len(builds) == 1
-
-    def fail(out):
-        assert Path(out, stages.LOCK_NAME).exists()
-        raise RuntimeError("boom")
-
-    with pytest.raises(RuntimeError, match="boom"):
-        run_stage(str(tmp_path), "t", {}, fail, lease=lease)
-    assert not list(tmp_path.glob("t-*/.build.lock"))
+    waiter.join(0.5)
+    assert waiter.is_alive() and not built  # held: the waiter neither built nor returned
+    fail.set()
+    holder.join(30)
+    waiter.join(30)
+    assert errors == ["boom"] and len(built) == 1 and [r.cached for r in results] == [False]
+    with pytest.raises(ValueError, match="poll_seconds"):
+        run_stage(str(tmp_path), "t", {}, build, poll_seconds=0)
 
 
 def test_glue_fan_out_covers_tasks_rates_and_seeds_for_small_tasks():
@@ -337,30 +327,34 @@ def test_runs_of_one_task_share_one_preparation():
     reading = threading.Event()
     release = threading.Event()
 
-    def build(name: str):
+    def build(name: str, slow: bool):
         def read():
             builds.append(name)
-            reading.set()
-            release.wait(10)  # a slow read: the other runs of the task arrive meanwhile
+            if slow:  # the other runs of the task arrive while it is read
+                reading.set()
+                release.wait(30)
             return steps._Prepared(encoder=name, prepared=[name])
         return read
 
     got: list = []
-    threads = [threading.Thread(target=lambda: got.append(shared.get("MRPC", build("MRPC"))))
+    threads = [threading.Thread(target=lambda: got.append(shared.get("MRPC", build("MRPC", True))))
                for _ in range(3)]
     for t in threads:
         t.start()
     assert reading.wait(10)
-    other = shared.get("RTE", build("RTE"))  # not blocked behind MRPC's reading
-    assert other.encoder == "RTE"
+    others: list = []
+    rte = threading.Thread(target=lambda: others.append(shared.get("RTE", build("RTE", False))))
+    rte.start()
+    rte.join(10)  # not blocked behind MRPC's reading, which is still going on
+    assert not rte.is_alive() and others[0].encoder == "RTE" and not got
     release.set()
     for t in threads:
         t.join(10)
     assert builds == ["MRPC", "RTE"]
     assert len(got) == 3 and got[0] is got[1] is got[2]
-    del got[:], other
+    del got[:], others[:]
     gc.collect()
-    shared.get("MRPC", build("MRPC"))
+    shared.get("MRPC", build("MRPC", False))
     assert builds == ["MRPC", "RTE", "MRPC"]
 
 

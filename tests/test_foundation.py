@@ -26,17 +26,6 @@ def test_atomic_write_leaves_no_partial_file_on_error(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
 
 
-def test_create_exclusive_makes_a_file_once_and_never_replaces_it(tmp_path):
-    lock = str(tmp_path / ".build.lock")
-    assert storage.create_exclusive(lock, b"first")
-    assert not storage.create_exclusive(lock, b"second")
-    assert (tmp_path / ".build.lock").read_bytes() == b"first"
-    assert [p.name for p in tmp_path.iterdir()] == [".build.lock"]  # no temporary file left
-    storage.delete(lock)
-    storage.delete(lock)  # already gone: no error
-    assert storage.create_exclusive(lock, b"third") and not storage.exists(lock + ".tmp")
-
-
 def test_expand_inputs_file_glob_folder_and_missing(tmp_path):
     for name in ["a.txt", "b.txt", ".hidden", "manifest.json"]:
         (tmp_path / name).write_text("x")

@@ -316,22 +316,28 @@ def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _trainer_run(minilm_dir, encoded, order: list[int], cfg: ft.FinetuneConfig, lr: float,
-                 seed: int, classifier: torch.nn.Linear, output_dir,
+def _trainer_run(minilm_dir, encoded, order: list[int] | None, cfg: ft.FinetuneConfig,
+                 lr: float, seed: int, classifier: torch.nn.Linear | None, output_dir,
                  **config) -> tuple[list[float], torch.nn.Module]:
     """transformers' Trainer on the rows of `encoded` in `order` (one sequential pass, as one
-    epoch), from MiniLM with `classifier`'s head weights: its loss at every step, its model."""
+    epoch), from MiniLM with `classifier`'s head weights: its loss at every step, its model.
+
+    `order=None, classifier=None`: the Trainer as benchmarks/bench_glue.py runs it, drawing
+    everything itself (its head after `set_seed`, its shuffled order with `data_seed`)."""
     import transformers
 
+    transformers.set_seed(seed)
     peer = transformers.BertForSequenceClassification.from_pretrained(
-        str(minilm_dir), num_labels=classifier.out_features, attn_implementation="sdpa", **config)
-    with torch.no_grad():
-        peer.classifier.weight.copy_(classifier.weight)
-        peer.classifier.bias.copy_(classifier.bias)
+        str(minilm_dir), num_labels=2 if classifier is None else classifier.out_features,
+        attn_implementation="sdpa", **config)
+    if classifier is not None:
+        with torch.no_grad():
+            peer.classifier.weight.copy_(classifier.weight)
+            peer.classifier.bias.copy_(classifier.bias)
     rows = [{"input_ids": encoded.input_ids[i].tolist(),
              "token_type_ids": encoded.token_type_ids[i].tolist(),
              "attention_mask": [1] * len(encoded.input_ids[i]),
-             "labels": int(encoded.labels[i])} for i in order]
+             "labels": int(encoded.labels[i])} for i in order or range(len(encoded))]
 
     class InOrder(transformers.Trainer):
         def _get_train_sampler(self, train_dataset=None):
@@ -339,12 +345,13 @@ def _trainer_run(minilm_dir, encoded, order: list[int], cfg: ft.FinetuneConfig, 
 
     args = transformers.TrainingArguments(
         output_dir=str(output_dir), per_device_train_batch_size=cfg.batch_size,
-        num_train_epochs=1, learning_rate=lr, weight_decay=cfg.weight_decay,
-        adam_epsilon=cfg.adam_epsilon, warmup_steps=cfg.warmup_proportion,
-        lr_scheduler_type="linear", max_grad_norm=cfg.max_grad_norm, seed=seed, use_cpu=True,
+        num_train_epochs=1 if order else cfg.epochs, learning_rate=lr,
+        weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_epsilon,
+        warmup_steps=cfg.warmup_proportion, lr_scheduler_type="linear",
+        max_grad_norm=cfg.max_grad_norm, seed=seed, data_seed=seed, use_cpu=True,
         save_strategy="no", eval_strategy="no", logging_strategy="steps", logging_steps=1,
         report_to=[], disable_tqdm=True, dataloader_num_workers=0)
-    trainer = InOrder(model=peer, args=args, train_dataset=rows,
+    trainer = (InOrder if order else transformers.Trainer)(model=peer, args=args, train_dataset=rows,
                       data_collator=transformers.DataCollatorWithPadding(
                           transformers.AutoTokenizer.from_pretrained(str(minilm_dir))))
     trainer.train()
@@ -415,6 +422,39 @@ def test_with_dropout_and_stock_kernels_the_run_is_the_trainers_draw_for_draw(
     # without dropout the same run gives other losses (0.6952, 0.6882, ... vs 0.6950, 0.6874):
     # the masks really are drawn, and drawn alike
     assert abs(our_losses[1] - 0.6882) > 5e-4
+
+
+def test_the_trainers_own_draws_replayed_by_our_run_give_its_run(minilm_dir, encoder, mrpc_96,
+                                                                 tmp_path):
+    """bench_glue's Trainer draws its head, data order and dropout itself. Replaying those
+    draws in our run (stock ops) gives its run loss for loss over several epochs: its head is
+    N(0, 0.02) from the process's generator right after `set_seed`; its sampler shuffles epoch
+    e with a generator seeded with seed + e (Accelerate's seedable sampler), and each epoch its
+    DataLoader first draws one int64 from the process's generator. So benchmarks/glue_paired.py
+    `--vary trainer_draws` computes the Trainer's own runs with our code, at full scale."""
+    from model.bert import BertModel
+
+    cfg = ft.FinetuneConfig(batch_size=32, epochs=3.0, learning_rates=(1e-4,), seeds=(4,),
+                            predict_test=False, progress=False, pack_sequences=False)
+    peer_losses, _ = _trainer_run(minilm_dir, mrpc_96, None, cfg, 1e-4, 4, None, tmp_path)
+
+    stock = BertModel(encoder.config.replace(stock_dropout=True))
+    stock.load_state_dict(encoder.state_dict())
+    ours = ft.build_model(stock, 2, seed=4)
+    with torch.no_grad():
+        ours.classifier.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(4)  # Trainer.train() seeds the process again
+
+    def trainer_order(epoch: int) -> list[list[int]]:
+        torch.empty((), dtype=torch.int64).random_()  # the DataLoader's base seed
+        return glue_data.batch_indices(96, 32, torch.Generator().manual_seed(4 + epoch))
+
+    replayed = ft.train(ours, mrpc_96, 1e-4, 4, cfg, epoch_batches=trainer_order)
+    assert len(replayed) == len(peer_losses) == 9
+    assert replayed == pytest.approx(peer_losses, abs=1e-4)  # logged to 4 decimals
+    # our own draws give another run from the first step (another head)
+    own = ft.train(ft.build_model(stock, 2, seed=4), mrpc_96, 1e-4, 4, cfg)
+    assert abs(own[0] - replayed[0]) > 1e-3
 
 
 # ---------------------------------------------------------------------------------------------

@@ -544,17 +544,28 @@ def train_step(model: BertForSequenceClassification, batch: PackedBatch,
 
 
 def train(model: BertForSequenceClassification, train_set: glue_data.EncodedSplit,
-          learning_rate: float, seed: int, cfg: FinetuneConfig, desc: str = "") -> list[float]:
-    """Fine-tune `model` in place with the recipe; returns the loss of every step."""
+          learning_rate: float, seed: int, cfg: FinetuneConfig, desc: str = "",
+          epoch_batches: Callable[[int], list[list[int]]] | None = None) -> list[float]:
+    """Fine-tune `model` in place with the recipe; returns the loss of every step.
+
+    The data order: `epoch_batches(epoch)` gives each epoch's batches of example indices;
+    by default one generator seeded with `seed` shuffles anew every epoch.
+    """
     total = num_training_steps(len(train_set), cfg)
     optimizer = build_optimizer(model, learning_rate, cfg)
     scheduler = warmup_linear_decay(optimizer, total, math.ceil(total * cfg.warmup_proportion))
-    generator = torch.Generator().manual_seed(seed)
+    if epoch_batches is None:
+        generator = torch.Generator().manual_seed(seed)
+
+        def epoch_batches(epoch: int) -> list[list[int]]:
+            return glue_data.batch_indices(len(train_set), cfg.batch_size, generator)
     model.train()
     losses: list[float] = []
+    epoch = 0
     with _progress(total, desc, cfg.progress) as bar:
         while len(losses) < total:
-            for indices in glue_data.batch_indices(len(train_set), cfg.batch_size, generator):
+            batches, epoch = epoch_batches(epoch), epoch + 1
+            for indices in batches:
                 if len(losses) == total:  # a fractional last epoch stops mid-way
                     break
                 losses.append(train_step(model, make_batch(train_set, indices, cfg),
