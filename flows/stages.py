@@ -13,6 +13,7 @@ manifest. A run that dies lets go of its lock with its process.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
@@ -104,10 +105,17 @@ def building(path: str, stage: str, poll_seconds: float = 10.0) -> Iterator[None
 
 
 def _try_lock(lock) -> bool:
+    """True once held, False while another holds it. A filesystem without flock (some FUSE
+    mounts) runs unlocked, with a warning: a run must not fail for want of a courtesy."""
     try:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError as error:
+        if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        logger.warning("%s: no file locks here (%s); a run started beside this one would "
+                       "build the stage again", lock.name, error.strerror)
     return True
 
 

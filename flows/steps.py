@@ -391,20 +391,29 @@ class SharedPreparations:
     task before it waits for a device: minutes per MNLI copy, and every waiting copy held in
     memory. Here the first run of a task prepares it while the others wait on that key alone;
     the entry lives while any run holds it (weak reference), so a finished task frees its memory.
+    A preparation that failed fails the task's other runs with its error at once (a malformed
+    row found after minutes of reading is not read again by each of them).
     """
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
         self._key_locks: dict[Any, threading.Lock] = {}
         self._values: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._failures: dict[Any, Exception] = {}
 
     def get(self, key: Any, build: Callable[[], Any]) -> Any:
         with self._guard:
             key_lock = self._key_locks.setdefault(key, threading.Lock())
         with key_lock:
+            if key in self._failures:
+                raise self._failures[key]
             value = self._values.get(key)
             if value is None:
-                value = build()
+                try:
+                    value = build()
+                except Exception as error:
+                    self._failures[key] = error
+                    raise
                 self._values[key] = value
             return value
 

@@ -357,6 +357,15 @@ def test_runs_of_one_task_share_one_preparation():
     shared.get("MRPC", build("MRPC", False))
     assert builds == ["MRPC", "RTE", "MRPC"]
 
+    def malformed():
+        builds.append("CoLA")
+        raise ValueError("CoLA/train.tsv line 7: 3 fields, expected 4")
+
+    for _ in range(3):  # read once; its other runs get the error without reading again
+        with pytest.raises(ValueError, match="line 7"):
+            shared.get("CoLA", malformed)
+    assert builds.count("CoLA") == 1
+
 
 def test_launch_commands_for_each_launcher():
     cfg = resolve("tiny")
