@@ -14,11 +14,8 @@ luck. The peer of bench_glue.py (transformers' Trainer) differs from us in these
                  process's generator is left as it was, so data order and dropout stay paired;
                  unlike head_scale these are the two distributions themselves.
   trainer_draws  our code with torch's stock ops twice: once with our own draws, once with the
-                 Trainer's (bench_glue.run_peer's) - its head (N(0, 0.02) from the process's
-                 generator seeded with the seed, nothing drawn before), its data order
-                 (Accelerate's seedable sampler: epoch e shuffled by a generator seeded with
-                 seed + e; epoch 0 is ours too) and its dropout stream (the process's generator
-                 seeded again, one int64 drawn by the DataLoader). The second run is the
+                 Trainer's (bench_glue.run_peer's: head, data order and dropout stream, as
+                 peers/trainer_draws.py replays them). The second run is the
                  Trainer's run computed by our code: its score should be the Trainer's at that
                  seed (bench_glue.py), if nothing else differs at full scale.
   stock_dropout  our CPU fast paths (integer dropout masks, our attention dropout, per-example
@@ -44,6 +41,7 @@ from model.glue import data as glue_data
 from model.glue import finetune as ft
 from model.glue.metrics import task_score
 from model.glue.tasks import parse_tasks
+from peers import trainer_draws
 
 WIDER = 1 / math.sqrt(1 - 4 * math.exp(-2) / math.sqrt(2 * math.pi) / math.erf(math.sqrt(2)))
 """std of N(0, 1) over std of N(0, 1) truncated at +-2: 1.137."""
@@ -79,20 +77,9 @@ def redraw_head(weight: torch.Tensor, draws: str, seed: int, std: float) -> None
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         if draws == "normal":  # transformers' BertForSequenceClassification
-            weight.normal_(0.0, std, generator=generator)
+            trainer_draws.head_(weight, seed, std)
         else:  # the reference run_classifier.py, as our model draws it
             truncated_normal_(weight, std, generator)
-
-
-def trainer_epoch_batches(num_examples: int, batch_size: int, seed: int):
-    """The Trainer's data order as `finetune.train`'s `epoch_batches`: each epoch its
-    DataLoader draws a base seed from the process's generator (one int64), and Accelerate's
-    seedable sampler shuffles with a generator seeded with data_seed + epoch."""
-    def epoch_batches(epoch: int) -> list[list[int]]:
-        torch.empty((), dtype=torch.int64).random_()
-        return glue_data.batch_indices(num_examples, batch_size,
-                                       torch.Generator().manual_seed(seed + epoch))
-    return epoch_batches
 
 
 def encoder_for(encoder: BertModel, variant: Variant) -> BertModel:
@@ -117,10 +104,10 @@ def run(encoder: BertModel, prepared: ft.PreparedTask, lr: float, seed: int,
     if not variant.trainer_draws:
         ft.train(model, prepared.train, lr, seed, cfg)
     else:
-        redraw_head(model.classifier.weight, "normal", seed, encoder.config.initializer_range)
-        torch.manual_seed(seed)  # Trainer.train() seeds the process again
-        ft.train(model, prepared.train, lr, seed, cfg,
-                 epoch_batches=trainer_epoch_batches(len(prepared.train), cfg.batch_size, seed))
+        trainer_draws.head_(model.classifier.weight, seed, encoder.config.initializer_range)
+        torch.manual_seed(seed)  # the Trainer's constructor seeds the process again
+        ft.train(model, prepared.train, lr, seed, cfg, epoch_batches=trainer_draws.epoch_batches(
+            len(prepared.train), cfg.batch_size, seed))
     return 100 * task_score(ft.evaluate(model, prepared, cfg))
 
 

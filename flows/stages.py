@@ -8,7 +8,7 @@ changed config or upstream output gets a new folder: two configs never mix.
 Two runs that need the same stage at once (a `data-large` run still building the shards that a
 `large` run started beside it also needs) must not build it into one folder together: the
 builder holds a lock on a file in the folder (`building`), and the other run waits for the
-manifest. A run that dies lets go of its lock with its process.
+manifest. A run that dies lets go of its lock with its processes.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import fcntl
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +29,8 @@ from pipelines import storage
 logger = logging.getLogger("flows")
 
 LOCK_NAME = ".build.lock"
-"""In the stage's folder while a run builds it (hidden: never read as a stage's input)."""
+"""The file in a stage's folder whose flock a building run holds (it stays afterwards, naming
+the last builder; hidden: never read as a stage's input)."""
 
 
 @dataclass(frozen=True)
@@ -80,11 +82,14 @@ def run_stage(root: str, stage: str, config: dict[str, Any], build: Callable[[st
 def building(path: str, stage: str, poll_seconds: float = 10.0) -> Iterator[None]:
     """Hold `path`'s build lock for the block, waiting while another run holds it.
 
-    An advisory `flock` on `<path>/.build.lock`: the kernel lets go of it when its holder's
-    file closes, so also when that process dies (kill -9, a lost pod) - no lease to expire, no
-    clocks or pids to compare. It excludes processes on one machine and, on a shared volume
-    whose client maps flock to NFS locks (Linux NFSv4), across machines. Object-store roots
-    (gs://) have no lock: their runs are not told about each other (see the README).
+    An advisory `flock` on `<path>/.build.lock`: the kernel lets go of it when the last process
+    holding it ends, however it ends (kill -9 too), so there is no lease to expire and no clock
+    or pid to compare. A stage's subprocess (the trainers' launcher) inherits it
+    (`held_lock_fds`), so a flow run killed mid-training keeps its stage locked until its
+    trainers are down. It excludes the processes and threads of one machine, and the machines
+    sharing a volume whose client forwards flock to the server (NFS with working lock service);
+    a FUSE mount may lock per node only, and NFSv3 frees a lost node's lock only when that node
+    recovers. Object-store roots (gs://) have no lock (see the README).
     """
     if poll_seconds <= 0:
         raise ValueError(f"poll_seconds must be > 0, got {poll_seconds}")
@@ -93,20 +98,44 @@ def building(path: str, stage: str, poll_seconds: float = 10.0) -> Iterator[None
         return
     lock_path = storage.join(path, LOCK_NAME)
     with open(lock_path, "a+", encoding="utf-8") as lock:
-        waited = False
-        while not _try_lock(lock):
-            if not waited:
-                logger.info("%s: another run is building %s (%s); waiting for it",
-                            stage, path, _holder(lock_path))
-                waited = True
-            time.sleep(poll_seconds)
+        _wait_for_lock(lock, stage, path, poll_seconds)
         _describe_holder(lock, stage)
-        yield  # closing the file releases the lock
+        held = held_lock_fds()
+        _HELD.fds = (*held, lock.fileno())
+        try:
+            yield
+        finally:
+            _HELD.fds = held  # closing the file then releases the lock
+
+
+_HELD = threading.local()
+STILL_WAITING_SECONDS = 300.0
+"""How often a waiting run says it still waits (the holder may build for hours)."""
+
+
+def held_lock_fds() -> tuple[int, ...]:
+    """The build locks this thread holds, for the subprocesses its stage starts to inherit."""
+    return getattr(_HELD, "fds", ())
+
+
+def _wait_for_lock(lock, stage: str, path: str, poll_seconds: float) -> None:
+    started = time.monotonic()
+    said = None
+    while not _try_lock(lock):
+        waited = time.monotonic() - started
+        if said is None or waited - said >= STILL_WAITING_SECONDS:
+            logger.info("%s: another run is building %s (%s); waiting for it%s", stage, path,
+                        _holder(lock.name), f" ({waited / 60:.0f} min so far)" if said else "")
+            said = waited
+        if not threading.main_thread().is_alive():  # Ctrl-C: the interpreter is going down,
+            raise RuntimeError(f"{stage}: stopped waiting for {path}: shutting down")
+        time.sleep(poll_seconds)  # ... and joins this (Prefect's worker) thread
 
 
 def _try_lock(lock) -> bool:
-    """True once held, False while another holds it. A filesystem without flock (some FUSE
-    mounts) runs unlocked, with a warning: a run must not fail for want of a courtesy."""
+    """True once held, False while another holds it. A filesystem without flock (NFSv3
+    without its lock service: ENOLCK) runs unlocked, with a warning: a run must not fail for
+    want of a courtesy."""
     try:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

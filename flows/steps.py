@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flows import stages
 from flows.config import DagConfig
 from flows.stages import StageResult, run_stage
 from pipelines import storage
@@ -227,9 +228,11 @@ def run_subprocess(command: list[str], log: Callable[[str], None] = print,
     # process's environment (by an in-process run, say) would send it to a port in use.
     inherited = {k: v for k, v in os.environ.items() if k not in _RENDEZVOUS_VARIABLES}
     env = {**inherited, "DS_ACCELERATOR": _accelerator(), "PYTHONUNBUFFERED": "1", **(env or {})}
+    # The stage's build lock goes with it: its folder stays locked while the job writes to it,
+    # even if this process is killed first.
     proc = subprocess.Popen([sys.executable, "-c", _EXEC_WITH_PDEATHSIG, *command],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+                            start_new_session=True, pass_fds=stages.held_lock_fds())
     previous = signal.getsignal(signal.SIGTERM) if _main_thread() else None
     if _main_thread():
         # Prefect cancels a flow run by terminating its process: take the trainers down too.
@@ -391,31 +394,45 @@ class SharedPreparations:
     task before it waits for a device: minutes per MNLI copy, and every waiting copy held in
     memory. Here the first run of a task prepares it while the others wait on that key alone;
     the entry lives while any run holds it (weak reference), so a finished task frees its memory.
-    A preparation that failed fails the task's other runs with its error at once (a malformed
-    row found after minutes of reading is not read again by each of them).
+    A preparation that fails fails the runs already waiting for it at once (a malformed row
+    found after minutes of reading is not read again by each of them); a run that comes later
+    tries again.
     """
+
+    @dataclass
+    class _Key:
+        lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+        waiting: int = 0
+        failure: str | None = None
 
     def __init__(self) -> None:
         self._guard = threading.Lock()
-        self._key_locks: dict[Any, threading.Lock] = {}
+        self._keys: dict[Any, SharedPreparations._Key] = {}
         self._values: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self._failures: dict[Any, Exception] = {}
 
     def get(self, key: Any, build: Callable[[], Any]) -> Any:
         with self._guard:
-            key_lock = self._key_locks.setdefault(key, threading.Lock())
-        with key_lock:
-            if key in self._failures:
-                raise self._failures[key]
-            value = self._values.get(key)
-            if value is None:
-                try:
-                    value = build()
-                except Exception as error:
-                    self._failures[key] = error
-                    raise
-                self._values[key] = value
-            return value
+            entry = self._keys.setdefault(key, self._Key())
+            entry.waiting += 1
+        try:
+            with entry.lock:
+                if entry.failure is not None:  # a fresh error: the first one's frames stay its own
+                    raise RuntimeError(f"{entry.failure} (reading the task failed for the run "
+                                       "before this one)")
+                value = self._values.get(key)
+                if value is None:
+                    try:
+                        value = build()
+                    except Exception as error:
+                        entry.failure = f"{type(error).__name__}: {error}"
+                        raise
+                    self._values[key] = value
+                return value
+        finally:
+            with self._guard:
+                entry.waiting -= 1
+                if entry.waiting == 0:  # nobody waits: a later run starts afresh
+                    del self._keys[key]
 
 
 _PREPARED = SharedPreparations()

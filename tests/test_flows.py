@@ -176,28 +176,48 @@ def test_failed_stage_leaves_no_manifest_and_reruns(tmp_path):
     assert not done.cached and Path(done.path, "partial").exists()
 
 
-RUN = """
+RUN = r"""
 import logging, sys, time
 from pathlib import Path
+from flows import steps
 from flows.stages import run_stage
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
-root, name, build_seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+root, name, how = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+CHILD = '''
+import signal, sys, time
+from pathlib import Path
+root = Path(sys.argv[1])
+def stop(*_):  # a launcher taking its trainers down takes a moment
+    (root / "child.stopping").touch()
+    time.sleep(1.5)
+    (root / "child.stopped").touch()
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+(root / "child.running").touch()
+while True:
+    time.sleep(0.05)
+'''
+
 def build(out):
-    with open(Path(root, "builds.log"), "a") as log:
-        log.write(name + "\\n")
-    Path(root, name + ".building").touch()
-    time.sleep(build_seconds)
+    with open(root / "builds.log", "a") as log:
+        log.write(name + ("" if (root / "child.stopped").exists() else " (job alive)") + "\n")
+    (root / (name + ".building")).touch()
+    if how == "launch":  # the stage's job in a subprocess, as pre-training's launcher
+        steps.run_subprocess([sys.executable, "-c", CHILD, str(root)], log=lambda line: None)
+    while how == "hold" and not (root / (name + ".release")).exists():
+        time.sleep(0.05)
     Path(out, "manifest.json").write_text('{"by": "' + name + '"}')
 
-result = run_stage(root, "shards", {"seq": 512}, build, poll_seconds=0.1)
+result = run_stage(str(root), "shards", {"seq": 512}, build, poll_seconds=0.05)
 print(("cached " if result.cached else "built ") + result.manifest["by"])
 """
 
 
-def _flow_run(root: Path, name: str, build_seconds: float) -> subprocess.Popen:
-    """A process that needs the stage "shards" and would take `build_seconds` to build it."""
-    return subprocess.Popen([sys.executable, "-c", RUN, str(root), name, str(build_seconds)],
+def _flow_run(root: Path, name: str, how: str) -> subprocess.Popen:
+    """A process that needs the stage "shards"; its build `hold`s until `<name>.release`
+    appears, `launch`es a subprocess that runs until stopped, or is done at once."""
+    return subprocess.Popen([sys.executable, "-c", RUN, str(root), name, how],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -208,33 +228,43 @@ def _wait_for(path: Path, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+def _wait_until_waiting(run: subprocess.Popen) -> str:
+    """Read `run`'s log until it says it waits for another run's build; that line."""
+    for line in run.stderr:
+        if "another run is building" in line:
+            return line
+    raise AssertionError(f"the run ended without waiting: {run.communicate()}")
+
+
 def test_a_stage_two_runs_need_at_once_is_built_once(tmp_path):
     """A second flow run (process) reaching a stage the first is building waits for it, says
-    so, and reuses its output instead of building it beside it."""
-    first = _flow_run(tmp_path, "first", 3.0)
+    who builds it, and reuses its output instead of building it beside it."""
+    first = _flow_run(tmp_path, "first", "hold")
     _wait_for(tmp_path / "first.building")
-    second = _flow_run(tmp_path, "second", 3.0)
+    second = _flow_run(tmp_path, "second", "now")
+    assert f"pid {first.pid}" in _wait_until_waiting(second)
+    (tmp_path / "first.release").touch()
     out1, _ = first.communicate(timeout=120)
-    out2, err2 = second.communicate(timeout=120)
+    out2, _ = second.communicate(timeout=120)
     assert (out1.strip(), out2.strip()) == ("built first", "cached first")
-    assert "another run is building" in err2 and f"pid {first.pid}" in err2
-    assert Path(tmp_path, "builds.log").read_text() == "first\n"
+    assert Path(tmp_path, "builds.log").read_text() == "first (job alive)\n"
 
 
-def test_a_run_killed_while_building_lets_the_waiting_run_build(tmp_path):
-    """kill -9 of the building run frees its lock with its process: the waiting run builds
-    the stage itself at once (no lease to wait out)."""
-    dead = _flow_run(tmp_path, "dead", 600.0)
-    _wait_for(tmp_path / "dead.building")
-    waiting = _flow_run(tmp_path, "waiting", 0.0)
-    time.sleep(1.0)  # the waiting run has found the lock taken (asserted below)
+def test_a_run_killed_while_building_keeps_the_lock_until_its_job_is_down(tmp_path):
+    """kill -9 of a run whose stage job runs in a subprocess: the job (which inherited the
+    lock) is told to stop, and the waiting run builds the stage only once the job has ended,
+    and then at once (no lease to wait out)."""
+    dead = _flow_run(tmp_path, "dead", "launch")
+    _wait_for(tmp_path / "child.running")
+    waiting = _flow_run(tmp_path, "waiting", "now")
+    _wait_until_waiting(waiting)
     dead.kill()
     dead.wait(10)
-    started = time.monotonic()
-    out, err = waiting.communicate(timeout=120)
-    assert out.strip() == "built waiting" and "another run is building" in err
-    assert time.monotonic() - started < 30
-    assert Path(tmp_path, "builds.log").read_text() == "dead\nwaiting\n"
+    out, _ = waiting.communicate(timeout=120)
+    assert out.strip() == "built waiting"
+    assert (tmp_path / "child.stopping").exists()  # the job was stopped, not left running
+    # when "waiting" built, the job had finished stopping: the lock had lived with the job
+    assert Path(tmp_path, "builds.log").read_text() == "dead (job alive)\nwaiting\n"
 
 
 def test_a_failed_build_lets_the_waiting_run_build_it(tmp_path):
@@ -357,14 +387,41 @@ def test_runs_of_one_task_share_one_preparation():
     shared.get("MRPC", build("MRPC", False))
     assert builds == ["MRPC", "RTE", "MRPC"]
 
+    # A failed reading fails the runs waiting for it without reading again ...
+    failing, fail = threading.Event(), threading.Event()
+
     def malformed():
         builds.append("CoLA")
+        failing.set()
+        fail.wait(30)
         raise ValueError("CoLA/train.tsv line 7: 3 fields, expected 4")
 
-    for _ in range(3):  # read once; its other runs get the error without reading again
-        with pytest.raises(ValueError, match="line 7"):
+    errors: list[str] = []
+
+    def run() -> None:
+        try:
             shared.get("CoLA", malformed)
-    assert builds.count("CoLA") == 1
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+
+    cola = [threading.Thread(target=run) for _ in range(3)]
+    cola[0].start()
+    assert failing.wait(10)
+    for t in cola[1:]:
+        t.start()
+    deadline = time.monotonic() + 10
+    while shared._keys["CoLA"].waiting < 3:  # the other two wait on CoLA's key
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    fail.set()
+    for t in cola:
+        t.join(10)
+    assert builds.count("CoLA") == 1 and len(errors) == 3
+    assert sorted(errors)[-1] == "ValueError: CoLA/train.tsv line 7: 3 fields, expected 4"
+    assert all(e.startswith("RuntimeError: ValueError: CoLA/train.tsv line 7") for e in
+               sorted(errors)[:2])
+    # ... and a run that comes after them reads the (now fixed) task again
+    assert shared.get("CoLA", build("CoLA", False)).encoder == "CoLA"
 
 
 def test_launch_commands_for_each_launcher():

@@ -424,36 +424,34 @@ def test_with_dropout_and_stock_kernels_the_run_is_the_trainers_draw_for_draw(
     assert abs(our_losses[1] - 0.6882) > 5e-4
 
 
-def test_the_trainers_own_draws_replayed_by_our_run_give_its_run(minilm_dir, encoder, mrpc_96,
-                                                                 tmp_path):
+def test_the_trainers_own_draws_replayed_by_our_run_give_its_run(minilm_dir, encoder, tokenizer,
+                                                                 shared_data, tmp_path):
     """bench_glue's Trainer draws its head, data order and dropout itself. Replaying those
-    draws in our run (stock ops) gives its run loss for loss over several epochs: its head is
-    N(0, 0.02) from the process's generator right after `set_seed`; its sampler shuffles epoch
-    e with a generator seeded with seed + e (Accelerate's seedable sampler), and each epoch its
-    DataLoader first draws one int64 from the process's generator. So benchmarks/glue_paired.py
+    draws (peers/trainer_draws.py) in our run with stock ops gives its run loss for loss, over
+    fractional epochs with a partial last batch. So benchmarks/glue_paired.py
     `--vary trainer_draws` computes the Trainer's own runs with our code, at full scale."""
     from model.bert import BertModel
+    from peers import trainer_draws
 
-    cfg = ft.FinetuneConfig(batch_size=32, epochs=3.0, learning_rates=(1e-4,), seeds=(4,),
+    task = TASKS["MRPC"]
+    split = glue_data.read_split(str(shared_data / "glue"), task, task.train)
+    mrpc_100 = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
+        task.name, "train", split.path, split.examples[:100]), task)
+    cfg = ft.FinetuneConfig(batch_size=32, epochs=2.5, learning_rates=(1e-4,), seeds=(4,),
                             predict_test=False, progress=False, pack_sequences=False)
-    peer_losses, _ = _trainer_run(minilm_dir, mrpc_96, None, cfg, 1e-4, 4, None, tmp_path)
+    peer_losses, _ = _trainer_run(minilm_dir, mrpc_100, None, cfg, 1e-4, 4, None, tmp_path)
 
     stock = BertModel(encoder.config.replace(stock_dropout=True))
     stock.load_state_dict(encoder.state_dict())
     ours = ft.build_model(stock, 2, seed=4)
-    with torch.no_grad():
-        ours.classifier.weight.normal_(0.0, 0.02, generator=torch.Generator().manual_seed(4))
-    torch.manual_seed(4)  # Trainer.train() seeds the process again
-
-    def trainer_order(epoch: int) -> list[list[int]]:
-        torch.empty((), dtype=torch.int64).random_()  # the DataLoader's base seed
-        return glue_data.batch_indices(96, 32, torch.Generator().manual_seed(4 + epoch))
-
-    replayed = ft.train(ours, mrpc_96, 1e-4, 4, cfg, epoch_batches=trainer_order)
-    assert len(replayed) == len(peer_losses) == 9
-    assert replayed == pytest.approx(peer_losses, abs=1e-4)  # logged to 4 decimals
+    trainer_draws.head_(ours.classifier.weight, 4, encoder.config.initializer_range)
+    torch.manual_seed(4)  # as the Trainer's constructor
+    replayed = ft.train(ours, mrpc_100, 1e-4, 4, cfg,
+                        epoch_batches=trainer_draws.epoch_batches(100, 32, 4))
+    assert len(replayed) == len(peer_losses) == 10  # 4 + 4 + 2 steps, each epoch ends on 4 rows
+    assert replayed == pytest.approx(peer_losses, abs=1e-6)  # measured: 6e-8
     # our own draws give another run from the first step (another head)
-    own = ft.train(ft.build_model(stock, 2, seed=4), mrpc_96, 1e-4, 4, cfg)
+    own = ft.train(ft.build_model(stock, 2, seed=4), mrpc_100, 1e-4, 4, cfg)
     assert abs(own[0] - replayed[0]) > 1e-3
 
 
