@@ -158,7 +158,6 @@ def _describe_holder(lock, stage: str) -> None:
 
 
 def _holder(lock_path: str) -> str:
-    with contextlib.suppress(OSError):
-        with open(lock_path, encoding="utf-8", errors="replace") as f:
-            return f.read().strip() or "holder unknown"
+    with contextlib.suppress(OSError), open(lock_path, encoding="utf-8", errors="replace") as f:
+        return f.read().strip() or "holder unknown"
     return "holder unknown"
