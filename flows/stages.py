@@ -113,6 +113,16 @@ STILL_WAITING_SECONDS = 300.0
 """How often a waiting run says it still waits (the holder may build for hours)."""
 
 
+_SHUTTING_DOWN = threading.Event()
+"""Set when the interpreter exits (Ctrl-C in the flow's main thread): a waiting run stops.
+
+Python joins the threads of thread pools (Prefect's task runner) before it marks the main
+thread stopped, in `threading`'s exit hooks, so a waiting thread would otherwise hold the
+process until the other run's build ends. A hook registered after `concurrent.futures`' runs
+before its join. (`_register_atexit` is CPython's, 3.9 on; without it runs just wait.)"""
+getattr(threading, "_register_atexit", lambda hook: None)(_SHUTTING_DOWN.set)
+
+
 def held_lock_fds() -> tuple[int, ...]:
     """The build locks this thread holds, for the subprocesses its stage starts to inherit."""
     return getattr(_HELD, "fds", ())
@@ -127,9 +137,8 @@ def _wait_for_lock(lock, stage: str, path: str, poll_seconds: float) -> None:
             logger.info("%s: another run is building %s (%s); waiting for it%s", stage, path,
                         _holder(lock.name), f" ({waited / 60:.0f} min so far)" if said else "")
             said = waited
-        if not threading.main_thread().is_alive():  # Ctrl-C: the interpreter is going down,
+        if _SHUTTING_DOWN.wait(poll_seconds):
             raise RuntimeError(f"{stage}: stopped waiting for {path}: shutting down")
-        time.sleep(poll_seconds)  # ... and joins this (Prefect's worker) thread
 
 
 def _try_lock(lock) -> bool:
