@@ -74,12 +74,10 @@ PAIRS = {
 
 def redraw_head(weight: torch.Tensor, draws: str, seed: int, std: float) -> None:
     """`weight` from a generator of its own (the process's stream stays untouched)."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        if draws == "normal":  # transformers' BertForSequenceClassification
-            trainer_draws.head_(weight, seed, std)
-        else:  # the reference run_classifier.py, as our model draws it
-            truncated_normal_(weight, std, generator)
+    if draws == "normal":  # transformers' BertForSequenceClassification
+        trainer_draws.head_(weight, seed, std)
+    else:  # the reference run_classifier.py, as our model draws it
+        truncated_normal_(weight, std, torch.Generator().manual_seed(seed))
 
 
 def encoder_for(encoder: BertModel, variant: Variant) -> BertModel:

@@ -154,11 +154,7 @@ def write_manifest(output_dir: str, manifest: dict) -> str:
 
 def withdraw_manifest(output_dir: str) -> None:
     """Before a re-run: remove `manifest.json`, so a crash cannot leave it over new files."""
-    delete(join(output_dir, MANIFEST_NAME))
-
-
-def delete(path: str) -> None:
-    """Remove a file if it is there."""
+    path = join(output_dir, MANIFEST_NAME)
     if is_remote(path):
         from apache_beam.io.filesystems import FileSystems
         if FileSystems.exists(path):
