@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export DS_ACCELERATOR := cpu
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow benchmarks lint
+.PHONY: setup demo test test-slow lint
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh

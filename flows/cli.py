@@ -2,8 +2,13 @@
 
     bert-dag --preset tiny                          # the demo DAG on the bundled sample
     bert-dag --preset base --set data.wikipedia=gs://bucket/enwiki-*.xml.bz2 \\
-        --set data.books=gs://bucket/books/ --set glue.data=/data/glue_data \\
-        --set data.beam_args='["--runner=DataflowRunner","--project=p","--region=r"]'
+        --set data.books=gs://bucket/books/ --set glue.data=/data/glue_data
+    bert-dag --preset base --data_only --output gs://bucket/runs/base ...the same --set... \\
+        --set data.beam_args='["--runner=DataflowRunner","--project=p","--region=r",
+                               "--temp_location=gs://bucket/tmp","--setup_file=infra/dataflow/setup.py"]'
+
+Dataflow's workers write to Cloud Storage: such a run needs a gs:// output and --data_only
+(pre-training writes to a local or mounted folder; README "On a GPU cluster").
 
 Values are converted to each setting's type: lists as a,b,c or a JSON list, booleans as
 true/false/1/0/yes/no. base and large name their inputs (a path, or '' to skip one).
@@ -36,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         overrides = parse_set_flags(args.set)
         if args.output:
-            overrides["output"] = os.path.abspath(args.output)
-        resolve(args.preset, overrides)  # fail fast on a bad setting, before Prefect starts
+            remote = "://" in args.output
+            overrides["output"] = args.output if remote else os.path.abspath(args.output)
+        # fail fast on a bad setting, before Prefect starts
+        resolve(args.preset, overrides, data_only=args.data_only)
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     from flows.pretrain_bert import pretrain_bert

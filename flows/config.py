@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import itertools
 import os
 import typing
 from dataclasses import dataclass, field
@@ -193,8 +194,10 @@ def large() -> DagConfig:
 PRESETS = {"tiny": tiny, "base": base, "large": large}
 
 
-def resolve(preset: str, overrides: dict[str, Any] | None = None) -> DagConfig:
-    """The preset with nested overrides applied; unknown keys and unset paths are errors."""
+def resolve(preset: str, overrides: dict[str, Any] | None = None,
+            data_only: bool = False) -> DagConfig:
+    """The preset with nested overrides applied; unknown keys, unset paths and values a stage
+    would refuse are errors. `data_only`: the run stops after the shards (`check_output`)."""
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r}: choose one of {sorted(PRESETS)}")
     cfg = _apply(PRESETS[preset](), overrides or {}, prefix="")
@@ -216,7 +219,39 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None) -> DagConfig:
             except ValueError as e:
                 raise ValueError(f"setting glue.tasks={','.join(cfg.glue.tasks)}: "
                                  f"{str(e).removeprefix('--tasks: ')}") from None
+    check_output(cfg, data_only)
+    from flows.steps import check_settings  # steps imports this module
+
+    check_settings(cfg)
     return cfg
+
+
+def check_output(cfg: DagConfig, data_only: bool) -> None:
+    """The run root suits the stages that will write to it.
+
+    Beam jobs write through `pipelines.storage` (local or gs://), so the data stages take
+    either. Pre-training writes DeepSpeed checkpoints and GLUE its tables with plain file I/O:
+    a gs:// root would fail there, hours in. Dataflow's workers, for their part, cannot write
+    to the flow machine's disk."""
+    remote = "://" in cfg.output
+    if remote and not data_only:
+        raise ValueError(
+            f"output={cfg.output!r}: pre-training and GLUE need a local or mounted folder (the "
+            "deployments use /data/runs/<preset>); a gs:// root takes the data stages alone "
+            "(--data_only, or the data-* deployments)")
+    if not remote and runs_on_dataflow(cfg.data.beam_args):
+        raise ValueError(
+            f"data.beam_args run Beam on Dataflow, whose workers cannot write to {cfg.output} "
+            "on this machine: set output to a gs:// folder and run the data stages alone "
+            "(--data_only)")
+
+
+def runs_on_dataflow(beam_args: tuple[str, ...]) -> bool:
+    """Whether Beam options name the Dataflow runner (`--runner=DataflowRunner` or
+    `--runner DataflowRunner`)."""
+    joined = " ".join(beam_args).replace("=", " ").split()
+    return any(flag == "--runner" and value.endswith("DataflowRunner")
+               for flag, value in itertools.pairwise(joined))
 
 
 def check_inputs_exist(cfg: DagConfig) -> None:

@@ -1,8 +1,9 @@
 """`make demo`: the whole DAG (tiny preset) on the bundled sample, on CPU, in minutes.
 
 Runs the `pretrain-bert` flow in this process against Prefect's ephemeral local server (no
-server to start), writing everything under `runs/tiny/`, and ends by printing the report:
-stage timings, data statistics, the loss curve's path and the GLUE table.
+server to start), writing the run under `runs/tiny/` and Prefect's database under
+`runs/.prefect/` (unless PREFECT_HOME is set), and ends by printing the report: stage timings,
+data statistics, the loss curve's path and the GLUE table.
 """
 from __future__ import annotations
 

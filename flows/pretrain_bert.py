@@ -100,7 +100,7 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     GPUs while the Beam jobs work."""
     if output:
         overrides = {"output": output, **(overrides or {})}
-    cfg = resolve(preset, overrides)
+    cfg = resolve(preset, overrides, data_only=data_only)
     get_run_logger().info("resolved config:\n%s", steps.describe(cfg))
     check_inputs_exist(cfg)
 

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -33,6 +34,66 @@ logger = logging.getLogger("flows")
 
 def describe(cfg: DagConfig) -> str:
     return json.dumps(cfg.to_dict(), indent=2, default=str)
+
+
+# ---------------------------------------------------------------- settings, checked up front
+
+def check_settings(cfg: DagConfig) -> None:
+    """Build every stage's own config from the settings, as the stages will, so that a value a
+    stage would refuse (hours later, for GLUE after pre-training) fails now, in the flow's
+    setting names. The stages' configs hold the rules; this only asks them early."""
+    from model.glue.finetune import FinetuneConfig  # noqa: F401 (built by _finetune_config)
+    from pipelines.instances import InstanceConfig
+    from pipelines.shard_batches import ShardJobConfig
+    from training import config as training_config
+
+    for phase in (1, 2):
+        options = shard_options(cfg, phase)
+        keys = {"max_seq_length": f"shards.phase{phase}_max_seq_length",
+                "max_predictions_per_seq": f"shards.phase{phase}_max_predictions"}
+        with _in_setting_names(keys, default_section="shards"):
+            InstanceConfig(**{k: options[k] for k in
+                              ("max_seq_length", "max_predictions_per_seq", "dupe_factor")})
+            ShardJobConfig(pack=cfg.shards.pack, target_shard_mb=options["target_shard_mb"],
+                           validation_fraction=options["validation_fraction"])
+    placeholder = StageResult("", "<stage>", "", cached=False, seconds=0.0)
+    with _in_setting_names(_TRAINING_KEYS, default_section="pretrain"):
+        training_config.from_dict(
+            pretrain_overrides(cfg, placeholder, [placeholder, placeholder], cfg.output),
+            base=training_config.PRESETS[_training_preset(cfg)]())
+    if cfg.glue.data:
+        with _in_setting_names({}, default_section="glue"):
+            _finetune_config(cfg)
+
+
+_TRAINING_KEYS = {
+    "phases.0.steps": "pretrain.phase1_steps", "phases.1.steps": "pretrain.phase2_steps",
+    "phases.0.global_batch_size": "pretrain.global_batch_size",
+    "phases.1.global_batch_size": "pretrain.phase2_global_batch_size",
+    "phases.0.micro_batch_size": "pretrain.micro_batch_size",
+    "phases.1.micro_batch_size": "pretrain.phase2_micro_batch_size",
+    "phases.0.warmup_steps": "pretrain.warmup_steps",
+    "phases.0.learning_rate": "pretrain.learning_rate",
+    "phases.1.learning_rate": "pretrain.learning_rate",
+    "phases.0.max_seq_length": "shards.phase1_max_seq_length",
+    "phases.1.max_seq_length": "shards.phase2_max_seq_length",
+}
+"""training/config.py's flags for the settings of `pretrain_overrides` that are named otherwise."""
+
+
+@contextlib.contextmanager
+def _in_setting_names(keys: dict[str, str], default_section: str) -> Iterator[None]:
+    """Re-raise a stage config's ValueError with its flag (`--set phases.0.steps`, `--dupe_factor`)
+    replaced by the flow setting it comes from (`pretrain.phase1_steps`, `shards.dupe_factor`)."""
+    try:
+        yield
+    except ValueError as error:
+        match = re.match(r"(?:--set |--)([\w.]+)(:?)\s*(.*)", str(error), re.DOTALL)
+        if match is None:
+            raise ValueError(f"{default_section} settings: {error}") from None
+        flag, _, rest = match.groups()
+        setting = keys.get(flag, f"{default_section}.{flag.rsplit('.', 1)[-1]}")
+        raise ValueError(f"setting {setting}: {rest}") from None
 
 
 def _root(cfg: DagConfig) -> str:
@@ -91,16 +152,22 @@ def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:
         [*argv, "--output", out, *cfg.data.beam_args]), upstream=(corpus,))
 
 
+def shard_options(cfg: DagConfig, phase: int) -> dict[str, Any]:
+    """make_shards' options for phase 1 or 2 (flag name -> value)."""
+    s = cfg.shards
+    seq, preds = ((s.phase1_max_seq_length, s.phase1_max_predictions) if phase == 1
+                  else (s.phase2_max_seq_length, s.phase2_max_predictions))
+    return {"max_seq_length": seq, "max_predictions_per_seq": preds,
+            "dupe_factor": s.dupe_factor, "target_shard_mb": s.target_shard_mb,
+            "validation_fraction": s.validation_fraction, "do_lower_case": not cfg.vocab.cased}
+
+
 def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: int) -> StageResult:
     from pipelines import make_shards as job
 
     s = cfg.shards
-    seq, preds = ((s.phase1_max_seq_length, s.phase1_max_predictions) if phase == 1
-                  else (s.phase2_max_seq_length, s.phase2_max_predictions))
-    options = {"max_seq_length": seq, "max_predictions_per_seq": preds,
-               "dupe_factor": s.dupe_factor, "target_shard_mb": s.target_shard_mb,
-               "validation_fraction": s.validation_fraction,
-               "do_lower_case": not cfg.vocab.cased}
+    options = shard_options(cfg, phase)
+    seq = options["max_seq_length"]
     argv = ["--input", corpus.path, "--vocab", vocab.path]
     argv += [f"--{k}={v}" for k, v in options.items()]
     argv += ["--pack"] if s.pack else []

@@ -85,17 +85,17 @@ class BertConfig:
                     "intermediate_size", "max_position_embeddings", "type_vocab_size")
         for name in positive:
             if getattr(self, name) <= 0:
-                raise ValueError(f"--{name} must be positive, got {getattr(self, name)}")
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"--hidden_size {self.hidden_size} is not a multiple of "
-                             f"--num_attention_heads {self.num_attention_heads}")
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of "
+                             f"num_attention_heads {self.num_attention_heads}")
         if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"--hidden_act {self.hidden_act!r} not in {sorted(ACTIVATIONS)}")
+            raise ValueError(f"hidden_act {self.hidden_act!r} not in {sorted(ACTIVATIONS)}")
         for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"--{name} must be in [0, 1), got {getattr(self, name)}")
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"--pad_token_id {self.pad_token_id} outside the vocabulary")
+            raise ValueError(f"pad_token_id {self.pad_token_id} outside the vocabulary")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

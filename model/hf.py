@@ -143,7 +143,7 @@ def load_hf_checkpoint(folder: str, next_sentence: bool = True) -> BertForPreTra
     if values.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(f"{config_path}: position_embedding_type "
                          f"{values['position_embedding_type']!r}; this BERT has absolute positions")
-    config = BertConfig.from_dict(values)
+    config = _config_from(config_path, values)
     hf_state, path = read_hf_weights(folder)
     state, ignored = hf_to_ours(hf_state)
     model = BertForPreTraining(config, next_sentence=next_sentence)
@@ -181,6 +181,14 @@ def _load_into(model: nn.Module, state: dict[str, Tensor], path: str, ignored: l
 def _expected_ignored(hf_key: str) -> bool:
     return hf_key.endswith("position_ids") or hf_key in (
         "cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+
+
+def _config_from(path: str, values: dict) -> BertConfig:
+    """The `BertConfig` of a config file's values; a bad value is an error naming the file."""
+    try:
+        return BertConfig.from_dict(values)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
 
 
 def hf_config_dict(config: BertConfig, architecture: str, **extra) -> dict:
@@ -262,8 +270,9 @@ def save_checkpoint(model: nn.Module, folder: str) -> None:
 
 def load_checkpoint(folder: str) -> nn.Module:
     """The model `save_checkpoint` wrote, with exactly its parameters."""
-    meta = storage.read_json(storage.join(folder, CHECKPOINT_CONFIG))
-    config, head = BertConfig.from_dict(meta["config"]), meta["head"]
+    config_path = storage.join(folder, CHECKPOINT_CONFIG)
+    meta = storage.read_json(config_path)
+    config, head = _config_from(config_path, meta["config"]), meta["head"]
     if head["kind"] == "pretraining":
         model: nn.Module = BertForPreTraining(config, next_sentence=head["next_sentence"])
     elif head["kind"] == "classification":

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 DOCUMENT_SCHEMA = pa.schema([
-    ("doc_id", pa.string()),        # unique and stable: "wiki/<page id>", "books/<file stem>"
+    # unique and stable: "wiki/<page id>", "books/<path below the input folder, no extension>"
+    ("doc_id", pa.string()),
     ("source", pa.string()),        # "wikipedia" | "books"
     ("source_file", pa.string()),   # the input file it came from
     ("title", pa.string()),

@@ -40,7 +40,9 @@ class ShardJobConfig:
     validation_fraction: float = 0.0
     """Share of documents held out as the validation split, by a hash of doc_id (--validation_fraction)."""
     do_lower_case: bool = True
-    """Lower-case and strip accents before WordPiece (--do_lower_case)."""
+    """Lower-case and strip accents before WordPiece (--do_lower_case). make_shards sets it
+    from the vocabulary folder's recorded casing (`make_shards.resolve_do_lower_case`; True for
+    a bare vocab.txt) and refuses a flag that contradicts the folder."""
     join_buckets: int = 0
     """Groups of the random-next join; 0 = one per ~`INSTANCES_PER_JOIN_BUCKET` estimated
     instances, at least `MIN_BUCKETS`; more = less memory per group (--join_buckets)."""

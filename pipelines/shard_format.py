@@ -12,7 +12,7 @@ concatenated over the block's rows in order (CSR style):
 | array                   | shape             | dtype                  | meaning |
 |-------------------------|-------------------|------------------------|---------|
 | `row_lengths`           | (R,)              | uint16                 | tokens in each row |
-| `input_ids`             | (sum lengths,)    | uint16 (uint32 if vocab > 65535) | token ids |
+| `input_ids`             | (sum lengths,)    | uint16 (uint32 if vocab_size > 65536) | token ids |
 | `segment_ids`           | (sum lengths,)    | uint8                  | 0 = sentence A (with `[CLS]` and first `[SEP]`), 1 = B |
 | `sequence_ids`          | (sum lengths,)    | uint8                  | index of the instance within its row (all 0 unpacked) |
 | `num_masked`            | (R,)              | uint16                 | masked positions in each row |

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from flows import steps
-from flows.config import check_inputs_exist, parse_set_flags, resolve
+from flows.config import check_inputs_exist, parse_set_flags, resolve, runs_on_dataflow
 from flows.stages import run_stage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,8 +63,8 @@ def test_overrides_are_typed_and_unknown_keys_fail():
     ("pretrain.learning_rate=1e-4", "pretrain", "learning_rate", 1e-4),
     ("pretrain.model=bert_mini", "pretrain", "model", "bert_mini"),
     ("pretrain.hostfile=123", "pretrain", "hostfile", "123"),
-    ('data.beam_args=["--runner=DataflowRunner","--region=a,b"]', "data", "beam_args",
-     ("--runner=DataflowRunner", "--region=a,b")),
+    ('data.beam_args=["--direct_num_workers=2","--region=a,b"]', "data", "beam_args",
+     ("--direct_num_workers=2", "--region=a,b")),
 ])
 def test_set_flags_take_each_fields_type(flag, section, name, expected):
     value = getattr(getattr(resolve("tiny", parse_set_flags([flag])), section), name)
@@ -102,6 +102,56 @@ def test_bad_override_values_name_the_setting_and_value(overrides, message):
     with pytest.raises(ValueError) as error:
         resolve("tiny", overrides)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize(("flag", "message"), [
+    # each refused by the stage's own config, which would only run hours later
+    ("pretrain.precision=bf17", "setting pretrain.precision: must be one of ('fp32', 'bf16', 'fp16')"),
+    ("pretrain.model=bert_huge", ("setting pretrain.model: must be one of ['bert_base', "
+                                  "'bert_large', 'bert_mini', 'bert_tiny']")),
+    ("pretrain.phase2_steps=0", "setting pretrain.phase2_steps: must be positive"),
+    ("pretrain.global_batch_size=20",
+     "setting pretrain.global_batch_size: must be a multiple of micro_batch_size=32"),
+    ("pretrain.phase2_micro_batch_size=5",
+     "setting pretrain.phase2_global_batch_size: must be a multiple of micro_batch_size=5"),
+    ("shards.dupe_factor=0", "setting shards.dupe_factor: must be >= 1, got 0"),
+    ("shards.phase2_max_seq_length=4", "setting shards.phase2_max_seq_length: must be >= 5, got 4"),
+    ("shards.phase1_max_predictions=0", "setting shards.phase1_max_predictions: must be >= 1, got 0"),
+    ("shards.validation_fraction=1", "setting shards.validation_fraction: must be in [0, 1), got 1.0"),
+    ("glue.batch_size=0", "setting glue.batch_size: must be >= 1, got 0"),
+    ("glue.epochs=-1", "setting glue.epochs: must be > 0, got -1.0"),
+])
+def test_values_a_stage_would_refuse_fail_before_the_first_stage(flag, message):
+    with pytest.raises(ValueError) as error:
+        resolve("tiny", parse_set_flags([flag]))
+    assert str(error.value) == message
+
+
+def test_without_glue_data_its_settings_are_not_checked():
+    assert resolve("tiny", {"glue": {"data": "", "epochs": -1}}).glue.epochs == -1
+
+
+def test_a_gs_root_takes_the_data_stages_alone_and_dataflow_needs_one():
+    dataflow = {"data": {"beam_args": ["--runner", "DataflowRunner", "--project=p"]}}
+    with pytest.raises(ValueError, match=r"^output='gs://b/runs': pre-training and GLUE need a "
+                                         "local or mounted folder"):
+        resolve("tiny", {"output": "gs://b/runs"})
+    with pytest.raises(ValueError, match=r"^data.beam_args run Beam on Dataflow, whose workers "
+                                         "cannot write to /data/runs on this machine"):
+        resolve("tiny", {**dataflow, "output": "/data/runs"}, data_only=True)
+    cfg = resolve("tiny", {**dataflow, "output": "gs://b/runs"}, data_only=True)
+    assert cfg.output == "gs://b/runs"
+    assert runs_on_dataflow(("--runner=DataflowRunner",))
+    assert runs_on_dataflow(("--runner=apache_beam.runners.dataflow.DataflowRunner",))
+    assert not runs_on_dataflow(("--runner=DirectRunner", "--job_name=DataflowRunner"))
+
+
+def test_cli_keeps_a_gs_output_as_a_url(capsys):
+    from flows.cli import main
+
+    with pytest.raises(SystemExit):  # refused (no --data_only), and named as given
+        main(["--preset", "tiny", "--output", "gs://b/runs"])
+    assert "output='gs://b/runs': pre-training and GLUE need" in capsys.readouterr().err
 
 
 def test_cli_reports_a_bad_set_flag_as_a_usage_error(capsys):

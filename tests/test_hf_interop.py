@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 
 import pytest
@@ -138,6 +139,19 @@ def test_own_checkpoint_round_trip_is_exact(make, tmp_path):
     assert_same_parameters(loaded, model)
     if isinstance(loaded, BertForPreTraining):  # the tie survives loading
         assert loaded.mlm.decoder.weight is loaded.bert.embeddings.word.weight
+
+
+def test_a_bad_config_file_is_an_error_naming_it(minilm_dir, tmp_path):
+    """A checkpoint's config with a value BertConfig refuses names the file, ours or HF's."""
+    save_checkpoint(BertForPreTraining(bert_tiny()), str(tmp_path / "ours"))
+    export_hf_folder(BertForPreTraining(bert_tiny()), str(minilm_dir), str(tmp_path / "hf"))
+    for path, key, load in [(tmp_path / "ours" / "bert_config.json", "config", load_checkpoint),
+                            (tmp_path / "hf" / "config.json", None, load_hf_checkpoint)]:
+        values = json.loads(path.read_text())
+        (values[key] if key else values)["hidden_act"] = "relu6"
+        path.write_text(json.dumps(values))
+        with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: hidden_act 'relu6' not in "):
+            load(str(path.parent))
 
 
 def test_parameter_count_equals_transformers():

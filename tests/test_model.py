@@ -68,12 +68,12 @@ def test_parameter_counts_match_the_paper_sizes():
     }
 
 
-def test_config_validation_names_the_flag():
-    with pytest.raises(ValueError, match="--num_attention_heads"):
+def test_config_validation_names_the_field():
+    with pytest.raises(ValueError, match="^hidden_size 100 is not a multiple of num_attention_heads 12$"):
         BertConfig(hidden_size=100, num_attention_heads=12)
-    with pytest.raises(ValueError, match="--hidden_dropout_prob"):
+    with pytest.raises(ValueError, match=r"^hidden_dropout_prob must be in \[0, 1\), got 1.5$"):
         BertConfig(hidden_dropout_prob=1.5)
-    with pytest.raises(ValueError, match="--hidden_act"):
+    with pytest.raises(ValueError, match="^hidden_act 'relu6' not in "):
         BertConfig(hidden_act="relu6")
     assert BertConfig.from_dict({**bert_mini().to_dict(), "model_type": "bert"}) == bert_mini()
 

@@ -283,6 +283,8 @@ def test_config_overrides_file_and_validation(tmp_path):
         cfg.apply_overrides(config, ["zero_stage=4"])
     with pytest.raises(ValueError, match="unknown field"):
         cfg.apply_overrides(config, ["learning_rate=1"])
+    with pytest.raises(ValueError, match=r"--set model: must be one of \['bert_base', "):
+        cfg.apply_overrides(config, ["model=bert_huge"])  # at once, not when the model is built
     # Validated after all overrides: a shorter phase and its warmup in either order.
     short = cfg.apply_overrides(cfg.tiny(), ["phase1.steps=3", "phase1.warmup_steps=1"])
     assert (short.phases[0].steps, short.phases[0].warmup_steps) == (3, 1)

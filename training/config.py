@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from model.bert import PRESETS as MODEL_PRESETS
 from training.settings import convert_setting
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,7 @@ class PretrainConfig:
     """Export a consolidated fp32 Hugging Face folder to <output_dir>/hf at the end."""
 
     def __post_init__(self):
+        _check(self.model in MODEL_PRESETS, "model", f"one of {sorted(MODEL_PRESETS)}")
         _check(self.zero_stage in (0, 1, 2, 3), "zero_stage", "0, 1, 2 or 3")
         _check(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}")
         _check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")

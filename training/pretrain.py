@@ -27,9 +27,10 @@ Resuming on a different number of ranks: when the optimizer state is partitioned
 {"load_universal": true}`; the loader then skips the same share of the epoch (not the exact same
 rows). With fp32 at zero_stage 0 the model-states file holds everything and loads as it is.
 
-Validation: checked once at each phase start (held-out rows for at least one micro-batch per
-rank, else a clear error before any step: better to fail in seconds than at the first evaluation
-hours in); a checkpoint due at a step is written before that step's evaluation.
+Validation: checked for every phase with steps left before the run's first step (`preflight`:
+held-out rows for at least one micro-batch per rank, else a clear error: better to fail in
+seconds than at the first evaluation hours in); a checkpoint due at a step is written before that
+step's evaluation.
 """
 from __future__ import annotations
 
@@ -212,8 +213,6 @@ def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None 
     from model import bert
     from model.heads import BertForPreTraining
 
-    if config.model not in bert.PRESETS:
-        raise ValueError(f"--set model={config.model!r}: expected one of {sorted(bert.PRESETS)}")
     vocab_size = int(manifest.get("vocab_size") or 0)
     if config.vocab_dir:
         from pipelines.tokenization import read_vocab
@@ -308,8 +307,9 @@ def evaluate(engine, config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> 
 
 def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bool:
     """Whether to validate the phase: eval_batches > 0 and held-out shards exist (else skipped,
-    with a warning). Checked at phase start: shards with fewer rows than one micro-batch per rank
-    raise here, not at the first evaluation (where `validation_batches` would end the run)."""
+    with a warning). `preflight` asks it for every phase with steps left before the run's first
+    step: shards with fewer rows than one micro-batch per rank raise here, not at the phase's
+    first evaluation (where `validation_batches` would end the run)."""
     from training.loader import check_shard_files, list_shards
     if config.eval_batches == 0:
         return False

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Multi-node pre-training with the DeepSpeed launcher, which starts the ranks over pdsh/ssh.
 #
-#   HOSTFILE=infra/launch/hostfile infra/launch/deepspeed_multinode.sh --preset large --config run.yaml
+#   cp infra/launch/hostfile.example hostfile        # then list your nodes in it
+#   HOSTFILE=hostfile infra/launch/deepspeed_multinode.sh --preset large --config run.yaml
 #
 # Every argument goes to `bert-pretrain` (python -m training.pretrain) unchanged.
 # Needs: pdsh and passwordless ssh from this node to every host of the hostfile, the same

@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=defaults.batch_size)
     p.add_argument("--max_seq_length", type=int, default=defaults.max_seq_length)
     p.add_argument("--warmup_proportion", type=float, default=defaults.warmup_proportion)
+    p.add_argument("--weight_decay", type=float, default=defaults.weight_decay,
+                   help="AdamW's decoupled weight decay (none on biases and LayerNorm)")
+    p.add_argument("--adam_epsilon", type=float, default=defaults.adam_epsilon)
+    p.add_argument("--max_grad_norm", type=float, default=defaults.max_grad_norm,
+                   help="global gradient-norm clip (0 = off)")
     p.add_argument("--max_train_examples", type=int, default=None,
                    help="train on a fixed random subset of this many examples")
     p.add_argument("--max_eval_examples", type=int, default=None,
@@ -90,7 +95,8 @@ def config_from_args(args: argparse.Namespace) -> FinetuneConfig:
     return FinetuneConfig(
         max_seq_length=args.max_seq_length, batch_size=args.batch_size, epochs=args.epochs,
         learning_rates=args.learning_rates, seeds=args.seeds,
-        warmup_proportion=args.warmup_proportion, bf16=args.bf16,
+        warmup_proportion=args.warmup_proportion, weight_decay=args.weight_decay,
+        adam_epsilon=args.adam_epsilon, max_grad_norm=args.max_grad_norm, bf16=args.bf16,
         pack_sequences=not args.no_packing, max_train_examples=args.max_train_examples,
         max_eval_examples=args.max_eval_examples, skip_bad_rows=args.skip_bad_rows,
         predict_test=not args.no_test, progress=not args.no_progress, device=args.device)

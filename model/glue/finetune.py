@@ -101,8 +101,11 @@ class FinetuneConfig:
             raise ValueError(f"--seeds must be distinct and non-empty, got {self.seeds}")
         if not 0.0 <= self.warmup_proportion < 1.0:
             raise ValueError(f"--warmup_proportion must be in [0, 1), got {self.warmup_proportion}")
-        if self.weight_decay < 0 or self.adam_epsilon <= 0 or self.max_grad_norm < 0:
-            raise ValueError("--weight_decay, --max_grad_norm must be >= 0 and --adam_epsilon > 0")
+        for name in ("weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if not self.adam_epsilon > 0:
+            raise ValueError(f"--adam_epsilon must be > 0, got {self.adam_epsilon}")
         for name in ("max_train_examples", "max_eval_examples"):
             value = getattr(self, name)
             if value is not None and value < 1:
