@@ -235,14 +235,29 @@ def test_real_finetune_from_minilm(shared_data, minilm_dir, tmp_path):
 
 
 def test_bf16_run(shared_data, encoder, tokenizer):
-    """The bf16 autocast option trains and scores (one step on real STS-B rows)."""
+    """The bf16 autocast option trains and scores (one step on real STS-B rows), the classifier
+    computing in bf16 in the training step and in prediction."""
     cfg = ft.debug_recipe(max_train_examples=32, max_eval_examples=48, predict_test=False,
                           progress=False, bf16=True)
     prepared = ft.prepare_task(TASKS["STS-B"], str(shared_data / "glue"), tokenizer, cfg)
-    result, _ = ft.run_one(encoder, prepared, 5e-5, 1, cfg)
+    outputs = []  # (module, training?, output dtype) of every module's forward during the run
+
+    def record(module, inputs, output):
+        if isinstance(output, torch.Tensor):
+            outputs.append((module, module.training, output.dtype))
+
+    # A global hook: run_one builds its classifier inside; it is picked out after the run.
+    hook = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        result, model = ft.run_one(encoder, prepared, 5e-5, 1, cfg)
+    finally:
+        hook.remove()
     assert result.steps == 1 and np.isfinite(result.final_loss)
     assert set(result.metrics) == {"pearson", "spearman"}
     assert all(-1.0 <= v <= 1.0 for v in result.metrics.values())
+    # One training batch, then the 48 dev rows in one prediction batch.
+    assert [(training, dtype) for module, training, dtype in outputs
+            if module is model.classifier] == [(True, torch.bfloat16), (False, torch.bfloat16)]
 
 
 def test_starts_from_our_checkpoint_format(encoder, tmp_path):
@@ -266,10 +281,23 @@ def test_cli_rejects_bad_flags(tmp_path, capsys):
     with pytest.raises(SystemExit):
         glue_main([*base, "--tasks", "rte", "--learning_rates", "0"])
     assert "--learning_rates must be positive" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        glue_main([*base, "--tasks", "rte", "--adam_epsilon", "0"])
+    assert "--adam_epsilon must be > 0, got 0.0" in capsys.readouterr().err
     if not torch.cuda.is_available():  # a GPU that is not there: one line, before any work
         assert glue_main([*base, "--tasks", "rte", "--device", "cuda"]) == 2
         assert capsys.readouterr().err == \
             "bert-glue: error: --device cuda: torch sees 0 GPU(s) here\n"
+
+
+def test_cli_optimizer_flags_reach_the_config():
+    from model.glue.cli import build_parser, config_from_args
+
+    base = ["--model", "m", "--data", "d", "--output", "o", "--tasks", "rte"]
+    assert config_from_args(build_parser().parse_args(base)) == ft.paper_recipe()
+    cfg = config_from_args(build_parser().parse_args(
+        [*base, "--weight_decay", "0", "--adam_epsilon", "1e-8", "--max_grad_norm", "0"]))
+    assert (cfg.weight_decay, cfg.adam_epsilon, cfg.max_grad_norm) == (0.0, 1e-8, 0.0)
 
 
 def _optimizer_and_schedule(model, cfg: ft.FinetuneConfig):
@@ -621,9 +649,10 @@ def test_weights_not_matching_the_config_name_the_folder(minilm_dir, tmp_path):
     with pytest.raises(ValueError, match=rf"--model {folder}: config.json is not JSON"):
         ft.load_encoder(str(folder))
     (folder / "config.json").write_text(json.dumps(config | {"num_attention_heads": 5}))
-    with pytest.raises(ValueError, match=rf"--model {folder}: config.json: --hidden_size 384 is "
-                                         "not a multiple of --num_attention_heads 5"):
+    with pytest.raises(ValueError) as error:
         ft.load_encoder(str(folder))
+    assert str(error.value) == (f"{folder}/config.json: hidden_size 384 is not a multiple of "
+                                "num_attention_heads 5")
 
 
 def test_missing_task_data_fails_before_any_training(shared_data, minilm_dir, tmp_path,
@@ -730,3 +759,33 @@ def test_other_bad_inputs_end_in_one_line(shared_data, minilm_dir, tmp_path, cap
         assert capsys.readouterr().err == f"bert-glue: error: {message}\n"
     with pytest.raises(glue_data.GlueFormatError, match="no RTE train examples"):
         glue_main(_tiny_args(minilm_dir, data, tmp_path / "out", "rte", "--debug"))
+
+
+def _rte_test_predictions(encoder, prepared, cfg, bias: list[float]) -> list[list[str]]:
+    """The RTE submission TSV (as rows) of a classifier whose zeroed weights and `bias` make
+    every example the same class."""
+    from model.glue.report import submission_tsv
+
+    model = ft.build_model(encoder, 2, seed=1)
+    with torch.no_grad():
+        model.classifier.weight.zero_()
+        model.classifier.bias.copy_(torch.tensor(bias))
+    (predictions,) = ft.predict_test_sets(model, prepared, cfg)
+    assert (predictions.split, predictions.submission_file) == ("test", "RTE.tsv")
+    return list(csv.reader(io.StringIO(submission_tsv(predictions)), delimiter="\t"))
+
+
+def test_test_set_predictions_map_class_ids_to_the_task_labels(shared_data, encoder, tokenizer,
+                                                               tmp_path):
+    """Class 1 of RTE is `not_entailment` and class 0 `entailment` (model/glue/tasks.py): a head
+    forced to one class writes that label for every row of the test file, ids 0..n-1 in the
+    file's order."""
+    assert TASKS["RTE"].labels == ("entailment", "not_entailment")
+    data = glue_slice(shared_data, tmp_path, {"RTE/train.tsv": 8, "RTE/dev.tsv": 8,
+                                              "RTE/test.tsv": 40})
+    cfg = ft.debug_recipe(progress=False, predict_test=True)
+    prepared = ft.prepare_task(TASKS["RTE"], str(data), tokenizer, cfg)
+    assert len(prepared.test["test"]) == 40
+    for bias, label in (([-20.0, 20.0], "not_entailment"), ([20.0, -20.0], "entailment")):
+        table = _rte_test_predictions(encoder, prepared, cfg, bias)
+        assert table == [["index", "prediction"]] + [[str(i), label] for i in range(40)]

@@ -19,6 +19,7 @@ from shard_fixtures import book_shards, write_shards
 
 from pipelines import shard_format
 from training.loader import (
+    IGNORE_INDEX,
     LoaderConfig,
     Remasker,
     ShardInfo,
@@ -358,3 +359,108 @@ def test_worker_errors_keep_our_message_and_library_tracebacks(tmp_path):
         "with `python -m pipelines.verify_shards <folder>`")
     library = as_from_a_worker(lambda: json.loads("{"))
     assert _without_worker_traceback(library) is library
+
+
+def _epochs(loader: ShardLoader, count: int) -> list[list[dict]]:
+    """The batches of the loader's first `count` epochs, epoch by epoch."""
+    epochs: list[list[dict]] = [[] for _ in range(count)]
+    for batch in loader:
+        if loader.epoch >= count:
+            break
+        epochs[loader.epoch].append(batch)
+    return epochs
+
+
+def _masked_rows(batches: list[dict]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(input ids, masked positions, their labels) of every row, padding dropped."""
+    rows = []
+    for batch in batches:
+        for i in range(batch["input_ids"].shape[0]):
+            n = int(batch["attention_mask"][i].sum())
+            real = batch["masked_lm_ids"][i] != IGNORE_INDEX
+            rows.append((batch["input_ids"][i, :n].numpy(),
+                         batch["masked_lm_positions"][i][real].numpy(),
+                         batch["masked_lm_ids"][i][real].numpy()))
+    return rows
+
+
+# Measured once (books rows 0..63, Remasker seed 9): rows whose masked positions differ
+# between epoch 0 and epoch 1, and rows whose epoch-0 positions differ from the shard's.
+REMASKED_BETWEEN_EPOCHS = 64
+REMASKED_VS_SHARD = 64
+
+
+def test_loader_with_a_remasker_redraws_masks_each_epoch_and_keeps_the_text(books, tmp_path):
+    """One shard read in order for 2 epochs with dynamic masking: every row gets new masks each
+    epoch (its count of masked positions kept), the same again on a rerun, and putting the
+    labels back at the masked positions gives the shard's original token ids."""
+    vocab_dir, rows = books
+    folder = _shards(books, tmp_path / "s", [64])
+    remasker = Remasker.from_vocab(str(vocab_dir), seed=9)
+    config = LoaderConfig(str(folder), 8, SEQ, seed=9, shuffle_buffer=0, remasker=remasker)
+    epochs = [_masked_rows(e) for e in _epochs(ShardLoader(config), 2)]
+    rerun = [_masked_rows(e) for e in _epochs(ShardLoader(config), 2)]
+    assert [len(e) for e in epochs] == [64, 64]
+    shard = rows[:64]
+    for epoch in epochs:
+        for (ids, positions, labels), row in zip(epoch, shard):
+            original = row.input_ids.astype(np.int64).copy()
+            original[row.masked_lm_positions] = row.masked_lm_ids
+            restored = ids.copy()
+            restored[positions] = labels
+            assert np.array_equal(restored, original)
+            assert len(positions) == len(row.masked_lm_positions)
+    changed = sum(not np.array_equal(a[1], b[1]) for a, b in zip(*epochs))
+    assert changed == REMASKED_BETWEEN_EPOCHS
+    assert sum(not np.array_equal(got[1], row.masked_lm_positions)
+               for got, row in zip(epochs[0], shard)) == REMASKED_VS_SHARD
+    for epoch, again in zip(epochs, rerun):
+        for a, b in zip(epoch, again):
+            assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_pretraining_reads_training_rows_with_dynamic_masking_and_validation_rows_without(
+        books, tmp_path):
+    """training/pretrain.py's `build_loader`: with dynamic_masking the training loader re-masks
+    (seeded by the run's seed), the validation loader keeps the shards' masks; without it
+    neither re-masks."""
+    from training import pretrain
+    from training.config import PhaseConfig, PretrainConfig
+
+    vocab_dir, _ = books
+    folder = _shards(books, tmp_path / "s", [32], validation=[16])
+    phase = PhaseConfig(train_shards=str(folder), max_seq_length=SEQ, micro_batch_size=8,
+                        global_batch_size=8, steps=4, warmup_steps=0)
+    config = PretrainConfig(vocab_dir=str(vocab_dir), phases=(phase,), dynamic_masking=True,
+                            seed=9, shuffle_buffer=0, num_workers=0)
+    dist = pretrain.Dist(rank=0, world_size=1, on_gpu=False)
+    train = pretrain.build_loader(config, phase, dist)
+    assert train == LoaderConfig(str(folder), 8, SEQ, seed=9, shuffle_buffer=0, split="train",
+                                 remasker=Remasker.from_vocab(str(vocab_dir), seed=9))
+    validation = pretrain.build_loader(config, phase, dist, validation=True)
+    assert (validation.split, validation.remasker) == ("validation", None)
+    static = dataclasses.replace(config, dynamic_masking=False)
+    assert pretrain.build_loader(static, phase, dist).remasker is None
+
+
+def _row_order(folder: Path, shuffle_buffer: int, seed: int = 3) -> list[list[tuple]]:
+    """Rows (as token-id tuples) of the first 2 epochs of a 1-rank loader, in reading order."""
+    config = LoaderConfig(str(folder), 8, SEQ, seed=seed, shuffle_buffer=shuffle_buffer)
+    return [[_row_key(batch, i) for batch in epoch for i in range(batch["input_ids"].shape[0])]
+            for epoch in _epochs(ShardLoader(config), 2)]
+
+
+def test_shuffle_buffer_reorders_rows_each_epoch_and_zero_keeps_the_shard_order(books, tmp_path):
+    """One shard: a 16-row shuffle buffer gives each epoch its own order of the shard's rows (the
+    same for the same seed); no buffer reads them in shard order every epoch."""
+    folder = _shards(books, tmp_path / "s", [64])
+    shard_order = [tuple(r.input_ids.tolist()) for r in books[1][:64]]
+    assert len(set(shard_order)) == 64
+    epoch0, epoch1 = _row_order(folder, 16)
+    assert sorted(epoch0) == sorted(epoch1) == sorted(shard_order)
+    assert epoch0 != shard_order, "epoch 0 read the shard in order: the rows were not shuffled"
+    assert epoch1 != shard_order, "epoch 1 read the shard in order: the rows were not shuffled"
+    assert epoch0 != epoch1, "epochs 0 and 1 read the rows in the same order"
+    assert _row_order(folder, 16) == [epoch0, epoch1]
+    assert _row_order(folder, 16, seed=4)[0] != epoch0
+    assert _row_order(folder, 0) == [shard_order, shard_order]

@@ -608,3 +608,35 @@ def test_a_binary_file_is_one_dead_letter_and_the_last_log_line_says_so(
     assert reference["counters"]["bad_records"] == 1
     assert reference["totals"]["num_instances"] == _reference_run(
         inputs / "a-sample.txt", tmp_path / "reference_alone", minilm_dir)["totals"]["num_instances"]
+
+
+@pytest.mark.parametrize("fraction", [0.05, 0.25, 0.5])
+def test_split_of_holds_out_the_requested_share(fraction):
+    """Over 10,000 document ids the held-out share is the fraction within 4 standard deviations
+    of a binomial draw; the ids held out at half the fraction are a strict subset of them (one
+    threshold on the id's hash)."""
+    ids = [f"wiki/AA/wiki_{i // 100:02d}:{i % 100}" for i in range(10_000)]
+    held_out = {d for d in ids if shard_inputs.split_of(d, fraction) == "validation"}
+    sigma = (fraction * (1 - fraction) / len(ids)) ** 0.5
+    share = len(held_out) / len(ids)
+    assert abs(share - fraction) < 4 * sigma, f"held out {share:.4f} for fraction {fraction}"
+    smaller = {d for d in ids if shard_inputs.split_of(d, fraction / 2) == "validation"}
+    assert smaller < held_out
+
+
+def test_split_of_without_a_fraction_holds_out_nothing():
+    ids = [f"doc:{i}" for i in range(10_000)]
+    assert {shard_inputs.split_of(d, 0.0) for d in ids} == {"train"}
+    assert {shard_inputs.split_of(d, 1.0) for d in ids} == {"validation"}
+
+
+# Measured once: the documents of the `corpus` fixture's text files held out at 0.25 (the
+# documents test_validation_split's Beam job must count as validation).
+CORPUS_DOCUMENTS, CORPUS_HELD_OUT_025 = 63, 21
+
+
+def test_validation_share_of_the_test_corpus_is_the_measured_count(corpus):
+    doc_ids = [f"{p.name}:{i}" for p in sorted(corpus["text"].iterdir())
+               for i in range(len(p.read_text().strip().split("\n\n")))]
+    held_out = sum(shard_inputs.split_of(d, 0.25) == "validation" for d in doc_ids)
+    assert (len(doc_ids), held_out) == (CORPUS_DOCUMENTS, CORPUS_HELD_OUT_025)
