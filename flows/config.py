@@ -239,27 +239,36 @@ def check_output(cfg: DagConfig, data_only: bool) -> None:
             f"output={cfg.output!r}: pre-training and GLUE need a local or mounted folder (the "
             "deployments use /data/runs/<preset>); a gs:// root takes the data stages alone "
             "(--data_only, or the data-* deployments)")
-    if not remote and runs_on_dataflow(cfg.data.beam_args):
+    if not runs_on_dataflow(cfg.data.beam_args):
+        return
+    if not remote:
         raise ValueError(
             f"data.beam_args run Beam on Dataflow, whose workers cannot write to {cfg.output} "
             "on this machine: set output to a gs:// folder and run the data stages alone "
             "(--data_only)")
+    for key, value in (("data.wikipedia", cfg.data.wikipedia), ("data.books", cfg.data.books)):
+        local = [path for path in (value or "").split(",") if path and "://" not in path]
+        if local:
+            raise ValueError(f"setting {key}={value!r}: Dataflow's workers cannot read {local[0]} "
+                             "on this machine: copy it to gs://")
 
 
 def runs_on_dataflow(beam_args: tuple[str, ...]) -> bool:
-    """Whether Beam options name the Dataflow runner (`--runner=DataflowRunner` or
-    `--runner DataflowRunner`)."""
+    """Whether Beam options name the Dataflow runner (`--runner=DataflowRunner`, `--runner
+    dataflow`: Beam matches runner names without case, with or without "Runner", and the last
+    `--runner` given wins)."""
     joined = " ".join(beam_args).replace("=", " ").split()
-    return any(flag == "--runner" and value.endswith("DataflowRunner")
-               for flag, value in itertools.pairwise(joined))
+    runners = [value for flag, value in itertools.pairwise(joined) if flag == "--runner"]
+    return bool(runners) and runners[-1].lower().endswith(("dataflow", "dataflowrunner"))
 
 
-def check_inputs_exist(cfg: DagConfig) -> None:
+def check_inputs_exist(cfg: DagConfig, data_only: bool = False) -> None:
     """Local input folders exist, checked where the flow runs (the worker, whose volumes the
     paths name) before the first stage: a missing GLUE folder must not surface only after
-    pre-training. Remote inputs are checked by the jobs that read them."""
-    local = [("data.wikipedia", cfg.data.wikipedia), ("data.books", cfg.data.books),
-             ("glue.data", cfg.glue.data)]
+    pre-training. Remote inputs are checked by the jobs that read them; a data-only run reads
+    no GLUE data."""
+    local = [("data.wikipedia", cfg.data.wikipedia), ("data.books", cfg.data.books)]
+    local += [] if data_only else [("glue.data", cfg.glue.data)]
     for key, value in local:
         for path in (value or "").split(","):
             if path and "://" not in path and not (os.path.exists(path) or glob.glob(path)):

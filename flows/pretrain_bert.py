@@ -102,7 +102,7 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
         overrides = {"output": output, **(overrides or {})}
     cfg = resolve(preset, overrides, data_only=data_only)
     get_run_logger().info("resolved config:\n%s", steps.describe(cfg))
-    check_inputs_exist(cfg)
+    check_inputs_exist(cfg, data_only)
 
     wiki, books = extract_wikipedia.submit(cfg), extract_books.submit(cfg)
     sources = [s for s in (wiki.result(), books.result()) if s is not None]

@@ -6,6 +6,7 @@ so the `deepspeed`/`torchrun` launchers and multi-node runs work the same way), 
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import json
@@ -42,7 +43,6 @@ def check_settings(cfg: DagConfig) -> None:
     """Build every stage's own config from the settings, as the stages will, so that a value a
     stage would refuse (hours later, for GLUE after pre-training) fails now, in the flow's
     setting names. The stages' configs hold the rules; this only asks them early."""
-    from model.glue.finetune import FinetuneConfig  # noqa: F401 (built by _finetune_config)
     from pipelines.instances import InstanceConfig
     from pipelines.shard_batches import ShardJobConfig
     from training import config as training_config
@@ -58,12 +58,26 @@ def check_settings(cfg: DagConfig) -> None:
                            validation_fraction=options["validation_fraction"])
     placeholder = StageResult("", "<stage>", "", cached=False, seconds=0.0)
     with _in_setting_names(_TRAINING_KEYS, default_section="pretrain"):
-        training_config.from_dict(
+        config = training_config.from_dict(
             pretrain_overrides(cfg, placeholder, [placeholder, placeholder], cfg.output),
             base=training_config.PRESETS[_training_preset(cfg)]())
+    extra_sets = _set_flags(cfg.pretrain.extra_args)
+    try:  # after the file, as the training entry point applies them
+        training_config.apply_overrides(config, extra_sets)
+    except ValueError as error:
+        raise ValueError(f"setting pretrain.extra_args={list(cfg.pretrain.extra_args)}: "
+                         f"{error}") from None
     if cfg.glue.data:
         with _in_setting_names({}, default_section="glue"):
             _finetune_config(cfg)
+
+
+def _set_flags(args: Sequence[str]) -> list[str]:
+    """The `--set KEY=VALUE` values among the training entry point's flags (the others are
+    checked by the entry point's own parser when the stage starts)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--set", action="append", default=[])
+    return parser.parse_known_args(list(args))[0].set
 
 
 _TRAINING_KEYS = {

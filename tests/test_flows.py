@@ -132,18 +132,46 @@ def test_without_glue_data_its_settings_are_not_checked():
 
 
 def test_a_gs_root_takes_the_data_stages_alone_and_dataflow_needs_one():
-    dataflow = {"data": {"beam_args": ["--runner", "DataflowRunner", "--project=p"]}}
+    dataflow = {"data": {**CLUSTER_DATA["data"],
+                         "beam_args": ["--runner", "DataflowRunner", "--project=p"]}}
     with pytest.raises(ValueError, match=r"^output='gs://b/runs': pre-training and GLUE need a "
                                          "local or mounted folder"):
         resolve("tiny", {"output": "gs://b/runs"})
     with pytest.raises(ValueError, match=r"^data.beam_args run Beam on Dataflow, whose workers "
                                          "cannot write to /data/runs on this machine"):
         resolve("tiny", {**dataflow, "output": "/data/runs"}, data_only=True)
+    local_books = {"data": {**dataflow["data"], "books": "gs://b/books,/data/books"}}
+    with pytest.raises(ValueError, match=r"^setting data.books='gs://b/books,/data/books': "
+                                         "Dataflow's workers cannot read /data/books"):
+        resolve("tiny", {**local_books, "output": "gs://b/runs"}, data_only=True)
     cfg = resolve("tiny", {**dataflow, "output": "gs://b/runs"}, data_only=True)
     assert cfg.output == "gs://b/runs"
-    assert runs_on_dataflow(("--runner=DataflowRunner",))
-    assert runs_on_dataflow(("--runner=apache_beam.runners.dataflow.DataflowRunner",))
-    assert not runs_on_dataflow(("--runner=DirectRunner", "--job_name=DataflowRunner"))
+    check_inputs_exist(cfg, data_only=True)  # the tiny preset's GLUE folder is not read
+
+
+@pytest.mark.parametrize(("beam_args", "dataflow"), [
+    (("--runner=DataflowRunner",), True),
+    (("--runner=apache_beam.runners.dataflow.DataflowRunner",), True),
+    (("--runner=dataflow",), True),  # Beam matches runner names without case or "Runner"
+    (("--runner", "DataFlowRunner"), True),
+    (("--runner=DirectRunner", "--job_name=DataflowRunner"), False),
+    (("--runner=DataflowRunner", "--runner=DirectRunner"), False),  # the last one wins
+    ((), False),
+])
+def test_runs_on_dataflow_reads_the_runner_as_beam_does(beam_args, dataflow):
+    assert runs_on_dataflow(beam_args) is dataflow
+
+
+def test_training_flags_passed_through_are_checked_too():
+    with pytest.raises(ValueError) as error:
+        resolve("tiny", {"pretrain": {"extra_args": ["--set", "optimizer=lamb"]}})
+    assert str(error.value).startswith("setting pretrain.extra_args=['--set', 'optimizer=lamb']: "
+                                       "optimizer=lamb cannot be combined with zero_stage=1")
+    with pytest.raises(ValueError, match=r"^setting pretrain.extra_args=\['--set=zero_stage=0'\]: "
+                                         "precision=bf16 cannot be combined with zero_stage=0"):
+        resolve("tiny", {"pretrain": {"extra_args": ["--set=zero_stage=0"]}})
+    ok = ["--set", "log_every=5", "--stop_after_steps", "3"]  # other flags: the entry point's
+    assert resolve("tiny", {"pretrain": {"extra_args": ok}}).pretrain.extra_args == tuple(ok)
 
 
 def test_cli_keeps_a_gs_output_as_a_url(capsys):

@@ -384,7 +384,7 @@ def test_validation_split(corpus, minilm_dir, tmp_path):
                for i in range(len(p.read_text().strip().split("\n\n")))]
     held_out = sum(shard_inputs.split_of(d, 0.25) == "validation" for d in doc_ids)
     counters = manifest["counters"]
-    assert 0 < held_out < len(doc_ids)
+    assert (len(doc_ids), held_out) == (CORPUS_DOCUMENTS, CORPUS_HELD_OUT_025)
     assert counters["documents_validation"] == held_out
     assert counters["documents_train"] == len(doc_ids) - held_out == counters["documents"] - held_out
     assert verify_shards.verify_folder(str(tmp_path), progress=False)[0] == []
