@@ -107,8 +107,12 @@ def test_tiny_bert_learns_two_phases_and_exports(data, tmp_path):
     valid = [r for r in records if r["split"] == "validation" and r["phase"] == "phase1"]
     assert [r["step"] for r in valid] == [30, 60]
     assert valid[1]["loss"] < valid[0]["loss"]
-    for key in ("lr", "tokens_per_s", "samples_per_s", "nsp_loss", "nsp_accuracy"):
+    for key in ("tokens_per_s", "samples_per_s", "nsp_loss", "nsp_accuracy"):
         assert key in last
+    # The learning rate logged after step s is the next step's: linear decay from 2e-3 over
+    # the 54 steps after warmup (LinearWarmupDecay.lr_at(s)), exactly.
+    assert [(r["step"], r["lr"]) for r in train] == [(s, 2e-3 * (60 - s) / 54)
+                                                      for s in range(10, 61, 10)]
     # Phase 2 continues from phase 1: its first loss is near phase 1's last, far below the start.
     phase2 = [r for r in records if r["split"] == "train" and r["phase"] == "phase2"]
     assert phase2[-1]["global_step"] == 63
