@@ -59,7 +59,7 @@ def plot(rows: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     for (run, label), marker in zip(RUNS.items(), "os"):
         mine = [r for r in rows if r["run"] == run]
         points = ax.scatter([r["seed"] for r in mine], [r["trainer"] - r["ours"] for r in mine],
@@ -73,7 +73,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.set(xlabel="seed", ylabel="MRPC dev score: Trainer - ours",
            title="MRPC per seed (dashed: mean, band: 95% interval)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
