@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
 from flows import steps
 from flows.config import check_inputs_exist, parse_set_flags, resolve, runs_on_dataflow
@@ -172,6 +173,21 @@ def test_training_flags_passed_through_are_checked_too():
         resolve("tiny", {"pretrain": {"extra_args": ["--set=zero_stage=0"]}})
     ok = ["--set", "log_every=5", "--stop_after_steps", "3"]  # other flags: the entry point's
     assert resolve("tiny", {"pretrain": {"extra_args": ok}}).pretrain.extra_args == tuple(ok)
+
+
+def test_every_deployment_resolves_as_its_flow_run_will():
+    """prefect.yaml's parameters (the cluster ones with the README's data overrides) pass the
+    up-front checks: a deployment the checks refused would fail every run at its start."""
+    deployments = yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"]
+    for deployment in deployments:
+        params = deployment["parameters"]
+        overrides = {**params["overrides"], **(CLUSTER_DATA if params["preset"] != "tiny" else {})}
+        if params.get("output"):
+            overrides = {"output": params["output"], **overrides}  # as pretrain_bert merges it
+        cfg = resolve(params["preset"], overrides, data_only=params.get("data_only", False))
+        assert cfg.output == params.get("output", str(REPO / "runs" / "tiny")), deployment["name"]
+    assert sorted(d["name"] for d in deployments) == [
+        "base", "data-base", "data-large", "large", "tiny"]
 
 
 def test_cli_keeps_a_gs_output_as_a_url(capsys):
