@@ -187,7 +187,7 @@ def _config_from(path: str, values: dict) -> BertConfig:
     """The `BertConfig` of a config file's values; a bad value is an error naming the file."""
     try:
         return BertConfig.from_dict(values)
-    except ValueError as error:
+    except (ValueError, TypeError) as error:  # TypeError: a value of the wrong type ("384")
         raise ValueError(f"{path}: {error}") from None
 
 

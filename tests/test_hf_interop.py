@@ -152,6 +152,11 @@ def test_a_bad_config_file_is_an_error_naming_it(minilm_dir, tmp_path):
         path.write_text(json.dumps(values))
         with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: hidden_act 'relu6' not in "):
             load(str(path.parent))
+        (values[key] if key else values)["hidden_act"] = "gelu"
+        (values[key] if key else values)["hidden_size"] = "128"  # a string: a TypeError inside
+        path.write_text(json.dumps(values))
+        with pytest.raises(ValueError, match=f"^{re.escape(str(path))}: "):
+            load(str(path.parent))
 
 
 def test_parameter_count_equals_transformers():

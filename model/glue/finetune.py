@@ -416,7 +416,7 @@ def load_encoder(model_dir: str) -> BertModel:
         raise ValueError(f"--model {model_dir}: {config_name} is not JSON ({e})") from None
     except (SafetensorError, RuntimeError) as e:  # torch.load_state_dict / unreadable weights
         raise ValueError(f"--model {model_dir}: {weights_error(e, config_name)}") from e
-    except (ValueError, TypeError) as e:  # BertConfig's checks of the folder's config values
+    except (ValueError, TypeError) as e:  # the config's values; model.hf names the file itself
         if model_dir in str(e):
             raise
         raise ValueError(f"--model {model_dir}: {config_name}: {e}") from e
