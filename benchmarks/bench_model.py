@@ -20,6 +20,9 @@ the best step counts (as in `timeit`).
 4. One layer's attention core, forward + backward with dropout, on sampled packed rows: the
    old block-diagonal-mask SDPA vs per-instance attention (`model.bert.attend_instances`).
 
+Both models run with malloc set up as our trainer sets it on CPU (freed memory kept for reuse,
+`training.launch.keep_freed_memory`); `--malloc default` leaves glibc's settings.
+
 Run: `.venv/bin/python benchmarks/bench_model.py --threads 1 [--quick] [--steps N] [--shards DIR]`.
 """
 from __future__ import annotations
@@ -43,6 +46,7 @@ from model.bert import PRESETS, BertConfig
 from model.heads import BertForPreTraining
 from model.hf import ours_to_hf
 from pipelines.shard_format import Row
+from training.launch import keep_freed_memory
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 REPO = Path(__file__).resolve().parents[1]
@@ -503,6 +507,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
                              "shared corpus's phase-2 shards, made by make_phase2_shards.py)")
     parser.add_argument("--preset", default="bert_base", choices=sorted(PRESETS),
                         help="model shapes (bert_base is the benchmark; bert_tiny a smoke test)")
+    parser.add_argument("--malloc", default="training", choices=("training", "default"),
+                        help="training: malloc keeps freed memory, as our trainer sets it on CPU "
+                             "(training.launch.keep_freed_memory), for both models; default: "
+                             "glibc's own settings")
     args = parser.parse_args(argv)
     cfg = BenchConfig(steps=1 if args.quick else args.steps, warmup=args.warmup,
                       dtypes=tuple(args.dtypes.split(",")), shards=args.shards,
@@ -512,7 +520,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
                           for shape in args.dense.split(",") if shape))
     if args.threads:
         torch.set_num_threads(args.threads)
-    console.print(f"config: {cfg}; torch {torch.__version__}, {torch.get_num_threads()} threads")
+    kept = args.malloc == "training" and keep_freed_memory()
+    console.print(f"config: {cfg}; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+                  f"malloc: {'keeps freed memory' if kept else 'default'}")
 
     # the data first: a failure there should not come after minutes of timing
     if cfg.packed_rows:

@@ -22,8 +22,9 @@ builds it, see `BatchLayout`): the instances are gathered into (instances, lengt
 bucketed by length, so a packed row costs sum(n_k^2) rather than
 T^2 and no T x T block-diagonal mask (nor its dropout draws) is made. Dense batches without
 padding skip the gathering and call SDPA without a mask, so it may pick its fused kernel.
-In training, attention-probability dropout is computed here (`attend`) with a cheaper mask of
-the same distribution (`dropout`), since SDPA's dropout on CPU takes its slow math path.
+In training on CPU, dropout draws a cheaper mask of the same distribution (`keep_mask`): on the
+attention probabilities inside `attend` (SDPA's dropout on CPU takes its slow math path), and
+on the residual branches fused with the residual add (`Dropout.add_to`).
 
 The field names of `BertConfig` are those of the reference `bert_config.json` (and of
 `transformers.BertConfig`), so a Hugging Face `config.json` reads directly.
@@ -187,13 +188,11 @@ def query_attention_mask(ids: Tensor, query_index: Tensor | None) -> Tensor:
 
 
 class Dropout(nn.Dropout):
-    """`nn.Dropout` with a cheaper mask of the same distribution (CPU, 6M elements: forward
-    ~1.5x, forward + backward ~1.15x faster than `F.dropout`).
+    """`nn.Dropout` with a cheaper mask of the same distribution on CPU (`dropout`, `keep_mask`),
+    and `add_to` for the residual connections, which adds the dropped-out x in the same pass.
 
-    Each element is kept iff a uniform 31-bit integer is >= round(p * 2^31), so the keep
-    probability is 1 - p to within 2^-32 (`bernoulli_` draws a float per element and is the
-    larger cost); kept elements are scaled by 1 / (1 - p) as in `F.dropout`. A subclass, so
-    code that finds dropout modules by type still finds these. `stock=True`: `F.dropout`.
+    A subclass, so code that finds dropout modules by type still finds these.
+    `stock=True`: `F.dropout`.
     """
 
     def __init__(self, p: float, stock: bool = False):
@@ -205,9 +204,25 @@ class Dropout(nn.Dropout):
             return x
         return F.dropout(x, self.p) if self.stock else dropout(x, self.p)
 
+    def add_to(self, residual: Tensor, x: Tensor) -> Tensor:
+        """residual + dropout(x), on CPU in one pass (`addcmul`: residual + x * keep / (1 - p),
+        rounded once) rather than three (mask, scale, add) over (B, T, H)."""
+        if not self.training or self.p == 0.0:
+            return residual + x
+        if self.stock or x.device.type != "cpu":
+            return residual + self(x)
+        return torch.addcmul(residual, x, keep_mask(x.shape, self.p, x.dtype),
+                             value=1.0 / (1.0 - self.p))
+
+
+DROPOUT_BITS = 16
+"""Random bits per element of a CPU dropout mask: the drop probability is rounded to a multiple
+of 2^-16 (BERT's 0.1 drops with probability 6554 / 65536 = 0.100006)."""
+
 
 def dropout(x: Tensor, p: float) -> Tensor:
-    """Inverted dropout of `x` with drop probability p (any shape; see `Dropout`).
+    """Inverted dropout of `x` with drop probability p (any shape; see `keep_mask`): kept
+    elements scaled by 1 / (1 - p), as in `F.dropout`.
 
     Off the CPU, `F.dropout` is one fused kernel already and is used as is.
     """
@@ -215,31 +230,46 @@ def dropout(x: Tensor, p: float) -> Tensor:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p)
-    bits = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()  # [0, 2^31)
-    return _ApplyKeepMask.apply(x, bits >= round(p * 2**31), 1.0 / (1.0 - p))
+    return _ApplyKeepMask.apply(x, keep_mask(x.shape, p, x.dtype), 1.0 / (1.0 - p))
+
+
+def keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> Tensor:
+    """1 where an element is kept, 0 where dropped, in `dtype` (CPU).
+
+    Each element is kept iff a uniform 16-bit integer is >= round(p * 2^16). On CPU torch's
+    generator costs about the same per call whatever the width it returns, so the bits come as
+    full-range int64 words cut into four int16s: a quarter of the draws of one 32-bit integer per
+    element (and `bernoulli_`, what `F.dropout` uses, draws a float per element). The
+    comparison writes the mask in x's dtype directly: no bool -> float conversion later.
+    """
+    n = math.prod(shape)
+    words = torch.empty(-(-n // 4), dtype=torch.int64).random_(-2**63, None)  # all 64 bits
+    bits = words.view(torch.int16)[:n].view(shape)  # uniform on [-2^15, 2^15)
+    threshold = -2**(DROPOUT_BITS - 1) + round(p * 2**DROPOUT_BITS)
+    return torch.ge(bits, threshold, out=torch.empty(shape, dtype=dtype))
 
 
 class _ApplyKeepMask(torch.autograd.Function):
-    """x where `keep`, else 0, times `scale`; the gradient alike.
+    """x * keep * scale with `keep` the 0/1 mask in x's dtype; the gradient alike.
 
-    A product with the mask in x's dtype, not `torch.where` on the bool mask: on CPU `where`
-    and bool -> float conversion are scalar loops (~6x slower than a multiply here), while
-    uint8 -> float is vectorised. (x * 1) * scale rounds once, as x * scale does: kept values
-    are `where(keep, x * scale, 0)`'s. Dropped ones are x * 0, as in `F.dropout`: -0.0 for a
-    negative x, NaN for an infinite one (a `where` would hide that overflow). The bool mask
-    (1 byte per element) is what is saved.
+    A product with the mask, not `torch.where` on a bool mask: on CPU `where` and bool -> float
+    conversion are scalar loops (~6x slower than a multiply here). (x * 1) * scale rounds once,
+    as x * scale does: kept values are `where(keep, x * scale, 0)`'s. Dropped ones are x * 0, as
+    in `F.dropout`: -0.0 for a negative x, NaN for an infinite one (a `where` would hide that
+    overflow). The mask is what is saved (an element of x's size: 1 byte more per element in
+    bf16 than a bool mask, 3 in fp32, for a forward and a backward without conversions).
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, keep: Tensor, scale: float) -> Tensor:
         ctx.save_for_backward(keep)
         ctx.scale = scale
-        return (x * keep.view(torch.uint8).to(x.dtype)).mul_(scale)
+        return (x * keep).mul_(scale)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None, None]:
         (keep,) = ctx.saved_tensors
-        return (grad * keep.view(torch.uint8).to(grad.dtype)).mul_(ctx.scale), None, None
+        return (grad * keep.to(grad.dtype)).mul_(ctx.scale), None, None
 
 
 class BertEmbeddings(nn.Module):
@@ -276,7 +306,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: floa
 def attend_with_dropout(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                         dropout_p: float) -> Tensor:
     """`attend` on CPU, in the numerics of flash attention: scores and softmax in fp32, the
-    probabilities (with `dropout`'s mask) in the input dtype for the product with v.
+    probabilities (times `keep_mask`) in the input dtype for the product with v.
+
+    Dropout's 1 / (1 - p) scales the output (Tq x D per head) rather than the probabilities
+    (Tq x Tk): the same product, a pass over the largest tensor fewer in forward and backward.
 
     bf16 scores would double the output error of attention (1.0% vs SDPA's 0.5% here at
     512 tokens, tests/test_model.py). fp32 ones cost a fp32 matmul in the forward, and the
@@ -290,7 +323,10 @@ def attend_with_dropout(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
         scores = q @ k.transpose(-1, -2)  # (N, A, Tq, Tk)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    return dropout(scores.softmax(-1).to(v.dtype), dropout_p) @ v
+    probs = scores.softmax(-1).to(v.dtype)
+    if dropout_p == 0.0:
+        return probs @ v
+    return (probs * keep_mask(probs.shape, dropout_p, probs.dtype)) @ v * (1.0 / (1.0 - dropout_p))
 
 
 class _ScoresInFloat32(torch.autograd.Function):
@@ -508,9 +544,9 @@ class BertLayer(nn.Module):
         `plan` and `mask` as in `BertSelfAttention.forward`."""
         residual = x if query_index is None else gather_positions(x, query_index)
         attended = self.attention(x, plan, mask, query_index)
-        x = self.attention_norm(residual + self.dropout(attended))
+        x = self.attention_norm(self.dropout.add_to(residual, attended))
         h = self.output(self.activation(self.intermediate(x)))
-        return self.output_norm(x + self.dropout(h))
+        return self.output_norm(self.dropout.add_to(x, h))
 
 
 def gather_positions(hidden: Tensor, positions: Tensor) -> Tensor:

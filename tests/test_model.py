@@ -19,6 +19,7 @@ from model.bert import (
     bert_tiny,
     dropout,
     instance_ids,
+    keep_mask,
     packed_position_ids,
     split_heads,
 )
@@ -296,8 +297,9 @@ def test_dropout_output_and_gradient_are_the_kept_values_scaled_once(dtype):
     torch.manual_seed(3)
     y = dropout(x, 0.1)
     (x_grad,) = torch.autograd.grad(y, x, grad)
-    torch.manual_seed(3)  # the same draws: one int32 per element, kept iff >= p * 2^31
-    keep = torch.empty(x.shape, dtype=torch.int32).random_() >= round(0.1 * 2**31)
+    torch.manual_seed(3)  # the same draws: 16 bits per element, kept iff >= p * 2^16
+    words = torch.empty(4 * 64 * 96 // 4, dtype=torch.int64).random_(-2**63, None)
+    keep = words.view(torch.int16).view(x.shape) >= -2**15 + 6554
     assert torch.equal(y, torch.where(keep, x.detach() * (1 / 0.9), 0.0))  # -0.0 == 0.0
     assert torch.equal(x_grad, torch.where(keep, grad * (1 / 0.9), 0.0))
     assert 0.88 < keep.float().mean().item() < 0.92
@@ -306,6 +308,49 @@ def test_dropout_output_and_gradient_are_the_kept_values_scaled_once(dtype):
     overflowed = dropout(torch.full((64,), float("inf"), dtype=dtype), 0.5)
     assert overflowed.isnan().any() and overflowed.isinf().any()
     assert (overflowed.isnan() | overflowed.isinf()).all()
+
+
+def test_residual_dropout_adds_the_dropped_out_branch_in_one_rounding():
+    """Dropout.add_to(residual, x) is residual + dropout(x): the same draws, kept values of x
+    scaled by 1 / (1 - p); in fp32 bit for bit, and its gradients are the mask's."""
+    module = Dropout(0.1).train()
+    residual = torch.randn(4, 32, 48, requires_grad=True)
+    x = torch.randn(4, 32, 48, requires_grad=True)
+    grad = torch.randn(4, 32, 48)
+    torch.manual_seed(5)
+    fused = module.add_to(residual, x)
+    fused_grads = torch.autograd.grad(fused, (residual, x), grad)
+    torch.manual_seed(5)
+    keep = keep_mask(x.shape, 0.1, x.dtype)
+    assert torch.equal(fused, residual + torch.where(keep.bool(), x * (1 / 0.9), 0.0))
+    assert torch.equal(fused_grads[0], grad)
+    assert torch.equal(fused_grads[1], torch.where(keep.bool(), grad * (1 / 0.9), 0.0))
+    assert 0.88 < keep.mean().item() < 0.92
+    assert torch.equal(module.eval().add_to(residual, x), residual + x)  # eval: no dropout
+    stock = Dropout(0.1, stock=True).train()
+    torch.manual_seed(5)
+    expected = residual + F.dropout(x, 0.1)
+    torch.manual_seed(5)
+    assert torch.equal(stock.add_to(residual, x), expected)  # stock: F.dropout's own draws
+
+
+def test_attention_dropout_drops_probabilities_and_rescales_the_output():
+    """attend_with_dropout(p) = (softmax(q k^T / sqrt(D)) * keep) v / (1 - p), with the mask of
+    `keep_mask` over (N, A, Tq, Tk): a dropped probability is one key unseen by one query."""
+    from model.bert import attend_with_dropout
+
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 40, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(2, 1, 40, 40, dtype=torch.bool)
+    mask[1, :, :, 30:] = False
+    torch.manual_seed(9)
+    ours = attend_with_dropout(q, k, v, mask, 0.25)
+    torch.manual_seed(9)
+    keep = keep_mask(torch.Size((2, 3, 40, 40)), 0.25, torch.float64)
+    probs = (q @ k.transpose(-1, -2) / 8 ** 0.5).masked_fill(~mask, float("-inf")).softmax(-1)
+    torch.testing.assert_close(ours, (probs * keep) @ v / 0.75)
+    assert 0.72 < keep.mean().item() < 0.78
+    torch.testing.assert_close(attend_with_dropout(q, k, v, mask, 0.0), probs @ v)
 
 
 def test_attention_plan_groups_instances_by_length_bucket():

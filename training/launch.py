@@ -14,7 +14,8 @@ On CPU the backend is gloo (DeepSpeed's cpu accelerator). `init_process_env` als
 `TORCH_EXTENSIONS_DIR` into the virtualenv, so the shared-memory collective op DeepSpeed compiles
 on its first `init_distributed` (~40-60 s) is built once per environment and then loaded from
 the cache, and it limits torch's threads to cores / local ranks (the deepspeed launcher does not
-set OMP_NUM_THREADS; torchrun does).
+set OMP_NUM_THREADS; torchrun does). On CPU it tunes malloc to reuse freed memory
+(`keep_freed_memory`).
 """
 from __future__ import annotations
 
@@ -55,6 +56,37 @@ def init_process_env() -> None:
                       env.get("WORLD_SIZE", "1"))
     if "OMP_NUM_THREADS" not in env and local_world > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if not torch.cuda.is_available():
+        keep_freed_memory()
+
+
+# glibc's mallopt parameters (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+KEEP_FREE_BYTES = 2**31 - 1
+"""Free memory at the top of the heap that malloc keeps rather than returns (mallopt's most)."""
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep freed memory for reuse (CPU training: 5-13% off a step here).
+
+    A training step allocates and frees the same large activations and gradients every step.
+    By default glibc gives blocks over a threshold (128 KB, rising with the blocks freed, at
+    most 32 MB) fresh pages from the kernel and returns them on free, and it returns the heap's
+    free top above twice that threshold: every step faults its memory in again, a page fault
+    and a zeroing per 4 KB page (BERT-base's 94 MB embedding gradient alone is 23k faults).
+    Serving every block from the heap (no mmap) and keeping its free memory stops that; the
+    process holds on to its peak, as a training process needs it again at the next step.
+    Blocks a thread's own arena cannot hold still get mmap (glibc's fallback).
+
+    Returns False, changing nothing, where malloc is not glibc's (musl, macOS).
+    """
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, KEEP_FREE_BYTES) == 1
 
 
 def module_args(args: Sequence[str]) -> list[str]:
