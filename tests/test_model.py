@@ -10,6 +10,7 @@ from model.bert import (
     BertConfig,
     BertModel,
     Dropout,
+    attend,
     attend_instances,
     attention_mask_4d,
     attention_plan,
@@ -351,6 +352,48 @@ def test_attention_dropout_drops_probabilities_and_rescales_the_output():
     torch.testing.assert_close(ours, (probs * keep) @ v / 0.75)
     assert 0.72 < keep.mean().item() < 0.78
     torch.testing.assert_close(attend_with_dropout(q, k, v, mask, 0.0), probs @ v)
+
+
+def test_a_layer_drops_out_both_residual_branches():
+    """BertLayer in training: norm(x + dropout(attention(x))), then norm(. + dropout(ffn(.))),
+    the two masks drawn in that order (attention-probability dropout off here)."""
+    from model.bert import BertLayer
+
+    torch.manual_seed(0)
+    layer = BertLayer(bert_tiny(attention_probs_dropout_prob=0.0)).train()
+    x = torch.randn(2, 16, 128)
+    torch.manual_seed(4)
+    out = layer(x)
+    torch.manual_seed(4)
+    keep_attention, keep_ffn = (keep_mask(x.shape, 0.1, x.dtype) for _ in range(2))
+    with torch.no_grad():
+        mid = layer.attention_norm(x + layer.attention(x) * keep_attention / 0.9)
+        ffn = layer.output(layer.activation(layer.intermediate(mid)))
+        expected = layer.output_norm(mid + ffn * keep_ffn / 0.9)
+        no_dropout = layer.eval()(x)
+    torch.testing.assert_close(out, expected)
+    assert not torch.allclose(out, no_dropout, atol=1e-2)
+
+
+@pytest.mark.parametrize("p", [2**-18, 1 - 2**-18])
+def test_dropout_probabilities_the_16_bit_mask_cannot_draw_use_torchs_dropout(p):
+    """round(p * 2^16) would be 0 (no drop at all) or 2^16 (a threshold past int16's range:
+    everything kept, scaled by 1 / (1 - p)); there the CPU paths fall back to torch's own."""
+    x, residual = torch.ones(100_000), torch.zeros(100_000)
+    with pytest.raises(ValueError, match="use F.dropout"):
+        keep_mask(x.shape, p, x.dtype)
+    for ours, stock in [(lambda: dropout(x, p), lambda: F.dropout(x, p)),
+                        (lambda: Dropout(p).train().add_to(residual, x),
+                         lambda: residual + F.dropout(x, p))]:
+        torch.manual_seed(1)
+        got = ours()
+        torch.manual_seed(1)
+        assert torch.equal(got, stock())
+    q = k = v = torch.randn(1, 2, 8, 4)
+    torch.manual_seed(1)
+    got = attend(q, k, v, None, p)
+    torch.manual_seed(1)
+    assert torch.equal(got, F.scaled_dot_product_attention(q, k, v, dropout_p=p))
 
 
 def test_attention_plan_groups_instances_by_length_bucket():

@@ -56,10 +56,13 @@ def init_process_env() -> None:
                       env.get("WORLD_SIZE", "1"))
     if "OMP_NUM_THREADS" not in env and local_world > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and env.get(MALLOC_ENV, "keep") != "default":
         keep_freed_memory()
 
 
+MALLOC_ENV = "BERT_MALLOC"
+"""Set to "default" to leave glibc's malloc settings alone in CPU training (see
+`keep_freed_memory`)."""
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 KEEP_FREE_BYTES = 2**31 - 1
@@ -74,17 +77,23 @@ def keep_freed_memory() -> bool:
     most 32 MB) fresh pages from the kernel and returns them on free, and it returns the heap's
     free top above twice that threshold: every step faults its memory in again, a page fault
     and a zeroing per 4 KB page (BERT-base's 94 MB embedding gradient alone is 23k faults).
-    Serving every block from the heap (no mmap) and keeping its free memory stops that; the
-    process holds on to its peak, as a training process needs it again at the next step.
+    Serving every block from the heap (no mmap) and keeping its free memory stops that.
     Blocks a thread's own arena cannot hold still get mmap (glibc's fallback).
 
-    Returns False, changing nothing, where malloc is not glibc's (musl, macOS).
+    The cost: the process keeps what it freed, and with steps of changing shapes its heap
+    fragments. Resident memory settles above the old peak: 1.65 GB against a 1.48 GB peak
+    (and ~1.1 GB between steps) for 2 BERT-base layers at 64-512 tokens over 120 steps.
+    `BERT_MALLOC=default` in the environment keeps glibc's settings.
+
+    Returns whether both settings took; False on other systems (musl, macOS, Windows).
     """
     import ctypes
 
+    if not sys.platform.startswith("linux"):
+        return False
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return False
     return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, KEEP_FREE_BYTES) == 1
 
