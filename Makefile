@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export DS_ACCELERATOR := cpu
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow lint
+.PHONY: setup demo test lint
 setup: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -17,9 +17,6 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/pytest $(ARGS)
-
-test-slow: setup
-	$(VENV)/bin/pytest -m slow $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check pipelines model training flows tests benchmarks

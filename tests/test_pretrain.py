@@ -305,7 +305,6 @@ def test_gpu_example_config_bert_large_on_8_gpus():
     assert [p.steps for p in config.phases] == [900_000, 100_000]
 
 
-@pytest.mark.slow
 def test_kill_9_and_resume_equals_the_uninterrupted_run(data, tmp_path):
     """A real `bert-pretrain` process killed with SIGKILL after its step-6 checkpoint, then
     restarted: the finished run equals an uninterrupted one."""
@@ -332,7 +331,6 @@ def test_kill_9_and_resume_equals_the_uninterrupted_run(data, tmp_path):
         assert torch.equal(final_weights(killed)[key], value)
 
 
-@pytest.mark.slow
 def test_resume_on_a_different_number_of_ranks_via_universal_checkpoint(data, tmp_path):
     """2 ranks (ZeRO-2) stop at step 6; 1 rank resumes through ds_to_universal + load_universal
     and ends near the uninterrupted 2-rank run."""
@@ -361,7 +359,6 @@ def test_resume_on_a_different_number_of_ranks_via_universal_checkpoint(data, tm
     assert sum(b[6:]) / 6 < sum(b[:6]) / 6 - 0.3  # continued training, not a fresh start
 
 
-@pytest.mark.slow
 def test_tiny_bert_learns_beyond_the_unigram_plateau(data, tmp_path):
     """800 steps of batch 16: MLM accuracy triples, past the unigram plateau (~0.055). Measured
     in windows of 50 steps: loss 7.98 -> 6.57, MLM accuracy 0.035 -> 0.110; validation MLM
@@ -381,7 +378,6 @@ def test_tiny_bert_learns_beyond_the_unigram_plateau(data, tmp_path):
 
 
 
-@pytest.mark.slow
 def test_deepspeed_launcher_with_a_hostfile_matches_one_rank(data, tmp_path):
     """`deepspeed --hostfile H --no_ssh --node_rank 0` (node 0 of a one-host hostfile with 2
     slots, as each node of a Slurm/Kubernetes job runs it) starts 2 gloo ranks of
