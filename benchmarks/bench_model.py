@@ -19,6 +19,8 @@ the best step counts (as in `timeit`).
    + attention within instances) as a share of a 4096^3 matmul measured in the same run.
 4. One layer's attention core, forward + backward with dropout, on sampled packed rows: the
    old block-diagonal-mask SDPA vs per-instance attention (`model.bert.attend_instances`).
+5. `--profile`: where ours spends a forward + backward (matrix products, dtype casts, the rest)
+   and the bound on the ratio and the FLOP/s share if the rest took no time (`StepProfile`).
 
 Both models run with malloc set up as our trainer sets it on CPU (freed memory kept for reuse,
 `training.launch.keep_freed_memory`); `--malloc default` leaves glibc's settings.
@@ -73,6 +75,9 @@ class BenchConfig:
     (`make_phase2_shards.py`, built under /tmp on first use)."""
     matmul_reps: int = 3
     """Timed repetitions of the 4096^3 matmul."""
+    profile: bool = False
+    """Also profile one forward + backward of ours per setting: its time in matrix products,
+    in dtype casts and in everything else, and the bound that gives (`StepProfile`)."""
     recipe_batch: int = 256
     """Sequences per optimizer update in the paper's recipe (both phases): the amortised FLOP/s
     share charges each step's update at rows / recipe_batch of its cost, as gradient
@@ -317,6 +322,43 @@ def time_alternating(steps: dict[str, Callable[[], None]], cfg: BenchConfig) -> 
     return {name: Timing(min(c for c, _ in t), min(w for _, w in t)) for name, t in times.items()}
 
 
+GEMM_OPS = frozenset({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})
+"""The matrix products: where the model's FLOPs are."""
+
+
+@dataclass(frozen=True)
+class StepProfile:
+    """Shares of one profiled forward + backward's CPU time (torch.profiler self times)."""
+
+    gemm: float
+    """Matrix products (`GEMM_OPS`)."""
+    casts: float
+    """Dtype conversions (`aten::_to_copy`): under autocast each linear weight to bf16 in the
+    forward and its gradient back to fp32 in the backward."""
+
+    @property
+    def other(self) -> float:
+        """Elementwise work, normalisation, softmax, copies, the embedding gradient, ..."""
+        return 1.0 - self.gemm - self.casts
+
+    def floor(self, micro_s: float, update_s: float) -> float:
+        """Seconds per step if everything but the matrix products, the casts and the update
+        took no time: the best any fusion of the other work could do."""
+        return micro_s * (self.gemm + self.casts) + update_s
+
+
+def profile_micro(step: TrainStep) -> StepProfile:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step.micro()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    gemm = sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS)
+    casts = sum(e.cpu_time_total for e in events if e.key == "aten::_to_copy")  # with its copy_
+    return StepProfile(gemm / total, casts / total)
+
+
 # ------------------------------------------------------------------------------------ runs
 
 @dataclass
@@ -336,6 +378,8 @@ class Result:
     ours_amortised_share: float
     """FLOP/s share with the update charged at rows / recipe_batch of its cost."""
     peer_amortised_share: float
+    ours_floor_s: float | None = None
+    """`StepProfile.floor` of ours (with `--profile`)."""
 
     @property
     def ratio(self) -> float:
@@ -350,8 +394,8 @@ def run_setting(name: str, ours_rows: list[Row], peer_rows: list[Row], dtype: st
     assert useful_tokens == sum(len(r.input_ids) for r in peer_rows)
     flops = useful_flops(ours.config, ours, [(len(r.input_ids), len(r.masked_lm_ids))
                                              for r in unpack_rows(ours_rows)])
-    times = time_steps({"ours": train_step_fn(ours, ours_batch, dtype),
-                        "peer": train_step_fn(peer, peer_batch, dtype)}, cfg)
+    ours_step = train_step_fn(ours, ours_batch, dtype)
+    times = time_steps({"ours": ours_step, "peer": train_step_fn(peer, peer_batch, dtype)}, cfg)
     ours_s, peer_s = times["ours"].step.cpu, times["peer"].step.cpu
     share_of_update = len(peer_rows) / cfg.recipe_batch  # the instances both train on
 
@@ -372,6 +416,13 @@ def run_setting(name: str, ours_rows: list[Row], peer_rows: list[Row], dtype: st
                   f"({result.ours_micro_share:.0%} of matmul), update {times['ours'].update:.2f} s;"
                   f" update per {cfg.recipe_batch} sequences (the recipe's accumulation): "
                   f"{result.ours_amortised_share:.0%} (peer {result.peer_amortised_share:.0%})")
+    if cfg.profile:
+        prof = profile_micro(ours_step)
+        result.ours_floor_s = prof.floor(times["ours"].micro, times["ours"].update)
+        console.print(f"    profile, ours: forward+backward {prof.gemm:.0%} matrix products, "
+                      f"{prof.casts:.0%} dtype casts, {prof.other:.0%} other; with no other work "
+                      f"{result.ours_floor_s:.2f} s/step: at most {peer_s / result.ours_floor_s:.2f}x"
+                      f" the peer, {flops / result.ours_floor_s / peak:.0%} of matmul")
     return result
 
 
@@ -507,6 +558,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
                              "shared corpus's phase-2 shards, made by make_phase2_shards.py)")
     parser.add_argument("--preset", default="bert_base", choices=sorted(PRESETS),
                         help="model shapes (bert_base is the benchmark; bert_tiny a smoke test)")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one forward + backward of ours per setting: matrix "
+                             "products vs casts vs the rest, and the bound that gives")
     parser.add_argument("--malloc", default="training", choices=("training", "default"),
                         help="training: malloc keeps freed memory, as our trainer sets it on CPU "
                              "(training.launch.keep_freed_memory), for both models; default: "
@@ -514,7 +568,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args = parser.parse_args(argv)
     cfg = BenchConfig(steps=1 if args.quick else args.steps, warmup=args.warmup,
                       dtypes=tuple(args.dtypes.split(",")), shards=args.shards,
-                      packed_rows=args.packed_rows,
+                      packed_rows=args.packed_rows, profile=args.profile,
                       dense_shapes=((128, 8),) if args.quick else tuple(
                           tuple(int(n) for n in shape.split("x"))
                           for shape in args.dense.split(",") if shape))
@@ -548,6 +602,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
         row_speed = (r.peer_s / len(peer_rows)) / (r.ours_s / len(ours_rows))
         console.print(f"  whole data, {dtype}: {row_speed * per_row:.2f}x useful tokens/s "
                       f"({row_speed:.2f}x per row x {per_row:.2f} instances per packed row)")
+        if r.ours_floor_s:
+            bound = r.peer_s / len(peer_rows) / (r.ours_floor_s / len(ours_rows)) * per_row
+            console.print(f"    with no work but matrix products, casts and update: at most "
+                          f"{bound:.2f}x over the whole data")
     console.print(summary_table(results, peaks, cfg.recipe_batch))
     if cfg.packed_rows and args.attention:
         attention_comparison(all_packed, ours.config, cfg)
