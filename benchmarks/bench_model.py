@@ -348,10 +348,13 @@ class StepProfile:
 
 
 def profile_micro(step: TrainStep) -> StepProfile:
+    """Profile one forward + backward; its update runs after (unprofiled), so that no
+    gradients are left accumulated for the next setting's steps."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step.micro()
+    step.update()
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     gemm = sum(e.self_cpu_time_total for e in events if e.key in GEMM_OPS)
