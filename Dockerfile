@@ -37,6 +37,7 @@ RUN python pyproject_requirements.py --extra gcp > /tmp/requirements.txt \
 COPY README.md ./
 COPY pipelines pipelines
 COPY model model
+COPY finetune finetune
 COPY training training
 COPY flows flows
 COPY peers peers
@@ -67,6 +68,7 @@ WORKDIR /opt/bert-dag
 COPY --chown=1000:1000 pyproject.toml README.md Makefile prefect.yaml ./
 COPY --chown=1000:1000 pipelines pipelines
 COPY --chown=1000:1000 model model
+COPY --chown=1000:1000 finetune finetune
 COPY --chown=1000:1000 training training
 COPY --chown=1000:1000 flows flows
 COPY --chown=1000:1000 data/sample data/sample
@@ -143,6 +145,7 @@ RUN python pyproject_requirements.py --extra gcp > /tmp/requirements.txt \
 COPY README.md ./
 COPY pipelines pipelines
 COPY model model
+COPY finetune finetune
 COPY training training
 COPY flows flows
 RUN pip install --no-deps . && pip check
@@ -176,6 +179,7 @@ WORKDIR /opt/bert-dag
 COPY --chown=1000:1000 pyproject.toml README.md prefect.yaml ./
 COPY --chown=1000:1000 pipelines pipelines
 COPY --chown=1000:1000 model model
+COPY --chown=1000:1000 finetune finetune
 COPY --chown=1000:1000 training training
 COPY --chown=1000:1000 flows flows
 COPY --chown=1000:1000 infra/launch infra/launch

@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from model.glue import data as glue_data
-from model.glue import finetune as ft
-from model.glue.metrics import compute_metrics, task_score
-from model.glue.tasks import parse_tasks
+from finetune.glue import data as glue_data
+from finetune.glue import finetune as ft
+from finetune.glue.metrics import compute_metrics, task_score
+from finetune.glue.tasks import parse_tasks
 
 
 def default_model_dir() -> str:

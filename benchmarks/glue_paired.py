@@ -36,11 +36,11 @@ import time
 
 import torch
 
+from finetune.glue import data as glue_data
+from finetune.glue import finetune as ft
+from finetune.glue.metrics import task_score
+from finetune.glue.tasks import parse_tasks
 from model.bert import BertModel, truncated_normal_
-from model.glue import data as glue_data
-from model.glue import finetune as ft
-from model.glue.metrics import task_score
-from model.glue.tasks import parse_tasks
 from peers import trainer_draws
 
 WIDER = 1 / math.sqrt(1 - 4 * math.exp(-2) / math.sqrt(2 * math.pi) / math.erf(math.sqrt(2)))

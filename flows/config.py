@@ -212,7 +212,7 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
         raise ValueError(f"glue.data={glue!r}: the GLUE readers take a local folder (copy the "
                          "data onto the volume, e.g. /data/glue_data)")
     if glue:
-        from model.glue.tasks import get_task
+        from finetune.glue.tasks import get_task
         for name in cfg.glue.tasks:
             try:
                 get_task(name)

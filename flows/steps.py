@@ -377,7 +377,7 @@ def glue_jobs(cfg: DagConfig) -> list[GlueJob]:
     """tasks x learning rates x seeds (several seeds only for the small tasks, as the paper)."""
     if not cfg.glue.data or not cfg.glue.tasks:
         return []
-    from model.glue.tasks import get_task
+    from finetune.glue.tasks import get_task
 
     jobs = []
     for name in cfg.glue.tasks:
@@ -388,7 +388,7 @@ def glue_jobs(cfg: DagConfig) -> list[GlueJob]:
 
 
 def _finetune_config(cfg: DagConfig):
-    from model.glue.finetune import FinetuneConfig
+    from finetune.glue.finetune import FinetuneConfig
 
     g = cfg.glue
     return FinetuneConfig(batch_size=g.batch_size, epochs=g.epochs, learning_rates=g.learning_rates,
@@ -521,9 +521,9 @@ _PREPARED = SharedPreparations()
 
 def _prepare_one(cfg: DagConfig, model: StageResult, job: GlueJob, ft):
     """(encoder, the task's tokenized splits) for one run, checked against each other."""
-    from model.glue import data as glue_data
-    from model.glue import finetune
-    from model.glue.tasks import get_task
+    from finetune.glue import data as glue_data
+    from finetune.glue import finetune
+    from finetune.glue.tasks import get_task
 
     task, encoder = get_task(job.task), finetune.load_encoder(model.path)
     tokenizer = glue_data.load_glue_tokenizer(model.path, ft.max_seq_length)
@@ -533,7 +533,7 @@ def _prepare_one(cfg: DagConfig, model: StageResult, job: GlueJob, ft):
 
 
 def _finetune_one(encoder, prepared, job: GlueJob, ft) -> dict:
-    from model.glue import finetune
+    from finetune.glue import finetune
 
     result, trained = finetune.run_one(encoder, prepared, job.learning_rate, job.seed, ft)
     predictions = finetune.predict_test_sets(trained, prepared, ft) if prepared.test else ()
@@ -553,8 +553,8 @@ def outcome(job: GlueJob, state) -> dict:
 
 def glue_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
     """Per task, the learning rate with the best mean dev score over seeds; tables and files."""
-    from model.glue import finetune, report
-    from model.glue.metrics import glue_score
+    from finetune.glue import finetune, report
+    from finetune.glue.metrics import glue_score
 
     failed = [o for o in outcomes if "error" in o]
     done = [o for o in outcomes if "error" not in o]
@@ -577,7 +577,7 @@ def glue_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
 def _task_result(finetune, name: str, runs: list[dict]):
     """The task's summary by `finetune.select_best` (the CLI's rule): the test predictions are
     those of the best seed at the best learning rate."""
-    from model.glue.data import BadRow
+    from finetune.glue.data import BadRow
 
     results = [finetune.RunResult(**o["result"]) for o in runs]
     # A rate that lost seeds to failed runs would be judged on fewer of them: compare only the

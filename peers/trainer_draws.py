@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from model.glue import data as glue_data
+from finetune.glue import data as glue_data
 
 
 def head_(weight: torch.Tensor, seed: int, std: float) -> torch.Tensor:

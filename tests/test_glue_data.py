@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from glue_fixtures import glue_slice
 
-from model.glue import data as glue_data
-from model.glue.tasks import TASKS, get_task, parse_tasks
+from finetune.glue import data as glue_data
+from finetune.glue.tasks import TASKS, get_task, parse_tasks
 
 SAMPLE_GLUE = Path(__file__).resolve().parents[1] / "data" / "sample" / "glue"
 

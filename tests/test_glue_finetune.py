@@ -15,11 +15,11 @@ import pytest
 import torch
 from glue_fixtures import glue_slice
 
-from model.glue import data as glue_data
-from model.glue import finetune as ft
-from model.glue.cli import main as glue_main
-from model.glue.report import write_report
-from model.glue.tasks import SUBMISSION_FILES, TASKS
+from finetune.glue import data as glue_data
+from finetune.glue import finetune as ft
+from finetune.glue.cli import main as glue_main
+from finetune.glue.report import write_report
+from finetune.glue.tasks import SUBMISSION_FILES, TASKS
 
 
 @pytest.fixture(scope="module")
@@ -291,7 +291,7 @@ def test_cli_rejects_bad_flags(tmp_path, capsys):
 
 
 def test_cli_optimizer_flags_reach_the_config():
-    from model.glue.cli import build_parser, config_from_args
+    from finetune.glue.cli import build_parser, config_from_args
 
     base = ["--model", "m", "--data", "d", "--output", "o", "--tasks", "rte"]
     assert config_from_args(build_parser().parse_args(base)) == ft.paper_recipe()
@@ -610,13 +610,13 @@ def test_model_checks_before_training(minilm_dir, encoder, tokenizer, tmp_path, 
 
     rte, sst2 = TASKS["RTE"], TASKS["SST-2"]
     cfg = ft.FinetuneConfig()
-    with caplog.at_level("WARNING", logger="model.glue.finetune"):
+    with caplog.at_level("WARNING", logger="finetune.glue.finetune"):
         ft.check_model_fits(encoder, tokenizer, [rte], cfg, "ck", "tok")
     assert caplog.messages == []  # MiniLM's own tokenizer: 30522 ids, vocab_size 30522
     lines = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
     (tmp_path / "vocab.txt").write_text("\n".join(lines[:500]) + "\n", encoding="utf-8")
     small = glue_data.load_glue_tokenizer(str(tmp_path))
-    with caplog.at_level("WARNING", logger="model.glue.finetune"):
+    with caplog.at_level("WARNING", logger="finetune.glue.finetune"):
         ft.check_model_fits(encoder, small, [rte], cfg, "ck", "tok")
     assert caplog.messages == [("tokenizer of tok has 500 token ids but the model ck has "
                                 "vocab_size 30522: check that it is the vocabulary the model "
@@ -660,7 +660,7 @@ def test_missing_task_data_fails_before_any_training(shared_data, minilm_dir, tm
     """--tasks rte,mrpc without MRPC: one error listing MRPC's files, and RTE never trains
     (it used to fine-tune RTE first, then fail with a traceback and no results)."""
     data = glue_slice(shared_data, tmp_path / "glue", {"RTE/train.tsv": 4, "RTE/dev.tsv": 4})
-    with caplog.at_level("INFO", logger="model.glue.finetune"):
+    with caplog.at_level("INFO", logger="finetune.glue.finetune"):
         code = glue_main(_tiny_args(minilm_dir, data, tmp_path / "out", "rte,mrpc"))
     assert code == 2
     assert capsys.readouterr().err.splitlines() == [
@@ -764,7 +764,7 @@ def test_other_bad_inputs_end_in_one_line(shared_data, minilm_dir, tmp_path, cap
 def _rte_test_predictions(encoder, prepared, cfg, bias: list[float]) -> list[list[str]]:
     """The RTE submission TSV (as rows) of a classifier whose zeroed weights and `bias` make
     every example the same class."""
-    from model.glue.report import submission_tsv
+    from finetune.glue.report import submission_tsv
 
     model = ft.build_model(encoder, 2, seed=1)
     with torch.no_grad():
@@ -777,7 +777,7 @@ def _rte_test_predictions(encoder, prepared, cfg, bias: list[float]) -> list[lis
 
 def test_test_set_predictions_map_class_ids_to_the_task_labels(shared_data, encoder, tokenizer,
                                                                tmp_path):
-    """Class 1 of RTE is `not_entailment` and class 0 `entailment` (model/glue/tasks.py): a head
+    """Class 1 of RTE is `not_entailment` and class 0 `entailment` (finetune/glue/tasks.py): a head
     forced to one class writes that label for every row of the test file, ids 0..n-1 in the
     file's order."""
     assert TASKS["RTE"].labels == ("entailment", "not_entailment")

@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from model.glue import metrics
-from model.glue.tasks import TASKS
+from finetune.glue import metrics
+from finetune.glue.tasks import TASKS
 
 LABELS = np.array([1, 1, 0, 0, 1, 0, 1, 1])
 PREDICTIONS = np.array([1, 0, 0, 1, 1, 0, 1, 0])

@@ -16,8 +16,8 @@ import json
 import os
 import zipfile
 
-from model.glue.finetune import GlueResult, TaskResult, TestPredictions
-from model.glue.tasks import SUBMISSION_FILES
+from finetune.glue.finetune import GlueResult, TaskResult, TestPredictions
+from finetune.glue.tasks import SUBMISSION_FILES
 from pipelines import storage
 from pipelines.jobs import DEAD_LETTER_DIR
 

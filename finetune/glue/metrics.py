@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from model.glue.tasks import ACCURACY, F1, MCC, PEARSON, SPEARMAN, TaskSpec
+from finetune.glue.tasks import ACCURACY, F1, MCC, PEARSON, SPEARMAN, TaskSpec
 
 
 def matthews_corr(labels: np.ndarray, predictions: np.ndarray) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Metric names understood by model.glue.metrics.compute_metrics.
+# Metric names understood by finetune.glue.metrics.compute_metrics.
 MCC, ACCURACY, F1, PEARSON, SPEARMAN = "mcc", "accuracy", "f1", "pearson", "spearman"
 
 

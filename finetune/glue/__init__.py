@@ -1,6 +1,6 @@
 """GLUE fine-tuning: task table, readers, metrics, the paper's recipe, reports, `bert-glue`.
 
-    from model.glue import finetune, tasks
+    from finetune.glue import finetune, tasks
     result = finetune.run_glue("runs/export", "glue_data", tasks.parse_tasks("rte,mrpc"),
                                finetune.paper_recipe())
 

@@ -20,9 +20,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from model.glue.finetune import FinetuneConfig, GlueResult, run_glue
-from model.glue.report import markdown_table, write_report
-from model.glue.tasks import parse_tasks
+from finetune.glue.finetune import FinetuneConfig, GlueResult, run_glue
+from finetune.glue.report import markdown_table, write_report
+from finetune.glue.tasks import parse_tasks
 from pipelines import jobs, storage
 from pipelines.jobs import debug_requested, is_user_error
 

@@ -32,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from finetune.glue import data as glue_data
+from finetune.glue.metrics import compute_metrics, glue_score, task_score
+from finetune.glue.tasks import TaskSpec
 from model.bert import BertModel
-from model.glue import data as glue_data
-from model.glue.metrics import compute_metrics, glue_score, task_score
-from model.glue.tasks import TaskSpec
 from model.heads import BertForSequenceClassification
 from pipelines.jobs import BadRecord
 

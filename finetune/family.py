@@ -1,0 +1,133 @@
+"""The contract between the one fine-tuning loop and a task family.
+
+A family (GLUE classification, SQuAD spans, multiple choice, NER tokens) is data and pure
+functions: how to read and encode its splits, which head sits on the encoder, how a batch is
+laid out, its loss, and how raw outputs become the paper's metrics and the official prediction
+files. The loop (`finetune.loop`) owns everything else once: optimizer and schedule, seeds,
+devices and autocast, the learning-rate x seed grid, choosing the best run, progress.
+
+Units: the loop batches *units* of an encoded split: a GLUE/NER example, a multiple-choice
+example (all its choices), a SQuAD window (one question x one passage span). `batch_size` in a
+recipe counts units, as the paper's recipes do.
+
+Metrics are fractions in [0, 1] everywhere (the report prints them x100), keyed by the names the
+paper reports: "accuracy", "f1", "exact", "mcc", "HasAns_f1", ...
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from model.bert import BertModel
+from pipelines.jobs import BadRecord
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A family's fine-tuning defaults, as the paper gives them (section 4 / appendix A.3)."""
+
+    max_seq_length: int
+    """Tokens per sequence (SQuAD: per window)."""
+    batch_size: int
+    """Units per optimizer step."""
+    epochs: float
+    """Passes over the training units."""
+    learning_rates: tuple[float, ...]
+    """Peak learning rates tried; the best mean dev score is kept."""
+
+
+@runtime_checkable
+class Batch(Protocol):
+    """Tensors of one batch; the family's own frozen dataclass."""
+
+    def to(self, device: torch.device) -> Batch:
+        """The batch on `device`."""
+
+
+@runtime_checkable
+class Encoded(Protocol):
+    """A split made model-ready, as units the loop indexes."""
+
+    def __len__(self) -> int:
+        """Number of units."""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """(N,) tokens of each unit; evaluation batches units of similar length together."""
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One task's splits, read and encoded once for all of its runs."""
+
+    task: str
+    """Task name, e.g. "squad1", "conll2003", "rte"."""
+    train: Encoded
+    """Training units."""
+    dev: Mapping[str, Encoded]
+    """Evaluation splits by name ("dev"; MNLI: "dev_matched", "dev_mismatched")."""
+    num_train_examples: int
+    """Examples read for training (SQuAD: questions, not windows)."""
+    num_dev_examples: Mapping[str, int]
+    """Examples read per evaluation split."""
+    bad_records: tuple[BadRecord, ...] = ()
+    """Records set aside while reading (counted in the report, written to dead_letter.jsonl)."""
+    context: Any = None
+    """What `score` needs besides raw outputs (SQuAD: the examples and window maps)."""
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One evaluation split scored."""
+
+    metrics: dict[str, float]
+    """The paper's metrics for this split, as fractions."""
+    score: float
+    """The one number that picks the best learning rate (GLUE: the task score; SQuAD: F1;
+    multiple choice: accuracy; NER: entity F1)."""
+    files: dict[str, str] = field(default_factory=dict)
+    """Files to write under `<output>/<task>/`, name -> text (SQuAD: predictions.json,
+    null_odds.json)."""
+
+
+class Family(Protocol):
+    """What the loop needs from a task family. One module-level instance per family."""
+
+    name: str
+    """"glue", "squad", "multiple_choice", "ner"."""
+
+    def recipe(self, task: str) -> Recipe:
+        """The paper's recipe for `task` (SQuAD v2.0 differs from v1.1)."""
+
+    def check_files(self, task: str, data_dir: str) -> None:
+        """Raise FileNotFoundError naming the missing file before any training starts."""
+
+    def prepare(self, task: str, data_dir: str, tokenizer, max_seq_length: int,
+                max_train_examples: int | None, max_eval_examples: int | None,
+                skip_bad_records: bool) -> Prepared:
+        """Read and encode the task's splits (subsets drawn with a fixed seed)."""
+
+    def build_head(self, encoder: BertModel, task: str) -> nn.Module:
+        """A fresh task model over a copy of `encoder` (the loop seeds the draw)."""
+
+    def make_batch(self, encoded: Encoded, indices: Sequence[int], max_seq_length: int,
+                   train: bool) -> Batch:
+        """The units at `indices` as one batch (packed where the family allows it)."""
+
+    def loss(self, model: nn.Module, batch: Batch) -> Tensor:
+        """Forward and the scalar training loss (computed in float32)."""
+
+    def outputs(self, model: nn.Module, batch: Batch) -> dict[str, Tensor]:
+        """Forward without loss: per-unit raw outputs (logits), in the batch's unit order."""
+
+    def score(self, prepared: Prepared, split: str, outputs: dict[str, np.ndarray]) -> Scored:
+        """Metrics and prediction files from the raw outputs of every unit of `split`, in
+        unit order (the loop concatenates `outputs` over batches and restores the order)."""
+
+
+__all__ = ["Batch", "Encoded", "Family", "Prepared", "Recipe", "Scored"]
