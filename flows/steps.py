@@ -254,6 +254,10 @@ def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
     def build(out: str) -> None:
         config_file = storage.join(out, "launch_config.json")
         storage.atomic_write_json(config_file, pretrain_overrides(cfg, vocab, shards, out))
+        from training.config import resolve as resolve_training
+        from training.launch import refuse_cpu_fallback
+        # a GPU preset where torch has no CUDA: one line now, not N ranks training on the CPU
+        refuse_cpu_fallback(resolve_training(_training_preset(cfg), config_file).device)
         started = time.monotonic()
         run_subprocess(launch_command(cfg, config_file), log=log)
         metrics = _last_metrics(out)
