@@ -223,14 +223,14 @@ def tiny() -> PretrainConfig:
 def base() -> PretrainConfig:
     """BERT-base as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
     return PretrainConfig(model="bert_base", phases=_paper_phases(), precision="bf16",
-                          zero_stage=1, device="cuda", log_every=100, eval_every=10_000,
+                          zero_stage=2, device="cuda", log_every=100, eval_every=10_000,
                           checkpoint_every=5_000)
 
 
 def large() -> PretrainConfig:
     """BERT-large as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
     return PretrainConfig(model="bert_large", phases=_paper_phases(micro_128=16, micro_512=4),
-                          precision="bf16", zero_stage=1, device="cuda", log_every=100,
+                          precision="bf16", zero_stage=2, device="cuda", log_every=100,
                           eval_every=10_000, checkpoint_every=5_000)
 
 
