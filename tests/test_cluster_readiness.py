@@ -253,3 +253,23 @@ def test_deepspeed_builds_the_overlapping_zero_optimizer_from_our_config():
     avoided = optimizer(dataclasses.replace(base, zero_stage=1),
                         data_types={"grad_accum_dtype": "fp32"})
     assert isinstance(avoided, BF16_Optimizer)
+
+
+def test_the_flows_pretrain_stage_knows_its_runs_device_before_launching():
+    """The flow refuses a GPU run where torch has no CUDA before its launcher starts ranks: it
+    resolves the training preset, config file and `pretrain.extra_args` as the entry point will."""
+    from flows.config import resolve
+    from flows.stages import StageResult
+    from flows.steps import pretrain_overrides, training_device
+
+    def stage(path: str) -> StageResult:
+        return StageResult(stage="x", path=path, config_hash="0", cached=True, seconds=0.0)
+
+    data = {"data": {"wikipedia": "/d/wiki.xml.bz2", "books": "/d/books"},
+            "glue": {"data": ""}}
+    for preset, extra, device in (("tiny", [], "auto"), ("large", [], "cuda"),
+                                  ("large", ["--set", "device=auto"], "auto"),
+                                  ("base", ["--set=device=auto"], "auto")):
+        flow = resolve(preset, {**data, "pretrain": {"extra_args": extra}})
+        overrides = pretrain_overrides(flow, stage("/v"), [stage("/s128"), stage("/s512")], "/o")
+        assert training_device(flow, overrides) == device, (preset, extra)

@@ -165,32 +165,52 @@ def write_config(config: cfg.PretrainConfig, path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow
-def test_two_nodes_in_two_network_namespaces_train_as_two_ranks_on_one_host(shared_data,
-                                                                            tmp_path):
-    """1 rank x 2 DataLoader workers, 2 ranks x 1 worker on one host (torchrun on loopback),
-    and 2 nodes x 1 rank x 1 worker over the veth pair read the same global batches: the same
-    losses in both phases (2 ranks vs 1: 1e-5, reductions in another order; 2 nodes vs 2 ranks
-    on one host: 1e-6) and the same final weights; phase 2's weights consolidated once."""
-    shards = book_shards(shared_data / "books", tmp_path.parent / "netns_book_shards")
-    one = tmp_path / "one"
-    pretrain.run(two_phase_config(shards, one, num_workers=2))
+@pytest.fixture(scope="module")
+def shards(shared_data, tmp_path_factory):
+    """The books' shards (tests/shard_fixtures.py), shared with tests/test_pretrain.py."""
+    return book_shards(shared_data / "books", tmp_path_factory.getbasetemp() / "book_shards")
 
-    local = tmp_path / "local"
-    config = write_config(two_phase_config(shards, local, num_workers=1), tmp_path / "local.yaml")
+
+@pytest.fixture(scope="module")
+def two_ranks_one_host(shards, tmp_path_factory) -> tuple[Path, str]:
+    """Both phases on 2 gloo ranks x 1 DataLoader worker, torchrun on loopback: the output
+    folder and the ranks' log."""
+    out = tmp_path_factory.mktemp("two_ranks")
+    config = write_config(two_phase_config(shards, out / "run", num_workers=1), out / "run.yaml")
     proc = subprocess.run(torchrun_command(2, ["--config", str(config)]), check=False, cwd=REPO,
                           env=rank_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stderr.count(CONSOLIDATED_ONCE) == 1, proc.stderr[-4000:]
-    assert not list((local / "checkpoints").glob(".fp32-*"))  # the shared file is removed
+    return out / "run", proc.stderr
+
+
+def test_phase2_weights_consolidated_once_give_the_one_rank_losses(shards, two_ranks_one_host,
+                                                                   tmp_path):
+    """Phase 2 starts from phase 1's ZeRO-2 shards consolidated once, on rank 0, and shared
+    through a file that is then removed: 2 ranks x 1 worker and 1 rank x 2 workers read the
+    same global batches, so both phases' losses and the final weights agree (1e-5: the
+    reductions add in another order)."""
+    local, log = two_ranks_one_host
+    assert log.count(CONSOLIDATED_ONCE) == 1, log[-4000:]
+    assert not list((local / "checkpoints").glob(".fp32-*"))
+    one = tmp_path / "one"
+    pretrain.run(two_phase_config(shards, one, num_workers=2))
     print("1 rank", losses(one), "\n2 ranks, one host", losses(local))
     assert_same_run(local, one, atol=1e-5)
 
+
+@pytest.mark.slow
+def test_two_nodes_in_two_network_namespaces_train_as_two_ranks_on_one_host(shards,
+                                                                            two_ranks_one_host,
+                                                                            tmp_path):
+    """Node 0 and node 1, one rank each, meet at the rendezvous on node 0 by name and train
+    both phases over the veth pair with gloo: the losses and final weights of 2 ranks on one
+    host (1e-6), phase 2's weights consolidated once for both nodes."""
+    local, _ = two_ranks_one_host
     nodes = tmp_path / "nodes"
     config = write_config(two_phase_config(shards, nodes, num_workers=1), tmp_path / "nodes.yaml")
     with two_hosts() as hosts:
         logs = run_two_nodes(hosts, config)
-    print("2 nodes", losses(nodes))
+    print("2 nodes", losses(nodes), "\n2 ranks, one host", losses(local))
     for log in logs:
         assert "group_world_size=2" in log
     assert sorted(int(log.split("group_rank=")[1].split()[0].strip(",")) for log in logs) == [0, 1]
