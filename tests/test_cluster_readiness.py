@@ -173,7 +173,7 @@ def one_error_line(out: subprocess.CompletedProcess) -> str:
 @pytest.mark.skipif(not NO_CUDA, reason="torch sees a GPU here: nothing to refuse")
 def test_a_gpu_launch_without_cuda_stops_in_one_line_before_any_rank_starts():
     with pytest.raises(ValueError, match=r"^this run asks for GPUs \(CUDA_VISIBLE_DEVICES=0\), "
-                                         r"but torch .* no rank was started"):
+                                         r"but torch .* stopped before training"):
         refuse_cpu_fallback("auto", {"CUDA_VISIBLE_DEVICES": "0"})
     refuse_cpu_fallback("auto", {})  # a CPU run asks for nothing: it goes on
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE"))}

@@ -153,8 +153,8 @@ def refuse_cpu_fallback(device: str, env: Mapping[str, str] | None = None,
         return
     missing = cuda_missing()
     if missing is not None:
-        raise ValueError(f"this run asks for GPUs ({reason}), but {missing}; no rank was "
-                         "started. Run it where torch has CUDA and sees the GPUs, or for a CPU "
+        raise ValueError(f"this run asks for GPUs ({reason}), but {missing}; stopped before "
+                         "training. Run it where torch has CUDA and sees the GPUs, or for a CPU "
                          "run set device=auto and ask for no GPU")
 
 
