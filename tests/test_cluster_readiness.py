@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ import yaml
 
 from training import config as cfg
 from training.ds_config import REDUCE_BUCKET_SIZE, build_ds_config
-from training.launch import free_port, gpu_request, refuse_cpu_fallback
+from training.launch import free_port, gpu_request, refuse_cpu_fallback, use_own_ninja
 
 REPO = Path(__file__).resolve().parents[1]
 NO_CUDA = torch.version.cuda is None or not torch.cuda.is_available()
@@ -273,3 +274,17 @@ def test_the_flows_pretrain_stage_knows_its_runs_device_before_launching():
         flow = resolve(preset, {**data, "pretrain": {"extra_args": extra}})
         overrides = pretrain_overrides(flow, stage("/v"), [stage("/s128"), stage("/s512")], "/o")
         assert training_device(flow, overrides) == device, (preset, extra)
+
+
+def test_deepspeeds_ops_are_built_by_the_virtualenvs_ninja():
+    """One ninja for every process: Debian's 1.11 and pip's 1.13 hash build commands
+    differently, so each would rebuild the op the other cached."""
+    own = Path(sys.executable).parent / "ninja"
+    if not own.is_file():
+        pytest.skip(f"no ninja beside {sys.executable}")
+    env = {"PATH": os.pathsep.join(["/usr/bin", "/bin"])}
+    use_own_ninja(env)
+    assert shutil.which("ninja", path=env["PATH"]) == str(own)
+    before = env["PATH"]
+    use_own_ninja(env)
+    assert env["PATH"] == before

@@ -20,9 +20,9 @@ checks again in case it was started by hand.
 
 On CPU the backend is gloo (DeepSpeed's cpu accelerator). `init_process_env` also points
 `TORCH_EXTENSIONS_DIR` into the virtualenv, so the shared-memory collective op DeepSpeed compiles
-on its first `init_distributed` (~40-60 s) is built once per environment and then loaded from
-the cache, and it limits torch's threads to cores / local ranks (the deepspeed launcher does not
-set OMP_NUM_THREADS; torchrun does). On CPU it tunes malloc to reuse freed memory
+on its first `init_distributed` (~40-60 s) is built once per environment (by the virtualenv's
+own ninja, `use_own_ninja`) and then loaded from the cache, and it limits torch's threads to
+cores / local ranks (the deepspeed launcher does not set OMP_NUM_THREADS; torchrun does). On CPU it tunes malloc to reuse freed memory
 (`keep_freed_memory`).
 """
 from __future__ import annotations
@@ -57,6 +57,7 @@ def init_process_env() -> None:
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(free_port()))
     env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+    use_own_ninja(env)
     import torch
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
@@ -67,6 +68,18 @@ def init_process_env() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     if not torch.cuda.is_available() and env.get(MALLOC_ENV, "keep") != "default":
         keep_freed_memory()
+
+
+def use_own_ninja(env) -> None:
+    """Put this interpreter's bin folder first on PATH when it has a `ninja` (the virtualenv's,
+    from pip). torch builds DeepSpeed's ops with the first `ninja` on PATH into the cache in the
+    virtualenv, and ninja 1.11 (Debian's) and 1.13 (pip's) hash build commands differently:
+    processes that find different ones rebuild the cached op for each other on every start
+    (~1.5 CPU-minutes for the shared-memory op here)."""
+    bindir = str(Path(sys.executable).parent)
+    path = env.get("PATH", "")
+    if (Path(bindir) / "ninja").is_file() and path.split(os.pathsep)[0] != bindir:
+        env["PATH"] = bindir + (os.pathsep + path if path else "")
 
 
 MALLOC_ENV = "BERT_MALLOC"
