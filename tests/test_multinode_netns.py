@@ -8,6 +8,10 @@ benchmarking range, on no real network), hostname (a UTS namespace) and /etc/hos
 each other. The rendezvous endpoint is node 0 by name; nothing else than those two addresses and
 loopback is used. The namespaces and their files are always removed (try/finally).
 
+The DeepSpeed launcher over pdsh/ssh (infra/launch/deepspeed_multinode.sh, for hosts set up for
+ssh; the images have no ssh) runs across the same two namespaces too: an sshd in each, a key
+made for the test, `pdsh` from node 0 to both.
+
 The runs have both phases, so they also check that phase 2's starting weights, consolidated once
 on rank 0 and shared through a file (`pretrain.shared_consolidated_state_dict`), are the weights
 each rank used to consolidate itself: phase 2's losses equal the 1-rank run's.
@@ -20,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -216,3 +221,76 @@ def test_two_nodes_in_two_network_namespaces_train_as_two_ranks_on_one_host(shar
     assert sorted(int(log.split("group_rank=")[1].split()[0].strip(",")) for log in logs) == [0, 1]
     assert "".join(logs).count(CONSOLIDATED_ONCE) == 1
     assert_same_run(nodes, local, atol=1e-6)
+
+
+@contextlib.contextmanager
+def sshd_on(hosts: tuple[Host, Host], folder: Path) -> Iterator[Path]:
+    """An sshd on port 2222 of each host's address (root, one test key, no passwords, no PAM);
+    yields the client key. Stopped on exit."""
+    for tool in ("/usr/sbin/sshd", "ssh-keygen", "pdsh"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"`{tool}` is not installed (apt-get install openssh-server pdsh)")
+    for name in ("host", "client"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(folder / name)],
+                       check=True, timeout=60)
+    shutil.copy(folder / "client.pub", folder / "authorized_keys")
+    made_run_dir = not os.path.isdir("/run/sshd")  # sshd's privilege-separation directory
+    os.makedirs("/run/sshd", exist_ok=True)
+    daemons = []
+    try:
+        for host in hosts:
+            conf = folder / f"sshd-{host.hostname}.conf"
+            conf.write_text(f"Port 2222\nListenAddress {host.address}\nHostKey {folder / 'host'}\n"
+                            f"PidFile {folder / host.hostname}.pid\n"
+                            f"AuthorizedKeysFile {folder / 'authorized_keys'}\n"
+                            "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+                            "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n")
+            daemons.append(subprocess.Popen(
+                ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "sh", "-c",
+                 'hostname "$0" && exec /usr/sbin/sshd -D -e -f "$1"', host.hostname, str(conf)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        time.sleep(2)
+        assert all(d.poll() is None for d in daemons), "an sshd did not start"
+        yield folder / "client"
+    finally:
+        for daemon in daemons:
+            daemon.terminate()
+        for daemon in daemons:
+            daemon.wait(timeout=30)
+        if made_run_dir:
+            shutil.rmtree("/run/sshd", ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_deepspeed_pdsh_launch_over_ssh_between_two_namespaces(shards, two_ranks_one_host,
+                                                              tmp_path):
+    """infra/launch/deepspeed_multinode.sh on node 0 with a hostfile of both nodes: pdsh
+    reaches each over ssh and starts its rank; the losses of 2 ranks on one host (1e-6)."""
+    local, _ = two_ranks_one_host
+    run = tmp_path / "run"
+    config = write_config(two_phase_config(shards, run, num_workers=1), tmp_path / "run.yaml")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    with two_hosts() as hosts, sshd_on(hosts, keys) as key:
+        hostfile = tmp_path / "hostfile"
+        hostfile.write_text("".join(f"{h.hostname} slots=1\n" for h in hosts))
+        # what each rank needs beyond the PYTHON* variables DeepSpeed forwards itself
+        env_file = tmp_path / "deepspeed_env"
+        env_file.write_text("DS_ACCELERATOR=cpu\nOMP_NUM_THREADS=1\nHF_HUB_OFFLINE=1\n")
+        env = {**rank_env(), "HOSTFILE": str(hostfile), "DS_ENV_FILE": str(env_file),
+               "DEEPSPEED_ARGS": "--ssh_port 2222 --no_ssh_check",
+               "PDSH_SSH_ARGS_APPEND": f"-i {key} -o StrictHostKeyChecking=no "
+                                       "-o UserKnownHostsFile=/dev/null -o BatchMode=yes"}
+        node0 = hosts[0]
+        proc = subprocess.run(
+            ["ip", "netns", "exec", node0.namespace, "unshare", "--uts", "sh", "-c",
+             'hostname "$0" && exec "$@"', node0.hostname, "bash",
+             str(REPO / "infra" / "launch" / "deepspeed_multinode.sh"), "--config", str(config)],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
+    log = proc.stdout + proc.stderr
+    for rank, host in enumerate(hosts):
+        assert f"{host.hostname}: " in log and f"node_rank={rank}" in log
+    assert log.count(CONSOLIDATED_ONCE) == 1
+    print("pdsh, 2 nodes", losses(run))
+    assert_same_run(run, local, atol=1e-6)

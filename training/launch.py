@@ -171,6 +171,14 @@ def refuse_cpu_fallback(device: str, env: Mapping[str, str] | None = None,
                          "run set device=auto and ask for no GPU")
 
 
+def refuse_cpu_fallback_in_rank(device: str) -> None:
+    """`refuse_cpu_fallback` in a rank that is already running: CUDA_VISIBLE_DEVICES is left
+    out, since DeepSpeed's launcher sets it for every rank it starts, CPU ranks too; the user's
+    own is checked by the launch scripts (`check-gpus`) and the flow before any rank starts."""
+    refuse_cpu_fallback(device, {k: v for k, v in os.environ.items()
+                                 if k != "CUDA_VISIBLE_DEVICES"})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m training.launch check-gpus [--nproc-per-node N] -- BERT_PRETRAIN_ARGS`: the
     launch scripts' check before they start any rank; exits 2 with one line on stderr."""

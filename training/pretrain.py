@@ -858,9 +858,9 @@ def main(argv: list[str] | None = None) -> None:
         if debug_requested() or not is_user_error(e):
             raise
         parser.error(str(e))
-    from training.launch import refuse_cpu_fallback
+    from training.launch import refuse_cpu_fallback_in_rank
     try:  # the launch scripts checked before starting the ranks; `torchrun` by hand did not
-        refuse_cpu_fallback(config.device)
+        refuse_cpu_fallback_in_rank(config.device)
     except ValueError as e:
         if os.environ.get("RANK", "0") == "0":  # one line, not one per rank
             print(f"bert-pretrain: error: {e}", file=sys.stderr, flush=True)
