@@ -87,8 +87,9 @@ class PretrainConfig:
     """Peak learning rate (BERT: 1e-4)."""
     warmup_steps: int = 10_000
     """Linear warmup steps of phase 1 (BERT: 10k)."""
-    zero_stage: int = 1
-    """DeepSpeed ZeRO stage 0-3."""
+    zero_stage: int = 2
+    """DeepSpeed ZeRO stage 0-3 (2 on GPUs: its gradient reduction overlaps the backward and
+    accumulates in fp32, see training/ds_config.py)."""
     precision: str = "bf16"
     """fp32, bf16 (CPU and GPU) or fp16 (GPU)."""
     launcher: str = "python"
@@ -180,9 +181,9 @@ def base() -> DagConfig:
 
 
 def large() -> DagConfig:
-    """BERT-large on a GPU node: 8 GPUs, ZeRO-1, bf16. Several nodes: set `pretrain.hostfile`
-    to a DeepSpeed hostfile the pod can read (its nodes reached by ssh), or launch through
-    infra/slurm or infra/launch instead."""
+    """BERT-large on a GPU node: 8 GPUs, ZeRO-2, bf16. Several nodes: launch through infra/slurm
+    or infra/k8s (torchrun rendezvous); `pretrain.hostfile` (DeepSpeed over ssh) works only on
+    hosts with ssh between them, not from the images."""
     return DagConfig(
         name="large", output=str(REPO / "runs" / "large"),
         pretrain=PretrainConfig(model="bert_large", micro_batch_size=32, phase2_micro_batch_size=8,

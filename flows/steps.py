@@ -241,6 +241,18 @@ def launch_command(cfg: DagConfig, config_file: str) -> list[str]:
     return [sys.executable, "-m", "training.pretrain", *entry]
 
 
+def training_device(cfg: DagConfig, overrides: dict[str, Any]) -> str:
+    """The training run's `device` (training/config.py): its preset's, after the config file's
+    and `pretrain.extra_args`' `--set`s, as the entry point will resolve it."""
+    from training import config as training_config
+    from training.pretrain import build_parser
+
+    settings = build_parser().parse_known_args(list(cfg.pretrain.extra_args))[0].set
+    preset = training_config.PRESETS[_training_preset(cfg)]()
+    return training_config.apply_overrides(training_config.from_dict(overrides, preset),
+                                           settings).device
+
+
 def _training_preset(cfg: DagConfig) -> str:
     return cfg.name if cfg.name in ("tiny", "base", "large") else "base"
 
@@ -253,7 +265,11 @@ def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
 
     def build(out: str) -> None:
         config_file = storage.join(out, "launch_config.json")
-        storage.atomic_write_json(config_file, pretrain_overrides(cfg, vocab, shards, out))
+        overrides = pretrain_overrides(cfg, vocab, shards, out)
+        storage.atomic_write_json(config_file, overrides)
+        # a GPU preset where torch has no CUDA: one line now, not N ranks training on the CPU
+        from training.launch import refuse_cpu_fallback
+        refuse_cpu_fallback(training_device(cfg, overrides))
         started = time.monotonic()
         run_subprocess(launch_command(cfg, config_file), log=log)
         metrics = _last_metrics(out)

@@ -296,7 +296,7 @@ def test_config_overrides_file_and_validation(tmp_path):
 
 def test_gpu_example_config_bert_large_on_8_gpus():
     config = cfg.resolve("large", str(REPO / "training" / "configs" / "bert_large_8gpu.yaml"))
-    assert (config.model, config.precision, config.zero_stage) == ("bert_large", "bf16", 1)
+    assert (config.model, config.precision, config.zero_stage) == ("bert_large", "bf16", 2)
     ds = [build_ds_config(config, phase, world_size=8, on_gpu=True) for phase in config.phases]
     assert [(d["train_micro_batch_size_per_gpu"], d["gradient_accumulation_steps"],
              d["train_batch_size"]) for d in ds] == [(32, 1, 256), (8, 4, 256)]
@@ -448,7 +448,7 @@ def test_bf16_needs_zero_1_and_exports_the_fp32_masters_with_a_cased_vocab(data,
         make_config(data, tmp_path, precision="bf16", zero_stage=0)
     with pytest.raises(ValueError, match="precision=bf16 cannot be combined with zero_stage=0"):
         cfg.resolve("base", None, ["zero_stage=0"])
-    assert (cfg.base().precision, cfg.base().zero_stage) == ("bf16", 1)
+    assert (cfg.base().precision, cfg.base().zero_stage) == ("bf16", 2)
 
     cased = tmp_path / "cased_vocab"  # the same tokens, as train_vocab --cased writes them
     save_tokenizer_folder(read_vocab(str(data["vocab"])), str(cased), do_lower_case=False)

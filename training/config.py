@@ -31,6 +31,7 @@ from training.settings import convert_setting
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+DEVICES = ("auto", "cuda")
 OPTIMIZERS = ("adamw", "lamb")
 
 
@@ -130,6 +131,10 @@ class PretrainConfig:
     """Checkpoints kept (the oldest are deleted after a new one is complete)."""
     export_hf: bool = True
     """Export a consolidated fp32 Hugging Face folder to <output_dir>/hf at the end."""
+    device: str = "auto"
+    """auto (CUDA GPUs when torch sees one, else CPU ranks over gloo) or cuda (GPUs required:
+    where torch has no usable CUDA the run stops before any rank starts, see
+    training/launch.py `refuse_cpu_fallback`, instead of training on the CPU)."""
 
     def __post_init__(self):
         _check(self.model in MODEL_PRESETS, "model", f"one of {sorted(MODEL_PRESETS)}")
@@ -151,6 +156,7 @@ class PretrainConfig:
         for flag in ("eval_every", "eval_batches", "checkpoint_every"):
             _check(getattr(self, flag) >= 0, flag, ">= 0")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", ">= 1")
+        _check(self.device in DEVICES, "device", f"one of {DEVICES}")
         if self.optimizer == "lamb" and self.zero_stage >= 1:
             raise ValueError(LAMB_ZERO_MESSAGE.format(stage=self.zero_stage))
         if self.precision != "fp32" and self.zero_stage == 0:
@@ -217,14 +223,15 @@ def tiny() -> PretrainConfig:
 def base() -> PretrainConfig:
     """BERT-base as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
     return PretrainConfig(model="bert_base", phases=_paper_phases(), precision="bf16",
-                          zero_stage=1, log_every=100, eval_every=10_000, checkpoint_every=5_000)
+                          zero_stage=2, device="cuda", log_every=100, eval_every=10_000,
+                          checkpoint_every=5_000)
 
 
 def large() -> PretrainConfig:
     """BERT-large as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
     return PretrainConfig(model="bert_large", phases=_paper_phases(micro_128=16, micro_512=4),
-                          precision="bf16", zero_stage=1, log_every=100, eval_every=10_000,
-                          checkpoint_every=5_000)
+                          precision="bf16", zero_stage=2, device="cuda", log_every=100,
+                          eval_every=10_000, checkpoint_every=5_000)
 
 
 PRESETS = {"tiny": tiny, "base": base, "large": large}
@@ -363,6 +370,7 @@ def load_saved(path: str) -> PretrainConfig:
 # resumes at the same share of the epoch. Shard locations: their content is compared instead.)
 RESUME_FREE_FIELDS = ("output_dir", "vocab_dir", "num_workers", "log_every", "eval_every",
                       "eval_batches", "checkpoint_every", "keep_checkpoints", "export_hf",
+                      "device",
                       "phases.*.train_shards", "phases.*.validation_shards",
                       "phases.*.micro_batch_size")
 

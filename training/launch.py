@@ -6,23 +6,32 @@
   DeepSpeed falls back to MPI discovery and fails).
 - One node, N processes: `torchrun --nproc_per_node N -m training.pretrain ...`
   (`torchrun_command`).
-- Several nodes: `deepspeed --hostfile hosts --master_addr H --module training.pretrain ...`
-  (`deepspeed_command`); the hostfile lists `hostname slots=N` per line. The launcher reaches the
-  nodes by passwordless ssh, or, with `--no_ssh --node_rank I` run on every node, not at all.
+- Several nodes: `torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT ...` run
+  once per node (infra/launch/torchrun_rendezvous.sh, which the Slurm script and the Kubernetes
+  Job start on every node; no ssh between nodes). Or `deepspeed --hostfile hosts --no_ssh
+  --node_rank I ...` on every node (`deepspeed_command`); its pdsh/ssh mode (one command
+  reaching the nodes by passwordless ssh) needs ssh set up on the hosts, which the images are not.
+
+A run that asks for GPUs (`device: cuda`, as the base and large presets do; CUDA_VISIBLE_DEVICES;
+a Slurm GPU allocation; `--nproc-per-node gpu`) where torch has no usable CUDA stops with one line
+(`refuse_cpu_fallback`) instead of training its ranks on the CPU: the launch scripts run
+`python -m training.launch check-gpus ...` before they start any rank, and `bert-pretrain`
+checks again in case it was started by hand.
 
 On CPU the backend is gloo (DeepSpeed's cpu accelerator). `init_process_env` also points
 `TORCH_EXTENSIONS_DIR` into the virtualenv, so the shared-memory collective op DeepSpeed compiles
-on its first `init_distributed` (~40-60 s) is built once per environment and then loaded from
-the cache, and it limits torch's threads to cores / local ranks (the deepspeed launcher does not
-set OMP_NUM_THREADS; torchrun does). On CPU it tunes malloc to reuse freed memory
+on its first `init_distributed` (~40-60 s) is built once per environment (by the virtualenv's
+own ninja, `use_own_ninja`) and then loaded from the cache, and it limits torch's threads to
+cores / local ranks (the deepspeed launcher does not set OMP_NUM_THREADS; torchrun does). On CPU it tunes malloc to reuse freed memory
 (`keep_freed_memory`).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 DEFAULT_MASTER_PORT = 29500
@@ -48,6 +57,7 @@ def init_process_env() -> None:
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(free_port()))
     env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
+    use_own_ninja(env)
     import torch
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
@@ -58,6 +68,18 @@ def init_process_env() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     if not torch.cuda.is_available() and env.get(MALLOC_ENV, "keep") != "default":
         keep_freed_memory()
+
+
+def use_own_ninja(env) -> None:
+    """Put this interpreter's bin folder first on PATH when it has a `ninja` (the virtualenv's,
+    from pip). torch builds DeepSpeed's ops with the first `ninja` on PATH into the cache in the
+    virtualenv, and ninja 1.11 (Debian's) and 1.13 (pip's) hash build commands differently:
+    processes that find different ones rebuild the cached op for each other on every start
+    (~1.5 CPU-minutes for the shared-memory op here)."""
+    bindir = str(Path(sys.executable).parent)
+    path = env.get("PATH", "")
+    if (Path(bindir) / "ninja").is_file() and path.split(os.pathsep)[0] != bindir:
+        env["PATH"] = bindir + (os.pathsep + path if path else "")
 
 
 MALLOC_ENV = "BERT_MALLOC"
@@ -98,6 +120,90 @@ def keep_freed_memory() -> bool:
     return mallopt(M_MMAP_MAX, 0) == 1 and mallopt(M_TRIM_THRESHOLD, KEEP_FREE_BYTES) == 1
 
 
+SLURM_GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_JOB_GPUS", "SLURM_STEP_GPUS",
+                       "SLURM_GPUS_PER_NODE", "SLURM_GPUS")
+"""What Slurm sets in a job or step that was allocated GPUs (--gpus*, --gres=gpu)."""
+NO_DEVICES = ("", "-1", "none", "NoDevFiles")
+"""CUDA_VISIBLE_DEVICES values that hide every GPU (NoDevFiles: what Slurm writes for none)."""
+
+
+def gpu_request(device: str, env: Mapping[str, str], nproc_per_node: str = "") -> str | None:
+    """Why a launch asks for GPUs (the first reason found), or None when it does not: the
+    config's `device: cuda`, a launcher told to start one rank per GPU, CUDA_VISIBLE_DEVICES
+    naming devices, or a Slurm GPU allocation."""
+    if device == "cuda":
+        return "device: cuda, as the base and large presets set"
+    if nproc_per_node == "gpu":
+        return "--nproc-per-node gpu"
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() not in NO_DEVICES:
+        return f"CUDA_VISIBLE_DEVICES={visible}"
+    for name in SLURM_GPU_VARIABLES:
+        value = env.get(name, "").strip()
+        if value and value not in ("0", "(null)"):
+            return f"Slurm allocated GPUs ({name}={value})"
+    return None
+
+
+def cuda_missing() -> str | None:
+    """Why torch cannot use CUDA here, or None when it can."""
+    import torch
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is built without CUDA"
+    if not torch.cuda.is_available():
+        return (f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable GPU "
+                "(no device visible, or no NVIDIA driver)")
+    return None
+
+
+def refuse_cpu_fallback(device: str, env: Mapping[str, str] | None = None,
+                        nproc_per_node: str = "") -> None:
+    """Raise a one-line ValueError when the launch asks for GPUs and torch has no usable
+    CUDA: DeepSpeed would otherwise pick its CPU accelerator and train every rank on the CPU
+    over gloo, orders of magnitude slower, with nothing saying so."""
+    reason = gpu_request(device, os.environ if env is None else env, nproc_per_node)
+    if reason is None:
+        return
+    missing = cuda_missing()
+    if missing is not None:
+        raise ValueError(f"this run asks for GPUs ({reason}), but {missing}; stopped before "
+                         "training. Run it where torch has CUDA and sees the GPUs, or for a CPU "
+                         "run set device=auto and ask for no GPU")
+
+
+def refuse_cpu_fallback_in_rank(device: str) -> None:
+    """`refuse_cpu_fallback` in a rank that is already running: CUDA_VISIBLE_DEVICES is left
+    out, since DeepSpeed's launcher sets it for every rank it starts, CPU ranks too; the user's
+    own is checked by the launch scripts (`check-gpus`) and the flow before any rank starts."""
+    refuse_cpu_fallback(device, {k: v for k, v in os.environ.items()
+                                 if k != "CUDA_VISIBLE_DEVICES"})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m training.launch check-gpus [--nproc-per-node N] -- BERT_PRETRAIN_ARGS`: the
+    launch scripts' check before they start any rank; exits 2 with one line on stderr."""
+    parser = argparse.ArgumentParser(prog="python -m training.launch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check-gpus", help="stop a GPU launch where torch has no CUDA")
+    check.add_argument("--nproc-per-node", default="")
+    check.add_argument("pretrain_args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    from training.pretrain import build_parser
+    pretrain_args = args.pretrain_args[1:] if args.pretrain_args[:1] == ["--"] \
+        else args.pretrain_args
+    if {"-h", "--help"} & set(pretrain_args):
+        return 0  # the ranks print the help
+    known, _ = build_parser().parse_known_args(pretrain_args)
+    from training import config as cfg
+    try:
+        config = cfg.resolve(known.preset, known.config, known.set)
+        refuse_cpu_fallback(config.device, nproc_per_node=args.nproc_per_node)
+    except ValueError as e:
+        print(f"bert-pretrain: error: {e}", file=sys.stderr, flush=True)
+        return 2
+    return 0
+
+
 def module_args(args: Sequence[str]) -> list[str]:
     return ["-m", "training.pretrain", *args]
 
@@ -134,3 +240,7 @@ def deepspeed_command(args: Sequence[str], hostfile: str | None = None,
     cmd += ["--master_port", str(master_port), "--no_local_rank",
             "--module", "training.pretrain", *args]
     return cmd
+
+
+if __name__ == "__main__":
+    sys.exit(main())

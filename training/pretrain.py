@@ -471,6 +471,36 @@ def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
     return {k: v.float().contiguous() for k, v in state.items()}
 
 
+def shared_consolidated_state_dict(ckpt_dir: str, tag: str, dist: Dist) -> dict[str, Tensor]:
+    """`consolidated_state_dict` of `tag` on every rank, consolidated once: rank 0 reads the
+    ZeRO shards (all ranks' optimizer-state files: BERT-large's 8 ranks hold ~4.7 GB) and writes
+    the fp32 weights to `<ckpt_dir>/.fp32-<tag>.pt` (atomically), every rank loads that file
+    (1.3 GB for BERT-large, from the page cache), and rank 0 removes it. Every rank consolidating
+    would read all shards once per rank and hold them in host memory at the same time. The
+    checkpoint folder is already on storage every node shares (every rank writes its shard into
+    it), so the file is too. Errors on rank 0 reach every rank (`on_all_ranks`), so none waits."""
+    if dist.world_size == 1:
+        return consolidated_state_dict(ckpt_dir, tag)
+    path = os.path.join(ckpt_dir, f".fp32-{tag}.pt")
+
+    def consolidate() -> None:
+        if dist.is_main:
+            log.info("consolidating %s once, on rank 0, for %d ranks", tag, dist.world_size)
+            with storage.atomic_open(path, "wb") as f:
+                torch.save(consolidated_state_dict(ckpt_dir, tag), f)
+
+    on_all_ranks(dist, consolidate)
+    loaded: dict[str, dict[str, Tensor]] = {}
+
+    def load() -> None:
+        loaded["state"] = torch.load(path, map_location="cpu", weights_only=True)
+
+    on_all_ranks(dist, load)  # every rank has read the file before rank 0 removes it
+    if dist.is_main:
+        os.unlink(path)
+    return loaded["state"]
+
+
 def rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "python": random.getstate()}
     if torch.cuda.is_available():
@@ -748,7 +778,7 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     torch.manual_seed(config.seed + index)  # identical initial weights on every rank
     initial = None
     if resume is None and previous_tag is not None:
-        initial = consolidated_state_dict(ckpt_dir, previous_tag)
+        initial = shared_consolidated_state_dict(ckpt_dir, previous_tag, dist)
     model = build_model(config, shard_manifest(phase), initial)
     universal = (resume is not None and resume.world_size != dist.world_size
                  and has_partitioned_state(ckpt_dir, resume.tag))
@@ -828,6 +858,13 @@ def main(argv: list[str] | None = None) -> None:
         if debug_requested() or not is_user_error(e):
             raise
         parser.error(str(e))
+    from training.launch import refuse_cpu_fallback_in_rank
+    try:  # the launch scripts checked before starting the ranks; `torchrun` by hand did not
+        refuse_cpu_fallback_in_rank(config.device)
+    except ValueError as e:
+        if os.environ.get("RANK", "0") == "0":  # one line, not one per rank
+            print(f"bert-pretrain: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     try:
         result = run(config, args.stop_after_steps)
     except USER_ERRORS as e:

@@ -5,6 +5,8 @@
 #   HOSTFILE=hostfile infra/launch/deepspeed_multinode.sh --preset large --config run.yaml
 #
 # Every argument goes to `bert-pretrain` (python -m training.pretrain) unchanged.
+# For hosts set up for ssh, not for the images: they have no sshd, pdsh or keys, and their
+# multi-node launch is torchrun_rendezvous.sh (also what Slurm and Kubernetes start).
 # Needs: pdsh and passwordless ssh from this node to every host of the hostfile, the same
 # checkout and virtualenv (or the same image) at the same path on every node, and the
 # environment each rank needs in ~/.deepspeed_env (see deepspeed_env.example).

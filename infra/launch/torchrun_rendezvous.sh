@@ -17,7 +17,14 @@
 #   RUN_ID          the same on every node of one run                   (default: bert-pretrain)
 #   MAX_RESTARTS    restarts of the whole group after a rank fails; training resumes from its
 #                   last checkpoint                                     (default: 3)
+#   LOCAL_ADDR      this node's address as the others reach it (torchrun --local-addr); needed
+#                   where the hostname does not resolve to it         (default: the hostname)
+#   PYTHON          the interpreter of the GPU check below              (default: python)
 #   DRY_RUN=1       print the command instead of running it
+#
+# Before starting any rank it checks that a run asking for GPUs (device: cuda in the preset or
+# config, NPROC_PER_NODE=gpu, CUDA_VISIBLE_DEVICES, a Slurm GPU allocation) has a torch that can
+# use them, and stops with one line otherwise (`python -m training.launch check-gpus`).
 set -euo pipefail
 
 : "${RDZV_ENDPOINT:?set RDZV_ENDPOINT=host:port, the same on every node}"
@@ -28,13 +35,18 @@ NPROC_PER_NODE=${NPROC_PER_NODE:-gpu}
 RUN_ID=${RUN_ID:-bert-pretrain}
 MAX_RESTARTS=${MAX_RESTARTS:-3}
 
+local_addr=()
+if [[ -n "${LOCAL_ADDR:-}" ]]; then
+  local_addr=(--local-addr "$LOCAL_ADDR")
+fi
 cmd=(torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE"
      --rdzv-backend c10d --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$RUN_ID"
-     --max-restarts "$MAX_RESTARTS" --module training.pretrain "$@")
+     --max-restarts "$MAX_RESTARTS" "${local_addr[@]}" --module training.pretrain "$@")
 
 if [[ "${DRY_RUN:-0}" == 1 ]]; then
   printf '%q ' "${cmd[@]}"
   echo
   exit 0
 fi
+"${PYTHON:-python}" -m training.launch check-gpus --nproc-per-node "$NPROC_PER_NODE" -- "$@"
 exec "${cmd[@]}"
