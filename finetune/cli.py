@@ -166,7 +166,8 @@ def run_main(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
              make_jobs: Callable[[argparse.Namespace], list[TaskJob]],
              markdown_name: str) -> int:
     """Parse `argv`, run the jobs `make_jobs` gives, report; bad inputs end in one line."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parser.parse_args(argv)
     finished: list[str] = []
     try:

@@ -119,7 +119,8 @@ class FinetuneSettings:
     data: str | None = ""
     """Folder holding one folder per family or task (glue/ in the glue_data layout, squad/,
     swag/, conll2003/, ...: finetune/tasks.py); "" skips fine-tuning; None: unset."""
-    tasks: tuple[str, ...] = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")
+    tasks: tuple[str, ...] = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte",
+                              "wnli")
     """Tasks to fine-tune (task names, or a family name for all its tasks)."""
     learning_rates: tuple[float, ...] = ()
     """Peak learning rates tried, the best on dev kept; () = each family's grid."""
@@ -248,14 +249,14 @@ def check_output(cfg: DagConfig, data_only: bool) -> None:
     """The run root suits the stages that will write to it.
 
     Beam jobs write through `pipelines.storage` (local or gs://), so the data stages take
-    either. Pre-training writes DeepSpeed checkpoints and fine-tuning its tables with plain file I/O:
-    a gs:// root would fail there, hours in. Dataflow's workers, for their part, cannot write
+    either. Pre-training writes DeepSpeed checkpoints and fine-tuning its tables with plain file
+    I/O: a gs:// root would fail there, hours in. Dataflow's workers, for their part, cannot write
     to the flow machine's disk."""
     remote = "://" in cfg.output
     if remote and not data_only:
         raise ValueError(
-            f"output={cfg.output!r}: pre-training and fine-tuning need a local or mounted folder (the "
-            "deployments use /data/runs/<preset>); a gs:// root takes the data stages alone "
+            f"output={cfg.output!r}: pre-training and fine-tuning need a local or mounted folder "
+            "(the deployments use /data/runs/<preset>); a gs:// root takes the data stages alone "
             "(--data_only, or the data-* deployments)")
     if not runs_on_dataflow(cfg.data.beam_args):
         return

@@ -148,8 +148,8 @@ def test_without_finetune_data_its_settings_are_not_checked():
 def test_a_gs_root_takes_the_data_stages_alone_and_dataflow_needs_one():
     dataflow = {"data": {**CLUSTER_DATA["data"],
                          "beam_args": ["--runner", "DataflowRunner", "--project=p"]}}
-    with pytest.raises(ValueError, match=r"^output='gs://b/runs': pre-training and GLUE need a "
-                                         "local or mounted folder"):
+    with pytest.raises(ValueError, match=r"^output='gs://b/runs': pre-training and fine-tuning "
+                                         "need a local or mounted folder"):
         resolve("tiny", {"output": "gs://b/runs"})
     with pytest.raises(ValueError, match=r"^data.beam_args run Beam on Dataflow, whose workers "
                                          "cannot write to /data/runs on this machine"):
@@ -208,7 +208,7 @@ def test_cli_keeps_a_gs_output_as_a_url(capsys):
 
     with pytest.raises(SystemExit):  # refused (no --data_only), and named as given
         main(["--preset", "tiny", "--output", "gs://b/runs"])
-    assert "output='gs://b/runs': pre-training and GLUE need" in capsys.readouterr().err
+    assert "output='gs://b/runs': pre-training and fine-tuning need" in capsys.readouterr().err
 
 
 def test_cli_reports_a_bad_set_flag_as_a_usage_error(capsys):

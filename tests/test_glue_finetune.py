@@ -536,8 +536,8 @@ def test_select_best_takes_the_best_seed_at_the_best_mean_rate():
 
 def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder, tokenizer,
                                                              tmp_path):
-    """`finetune_task` (bert-glue) and the flow's fan-out (`glue_finetune` per job, then
-    `glue_best`) train the same runs and pick the same one to predict the test set."""
+    """`finetune_task` (bert-glue) and the flow's fan-out (`finetune_run` per job, then
+    `finetune_best`) train the same runs and pick the same one to predict the test set."""
     from flows import steps
     from flows.config import SAMPLE, resolve
     from flows.stages import StageResult
@@ -550,18 +550,20 @@ def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder
         (folder / name).write_text("".join(lines[:1 + rows]), encoding="utf-8")
     # Two steps per run (the first is warmup at rate 0) on 16 rows: the runs still differ.
     sample = loop.FinetuneConfig(learning_rates=(1e-4, 3e-5), seeds=(1, 2), epochs=1.0,
-                               batch_size=8, progress=False)
-    dag = resolve("tiny", {"glue": {"data": str(tmp_path / "glue"), "tasks": ["sts-b"],
-                                    "learning_rates": [1e-4, 3e-5], "seeds": [1, 2]}})
-    prepared = _prepare("STS-B", dag.glue.data, tokenizer, sample)
+                                 batch_size=8, progress=False)
+    dag = resolve("tiny", {"finetune": {"data": str(tmp_path), "tasks": ["sts-b"],
+                                        "learning_rates": [1e-4, 3e-5], "seeds": [1, 2]}})
+    glue = str(tmp_path / "glue")
+    prepared = _prepare("STS-B", glue, tokenizer, sample)
     assert (len(prepared.train), len(prepared.dev["dev"]), len(prepared.context.test["test"])) == \
         (16, 24, 20)
     cli = loop.finetune_task(FAMILY, encoder, prepared, sample)
 
     model = StageResult("export", str(minilm_dir), "minilm", cached=False, seconds=0.0)
-    outcomes = [steps._finetune_one(*steps._prepare_one(dag, model, job, sample), job, sample)
-                for job in steps.glue_jobs(dag)]
-    flow = steps._task_result("STS-B", outcomes)
+    outcomes = [steps._finetune_one(FAMILY, *steps._prepare_one(model, FAMILY, job.task, glue,
+                                                                sample), job, sample)
+                for job in steps.finetune_jobs(dag)]
+    flow = steps._task_result(outcomes)
 
     assert [(r.learning_rate, r.seed, r.steps) for r in cli.runs] == [
         (1e-4, 1, 2), (1e-4, 2, 2), (3e-5, 1, 2), (3e-5, 2, 2)]
@@ -585,12 +587,12 @@ def test_flow_compares_only_learning_rates_with_every_seed():
     from flows import steps
 
     def outcome(lr: float, seed: int, score: float) -> dict:
-        return {"job": {"task": "RTE"}, "num_train": 10, "num_dev": {"dev": 5}, "predictions": [],
-                "result": dataclasses.asdict(_run(lr, seed, score))}
+        return {"job": {"family": "glue", "task": "rte"}, "num_train": 10, "num_dev": {"dev": 5},
+                "predictions": [], "result": dataclasses.asdict(_run(lr, seed, score))}
 
     runs = [outcome(5e-5, 1, 0.90),                          # seed 2 failed: one lucky seed
             outcome(3e-5, 1, 0.60), outcome(3e-5, 2, 0.70)]
-    task = steps._task_result("RTE", runs)
+    task = steps._task_result(runs)
     assert (task.best_learning_rate, task.seeds) == (3e-5, (1, 2))
     assert task.score == pytest.approx(0.65)
 
