@@ -22,8 +22,7 @@ from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
 from model.bert import BertConfig, BertModel
-from model.heads import (BertForPreTraining, BertForQuestionAnswering,
-                         BertForSequenceClassification)
+from model.heads import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
 from pipelines import storage
 from pipelines.tokenization import read_vocab, save_tokenizer_folder
 

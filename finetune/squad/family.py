@@ -58,7 +58,7 @@ class SquadFamily:
     name = "squad"
 
     def __init__(self, doc_stride: int = 128, max_query_length: int = 64,
-                 post: postprocess.PostprocessConfig = postprocess.PostprocessConfig()):
+                 post: postprocess.PostprocessConfig = postprocess.DEFAULT):
         self.doc_stride = doc_stride
         self.max_query_length = max_query_length
         self.post = post
@@ -138,7 +138,7 @@ class SquadFamily:
 
 def score_split(examples: Sequence[squad_data.SquadExample], windows: Windows,
                 start_logits: np.ndarray, end_logits: np.ndarray, version_2: bool,
-                post: postprocess.PostprocessConfig = postprocess.PostprocessConfig()) -> Scored:
+                post: postprocess.PostprocessConfig = postprocess.DEFAULT) -> Scored:
     """Answers, the official metrics and the prediction files of one evaluation split.
 
     v2.0: tau is the null-odds threshold that maximises F1 on this split (the scorer's

@@ -39,6 +39,9 @@ class PostprocessConfig:
             raise ValueError(f"--max_answer_length must be >= 1, got {self.max_answer_length}")
 
 
+DEFAULT = PostprocessConfig()
+
+
 @dataclass(frozen=True)
 class SpanPrediction:
     """A question's best non-null span and its null score."""
@@ -88,12 +91,13 @@ def window_best_span(start_logits: np.ndarray, end_logits: np.ndarray, passage_s
 
 def predict_spans(examples: Sequence[SquadExample], windows: Windows,
                   start_logits: Sequence[np.ndarray], end_logits: Sequence[np.ndarray],
-                  cfg: PostprocessConfig = PostprocessConfig()) -> list[SpanPrediction]:
+                  cfg: PostprocessConfig | None = None) -> list[SpanPrediction]:
     """One `SpanPrediction` per example from the logits of every window (window order).
 
     `start_logits[n]`, `end_logits[n]`: window n's logits, at least as long as the window
     (padding beyond it is ignored). Scores are summed in float64, as the reference's floats.
     """
+    cfg = cfg or DEFAULT
     by_example: list[list[int]] = [[] for _ in examples]
     for n, e in enumerate(windows.example_index):
         by_example[e].append(n)
