@@ -25,7 +25,6 @@ from peers import bert_squad
 
 @pytest.mark.parametrize("name, training, version_2, articles, paragraphs, questions, nulls", [
     ("dev-v1.1.json", False, False, 48, 2067, 10570, 0),
-    ("dev-v1.1.json", True, False, 48, 2067, 10570, 0),
     ("train-v2.0-first11.json", True, True, 11, 773, 5147, 348),
     ("dev-v2.0-cs224n.json", False, True, 16, 646, 6078, 3168),
     ("dev-v2.0-normans-rhine.json", False, True, 2, 83, 706, 320),
@@ -163,13 +162,12 @@ def compare_windows(peer, path, minilm_dir, tokenizer, cfg: WindowConfig, versio
 
 def test_windows_equal_the_reference_on_real_dev_questions(peer, shared_data, tmp_path,
                                                            minilm_dir, tokenizer):
-    # European Union law: long passages (243 questions in 383 windows); Super Bowl 50
+    # European Union law: its longest passages (30 questions in 105 windows); Super Bowl 50
     # paragraphs where the answer's characters sit inside a longer whitespace word.
     path = str(squad_slice(shared_data / "squad" / "dev-v1.1.json", tmp_path / "dev.json",
-                           {15: None, 0: [0, 1, 9, 32]}))
+                           {15: [8, 12, 31, 32, 39], 0: [0, 1, 9, 32]}))
     total, counts, moved = compare_windows(peer, path, minilm_dir, tokenizer, WindowConfig())
-    assert (total, counts["ids"], counts["max_context"], counts["positions"]) == (475, 475, 475,
-                                                                                   469)
+    assert (total, counts["ids"], counts["max_context"], counts["positions"]) == (197, 197, 197, 191)
     # Where they differ, the offsets give the token that holds the annotated characters; the
     # reference, whitespace words first, keeps the whole word ("20–18" for the answer "8").
     shown = {}
