@@ -10,7 +10,7 @@ import pytest
 from conftest import skip_or_fail
 from squad_fixtures import squad_slice
 
-from finetune.glue.data import load_glue_tokenizer
+from finetune.checkpoint import load_tokenizer
 from finetune.squad import data as squad_data
 from finetune.squad.features import (
     WindowConfig,
@@ -134,7 +134,7 @@ def peer():
 
 @pytest.fixture(scope="module")
 def tokenizer(minilm_dir):
-    return load_glue_tokenizer(str(minilm_dir))
+    return load_tokenizer(str(minilm_dir))
 
 
 def compare_windows(peer, path, minilm_dir, tokenizer, cfg: WindowConfig, version_2=False):

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from finetune.glue.data import load_glue_tokenizer
-from finetune.glue.finetune import load_encoder
+from finetune.checkpoint import load_encoder, load_tokenizer
 from finetune.squad import FAMILY, TASKS
 from finetune.squad.family import THRESHOLD_FILE
 from model.heads import BertForQuestionAnswering
@@ -26,7 +25,7 @@ def encoder(minilm_dir):
 
 @pytest.fixture(scope="module")
 def tokenizer(minilm_dir):
-    return load_glue_tokenizer(str(minilm_dir), 384)
+    return load_tokenizer(str(minilm_dir))
 
 
 def _inputs(tokenizer):

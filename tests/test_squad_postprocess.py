@@ -8,7 +8,7 @@ import pytest
 from conftest import skip_or_fail
 from squad_fixtures import noisy_logits, squad_slice
 
-from finetune.glue.data import load_glue_tokenizer
+from finetune.checkpoint import load_tokenizer
 from finetune.squad import data as squad_data
 from finetune.squad import postprocess
 from finetune.squad.features import WindowConfig, Windows, cut_windows
@@ -37,7 +37,7 @@ def test_best_span_skips_invalid_pairs():
 def test_answer_text_comes_from_the_passage_through_offsets(minilm_dir):
     context = "The  Broncos beat the Panthers 24\u201310 in\nSanta Clara."
     example = squad_data.SquadExample("q", "Who won?", context, ())
-    tokenizer = load_glue_tokenizer(str(minilm_dir))
+    tokenizer = load_tokenizer(str(minilm_dir))
     windows, _ = cut_windows([example], tokenizer, WindowConfig(), training=False)
     tokens = [tokenizer.id_to_token(int(i)) for i in windows.input_ids[0]]
     start, end = [np.full(len(tokens), -5.0, np.float32) for _ in range(2)]
@@ -64,7 +64,7 @@ def peer():
 
 def run_both(peer, path: str, minilm_dir, version_2: bool, seed: int):
     """(our spans, the peer's answers and null odds, our examples) on the same noisy logits."""
-    tokenizer = load_glue_tokenizer(str(minilm_dir))
+    tokenizer = load_tokenizer(str(minilm_dir))
     split = squad_data.read_squad(path, training=False, version_2=version_2)
     # training=True cuts the same windows and gives each its gold positions for the logits
     windows, _ = cut_windows(split.examples, tokenizer, WindowConfig(), training=True)
