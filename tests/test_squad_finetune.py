@@ -4,13 +4,18 @@ sample files."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
+from squad_fixtures import squad_slice
 
 from finetune.checkpoint import load_encoder, load_tokenizer
+from finetune.cli import main
 from finetune.squad import FAMILY, TASKS
+from finetune.squad import data as squad_data
 from finetune.squad.family import THRESHOLD_FILE
 from model.heads import BertForQuestionAnswering
 from model.hf import export_hf_folder, hf_to_ours, load_checkpoint, save_checkpoint
@@ -112,3 +117,52 @@ def test_family_steps_on_the_sample(task, encoder, tokenizer, tmp_path):
         assert odds.keys() == predictions.keys()
         assert all((predictions[q] == "") == (odds[q] > tau) for q in odds)
         assert {"HasAns_f1", "NoAns_f1"} <= scored.metrics.keys()
+
+
+def _official(scorer, data_file, out_dir, with_odds: bool = False) -> dict:
+    command = [sys.executable, str(scorer), str(data_file), str(out_dir / "predictions.json")]
+    if with_odds:
+        command += ["--na-prob-file", str(out_dir / "null_odds.json")]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, timeout=120)
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("task, train, dev, steps", [
+    # v1.1 has no training file here: train on Normans paragraphs, score 1973 oil crisis ones
+    ("squad1", ("dev-v1.1.json", {2: list(range(6))}), ("dev-v1.1.json", {13: [0, 1, 2]}), 2),
+    # v2.0: Zelda paragraphs with unanswerable questions, scored on Normans (another file)
+    ("squad2", ("train-v2.0-first11.json", {4: [0, 1]}),
+     ("dev-v2.0-normans-rhine.json", {0: [0, 1, 2]}), 2),
+])
+def test_bert_finetune_runs_squad_split_by_article(task, train, dev, steps, shared_data,
+                                                   minilm_dir, tmp_path):
+    version = "v1.1" if task == "squad1" else "v2.0"
+    folder = tmp_path / "data" / "squad"
+    squad_slice(shared_data / "squad" / train[0], folder / f"train-{version}.json", train[1])
+    dev_file = squad_slice(shared_data / "squad" / dev[0], folder / f"dev-{version}.json",
+                           dev[1])
+    out = tmp_path / "out"
+    assert main(["--model", str(minilm_dir), "--data", str(tmp_path / "data"), "--output",
+                 str(out), "--tasks", task, "--learning_rates", "5e-5", "--seeds", "1",
+                 "--epochs", "1", "--batch_size", "16", "--max_seq_length", "192",
+                 "--no_progress"]) == 0
+    (result,) = json.loads((out / "results.json").read_text())["tasks"]
+    assert (result["task"], result["family"], [r["steps"] for r in result["runs"]]) == (
+        task, "squad", [steps])
+    dev_split = squad_data.read_squad(str(dev_file), training=False, version_2=task == "squad2")
+    predictions = json.loads((out / task / "predictions.json").read_text())
+    assert list(predictions) == [e.qid for e in dev_split.examples]
+    scorers = shared_data.parent / "peers" / "squad"
+    metrics = result["runs"][0]["metrics"]
+    if task == "squad1":
+        theirs = _official(scorers / "evaluate-v1.1.py", dev_file, out / task)
+        assert (theirs["exact_match"], theirs["f1"]) == pytest.approx(
+            (100 * metrics["exact"], 100 * metrics["f1"]), rel=1e-12)
+        return
+    theirs = _official(scorers / "evaluate-v2.0.py", dev_file, out / task)
+    for key in ("exact", "f1", "HasAns_f1", "NoAns_f1"):
+        assert theirs[key] == pytest.approx(100 * metrics[key], rel=1e-12), key
+    threshold = json.loads((out / task / THRESHOLD_FILE).read_text())
+    odds = json.loads((out / task / "null_odds.json").read_text())
+    assert all((predictions[q] == "") == (odds[q] > threshold["null_score_diff_threshold"])
+               for q in odds)
