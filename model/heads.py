@@ -1,4 +1,5 @@
-"""BERT's task heads: pre-training (masked LM + next sentence) and sequence classification.
+"""BERT's task heads: pre-training (masked LM + next sentence), sequence classification and
+question answering (span start/end).
 
 Batch dictionary of pre-training (what the shard loader's collate returns; B rows, T tokens,
 M masked positions, K instances per row; every tensor int64 unless noted):
@@ -66,6 +67,18 @@ class SequenceClassifierOutput:
     """(B, num_labels) class scores, or (B, 1) regression values."""
     loss: Tensor | None = None
     """Cross-entropy (classification) or mean squared error (regression); None without labels."""
+
+
+@dataclass
+class QuestionAnsweringOutput:
+    """Outputs of `BertForQuestionAnswering`."""
+
+    start_logits: Tensor
+    """(B, T) score of each token as the answer's first token: S . T_i."""
+    end_logits: Tensor
+    """(B, T) score of each token as the answer's last token: E . T_j."""
+    loss: Tensor | None = None
+    """Mean of the start and end cross-entropies; None without positions."""
 
 
 class MaskedLMHead(nn.Module):
@@ -224,3 +237,52 @@ class BertForSequenceClassification(nn.Module):
             else:
                 out.loss = F.cross_entropy(logits.float(), labels.long())
         return out
+
+
+class BertForQuestionAnswering(nn.Module):
+    """BERT + a start vector S and an end vector E (paper section 4.2): one Linear(H, 2) over
+    every token's final state, `qa_outputs` as Hugging Face names it.
+
+    The loss is the mean of the start and end cross-entropies over the real tokens of each
+    window (padding is masked, so a window's loss does not depend on the batch's width).
+    Position 0 ([CLS]) is the target of windows without an answer.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.qa_outputs = nn.Linear(config.hidden_size, 2)
+        init_bert_weights(self.qa_outputs, config.initializer_range)
+
+    @classmethod
+    def from_encoder(cls, bert: BertModel) -> BertForQuestionAnswering:
+        """A span head on a copy of a pre-trained encoder's weights (new head)."""
+        model = cls(bert.config)
+        model.bert.load_state_dict(bert.state_dict())
+        return model
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, start_positions: Tensor | None = None,
+                end_positions: Tensor | None = None) -> QuestionAnsweringOutput:
+        """(B, T) inputs, positions (B,) -> start and end logits (B, T) and the loss."""
+        hidden = self.bert(input_ids, token_type_ids, attention_mask)  # (B, T, H)
+        logits = self.qa_outputs(hidden)  # (B, T, 2)
+        start_logits, end_logits = logits.unbind(dim=-1)  # 2 x (B, T)
+        out = QuestionAnsweringOutput(start_logits, end_logits)
+        if start_positions is not None and end_positions is not None:
+            out.loss = span_loss(start_logits, end_logits, start_positions, end_positions,
+                                 attention_mask)
+        return out
+
+
+def span_loss(start_logits: Tensor, end_logits: Tensor, start_positions: Tensor,
+              end_positions: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+    """(CE(start) + CE(end)) / 2 over (B, T) logits, in float32, padding masked out."""
+    start, end = start_logits.float(), end_logits.float()
+    if attention_mask is not None:
+        pad = attention_mask == 0  # (B, T)
+        start = start.masked_fill(pad, torch.finfo(torch.float32).min)
+        end = end.masked_fill(pad, torch.finfo(torch.float32).min)
+    return (F.cross_entropy(start, start_positions.long()) +
+            F.cross_entropy(end, end_positions.long())) / 2

@@ -22,7 +22,7 @@ from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
 from model.bert import BertConfig, BertModel
-from model.heads import BertForPreTraining, BertForSequenceClassification
+from model.heads import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
 from pipelines import storage
 from pipelines.tokenization import read_vocab, save_tokenizer_folder
 
@@ -54,7 +54,9 @@ _HEADS = {
     "mlm.norm": "cls.predictions.transform.LayerNorm",
     "nsp": "cls.seq_relationship",
     "classifier": "classifier",
+    "qa_outputs": "qa_outputs",
 }
+_UNPREFIXED_HEADS = ("classifier", "qa_outputs")  # HF keeps them beside `bert.`, not in `cls.`
 _QKV = ("query", "key", "value")
 
 
@@ -96,7 +98,8 @@ def hf_to_ours(hf_state: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str
 
 
 def ours_to_hf(state: dict[str, Tensor], prefix: str = "bert.") -> dict[str, Tensor]:
-    """Our state dict -> HF keys (`bert.` + BertModel keys, `cls.` heads, `classifier.`)."""
+    """Our state dict -> HF keys (`bert.` + BertModel keys, `cls.` heads, `classifier.`,
+    `qa_outputs.`)."""
     names = {ours: hf for hf, ours in _hf_names().items()}
     out = {}
     for key, value in state.items():
@@ -112,7 +115,7 @@ def ours_to_hf(state: dict[str, Tensor], prefix: str = "bert.") -> dict[str, Ten
             out[f"{prefix}encoder.layer.{m[1]}.{_LAYER[m[2]]}.{param}"] = value
         elif module in names:
             hf = names[module]
-            under = "" if hf.startswith("cls.") or hf == "classifier" else prefix
+            under = "" if hf.startswith("cls.") or hf in _UNPREFIXED_HEADS else prefix
             out[f"{under}{hf}.{param}"] = value
         else:
             raise KeyError(f"no Hugging Face name for parameter {key!r}")
@@ -215,7 +218,8 @@ def vocab_do_lower_case(vocab_dir: str) -> bool:
 def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
                      do_lower_case: bool | None = None) -> None:
     """Write `config.json`, `model.safetensors`, `vocab.txt`, `tokenizer.json` and the tokenizer
-    configs for `transformers` (BertForPreTraining, BertForSequenceClassification or BertModel).
+    configs for `transformers` (BertForPreTraining, BertForSequenceClassification,
+    BertForQuestionAnswering or BertModel).
 
     `do_lower_case`: None = as the vocabulary folder says (`vocab_do_lower_case`)."""
     if do_lower_case is None:
@@ -234,6 +238,8 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
         extra = {"num_labels": model.num_labels,
                  "problem_type": "regression" if model.num_labels == 1 else
                  "single_label_classification"}
+    elif isinstance(model, BertForQuestionAnswering):
+        architecture, prefix = "BertForQuestionAnswering", "bert."
     elif isinstance(model, BertModel):
         architecture, prefix = "BertModel", ""
     else:
@@ -255,6 +261,8 @@ def save_checkpoint(model: nn.Module, folder: str) -> None:
         head = {"kind": "pretraining", "next_sentence": model.nsp is not None}
     elif isinstance(model, BertForSequenceClassification):
         head = {"kind": "classification", "num_labels": model.num_labels}
+    elif isinstance(model, BertForQuestionAnswering):
+        head = {"kind": "question_answering"}
     elif isinstance(model, BertModel):
         head = {"kind": "encoder"}
     else:
@@ -277,6 +285,8 @@ def load_checkpoint(folder: str) -> nn.Module:
         model: nn.Module = BertForPreTraining(config, next_sentence=head["next_sentence"])
     elif head["kind"] == "classification":
         model = BertForSequenceClassification(config, head["num_labels"])
+    elif head["kind"] == "question_answering":
+        model = BertForQuestionAnswering(config)
     elif head["kind"] == "encoder":
         model = BertModel(config)
     else:
