@@ -197,8 +197,10 @@ def run(argv: Sequence[str] | None = None) -> dict:
     num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
     log.info("extract_books: %d books (%d excluded), %d shard(s), config %s",
              len(files), len(excluded), num_shards, dataclasses.asdict(config))
-    storage.makedirs(config.output)
-    parquet_io.clear_previous_output(config.output, PREFIX)
+    dry_run = jobs.is_dry_run(options)
+    if not dry_run:  # a dry run leaves an earlier output as it is
+        storage.makedirs(config.output)
+        parquet_io.clear_previous_output(config.output, PREFIX)
 
     with beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline:
         results = (pipeline
@@ -210,6 +212,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
             config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
         _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             parquet_io.dead_letter_path(config.output))
+    if dry_run:
+        return jobs.dry_run_summary(NAMESPACE, pipeline)
     counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
     return finish(config, [f.path for f in files], excluded, sizes, num_shards, counts)
 

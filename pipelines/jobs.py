@@ -52,6 +52,26 @@ def local_runner(beam_options):
     return FnApiRunner()
 
 
+def is_dry_run(beam_options) -> bool:
+    """`--dry_run=True`: the runner builds the job graph and runs nothing (with DataflowRunner
+    and `--no_auth`, the whole pipeline is translated and pickled without a cloud account)."""
+    from apache_beam.options.pipeline_options import TestOptions
+    return bool(beam_options.view_as(TestOptions).dry_run)
+
+
+def dry_run_summary(job: str, pipeline) -> dict:
+    """What a dry run returns instead of a manifest (nothing ran, so nothing was written or
+    counted): the job, the runner and the transforms of the graph it built."""
+    transforms = pipeline.to_runner_api().components.transforms
+    names = sorted({t.unique_name.split("/")[0] for t in transforms.values() if t.unique_name})
+    runner = type(pipeline.runner).__name__
+    logging.getLogger(job).info("%s: dry run on %s: the job graph (%d transforms) was built; "
+                                "nothing was run and no output was written", job, runner,
+                                len(transforms))
+    return {"stage": job, "dry_run": True, "runner": runner, "num_transforms": len(transforms),
+            "top_level_transforms": names}
+
+
 @dataclass(frozen=True)
 class BadRecord:
     """A record a job set aside: written to `<output>/dead_letter/` and counted, never lost."""
