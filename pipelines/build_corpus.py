@@ -236,6 +236,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     text_column = "sentences" if config.text_output else None
     log.info("build_corpus: %d input files, %d shard(s), config %s",
              len(files), num_shards, dataclasses.asdict(config))
+    jobs.warn_if_too_large_for_local_runner(log, NAMESPACE, sum(sizes.values()), options)
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.makedirs(config.output)

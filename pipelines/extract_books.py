@@ -197,6 +197,7 @@ def run(argv: Sequence[str] | None = None) -> dict:
     num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
     log.info("extract_books: %d books (%d excluded), %d shard(s), config %s",
              len(files), len(excluded), num_shards, dataclasses.asdict(config))
+    jobs.warn_if_too_large_for_local_runner(log, NAMESPACE, sum(sizes.values()), options)
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.makedirs(config.output)

@@ -799,6 +799,10 @@ def run(argv: list[str] | None = None) -> dict:
     options = {"input": [f.path for f in files], "vocab": args.vocab, "instance": asdict(cfg), "job": asdict(job)}
     logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), args.output,
                 "\n".join(f"  {k}: {v}" for k, v in {**asdict(cfg), **asdict(job)}.items()))
+    if job.mode != "reference":
+        jobs.warn_if_too_large_for_local_runner(
+            logger, "make_shards", sum(f.size_bytes for f in files), beam_options,
+            scale=cfg.dupe_factor / jobs.MEASURED_DUPE_FACTOR)
     if jobs.is_dry_run(beam_options):  # the Beam graph only; an earlier output stays as it is
         if job.mode == "reference":
             raise ValueError("--dry_run builds the Beam job graph: it needs --mode=scalable "
