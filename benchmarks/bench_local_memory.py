@@ -176,7 +176,7 @@ def plot(results: list[dict], path: Path) -> None:
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    fig.suptitle("Beam local runner (FnApiRunner, 1 worker): shared books + Wikipedia, 1x/4x/16x")
+    fig.suptitle("Beam local runner (FnApiRunner, 1 worker): shared books + Wikipedia, 1x-16x")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -73,15 +73,15 @@ def dry_run_summary(job: str, pipeline) -> dict:
 
 
 # Peak memory of a local run (FnApiRunner, one worker) = base + factor * input bytes, fitted by
-# benchmarks/bench_local_memory.py on the shared books + Wikipedia replicated 1x/4x/16x
+# benchmarks/bench_local_memory.py on the shared books + Wikipedia replicated 1x-16x
 # (benchmarks/RESULTS.md, "Local runner memory"). Input bytes: book text for extract_books, the
 # documents / corpus Parquet files for build_corpus and make_shards (at --dupe_factor 2; its
 # instances, and so its memory, grow with the dupe factor). Each job's outputs are grouped (by
 # shard, by document hash) in the runner's memory, hence the growth with the input.
 LOCAL_MEMORY_FIT = {
     "extract_books": (220e6, 5.5),
-    "build_corpus": (309e6, 20.8),
-    "make_shards": (207e6, 51.4),
+    "build_corpus": (292e6, 20.7),
+    "make_shards": (218e6, 50.3),
 }
 MEASURED_DUPE_FACTOR = 2
 LOCAL_MEMORY_ENV = "BERT_LOCAL_MEMORY_BYTES"
