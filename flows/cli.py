@@ -48,8 +48,11 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     from flows.pretrain_bert import pretrain_bert
+    from flows.server import temporary_server
 
-    result = pretrain_bert(preset=args.preset, overrides=overrides, data_only=args.data_only)
+    # Prefect's own temporary server would outlive a killed flow process: this one dies with it.
+    with temporary_server():
+        result = pretrain_bert(preset=args.preset, overrides=overrides, data_only=args.data_only)
     print(result["markdown"])
     return 0
 

@@ -3,8 +3,15 @@
 BooksCorpus is distributed as one plain-text book per file; Project Gutenberg texts add a licence
 header and footer, chapter headings and hard-wrapped lines. `extract_book` undoes all of that:
 
-    bytes --decode_book--> text --normalize_newlines--> --strip_gutenberg--> body
-          --split_paragraphs--> paragraphs --is_heading? drop--> passages (one per paragraph)
+    bytes --decode_book--> text --remove_controls--> --normalize_newlines--> --strip_gutenberg-->
+    body --split_paragraphs--> paragraphs --select_passages--> passages (one per paragraph)
+
+`select_passages` keeps what reads as the book's sentences and counts what it drops: headings,
+transcriber's notes about the etext, a title page after a Gutenberg header (front matter), a
+table of contents or cast list; a long verse paragraph with no stanza breaks is cut into
+passages that end where a sentence ends. Old etexts (1990s) are as common as new ones: their
+licence ("small print") may open the file or follow the text, and their footers vary ("*End of
+The Project Gutenberg Etext of X", "****End of E-Text****").
 
 Nothing here touches Beam or the filesystem; `pipelines/extract_books.py` wires it.
 """
@@ -17,20 +24,30 @@ from dataclasses import dataclass, field
 # Bytes that never occur in a text file: C0 controls except \t \n \v \f \r, and ESC/SUB are rare
 # but legal in old DOS texts, so only the clearly binary ones count.
 _CONTROL_BYTES = bytes([*range(0x09), *range(0x0E, 0x1A), *range(0x1C, 0x20)])
+# Characters removed from the decoded text: every C0 control but tab and the line ends, and DEL.
+# DOS texts end with SUB (0x1A, Ctrl-Z, end of file); old etexts hold a stray SO (0x0E) or a form
+# feed (0x0C, a page break: it becomes a line end, so the lines around it stay apart).
+_TEXT_CONTROLS = {c: None for c in (*range(0x09), 0x0B, *range(0x0E, 0x20), 0x7F)}
+_TEXT_CONTROLS[0x0C] = "\n"
 
 # Project Gutenberg markers, matched against one stripped line (case-insensitive).
-# Header end: "*** START OF THE PROJECT GUTENBERG EBOOK X ***" (2000s+) and the 1990s
-# "*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*" that closes a top licence.
-_HEADER_END = re.compile(
-    r"^\*{2,}\s*START OF (THE|THIS) PROJECT GUTENBERG"
-    r"|^\*END\*\s*THE SMALL PRINT", re.IGNORECASE)
-# Footer start: "*** END OF THE PROJECT GUTENBERG EBOOK X ***", "End of Project Gutenberg's X",
-# "End of the Project Gutenberg EBook of X", "End of The Project Gutenberg Etext of X", and a
-# licence placed after the text ("***START**THE SMALL PRINT!**FOR PUBLIC DOMAIN EBOOKS**START***").
-_FOOTER_START = re.compile(
+# Header end: "*** START OF THE PROJECT GUTENBERG EBOOK X ***" (2000s+).
+_START_MARKER = re.compile(r"^\*{2,}\s*START OF (THE|THIS) PROJECT GUTENBERG", re.IGNORECASE)
+# The end of the 1990s licence ("small print"), at the top of an etext or after its text:
+# "*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*", and the 2001-02 forms
+# "**END THE SMALL PRINT! ...*END**", "*END THE SMALL PRINT! FOR PUBLIC DOMAIN EBOOKS*...".
+_SMALL_PRINT_END = re.compile(r"^\*+\s*END\b[*\s]*THE SMALL PRINT", re.IGNORECASE)
+# Where the text ends: "*** END OF THE PROJECT GUTENBERG EBOOK X ***", "End of Project
+# Gutenberg's X", "End of the Project Gutenberg EBook of X", "*End of The Project Gutenberg Etext
+# of X", "***End of Project Gutenberg 10th Edition of X***", and an etext's own "****End of
+# E-Text****" before the transcriber's comments.
+_FOOTER_LINE = re.compile(
     r"^\*{2,}\s*END OF (THE|THIS) PROJECT GUTENBERG"
-    r"|^End of (the |this )?Project Gutenberg"
-    r"|^\*{2,}\s*START\*{0,2}\s*THE SMALL PRINT", re.IGNORECASE)
+    r"|^\**\s*End of (the |this )?Project Gutenberg"
+    r"|^\**\s*End of (the |this )?E-?Text\W*$", re.IGNORECASE)
+# A licence placed after the text ("***START**THE SMALL PRINT!**FOR PUBLIC DOMAIN EBOOKS**START***")
+# starts the footer too; at the top of an etext the same line opens the header's licence.
+_SMALL_PRINT_START = re.compile(r"^\*{2,}\s*START\*{0,2}\s*THE SMALL PRINT", re.IGNORECASE)
 _PG_TITLE = re.compile(r"^Title:\s*(?P<title>\S.*)$")
 _BRACKETED = re.compile(r"^\[(?P<inner>[^\[\]]+)\]$")
 
@@ -60,6 +77,40 @@ MAX_HEADING_CHARS = 100
 MAX_HEADING_WORDS = 12
 # A chapter's own title ("CHAPTER 1" then "Loomings.") is a short line right after the heading.
 MAX_CHAPTER_TITLE_WORDS = 8
+# Transcriber's notes: a paragraph that names the etext or Project Gutenberg is about the file,
+# not part of the book ("This etext was prepared by ...", a repeated "The Project Gutenberg Etext
+# of X" banner, "[Portions of this header are copyright ...]").
+_FILE_NOTE = re.compile(r"\b(?:project gutenberg|e-?texts?|e-?books?"
+                        r"|electronic (?:book|edition|text|version))\b", re.IGNORECASE)
+# Production credits near the start ("Scanning and first proofing by X", "Produced by X, Y and
+# the Online Distributed Proofreading Team."): only among the first CREDIT_PARAGRAPHS.
+_CREDIT = re.compile(r"\b(?:produced|prepared|scanned|scanning|transcribed|proofed|proofing"
+                     r"|proofread)\b.*\bby\b|\bdistributed proofread", re.IGNORECASE)
+CREDIT_PARAGRAPHS = 10
+MAX_CREDIT_LINES = 3
+# Lists are not sentences: a table of contents or a play's cast list (the paragraphs after such a
+# heading, up to the first that reads as text), and tab-aligned blocks. (Space-aligned columns
+# are left alone: indented verse and quoted tables in prose have them too.)
+_LIST_HEADING = re.compile(r"^(?:table of )?contents|^dramatis person\w*|^persons represented"
+                           r"|^characters(?: in the play)?|^(?:list of )?illustrations",
+                           re.IGNORECASE)
+_LIST_HEADING_LINE = re.compile(_LIST_HEADING.pattern + r"\W*$", re.IGNORECASE)
+_COLUMN_GAP = re.compile(r"\S\t+\S")
+MAX_LIST_ENTRY_WORDS = 12
+# Verse with no blank lines between stanzas: a paragraph of verse over MAX_VERSE_WORDS words
+# is cut after the line that ends a sentence once a passage holds VERSE_PASSAGE_WORDS words (at
+# the latest at MAX_VERSE_WORDS, at a line end). The longest speech in the shared plays has 461.
+MAX_VERSE_WORDS = 500
+VERSE_PASSAGE_WORDS = 100
+# Front matter: the title page's lines ("by", "Series One", "Translated by CJ Hogarth") after a
+# Project Gutenberg header, before the first paragraph that reads as text, among the first
+# FRONT_MATTER_PARAGRAPHS.
+FRONT_MATTER_PARAGRAPHS = 20
+MIN_CENTRED_INDENT = 4  # a title page's lines are centred: most of a paragraph's lines indented
+MIN_TEXT_WORDS = 6
+_TEXT_END = re.compile(r"[.!?:;,][\"'\u2019\u201d)\]_]*$|\)$")
+MIN_VERSE_CAPITALS = 0.8  # share of lines that start with a capital: hard-wrapped prose has ~0.2
+_SENTENCE_END = re.compile(r"[.!?][\"'\u2019\u201d)\]]*$")
 # Paragraphs longer than this are never unwrapped (see `_paragraph`): the cap on --max_passage_chars.
 MAX_UNWRAP_CHARS = 10_000_000
 
@@ -90,6 +141,8 @@ class Paragraph:
     line: int  # 1-based line number of its first line in the normalised text
     raw_chars: int  # characters before unwrapping (what the passage-length guard checks)
     num_lines: int = 1  # lines before unwrapping: a heading is always a single line
+    lines: tuple[str, ...] = field(default=(), compare=False)  # stripped, before unwrapping
+    indented_lines: int = field(default=0, compare=False)  # lines indented by 4+ (centred)
 
 
 @dataclass(frozen=True)
@@ -120,6 +173,11 @@ class Book:
     header_stripped: bool
     footer_stripped: bool
     bad_paragraphs: tuple[tuple[str, str], ...] = field(default=())  # (record, reason)
+    control_chars_removed: int = 0  # Ctrl-Z, SO, ... (a form feed counts, and becomes a line end)
+    transcriber_notes_dropped: int = 0  # paragraphs about the etext, production credits
+    list_blocks_dropped: int = 0  # table of contents, cast list, column-aligned paragraphs
+    verse_paragraphs_split: int = 0  # long verse paragraphs cut into passages of sentences
+    front_matter_dropped: int = 0  # title-page paragraphs before the first that reads as text
 
 
 def control_fraction(data: bytes) -> float:
@@ -148,6 +206,15 @@ def decode_book(data: bytes) -> DecodedText:
         return DecodedText(data.decode("latin-1"), "latin-1")
 
 
+def remove_controls(text: str) -> tuple[str, int]:
+    """Text without C0 control characters (tab and line ends stay; a form feed becomes a line
+    end), and how many there were. Old DOS etexts end with Ctrl-Z (0x1A)."""
+    clean = text.translate(_TEXT_CONTROLS)
+    if len(clean) == len(text) and clean == text:
+        return text, 0
+    return clean, sum(1 for c in text if ord(c) in _TEXT_CONTROLS)
+
+
 def normalize_newlines(text: str) -> str:
     """CRLF (DOS) and lone CR (classic Mac) line ends become LF."""
     return text.replace("\r\n", "\n").replace("\r", "\n")
@@ -163,12 +230,22 @@ class GutenbergBody:
 
 
 def strip_gutenberg(lines: list[str]) -> GutenbergBody:
-    """Drop the Project Gutenberg licence header and footer, keeping the text between them."""
-    footer = _first_match(_FOOTER_START, lines, 0)
-    header_end = _last_match(_HEADER_END, lines, 0, len(lines) if footer is None else footer)
+    """Drop the Project Gutenberg licence header and footer, keeping the text between them.
+
+    The header ends at the last "*** START OF ..." marker before the text's end, else (1990s
+    etexts) at the small print's END line when that licence comes first, in the first half of
+    the file (after the text, the same small print is part of the footer). The footer starts at
+    the first "End of ..." line or small-print START after the header.
+    """
+    text_end = _first_match(_FOOTER_LINE, lines, 0)
+    limit = len(lines) if text_end is None else text_end
+    header_end = _last_match(_START_MARKER, lines, 0, limit)
+    if header_end is None:
+        header_end = _first_match(_SMALL_PRINT_END, lines, 0, min(limit, (len(lines) + 1) // 2))
     start = 0 if header_end is None else header_end + 1
-    if footer is not None and footer < start:
-        footer = None
+    footer = _first_match(_FOOTER_LINE, lines, start)
+    licence = _first_match(_SMALL_PRINT_START, lines, start, len(lines) if footer is None else footer)
+    footer = footer if licence is None else licence
     title = None
     if header_end is not None:
         title = next((m.group("title").strip() for line in lines[:header_end]
@@ -177,8 +254,10 @@ def strip_gutenberg(lines: list[str]) -> GutenbergBody:
     return GutenbergBody(lines[start:end], start + 1, header_end is not None, footer is not None, title)
 
 
-def _first_match(pattern: re.Pattern, lines: list[str], start: int) -> int | None:
-    return next((i for i in range(start, len(lines)) if pattern.match(lines[i].strip())), None)
+def _first_match(pattern: re.Pattern, lines: list[str], start: int, end: int | None = None
+                 ) -> int | None:
+    end = len(lines) if end is None else end
+    return next((i for i in range(start, end) if pattern.match(lines[i].strip())), None)
 
 
 def _last_match(pattern: re.Pattern, lines: list[str], start: int, end: int) -> int | None:
@@ -207,8 +286,11 @@ def _paragraph(block: list[str], line: int) -> Paragraph:
     raw_chars = sum(len(b) for b in block)
     # Collapsing a huge block would build a huge word list; the length guard rejects it anyway
     # (BookConfig caps --max_passage_chars at MAX_UNWRAP_CHARS, so "" never becomes a passage).
-    text = " ".join(" ".join(block).split()) if raw_chars <= MAX_UNWRAP_CHARS else ""
-    return Paragraph(text, line, raw_chars, len(block))
+    if raw_chars > MAX_UNWRAP_CHARS:
+        return Paragraph("", line, raw_chars, len(block))
+    return Paragraph(" ".join(" ".join(block).split()), line, raw_chars, len(block),
+                     tuple(b.strip() for b in block),
+                     sum(len(b) - len(b.lstrip()) >= MIN_CENTRED_INDENT for b in block))
 
 
 def heading_kind(text: str) -> str | None:
@@ -246,20 +328,38 @@ def book_title(lines: list[str]) -> tuple[str | None, int]:
     return None, -1
 
 
-def select_passages(paragraphs: list[Paragraph], config: BookConfig
-                    ) -> tuple[list[str], int, list[tuple[str, str]]]:
-    """Drop headings (and a chapter's short title line right after a "CHAPTER n" line) and set
-    aside over-long paragraphs. Returns (passages, headings dropped, bad paragraphs)."""
+@dataclass(frozen=True)
+class Selection:
+    """What `select_passages` kept and why it dropped the rest (each count is a counter)."""
+    passages: list[str]
+    headings_dropped: int = 0
+    bad: list[tuple[str, str]] = field(default_factory=list)  # (record, reason)
+    transcriber_notes_dropped: int = 0
+    list_blocks_dropped: int = 0
+    verse_paragraphs_split: int = 0
+    front_matter_dropped: int = 0
+
+
+def select_passages(paragraphs: list[Paragraph], config: BookConfig,
+                    after_header: bool = False) -> Selection:
+    """Drop headings (and a chapter's short title line right after a "CHAPTER n" line),
+    transcriber's notes and lists; cut long verse into passages of whole sentences; set aside
+    over-long paragraphs. `after_header`: the text follows a Project Gutenberg header, so it
+    opens with the book's title page (front matter, dropped up to the first paragraph of text)."""
     passages: list[str] = []
     bad: list[tuple[str, str]] = []
-    dropped = 0
-    after_chapter = False
-    for p in paragraphs:
+    dropped = notes = lists = verse = front = 0
+    after_chapter = in_list = False
+    in_front = after_header
+    for index, p in enumerate(paragraphs):
         if p.raw_chars > config.max_passage_chars:
             reason = (f"paragraph of {p.raw_chars} characters exceeds --max_passage_chars="
                       f"{config.max_passage_chars} (line breaks lost, or not a book)")
             bad.append((f"paragraph at line {p.line}", reason))
-            after_chapter = False
+            after_chapter = in_list = False
+            continue
+        if is_file_note(p) or (index < CREDIT_PARAGRAPHS and is_credit(p)):
+            notes += 1
             continue
         kind = heading_kind(p.text) if p.num_lines == 1 else None
         if kind is None and after_chapter and _is_chapter_title(p):
@@ -267,10 +367,86 @@ def select_passages(paragraphs: list[Paragraph], config: BookConfig
         if kind is not None:
             dropped += 1
             after_chapter = kind == "chapter"
+            # A capitals line inside a cast list ("DUCHESS OF VANHOLT") does not end it.
+            in_list = bool(_LIST_HEADING_LINE.match(p.text)) or (
+                in_list and kind == "capitals")
             continue
         after_chapter = False
-        passages.append(p.text)
-    return passages, dropped, bad
+        in_front = in_front and index < FRONT_MATTER_PARAGRAPHS and not reads_as_text(p)
+        if in_front:
+            front += 1
+            continue
+        in_list = (in_list or bool(_LIST_HEADING.match(p.text))) and is_list(p)
+        if in_list or is_column_block(p):
+            lists += 1
+            continue
+        pieces = split_verse(p)
+        verse += len(pieces) > 1
+        passages.extend(pieces)
+    return Selection(passages, dropped, bad, notes, lists, verse, front)
+
+
+def reads_as_text(p: Paragraph) -> bool:
+    """Not a title-page line: MIN_TEXT_WORDS words or more, more lower-case than capital
+    letters, ending as a sentence (or a clause, or a parenthesis) does, and not centred."""
+    letters = [c for c in p.text if c.isalpha()]
+    return len(p.text.split()) >= MIN_TEXT_WORDS and bool(_TEXT_END.search(p.text)) \
+        and 2 * sum(c.islower() for c in letters) > len(letters) \
+        and 2 * p.indented_lines <= p.num_lines
+
+
+def is_file_note(p: Paragraph) -> bool:
+    """A paragraph about the etext (names Project Gutenberg, an etext or an electronic edition)."""
+    return bool(_FILE_NOTE.search(p.text))
+
+
+def is_credit(p: Paragraph) -> bool:
+    """A short production credit ("Scanning and first proofing by ...")."""
+    return p.num_lines <= MAX_CREDIT_LINES and bool(_CREDIT.search(p.text))
+
+
+def is_list(p: Paragraph) -> bool:
+    """Every line reads as a list entry: short, and not a line that a sentence runs on from
+    (verse and prose lines end in commas and semicolons, or are long); a single line that reads
+    as a sentence is text."""
+    lines = p.lines or (p.text,)
+    if len(lines) == 1 and reads_as_text(p):
+        return False
+    return all(len(line.split()) <= MAX_LIST_ENTRY_WORDS and not line.endswith((",", ";"))
+               for line in lines)
+
+
+def is_column_block(p: Paragraph) -> bool:
+    """At least three lines, half of them with two entries a tab apart."""
+    return p.num_lines >= 3 and 2 * sum(bool(_COLUMN_GAP.search(line)) for line in p.lines) \
+        >= p.num_lines
+
+
+def is_verse(p: Paragraph) -> bool:
+    """Most lines start with a capital letter (after quotes and brackets), as verse lines do."""
+    if p.num_lines < 4 or not p.lines:
+        return False
+    capitals = sum(line.lstrip(_QUOTES + "[")[:1].isupper() for line in p.lines)
+    return capitals >= MIN_VERSE_CAPITALS * p.num_lines
+
+
+def split_verse(p: Paragraph) -> list[str]:
+    """A verse paragraph over MAX_VERSE_WORDS words -> passages of whole sentences (each ends at
+    a line that ends a sentence, once it holds VERSE_PASSAGE_WORDS words); else [p.text]."""
+    if len(p.text.split()) <= MAX_VERSE_WORDS or not is_verse(p):
+        return [p.text]
+    pieces: list[str] = []
+    current: list[str] = []
+    words = 0
+    for line in p.lines:
+        current.append(line)
+        words += len(line.split())
+        if (words >= VERSE_PASSAGE_WORDS and _SENTENCE_END.search(line)) or words >= MAX_VERSE_WORDS:
+            pieces.append(" ".join(" ".join(current).split()))
+            current, words = [], 0
+    if current:
+        pieces.append(" ".join(" ".join(current).split()))
+    return pieces
 
 
 def _is_chapter_title(p: Paragraph) -> bool:
@@ -290,18 +466,24 @@ def extract_book(data: bytes, config: BookConfig = BookConfig()) -> Book:
             raise BadBookError("file", f"binary, not text: {share:.1%} of bytes are control "
                                        f"characters such as NUL (--max_control_fraction="
                                        f"{config.max_control_fraction})")
-    lines = normalize_newlines(decoded.text).split("\n")
+    text, controls = remove_controls(decoded.text)
+    lines = normalize_newlines(text).split("\n")
     body = strip_gutenberg(lines)
     title, title_index = book_title(body.lines)
     body_lines = list(body.lines)
     if title_index >= 0:
         body_lines[title_index] = ""  # the title is metadata, not a passage
     paragraphs = split_paragraphs(body_lines, body.first_line)
-    passages, dropped, bad = select_passages(paragraphs, config)
-    if not passages and not bad:
+    selection = select_passages(paragraphs, config, after_header=body.header_stripped)
+    if not selection.passages and not selection.bad:
         raise BadBookError("file", "no text left after removing the Project Gutenberg header, "
                                    "footer and headings")
-    return Book(title=title or body.title, passages=tuple(passages), encoding=decoded.encoding,
-                fell_back=decoded.fell_back, headings_dropped=dropped,
+    return Book(title=title or body.title, passages=tuple(selection.passages),
+                encoding=decoded.encoding, fell_back=decoded.fell_back,
+                headings_dropped=selection.headings_dropped,
                 header_stripped=body.header_stripped, footer_stripped=body.footer_stripped,
-                bad_paragraphs=tuple(bad))
+                bad_paragraphs=tuple(selection.bad), control_chars_removed=controls,
+                transcriber_notes_dropped=selection.transcriber_notes_dropped,
+                list_blocks_dropped=selection.list_blocks_dropped,
+                verse_paragraphs_split=selection.verse_paragraphs_split,
+                front_matter_dropped=selection.front_matter_dropped)

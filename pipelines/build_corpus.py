@@ -236,8 +236,11 @@ def run(argv: Sequence[str] | None = None) -> dict:
     text_column = "sentences" if config.text_output else None
     log.info("build_corpus: %d input files, %d shard(s), config %s",
              len(files), num_shards, dataclasses.asdict(config))
-    storage.makedirs(config.output)
-    parquet_io.clear_previous_output(config.output, PREFIX, [duplicates_path(config.output)])
+    jobs.warn_if_too_large_for_local_runner(log, NAMESPACE, sum(sizes.values()), options)
+    dry_run = jobs.is_dry_run(options)
+    if not dry_run:  # a dry run leaves an earlier output as it is
+        storage.makedirs(config.output)
+        parquet_io.clear_previous_output(config.output, PREFIX, [duplicates_path(config.output)])
 
     with beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline:
         read = (pipeline
@@ -253,6 +256,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
             parquet_io.dead_letter_path(config.output))
         _ = built["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
             duplicates_path(config.output))
+    if dry_run:
+        return jobs.dry_run_summary(NAMESPACE, pipeline)
     counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
     return finish(config, files, folders, sizes, num_shards, text_column, counts)
 

@@ -7,8 +7,10 @@
 Each file becomes one document (`doc_id` "books/<path below the input folder, without its
 extension>": "books/crlf" for a top-level crlf.txt, "books/austen/emma/text" for
 austen/emma/text.txt; title from the book's first bracketed line): decoded (UTF-8 with or without BOM, else CP1252/Latin-1, counted), CRLF
-normalised, Project Gutenberg header/footer and chapter headings dropped, hard-wrapped lines
-unwrapped into one passage per paragraph (see `pipelines/books.py`).
+normalised, control characters (DOS Ctrl-Z) removed, Project Gutenberg header/footer (1990s and
+later forms), transcriber's notes, title pages, lists and chapter headings dropped, hard-wrapped
+lines unwrapped into one passage per paragraph, long verse cut at sentence ends (see
+`pipelines/books.py`; each of these is a counter in the manifest).
 
 Bad input is set aside in `<output>/dead_letter/` and counted, never dropped silently: an empty or
 binary file, a file with no text left, an unreadable file (one record each), and a paragraph
@@ -37,18 +39,21 @@ from pipelines import books, jobs, parquet_io, storage
 from pipelines.documents import DOCUMENT_SCHEMA
 
 NAMESPACE = "extract_books"
-OUTPUT_VERSION = 1
+OUTPUT_VERSION = 2
 """Bumped when the same input and options give other records (ids, fields, text rules). In the
 manifest, and in the flow's stage hash from 2 on, so a cached output of older code is not
 reused. (Version 1 includes the session-4 doc ids, from the path below the input folder: folders
 built before them keep their keys, as a forced rebuild would restart pre-training downstream of
-an output that is consistent with everything built from it.)"""
+an output that is consistent with everything built from it. Version 2: 1990s etext headers and
+footers, control characters, transcriber's notes, front matter, lists and long verse.)"""
 PREFIX = "documents"
 DEFAULT_EXCLUDE = "README*,LICENSE*,LICENCE*,COPYING*,*.md,*.json,*.parquet"
 # Counter names, in manifest order.
 COUNTERS = ("files_read", "decoded_utf8", "decoded_fallback", "documents", "passages",
             "headings_dropped", "gutenberg_headers_stripped", "gutenberg_footers_stripped",
-            "bad_records", "passages_set_aside")
+            "bad_records", "passages_set_aside", "control_chars_removed",
+            "transcriber_notes_dropped", "front_matter_dropped", "list_blocks_dropped",
+            "verse_paragraphs_split")
 log = logging.getLogger(__name__)
 
 
@@ -127,6 +132,9 @@ def extract_path(file: storage.InputFile, config: books.BookConfig, counters: di
     counters["headings_dropped"].inc(book.headings_dropped)
     counters["gutenberg_headers_stripped"].inc(int(book.header_stripped))
     counters["gutenberg_footers_stripped"].inc(int(book.footer_stripped))
+    for name in ("control_chars_removed", "transcriber_notes_dropped", "front_matter_dropped",
+                 "list_blocks_dropped", "verse_paragraphs_split"):
+        counters[name].inc(getattr(book, name))
     for record, reason in book.bad_paragraphs:
         counters["bad_records"].inc()
         counters["passages_set_aside"].inc()
@@ -189,8 +197,11 @@ def run(argv: Sequence[str] | None = None) -> dict:
     num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
     log.info("extract_books: %d books (%d excluded), %d shard(s), config %s",
              len(files), len(excluded), num_shards, dataclasses.asdict(config))
-    storage.makedirs(config.output)
-    parquet_io.clear_previous_output(config.output, PREFIX)
+    jobs.warn_if_too_large_for_local_runner(log, NAMESPACE, sum(sizes.values()), options)
+    dry_run = jobs.is_dry_run(options)
+    if not dry_run:  # a dry run leaves an earlier output as it is
+        storage.makedirs(config.output)
+        parquet_io.clear_previous_output(config.output, PREFIX)
 
     with beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline:
         results = (pipeline
@@ -202,6 +213,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
             config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
         _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             parquet_io.dead_letter_path(config.output))
+    if dry_run:
+        return jobs.dry_run_summary(NAMESPACE, pipeline)
     counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
     return finish(config, [f.path for f in files], excluded, sizes, num_shards, counts)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipelines import parquet_io, storage
+from pipelines import jobs, parquet_io, storage
 from pipelines.documents import DOCUMENT_SCHEMA, Document
 from pipelines.jobs import (
     DEAD_LETTER_DIR,
@@ -288,9 +288,12 @@ def run(argv: Sequence[str] | None = None) -> dict:
     resolved = {"input": files, **dataclasses.asdict(config)}
     LOG.info("%s config: %s -> %s", STAGE, json.dumps(resolved, sort_keys=True), args.output)
 
-    storage.makedirs(args.output)
-    # A previous run (maybe with another split plan) must leave no shard this run does not write.
-    parquet_io.clear_previous_output(args.output, PREFIX)
+    dry_run = jobs.is_dry_run(options)
+    if not dry_run:  # a dry run leaves an earlier output as it is
+        storage.makedirs(args.output)
+        # A previous run (maybe with another split plan) must leave no shard this run does not
+        # write.
+        parquet_io.clear_previous_output(args.output, PREFIX)
 
     splits = _indexed_splits(inputs, config)
     LOG.info("%d input files -> %d splits", len(files), len(splits))
@@ -305,6 +308,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
             | "Collect" >> beam.combiners.ToList()
             | "Finalise" >> beam.Map(_finalise, output_dir, resolved, inputs)
         )
+    if dry_run:
+        return jobs.dry_run_summary(STAGE, pipeline)
     totals = parquet_io.query_counters(pipeline.result, METRICS_NAMESPACE, COUNT_NAMES)
     LOG.info("Beam metrics: %s", json.dumps(totals, sort_keys=True))
     dead_letters = parquet_io.dead_letter_path(args.output)

@@ -52,6 +52,100 @@ def local_runner(beam_options):
     return FnApiRunner()
 
 
+def is_dry_run(beam_options) -> bool:
+    """`--dry_run=True`: the runner builds the job graph and runs nothing (with DataflowRunner
+    and `--no_auth`, the whole pipeline is translated and pickled without a cloud account)."""
+    from apache_beam.options.pipeline_options import TestOptions
+    return bool(beam_options.view_as(TestOptions).dry_run)
+
+
+def dry_run_summary(job: str, pipeline) -> dict:
+    """What a dry run returns instead of a manifest (nothing ran, so nothing was written or
+    counted): the job, the runner and the transforms of the graph it built."""
+    transforms = pipeline.to_runner_api().components.transforms
+    names = sorted({t.unique_name.split("/")[0] for t in transforms.values() if t.unique_name})
+    runner = type(pipeline.runner).__name__
+    logging.getLogger(job).info("%s: dry run on %s: the job graph (%d transforms) was built; "
+                                "nothing was run and no output was written", job, runner,
+                                len(transforms))
+    return {"stage": job, "dry_run": True, "runner": runner, "num_transforms": len(transforms),
+            "top_level_transforms": names}
+
+
+# Peak memory of a local run (FnApiRunner, one worker) = base + factor * input bytes, fitted by
+# benchmarks/bench_local_memory.py on the shared books + Wikipedia replicated 1x-16x
+# (benchmarks/RESULTS.md, "Local runner memory"). Input bytes: book text for extract_books, the
+# documents / corpus Parquet files for build_corpus and make_shards (at --dupe_factor 2; its
+# instances, and so its memory, grow with the dupe factor). Each job's outputs are grouped (by
+# shard, by document hash) in the runner's memory, hence the growth with the input.
+LOCAL_MEMORY_FIT = {
+    "extract_books": (220e6, 5.5),
+    "build_corpus": (292e6, 20.7),
+    "make_shards": (218e6, 50.3),
+}
+MEASURED_DUPE_FACTOR = 2
+LOCAL_MEMORY_ENV = "BERT_LOCAL_MEMORY_BYTES"
+"""Memory the local runner may use, in bytes (default: what the machine has available, or the
+container's limit when lower)."""
+
+
+def available_memory_bytes() -> int:
+    """BERT_LOCAL_MEMORY_BYTES if set, else the smaller of the memory available now and this
+    container's cgroup limit (a container sees its host's free memory)."""
+    if os.environ.get(LOCAL_MEMORY_ENV):
+        return int(float(os.environ[LOCAL_MEMORY_ENV]))
+    import psutil
+
+    available = psutil.virtual_memory().available
+    for limit_file in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(limit_file) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            available = min(available, int(text))
+    return available
+
+
+def local_memory_estimate(job: str, input_bytes: int, scale: float = 1.0) -> int | None:
+    """Expected peak memory of `job` on the local runner, None for a job not measured."""
+    if job not in LOCAL_MEMORY_FIT:
+        return None
+    base, factor = LOCAL_MEMORY_FIT[job]
+    return int(base + factor * scale * input_bytes)
+
+
+def warn_if_too_large_for_local_runner(logger: logging.Logger, job: str, input_bytes: int,
+                                       beam_options, scale: float = 1.0) -> bool:
+    """Before a local run: warn (and return True) when the input clearly needs more memory than
+    there is. The local runner holds grouped data in memory; beyond it, Dataflow or a Flink or
+    Spark cluster through Beam's portable runner (README, "Beyond one machine")."""
+    if not _runs_locally(beam_options):
+        return False
+    estimate = local_memory_estimate(job, input_bytes, scale)
+    if estimate is None:
+        return False
+    available = available_memory_bytes()
+    if estimate <= available:
+        return False
+    base, factor = LOCAL_MEMORY_FIT[job]
+    logger.warning(
+        "%s: %.2f GB of input needs about %.1f GB on Beam's local runner (measured: %.0f MB + "
+        "%.0f bytes per input byte), more than the %.1f GB available (%s): it will likely run "
+        "out of memory. Use --runner=DataflowRunner, or a Flink/Spark cluster with "
+        "--runner=PortableRunner (README, \"Beyond one machine\")", job, input_bytes / 1e9,
+        estimate / 1e9, base / 1e6, factor * scale, available / 1e9, LOCAL_MEMORY_ENV)
+    return True
+
+
+def _runs_locally(beam_options) -> bool:
+    from apache_beam.options.pipeline_options import StandardOptions
+    runner = beam_options.view_as(StandardOptions).runner
+    return runner is None or str(runner).split(".")[-1] in (
+        "DirectRunner", "FnApiRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
+
+
 @dataclass(frozen=True)
 class BadRecord:
     """A record a job set aside: written to `<output>/dead_letter/` and counted, never lost."""

@@ -799,6 +799,17 @@ def run(argv: list[str] | None = None) -> dict:
     options = {"input": [f.path for f in files], "vocab": args.vocab, "instance": asdict(cfg), "job": asdict(job)}
     logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), args.output,
                 "\n".join(f"  {k}: {v}" for k, v in {**asdict(cfg), **asdict(job)}.items()))
+    if job.mode != "reference":
+        jobs.warn_if_too_large_for_local_runner(
+            logger, "make_shards", sum(f.size_bytes for f in files), beam_options,
+            scale=cfg.dupe_factor / jobs.MEASURED_DUPE_FACTOR)
+    if jobs.is_dry_run(beam_options):  # the Beam graph only; an earlier output stays as it is
+        if job.mode == "reference":
+            raise ValueError("--dry_run builds the Beam job graph: it needs --mode=scalable "
+                             "(the reference mode runs no pipeline)")
+        with beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p:
+            _scalable_graph(p, files, args, cfg, job, vocab_size)
+        return jobs.dry_run_summary("make_shards", p)
     storage.makedirs(args.output)
     storage.withdraw_manifest(args.output)  # a crash must not leave a complete-looking mix
     start = time.perf_counter()
@@ -827,13 +838,19 @@ def run(argv: list[str] | None = None) -> dict:
     return manifest
 
 
+def _scalable_graph(p, files, args, cfg, job, vocab_size) -> None:
+    """The scalable mode's pipeline: shards, and their infos saved to one side file."""
+    infos_path = storage.join(args.output, _SHARD_INFOS)
+    infos = build_scalable_pipeline(p, files, args.output, args.vocab, cfg, job, vocab_size)
+    _ = (infos | "CollectInfos" >> beam.combiners.ToList()
+         | "SaveInfos" >> beam.Map(lambda lines: storage.atomic_write_text(
+             infos_path, "".join(line + "\n" for line in sorted(lines)))))
+
+
 def _run_scalable(files, args, beam_options, cfg, job, vocab_size):
     infos_path = storage.join(args.output, _SHARD_INFOS)
     with beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p:
-        infos = build_scalable_pipeline(p, files, args.output, args.vocab, cfg, job, vocab_size)
-        _ = (infos | "CollectInfos" >> beam.combiners.ToList()
-             | "SaveInfos" >> beam.Map(lambda lines: storage.atomic_write_text(
-                 infos_path, "".join(line + "\n" for line in sorted(lines)))))
+        _scalable_graph(p, files, args, cfg, job, vocab_size)
     result = p.result
     with storage.open_read(infos_path) as f:
         infos = [shards.ShardInfo.from_json(line) for line in f if line.strip()]

@@ -241,7 +241,9 @@ def run(argv: Sequence[str] | None = None) -> dict:
     inputs = drop_text_renderings(storage.expand_inputs(args.input))
     logger.info("train_vocab: %d input file(s) -> %s; config %s", len(inputs), args.output,
                 config.resolved())
-    storage.withdraw_manifest(args.output)
+    dry_run = jobs.is_dry_run(options)
+    if not dry_run:  # a dry run leaves an earlier output as it is
+        storage.withdraw_manifest(args.output)
     with beam.Pipeline(runner=jobs.local_runner(options), options=options) as p:
         read = (p
                 | "Files" >> beam.Create(inputs)
@@ -256,6 +258,8 @@ def run(argv: Sequence[str] | None = None) -> dict:
                  config=config, inputs=inputs, input_arg=args.input,
                  num_texts=beam.pvalue.AsSingleton(num_texts),
                  show_progress=not args.no_progress))
+    if dry_run:
+        return jobs.dry_run_summary("train_vocab", p)
     manifest = storage.read_manifest(args.output)
     dead_letters = parquet_io.dead_letter_path(args.output)
     if manifest is None:

@@ -231,11 +231,15 @@ def test_real_books_encodings_titles_and_counts(shared_books):
     assert fell_back == ["chesterton-ball", "shakespeare-caesar"]
     assert shared_books["austen-emma"].title == "Emma by Jane Austen 1816"
     assert shared_books["melville-moby_dick"].title == "Moby Dick by Herman Melville 1851"
+    # whitman-leaves has one verse paragraph of 167 lines without stanza breaks, cut into
+    # passages of sentences.
     assert {n: len(b.passages) for n, b in shared_books.items()} == {
         "austen-emma": 2310, "austen-persuasion": 1006, "austen-sense": 1808,
         "blake-poems": 229, "chesterton-ball": 1521, "chesterton-brown": 1146,
         "chesterton-thursday": 1256, "melville-moby_dick": 2515, "shakespeare-caesar": 737,
-        "shakespeare-hamlet": 943, "shakespeare-macbeth": 649, "whitman-leaves": 2441}
+        "shakespeare-hamlet": 943, "shakespeare-macbeth": 649, "whitman-leaves": 2442}
+    assert {n: b.verse_paragraphs_split for n, b in shared_books.items()
+            if b.verse_paragraphs_split} == {"whitman-leaves": 1}
     assert all(not b.bad_paragraphs for b in shared_books.values())
 
 
@@ -281,9 +285,10 @@ def test_job_on_shared_books_counts_and_manifest(shared_run, shared_data):
     assert pq.read_schema(out / "documents-00000-of-00001.parquet") == DOCUMENT_SCHEMA
     assert manifest["counts"] == {
         "files_read": 12, "decoded_utf8": 10, "decoded_fallback": 2, "documents": 12,
-        "passages": 16561, "headings_dropped": 610, "gutenberg_headers_stripped": 0,
+        "passages": 16562, "headings_dropped": 610, "gutenberg_headers_stripped": 0,
         "gutenberg_footers_stripped": 1, "bad_records": 0, "passages_set_aside": 0,
-        "files_excluded": 1}
+        "control_chars_removed": 0, "transcriber_notes_dropped": 0, "front_matter_dropped": 0,
+        "list_blocks_dropped": 0, "verse_paragraphs_split": 1, "files_excluded": 1}
     assert manifest["excluded_inputs"] == [str(shared_data / "books" / "README.nltk-gutenberg.txt")]
     assert json.loads((out / "manifest.json").read_text()) == manifest
     assert [o["path"] for o in manifest["outputs"]] == [

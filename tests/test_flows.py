@@ -836,7 +836,7 @@ def test_extraction_stage_is_rebuilt_when_the_jobs_output_version_changes(tmp_pa
     assert steps.extract_stage_config("in", "sha", 1) == {"input": "in", "input_sha": "sha"}
     first = steps.extract_books(cfg)
     assert (first.cached, steps.extract_books(cfg).cached) == (False, True)
-    assert first.manifest["output_version"] == extract_books.OUTPUT_VERSION == 1
-    monkeypatch.setattr(extract_books, "OUTPUT_VERSION", 2)
+    assert first.manifest["output_version"] == extract_books.OUTPUT_VERSION == 2
+    monkeypatch.setattr(extract_books, "OUTPUT_VERSION", 3)
     newer = steps.extract_books(cfg)
     assert not newer.cached and newer.path != first.path
