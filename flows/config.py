@@ -178,7 +178,8 @@ def tiny() -> DagConfig:
                                 learning_rate=1e-3, warmup_steps=60, zero_stage=1,
                                 precision="bf16"),
         # A family's demo task is its name here and its sample folder in data/sample/.
-        finetune=FinetuneSettings(data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2"),
+        finetune=FinetuneSettings(data=str(SAMPLE),
+                                  tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
                                   learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0,
                                   batch_size=32),
     )
