@@ -22,7 +22,7 @@ from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
 from model.bert import BertConfig, BertModel
-from model.heads import BertForPreTraining, BertForSequenceClassification
+from model.heads import BertForMultipleChoice, BertForPreTraining, BertForSequenceClassification
 from pipelines import storage
 from pipelines.tokenization import read_vocab, save_tokenizer_folder
 
@@ -215,7 +215,8 @@ def vocab_do_lower_case(vocab_dir: str) -> bool:
 def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
                      do_lower_case: bool | None = None) -> None:
     """Write `config.json`, `model.safetensors`, `vocab.txt`, `tokenizer.json` and the tokenizer
-    configs for `transformers` (BertForPreTraining, BertForSequenceClassification or BertModel).
+    configs for `transformers` (BertForPreTraining, BertForSequenceClassification,
+    BertForMultipleChoice or BertModel).
 
     `do_lower_case`: None = as the vocabulary folder says (`vocab_do_lower_case`)."""
     if do_lower_case is None:
@@ -234,6 +235,8 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
         extra = {"num_labels": model.num_labels,
                  "problem_type": "regression" if model.num_labels == 1 else
                  "single_label_classification"}
+    elif isinstance(model, BertForMultipleChoice):
+        architecture, prefix = "BertForMultipleChoice", "bert."
     elif isinstance(model, BertModel):
         architecture, prefix = "BertModel", ""
     else:
@@ -255,6 +258,8 @@ def save_checkpoint(model: nn.Module, folder: str) -> None:
         head = {"kind": "pretraining", "next_sentence": model.nsp is not None}
     elif isinstance(model, BertForSequenceClassification):
         head = {"kind": "classification", "num_labels": model.num_labels}
+    elif isinstance(model, BertForMultipleChoice):
+        head = {"kind": "multiple_choice"}
     elif isinstance(model, BertModel):
         head = {"kind": "encoder"}
     else:
@@ -277,6 +282,8 @@ def load_checkpoint(folder: str) -> nn.Module:
         model: nn.Module = BertForPreTraining(config, next_sentence=head["next_sentence"])
     elif head["kind"] == "classification":
         model = BertForSequenceClassification(config, head["num_labels"])
+    elif head["kind"] == "multiple_choice":
+        model = BertForMultipleChoice(config)
     elif head["kind"] == "encoder":
         model = BertModel(config)
     else:
