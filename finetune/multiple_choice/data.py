@@ -222,22 +222,22 @@ def read_choice_csv(path: str, spec: ChoiceTaskSpec, labelled: bool = True,
                 raise ValueError(f"id {example.example_id!r} repeats line "
                                  f"{seen[example.example_id]}")
         except ValueError as e:
-            where = _where(spec, index, fields, line)
+            which = _which(spec, index, fields)
             if not skip_bad_records:
-                raise MultipleChoiceFormatError(f"{path}:{where}: {e}") from None
-            bad.append(BadRecord(path, where, str(e)))
+                raise MultipleChoiceFormatError(f"{path}:{line}{which}: {e}") from None
+            bad.append(BadRecord(path, f"line {line}{which}", str(e)))
             continue
         seen[example.example_id] = line
         examples.append(example)
     return ChoiceSplit(spec.name, path, examples, bad)
 
 
-def _where(spec: ChoiceTaskSpec, index: dict[str, int], fields: list[str], line: int) -> str:
-    """"line 7" or "line 7 (id abc)" when the row's id can be read."""
+def _which(spec: ChoiceTaskSpec, index: dict[str, int], fields: list[str]) -> str:
+    """" (id abc)" when the row's id can be read, else ""."""
     column = index.get(spec.id_column) if spec.id_column is not None else None
     if column is not None and column < len(fields) and fields[column]:
-        return f"line {line} (id {fields[column]})"
-    return f"line {line}"
+        return f" (id {fields[column]})"
+    return ""
 
 
 def read_split(data_dir: str, spec: ChoiceTaskSpec, split: str,
