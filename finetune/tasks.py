@@ -17,6 +17,7 @@ from finetune.family import Family
 
 FAMILIES: Mapping[str, str] = {
     "glue": "finetune.glue",
+    "multiple_choice": "finetune.multiple_choice",
 }
 """Family name -> the package exporting FAMILY and TASKS."""
 

@@ -30,9 +30,9 @@ def cosmos(cosmos_valid):
 
 @pytest.fixture(scope="module")
 def tokenizer(minilm_dir):
-    from finetune.glue.data import load_glue_tokenizer
+    from finetune.checkpoint import load_tokenizer
 
-    return load_glue_tokenizer(str(minilm_dir))
+    return load_tokenizer(str(minilm_dir))
 
 
 def test_swag_official_csv(swag_val):
@@ -149,25 +149,25 @@ def test_file_level_problems_are_errors_even_when_skipping(tmp_path):
 
 
 def test_a_file_of_only_bad_rows_is_an_error(tmp_path):
-    data = tmp_path / "cosmosqa"
-    data.mkdir()
-    write(data, COSMOS_HEADER + "q1,ctx,why?,a,b,c,d,7\r\n", "train.csv")
+    write(tmp_path, COSMOS_HEADER + "q1,ctx,why?,a,b,c,d,7\r\n", "train.csv")
     with pytest.raises(mc_data.MultipleChoiceFormatError,
                        match=r"train\.csv: no cosmosqa examples \(1 malformed rows set aside\)"):
         mc_data.read_split(str(tmp_path), COSMOS, "train", skip_bad_records=True)
 
 
 def test_check_files_names_the_missing_file_and_a_bad_header(tmp_path, swag_val):
-    with pytest.raises(FileNotFoundError, match=r"swag/train\.csv: no swag train file"):
-        mc_data.check_files(str(tmp_path), SWAG)
-    (tmp_path / "swag").mkdir()
-    (tmp_path / "swag" / "train.csv").write_bytes(swag_val.read_bytes())
+    swag = tmp_path / "swag"
+    swag.mkdir()
+    with pytest.raises(FileNotFoundError, match=r"swag/train\.csv: no swag train file \(the "
+                                                r"folder needs train\.csv and val\.csv\)"):
+        mc_data.check_files(str(swag), SWAG)
+    (swag / "train.csv").write_bytes(swag_val.read_bytes())
     with pytest.raises(FileNotFoundError, match=r"swag/val\.csv: no swag dev file"):
-        mc_data.check_files(str(tmp_path), SWAG)
-    (tmp_path / "swag" / "val.csv").write_text("video-id,sent1,sent2,label\n1,a,b,0\n")
+        mc_data.check_files(str(swag), SWAG)
+    (swag / "val.csv").write_text("video-id,sent1,sent2,label\n1,a,b,0\n")
     with pytest.raises(mc_data.MultipleChoiceFormatError,
                        match=r"val\.csv:1: header lacks the swag columns \['ending0', 'ending1'"):
-        mc_data.check_files(str(tmp_path), SWAG)
+        mc_data.check_files(str(swag), SWAG)
 
 
 def test_subset_is_fixed_and_in_file_order(cosmos):
@@ -195,10 +195,10 @@ def test_encoding_equals_transformers_tokenizer(cosmos, tokenizer, minilm_dir):
     assert encoded.num_choices == 4 and len(encoded) == 200
     assert encoded.labels.tolist() == [e.label for e in examples]
     assert encoded.lengths[0] == sum(len(s) for s in ids[:4])
-    # A shorter limit truncates through a copy: the caller's tokenizer keeps its own setting.
+    # Truncation happens in a copy: the caller's tokenizer keeps its own setting (none).
     short = mc_data.encode_split(tokenizer, examples[:5], 64)
     assert max(len(s) for x in short.input_ids for s in x) == 64
-    assert tokenizer.truncation["max_length"] == 128
+    assert tokenizer.truncation is None
 
 
 def test_swag_encoding_is_sent1_then_sent2_and_ending(swag_val, tokenizer):

@@ -17,24 +17,26 @@ from model.hf import export_hf_folder, load_checkpoint, save_checkpoint
 
 @pytest.fixture(scope="module")
 def encoder(minilm_dir):
-    from finetune.glue.finetune import load_encoder
+    from finetune.checkpoint import load_encoder
 
     return load_encoder(str(minilm_dir))
 
 
 @pytest.fixture(scope="module")
 def tokenizer(minilm_dir):
-    from finetune.glue.data import load_glue_tokenizer
+    from finetune.checkpoint import load_tokenizer
 
-    return load_glue_tokenizer(str(minilm_dir))
+    return load_tokenizer(str(minilm_dir))
 
 
 @pytest.fixture(scope="module")
 def cosmos12(shared_data, tokenizer):
-    """12 real Cosmos QA questions (48 sequences, some truncated to 128 tokens)."""
+    """12 real Cosmos QA questions (48 sequences): the first 8 and 4 with truncated choices."""
     split = mc_data.read_choice_csv(
         str(shared_data / "multiple_choice" / "cosmosqa" / "valid.csv"), mc_data.SPECS["cosmosqa"])
-    examples = split.examples[:12]
+    head = mc_data.encode_split(tokenizer, split.examples[:100], 128)
+    truncated = [i for i, x in enumerate(head.input_ids) if any(len(s) == 128 for s in x)]
+    examples = split.examples[:8] + [split.examples[i] for i in truncated[:4]]
     return examples, mc_data.encode_split(tokenizer, examples, 128)
 
 
@@ -145,17 +147,119 @@ def test_family_recipe_and_tasks(encoder):
 
 
 def test_prepare_reads_subsets_and_counts(shared_data, tokenizer, tmp_path):
-    data = tmp_path / "data" / "cosmosqa"
-    data.mkdir(parents=True)
+    data = tmp_path / "cosmosqa"
+    data.mkdir()
     source = shared_data / "multiple_choice" / "cosmosqa" / "valid.csv"
     assert mc_data.split_by_group(str(source), "context", 5, str(data / "train.csv"),
                                   str(data / "valid.csv")) == (2379, 606)
-    FAMILY.check_files("cosmosqa", str(tmp_path / "data"))
-    prepared = FAMILY.prepare("cosmosqa", str(tmp_path / "data"), tokenizer, 128,
-                              max_train_examples=40, max_eval_examples=12,
-                              skip_bad_records=False)
+    FAMILY.check_files("cosmosqa", str(data))
+    prepared = FAMILY.prepare("cosmosqa", str(data), tokenizer, 128, max_train_examples=40,
+                              max_eval_examples=12, skip_bad_records=False)
     assert prepared.num_train_examples == 40 and prepared.num_dev_examples == {"dev": 12}
     assert len(prepared.train) == 40 and len(prepared.dev["dev"]) == 12
-    again = FAMILY.prepare("cosmosqa", str(tmp_path / "data"), tokenizer, 128, 40, 12, False)
+    again = FAMILY.prepare("cosmosqa", str(data), tokenizer, 128, 40, 12, False)
     assert again.train.example_ids == prepared.train.example_ids
     assert np.array_equal(again.dev["dev"].labels, prepared.dev["dev"].labels)
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end through `bert-finetune`
+# ---------------------------------------------------------------------------------------------
+
+SWAG_HEADER = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
+               "ending0", "ending1", "ending2", "ending3", "label"]
+
+
+def swag_train_csv(sample_json, path):
+    """transformers' SWAG sample (SWAG's first 10 training rows as JSON lines) in the official
+    CSV layout; the columns the sample lacks are left empty."""
+    import csv
+
+    rows = [json.loads(line) for line in sample_json.read_text(encoding="utf-8").splitlines()]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(SWAG_HEADER)
+        for i, row in enumerate(rows):
+            writer.writerow([i, "", "", "", *(row[c] for c in SWAG_HEADER[4:6]), "",
+                             *(row[f"ending{k}"] for k in range(4)), row["label"]])
+    return len(rows)
+
+
+def finetune(minilm_dir, data, out, task, *flags):
+    from finetune.cli import main
+
+    return main(["--model", str(minilm_dir), "--data", str(data), "--output", str(out),
+                 "--tasks", task, "--seeds", "1", "--epochs", "1", "--no_progress", *flags])
+
+
+def check_run(out, task, labels: dict[str, int], steps: int):
+    """results.json's accuracy is that of the predictions file against the gold labels."""
+    summary = json.loads((out / "results.json").read_text())
+    (result,) = summary["tasks"]
+    assert (result["task"], result["family"]) == (task, "multiple_choice")
+    assert [r["steps"] for r in result["runs"]] == [steps]
+    assert summary["task_configs"][task]["learning_rates"] == [2e-5]  # the SWAG recipe
+    predictions = json.loads((out / task / "predictions.json").read_text())
+    assert sorted(predictions) == sorted(labels)
+    assert set(predictions.values()) <= {0, 1, 2, 3}
+    right = sum(predictions[i] == label for i, label in labels.items())
+    assert result["metrics"]["accuracy"] == pytest.approx(right / len(labels))
+    assert f"| {task} | accuracy" in (out / "summary.md").read_text()
+
+
+def test_bert_finetune_cosmos_qa_slice(shared_data, minilm_dir, tmp_path):
+    """32 training questions of the passage split (2 steps of 16), 16 dev questions."""
+    data = tmp_path / "data"
+    (data / "cosmosqa").mkdir(parents=True)
+    mc_data.split_by_group(str(shared_data / "multiple_choice" / "cosmosqa" / "valid.csv"),
+                           "context", 5, str(data / "cosmosqa" / "train.csv"),
+                           str(data / "cosmosqa" / "valid.csv"))
+    out = tmp_path / "out"
+    assert finetune(minilm_dir, data, out, "cosmosqa", "--max_train_examples", "32",
+                    "--max_eval_examples", "16") == 0
+    dev = mc_data.subset(mc_data.read_split(str(data / "cosmosqa"), mc_data.SPECS["cosmosqa"],
+                                            "dev"), 16)
+    check_run(out, "cosmosqa", {e.example_id: e.label for e in dev.examples}, steps=2)
+    config = json.loads((out / "config.json").read_text())
+    assert config["families"] == {"multiple_choice": {"pack_sequences": True}}
+
+
+def test_bert_finetune_swag_rows(shared_data, minilm_dir, tmp_path):
+    """SWAG's first 10 training rows (one step of 16 questions) and first 11 dev rows, in the
+    official files' layout."""
+    swag = tmp_path / "data" / "swag"
+    swag.mkdir(parents=True)
+    assert swag_train_csv(shared_data / "swag" / "train-first10.sample.json",
+                          swag / "train.csv") == 10
+    (swag / "val.csv").write_bytes((shared_data / "swag" / "val-first11.csv").read_bytes())
+    labels = {str(i): label for i, label in enumerate([2, 2, 2, 2, 2, 0, 0, 2, 1, 0, 2])}
+    assert finetune(minilm_dir, tmp_path / "data", tmp_path / "out", "swag") == 0
+    check_run(tmp_path / "out", "swag", labels, steps=1)
+
+
+def test_no_packing_flag_reaches_the_family():
+    from finetune.cli import build_parser, with_options
+
+    base = ["--model", "m", "--data", "d", "--output", "o", "--tasks", "swag"]
+    assert with_options(FAMILY, build_parser().parse_args(base)).pack_sequences
+    padded = with_options(FAMILY, build_parser().parse_args([*base, "--no_packing"]))
+    assert not padded.pack_sequences and padded.name == "multiple_choice"
+
+
+def test_missing_swag_folder_and_file_are_named(minilm_dir, tmp_path, capsys):
+    from finetune.cli import main
+
+    data = tmp_path / "data"
+    (data / "cosmosqa").mkdir(parents=True)
+    base = ["--model", str(minilm_dir), "--data", str(data), "--output", str(tmp_path / "o"),
+            "--no_progress"]
+    assert main([*base, "--tasks", "swag,cosmosqa"]) == 2
+    assert capsys.readouterr().err == (
+        f"bert-finetune: error: --data {data}: no swag/ folder (for swag)\n")
+    assert main([*base, "--tasks", "multiple_choice"]) == 2  # the family: both tasks
+    assert "no swag/ folder (for swag)" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+    assert main([*base, "--tasks", "cosmosqa"]) == 2
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        (f"  {data}/cosmosqa/train.csv: no cosmosqa train file (the folder needs train.csv "
+         "and valid.csv)")]

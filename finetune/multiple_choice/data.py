@@ -2,10 +2,13 @@
 
 Data folder (`--data D`), the official file names:
 
-| task     | files                                          | columns |
-|----------|------------------------------------------------|---------|
+| task     | files | columns |
+|----------|-------|---------|
 | swag     | `D/swag/train.csv`, `D/swag/val.csv` (`test.csv`: no labels) | `,video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0..3,label` |
 | cosmosqa | `D/cosmosqa/train.csv`, `D/cosmosqa/valid.csv` | `id,context,question,answer0..3,label` |
+
+(The authors' repositories `rowanz/swagaf` `data/` and `wilburOne/cosmosqa` `data/`; Cosmos QA's
+test file is `test.jsonl`, without labels.)
 
 Columns are found by their header names, so a file may hold others or another order. SWAG's
 first column has no name: it is the row index, used as the example id (as the Hugging Face
@@ -80,10 +83,10 @@ class ChoiceTaskSpec:
     def text_columns(self) -> tuple[str, ...]:
         return self.first_columns + self.prefix_columns + self.choice_columns
 
-    def path(self, data_dir: str, split: str) -> str:
-        """The file of `split` ("train" or "dev") under `data_dir`."""
+    def path(self, task_dir: str, split: str) -> str:
+        """The file of `split` ("train" or "dev") in the task's folder `task_dir` (D/swag)."""
         name = {"train": self.train_file, "dev": self.dev_file}[split]
-        return os.path.join(data_dir, self.folder, name)
+        return os.path.join(task_dir, name)
 
 
 SPECS: dict[str, ChoiceTaskSpec] = {
@@ -240,10 +243,10 @@ def _which(spec: ChoiceTaskSpec, index: dict[str, int], fields: list[str]) -> st
     return ""
 
 
-def read_split(data_dir: str, spec: ChoiceTaskSpec, split: str,
+def read_split(task_dir: str, spec: ChoiceTaskSpec, split: str,
                skip_bad_records: bool = False) -> ChoiceSplit:
-    """The "train" or "dev" file of `spec` under `data_dir`; no examples is an error."""
-    path = spec.path(data_dir, split)
+    """The "train" or "dev" file of `spec` in `task_dir`; no examples is an error."""
+    path = spec.path(task_dir, split)
     out = read_choice_csv(path, spec, labelled=True, skip_bad_records=skip_bad_records)
     if not out.examples:
         aside = f" ({len(out.bad_records)} malformed rows set aside)" if out.bad_records else ""
@@ -251,17 +254,16 @@ def read_split(data_dir: str, spec: ChoiceTaskSpec, split: str,
     return out
 
 
-def check_files(data_dir: str, spec: ChoiceTaskSpec) -> None:
+def check_files(task_dir: str, spec: ChoiceTaskSpec) -> None:
     """FileNotFoundError naming a missing file; MultipleChoiceFormatError for a bad header.
 
     Reads the headers only: rows are checked when read.
     """
     for split in ("train", "dev"):
-        path = spec.path(data_dir, split)
+        path = spec.path(task_dir, split)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no {spec.name} {split} file (expected "
-                                    f"{spec.folder}/{spec.train_file} and "
-                                    f"{spec.folder}/{spec.dev_file} under {data_dir})")
+            raise FileNotFoundError(f"{path}: no {spec.name} {split} file (the folder needs "
+                                    f"{spec.train_file} and {spec.dev_file})")
         with open(path, "rb") as f:
             head = f.read(1 << 16)
         text = head.decode("utf-8-sig", errors="replace").splitlines()[:1]

@@ -15,6 +15,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from finetune.family import Prepared, Recipe, Scored
-from finetune.glue.finetune import pack_rows
+from finetune.glue.family import pack_rows
 from finetune.multiple_choice import data as mc_data
 from model.bert import BertModel
 from model.heads import BertForMultipleChoice
@@ -135,8 +136,7 @@ def accuracy(labels: np.ndarray, scores: np.ndarray) -> float:
 class MultipleChoiceFamily:
     """SWAG and Cosmos QA: the readers and encoding of `data`, the head and the metric."""
 
-    name: str = "multiple_choice"
-    """Family name in the registry and the report."""
+    name: ClassVar[str] = "multiple_choice"
     pack_sequences: bool = True
     """Pack a batch's sequences into shared rows instead of padding each (same scores)."""
 
@@ -149,8 +149,20 @@ class MultipleChoiceFamily:
         self.spec(task)
         return RECIPE
 
+    def is_small(self, task: str) -> bool:
+        """Neither is: SWAG has 73,546 training and 20,006 dev questions, Cosmos QA 25,262 and
+        2,985; the paper reports one run of SWAG. The first seed only."""
+        self.spec(task)
+        return False
+
     def check_files(self, task: str, data_dir: str) -> None:
         mc_data.check_files(data_dir, self.spec(task))
+
+    def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
+        """Every choice is a sequence pair: two token types."""
+        if encoder.config.type_vocab_size < 2:
+            raise ValueError(f"{task}: (A, choice) pairs need 2 token types but the model "
+                             f"{model_dir} has type_vocab_size {encoder.config.type_vocab_size}")
 
     def prepare(self, task: str, data_dir: str, tokenizer, max_seq_length: int,
                 max_train_examples: int | None, max_eval_examples: int | None,
