@@ -18,6 +18,7 @@ from finetune.family import Family
 FAMILIES: Mapping[str, str] = {
     "glue": "finetune.glue",
     "squad": "finetune.squad",
+    "multiple_choice": "finetune.multiple_choice",
 }
 """Family name -> the package exporting FAMILY and TASKS."""
 

@@ -1,5 +1,5 @@
 """BERT's task heads: pre-training (masked LM + next sentence), sequence classification and
-question answering (span start/end).
+question answering (span start/end), multiple choice.
 
 Batch dictionary of pre-training (what the shard loader's collate returns; B rows, T tokens,
 M masked positions, K instances per row; every tensor int64 unless noted):
@@ -57,6 +57,17 @@ class PreTrainingOutput:
     """Number of labelled instances predicted right (0-dim int64)."""
     nsp_count: Tensor | None = None
     """Number of labelled instances (0-dim int64)."""
+
+
+@dataclass
+class MultipleChoiceOutput:
+    """Outputs of `BertForMultipleChoice`."""
+
+    logits: Tensor
+    """(B, C) score of each choice; softmax over C gives the choice probabilities."""
+    loss: Tensor | None = None
+    """Cross-entropy of the gold choice (scalar); None without labels."""
+
 
 
 @dataclass
@@ -286,3 +297,48 @@ def span_loss(start_logits: Tensor, end_logits: Tensor, start_positions: Tensor,
         end = end.masked_fill(pad, torch.finfo(torch.float32).min)
     return (F.cross_entropy(start, start_positions.long()) +
             F.cross_entropy(end, end_positions.long())) / 2
+
+
+class BertForMultipleChoice(nn.Module):
+    """BERT + dropout + one vector scoring each choice's pooled `[CLS]` (paper section 4.4).
+
+    Each choice is its own sequence `[CLS] A [SEP] B_i [SEP]`; the score of choice i is the dot
+    product of the vector (`classifier`, a Linear(hidden, 1) with a bias, as transformers'
+    `BertForMultipleChoice`, so the weights load both ways) with that sequence's pooled
+    `[CLS]` state, and a softmax over the C choices normalises them.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, 1)
+        init_bert_weights(self.classifier, config.initializer_range)
+
+    @classmethod
+    def from_encoder(cls, bert: BertModel) -> BertForMultipleChoice:
+        """A multiple-choice model on a copy of a pre-trained encoder's weights (new head)."""
+        model = cls(bert.config)
+        model.bert.load_state_dict(bert.state_dict())
+        return model
+
+    def score(self, pooled: Tensor) -> Tensor:
+        """Pooled `[CLS]` states (..., H) -> choice scores (...)."""
+        return self.classifier(self.dropout(pooled)).squeeze(-1)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None,
+                labels: Tensor | None = None) -> MultipleChoiceOutput:
+        """(B, C, T) inputs, labels (B,) gold choice -> logits (B, C)."""
+        batch, choices, length = input_ids.shape
+
+        def flat(t: Tensor | None) -> Tensor | None:
+            return None if t is None else t.reshape(batch * choices, length)  # (B * C, T)
+
+        hidden = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask))
+        logits = self.score(self.bert.pool(hidden)).view(batch, choices)  # (B, C)
+        out = MultipleChoiceOutput(logits=logits)
+        if labels is not None:
+            out.loss = F.cross_entropy(logits.float(), labels.long())
+        return out

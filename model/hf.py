@@ -22,7 +22,12 @@ from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
 from model.bert import BertConfig, BertModel
-from model.heads import BertForPreTraining, BertForQuestionAnswering, BertForSequenceClassification
+from model.heads import (
+    BertForMultipleChoice,
+    BertForPreTraining,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+)
 from pipelines import storage
 from pipelines.tokenization import read_vocab, save_tokenizer_folder
 
@@ -219,7 +224,7 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
                      do_lower_case: bool | None = None) -> None:
     """Write `config.json`, `model.safetensors`, `vocab.txt`, `tokenizer.json` and the tokenizer
     configs for `transformers` (BertForPreTraining, BertForSequenceClassification,
-    BertForQuestionAnswering or BertModel).
+    BertForQuestionAnswering, BertForMultipleChoice or BertModel).
 
     `do_lower_case`: None = as the vocabulary folder says (`vocab_do_lower_case`)."""
     if do_lower_case is None:
@@ -240,6 +245,8 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
                  "single_label_classification"}
     elif isinstance(model, BertForQuestionAnswering):
         architecture, prefix = "BertForQuestionAnswering", "bert."
+    elif isinstance(model, BertForMultipleChoice):
+        architecture, prefix = "BertForMultipleChoice", "bert."
     elif isinstance(model, BertModel):
         architecture, prefix = "BertModel", ""
     else:
@@ -263,6 +270,8 @@ def save_checkpoint(model: nn.Module, folder: str) -> None:
         head = {"kind": "classification", "num_labels": model.num_labels}
     elif isinstance(model, BertForQuestionAnswering):
         head = {"kind": "question_answering"}
+    elif isinstance(model, BertForMultipleChoice):
+        head = {"kind": "multiple_choice"}
     elif isinstance(model, BertModel):
         head = {"kind": "encoder"}
     else:
@@ -287,6 +296,8 @@ def load_checkpoint(folder: str) -> nn.Module:
         model = BertForSequenceClassification(config, head["num_labels"])
     elif head["kind"] == "question_answering":
         model = BertForQuestionAnswering(config)
+    elif head["kind"] == "multiple_choice":
+        model = BertForMultipleChoice(config)
     elif head["kind"] == "encoder":
         model = BertModel(config)
     else:

