@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.bert import ACTIVATIONS, BatchLayout, BertConfig, BertModel, init_bert_weights
+from model.attention import BatchLayout
+from model.bert import ACTIVATIONS, BertConfig, BertModel, init_bert_weights
 
 IGNORE_INDEX = -100
 
@@ -181,10 +182,6 @@ class BertForPreTraining(nn.Module):
             raise ValueError("per-instance next_sentence_label (B, K) needs sequence_ids or "
                              "cls_positions to find each instance's [CLS]")
         return instance_cls_positions(sequence_ids, next_sentence_label.shape[1])
-
-    def dense_mlm_logits(self, input_ids: Tensor, **inputs: Tensor) -> Tensor:
-        """MLM scores at every token (B, T, V): the wasteful reference, for tests."""
-        return self.mlm(self.bert(input_ids, **inputs))
 
 
 class BertForSequenceClassification(nn.Module):

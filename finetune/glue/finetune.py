@@ -362,7 +362,7 @@ def padded_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int]) -> Pac
 def make_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],
                cfg: FinetuneConfig) -> PackedBatch:
     if cfg.pack_sequences:
-        # Attention runs per example (model.bert.attention_plan), so a row's length costs only
+        # Attention runs per example (model.attention.attention_plan), so a row's length costs only
         # its padding: full max_seq_length rows pack tightest (MRPC: 1,813 tokens per batch of
         # 32 vs 2,110 with rows as long as the longest example, 16% less CPU per step).
         return pack_batch(encoded, indices, cfg.max_seq_length)
