@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from model.attention import (
     AttentionPlan,
     BatchLayout,
-    attend_instances,
+    attend_planned,
     batch_layout,
     instance_ids,
     packed_position_ids,
@@ -178,7 +178,7 @@ class BertSelfAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         qkv = self.qkv(x)  # (B, T, 3H)
         if plan is not None and query_index is None:
-            return self.out(attend_instances(qkv, plan, self.num_heads, dropout_p))
+            return self.out(attend_planned(qkv, plan, self.num_heads, dropout_p))
         q, k, v = split_heads(qkv, self.num_heads)  # 3 x (B, A, T, D)
         if query_index is not None:
             index = query_index[:, None, :, None].expand(-1, self.num_heads, -1, q.shape[-1])

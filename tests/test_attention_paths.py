@@ -1,0 +1,142 @@
+"""The training step's GPU readiness, checked on CPU: no host-device syncs in a forward and
+backward of loader-made batches, the one-call variable-length attention equal to the dense
+masked computation, and an encoder layer that torch.compile traces without graph breaks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from model.attention import (
+    attend_instances,
+    attend_varlen,
+    attention_mask_4d,
+    attention_plan,
+    split_heads,
+)
+from model.bert import bert_tiny
+from model.heads import BertForPreTraining
+from pipelines import shard_format
+from training.loader import collate
+
+VOCAB = 1000
+
+SYNC_OPS = {"nonzero", "masked_select", "masked_scatter", "_local_scalar_dense", "is_nonzero",
+            "equal", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
+"""aten ops whose output size or value the host must read from the device (a GPU sync)."""
+INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_"}
+"""Indexing ops that sync when an index is boolean (the kernel counts the True first)."""
+
+
+class SyncCounter(TorchDispatchMode):
+    """Records every op that makes the host wait for a GPU (on CPU they just run)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        counts_on_device = (name == "repeat_interleave" and len(args) < 3
+                            and (kwargs or {}).get("output_size") is None)
+        if name in SYNC_OPS or counts_on_device:
+            self.ops.append(name)
+        elif name in INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
+                                       for i in args[1]):
+            self.ops.append(f"{name} (boolean index)")
+        return func(*args, **(kwargs or {}))
+
+
+def row(lengths: list[int], seed: int) -> shard_format.Row:
+    """A shard row holding instances of `lengths` tokens, two masked positions."""
+    g = np.random.default_rng(seed)
+    n = sum(lengths)
+    return shard_format.Row(
+        input_ids=g.integers(5, VOCAB, n), segment_ids=np.zeros(n, np.uint8),
+        sequence_ids=np.repeat(np.arange(len(lengths)), lengths).astype(np.uint8),
+        masked_lm_positions=np.array([1, n - 2]), masked_lm_ids=g.integers(5, VOCAB, 2),
+        next_sentence_labels=np.zeros(len(lengths), np.int8))
+
+
+BATCHES = {  # what the shard loader's collate makes of padded and of packed rows
+    "padded": [[20], [13], [37]],
+    "packed": [[9, 12], [7], [40, 3, 20]],
+    "dense": [[16], [16]],
+}
+
+
+def test_the_counter_sees_the_syncs_the_old_attention_made():
+    """Boolean indexing and its backward (the old `y[group.real]`), `.item()` and `nonzero`
+    are what the counter exists to catch."""
+    x = torch.randn(4, 3, requires_grad=True)
+    with SyncCounter() as counter:
+        x[x[:, 0] > 0].sum().backward()
+        (x.sum() > 0).item()
+        torch.nonzero(x)
+    assert counter.ops == ["index (boolean index)", "index_put (boolean index)",
+                           "_local_scalar_dense", "nonzero"]
+
+
+@pytest.mark.parametrize("kind", sorted(BATCHES))
+def test_a_training_step_makes_no_host_device_sync(kind):
+    """forward + backward in training mode (dropout on) on a loader-made batch: every index
+    comes from the host-made plan (`BatchLayout`), so on a GPU the step never waits."""
+    torch.manual_seed(0)
+    model = BertForPreTraining(bert_tiny(vocab_size=VOCAB)).train()
+    batch = collate([row(lengths, seed) for seed, lengths in enumerate(BATCHES[kind])])
+    assert (batch["layout"].plan is not None) == (kind != "dense")
+    with SyncCounter() as counter:
+        out = model(**batch)
+        out.loss.backward()
+    assert counter.ops == []
+    assert all(p.grad is not None for p in model.parameters())
+
+
+IDS = torch.tensor([[0, 0, 0, 0, 0, 1, 1, 1, -1, -1, 2, 2, 2, 2, 2, 2],
+                    [-1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1]])
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")  # CPU math path
+def test_one_variable_length_call_equals_the_block_diagonal_mask():
+    """`attend_varlen` (each run of tokens a sequence of a jagged nested tensor; on a GPU
+    SDPA's flash or memory-efficient kernel) against SDPA under the (B, 1, T, T) mask, fp64:
+    real tokens' outputs and the gradients through them agree to rounding."""
+    torch.manual_seed(0)
+    plan = attention_plan(IDS, bucket=4)
+    assert plan.run_offsets.tolist() == [0, 5, 8, 10, 16, 17, 28, 32]  # padding runs included
+    assert (plan.min_run, plan.max_run) == (1, 11)
+    qkv = torch.randn(2, 16, 3 * 8, dtype=torch.float64, requires_grad=True)  # A = 2, D = 4
+    real = (IDS >= 0)[..., None]
+    grad = torch.randn(2, 16, 8, dtype=torch.float64) * real
+
+    def masked(qkv):
+        q, k, v = split_heads(qkv, 2)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask_4d(IDS))
+        return y.transpose(1, 2).reshape(2, 16, 8)  # (B, A, T, D) -> (B, T, H)
+
+    outputs, grads = [], []
+    for fn in (lambda x: attend_varlen(x, plan, 2, 0.0), masked,
+               lambda x: attend_instances(x, plan, 2, 0.0)):
+        y = fn(qkv)
+        outputs.append(y * real)
+        grads.append(torch.autograd.grad(y, qkv, grad)[0])
+    for y, g in zip(outputs[1:], grads[1:]):
+        torch.testing.assert_close(outputs[0], y, rtol=0, atol=1e-12)
+        torch.testing.assert_close(grads[0], g, rtol=0, atol=1e-12)
+
+
+def test_the_variable_length_call_keeps_instances_apart_under_dropout():
+    """With dropout on, changing instance B's tokens leaves A's outputs exactly as they were."""
+    plan = attention_plan(IDS, bucket=4)
+    qkv = torch.randn(2, 16, 24, dtype=torch.float64)
+    other = qkv.clone()
+    other[0, 5:8] = torch.randn(3, 24, dtype=torch.float64)
+    torch.manual_seed(3)
+    a = attend_varlen(qkv, plan, 2, 0.5)
+    torch.manual_seed(3)
+    b = attend_varlen(other, plan, 2, 0.5)
+    torch.testing.assert_close(a[0, :5], b[0, :5], rtol=0, atol=0)
+    torch.testing.assert_close(a[:, 10:], b[:, 10:], rtol=0, atol=0)
+    assert not torch.equal(a[0, 5:8], b[0, 5:8])
