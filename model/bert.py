@@ -311,3 +311,18 @@ class BertModel(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def compile_layers(bert: BertModel) -> BertModel:
+    """`torch.compile` every encoder layer in place (`fullgraph=True`: a graph break is an
+    error, not a silent slowdown), so bias + GELU, dropout + residual and LayerNorm fuse into
+    a few kernels; parameter names and the state dict stay as they are.
+
+    A layer has no data-dependent shape inside it: the attention plan's indices and run
+    offsets come from the host, so a new batch shape at most recompiles (sizes become symbolic
+    after the second one), never breaks the graph. Embeddings and heads stay eager.
+    """
+    for layer in bert.layers:
+        layer.compile(fullgraph=True)
+    return bert
+

@@ -53,9 +53,12 @@ def keep_mask_resolves(p: float) -> bool:
 
 
 def use_keep_mask(x: Tensor, p: float) -> bool:
-    """Whether dropout of `x` at p takes the 16-bit CPU mask rather than `F.dropout` (a GPU's
-    fused kernel, a p the mask cannot draw, or `stock_ops()`)."""
-    return x.device.type == "cpu" and keep_mask_resolves(p) and not _STOCK_OPS
+    """Whether dropout of `x` at p takes the 16-bit CPU mask rather than `F.dropout`: not on a
+    GPU (its kernel is fused already), not for a p the mask cannot draw, not in `stock_ops()`,
+    and not under torch.compile (the generated kernel draws its own random numbers in place,
+    the cost this mask exists to cut in eager mode)."""
+    return (x.device.type == "cpu" and keep_mask_resolves(p) and not _STOCK_OPS
+            and not torch.compiler.is_compiling())
 
 
 def keep_mask(shape: torch.Size, p: float, dtype: torch.dtype) -> Tensor:

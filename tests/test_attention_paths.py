@@ -140,3 +140,24 @@ def test_the_variable_length_call_keeps_instances_apart_under_dropout():
     torch.testing.assert_close(a[0, :5], b[0, :5], rtol=0, atol=0)
     torch.testing.assert_close(a[:, 10:], b[:, 10:], rtol=0, atol=0)
     assert not torch.equal(a[0, 5:8], b[0, 5:8])
+
+
+def test_an_encoder_layer_compiles_without_graph_breaks():
+    """torch.compile traces a layer (training mode, dropout on) as one graph on dense, padded
+    and packed loader batches, and the last layer's masked-positions-only form too: the plan's
+    indices come from the host, so nothing inside has a data-dependent shape."""
+    from model.attention import instance_ids, query_attention_mask
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(bert_tiny(vocab_size=VOCAB)).train()
+    for kind, lengths in BATCHES.items():
+        batch = collate([row(n, seed) for seed, n in enumerate(lengths)])
+        torch._dynamo.reset()
+        x = torch.randn(*batch["input_ids"].shape, 128)
+        explained = torch._dynamo.explain(model.bert.layers[0])(x, batch["layout"].plan, None)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), kind
+        ids = instance_ids(batch["attention_mask"], batch["sequence_ids"], batch["input_ids"])
+        queries = batch["masked_lm_positions"]
+        explained = torch._dynamo.explain(model.bert.layers[-1])(
+            x, None, query_attention_mask(ids, queries), queries)
+        assert (explained.graph_count, explained.graph_break_count) == (1, 0), kind

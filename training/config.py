@@ -130,6 +130,9 @@ class PretrainConfig:
     """Checkpoints kept (the oldest are deleted after a new one is complete)."""
     export_hf: bool = True
     """Export a consolidated fp32 Hugging Face folder to <output_dir>/hf at the end."""
+    compile: bool = False
+    """torch.compile each encoder layer (fullgraph) on a GPU, fusing its memory-bound ops; CPU
+    runs stay eager, where compiling measured slower (benchmarks/RESULTS.md 4.0, 4.3)."""
 
     def __post_init__(self):
         _check(self.model in MODEL_PRESETS, "model", f"one of {sorted(MODEL_PRESETS)}")
@@ -361,8 +364,8 @@ def load_saved(path: str) -> PretrainConfig:
 # Fields a resumed run may change: where things are, how often to log/evaluate/save, and speed or
 # memory knobs. (micro_batch_size: the global batch fixes the optimisation; the loader then
 # resumes at the same share of the epoch. Shard locations: their content is compared instead.)
-RESUME_FREE_FIELDS = ("output_dir", "vocab_dir", "num_workers", "log_every", "eval_every",
-                      "eval_batches", "checkpoint_every", "keep_checkpoints", "export_hf",
+RESUME_FREE_FIELDS = ("output_dir", "vocab_dir", "num_workers", "compile", "log_every",
+                      "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints", "export_hf",
                       "phases.*.train_shards", "phases.*.validation_shards",
                       "phases.*.micro_batch_size")
 
