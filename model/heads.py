@@ -82,12 +82,16 @@ class MaskedLMHead(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         # Tied: the decoder's weight is the word embedding Parameter itself. A module (rather
         # than F.linear on the embedding) lets ZeRO-3 gather the weight with this module's hooks.
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder = nn.Linear(config.hidden_size, config.embedding_rows, bias=False)
         self.decoder.weight = word_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.vocab_size = config.vocab_size
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.decoder(self.norm(self.activation(self.dense(hidden)))) + self.bias
+        scores = self.decoder(self.norm(self.activation(self.dense(hidden))))  # (..., rows)
+        if scores.shape[-1] != self.vocab_size:  # padded rows (`vocab_multiple`): not tokens
+            scores = scores[..., :self.vocab_size]
+        return scores + self.bias
 
 
 def masked_mean_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -70,3 +70,43 @@ def test_lamb_in_bf16_is_refused_with_deepspeeds_reason():
         cfg.resolve("large", None, ["optimizer=lamb"])
     lamb = cfg.resolve("large", None, ["optimizer=lamb", "precision=fp32", "zero_stage=0"])
     assert lamb.optimizer == "lamb"
+
+
+def test_padded_vocabulary_trains_and_exports_the_real_rows(minilm_dir, tmp_path):
+    """Training pads the word embedding to a multiple of 64 rows (30,522 -> 30,528); the MLM
+    scores and the Hugging Face export keep 30,522, so transformers loads the export and
+    scores as our model does, and our own checkpoint keeps the padding exactly."""
+    import transformers
+
+    from model.bert import bert_tiny
+    from model.hf import export_hf_folder, load_checkpoint, load_hf_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    config = bert_tiny(vocab_multiple=64)
+    model = BertForPreTraining(config).eval()
+    assert (config.vocab_size, config.embedding_rows) == (30522, 30528)
+    assert model.bert.embeddings.word.weight.shape == (30528, 128)
+    assert model.mlm.decoder.weight is model.bert.embeddings.word.weight
+    ids = torch.randint(1000, 30522, (2, 12))
+    positions = torch.tensor([[1, 4, 9], [0, 2, 11]])
+    with torch.no_grad():
+        ours = model(ids, positions)
+    assert ours.mlm_logits.shape == (2, 3, 30522)
+
+    export_hf_folder(model, str(minilm_dir), str(tmp_path / "hf"))
+    hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
+    assert hf.bert.embeddings.word_embeddings.weight.shape == (30522, 128)
+    with torch.no_grad():
+        theirs = hf(input_ids=ids)
+    rows = torch.arange(2)[:, None]
+    torch.testing.assert_close(ours.mlm_logits, theirs.prediction_logits[rows, positions])
+    torch.testing.assert_close(ours.nsp_logits, theirs.seq_relationship_logits)
+    reloaded = load_hf_checkpoint(str(tmp_path / "hf")).eval()  # unpadded, same scores
+    assert reloaded.config.embedding_rows == 30522
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(ids, positions).mlm_logits, ours.mlm_logits)
+
+    save_checkpoint(model, str(tmp_path / "ours"))
+    again = load_checkpoint(str(tmp_path / "ours"))
+    assert again.config == config
+    assert torch.equal(again.bert.embeddings.word.weight, model.bert.embeddings.word.weight)

@@ -235,7 +235,7 @@ def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None 
         raise ValueError("vocab_size unknown: set vocab_dir or write vocab_size in the manifest")
     model_config = bert.PRESETS[config.model](
         vocab_size=vocab_size, hidden_dropout_prob=config.dropout,
-        attention_probs_dropout_prob=config.dropout)
+        attention_probs_dropout_prob=config.dropout, vocab_multiple=64)
     model = BertForPreTraining(model_config, next_sentence=bool(manifest.get("nsp", True)))
     if state_dict is not None:
         missing, unexpected = model.load_state_dict(state_dict, strict=False)
