@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from model.attention import (
     attend_instances,
@@ -20,34 +19,9 @@ from model.bert import bert_tiny
 from model.heads import BertForPreTraining
 from pipelines import shard_format
 from training.loader import collate
+from training.sync_check import SyncCounter
 
 VOCAB = 1000
-
-SYNC_OPS = {"nonzero", "masked_select", "masked_scatter", "_local_scalar_dense", "is_nonzero",
-            "equal", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim"}
-"""aten ops whose output size or value the host must read from the device (a GPU sync)."""
-INDEX_OPS = {"index", "index_put", "index_put_", "_index_put_impl_"}
-"""Indexing ops that sync when an index is boolean (the kernel counts the True first)."""
-
-
-class SyncCounter(TorchDispatchMode):
-    """Records every op that makes the host wait for a GPU (on CPU they just run)."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        counts_on_device = (name == "repeat_interleave" and len(args) < 3
-                            and (kwargs or {}).get("output_size") is None)
-        if name in SYNC_OPS or counts_on_device:
-            self.ops.append(name)
-        elif name in INDEX_OPS and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool
-                                       for i in args[1]):
-            self.ops.append(f"{name} (boolean index)")
-        return func(*args, **(kwargs or {}))
-
 
 def row(lengths: list[int], seed: int) -> shard_format.Row:
     """A shard row holding instances of `lengths` tokens, two masked positions."""
