@@ -299,7 +299,8 @@ class BertModel(nn.Module):
                             else torch.arange(input_ids.shape[1], device=input_ids.device)
                             .expand_as(input_ids))
         ids = instance_ids(attention_mask, sequence_ids, input_ids)
-        layout = batch_layout(ids) if layout is None else layout
+        if layout is None:  # worked out here: on a GPU a copy to the host and back (a sync)
+            layout = batch_layout(ids).to(input_ids.device)
         # torch's stock ops draw dropout masks over whole rows, as transformers' BERT does
         plan = None if stock_ops_enabled() else layout.plan
         whole_rows = plan is None and layout.masked  # instances not in single runs, or stock
