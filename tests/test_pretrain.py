@@ -466,6 +466,8 @@ def test_bf16_needs_zero_1_and_exports_the_fp32_masters_with_a_cased_vocab(data,
     out = pretrain.export(config, str(tmp_path / "run" / "checkpoints"), tag)
     exported = load_file(str(Path(out) / "model.safetensors"))
     expected = ours_to_hf(masters)
+    word = "bert.embeddings.word_embeddings.weight"  # trained with rows padded to a multiple
+    expected[word] = expected[word][:len(read_vocab(str(cased)))]  # of 64; exported: the vocab's
     assert exported.keys() == expected.keys()
     for key, value in expected.items():
         assert torch.equal(exported[key], value), key
