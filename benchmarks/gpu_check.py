@@ -178,11 +178,11 @@ def finetune_check(model_name: str, device: torch.device) -> float:
     return loss
 
 
-def shapes(device: torch.device, models: list[str]) -> list[Shape]:
+def shapes(device: torch.device, models: list[str], seq_lens: list[int]) -> list[Shape]:
     """tiny (small batches on CPU), then the presets' micro-batch of 32 rows."""
     out = []
     for name in models:
-        for seq_len in (128, 512):
+        for seq_len in seq_lens:
             micro = 4 if device.type != "cuda" else 32
             out.append(Shape(name, seq_len, micro))
     return out
@@ -197,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                         "bert_base, bert_large on CUDA)")
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 10, CPU 3)")
     p.add_argument("--no-compile", action="store_true", help="eager layers on the GPU too")
+    p.add_argument("--seq_lens", default="128,512", help="sequence lengths to train at")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
           f"torch {torch.__version__}; compile {compile_}; {steps} timed steps")
     try:
-        for shape in shapes(device, models):
+        for shape in shapes(device, models, [int(n) for n in args.seq_lens.split(",")]):
             r = pretraining_check(shape, device, steps, compile_)
             line = (f"{shape.model:10s} T={shape.seq_len:3d} B={shape.micro_batch_size:2d}: "
                     f"{r['rows_per_s']:8.1f} rows/s/GPU, {r['instances_per_s']:8.1f} "

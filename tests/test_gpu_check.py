@@ -12,12 +12,13 @@ import gpu_check
 
 
 def test_gpu_check_passes_on_cpu_tiny_shapes(capsys):
-    assert gpu_check.main(["--device", "cpu", "--steps", "1"]) == 0
+    """128 tokens only, to stay fast (`--seq_lens 128,512` is the script's default)."""
+    assert gpu_check.main(["--device", "cpu", "--steps", "1", "--seq_lens", "128"]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if line.startswith("bert_tiny")]
     assert [re.match(r"bert_tiny +(T=\d+|fine-tuning)", line)[1] for line in lines] == [
-        "T=128", "T=512", "fine-tuning"]
-    assert all("no math SDPA, no sync" in line for line in lines[:2])
+        "T=128", "fine-tuning"]
+    assert "no math SDPA, no sync" in lines[0]
     assert out.rstrip().endswith("gpu_check passed")
 
 
