@@ -18,7 +18,7 @@ the best step counts (as in `timeit`).
    last layer at the masked positions and [CLS]s only, + masked-LM head at the masked positions
    + attention within instances) as a share of a 4096^3 matmul measured in the same run.
 4. One layer's attention core, forward + backward with dropout, on sampled packed rows: the
-   old block-diagonal-mask SDPA vs per-instance attention (`model.bert.attend_instances`).
+   old block-diagonal-mask SDPA vs per-instance attention (`model.attention.attend_instances`).
 5. `--profile`: where ours spends a forward + backward (matrix products, dtype casts, the rest)
    and the bound on the ratio and the FLOP/s share if the rest took no time (`StepProfile`).
 
@@ -453,8 +453,8 @@ def attention_core_times(rows: list[Row], config: BertConfig, dtype: str,
                          cfg: BenchConfig) -> dict[str, Timing]:
     """One layer's attention core (after the QKV projection), forward + backward, training mode:
     `before` = SDPA on whole rows with attention dropout (its math path), under the (B, 1, T, T)
-    block-diagonal mask when a row holds several instances or padding; `after` = `model.bert.attend_instances` (per instance, cheaper dropout mask)."""
-    from model.bert import (
+    block-diagonal mask when a row holds several instances or padding; `after` = `model.attention.attend_instances` (per instance, cheaper dropout mask)."""
+    from model.attention import (
         attend_instances,
         attention_mask_4d,
         attention_plan,
@@ -489,7 +489,8 @@ def attention_core_times(rows: list[Row], config: BertConfig, dtype: str,
 
 
 def _whole_rows(qkv: torch.Tensor, num_heads: int, p: float) -> torch.Tensor:
-    from model.bert import attend, split_heads
+    from model.attention import split_heads
+    from model.cpu_ops import attend
 
     B, T, _ = qkv.shape
     return attend(*split_heads(qkv, num_heads), None, p).transpose(1, 2).reshape(B, T, -1)

@@ -29,6 +29,7 @@ luck. The peer of bench_glue.py (transformers' Trainer) differs from us in these
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -41,6 +42,7 @@ from finetune.family import Prepared
 from finetune.glue import FAMILY
 from finetune.glue.tasks import parse_tasks
 from model.bert import BertModel, truncated_normal_
+from model.cpu_ops import stock_ops
 from peers import trainer_draws
 
 WIDER = 1 / math.sqrt(1 - 4 * math.exp(-2) / math.sqrt(2 * math.pi) / math.erf(math.sqrt(2)))
@@ -80,34 +82,27 @@ def redraw_head(weight: torch.Tensor, draws: str, seed: int, std: float) -> None
         truncated_normal_(weight, std, torch.Generator().manual_seed(seed))
 
 
-def encoder_for(encoder: BertModel, variant: Variant) -> BertModel:
-    if encoder.config.stock_dropout == variant.stock_dropout:
-        return encoder
-    other = BertModel(encoder.config.replace(stock_dropout=variant.stock_dropout))
-    other.load_state_dict(encoder.state_dict())
-    return other
-
-
 def run(encoder: BertModel, prepared: Prepared, lr: float, seed: int,
         cfg: loop.FinetuneConfig, variant: Variant) -> float:
     """bench_glue.run_ours under `variant`: the dev score in points."""
     # torch's stock attention path takes whole padded rows (the Trainer's layout)
     family = dataclasses.replace(FAMILY, pack_sequences=not variant.stock_dropout)
-    model = loop.build_model(family, encoder_for(encoder, variant), prepared.task, seed)
+    model = loop.build_model(family, encoder, prepared.task, seed)
     with torch.no_grad():  # a multiplication: no random number drawn, the pair stays paired
         model.classifier.weight.mul_(variant.head_scale)
     if variant.head_draws:
         redraw_head(model.classifier.weight, variant.head_draws, seed,
                     encoder.config.initializer_range)
-    if not variant.trainer_draws:
-        loop.train(family, model, prepared.train, lr, seed, cfg)
-    else:
-        trainer_draws.head_(model.classifier.weight, seed, encoder.config.initializer_range)
-        torch.manual_seed(seed)  # the Trainer's constructor seeds the process again
-        loop.train(family, model, prepared.train, lr, seed, cfg,
-                   epoch_batches=trainer_draws.epoch_batches(len(prepared.train),
-                                                             cfg.batch_size, seed))
-    return 100 * loop.merge_scored(loop.evaluate(family, model, prepared, cfg))[1]
+    with stock_ops() if variant.stock_dropout else contextlib.nullcontext():
+        if not variant.trainer_draws:
+            loop.train(family, model, prepared.train, lr, seed, cfg)
+        else:
+            trainer_draws.head_(model.classifier.weight, seed, encoder.config.initializer_range)
+            torch.manual_seed(seed)  # the Trainer's constructor seeds the process again
+            loop.train(family, model, prepared.train, lr, seed, cfg,
+                       epoch_batches=trainer_draws.epoch_batches(len(prepared.train),
+                                                                 cfg.batch_size, seed))
+        return 100 * loop.merge_scored(loop.evaluate(family, model, prepared, cfg))[1]
 
 
 def main() -> None:

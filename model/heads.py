@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.bert import ACTIVATIONS, BatchLayout, BertConfig, BertModel, init_bert_weights
+from model.attention import BatchLayout
+from model.bert import ACTIVATIONS, BertConfig, BertModel, init_bert_weights
 
 IGNORE_INDEX = -100
 
@@ -105,12 +106,16 @@ class MaskedLMHead(nn.Module):
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         # Tied: the decoder's weight is the word embedding Parameter itself. A module (rather
         # than F.linear on the embedding) lets ZeRO-3 gather the weight with this module's hooks.
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder = nn.Linear(config.hidden_size, config.embedding_rows, bias=False)
         self.decoder.weight = word_embeddings.weight
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.vocab_size = config.vocab_size
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.decoder(self.norm(self.activation(self.dense(hidden)))) + self.bias
+        scores = self.decoder(self.norm(self.activation(self.dense(hidden))))  # (..., rows)
+        if scores.shape[-1] != self.vocab_size:  # padded rows (`vocab_multiple`): not tokens
+            scores = scores[..., :self.vocab_size]
+        return scores + self.bias
 
 
 def masked_mean_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -205,10 +210,6 @@ class BertForPreTraining(nn.Module):
             raise ValueError("per-instance next_sentence_label (B, K) needs sequence_ids or "
                              "cls_positions to find each instance's [CLS]")
         return instance_cls_positions(sequence_ids, next_sentence_label.shape[1])
-
-    def dense_mlm_logits(self, input_ids: Tensor, **inputs: Tensor) -> Tensor:
-        """MLM scores at every token (B, T, V): the wasteful reference, for tests."""
-        return self.mlm(self.bert(input_ids, **inputs))
 
 
 class BertForSequenceClassification(nn.Module):

@@ -203,7 +203,9 @@ def hf_config_dict(config: BertConfig, architecture: str, **extra) -> dict:
     """`config.json` contents as `transformers.BertConfig` writes them."""
     import transformers
 
-    hf_config = transformers.BertConfig(**config.to_dict(), architectures=[architecture], **extra)
+    values = config.to_dict()
+    del values["vocab_multiple"]  # the export holds vocab_size rows
+    hf_config = transformers.BertConfig(**values, architectures=[architecture], **extra)
     return hf_config.to_dict()
 
 
@@ -253,6 +255,8 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
         raise TypeError(f"cannot export {type(model).__name__} to Hugging Face")
     state = model.state_dict() if prefix else {f"bert.{k}": v for k, v in model.state_dict().items()}
     hf_state = ours_to_hf(state, prefix=prefix)
+    word = f"{prefix}embeddings.word_embeddings.weight"
+    hf_state[word] = hf_state[word][:config.vocab_size]  # rows past the vocabulary: padding
     hf_state = {k: v.detach().float().contiguous().cpu() for k, v in hf_state.items()}
     storage.makedirs(out_dir)
     save_tokenizer_folder(vocab, out_dir, do_lower_case)

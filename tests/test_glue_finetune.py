@@ -453,22 +453,21 @@ def test_with_dropout_and_stock_kernels_the_run_is_the_trainers_draw_for_draw(
         minilm_dir, encoder, mrpc_96, tmp_path):
     """With dropout on, our model draws its masks through its CPU fast paths (`bert.dropout`'s
     integer masks, `bert.attend`, per-example attention): the same distribution, other random
-    numbers. With `stock_dropout` (torch's F.dropout, SDPA's dropout, the row mask), padded
+    numbers. Within `stock_ops()` (torch's F.dropout, SDPA's dropout, the row mask), padded
     batches consume the global random stream exactly as transformers' BERT does, and the whole
     run is the Trainer's, loss for loss. So a score gap between the two on a real run is the
     luck of the draws (data order and dropout masks), not a difference in the recipe."""
-    from model.bert import BertModel
+    from model.cpu_ops import stock_ops
 
-    stock = BertModel(encoder.config.replace(stock_dropout=True))
-    stock.load_state_dict(encoder.state_dict())
     cfg = loop.FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
-                            progress=False)
-    ours = loop.build_model(FAMILY, stock, "MRPC", seed=3)
+                              progress=False)
+    ours = loop.build_model(FAMILY, encoder, "MRPC", seed=3)
     peer_losses, _ = _trainer_run(minilm_dir, mrpc_96, _epochs_order(96, 16, 2, 3), cfg, 1e-4, 3,
                                   ours.classifier, tmp_path)
     torch.manual_seed(3)  # the Trainer seeds at the start of train(),
     torch.empty((), dtype=torch.int64).random_()  # then its DataLoader draws a base seed
-    our_losses = loop.train(PADDED, ours, mrpc_96, 1e-4, 3, cfg)
+    with stock_ops():
+        our_losses = loop.train(PADDED, ours, mrpc_96, 1e-4, 3, cfg)
     assert our_losses == pytest.approx(peer_losses, abs=1e-5)  # measured: equal to 5 decimals
     # without dropout the same run gives other losses (0.6952, 0.6882, ... vs 0.6950, 0.6874):
     # the masks really are drawn, and drawn alike
@@ -481,7 +480,7 @@ def test_the_trainers_own_draws_replayed_by_our_run_give_its_run(minilm_dir, enc
     draws (peers/trainer_draws.py) in our run with stock ops gives its run loss for loss, over
     fractional epochs with a partial last batch. So benchmarks/glue_paired.py
     `--vary trainer_draws` computes the Trainer's own runs with our code, at full scale."""
-    from model.bert import BertModel
+    from model.cpu_ops import stock_ops
     from peers import trainer_draws
 
     task = TASKS["MRPC"]
@@ -492,18 +491,18 @@ def test_the_trainers_own_draws_replayed_by_our_run_give_its_run(minilm_dir, enc
                             progress=False)
     peer_losses, _ = _trainer_run(minilm_dir, mrpc_100, None, cfg, 1e-4, 4, None, tmp_path)
 
-    stock = BertModel(encoder.config.replace(stock_dropout=True))
-    stock.load_state_dict(encoder.state_dict())
-    ours = loop.build_model(FAMILY, stock, "MRPC", seed=4)
+    ours = loop.build_model(FAMILY, encoder, "MRPC", seed=4)
     trainer_draws.head_(ours.classifier.weight, 4, encoder.config.initializer_range)
     torch.manual_seed(4)  # as the Trainer's constructor
-    replayed = loop.train(PADDED, ours, mrpc_100, 1e-4, 4, cfg,
-                        epoch_batches=trainer_draws.epoch_batches(100, 32, 4))
+    with stock_ops():
+        replayed = loop.train(PADDED, ours, mrpc_100, 1e-4, 4, cfg,
+                              epoch_batches=trainer_draws.epoch_batches(100, 32, 4))
     assert len(replayed) == len(peer_losses) == 10  # 4 + 4 + 2 steps, each epoch ends on 4 rows
     assert replayed == pytest.approx(peer_losses, abs=1e-6)  # measured: 6e-8
     # our own draws give another run from the first step (another head)
-    own = loop.train(PADDED, loop.build_model(FAMILY, stock, "MRPC", seed=4), mrpc_100, 1e-4,
-                     4, cfg)
+    with stock_ops():
+        own = loop.train(PADDED, loop.build_model(FAMILY, encoder, "MRPC", seed=4), mrpc_100,
+                         1e-4, 4, cfg)
     assert abs(own[0] - replayed[0]) > 1e-3
 
 

@@ -6,24 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model.bert import (
-    BertConfig,
-    BertModel,
-    Dropout,
-    attend,
+from model.attention import (
     attend_instances,
     attention_mask_4d,
     attention_plan,
-    bert_base,
-    bert_large,
-    bert_mini,
-    bert_tiny,
-    dropout,
     instance_ids,
-    keep_mask,
     packed_position_ids,
     split_heads,
 )
+from model.bert import BertConfig, BertModel, bert_base, bert_large, bert_mini, bert_tiny
+from model.cpu_ops import Dropout, attend, dropout, keep_mask, stock_ops
 from model.heads import BertForPreTraining, BertForSequenceClassification, masked_mean_loss
 from pipelines import shard_format
 
@@ -186,7 +178,7 @@ def test_masked_only_mlm_head_equals_dense_head():
     types = torch.stack([i["token_type_ids"] for i in inst])
     positions = torch.tensor([[1, 4, 7, 15], [0, 3, 8, 9]])
     with torch.no_grad():
-        dense = model.dense_mlm_logits(ids, token_type_ids=types)  # (B, T, V)
+        dense = model.mlm(model.bert(ids, token_type_ids=types))  # every token: (B, T, V)
         sparse = model(ids, positions, types).mlm_logits  # (B, M, V)
     assert dense.shape == (2, 16, VOCAB) and sparse.shape == (2, 4, VOCAB)
     torch.testing.assert_close(sparse, dense[torch.arange(2)[:, None], positions])
@@ -328,17 +320,17 @@ def test_residual_dropout_adds_the_dropped_out_branch_in_one_rounding():
     assert torch.equal(fused_grads[1], torch.where(keep.bool(), grad * (1 / 0.9), 0.0))
     assert 0.88 < keep.mean().item() < 0.92
     assert torch.equal(module.eval().add_to(residual, x), residual + x)  # eval: no dropout
-    stock = Dropout(0.1, stock=True).train()
     torch.manual_seed(5)
     expected = residual + F.dropout(x, 0.1)
     torch.manual_seed(5)
-    assert torch.equal(stock.add_to(residual, x), expected)  # stock: F.dropout's own draws
+    with stock_ops():
+        assert torch.equal(module.train().add_to(residual, x), expected)  # stock: F.dropout's own draws
 
 
 def test_attention_dropout_drops_probabilities_and_rescales_the_output():
     """attend_with_dropout(p) = (softmax(q k^T / sqrt(D)) * keep) v / (1 - p), with the mask of
     `keep_mask` over (N, A, Tq, Tk): a dropped probability is one key unseen by one query."""
-    from model.bert import attend_with_dropout
+    from model.cpu_ops import attend_with_dropout
 
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, 3, 40, 8, generator=g, dtype=torch.float64) for _ in range(3))
@@ -461,7 +453,7 @@ def test_padding_inside_a_row_falls_back_to_the_row_mask():
 def test_cpu_dropout_attention_has_the_precision_of_sdpas_fused_kernel():
     """bf16 under autocast, 512 tokens: our dropout path (here at p=0, so comparable) keeps
     scores and softmax in fp32 as flash attention does; its error against fp64 is SDPA's."""
-    from model.bert import attend_with_dropout
+    from model.cpu_ops import attend_with_dropout
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 12, 512, 64, generator=g) * s for s in (1.5, 1.5, 1.0))
@@ -483,7 +475,7 @@ def test_cpu_dropout_attention_has_the_precision_of_sdpas_fused_kernel():
 
 
 def test_cpu_dropout_attention_gradients_match_fp32():
-    from model.bert import attend_with_dropout
+    from model.cpu_ops import attend_with_dropout
 
     g = torch.Generator().manual_seed(1)
     q, k, v, grad_out = (torch.randn(2, 4, 96, 32, generator=g) for _ in range(4))

@@ -300,7 +300,7 @@ def test_gpu_example_config_bert_large_on_8_gpus():
     assert (config.model, config.precision, config.zero_stage) == ("bert_large", "bf16", 2)
     ds = [build_ds_config(config, phase, world_size=8, on_gpu=True) for phase in config.phases]
     assert [(d["train_micro_batch_size_per_gpu"], d["gradient_accumulation_steps"],
-             d["train_batch_size"]) for d in ds] == [(32, 1, 256), (8, 4, 256)]
+             d["train_batch_size"]) for d in ds] == [(32, 1, 256), (32, 1, 256)]
     assert ds[0]["optimizer"]["params"]["torch_adam"] is False  # FusedAdam on GPUs
     assert ds[0]["bf16"] == {"enabled": True}
     assert [p.steps for p in config.phases] == [900_000, 100_000]
@@ -467,6 +467,8 @@ def test_bf16_needs_zero_1_and_exports_the_fp32_masters_with_a_cased_vocab(data,
     out = pretrain.export(config, str(tmp_path / "run" / "checkpoints"), tag)
     exported = load_file(str(Path(out) / "model.safetensors"))
     expected = ours_to_hf(masters)
+    word = "bert.embeddings.word_embeddings.weight"  # trained with rows padded to a multiple
+    expected[word] = expected[word][:len(read_vocab(str(cased)))]  # of 64; exported: the vocab's
     assert exported.keys() == expected.keys()
     for key, value in expected.items():
         assert torch.equal(exported[key], value), key
@@ -728,7 +730,7 @@ def test_a_config_files_phases_merge_into_the_presets_phases_by_name(tmp_path, c
     assert (phase.name, phase.steps, phase.warmup_steps) == ("phase2", 50, 5)
     assert (phase.max_seq_length, phase.learning_rate, phase.micro_batch_size) == (
         base.phases[1].max_seq_length, base.phases[1].learning_rate,
-        base.phases[1].micro_batch_size) == (512, 1e-4, 8)
+        base.phases[1].micro_batch_size) == (512, 1e-4, 32)
     assert "the config file's phases ['phase2'] leave out the preset's ['phase1']: not run" \
         in caplog.text
     # Unnamed entries still merge by position; a new name starts from the defaults.

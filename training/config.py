@@ -135,6 +135,9 @@ class PretrainConfig:
     """auto (CUDA GPUs when torch sees one, else CPU ranks over gloo) or cuda (GPUs required:
     where torch has no usable CUDA the run stops before any rank starts, see
     training/launch.py `refuse_cpu_fallback`, instead of training on the CPU)."""
+    compile: bool = False
+    """torch.compile each encoder layer (fullgraph) on a GPU, fusing its memory-bound ops; CPU
+    runs stay eager, where compiling measured slower (benchmarks/RESULTS.md 4.0, 4.3)."""
 
     def __post_init__(self):
         _check(self.model in MODEL_PRESETS, "model", f"one of {sorted(MODEL_PRESETS)}")
@@ -157,6 +160,8 @@ class PretrainConfig:
             _check(getattr(self, flag) >= 0, flag, ">= 0")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", ">= 1")
         _check(self.device in DEVICES, "device", f"one of {DEVICES}")
+        if self.optimizer == "lamb" and self.precision != "fp32":
+            raise ValueError(LAMB_LOW_PRECISION_MESSAGE.format(precision=self.precision))
         if self.optimizer == "lamb" and self.zero_stage >= 1:
             raise ValueError(LAMB_ZERO_MESSAGE.format(stage=self.zero_stage))
         if self.precision != "fp32" and self.zero_stage == 0:
@@ -173,6 +178,17 @@ LAMB_ZERO_MESSAGE = (
     "optimizer=lamb cannot be combined with zero_stage={stage}: ZeRO partitions parameters "
     "across ranks, so LAMB's per-layer trust ratio ||w|| / ||update|| would be computed on "
     "partitions instead of whole layers. Use optimizer=adamw with ZeRO, or lamb with zero_stage=0."
+)
+# DeepSpeed 0.19.8 (runtime/engine.py `_do_optimizer_sanity_check`, `_configure_fp16_optimizer`):
+# a stage-0 bf16 FusedLamb goes into FP16_UnfusedOptimizer (`fused_lamb_legacy`), whose fp32
+# masters are private to the wrapper; at stage 1-2 FusedLamb is not a ZeRO-supported optimizer
+# and its trust ratio would be taken over flat partitions.
+LAMB_LOW_PRECISION_MESSAGE = (
+    "optimizer=lamb cannot be combined with precision={precision}: DeepSpeed 0.19 runs a "
+    "{precision} LAMB only at zero_stage=0, inside its FP16 optimizer wrapper, whose fp32 master "
+    "weights no checkpoint or export reads (they would be {precision}-rounded), and with ZeRO "
+    "LAMB's per-layer trust ratio would be computed on flat partitions. Use precision=fp32 with "
+    "lamb (matrix products run in TF32 on the GPU), or optimizer=adamw with bf16."
 )
 # Why: at stage 0 DeepSpeed 0.19 wraps the optimizer in its FP16 optimizer, whose fp32 master
 # weights live only in that wrapper's private optimizer state; the checkpoint's "module" (what
@@ -191,7 +207,7 @@ LOW_PRECISION_ZERO0_MESSAGE = (
 # ---------------------------------------------------------------- presets
 
 def _paper_phases(train_128: str = "", train_512: str = "", total_steps: int = 1_000_000,
-                  global_batch_size: int = 256, micro_128: int = 32, micro_512: int = 8,
+                  global_batch_size: int = 256, micro_128: int = 32, micro_512: int = 32,
                   learning_rate: float = 1e-4, warmup_steps: int = 10_000) -> tuple:
     """The paper's two phases: 90% of the steps at 128 tokens, then 10% at 512 tokens."""
     steps_1 = total_steps * 9 // 10
@@ -220,17 +236,36 @@ def tiny() -> PretrainConfig:
                           eval_batches=5, checkpoint_every=100, shuffle_buffer=500)
 
 
+# GPU micro-batches, from training/memory.py's estimate for one rank of 8 (bf16, ZeRO-1) on an
+# 80 GB GPU: model states (bf16 weights and gradients, 16 bytes/parameter of fp32 masters, Adam
+# moments and fp32 gradients over 8 ranks) + 3 GiB workspace + activations per row (34 H bytes
+# per token and layer with flash attention, plus embeddings and the MLM logits):
+#
+#   model       states    per row @128 / @512    micro 32 @128 / @512    most rows in 80 GB
+#   BERT-base   0.62 GiB   42 / 169 MiB          4.9 / 8.9 GiB           1538 / 384
+#   BERT-large  1.88 GiB  106 / 424 MiB          8.2 / 18.1 GiB           599 / 149
+#
+# So memory does not bind: the global batch does. 256 rows over 8 ranks is 32 rows per rank, in
+# both phases: one micro-batch per step, no accumulation (each accumulation step would repeat the
+# per-micro-batch costs: launches, the gradient reduction, the optimizer's reads). On fewer GPUs
+# the same micro-batch accumulates (1 GPU: 8 steps), or may grow up to the last column.
+#
+# Rows are packed (the flow's `shards.pack`): attention runs per instance (model/attention.py),
+# so a packed row costs what a padded one does and carries 1.15 instances at 512 tokens
+# (14.2% padding unpacked, 0.9% packed, benchmarks/RESULTS.md 4.0a); at 128 tokens packing
+# removes the padding there is and costs nothing. `compile`: fused layers on the GPU.
+
 def base() -> PretrainConfig:
     """BERT-base as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
     return PretrainConfig(model="bert_base", phases=_paper_phases(), precision="bf16",
-                          zero_stage=2, device="cuda", log_every=100, eval_every=10_000,
-                          checkpoint_every=5_000)
+                          zero_stage=2, device="cuda", compile=True, log_every=100,
+                          eval_every=10_000, checkpoint_every=5_000)
 
 
 def large() -> PretrainConfig:
     """BERT-large as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
-    return PretrainConfig(model="bert_large", phases=_paper_phases(micro_128=16, micro_512=4),
-                          precision="bf16", zero_stage=2, device="cuda", log_every=100,
+    return PretrainConfig(model="bert_large", phases=_paper_phases(), precision="bf16",
+                          zero_stage=2, device="cuda", compile=True, log_every=100,
                           eval_every=10_000, checkpoint_every=5_000)
 
 
@@ -368,9 +403,9 @@ def load_saved(path: str) -> PretrainConfig:
 # Fields a resumed run may change: where things are, how often to log/evaluate/save, and speed or
 # memory knobs. (micro_batch_size: the global batch fixes the optimisation; the loader then
 # resumes at the same share of the epoch. Shard locations: their content is compared instead.)
-RESUME_FREE_FIELDS = ("output_dir", "vocab_dir", "num_workers", "log_every", "eval_every",
-                      "eval_batches", "checkpoint_every", "keep_checkpoints", "export_hf",
-                      "device",
+RESUME_FREE_FIELDS = ("output_dir", "vocab_dir", "num_workers", "compile", "log_every",
+                      "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints",
+                      "export_hf", "device",
                       "phases.*.train_shards", "phases.*.validation_shards",
                       "phases.*.micro_batch_size")
 

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from model.bert import BatchLayout, batch_layout, instance_ids
+from model.attention import BatchLayout, batch_layout, instance_ids
 from pipelines import shard_format
 from pipelines.shard_format import Row
 
@@ -303,7 +303,7 @@ class Remasker:
 def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
             max_seq_length: int | None = None) -> dict[str, torch.Tensor | BatchLayout]:
     """Rows -> the padded batch `model.heads.BertForPreTraining` takes (see its docstring),
-    with its `layout` (`model.bert.BatchLayout`) worked out here on the host.
+    with its `layout` (`model.attention.BatchLayout`) worked out here on the host.
 
     T = longest row rounded up to `pad_to_multiple_of` (at most `max_seq_length`); M = most
     masked positions; K = most instances per row. `next_sentence_label` is (B,) for unpacked rows,

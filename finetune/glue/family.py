@@ -251,7 +251,7 @@ class GlueFamily:
     def make_batch(self, encoded: glue_data.EncodedSplit, indices: Sequence[int],
                    max_seq_length: int, train: bool) -> PackedBatch:
         if self.pack_sequences:
-            # Attention runs per example (model.bert.attention_plan), so a row's length costs
+            # Attention runs per example (model.attention.attention_plan), so a row's length costs
             # only its padding: full max_seq_length rows pack tightest (MRPC: 1,813 tokens per
             # batch of 32 vs 2,110 with rows as long as the longest example, 16% less CPU).
             return pack_batch(encoded, indices, max_seq_length)

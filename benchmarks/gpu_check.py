@@ -1,0 +1,241 @@
+"""One command that checks the training step on one GPU and measures it against NVIDIA's figures.
+
+    python benchmarks/gpu_check.py                    # CUDA: tiny, then BERT-base and -large
+    python benchmarks/gpu_check.py --device cpu       # the same checks on the tiny shapes
+
+For each model and sequence length (128, 512) it runs a short real pre-training: synthetic rows
+(random tokens; at 512 packed as the shards pack them, ~1.15 instances per row) through the
+real loader collate (`training.loader.collate`, so the host-made attention plan), the
+pre-training model with its padded vocabulary, bf16 autocast, fused AdamW, gradient clipping
+and, on a GPU, compiled layers. It checks, and stops with a clear line if one fails:
+
+- no SDPA math-kernel fallback: the steps run under `sdpa_kernel` restricted to the flash,
+  memory-efficient and cuDNN kernels (a math fallback is then an error), on CUDA;
+- no host-device sync in forward, backward and update: `torch.cuda.set_sync_debug_mode("error")`
+  on CUDA, `training.sync_check.SyncCounter` on CPU;
+- a finite loss that falls over the steps on one repeated batch (it learns).
+
+It prints rows/s and instances/s per GPU at 128 and 512, BERT-large's ratio to NVIDIA's per-GPU
+figures (8x A100, DeepLearningExamples: 4,591 seq/s at 128 and 1,657 at 512, i.e. ~574 and ~207
+per GPU), the peak memory against `training.memory.estimate`, and one fine-tuning step
+(sequence classification) in bf16.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from model.bert import PRESETS, BertConfig, compile_layers
+from model.heads import BertForPreTraining, BertForSequenceClassification
+from pipelines import shard_format
+from training import memory
+from training.loader import collate
+from training.sync_check import SyncCounter
+
+NVIDIA_PER_GPU = {128: 4591 / 8, 512: 1657 / 8}
+"""BERT-large pre-training seq/s per A100 (NVIDIA DeepLearningExamples, 8x A100 80GB, bf16)."""
+VOCAB = 30522
+
+
+class CheckFailed(RuntimeError):
+    """A check of this script failed (the message says which and where)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    model: str
+    seq_len: int
+    micro_batch_size: int
+
+
+def synthetic_rows(count: int, seq_len: int, seed: int) -> list[shard_format.Row]:
+    """Rows as make_shards writes them: at 128 one instance per row (90% long, 10% short, as
+    `short_seq_prob`), at 512 packed (a second instance where >= 64 tokens are left)."""
+    g = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        first = int(g.integers(seq_len // 2, seq_len + 1)) if g.random() < 0.9 else \
+            int(g.integers(8, seq_len // 2))
+        lengths = [first]
+        if seq_len >= 512 and seq_len - first >= 64:
+            lengths.append(int(g.integers(32, seq_len - first + 1)))
+        n = sum(lengths)
+        predictions = [max(1, memory.max_predictions(seq_len) * k // seq_len) for k in lengths]
+        starts = np.cumsum([0, *lengths[:-1]])
+        positions = np.concatenate([s + np.sort(g.choice(np.arange(1, k), p, replace=False))
+                                    for s, k, p in zip(starts, lengths, predictions)])
+        rows.append(shard_format.Row(
+            input_ids=g.integers(1000, VOCAB, n), segment_ids=np.zeros(n, np.uint8),
+            sequence_ids=np.repeat(np.arange(len(lengths)), lengths).astype(np.uint8),
+            masked_lm_positions=positions, masked_lm_ids=g.integers(1000, VOCAB, len(positions)),
+            next_sentence_labels=g.integers(0, 2, len(lengths)).astype(np.int8)))
+    return rows
+
+
+def to_device(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+@contextlib.contextmanager
+def strict_step(device: torch.device, counter: SyncCounter | None, syncs: bool = False):
+    """No math SDPA and, unless `syncs`, no host sync inside (CUDA: the driver's check; CPU:
+    `counter`)."""
+    if device.type != "cuda":
+        with counter if counter is not None else contextlib.nullcontext():
+            yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+             SDPBackend.CUDNN_ATTENTION]
+    torch.cuda.set_sync_debug_mode("default" if syncs else "error")
+    try:
+        with sdpa_kernel(fused):
+            yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def autocast(device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: bool) -> dict:
+    """Train `steps` steps on one batch; the timed ones after the warm-up steps."""
+    config: BertConfig = PRESETS[shape.model](vocab_size=VOCAB, vocab_multiple=64)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config).to(device).train()
+    if compile_:
+        compile_layers(model.bert)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4 if shape.model != "bert_tiny"
+                                  else 1e-3, fused=device.type == "cuda")
+    rows = synthetic_rows(shape.micro_batch_size, shape.seq_len, seed=shape.seq_len)
+    batch = to_device(collate(rows, max_seq_length=shape.seq_len), device)
+    instances = sum(len(r.next_sentence_labels) for r in rows)
+    losses, counter = [], SyncCounter()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    warmup = 2 if device.type == "cuda" else 1  # CUDA: compiling, autotuning, allocator
+    for step in range(warmup + steps):
+        if step == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+        strict = step >= 1  # the first step compiles (and may sync while it does)
+        with strict_step(device, counter) if strict else contextlib.nullcontext():
+            with autocast(device):
+                out = model(**batch)
+            out.loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        # the update: checked on CUDA (fused AdamW keeps its step count there); on CPU AdamW
+        # reads its host-side step count, which is no device sync
+        with strict_step(device, None) if strict else contextlib.nullcontext():
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        losses.append(out.loss.detach())
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - start
+    losses = [x.item() for x in losses]
+    if counter.ops:
+        raise CheckFailed(f"{shape}: host-device syncs in the step: {sorted(set(counter.ops))}")
+    if not all(np.isfinite(losses)) or not losses[-1] < losses[0]:
+        raise CheckFailed(f"{shape}: the loss does not fall on a repeated batch: {losses}")
+    estimate = memory.estimate(config, shape.seq_len, shape.micro_batch_size, ranks=1)
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    return {"rows_per_s": shape.micro_batch_size * steps / seconds,
+            "instances_per_s": instances * steps / seconds, "losses": losses,
+            "peak": peak, "estimate": estimate.total, "tokens": int(batch["input_ids"].numel())}
+
+
+def finetune_check(model_name: str, device: torch.device) -> float:
+    """One bf16 fine-tuning step of sequence classification on padded rows: its loss. The
+    classifier takes no host-made layout, so its forward works one out (one sync): checked
+    for the SDPA kernels only."""
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(PRESETS[model_name](vocab_size=VOCAB), 2)
+    model = model.to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    lengths = torch.tensor([128, 77, 40, 101])
+    ids = torch.randint(1000, VOCAB, (4, 128)).to(device)
+    mask = (torch.arange(128)[None] < lengths[:, None]).long().to(device)
+    labels = torch.tensor([0, 1, 1, 0]).to(device)
+    with strict_step(device, None, syncs=True), autocast(device):
+        out = model(ids, attention_mask=mask, labels=labels)
+    out.loss.backward()
+    optimizer.step()
+    loss = out.loss.item()
+    if not np.isfinite(loss):
+        raise CheckFailed(f"fine-tuning {model_name}: loss {loss}")
+    return loss
+
+
+def shapes(device: torch.device, models: list[str], seq_lens: list[int]) -> list[Shape]:
+    """tiny (small batches on CPU), then the presets' micro-batch of 32 rows."""
+    out = []
+    for name in models:
+        for seq_len in seq_lens:
+            micro = 4 if device.type != "cuda" else 32
+            out.append(Shape(name, seq_len, micro))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    p.add_argument("--models", default=None,
+                   help="comma-separated presets (default: bert_tiny on CPU; bert_tiny, "
+                        "bert_base, bert_large on CUDA)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 10, CPU 3)")
+    p.add_argument("--no-compile", action="store_true", help="eager layers on the GPU too")
+    p.add_argument("--seq_lens", default="128,512", help="sequence lengths to train at")
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False); "
+              "run with --device cpu for the tiny shapes")
+        return 2
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")
+    models = (args.models.split(",") if args.models else
+              ["bert_tiny"] if device.type != "cuda" else ["bert_tiny", "bert_base", "bert_large"])
+    steps = args.steps or (10 if device.type == "cuda" else 3)
+    compile_ = device.type == "cuda" and not args.no_compile
+    print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
+          f"torch {torch.__version__}; compile {compile_}; {steps} timed steps")
+    try:
+        for shape in shapes(device, models, [int(n) for n in args.seq_lens.split(",")]):
+            r = pretraining_check(shape, device, steps, compile_)
+            line = (f"{shape.model:10s} T={shape.seq_len:3d} B={shape.micro_batch_size:2d}: "
+                    f"{r['rows_per_s']:8.1f} rows/s/GPU, {r['instances_per_s']:8.1f} "
+                    f"instances/s/GPU; loss {r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}; "
+                    f"no math SDPA, no sync")
+            if shape.model == "bert_large":
+                nvidia = NVIDIA_PER_GPU[shape.seq_len]
+                line += f"; vs NVIDIA {nvidia:.0f} seq/s/GPU: {r['rows_per_s'] / nvidia:.2f}x"
+            if r["peak"] is not None:
+                line += (f"; peak {r['peak'] / memory.GIB:.1f} GiB vs estimate "
+                         f"{r['estimate'] / memory.GIB:.1f} GiB "
+                         f"({r['peak'] / r['estimate']:.2f}x)")
+            print(line, flush=True)
+        for name in models:
+            print(f"{name:10s} fine-tuning step, bf16: loss {finetune_check(name, device):.4f}",
+                  flush=True)
+    except CheckFailed as failure:
+        print(f"gpu_check FAILED: {failure}")
+        return 1
+    print("gpu_check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

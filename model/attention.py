@@ -1,0 +1,278 @@
+"""Which tokens attend to which: instance ids of packed and padded rows, attention masks, and
+per-instance attention from a plan made on the host (as MosaicBERT keeps `bert_padding.py` beside
+its model).
+
+A token attends only to the tokens of its own instance, so a packed row gives exactly the hidden
+states of its instances computed one by one. Attention runs per instance (`attention_plan`,
+built once per batch from `sequence_ids` and `attention_mask`; in training the data loader
+builds it, see `BatchLayout`): the instances are gathered into (instances, length) blocks
+bucketed by length, so a packed row costs sum(n_k^2) rather than T^2 and no T x T
+block-diagonal mask (nor its dropout draws) is made. Dense batches without padding skip the
+gathering and call SDPA without a mask, so it may pick its fused kernel.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from model.cpu_ops import attend
+
+PADDING_SEQUENCE_ID = -1
+"""Instance id of padding tokens."""
+
+
+def packed_position_ids(sequence_ids: Tensor) -> Tensor:
+    """Positions restarting at 0 at each instance boundary of a row. (B, T) -> (B, T)
+
+    The torch twin of `pipelines.shard_format.position_ids`.
+    """
+    idx = torch.arange(sequence_ids.shape[-1], device=sequence_ids.device).expand_as(sequence_ids)
+    starts = torch.ones_like(sequence_ids, dtype=torch.bool)
+    starts[:, 1:] = sequence_ids[:, 1:] != sequence_ids[:, :-1]
+    return idx - torch.where(starts, idx, 0).cummax(dim=-1).values
+
+
+def instance_ids(attention_mask: Tensor | None, sequence_ids: Tensor | None,
+                 like: Tensor) -> Tensor | None:
+    """Instance index per token with padding as -1 (B, T), or None when every row is one instance."""
+    if sequence_ids is None and attention_mask is None:
+        return None
+    ids = torch.zeros_like(like) if sequence_ids is None else sequence_ids.long()
+    if attention_mask is not None:
+        ids = ids.masked_fill(~attention_mask.bool(), PADDING_SEQUENCE_ID)
+    return ids
+
+
+def one_instance_per_row(ids: Tensor | None) -> bool:
+    """Whether every row is one instance without padding, so that attention needs no mask."""
+    return ids is None or bool((ids == ids[:, :1]).all())
+
+
+def attention_mask_4d(ids: Tensor | None) -> Tensor | None:
+    """Boolean SDPA mask (B, 1, T, T), True = may attend, or None when nothing is masked.
+
+    Query i sees key j iff both belong to the same instance. Padding tokens (-1) see only padding,
+    so no row is fully masked (SDPA would return NaN there); their outputs are never used.
+    """
+    return None if one_instance_per_row(ids) else query_attention_mask(ids, None)
+
+
+def query_attention_mask(ids: Tensor, query_index: Tensor | None) -> Tensor:
+    """The mask of `attention_mask_4d` for the queries at `query_index` (B, P) only (all
+    queries when None): (B, 1, P, T)."""
+    queries = ids if query_index is None else ids.gather(1, query_index)  # (B, P)
+    return (queries[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, P, T)
+
+
+def split_heads(qkv: Tensor, num_heads: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Fused projections (N, T, 3H) -> q, k, v, each (N, A, T, D)."""
+    N, T, H3 = qkv.shape
+    q, k, v = (qkv.view(N, T, 3, num_heads, H3 // (3 * num_heads))  # (N, T, 3, A, D)
+               .permute(2, 0, 3, 1, 4)  # (3, N, A, T, D)
+               .unbind(0))
+    return q, k, v
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    """Instances of similar length that go through one attention call (CPU path)."""
+
+    index: Tensor
+    """(G, n) flat token index (row * T + position) of each slot; a slot past its instance's end
+    repeats the instance's first token (masked out as a key, its output dropped)."""
+    key_mask: Tensor | None
+    """(G, 1, 1, n) True at the instance's own tokens; None when all G instances have n tokens."""
+    real: Tensor | None
+    """(G, n) True at the instance's own tokens; None when all G instances have n tokens."""
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Where each instance of a batch is, so that attention runs per instance (no T x T mask).
+
+    A packed row of K instances costs sum(n_k^2) in attention instead of T^2, with no mask and
+    no attention dropout draws between instances. Every index is made on the host, so the
+    forward and backward pass select and place tokens without asking the device anything
+    (boolean indexing or `nonzero` would wait for the device to count first).
+
+    Two forms of the same plan: `groups` (per length bucket, the CPU path `attend_instances`)
+    and `run_offsets` (every run of tokens one sequence, the GPU path `attend_varlen`).
+    """
+
+    groups: tuple[InstanceGroup, ...]
+    """Instances bucketed by length (each bucket padded to its longest member)."""
+    slot_index: Tensor
+    """(S,) every group's `index`, flattened and concatenated: one gather for all groups (its
+    backward is then one scatter-add rather than one full-size gradient per group)."""
+    real_slots: Tensor | None
+    """(N_real,) position in those S slots of every real token, in `token_index` order; None
+    when every slot is real (no bucket is padded)."""
+    token_index: Tensor
+    """(N_real,) flat index of every real token, in the order the groups return them."""
+    run_offsets: Tensor
+    """(R + 1,) int64 start of every run of the flattened (B * T) tokens and B * T at the end: a
+    run is an instance, or a row's padding, which so attends only to itself."""
+    min_run: int
+    """Length of the shortest run."""
+    max_run: int
+    """Length of the longest run (a flash kernel's `max_seqlen`)."""
+
+
+ATTENTION_BUCKET = 32
+"""Instances whose lengths round up to the same multiple of this share one attention call:
+fewer, larger calls at the price of a little padding inside a bucket."""
+
+
+def attention_plan(ids: Tensor | None, bucket: int = ATTENTION_BUCKET) -> AttentionPlan | None:
+    """The instances of a batch from its instance ids (B, T) (padding = -1, see `instance_ids`).
+
+    None when there is nothing to split (every row is one instance filling all T tokens), or
+    when an instance's tokens are not one contiguous run (padding inside it, say): the caller
+    then masks whole rows (`attention_mask_4d`).
+    """
+    if ids is None:
+        return None
+    B, T = ids.shape
+    flat = ids.reshape(-1).cpu().numpy()
+    # a new run starts at every row start and wherever the id changes
+    all_starts = np.flatnonzero(np.r_[True, flat[1:] != flat[:-1]] | (np.arange(B * T) % T == 0))
+    all_lengths = np.diff(np.r_[all_starts, B * T])
+    keep = flat[all_starts] != PADDING_SEQUENCE_ID
+    starts, lengths = all_starts[keep], all_lengths[keep]
+    if len(starts) == B and (lengths == T).all():
+        return None
+    runs = np.stack([starts // T, flat[starts]], axis=1)  # (row, instance id) of every run
+    if len(np.unique(runs, axis=0)) < len(runs):  # an instance in two runs
+        return None
+    device = ids.device
+    buckets = -(-lengths // bucket)
+    groups, order, real_slots, slots = [], [], [], 0
+    for b in np.unique(buckets):
+        members = np.flatnonzero(buckets == b)
+        n = int(lengths[members].max())
+        offsets = np.arange(n)
+        real = offsets[None, :] < lengths[members, None]  # (G, n)
+        index = starts[members, None] + np.where(real, offsets[None, :], 0)  # (G, n)
+        order.append(index[real])
+        real_slots.append(slots + np.flatnonzero(real))
+        slots += real.size
+        padded = not real.all()
+        real_t = torch.from_numpy(real).to(device)
+        groups.append(InstanceGroup(
+            index=torch.from_numpy(index).to(device),
+            key_mask=real_t[:, None, None, :] if padded else None,
+            real=real_t if padded else None))
+    run_offsets = torch.from_numpy(np.r_[all_starts, B * T].astype(np.int64)).to(device)
+    shortest, longest = int(all_lengths.min()), int(all_lengths.max())
+    if not groups:  # a batch of padding only
+        empty = torch.zeros(0, dtype=torch.long, device=device)
+        return AttentionPlan((), empty, None, empty, run_offsets, shortest, longest)
+    token_index = np.concatenate(order)
+    real_slots = np.concatenate(real_slots)
+    return AttentionPlan(
+        tuple(groups), torch.cat([g.index.flatten() for g in groups]),
+        None if len(real_slots) == slots else torch.from_numpy(real_slots).to(device),
+        torch.from_numpy(token_index).to(device), run_offsets, shortest, longest)
+
+
+@dataclass(frozen=True)
+class BatchLayout:
+    """How a batch's instances lie in its rows, worked out on the host: a data loader makes it
+    with the batch (`batch_layout`), so the forward pass never waits for the device to answer
+    a question about its input (on a GPU each such question stalls the kernel queue)."""
+
+    plan: AttentionPlan | None
+    """Per-instance attention (`attention_plan`); None: whole rows, masked if `masked`."""
+    masked: bool
+    """False when every row is one instance without padding: attention takes no mask."""
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> BatchLayout:
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> BatchLayout:
+        """Page-locked copies (what a DataLoader with pin_memory=True asks of batch items)."""
+        return self._map(Tensor.pin_memory)
+
+    def _map(self, fn: Callable[[Tensor], Tensor]) -> BatchLayout:
+        if self.plan is None:
+            return self
+
+        def move(t: Tensor | None) -> Tensor | None:
+            return None if t is None else fn(t)
+
+        groups = tuple(InstanceGroup(move(g.index), move(g.key_mask), move(g.real))
+                       for g in self.plan.groups)
+        plan = dataclasses.replace(
+            self.plan, groups=groups, slot_index=move(self.plan.slot_index),
+            real_slots=move(self.plan.real_slots), token_index=move(self.plan.token_index),
+            run_offsets=move(self.plan.run_offsets))
+        return BatchLayout(plan, self.masked)
+
+
+def batch_layout(ids: Tensor | None) -> BatchLayout:
+    """The `BatchLayout` of instance ids (B, T) (`instance_ids`), on the host."""
+    if ids is None:
+        return BatchLayout(None, masked=False)
+    ids = ids.cpu()
+    return BatchLayout(attention_plan(ids), masked=not one_instance_per_row(ids))
+
+
+def attend_planned(qkv: Tensor, plan: AttentionPlan, num_heads: int,
+                   dropout_p: float) -> Tensor:
+    """Attention of every instance within itself. qkv (B, T, 3H) -> (B, T, H).
+
+    On a GPU one variable-length call for the whole batch (`attend_varlen`); elsewhere one call
+    per length bucket (`attend_instances`), whose CPU dropout is cheaper than SDPA's.
+    """
+    if qkv.device.type == "cuda":
+        return attend_varlen(qkv, plan, num_heads, dropout_p)
+    return attend_instances(qkv, plan, num_heads, dropout_p)
+
+
+def attend_instances(qkv: Tensor, plan: AttentionPlan, num_heads: int,
+                     dropout_p: float) -> Tensor:
+    """Attention per length bucket of instances. qkv (B, T, 3H) -> (B, T, H), 0 at padding."""
+    B, T, H3 = qkv.shape
+    slots = qkv.reshape(B * T, H3).index_select(0, plan.slot_index)  # (S, 3H)
+    outputs = []
+    for group, part in zip(plan.groups, slots.split([g.index.numel() for g in plan.groups])):
+        q, k, v = split_heads(part.view(*group.index.shape, H3), num_heads)  # 3 x (G, A, n, D)
+        y = attend(q, k, v, group.key_mask, dropout_p).transpose(1, 2)  # (G, n, A, D)
+        outputs.append(y.flatten(0, 1).flatten(1))  # (G * n, H)
+    out = qkv.new_zeros(B * T, H3 // 3)
+    if not outputs:  # a batch of padding only
+        return out.view(B, T, H3 // 3)
+    y = torch.cat(outputs)  # (S, H)
+    if plan.real_slots is not None:
+        y = y.index_select(0, plan.real_slots)  # (N_real, H) in plan.token_index order
+    return out.index_copy(0, plan.token_index, y).view(B, T, H3 // 3)  # (B*T, H) -> (B, T, H)
+
+
+def attend_varlen(qkv: Tensor, plan: AttentionPlan, num_heads: int, dropout_p: float) -> Tensor:
+    """One attention call for the whole batch, each run of tokens (`plan.run_offsets`: an
+    instance, or a row's padding) a sequence of its own. qkv (B, T, 3H) -> (B, T, H).
+
+    The runs are a jagged nested tensor over the flattened tokens, so no token is gathered or
+    padded: on a GPU SDPA takes its flash or memory-efficient kernel with `cu_seqlens` (dropout
+    included, which `torch.nn.attention.varlen.varlen_attn` does not offer), at sum(n_k^2)
+    cost. Padding gets its own run's attention (finite; nothing reads it). On CPU SDPA takes
+    its math path over the runs (correct, for tests; `attend_instances` is the CPU path).
+    """
+    B, T, H3 = qkv.shape
+    D = H3 // (3 * num_heads)
+    q, k, v = qkv.view(B * T, 3, num_heads, D).unbind(1)  # 3 x (B*T, A, D), strided views
+    if qkv.device.type != "cuda":  # the math path needs dense runs; the GPU kernels take strides
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+
+    def runs(x: Tensor) -> Tensor:  # (B*T, A, D) -> (R, A, j, D), j the ragged run length
+        return torch.nested.nested_tensor_from_jagged(
+            x, plan.run_offsets, min_seqlen=plan.min_run, max_seqlen=plan.max_run).transpose(1, 2)
+
+    y = F.scaled_dot_product_attention(runs(q), runs(k), runs(v), dropout_p=dropout_p)
+    return y.transpose(1, 2).values().reshape(B, T, H3 // 3)  # (R, j, A, D) -> (B, T, H)
