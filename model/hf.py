@@ -22,7 +22,11 @@ from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
 from model.bert import BertConfig, BertModel
-from model.heads import BertForPreTraining, BertForSequenceClassification
+from model.heads import (
+    BertForPreTraining,
+    BertForSequenceClassification,
+    BertForTokenClassification,
+)
 from pipelines import storage
 from pipelines.tokenization import read_vocab, save_tokenizer_folder
 
@@ -215,7 +219,8 @@ def vocab_do_lower_case(vocab_dir: str) -> bool:
 def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
                      do_lower_case: bool | None = None) -> None:
     """Write `config.json`, `model.safetensors`, `vocab.txt`, `tokenizer.json` and the tokenizer
-    configs for `transformers` (BertForPreTraining, BertForSequenceClassification or BertModel).
+    configs for `transformers` (BertForPreTraining, BertForSequenceClassification,
+    BertForTokenClassification or BertModel).
 
     `do_lower_case`: None = as the vocabulary folder says (`vocab_do_lower_case`)."""
     if do_lower_case is None:
@@ -234,6 +239,9 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
         extra = {"num_labels": model.num_labels,
                  "problem_type": "regression" if model.num_labels == 1 else
                  "single_label_classification"}
+    elif isinstance(model, BertForTokenClassification):
+        architecture, prefix = "BertForTokenClassification", "bert."
+        extra = {"num_labels": model.num_labels}
     elif isinstance(model, BertModel):
         architecture, prefix = "BertModel", ""
     else:
@@ -255,6 +263,8 @@ def save_checkpoint(model: nn.Module, folder: str) -> None:
         head = {"kind": "pretraining", "next_sentence": model.nsp is not None}
     elif isinstance(model, BertForSequenceClassification):
         head = {"kind": "classification", "num_labels": model.num_labels}
+    elif isinstance(model, BertForTokenClassification):
+        head = {"kind": "token_classification", "num_labels": model.num_labels}
     elif isinstance(model, BertModel):
         head = {"kind": "encoder"}
     else:
@@ -277,6 +287,8 @@ def load_checkpoint(folder: str) -> nn.Module:
         model: nn.Module = BertForPreTraining(config, next_sentence=head["next_sentence"])
     elif head["kind"] == "classification":
         model = BertForSequenceClassification(config, head["num_labels"])
+    elif head["kind"] == "token_classification":
+        model = BertForTokenClassification(config, head["num_labels"])
     elif head["kind"] == "encoder":
         model = BertModel(config)
     else:

@@ -62,7 +62,7 @@ def test_conll2003_sentences_and_documents(shared_data):
     assert len({s.document for s in train.sentences}) == 946
     assert max(len(s.words) for s in train.sentences) == 113
     assert data.label_list(train) == ("O", "B-LOC", "I-LOC", "B-MISC", "I-MISC", "B-ORG",
-                                      "I-ORG", "B-PER", "I-PER")
+                                      "I-ORG", "B-PER", "I-PER") == NER_TASKS["conll2003"].labels
 
 
 def test_wnut17_whitespace_only_boundaries(shared_data):
@@ -73,7 +73,8 @@ def test_wnut17_whitespace_only_boundaries(shared_data):
     assert (second.line, second.words[:3]) == (29, ("From", "Green", "Newsfeed"))
     # without a -DOCSTART- every sentence is its own document
     assert [s.document for s in train.sentences[:3]] == [0, 1, 2]
-    assert len(data.label_list(train)) == 13
+    assert data.label_list(train) == NER_TASKS["wnut17"].labels
+    assert len(NER_TASKS["wnut17"].labels) == 13
 
 
 def _write(tmp_path: Path, text: str, name: str = "bad.txt") -> str:
@@ -113,7 +114,7 @@ def test_unknown_dev_label_named(tmp_path):
     labels = data.label_list(train)
     assert labels == ("O", "B-person")
     with pytest.raises(data.NerFormatError,
-                       match=r"dev\.txt:4: tag 'I-group' never occurs in the training file"):
+                       match=r"dev\.txt:4: tag 'I-group' is not a label of train\.txt"):
         data.check_labels(dev, labels, "train.txt")
 
 

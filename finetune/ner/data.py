@@ -12,8 +12,9 @@ The word is the first column and the NER tag the last. Tags are `O`, `B-<type>` 
 with the wrong number of columns or a tag of another shape raises `NerFormatError` naming the
 file and line; with `skip_bad_records` its whole sentence is set aside as a `BadRecord`
 (counted, written to the run's dead-letter file) rather than scored with a word missing. Labels
-are those of the training file (`label_list`); `check_labels` names a dev/test tag the training
-file never has, with its file and line, before any training.
+are those of the training file (`label_list`), which the task table fixes in advance
+(`finetune.ner.tasks`); `check_labels` names a train/dev/test tag outside them, with its file
+and line, before any training.
 """
 from __future__ import annotations
 
@@ -194,8 +195,9 @@ def label_list(train: NerSplit) -> tuple[str, ...]:
     return tuple(sorted(seen | {OUTSIDE}, key=key))
 
 
-def check_labels(split: NerSplit, labels: Sequence[str], train_path: str) -> None:
-    """Raise `NerFormatError` at the first tag of `split` not among the training `labels`.
+def check_labels(split: NerSplit, labels: Sequence[str], source: str) -> None:
+    """Raise `NerFormatError` at the first tag of `split` not among `labels` (those of the
+    training file, or of the task table: `source` names which).
 
     A model has no output for such a tag, and scoring would count every one of its entities
     as missed: that is a data problem to fix, named before any training.
@@ -205,8 +207,8 @@ def check_labels(split: NerSplit, labels: Sequence[str], train_path: str) -> Non
         for offset, tag in enumerate(sentence.tags):
             if tag not in known:
                 raise NerFormatError(
-                    f"{split.path}:{sentence.line + offset}: tag {tag!r} never occurs in the "
-                    f"training file {train_path} (its tags: {', '.join(labels)})")
+                    f"{split.path}:{sentence.line + offset}: tag {tag!r} is not a label of "
+                    f"{source} ({', '.join(labels)})")
 
 
 def subset(split: NerSplit, limit: int | None, seed: int = 0) -> NerSplit:

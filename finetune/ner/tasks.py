@@ -27,11 +27,21 @@ class NerTask:
     """Test file name (scored as the "test" split when `--eval_test` is asked for)."""
     format: NerFormat
     """Columns and delimiter of the files."""
+    entity_types: tuple[str, ...]
+    """The data set's entity types; its labels are `O` and `B-`/`I-` of each (`labels`). Fixed
+    per task, so a model's output layer is known before any file is read; the training file's
+    tags must be among them (`finetune.ner.data.check_labels`)."""
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """`O`, then `B-`/`I-` of each type in name order (`data.label_list`'s order)."""
+        return ("O", *(f"{p}-{t}" for t in sorted(self.entity_types) for p in "BI"))
 
 
 NER_TASKS = {
     "conll2003": NerTask("conll2003", "conll2003", "train.txt", "valid.txt", "test.txt",
-                         NerFormat(num_columns=4, delimiter=" ")),
+                         NerFormat(num_columns=4, delimiter=" "), ("PER", "LOC", "ORG", "MISC")),
     "wnut17": NerTask("wnut17", "wnut17", "wnut17train.conll", "emerging.dev.conll",
-                      "emerging.test.annotated", NerFormat(num_columns=2, delimiter="\t")),
+                      "emerging.test.annotated", NerFormat(num_columns=2, delimiter="\t"),
+                      ("person", "location", "group", "corporation", "product", "creative-work")),
 }
