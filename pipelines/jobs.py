@@ -110,7 +110,7 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryEr
                PermissionError, NoOutputError)
 """What a user's options or inputs cause: reported in one line, not as a traceback."""
 DEBUG_ENV = "BERT_DEBUG"
-OUR_PACKAGES = ("pipelines", "training", "model", "flows", "peers")
+OUR_PACKAGES = ("pipelines", "training", "model", "finetune", "flows", "peers")
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
