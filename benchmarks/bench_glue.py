@@ -30,10 +30,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from finetune import checkpoint, loop
+from finetune.family import Prepared
+from finetune.glue import FAMILY
 from finetune.glue import data as glue_data
-from finetune.glue import finetune as ft
 from finetune.glue.metrics import compute_metrics, task_score
 from finetune.glue.tasks import parse_tasks
+
+NO_TEST = dataclasses.replace(FAMILY, predict_test=False)
 
 
 def default_model_dir() -> str:
@@ -77,13 +81,13 @@ class Outcome:
         return self.train_seconds + self.eval_seconds
 
 
-def run_ours(encoder, prepared: ft.PreparedTask, lr: float, seed: int,
-             cfg: ft.FinetuneConfig) -> Outcome:
-    model = ft.build_model(encoder, prepared.task.num_labels, seed)
+def run_ours(encoder, prepared: Prepared, lr: float, seed: int,
+             cfg: loop.FinetuneConfig) -> Outcome:
+    model = loop.build_model(FAMILY, encoder, prepared.task, seed)
     clock = Clock()
-    ft.train(model, prepared.train, lr, seed, cfg, desc=f"ours {prepared.task.name}")
+    loop.train(FAMILY, model, prepared.train, lr, seed, cfg, desc=f"ours {prepared.task}")
     train_wall, train_cpu = clock.lap()
-    metrics = ft.evaluate(model, prepared, cfg)
+    metrics, _, _ = loop.merge_scored(loop.evaluate(FAMILY, model, prepared, cfg))
     eval_wall, eval_cpu = clock.lap()
     return Outcome(metrics, train_wall, eval_wall, train_cpu + eval_cpu)
 
@@ -106,8 +110,8 @@ class _Rows(torch.utils.data.Dataset):
         return row
 
 
-def run_peer(model_dir: str, prepared: ft.PreparedTask, lr: float, seed: int,
-             cfg: ft.FinetuneConfig, workdir: str) -> Outcome:
+def run_peer(model_dir: str, prepared: Prepared, lr: float, seed: int,
+             cfg: loop.FinetuneConfig, workdir: str) -> Outcome:
     import transformers
     from transformers import (
         BertForSequenceClassification,
@@ -116,7 +120,7 @@ def run_peer(model_dir: str, prepared: ft.PreparedTask, lr: float, seed: int,
         TrainingArguments,
     )
 
-    task = prepared.task
+    task = prepared.context.spec
     transformers.set_seed(seed)
     model = BertForSequenceClassification.from_pretrained(model_dir, num_labels=task.num_labels)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
@@ -125,7 +129,7 @@ def run_peer(model_dir: str, prepared: ft.PreparedTask, lr: float, seed: int,
         per_device_eval_batch_size=cfg.eval_batch_size, num_train_epochs=cfg.epochs,
         learning_rate=lr, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_epsilon,
         warmup_steps=cfg.warmup_proportion, lr_scheduler_type="linear",
-        max_grad_norm=cfg.max_grad_norm, seed=seed, data_seed=seed, bf16=cfg.bf16,
+        max_grad_norm=cfg.max_grad_norm, seed=seed, data_seed=seed, bf16=bool(cfg.bf16),
         use_cpu=True, save_strategy="no", eval_strategy="no", logging_strategy="no",
         report_to=[], disable_tqdm=not cfg.progress, dataloader_num_workers=0)
     trainer = Trainer(model=model, args=args, train_dataset=_Rows(prepared.train),
@@ -187,20 +191,21 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = args.model or default_model_dir()
-    cfg = ft.FinetuneConfig(epochs=args.epochs, learning_rates=(args.learning_rate,),
-                            seeds=(args.seed,), max_train_examples=args.max_train_examples,
-                            max_eval_examples=args.max_eval_examples, bf16=args.bf16,
-                            predict_test=False, progress=not args.no_progress)
+    cfg = loop.FinetuneConfig(epochs=args.epochs, learning_rates=(args.learning_rate,),
+                              seeds=(args.seed,), max_train_examples=args.max_train_examples,
+                              max_eval_examples=args.max_eval_examples, bf16=args.bf16,
+                              progress=not args.no_progress)
     print(f"model {model_dir}\ndata {args.data}\ntasks {args.tasks} lr {args.learning_rate:g} "
           f"seed {args.seed} epochs {args.epochs:g} max_train_examples {args.max_train_examples} "
           f"max_eval_examples {args.max_eval_examples} bf16 {args.bf16} "
           f"threads {torch.get_num_threads()}", flush=True)
-    encoder = ft.load_encoder(model_dir)
-    tokenizer = glue_data.load_glue_tokenizer(model_dir, cfg.max_seq_length)
+    encoder = checkpoint.load_encoder(model_dir)
+    tokenizer = checkpoint.load_tokenizer(model_dir)
     rows = []
     with tempfile.TemporaryDirectory() as workdir:
         for i, task in enumerate(parse_tasks(args.tasks)):
-            prepared = ft.prepare_task(task, args.data, tokenizer, cfg)
+            prepared = NO_TEST.prepare(task.name, args.data, tokenizer, cfg.max_seq_length,
+                                       cfg.max_train_examples, cfg.max_eval_examples, False)
             print(f"{task.name}: {len(prepared.train)} train, "
                   f"{sum(len(d) for d in prepared.dev.values())} dev examples", flush=True)
             # Alternate who goes first, so a load change on the machine hits both sides.

@@ -36,9 +36,9 @@ import time
 
 import torch
 
-from finetune.glue import data as glue_data
-from finetune.glue import finetune as ft
-from finetune.glue.metrics import task_score
+from finetune import checkpoint, loop
+from finetune.family import Prepared
+from finetune.glue import FAMILY
 from finetune.glue.tasks import parse_tasks
 from model.bert import BertModel, truncated_normal_
 from peers import trainer_draws
@@ -88,25 +88,26 @@ def encoder_for(encoder: BertModel, variant: Variant) -> BertModel:
     return other
 
 
-def run(encoder: BertModel, prepared: ft.PreparedTask, lr: float, seed: int,
-        cfg: ft.FinetuneConfig, variant: Variant) -> float:
+def run(encoder: BertModel, prepared: Prepared, lr: float, seed: int,
+        cfg: loop.FinetuneConfig, variant: Variant) -> float:
     """bench_glue.run_ours under `variant`: the dev score in points."""
     # torch's stock attention path takes whole padded rows (the Trainer's layout)
-    cfg = dataclasses.replace(cfg, pack_sequences=not variant.stock_dropout)
-    model = ft.build_model(encoder_for(encoder, variant), prepared.task.num_labels, seed)
+    family = dataclasses.replace(FAMILY, pack_sequences=not variant.stock_dropout)
+    model = loop.build_model(family, encoder_for(encoder, variant), prepared.task, seed)
     with torch.no_grad():  # a multiplication: no random number drawn, the pair stays paired
         model.classifier.weight.mul_(variant.head_scale)
     if variant.head_draws:
         redraw_head(model.classifier.weight, variant.head_draws, seed,
                     encoder.config.initializer_range)
     if not variant.trainer_draws:
-        ft.train(model, prepared.train, lr, seed, cfg)
+        loop.train(family, model, prepared.train, lr, seed, cfg)
     else:
         trainer_draws.head_(model.classifier.weight, seed, encoder.config.initializer_range)
         torch.manual_seed(seed)  # the Trainer's constructor seeds the process again
-        ft.train(model, prepared.train, lr, seed, cfg, epoch_batches=trainer_draws.epoch_batches(
-            len(prepared.train), cfg.batch_size, seed))
-    return 100 * task_score(ft.evaluate(model, prepared, cfg))
+        loop.train(family, model, prepared.train, lr, seed, cfg,
+                   epoch_batches=trainer_draws.epoch_batches(len(prepared.train),
+                                                             cfg.batch_size, seed))
+    return 100 * loop.merge_scored(loop.evaluate(family, model, prepared, cfg))[1]
 
 
 def main() -> None:
@@ -127,13 +128,14 @@ def main() -> None:
     from bench_glue import default_data_dir, default_model_dir  # this script's folder
 
     model_dir, data_dir = default_model_dir(), default_data_dir()
-    encoder = ft.load_encoder(model_dir)
+    encoder = checkpoint.load_encoder(model_dir)
     first, second = PAIRS[args.vary]
     for task in parse_tasks(args.tasks):
-        cfg = ft.FinetuneConfig(learning_rates=(args.learning_rate,), predict_test=False,
-                                progress=False, max_train_examples=args.max_train_examples)
-        tokenizer = glue_data.load_glue_tokenizer(model_dir, cfg.max_seq_length)
-        prepared = ft.prepare_task(task, data_dir, tokenizer, cfg)
+        cfg = loop.FinetuneConfig(learning_rates=(args.learning_rate,), progress=False,
+                                  max_train_examples=args.max_train_examples)
+        prepared = dataclasses.replace(FAMILY, predict_test=False).prepare(
+            task.name, data_dir, checkpoint.load_tokenizer(model_dir), cfg.max_seq_length,
+            cfg.max_train_examples, None, False)
         sides = {"both": (first, second), "first": (first,), "second": (second,)}[args.sides]
         for seed in (int(s) for s in args.seeds.split(",")):
             scores, seconds = [], []

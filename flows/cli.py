@@ -2,7 +2,7 @@
 
     bert-dag --preset tiny                          # the demo DAG on the bundled sample
     bert-dag --preset base --set data.wikipedia=gs://bucket/enwiki-*.xml.bz2 \\
-        --set data.books=gs://bucket/books/ --set glue.data=/data/glue_data
+        --set data.books=gs://bucket/books/ --set finetune.data=/data/finetune
     bert-dag --preset base --data_only --output gs://bucket/runs/base ...the same --set... \\
         --set data.beam_args='["--runner=DataflowRunner","--project=p","--region=r",
                                "--temp_location=gs://bucket/tmp","--setup_file=infra/dataflow/setup.py"]'

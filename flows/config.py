@@ -3,8 +3,8 @@
 Paths may be local folders or URLs (`gs://...`). Overrides come as a nested mapping
 (`{"pretrain": {"phase1_steps": 20}}`) from deployment parameters or the CLI (`--set
 pretrain.phase1_steps=20`), validated against the dataclasses so a typo fails at once, and
-converted to each field's declared type (`glue.seeds=1,2` -> (1, 2), `vocab.cased=false` ->
-False). `tiny` reads the bundled sample; `base` and `large` have no default inputs (None) and
+converted to each field's declared type (`finetune.seeds=1,2` -> (1, 2), `vocab.cased=false` ->
+False). A renamed setting (`glue.*`, now `finetune.*`) fails naming its new name. `tiny` reads the bundled sample; `base` and `large` have no default inputs (None) and
 `resolve` refuses them until each is set.
 """
 from __future__ import annotations
@@ -112,26 +112,37 @@ class PretrainConfig:
 
 
 @dataclass(frozen=True)
-class GlueConfig:
+class FinetuneSettings:
+    """The fine-tuning fan-out (finetune/loop.py): tasks x learning rates x seeds. The recipe
+    settings left at 0 or () take each task's family recipe (the paper's)."""
+
     data: str | None = ""
-    """GLUE data folder (glue_data layout); "" skips fine-tuning; None: unset (base, large)."""
-    tasks: tuple[str, ...] = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")
-    """Tasks to fine-tune."""
-    learning_rates: tuple[float, ...] = (5e-5, 4e-5, 3e-5, 2e-5)
-    """The paper's grid; the best on dev is kept."""
+    """Folder holding one folder per family or task (glue/ in the glue_data layout, squad/,
+    swag/, conll2003/, ...: finetune/tasks.py); "" skips fine-tuning; None: unset."""
+    tasks: tuple[str, ...] = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte",
+                              "wnli")
+    """Tasks to fine-tune (task names, or a family name for all its tasks)."""
+    learning_rates: tuple[float, ...] = ()
+    """Peak learning rates tried, the best on dev kept; () = each family's grid."""
     seeds: tuple[int, ...] = (1, 2, 3)
-    """Seeds for the small tasks (CoLA, MRPC, STS-B, RTE, WNLI); large tasks use the first."""
-    epochs: float = 3.0
-    """Fine-tuning epochs (paper: 3)."""
-    batch_size: int = 32
-    """Fine-tuning batch size (paper: 32)."""
+    """Seeds for the small tasks (GLUE: CoLA, MRPC, STS-B, RTE, WNLI); others use the first."""
+    epochs: float = 0.0
+    """Fine-tuning epochs; 0 = the family's (GLUE: 3)."""
+    batch_size: int = 0
+    """Fine-tuning batch size; 0 = the family's (GLUE: 32)."""
+    max_seq_length: int = 0
+    """Tokens per sequence; 0 = the family's (GLUE: 128, SQuAD: 384)."""
     max_train_examples: int = 0
-    """Cap on training rows per task (0 = all), for quick runs."""
+    """Cap on training examples per task (0 = all), for quick runs."""
     max_eval_examples: int = 0
-    """Cap on dev rows per task (0 = all)."""
+    """Cap on dev examples per task (0 = all)."""
     skip_bad_rows: bool = False
-    """Set malformed GLUE rows aside (counted, written to glue/dead_letter/) instead of failing
-    the task's runs."""
+    """Set malformed records aside (counted, written to finetune/dead_letter/) instead of
+    failing the task's runs."""
+
+
+RENAMED_SETTINGS = {"glue": "finetune"}
+"""Sections renamed: old -> new (the settings inside keep their names)."""
 
 
 @dataclass(frozen=True)
@@ -144,7 +155,7 @@ class DagConfig:
     vocab: VocabConfig = field(default_factory=VocabConfig)
     shards: ShardsConfig = field(default_factory=ShardsConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
-    glue: GlueConfig = field(default_factory=GlueConfig)
+    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -165,9 +176,10 @@ def tiny() -> DagConfig:
                                 phase2_global_batch_size=16, phase2_micro_batch_size=16,
                                 learning_rate=1e-3, warmup_steps=60, zero_stage=1,
                                 precision="bf16"),
-        glue=GlueConfig(data=str(SAMPLE / "glue"), tasks=("rte", "mrpc", "sts-b", "sst-2"),
-                        learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0,
-                        batch_size=32),
+        # A family's demo task is its name here and its sample folder in data/sample/.
+        finetune=FinetuneSettings(data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2"),
+                                  learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0,
+                                  batch_size=32),
     )
 
 
@@ -176,7 +188,8 @@ def tiny() -> DagConfig:
 
 def base() -> DagConfig:
     """BERT-base as in the paper: 1M steps of 256 sequences, 90% at 128 then 10% at 512."""
-    return DagConfig(name="base", output=str(REPO / "runs" / "base"), glue=GlueConfig(data=None))
+    return DagConfig(name="base", output=str(REPO / "runs" / "base"),
+                     finetune=FinetuneSettings(data=None))
 
 
 def large() -> DagConfig:
@@ -187,7 +200,7 @@ def large() -> DagConfig:
         name="large", output=str(REPO / "runs" / "large"),
         pretrain=PretrainConfig(model="bert_large", micro_batch_size=32, phase2_micro_batch_size=8,
                                 launcher="deepspeed", nproc_per_node=8),
-        glue=GlueConfig(data=None),
+        finetune=FinetuneSettings(data=None),
     )
 
 
@@ -205,20 +218,14 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
     if missing:
         raise ValueError(
             f"preset {preset!r} needs {', '.join(missing)}: set each to a file, glob, folder or "
-            f"gs:// URL (glue.data: a local folder), e.g. --set {missing[0]}=/data/..., or to '' "
-            "to skip that input")
-    glue = cfg.glue.data
-    if glue and "://" in glue:
-        raise ValueError(f"glue.data={glue!r}: the GLUE readers take a local folder (copy the "
-                         "data onto the volume, e.g. /data/glue_data)")
-    if glue:
-        from finetune.glue.tasks import get_task
-        for name in cfg.glue.tasks:
-            try:
-                get_task(name)
-            except ValueError as e:
-                raise ValueError(f"setting glue.tasks={','.join(cfg.glue.tasks)}: "
-                                 f"{str(e).removeprefix('--tasks: ')}") from None
+            f"gs:// URL (finetune.data: a local folder), e.g. --set {missing[0]}=/data/..., or "
+            "to '' to skip that input")
+    data = cfg.finetune.data
+    if data and "://" in data:
+        raise ValueError(f"finetune.data={data!r}: the fine-tuning readers take a local folder "
+                         "(copy the data onto the volume, e.g. /data/finetune with glue/ inside)")
+    if data:
+        finetune_tasks(cfg)
     check_output(cfg, data_only)
     from flows.steps import check_settings  # steps imports this module
 
@@ -226,18 +233,30 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
     return cfg
 
 
+def finetune_tasks(cfg: DagConfig) -> list:
+    """The registry entries (finetune/tasks.py) of `finetune.tasks`; an unknown name is an
+    error in the setting's terms."""
+    from finetune.tasks import parse_tasks
+
+    try:
+        return parse_tasks(",".join(cfg.finetune.tasks)) if cfg.finetune.tasks else []
+    except ValueError as e:
+        raise ValueError(f"setting finetune.tasks={','.join(cfg.finetune.tasks)}: "
+                         f"{str(e).removeprefix('--tasks: ')}") from None
+
+
 def check_output(cfg: DagConfig, data_only: bool) -> None:
     """The run root suits the stages that will write to it.
 
     Beam jobs write through `pipelines.storage` (local or gs://), so the data stages take
-    either. Pre-training writes DeepSpeed checkpoints and GLUE its tables with plain file I/O:
-    a gs:// root would fail there, hours in. Dataflow's workers, for their part, cannot write
+    either. Pre-training writes DeepSpeed checkpoints and fine-tuning its tables with plain file
+    I/O: a gs:// root would fail there, hours in. Dataflow's workers, for their part, cannot write
     to the flow machine's disk."""
     remote = "://" in cfg.output
     if remote and not data_only:
         raise ValueError(
-            f"output={cfg.output!r}: pre-training and GLUE need a local or mounted folder (the "
-            "deployments use /data/runs/<preset>); a gs:// root takes the data stages alone "
+            f"output={cfg.output!r}: pre-training and fine-tuning need a local or mounted folder "
+            "(the deployments use /data/runs/<preset>); a gs:// root takes the data stages alone "
             "(--data_only, or the data-* deployments)")
     if not runs_on_dataflow(cfg.data.beam_args):
         return
@@ -264,16 +283,30 @@ def runs_on_dataflow(beam_args: tuple[str, ...]) -> bool:
 
 def check_inputs_exist(cfg: DagConfig, data_only: bool = False) -> None:
     """Local input folders exist, checked where the flow runs (the worker, whose volumes the
-    paths name) before the first stage: a missing GLUE folder must not surface only after
-    pre-training. Remote inputs are checked by the jobs that read them; a data-only run reads
-    no GLUE data."""
+    paths name) before the first stage: a missing fine-tuning folder must not surface
+    only after pre-training. Remote inputs are checked by the jobs that read them; a data-only
+    run reads no fine-tuning data."""
     local = [("data.wikipedia", cfg.data.wikipedia), ("data.books", cfg.data.books)]
-    local += [] if data_only else [("glue.data", cfg.glue.data)]
+    local += [] if data_only else [("finetune.data", cfg.finetune.data)]
     for key, value in local:
         for path in (value or "").split(","):
             if path and "://" not in path and not (os.path.exists(path) or glob.glob(path)):
                 raise FileNotFoundError(f"setting {key}={value!r}: {path} matches no file or "
                                         "folder here")
+    if cfg.finetune.data and not data_only:
+        check_finetune_files(cfg)
+
+
+def check_finetune_files(cfg: DagConfig) -> None:
+    """Every task's family folder is there. (A task's own files are checked by its runs: one
+    task without data fails its runs, not the others'.)"""
+    data, missing = cfg.finetune.data, {}
+    for entry in finetune_tasks(cfg):
+        if not os.path.isdir(os.path.join(data, entry.data_folder)):
+            missing.setdefault(entry.data_folder, []).append(entry.task)
+    if missing:
+        raise FileNotFoundError(f"setting finetune.data={data!r}: " + "; ".join(
+            f"no {folder}/ folder (for {', '.join(tasks)})" for folder, tasks in missing.items()))
 
 
 def unset_settings(obj, prefix: str = "") -> list[str]:
@@ -293,6 +326,8 @@ def _apply(obj, overrides: dict[str, Any], prefix: str):
     hints = typing.get_type_hints(type(obj))
     changes = {}
     for key, value in overrides.items():
+        if not prefix and key in RENAMED_SETTINGS:
+            raise ValueError(renamed_message(key, value))
         if key not in fields:
             raise ValueError(f"unknown setting '{prefix}{key}'; known: {sorted(fields)}")
         current = getattr(obj, key)
@@ -305,8 +340,18 @@ def _apply(obj, overrides: dict[str, Any], prefix: str):
     return dataclasses.replace(obj, **changes)
 
 
+def renamed_message(section: str, value: Any) -> str:
+    """The error for a renamed section: each setting given, with its new name."""
+    new = RENAMED_SETTINGS[section]
+    keys = list(value) if isinstance(value, dict) and value else ["..."]
+    names = ", ".join(f"{section}.{k} is now {new}.{k}" for k in keys)
+    note = (f" ({new}.data is the folder holding glue/, squad/, ...: the old {section}.data "
+            f"folder goes in its glue/)" if section == "glue" and "data" in keys else "")
+    return f"setting {section!r} was renamed {new!r}: {names}{note}"
+
+
 def parse_set_flags(pairs: list[str]) -> dict[str, Any]:
-    """`["pretrain.phase1_steps=20", "glue.tasks=rte,mrpc"]` -> nested overrides mapping.
+    """`["pretrain.phase1_steps=20", "finetune.tasks=rte,mrpc"]` -> nested overrides mapping.
 
     Values stay strings here; `resolve` converts each to its field's type."""
     overrides: dict[str, Any] = {}

@@ -3,7 +3,7 @@
 Runs the `pretrain-bert` flow in this process against Prefect's ephemeral local server (no
 server to start), writing the run under `runs/tiny/` and Prefect's database under
 `runs/.prefect/` (unless PREFECT_HOME is set), and ends by printing the report: stage timings,
-data statistics, the loss curve's path and the GLUE table.
+data statistics, the loss curve's path and the fine-tuning table.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
     extract Wikipedia ┐
                       ├> build corpus -> train vocab -> shards 128 ┐
     extract books ────┘                            └-> shards 512 ┴> pretrain (phase 1 -> 2)
-        -> export Hugging Face folder -> GLUE (tasks x learning rates x seeds) -> best -> report
+        -> export Hugging Face folder -> fine-tune (tasks x learning rates x seeds) -> best
+        -> report
 
 Every stage writes to a content-addressed folder (flows/stages.py), so a re-run skips what is
 done and resumes at the stage that failed; pre-training resumes from its last checkpoint.
@@ -62,25 +63,25 @@ def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:
     return steps.export_hf(cfg, run)
 
 
-@task(name="glue-finetune", **COMPUTE_TASK)
-def glue_finetune(cfg: DagConfig, model: StageResult, job: steps.GlueJob) -> dict:
-    return steps.glue_finetune(cfg, model, job)
+@task(name="finetune", **COMPUTE_TASK)
+def finetune_run(cfg: DagConfig, model: StageResult, job: steps.FinetuneJob) -> dict:
+    return steps.finetune_run(cfg, model, job)
 
 
-@task(name="glue-best", **COMPUTE_TASK)
-def glue_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
-    return steps.glue_best(cfg, model, outcomes)
+@task(name="finetune-best", **COMPUTE_TASK)
+def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
+    return steps.finetune_best(cfg, model, outcomes)
 
 
 @task(name="report", **COMPUTE_TASK)
-def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None,
+def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
            filename: str = "report.md") -> dict:
-    result = steps.report(cfg, stages, glue, filename)
+    result = steps.report(cfg, stages, finetune, filename)
     create_table_artifact(result["stages"], key="stage-timings",
                           description="Stage outputs, whether reused from a previous run, seconds")
-    if result["glue_table"]:
-        create_markdown_artifact(result["glue_table"], key="glue-results",
-                                 description="GLUE dev scores (best learning rate per task)")
+    if result["finetune_table"]:
+        create_markdown_artifact(result["finetune_table"], key="finetune-results",
+                                 description="Fine-tuning dev scores (best learning rate per task)")
     if result["loss_curve"] and os.path.exists(result["loss_curve"]):
         create_markdown_artifact(steps.image_markdown(result["loss_curve"]), key="loss-curve",
                                  description="Pre-training loss curve")
@@ -91,7 +92,7 @@ def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None,
 @flow(name="pretrain-bert", log_prints=True)
 def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
                   output: str | None = None, data_only: bool = False) -> dict:
-    """Data -> vocabulary -> shards -> pre-training -> export -> GLUE fan-out -> report.
+    """Data -> vocabulary -> shards -> pre-training -> export -> fine-tuning fan-out -> report.
 
     `output` (the run's root folder) is its own parameter so that a deployment can fix it (the
     cluster's volume) while each run passes its own `overrides`; an `output` key there wins.
@@ -115,12 +116,12 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     run = pretrain(cfg, vocab, shards)
     model = export_hf(cfg, run)
 
-    glue = None
-    jobs = steps.glue_jobs(cfg)
+    finetune = None
+    jobs = steps.finetune_jobs(cfg)  # every family's tasks x learning rates x seeds
     if jobs:
-        futures = glue_finetune.map(unmapped(cfg), unmapped(model), jobs)
+        futures = finetune_run.map(unmapped(cfg), unmapped(model), jobs)
         wait(futures)
         # A failed fine-tuning run is reported as failed; the others still count.
         outcomes = [steps.outcome(job, f.state) for job, f in zip(jobs, futures)]
-        glue = glue_best(cfg, model, outcomes)
-    return report(cfg, [*sources, corpus, vocab, *shards, run, model], glue)
+        finetune = finetune_best(cfg, model, outcomes)
+    return report(cfg, [*sources, corpus, vocab, *shards, run, model], finetune)

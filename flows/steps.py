@@ -2,7 +2,8 @@
 
 Each stage function resolves its content-addressed output folder (flows/stages.py) and calls
 one job: a Beam pipeline's `run(argv)`, the DeepSpeed training entry point (as a subprocess,
-so the `deepspeed`/`torchrun` launchers and multi-node runs work the same way), or GLUE.
+so the `deepspeed`/`torchrun` launchers and multi-node runs work the same way), or one
+fine-tuning run (finetune/loop.py, any task family).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows import stages
-from flows.config import DagConfig
+from flows.config import DagConfig, finetune_tasks
 from flows.stages import StageResult, run_stage
 from pipelines import storage
 
@@ -41,7 +42,7 @@ def describe(cfg: DagConfig) -> str:
 
 def check_settings(cfg: DagConfig) -> None:
     """Build every stage's own config from the settings, as the stages will, so that a value a
-    stage would refuse (hours later, for GLUE after pre-training) fails now, in the flow's
+    stage would refuse (hours later, for fine-tuning after pre-training) fails now, in the flow's
     setting names. The stages' configs hold the rules; this only asks them early."""
     from pipelines.instances import InstanceConfig
     from pipelines.shard_batches import ShardJobConfig
@@ -67,9 +68,10 @@ def check_settings(cfg: DagConfig) -> None:
     except ValueError as error:
         raise ValueError(f"setting pretrain.extra_args={list(cfg.pretrain.extra_args)}: "
                          f"{error}") from None
-    if cfg.glue.data:
-        with _in_setting_names({}, default_section="glue"):
-            _finetune_config(cfg)
+    if cfg.finetune.data:
+        with _in_setting_names({}, default_section="finetune"):
+            for entry in finetune_tasks(cfg):
+                finetune_config(cfg, entry)
 
 
 def _set_flags(args: Sequence[str]) -> list[str]:
@@ -363,42 +365,50 @@ def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:
     return dataclasses.replace(result, path=hf_dir)
 
 
-# ---------------------------------------------------------------- GLUE fan-out
+# ---------------------------------------------------------------- fine-tuning fan-out
 
 @dataclass(frozen=True)
-class GlueJob:
+class FinetuneJob:
     """One fine-tuning run of the fan-out."""
+    family: str
     task: str
+    """The task's registry name ("rte", "squad1")."""
     learning_rate: float
     seed: int
 
 
-def glue_jobs(cfg: DagConfig) -> list[GlueJob]:
-    """tasks x learning rates x seeds (several seeds only for the small tasks, as the paper)."""
-    if not cfg.glue.data or not cfg.glue.tasks:
-        return []
-    from finetune.glue.tasks import get_task
+def finetune_jobs(cfg: DagConfig) -> list[FinetuneJob]:
+    """tasks x learning rates x seeds (several seeds only for a family's small tasks, as the
+    paper), each task with its family's recipe and the settings given."""
+    from finetune.loop import seeds_for
 
+    if not cfg.finetune.data:
+        return []
     jobs = []
-    for name in cfg.glue.tasks:
-        task = get_task(name)
-        seeds = cfg.glue.seeds if task.small else cfg.glue.seeds[:1]
-        jobs += [GlueJob(task.name, lr, seed) for lr in cfg.glue.learning_rates for seed in seeds]
+    for entry in finetune_tasks(cfg):
+        ft = finetune_config(cfg, entry)
+        jobs += [FinetuneJob(entry.family.name, entry.task, lr, seed)
+                 for lr in ft.learning_rates for seed in seeds_for(entry.family, entry.task, ft)]
     return jobs
 
 
-def _finetune_config(cfg: DagConfig):
-    from finetune.glue.finetune import FinetuneConfig
+def finetune_config(cfg: DagConfig, entry):
+    """The loop's settings for one task: its family's recipe, then the settings given (0 and
+    () leave the recipe's)."""
+    from finetune.loop import for_recipe
 
-    g = cfg.glue
-    return FinetuneConfig(batch_size=g.batch_size, epochs=g.epochs, learning_rates=g.learning_rates,
-                          seeds=g.seeds, max_train_examples=g.max_train_examples or None,
-                          max_eval_examples=g.max_eval_examples or None,
-                          skip_bad_rows=g.skip_bad_rows, progress=False)
+    f = cfg.finetune
+    given = {"learning_rates": f.learning_rates, "epochs": f.epochs,
+             "batch_size": f.batch_size, "max_seq_length": f.max_seq_length}
+    return for_recipe(entry.family.recipe(entry.task),
+                      **{k: v for k, v in given.items() if v}, seeds=f.seeds,
+                      max_train_examples=f.max_train_examples or None,
+                      max_eval_examples=f.max_eval_examples or None,
+                      skip_bad_rows=f.skip_bad_rows, progress=False)
 
 
 def fine_tuning_devices(num_gpus: int | None = None) -> list[str]:
-    """Where GLUE runs train: every GPU torch sees, else the CPU."""
+    """Where fine-tuning runs train: every GPU torch sees, else the CPU."""
     if num_gpus is None:
         import torch
 
@@ -407,7 +417,7 @@ def fine_tuning_devices(num_gpus: int | None = None) -> list[str]:
 
 
 class DevicePool:
-    """Devices lent to one run at a time: the flow maps GLUE runs onto threads, and two runs
+    """Devices lent to one run at a time: the flow maps fine-tuning runs onto threads, and two runs
     on one device would only share its cores or its memory. A run takes whichever device is
     free, so uneven runs keep every device busy."""
 
@@ -437,23 +447,27 @@ def _device_pool() -> DevicePool:
         return _POOL
 
 
-def glue_finetune(cfg: DagConfig, model: StageResult, job: GlueJob) -> dict:
-    """Fine-tune one (task, learning rate, seed) on a free device; its dev result and test
-    predictions.
+def finetune_run(cfg: DagConfig, model: StageResult, job: FinetuneJob) -> dict:
+    """Fine-tune one (task, learning rate, seed) on a free device; its dev result, prediction
+    files and test predictions.
 
     Content-addressed like every stage (the device is not part of the key): a re-run reuses a
     finished fine-tuning run."""
-    ft = _finetune_config(cfg)
+    from finetune.tasks import get_task
+
+    entry = get_task(job.task)
+    ft, data = finetune_config(cfg, entry), os.path.join(cfg.finetune.data, entry.data_folder)
     recipe = {k: v for k, v in dataclasses.asdict(ft).items() if k not in ("progress", "device")}
-    config = {"job": dataclasses.asdict(job), "data": cfg.glue.data, "recipe": recipe}
-    name = f"glue-{job.task.lower()}-lr{job.learning_rate:g}-seed{job.seed}"
+    config = {"job": dataclasses.asdict(job), "data": data, "recipe": recipe}
+    name = f"{job.family}-{job.task.lower()}-lr{job.learning_rate:g}-seed{job.seed}"
 
     def build(out: str) -> None:
         # reading needs no device; the runs of one task waiting for a device share one reading
-        ready = _PREPARED.get((model.path, job.task, cfg.glue.data, ft),
-                              lambda: _Prepared(*_prepare_one(cfg, model, job, ft)))
+        ready = _PREPARED.get((model.path, job.task, data, ft),
+                              lambda: _Prepared(*_prepare_one(model, entry.family, job.task,
+                                                              data, ft)))
         with _device_pool().take() as device:
-            result = _finetune_one(ready.encoder, ready.prepared, job,
+            result = _finetune_one(entry.family, ready.encoder, ready.prepared, job,
                                    dataclasses.replace(ft, device=device))
         storage.write_manifest(out, result)
 
@@ -519,91 +533,107 @@ class SharedPreparations:
 _PREPARED = SharedPreparations()
 
 
-def _prepare_one(cfg: DagConfig, model: StageResult, job: GlueJob, ft):
-    """(encoder, the task's tokenized splits) for one run, checked against each other."""
-    from finetune.glue import data as glue_data
-    from finetune.glue import finetune
-    from finetune.glue.tasks import get_task
+def _prepare_one(model: StageResult, family, task: str, data: str, ft):
+    """(encoder, the task's encoded splits) for one run, checked against each other."""
+    from finetune.checkpoint import check_model_fits, load_encoder, load_tokenizer
+    from finetune.loop import ModelChecks
 
-    task, encoder = get_task(job.task), finetune.load_encoder(model.path)
-    tokenizer = glue_data.load_glue_tokenizer(model.path, ft.max_seq_length)
+    encoder, tokenizer = load_encoder(model.path), load_tokenizer(model.path)
     # the export writes both from one run, but a hand-edited folder would fail deep in torch
-    finetune.check_model_fits(encoder, tokenizer, [task], ft, model.path, model.path)
-    return encoder, finetune.prepare_task(task, cfg.glue.data, tokenizer, ft)
+    check_model_fits(encoder, tokenizer, ft.max_seq_length, model.path, model.path)
+    if isinstance(family, ModelChecks):
+        family.check_model(encoder, task, model.path)
+    return encoder, family.prepare(task, data, tokenizer, ft.max_seq_length,
+                                   ft.max_train_examples, ft.max_eval_examples, ft.skip_bad_rows)
 
 
-def _finetune_one(encoder, prepared, job: GlueJob, ft) -> dict:
-    from finetune.glue import finetune
+def _finetune_one(family, encoder, prepared, job: FinetuneJob, ft) -> dict:
+    from finetune import loop
 
-    result, trained = finetune.run_one(encoder, prepared, job.learning_rate, job.seed, ft)
-    predictions = finetune.predict_test_sets(trained, prepared, ft) if prepared.test else ()
+    result, trained = loop.run_one(family, encoder, prepared, job.learning_rate, job.seed, ft)
+    predictions = loop.predict_test_sets(family, trained, prepared, ft)
     return {"job": dataclasses.asdict(job), "result": dataclasses.asdict(result),
             "predictions": [dataclasses.asdict(p) for p in predictions],
-            "num_train": len(prepared.train), "bad_rows": prepared.bad_rows,
+            "num_train": prepared.num_train_examples, "bad_rows": len(prepared.bad_records),
             "bad_records": [dataclasses.asdict(b) for b in prepared.bad_records],
-            "num_dev": {k: len(v) for k, v in prepared.dev.items()}}
+            "num_dev": dict(prepared.num_dev_examples)}
 
 
-def outcome(job: GlueJob, state) -> dict:
+def outcome(job: FinetuneJob, state) -> dict:
     """A mapped run's result, or its failure, for the report."""
     if state.is_completed():
         return state.result()
     return {"job": dataclasses.asdict(job), "error": str(state.message or state.name)}
 
 
-def glue_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
-    """Per task, the learning rate with the best mean dev score over seeds; tables and files."""
-    from finetune.glue import finetune, report
-    from finetune.glue.metrics import glue_score
+def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
+    """Per task, the learning rate with the best mean dev score over seeds; one table over
+    every family, the prediction files."""
+    from finetune import loop, report
+    from finetune.tasks import get_task
 
     failed = [o for o in outcomes if "error" in o]
     done = [o for o in outcomes if "error" not in o]
-    tasks = []
+    tasks, configs = [], {}
     for name in dict.fromkeys(o["job"]["task"] for o in done):
         runs = [o for o in done if o["job"]["task"] == name]
-        tasks.append(_task_result(finetune, name, runs))
-    ft = _finetune_config(cfg)
-    result = finetune.GlueResult(tuple(tasks), glue_score({t.task: t.score for t in tasks}),
-                                 model.path, ft)
-    out = storage.join(_root(cfg), "glue")
+        tasks.append(_task_result(runs))
+        configs[tasks[-1].task] = finetune_config(cfg, get_task(name))
+    # one task's settings stand for all in results.json's "config"; each is in "task_configs"
+    shared = next(iter(configs.values()), loop.FinetuneConfig(progress=False))
+    result = loop.FinetuneResult(tuple(tasks), model.path, shared, configs=configs)
+    out = storage.join(_root(cfg), "finetune")
     files = report.write_report(result, out)
-    if files.get("dead_letter"):
-        logger.warning("GLUE: %d malformed row(s) set aside (glue.skip_bad_rows) in %s",
-                       sum(t.bad_rows for t in tasks), files["dead_letter"])
-    return {"table": report.markdown_table(result), "glue_score": result.glue_score,
+    dead_letters = [p for k, p in files.items() if k.startswith("dead_letter")]
+    if dead_letters:
+        logger.warning("fine-tuning: %d malformed record(s) set aside (finetune.skip_bad_rows) "
+                       "in %s", sum(t.bad_rows for t in tasks), ", ".join(dead_letters))
+    return {"table": report.markdown_table(result), "glue_score": report.glue_score(result),
             "failed": failed, "files": files, "output": out}
 
 
-def _task_result(finetune, name: str, runs: list[dict]):
-    """The task's summary by `finetune.select_best` (the CLI's rule): the test predictions are
-    those of the best seed at the best learning rate."""
-    from finetune.glue.data import BadRow
+def _task_result(runs: list[dict]):
+    """The task's summary by `loop.select_best` (the CLI's rule): the prediction files and
+    test predictions are those of the best seed at the best learning rate."""
+    from finetune import loop
 
-    results = [finetune.RunResult(**o["result"]) for o in runs]
+    results = [loop.RunResult(**o["result"]) for o in runs]
+    name = results[0].task  # the family's own spelling ("RTE")
     # A rate that lost seeds to failed runs would be judged on fewer of them: compare only the
-    # rates with every seed that any rate completed (the failures are in glue_best's "failed").
+    # rates with every seed that any rate completed (the failures are in finetune_best's
+    # "failed").
     seeds = Counter(r.learning_rate for r in results)
     complete = [r for r in results if seeds[r.learning_rate] == max(seeds.values())]
     if len(complete) < len(results):
         logger.warning("%s: learning rate(s) %s lost seeds to failed runs and are not compared",
                     name, sorted({r.learning_rate for r in results} -
                                  {r.learning_rate for r in complete}))
-    best = finetune.select_best(complete)
+    best = loop.select_best(complete)
     best_run = next(o for o, r in zip(runs, results) if r is best.best_run)
-    return finetune.summarise_task(
+    return loop.summarise_task(
         name, complete, num_train_examples=best_run["num_train"],
         num_dev_examples=best_run["num_dev"], bad_rows=best_run.get("bad_rows", 0),
         seconds=sum(r.train_seconds + r.eval_seconds for r in results),
-        test_predictions=tuple(finetune.TestPredictions(**p) for p in best_run["predictions"]),
+        test_predictions=tuple(loop.TestPredictions(**p) for p in best_run["predictions"]),
         # every run of a task read the same files: one run's rows set aside are the task's
-        bad_records=tuple(BadRow(**b) for b in best_run.get("bad_records", ())))
+        bad_records=tuple(_bad_record(b) for b in best_run.get("bad_records", ())),
+        family=best_run["job"]["family"])
+
+
+def _bad_record(fields: dict):
+    """A record set aside, back from a run's manifest (with its raw text where it has one)."""
+    from finetune.glue.data import BadRow
+    from pipelines.jobs import BadRecord
+
+    return BadRow(**fields) if "text" in fields else BadRecord(**fields)
 
 
 # ---------------------------------------------------------------- report
 
-def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None,
+def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
            filename: str = "report.md") -> dict:
-    """`report.md` in the run folder: stage timings, data statistics, loss curve, GLUE table.
+    """`report.md` in the run folder: stage timings, data statistics, loss curve, the
+    fine-tuning table (every family's tasks, the GLUE score).
     (A data-only run writes `report-data.md`: the full run's report stays.)"""
     rows = [{"stage": s.stage, "cached": s.cached, "seconds": round(s.seconds, 1),
              "output": s.path} for s in stages]
@@ -622,14 +652,14 @@ def report(cfg: DagConfig, stages: list[StageResult], glue: dict | None,
             lines.append(f"- last {split}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
         if os.path.exists(loss_curve):
             lines.append(f"\n![loss curve]({loss_curve})")
-    if glue:
-        lines += ["", "## GLUE (dev)", "", glue["table"]]
-        lines += [f"- FAILED {f['job']}: {f['error']}" for f in glue["failed"]]
+    if finetune:
+        lines += ["", "## Fine-tuning (dev)", "", finetune["table"]]
+        lines += [f"- FAILED {f['job']}: {f['error']}" for f in finetune["failed"]]
     text = "\n".join(lines) + "\n"
     path = storage.join(_root(cfg), filename)
     storage.atomic_write_text(path, text)
     return {"markdown": text, "path": path, "stages": rows, "loss_curve": loss_curve,
-            "glue_table": glue["table"] if glue else "", "statistics": stats}
+            "finetune_table": finetune["table"] if finetune else "", "statistics": stats}
 
 
 def _data_statistics(stages: list[StageResult]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from finetune.glue import data as glue_data
+from finetune.loop import batch_indices
 
 
 def head_(weight: torch.Tensor, seed: int, std: float) -> torch.Tensor:
@@ -29,10 +29,10 @@ def head_(weight: torch.Tensor, seed: int, std: float) -> torch.Tensor:
 
 def epoch_batches(num_examples: int, batch_size: int,
                   seed: int) -> Callable[[int], list[list[int]]]:
-    """The Trainer's data order as `finetune.train`'s `epoch_batches`. Call
+    """The Trainer's data order as `finetune.loop.train`'s `epoch_batches`. Call
     `torch.manual_seed(seed)` before training, as the Trainer's constructor does."""
     def batches(epoch: int) -> list[list[int]]:
         torch.empty((), dtype=torch.int64).random_()  # the DataLoader's base seed
-        return glue_data.batch_indices(num_examples, batch_size,
-                                       torch.Generator().manual_seed(seed + epoch))
+        return batch_indices(num_examples, batch_size,
+                             torch.Generator().manual_seed(seed + epoch))
     return batches

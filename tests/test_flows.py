@@ -28,15 +28,15 @@ BIN = Path(sys.executable).parent
 
 
 CLUSTER_DATA = {"data": {"wikipedia": "gs://b/enwiki.xml.bz2", "books": "gs://b/books/"},
-                "glue": {"data": "/data/glue_data"}}
+                "finetune": {"data": "/data/finetune"}}
 
 
 def test_overrides_are_typed_and_unknown_keys_fail():
-    cfg = resolve("tiny", parse_set_flags(["pretrain.phase1_steps=7", "glue.tasks=rte,mrpc",
-                                           "glue.learning_rates=[1e-4]"]))
+    cfg = resolve("tiny", parse_set_flags(["pretrain.phase1_steps=7", "finetune.tasks=rte,mrpc",
+                                           "finetune.learning_rates=[1e-4]"]))
     assert cfg.pretrain.phase1_steps == 7
-    assert cfg.glue.tasks == ("rte", "mrpc")
-    assert cfg.glue.learning_rates == (1e-4,)
+    assert cfg.finetune.tasks == ("rte", "mrpc")
+    assert cfg.finetune.learning_rates == (1e-4,)
     with pytest.raises(ValueError, match="pretrain.phase1_stepz"):
         resolve("tiny", {"pretrain": {"phase1_stepz": 1}})
     with pytest.raises(ValueError, match="pretrain.launcher"):
@@ -44,12 +44,12 @@ def test_overrides_are_typed_and_unknown_keys_fail():
 
 
 @pytest.mark.parametrize(("flag", "section", "name", "expected"), [
-    ("glue.learning_rates=5e-5,3e-5", "glue", "learning_rates", (5e-5, 3e-5)),
-    ("glue.learning_rates=[5e-5, 3e-5]", "glue", "learning_rates", (5e-5, 3e-5)),
-    ("glue.seeds=1,2", "glue", "seeds", (1, 2)),
-    ("glue.seeds=[3]", "glue", "seeds", (3,)),
-    ("glue.tasks= rte , mrpc", "glue", "tasks", ("rte", "mrpc")),
-    ("glue.tasks=", "glue", "tasks", ()),
+    ("finetune.learning_rates=5e-5,3e-5", "finetune", "learning_rates", (5e-5, 3e-5)),
+    ("finetune.learning_rates=[5e-5, 3e-5]", "finetune", "learning_rates", (5e-5, 3e-5)),
+    ("finetune.seeds=1,2", "finetune", "seeds", (1, 2)),
+    ("finetune.seeds=[3]", "finetune", "seeds", (3,)),
+    ("finetune.tasks= rte , mrpc", "finetune", "tasks", ("rte", "mrpc")),
+    ("finetune.tasks=", "finetune", "tasks", ()),
     ("vocab.cased=False", "vocab", "cased", False),
     ("vocab.cased=false", "vocab", "cased", False),
     ("vocab.cased=0", "vocab", "cased", False),
@@ -60,7 +60,7 @@ def test_overrides_are_typed_and_unknown_keys_fail():
     ("shards.pack=true", "shards", "pack", True),
     ("vocab.vocab_size=30522", "vocab", "vocab_size", 30522),
     ("shards.target_shard_mb=2", "shards", "target_shard_mb", 2.0),
-    ("glue.epochs=0.5", "glue", "epochs", 0.5),
+    ("finetune.epochs=0.5", "finetune", "epochs", 0.5),
     ("pretrain.learning_rate=1e-4", "pretrain", "learning_rate", 1e-4),
     ("pretrain.model=bert_mini", "pretrain", "model", "bert_mini"),
     ("pretrain.hostfile=123", "pretrain", "hostfile", "123"),
@@ -75,20 +75,26 @@ def test_set_flags_take_each_fields_type(flag, section, name, expected):
 
 
 def test_typed_seeds_and_rates_reach_fine_tuning():
-    """The reviewer's case: `glue.seeds=1,2` used to stay ('1', '2') and fail in fine-tuning."""
-    cfg = resolve("tiny", parse_set_flags(["glue.seeds=1,2", "glue.learning_rates=5e-5,3e-5"]))
-    ft = steps._finetune_config(cfg)
+    """The reviewer's case: `finetune.seeds=1,2` used to stay ('1', '2') and fail in
+    fine-tuning."""
+    from finetune.tasks import get_task
+
+    cfg = resolve("tiny", parse_set_flags(["finetune.seeds=1,2",
+                                           "finetune.learning_rates=5e-5,3e-5"]))
+    ft = steps.finetune_config(cfg, get_task("rte"))
     assert (ft.seeds, ft.learning_rates) == ((1, 2), (5e-5, 3e-5))
-    assert [(j.learning_rate, j.seed) for j in steps.glue_jobs(cfg) if j.task == "RTE"] == [
+    assert [(j.learning_rate, j.seed) for j in steps.finetune_jobs(cfg) if j.task == "rte"] == [
         (5e-5, 1), (5e-5, 2), (3e-5, 1), (3e-5, 2)]
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"glue": {"seeds": "1,x"}}, "setting glue.seeds='1,x': 'x' is not an int"),
-    ({"glue": {"learning_rates": "5e-5,fast"}},
-     "setting glue.learning_rates='5e-5,fast': 'fast' is not a number"),
-    ({"glue": {"learning_rates": "[5e-5"}}, "setting glue.learning_rates='[5e-5': not a JSON list"),
-    ({"glue": {"seeds": 3}}, "setting glue.seeds=3: expected a list or comma-separated values"),
+    ({"finetune": {"seeds": "1,x"}}, "setting finetune.seeds='1,x': 'x' is not an int"),
+    ({"finetune": {"learning_rates": "5e-5,fast"}},
+     "setting finetune.learning_rates='5e-5,fast': 'fast' is not a number"),
+    ({"finetune": {"learning_rates": "[5e-5"}},
+     "setting finetune.learning_rates='[5e-5': not a JSON list"),
+    ({"finetune": {"seeds": 3}},
+     "setting finetune.seeds=3: expected a list or comma-separated values"),
     ({"vocab": {"cased": "Flase"}}, "setting vocab.cased='Flase': 'Flase' is not a bool"),
     ({"vocab": {"cased": 2}}, "setting vocab.cased=2: 2 is not a bool"),
     ({"pretrain": {"phase1_steps": "1.5"}}, "setting pretrain.phase1_steps='1.5': '1.5' is not an int"),
@@ -97,7 +103,13 @@ def test_typed_seeds_and_rates_reach_fine_tuning():
     ({"pretrain": {"model": 7}}, "setting pretrain.model=7: 7 is not a string"),
     ({"data": {"wikipedia": None}}, "needs data.wikipedia"),
     ({"pretrain": {"zero_stage": "0"}}, "pretrain.precision=bf16 needs pretrain.zero_stage >= 1"),
-    ({"glue": {"data": "gs://b/glue_data"}}, "glue.data='gs://b/glue_data': the GLUE readers take"),
+    ({"finetune": {"data": "gs://b/finetune"}},
+     "finetune.data='gs://b/finetune': the fine-tuning readers take"),
+    # the settings' old section names the new one
+    ({"glue": {"tasks": "rte", "data": "/d"}},
+     ("setting 'glue' was renamed 'finetune': glue.tasks is now finetune.tasks, glue.data is now "
+     "finetune.data (finetune.data is the folder holding glue/, squad/, ...: the old glue.data "
+     "folder goes in its glue/)")),
 ])
 def test_bad_override_values_name_the_setting_and_value(overrides, message):
     with pytest.raises(ValueError) as error:
@@ -119,8 +131,9 @@ def test_bad_override_values_name_the_setting_and_value(overrides, message):
     ("shards.phase2_max_seq_length=4", "setting shards.phase2_max_seq_length: must be >= 5, got 4"),
     ("shards.phase1_max_predictions=0", "setting shards.phase1_max_predictions: must be >= 1, got 0"),
     ("shards.validation_fraction=1", "setting shards.validation_fraction: must be in [0, 1), got 1.0"),
-    ("glue.batch_size=0", "setting glue.batch_size: must be >= 1, got 0"),
-    ("glue.epochs=-1", "setting glue.epochs: must be > 0, got -1.0"),
+    # (0 is the family's recipe)
+    ("finetune.batch_size=-1", "setting finetune.batch_size: must be >= 1, got -1"),
+    ("finetune.epochs=-1", "setting finetune.epochs: must be > 0, got -1.0"),
 ])
 def test_values_a_stage_would_refuse_fail_before_the_first_stage(flag, message):
     with pytest.raises(ValueError) as error:
@@ -128,15 +141,15 @@ def test_values_a_stage_would_refuse_fail_before_the_first_stage(flag, message):
     assert str(error.value) == message
 
 
-def test_without_glue_data_its_settings_are_not_checked():
-    assert resolve("tiny", {"glue": {"data": "", "epochs": -1}}).glue.epochs == -1
+def test_without_finetune_data_its_settings_are_not_checked():
+    assert resolve("tiny", {"finetune": {"data": "", "epochs": -1}}).finetune.epochs == -1
 
 
 def test_a_gs_root_takes_the_data_stages_alone_and_dataflow_needs_one():
     dataflow = {"data": {**CLUSTER_DATA["data"],
                          "beam_args": ["--runner", "DataflowRunner", "--project=p"]}}
-    with pytest.raises(ValueError, match=r"^output='gs://b/runs': pre-training and GLUE need a "
-                                         "local or mounted folder"):
+    with pytest.raises(ValueError, match=r"^output='gs://b/runs': pre-training and fine-tuning "
+                                         "need a local or mounted folder"):
         resolve("tiny", {"output": "gs://b/runs"})
     with pytest.raises(ValueError, match=r"^data.beam_args run Beam on Dataflow, whose workers "
                                          "cannot write to /data/runs on this machine"):
@@ -195,7 +208,7 @@ def test_cli_keeps_a_gs_output_as_a_url(capsys):
 
     with pytest.raises(SystemExit):  # refused (no --data_only), and named as given
         main(["--preset", "tiny", "--output", "gs://b/runs"])
-    assert "output='gs://b/runs': pre-training and GLUE need" in capsys.readouterr().err
+    assert "output='gs://b/runs': pre-training and fine-tuning need" in capsys.readouterr().err
 
 
 def test_cli_reports_a_bad_set_flag_as_a_usage_error(capsys):
@@ -211,23 +224,26 @@ def test_cli_reports_a_bad_set_flag_as_a_usage_error(capsys):
 def test_cluster_presets_require_explicit_data_paths(preset):
     with pytest.raises(ValueError) as error:
         resolve(preset)
-    assert f"preset {preset!r} needs data.wikipedia, data.books, glue.data:" in str(error.value)
-    with pytest.raises(ValueError, match=f"preset {preset!r} needs glue.data:"):
+    assert f"preset {preset!r} needs data.wikipedia, data.books, finetune.data:" in \
+        str(error.value)
+    with pytest.raises(ValueError, match=f"preset {preset!r} needs finetune.data:"):
         resolve(preset, {"data": CLUSTER_DATA["data"]})
     cfg = resolve(preset, CLUSTER_DATA)
-    assert (cfg.data.wikipedia, cfg.data.books, cfg.glue.data) == (
-        "gs://b/enwiki.xml.bz2", "gs://b/books/", "/data/glue_data")
-    # '' still skips an input explicitly (no books, no GLUE).
-    skipped = resolve(preset, {"data": {"wikipedia": "/data/wiki", "books": ""}, "glue": {"data": ""}})
-    assert (skipped.data.books, skipped.glue.data, steps.glue_jobs(skipped)) == ("", "", [])
+    assert (cfg.data.wikipedia, cfg.data.books, cfg.finetune.data) == (
+        "gs://b/enwiki.xml.bz2", "gs://b/books/", "/data/finetune")
+    # '' still skips an input explicitly (no books, no fine-tuning).
+    skipped = resolve(preset, {"data": {"wikipedia": "/data/wiki", "books": ""},
+                               "finetune": {"data": ""}})
+    assert (skipped.data.books, skipped.finetune.data, steps.finetune_jobs(skipped)) == \
+        ("", "", [])
 
 
 def test_tiny_keeps_the_bundled_sample():
     cfg = resolve("tiny")
     assert cfg.data.wikipedia == str(REPO / "data" / "sample" / "wiki")
     assert cfg.data.books == str(REPO / "data" / "sample" / "books")
-    assert cfg.glue.data == str(REPO / "data" / "sample" / "glue")
-    for path in (cfg.data.wikipedia, cfg.data.books, cfg.glue.data):
+    assert cfg.finetune.data == str(REPO / "data" / "sample")  # holds glue/
+    for path in (cfg.data.wikipedia, cfg.data.books, cfg.finetune.data + "/glue"):
         assert Path(path).is_dir(), path
 
 
@@ -238,7 +254,10 @@ def test_presets_follow_the_paper():
     assert base.pretrain.warmup_steps == 10_000 and base.shards.dupe_factor == 10
     assert (base.shards.phase1_max_seq_length, base.shards.phase2_max_seq_length) == (128, 512)
     assert large.pretrain.model == "bert_large" and large.pretrain.launcher == "deepspeed"
-    assert base.glue.learning_rates == (5e-5, 4e-5, 3e-5, 2e-5) and base.glue.batch_size == 32
+    from finetune.tasks import get_task
+
+    rte = steps.finetune_config(base, get_task("rte"))  # the family's recipe: the paper's
+    assert rte.learning_rates == (5e-5, 4e-5, 3e-5, 2e-5) and rte.batch_size == 32
 
 
 def test_stage_is_reused_only_when_config_and_upstream_match(tmp_path):
@@ -402,13 +421,17 @@ def test_a_failed_build_lets_the_waiting_run_build_it(tmp_path):
 
 
 def test_glue_fan_out_covers_tasks_rates_and_seeds_for_small_tasks():
-    cfg = resolve("tiny", {"glue": {"tasks": ["rte", "sst-2"], "learning_rates": [1e-4, 5e-5],
-                                    "seeds": [1, 2]}})
-    jobs = steps.glue_jobs(cfg)
+    cfg = resolve("tiny", {"finetune": {"tasks": ["rte", "sst-2"],
+                                        "learning_rates": [1e-4, 5e-5], "seeds": [1, 2]}})
+    jobs = steps.finetune_jobs(cfg)
     # RTE is a small task (seeds x rates); SST-2 is not (first seed only).
-    assert [(j.task, j.learning_rate, j.seed) for j in jobs] == [
-        ("RTE", 1e-4, 1), ("RTE", 1e-4, 2), ("RTE", 5e-5, 1), ("RTE", 5e-5, 2),
-        ("SST-2", 1e-4, 1), ("SST-2", 5e-5, 1)]
+    assert [(j.family, j.task, j.learning_rate, j.seed) for j in jobs] == [
+        ("glue", "rte", 1e-4, 1), ("glue", "rte", 1e-4, 2), ("glue", "rte", 5e-5, 1),
+        ("glue", "rte", 5e-5, 2), ("glue", "sst-2", 1e-4, 1), ("glue", "sst-2", 5e-5, 1)]
+    # a family name is all its tasks; the recipe fills what is not set
+    every = resolve("tiny", {"finetune": {"tasks": ["glue"], "learning_rates": [],
+                                          "epochs": 0, "seeds": [1]}})
+    assert len(steps.finetune_jobs(every)) == 9 * 4
 
 
 def test_fine_tuning_runs_take_a_free_device_one_run_each():
@@ -650,8 +673,8 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
                      "global_batch_size": 16, "micro_batch_size": 16,
                      "phase2_global_batch_size": 4, "phase2_micro_batch_size": 4},
         # The bundled sample has no WNLI: that run fails, and must not take RTE down with it.
-        "glue": {"tasks": ["rte", "wnli"], "learning_rates": [1e-4], "seeds": [1], "epochs": 1,
-                 "max_train_examples": 32, "max_eval_examples": 32},
+        "finetune": {"tasks": ["rte", "wnli"], "learning_rates": [1e-4], "seeds": [1],
+                     "epochs": 1, "max_train_examples": 32, "max_eval_examples": 32},
     }
     try:
         data = _artifacts(env, _run_deployment(env, overrides, data_only=True))
@@ -664,23 +687,23 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
         except subprocess.TimeoutExpired:
             os.killpg(worker.pid, signal.SIGKILL)
 
-    assert {"stage-timings", "report", "glue-results", "loss-curve"} <= set(first)
+    assert {"stage-timings", "report", "finetune-results", "loss-curve"} <= set(first)
     stages_data = {row["stage"]: row["cached"] for row in json.loads(data["stage-timings"])}
     stages_first = {row["stage"]: row["cached"] for row in json.loads(first["stage-timings"])}
     stages_second = {row["stage"]: row["cached"] for row in json.loads(second["stage-timings"])}
     data_stages = {"wikipedia", "books", "corpus", "vocab", "shards128", "shards256"}
     assert stages_data == dict.fromkeys(data_stages, False)  # data_only builds the data alone
-    assert "glue-results" not in data and "loss-curve" not in data
+    assert "finetune-results" not in data and "loss-curve" not in data
     assert set(stages_first) == data_stages | {"pretrain", "export"}
     # the full run reuses the data stages and builds the rest; a second one reuses everything
     assert stages_first == {**dict.fromkeys(data_stages, True), "pretrain": False, "export": False}
     assert all(stages_second.values())
-    assert "RTE" in first["glue-results"] and "WNLI" not in first["glue-results"]
+    assert "RTE" in first["finetune-results"] and "WNLI" not in first["finetune-results"]
     report = (tmp_path / "run" / "report.md").read_text()  # the full run's, not the data run's
-    assert "FAILED" in report and "'task': 'WNLI'" in report
+    assert "FAILED" in report and "'task': 'wnli'" in report
     assert "| shards256 | no |" in (tmp_path / "run" / "report-data.md").read_text()
     assert "| pretrain | yes |" in report
-    assert (tmp_path / "run" / "glue").is_dir()
+    assert (tmp_path / "run" / "finetune").is_dir()
 
 
 def test_a_launched_job_gets_no_stale_rendezvous(monkeypatch):
@@ -713,15 +736,20 @@ def test_launched_trainers_take_the_callers_accelerator_or_torchs(monkeypatch):
 
 
 def test_glue_task_names_and_local_inputs_are_checked_before_any_stage(tmp_path):
-    """A task typo fails at resolve; a GLUE folder missing where the flow runs fails before the
-    data stages (it used to surface after pre-training)."""
+    """A task typo fails at resolve; a fine-tuning or family folder missing where the flow runs
+    fails before the data stages (it used to surface after pre-training)."""
     with pytest.raises(ValueError) as error:
-        resolve("tiny", {"glue": {"tasks": "rte,mrcp"}})
-    assert str(error.value).startswith("setting glue.tasks=rte,mrcp: unknown GLUE task 'mrcp'")
-    cfg = resolve("tiny", {"glue": {"data": str(tmp_path / "nowhere")}})
-    with pytest.raises(FileNotFoundError, match=r"setting glue\.data='.*nowhere': .*nowhere "
+        resolve("tiny", {"finetune": {"tasks": "rte,mrcp"}})
+    assert str(error.value).startswith("setting finetune.tasks=rte,mrcp: unknown task 'mrcp'; "
+                                       "known: cola, sst-2,")
+    cfg = resolve("tiny", {"finetune": {"data": str(tmp_path / "nowhere")}})
+    with pytest.raises(FileNotFoundError, match=r"setting finetune\.data='.*nowhere': .*nowhere "
                                                 r"matches no file or folder here"):
         check_inputs_exist(cfg)
+    with pytest.raises(FileNotFoundError) as error:
+        check_inputs_exist(resolve("tiny", {"finetune": {"data": str(tmp_path)}}))
+    assert str(error.value) == (f"setting finetune.data={str(tmp_path)!r}: no glue/ folder (for "
+                                "rte, mrpc, sts-b, sst-2)")
     books = f"{resolve('tiny').data.books},{tmp_path / 'missing.txt'}"
     with pytest.raises(FileNotFoundError, match=r"setting data\.books=.*missing\.txt matches no"):
         check_inputs_exist(resolve("tiny", {"data": {"books": books}}))
@@ -733,43 +761,44 @@ def test_glue_task_names_and_local_inputs_are_checked_before_any_stage(tmp_path)
 
 
 def _glue_fan_out(cfg, model_dir: Path) -> dict:
-    """The flow's GLUE steps (fine-tune each job, then pick the best), run in this process."""
+    """The flow's fine-tuning steps (each job, then the best), run in this process."""
     from flows.stages import StageResult
 
     model = StageResult("export", str(model_dir), "test", cached=False, seconds=0.0)
-    return steps.glue_best(cfg, model, [steps.glue_finetune(cfg, model, job)
-                                        for job in steps.glue_jobs(cfg)])
+    return steps.finetune_best(cfg, model, [steps.finetune_run(cfg, model, job)
+                                            for job in steps.finetune_jobs(cfg)])
 
 
 def test_glue_fan_out_sets_bad_rows_aside_in_the_dead_letter_file(shared_data, minilm_dir,
                                                                   tmp_path, caplog):
-    """glue.skip_bad_rows: the flow writes the rows set aside (file, line, reason, text) to
-    glue/dead_letter/ as bert-glue does; without it the run fails naming the file and line."""
+    """finetune.skip_bad_rows: the flow writes the rows set aside (file, line, reason, text) to
+    finetune/dead_letter/ as bert-glue does; without it the run fails naming the file and
+    line."""
     from glue_fixtures import glue_slice
 
     data = glue_slice(shared_data, tmp_path / "glue", {"RTE/train.tsv": 8, "RTE/dev.tsv": 4})
     train = (data / "RTE" / "train.tsv").read_text(encoding="utf-8").split("\n")
     train[2] = train[2].rsplit("\t", 1)[0] + "\tentailed"  # line 3: unknown label
     (data / "RTE" / "train.tsv").write_text("\n".join(train), encoding="utf-8")
-    glue = {"data": str(data), "tasks": ["rte"], "learning_rates": [1e-4], "seeds": [1],
+    glue = {"data": str(tmp_path), "tasks": ["rte"], "learning_rates": [1e-4], "seeds": [1],
             "epochs": 0.5}
-    strict = resolve("tiny", {"output": str(tmp_path / "strict"), "glue": glue})
+    strict = resolve("tiny", {"output": str(tmp_path / "strict"), "finetune": glue})
     path = data / "RTE" / "train.tsv"
     with pytest.raises(ValueError, match=f"{path}:3: label 'entailed' is not one of"):
         _glue_fan_out(strict, minilm_dir)
 
     cfg = resolve("tiny", {"output": str(tmp_path / "run"),
-                           "glue": {**glue, "skip_bad_rows": "true"}})
+                           "finetune": {**glue, "skip_bad_rows": "true"}})
     summary = _glue_fan_out(cfg, minilm_dir)
-    dead_letter = tmp_path / "run" / "glue" / "dead_letter" / "glue_bad_rows.jsonl"
+    dead_letter = tmp_path / "run" / "finetune" / "dead_letter" / "glue_bad_rows.jsonl"
     assert summary["files"]["dead_letter"] == str(dead_letter)
     assert [json.loads(line) for line in dead_letter.read_text(encoding="utf-8").splitlines()] == [
         {"task": "RTE", "file": str(path), "record": "line 3", "text": train[2],
          "reason": "label 'entailed' is not one of ['entailment', 'not_entailment']"}]
-    results = json.loads((tmp_path / "run" / "glue" / "results.json").read_text())
+    results = json.loads((tmp_path / "run" / "finetune" / "results.json").read_text())
     assert (results["bad_rows"], results["tasks"][0]["num_train_examples"]) == (1, 7)
-    assert f"GLUE: 1 malformed row(s) set aside (glue.skip_bad_rows) in {dead_letter}" in (
-        caplog.messages)
+    assert ("fine-tuning: 1 malformed record(s) set aside (finetune.skip_bad_rows) in "
+            f"{dead_letter}" in caplog.messages)
 
 
 def test_glue_fan_out_checks_the_tokenizer_against_the_model(shared_data, minilm_dir, tmp_path):
@@ -784,8 +813,8 @@ def test_glue_fan_out_checks_the_tokenizer_against_the_model(shared_data, minilm
     vocab = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
     (model_dir / "vocab.txt").write_text("\n".join([*vocab, "newtoken"]) + "\n", encoding="utf-8")
     data = glue_slice(shared_data, tmp_path / "glue", {"RTE/train.tsv": 4, "RTE/dev.tsv": 4})
-    cfg = resolve("tiny", {"output": str(tmp_path / "run"), "glue": {
-        "data": str(data), "tasks": ["rte"], "learning_rates": [1e-4], "seeds": [1]}})
+    cfg = resolve("tiny", {"output": str(tmp_path / "run"), "finetune": {
+        "data": str(data.parent), "tasks": ["rte"], "learning_rates": [1e-4], "seeds": [1]}})
     with pytest.raises(ValueError, match=f"tokenizer of {model_dir} gives token ids up to 30522 "
                                          f"\\(30523 ids\\) but the model {model_dir} has "
                                          "vocab_size 30522"):

@@ -15,16 +15,36 @@ import pytest
 import torch
 from glue_fixtures import glue_slice
 
+from finetune import checkpoint, loop
+from finetune.family import Prepared
 from finetune.glue import data as glue_data
-from finetune.glue import finetune as ft
+from finetune.glue import family as gf
 from finetune.glue.cli import main as glue_main
-from finetune.glue.report import write_report
+from finetune.glue.family import FAMILY
 from finetune.glue.tasks import SUBMISSION_FILES, TASKS
+from finetune.report import write_report
+from training.optim import LinearWarmupDecay
+
+PADDED = dataclasses.replace(FAMILY, pack_sequences=False)  # one example per row, padded
+NO_TEST = dataclasses.replace(FAMILY, predict_test=False)
+
+
+def _prepare(task: str, data_dir: str, tokenizer, cfg: loop.FinetuneConfig, family=FAMILY):
+    return family.prepare(task, data_dir, tokenizer, cfg.max_seq_length, cfg.max_train_examples,
+                          cfg.max_eval_examples, cfg.skip_bad_rows)
+
+
+def _check_fits(encoder, tokenizer, tasks, cfg: loop.FinetuneConfig, model_dir: str,
+                tokenizer_dir: str) -> None:
+    """What bert-glue checks of the model before training: the checkpoint's fit, then GLUE's."""
+    checkpoint.check_model_fits(encoder, tokenizer, cfg.max_seq_length, model_dir, tokenizer_dir)
+    for task in tasks:
+        FAMILY.check_model(encoder, task.name, model_dir)
 
 
 @pytest.fixture(scope="module")
 def encoder(minilm_dir):
-    return ft.load_encoder(str(minilm_dir))
+    return checkpoint.load_encoder(str(minilm_dir))
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +54,10 @@ def tokenizer(minilm_dir):
 
 def test_pack_rows_first_fit_decreasing():
     # Longest first: 9 opens row 0, 7 row 1, 5 row 2; 3 fits row 1 (room 3), 1 fits row 0.
-    assert ft.pack_rows([3, 9, 5, 7, 1], row_length=10) == [[1, 4], [3, 0], [2]]
-    assert ft.pack_rows([4, 4, 4], row_length=4) == [[0], [1], [2]]
+    assert gf.pack_rows([3, 9, 5, 7, 1], row_length=10) == [[1, 4], [3, 0], [2]]
+    assert gf.pack_rows([4, 4, 4], row_length=4) == [[0], [1], [2]]
     with pytest.raises(ValueError, match="exceeds the row length 8"):
-        ft.pack_rows([9], row_length=8)
+        gf.pack_rows([9], row_length=8)
 
 
 def test_packed_batch_gives_the_padded_logits(shared_data, encoder, tokenizer):
@@ -45,17 +65,17 @@ def test_packed_batch_gives_the_padded_logits(shared_data, encoder, tokenizer):
     task = TASKS["MRPC"]
     split = glue_data.read_split(str(shared_data / "glue"), task, task.dev[0])
     encoded = glue_data.encode_split(tokenizer, split, task)
-    model = ft.build_model(encoder, task.num_labels, seed=1).eval()
+    model = loop.build_model(FAMILY, encoder, task.name, seed=1).eval()
     indices = list(range(100, 132))
-    packed = ft.pack_batch(encoded, indices)
+    packed = gf.pack_batch(encoded, indices)
     assert packed.input_ids.shape[0] < len(indices)  # fewer rows than examples
     assert packed.input_ids.shape[1] == max(len(encoded.input_ids[i]) for i in indices)
     assert int((packed.sequence_ids >= 0).sum()) == sum(len(encoded.input_ids[i]) for i in indices)
     plain = glue_data.collate(encoded, indices)
     with torch.no_grad():
         expected = model(plain.input_ids, plain.token_type_ids, plain.attention_mask).logits
-        got = ft.classifier_logits(model, packed)
-        padded = ft.classifier_logits(model, ft.padded_batch(encoded, indices))
+        got = gf.classifier_logits(model, packed)
+        padded = gf.classifier_logits(model, gf.padded_batch(encoded, indices))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(padded, expected, atol=1e-5, rtol=1e-5)
     assert torch.equal(packed.labels, plain.labels)
@@ -67,19 +87,19 @@ def test_schedule_matches_transformers():
     total, warmup = 50, 5  # ceil(0.1 * 50)
     ours_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-5)
     peer_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=2e-5)
-    ours = ft.warmup_linear_decay(ours_opt, total, warmup)
+    ours = LinearWarmupDecay(ours_opt, 2e-5, warmup, total)
     peer = get_linear_schedule_with_warmup(peer_opt, warmup, total)
     for _ in range(total):
         assert ours.get_last_lr() == pytest.approx(peer.get_last_lr(), abs=1e-15)
         ours_opt.step(), peer_opt.step(), ours.step(), peer.step()
     assert ours.get_last_lr() == [0.0]
-    cfg = ft.FinetuneConfig()
-    assert ft.num_training_steps(2490, cfg) == 234  # RTE: ceil(2490 / 32) * 3
+    cfg = loop.FinetuneConfig()
+    assert loop.num_training_steps(2490, cfg) == 234  # RTE: ceil(2490 / 32) * 3
 
 
 def test_optimizer_skips_decay_on_biases_and_layernorm(encoder):
-    model = ft.build_model(encoder, 2, seed=1)
-    optimizer = ft.build_optimizer(model, 3e-5, ft.FinetuneConfig())
+    model = loop.build_model(FAMILY, encoder, "RTE", seed=1)
+    optimizer = loop.build_optimizer(model, 3e-5, loop.FinetuneConfig())
     decay, no_decay = optimizer.param_groups
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.01, 0.0)
     # MiniLM: 6 layers x (4 weight matrices) + 3 embeddings + pooler + classifier = 29 matrices;
@@ -91,14 +111,14 @@ def test_optimizer_skips_decay_on_biases_and_layernorm(encoder):
 
 def test_config_validation_names_the_flag():
     with pytest.raises(ValueError, match="--learning_rates"):
-        ft.FinetuneConfig(learning_rates=())
+        loop.FinetuneConfig(learning_rates=())
     with pytest.raises(ValueError, match="--seeds"):
-        ft.FinetuneConfig(seeds=(1, 1))
+        loop.FinetuneConfig(seeds=(1, 1))
     with pytest.raises(ValueError, match="--max_train_examples"):
-        ft.FinetuneConfig(max_train_examples=0)
+        loop.FinetuneConfig(max_train_examples=0)
     with pytest.raises(ValueError, match="--device must be auto, cpu, cuda or cuda:N, got 'gpu0'"):
-        ft.FinetuneConfig(device="gpu0")
-    assert ft.paper_recipe().learning_rates == (5e-5, 4e-5, 3e-5, 2e-5)
+        loop.FinetuneConfig(device="gpu0")
+    assert gf.paper_recipe().learning_rates == (5e-5, 4e-5, 3e-5, 2e-5)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none here)")
@@ -109,12 +129,15 @@ def test_a_fine_tuning_run_on_the_gpu_scores_as_on_the_cpu(shared_data, encoder,
     split = glue_data.read_split(str(shared_data / "glue"), task, task.dev[0])
     encoded = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
         task.name, "dev", split.path, split.examples[:64]), task)
-    prepared = ft.PreparedTask(task, encoded, {task.dev[0].name: encoded}, {}, 0)
+    prepared = Prepared(task.name, encoded, {task.dev[0].name: encoded}, len(encoded),
+                        {"dev": len(encoded)}, context=gf.GlueContext(task, {}))
     scores = {}
     for device in ("cpu", "cuda"):
-        cfg = ft.FinetuneConfig(learning_rates=(1e-4,), seeds=(1,), epochs=1.0, progress=False,
-                                device=device)
-        result, model = ft.run_one(_without_dropout_encoder(encoder), prepared, 1e-4, 1, cfg)
+        # float32 on both (bf16 is the GPU's default): the same function on either device
+        cfg = loop.FinetuneConfig(learning_rates=(1e-4,), seeds=(1,), epochs=1.0, progress=False,
+                                  device=device, bf16=False)
+        result, model = loop.run_one(FAMILY, _without_dropout_encoder(encoder), prepared, 1e-4, 1,
+                                     cfg)
         assert {p.device.type for p in model.parameters()} == {device}
         scores[device] = result.score
     assert scores["cuda"] == pytest.approx(scores["cpu"], abs=0.02)
@@ -131,10 +154,10 @@ def _without_dropout_encoder(encoder):
 
 def test_device_is_the_gpu_when_torch_sees_one_and_a_missing_gpu_is_named():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    assert ft.resolve_device("auto") == torch.device("cuda" if gpus else "cpu")
-    assert ft.resolve_device("cpu") == torch.device("cpu")
+    assert loop.resolve_device("auto") == torch.device("cuda" if gpus else "cpu")
+    assert loop.resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(ValueError, match=f"--device cuda:{gpus}: torch sees {gpus} GPU\\(s\\)"):
-        ft.resolve_device(f"cuda:{gpus}")
+        loop.resolve_device(f"cuda:{gpus}")
 
 
 def test_batches_and_model_go_to_the_device(shared_data, encoder, tokenizer):
@@ -144,19 +167,20 @@ def test_batches_and_model_go_to_the_device(shared_data, encoder, tokenizer):
     split = glue_data.read_split(str(shared_data / "glue"), task, task.dev[0])
     encoded = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
         task.name, "dev", split.path, split.examples[:8]), task)
-    batch = ft.pack_batch(encoded, list(range(8)))
+    batch = gf.pack_batch(encoded, list(range(8)))
     moved = batch.to(torch.device("cpu"))
     for field in dataclasses.fields(batch):  # already there: the same tensors, not copies
         assert getattr(moved, field.name) is getattr(batch, field.name)
-    cfg = ft.FinetuneConfig(learning_rates=(1e-4,), seeds=(1,), progress=False)
-    model = ft.build_model(encoder, task.num_labels, seed=1, device=ft.resolve_device("cpu"))
+    cfg = loop.FinetuneConfig(learning_rates=(1e-4,), seeds=(1,), progress=False)
+    model = loop.build_model(FAMILY, encoder, task.name, seed=1,
+                             device=loop.resolve_device("cpu"))
     assert {p.device.type for p in model.parameters()} == {"cpu"}
     torch.manual_seed(0)
-    loss = ft.train_step(model, batch, *_optimizer_and_schedule(model, cfg), cfg)
+    loss = loop.train_step(FAMILY, model, batch, *_optimizer_and_schedule(model, cfg), cfg)
     assert 0.5 < loss < 1.0  # two classes from a fresh head: about ln 2
 
 
-def _fake_predictions(shared_data) -> ft.GlueResult:
+def _fake_predictions(shared_data) -> loop.FinetuneResult:
     """Predictions for every test file in the shared data, labels cycling through the label set."""
     results = []
     for task in TASKS.values():
@@ -167,15 +191,15 @@ def _fake_predictions(shared_data) -> ft.GlueResult:
             split = glue_data.read_split(str(shared_data / "glue"), task, spec)
             values = ([f"{i % 6 * 0.8:.3f}" for i in range(len(split))] if task.is_regression
                       else [task.labels[i % task.num_labels] for i in range(len(split))])
-            predictions.append(ft.TestPredictions(spec.name, spec.submission_file,
+            predictions.append(loop.TestPredictions(spec.name, spec.submission_file,
                                                   [e.guid for e in split.examples], values))
         if predictions:
-            results.append(ft.TaskResult(
+            results.append(loop.TaskResult(
                 task=task.name, best_learning_rate=2e-5, seeds=(1,), metrics={"accuracy": 0.5},
                 metrics_std={"accuracy": 0.0}, score=0.5, score_std=0.0, runs=(),
                 num_train_examples=0, num_dev_examples={}, bad_rows=0, seconds=0.0,
                 test_predictions=tuple(predictions)))
-    return ft.GlueResult(tuple(results), 0.5, "<none>", ft.FinetuneConfig())
+    return loop.FinetuneResult(tuple(results), "<none>", loop.FinetuneConfig())
 
 
 def test_submission_zip_matches_test_files(shared_data, tmp_path):
@@ -237,9 +261,8 @@ def test_real_finetune_from_minilm(shared_data, minilm_dir, tmp_path):
 def test_bf16_run(shared_data, encoder, tokenizer):
     """The bf16 autocast option trains and scores (one step on real STS-B rows), the classifier
     computing in bf16 in the training step and in prediction."""
-    cfg = ft.debug_recipe(max_train_examples=32, max_eval_examples=48, predict_test=False,
-                          progress=False, bf16=True)
-    prepared = ft.prepare_task(TASKS["STS-B"], str(shared_data / "glue"), tokenizer, cfg)
+    cfg = gf.debug_recipe(max_train_examples=32, max_eval_examples=48, progress=False, bf16=True)
+    prepared = _prepare("STS-B", str(shared_data / "glue"), tokenizer, cfg, NO_TEST)
     outputs = []  # (module, training?, output dtype) of every module's forward during the run
 
     def record(module, inputs, output):
@@ -249,7 +272,7 @@ def test_bf16_run(shared_data, encoder, tokenizer):
     # A global hook: run_one builds its classifier inside; it is picked out after the run.
     hook = torch.nn.modules.module.register_module_forward_hook(record)
     try:
-        result, model = ft.run_one(encoder, prepared, 5e-5, 1, cfg)
+        result, model = loop.run_one(FAMILY, encoder, prepared, 5e-5, 1, cfg)
     finally:
         hook.remove()
     assert result.steps == 1 and np.isfinite(result.final_loss)
@@ -265,12 +288,12 @@ def test_starts_from_our_checkpoint_format(encoder, tmp_path):
     from model.hf import save_checkpoint
 
     save_checkpoint(encoder, str(tmp_path))
-    reloaded = ft.load_encoder(str(tmp_path))
+    reloaded = checkpoint.load_encoder(str(tmp_path))
     assert reloaded.state_dict().keys() == encoder.state_dict().keys()
     for key, value in encoder.state_dict().items():
         assert torch.equal(reloaded.state_dict()[key], value), key
     with pytest.raises(FileNotFoundError, match="no bert_config.json or config.json"):
-        ft.load_encoder(str(tmp_path / "missing"))
+        checkpoint.load_encoder(str(tmp_path / "missing"))
 
 
 def test_cli_rejects_bad_flags(tmp_path, capsys):
@@ -294,15 +317,15 @@ def test_cli_optimizer_flags_reach_the_config():
     from finetune.glue.cli import build_parser, config_from_args
 
     base = ["--model", "m", "--data", "d", "--output", "o", "--tasks", "rte"]
-    assert config_from_args(build_parser().parse_args(base)) == ft.paper_recipe()
+    assert config_from_args(build_parser().parse_args(base)) == gf.paper_recipe()
     cfg = config_from_args(build_parser().parse_args(
         [*base, "--weight_decay", "0", "--adam_epsilon", "1e-8", "--max_grad_norm", "0"]))
     assert (cfg.weight_decay, cfg.adam_epsilon, cfg.max_grad_norm) == (0.0, 1e-8, 0.0)
 
 
-def _optimizer_and_schedule(model, cfg: ft.FinetuneConfig):
-    optimizer = ft.build_optimizer(model, cfg.learning_rates[0], cfg)
-    return optimizer, ft.warmup_linear_decay(optimizer, 10, 1)
+def _optimizer_and_schedule(model, cfg: loop.FinetuneConfig):
+    optimizer = loop.build_optimizer(model, cfg.learning_rates[0], cfg)
+    return optimizer, LinearWarmupDecay(optimizer, cfg.learning_rates[0], 1, 10)
 
 
 def test_training_gradients_match_transformers(shared_data, minilm_dir, encoder, tokenizer):
@@ -314,15 +337,15 @@ def test_training_gradients_match_transformers(shared_data, minilm_dir, encoder,
     split = glue_data.read_split(str(shared_data / "glue"), task, task.dev[0])
     encoded = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
         task.name, "dev", split.path, split.examples[:16]), task)
-    ours = _without_dropout(ft.build_model(encoder, 1, seed=1)).train()
+    ours = _without_dropout(loop.build_model(FAMILY, encoder, "STS-B", seed=1)).train()
     peer = HfClassifier.from_pretrained(str(minilm_dir), num_labels=1, hidden_dropout_prob=0.0,
                                         attention_probs_dropout_prob=0.0).train()
     with torch.no_grad():
         peer.classifier.weight.copy_(ours.classifier.weight)
         peer.classifier.bias.copy_(ours.classifier.bias)
     indices = list(range(16))
-    batch = ft.pack_batch(encoded, indices)
-    ft.loss_fn(ft.classifier_logits(ours, batch), batch.labels).backward()
+    batch = gf.pack_batch(encoded, indices)
+    gf.loss_fn(gf.classifier_logits(ours, batch), batch.labels).backward()
     plain = glue_data.collate(encoded, indices)
     peer(input_ids=plain.input_ids, token_type_ids=plain.token_type_ids,
          attention_mask=plain.attention_mask, labels=plain.labels).loss.backward()
@@ -344,7 +367,7 @@ def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _trainer_run(minilm_dir, encoded, order: list[int] | None, cfg: ft.FinetuneConfig,
+def _trainer_run(minilm_dir, encoded, order: list[int] | None, cfg: loop.FinetuneConfig,
                  lr: float, seed: int, classifier: torch.nn.Linear | None, output_dir,
                  **config) -> tuple[list[float], torch.nn.Module]:
     """transformers' Trainer on the rows of `encoded` in `order` (one sequential pass, as one
@@ -397,7 +420,7 @@ def mrpc_96(shared_data, tokenizer):
 def _epochs_order(n: int, batch_size: int, epochs: int, seed: int) -> list[int]:
     """Our `train`'s example order, epoch after epoch, as one sequence."""
     generator = torch.Generator().manual_seed(seed)
-    return [i for _ in range(epochs) for batch in glue_data.batch_indices(n, batch_size, generator)
+    return [i for _ in range(epochs) for batch in loop.batch_indices(n, batch_size, generator)
             for i in batch]
 
 
@@ -405,13 +428,13 @@ def test_training_run_matches_transformers_trainer(minilm_dir, encoder, mrpc_96,
     """Whole recipe parity: without dropout and with the same example order, our `train` and
     transformers' Trainer take the same optimizer steps (AdamW, decay groups, warmup and decay,
     clipping, loss), so their losses agree step by step and the trained weights match."""
-    cfg = ft.FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
-                            predict_test=False, progress=False)
-    ours = _without_dropout(ft.build_model(encoder, 2, seed=3))
+    cfg = loop.FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
+                            progress=False)
+    ours = _without_dropout(loop.build_model(FAMILY, encoder, "MRPC", seed=3))
     peer_losses, peer = _trainer_run(minilm_dir, mrpc_96, _epochs_order(96, 16, 2, 3), cfg, 1e-4,
                                      3, ours.classifier, tmp_path, hidden_dropout_prob=0.0,
                                      attention_probs_dropout_prob=0.0)
-    our_losses = ft.train(ours, mrpc_96, 1e-4, 3, cfg)
+    our_losses = loop.train(FAMILY, ours, mrpc_96, 1e-4, 3, cfg)
     assert len(our_losses) == len(peer_losses) == 12
     print("largest loss difference per step:", np.abs(np.subtract(our_losses, peer_losses)).max())
     np.testing.assert_allclose(our_losses, peer_losses, atol=1e-4)  # measured: 6e-8
@@ -438,14 +461,14 @@ def test_with_dropout_and_stock_kernels_the_run_is_the_trainers_draw_for_draw(
 
     stock = BertModel(encoder.config.replace(stock_dropout=True))
     stock.load_state_dict(encoder.state_dict())
-    cfg = ft.FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
-                            predict_test=False, progress=False, pack_sequences=False)
-    ours = ft.build_model(stock, 2, seed=3)
+    cfg = loop.FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
+                            progress=False)
+    ours = loop.build_model(FAMILY, stock, "MRPC", seed=3)
     peer_losses, _ = _trainer_run(minilm_dir, mrpc_96, _epochs_order(96, 16, 2, 3), cfg, 1e-4, 3,
                                   ours.classifier, tmp_path)
     torch.manual_seed(3)  # the Trainer seeds at the start of train(),
     torch.empty((), dtype=torch.int64).random_()  # then its DataLoader draws a base seed
-    our_losses = ft.train(ours, mrpc_96, 1e-4, 3, cfg)
+    our_losses = loop.train(PADDED, ours, mrpc_96, 1e-4, 3, cfg)
     assert our_losses == pytest.approx(peer_losses, abs=1e-5)  # measured: equal to 5 decimals
     # without dropout the same run gives other losses (0.6952, 0.6882, ... vs 0.6950, 0.6874):
     # the masks really are drawn, and drawn alike
@@ -465,21 +488,22 @@ def test_the_trainers_own_draws_replayed_by_our_run_give_its_run(minilm_dir, enc
     split = glue_data.read_split(str(shared_data / "glue"), task, task.train)
     mrpc_100 = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
         task.name, "train", split.path, split.examples[:100]), task)
-    cfg = ft.FinetuneConfig(batch_size=32, epochs=2.5, learning_rates=(1e-4,), seeds=(4,),
-                            predict_test=False, progress=False, pack_sequences=False)
+    cfg = loop.FinetuneConfig(batch_size=32, epochs=2.5, learning_rates=(1e-4,), seeds=(4,),
+                            progress=False)
     peer_losses, _ = _trainer_run(minilm_dir, mrpc_100, None, cfg, 1e-4, 4, None, tmp_path)
 
     stock = BertModel(encoder.config.replace(stock_dropout=True))
     stock.load_state_dict(encoder.state_dict())
-    ours = ft.build_model(stock, 2, seed=4)
+    ours = loop.build_model(FAMILY, stock, "MRPC", seed=4)
     trainer_draws.head_(ours.classifier.weight, 4, encoder.config.initializer_range)
     torch.manual_seed(4)  # as the Trainer's constructor
-    replayed = ft.train(ours, mrpc_100, 1e-4, 4, cfg,
+    replayed = loop.train(PADDED, ours, mrpc_100, 1e-4, 4, cfg,
                         epoch_batches=trainer_draws.epoch_batches(100, 32, 4))
     assert len(replayed) == len(peer_losses) == 10  # 4 + 4 + 2 steps, each epoch ends on 4 rows
     assert replayed == pytest.approx(peer_losses, abs=1e-6)  # measured: 6e-8
     # our own draws give another run from the first step (another head)
-    own = ft.train(ft.build_model(stock, 2, seed=4), mrpc_100, 1e-4, 4, cfg)
+    own = loop.train(PADDED, loop.build_model(FAMILY, stock, "MRPC", seed=4), mrpc_100, 1e-4,
+                     4, cfg)
     assert abs(own[0] - replayed[0]) > 1e-3
 
 
@@ -487,24 +511,24 @@ def test_the_trainers_own_draws_replayed_by_our_run_give_its_run(minilm_dir, enc
 # Which run predicts the test sets: the best seed at the best learning rate, on both paths
 # ---------------------------------------------------------------------------------------------
 
-def _run(learning_rate: float, seed: int, score: float) -> ft.RunResult:
-    return ft.RunResult("RTE", learning_rate, seed, {"accuracy": score}, score, 10, 0.5, 1.0, 0.1)
+def _run(learning_rate: float, seed: int, score: float) -> loop.RunResult:
+    return loop.RunResult("RTE", learning_rate, seed, {"accuracy": score}, score, 10, 0.5, 1.0, 0.1)
 
 
 def test_select_best_takes_the_best_seed_at_the_best_mean_rate():
     runs = [_run(5e-5, 1, 0.90), _run(5e-5, 2, 0.10),   # mean 0.50, but the best single run
             _run(3e-5, 1, 0.60), _run(3e-5, 2, 0.70),   # mean 0.65: the reported rate
             _run(2e-5, 1, 0.64), _run(2e-5, 2, 0.64)]   # mean 0.64
-    best = ft.select_best(runs)
+    best = loop.select_best(runs)
     assert best.learning_rate == 3e-5
     assert best.runs == (runs[2], runs[3]) and best.best_run is runs[3]
     # Ties: the first rate in run order, then the first seed.
     tied = [_run(4e-5, 1, 0.5), _run(4e-5, 2, 0.7), _run(2e-5, 1, 0.7), _run(2e-5, 2, 0.5)]
-    assert ft.select_best(tied).learning_rate == 4e-5 and ft.select_best(tied).best_run is tied[1]
-    assert ft.select_best([_run(2e-5, 3, 0.4)]).best_run.seed == 3
+    assert loop.select_best(tied).learning_rate == 4e-5 and loop.select_best(tied).best_run is tied[1]
+    assert loop.select_best([_run(2e-5, 3, 0.4)]).best_run.seed == 3
     with pytest.raises(ValueError, match="no runs"):
-        ft.select_best([])
-    summary = ft.summarise_task("RTE", runs, 100, {"dev": 50}, 0, 1.0)
+        loop.select_best([])
+    summary = loop.summarise_task("RTE", runs, 100, {"dev": 50}, 0, 1.0)
     assert (summary.best_learning_rate, summary.seeds, summary.runs) == (3e-5, (1, 2), tuple(runs))
     assert summary.score == pytest.approx(0.65) and summary.score_std == pytest.approx(0.0707107)
     assert summary.metrics == {"accuracy": pytest.approx(0.65)}
@@ -512,8 +536,8 @@ def test_select_best_takes_the_best_seed_at_the_best_mean_rate():
 
 def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder, tokenizer,
                                                              tmp_path):
-    """`finetune_task` (bert-glue) and the flow's fan-out (`glue_finetune` per job, then
-    `glue_best`) train the same runs and pick the same one to predict the test set."""
+    """`finetune_task` (bert-glue) and the flow's fan-out (`finetune_run` per job, then
+    `finetune_best`) train the same runs and pick the same one to predict the test set."""
     from flows import steps
     from flows.config import SAMPLE, resolve
     from flows.stages import StageResult
@@ -525,31 +549,33 @@ def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder
         lines = (SAMPLE / "glue" / "STS-B" / name).read_text(encoding="utf-8").splitlines(True)
         (folder / name).write_text("".join(lines[:1 + rows]), encoding="utf-8")
     # Two steps per run (the first is warmup at rate 0) on 16 rows: the runs still differ.
-    sample = ft.FinetuneConfig(learning_rates=(1e-4, 3e-5), seeds=(1, 2), epochs=1.0,
-                               batch_size=8, progress=False)
-    dag = resolve("tiny", {"glue": {"data": str(tmp_path / "glue"), "tasks": ["sts-b"],
-                                    "learning_rates": [1e-4, 3e-5], "seeds": [1, 2]}})
-    prepared = ft.prepare_task(TASKS["STS-B"], dag.glue.data, tokenizer, sample)
-    assert (len(prepared.train), len(prepared.dev["dev"]), len(prepared.test["test"])) == \
+    sample = loop.FinetuneConfig(learning_rates=(1e-4, 3e-5), seeds=(1, 2), epochs=1.0,
+                                 batch_size=8, progress=False)
+    dag = resolve("tiny", {"finetune": {"data": str(tmp_path), "tasks": ["sts-b"],
+                                        "learning_rates": [1e-4, 3e-5], "seeds": [1, 2]}})
+    glue = str(tmp_path / "glue")
+    prepared = _prepare("STS-B", glue, tokenizer, sample)
+    assert (len(prepared.train), len(prepared.dev["dev"]), len(prepared.context.test["test"])) == \
         (16, 24, 20)
-    cli = ft.finetune_task(encoder, prepared, sample)
+    cli = loop.finetune_task(FAMILY, encoder, prepared, sample)
 
     model = StageResult("export", str(minilm_dir), "minilm", cached=False, seconds=0.0)
-    outcomes = [steps._finetune_one(*steps._prepare_one(dag, model, job, sample), job, sample)
-                for job in steps.glue_jobs(dag)]
-    flow = steps._task_result(ft, "STS-B", outcomes)
+    outcomes = [steps._finetune_one(FAMILY, *steps._prepare_one(model, FAMILY, job.task, glue,
+                                                                sample), job, sample)
+                for job in steps.finetune_jobs(dag)]
+    flow = steps._task_result(outcomes)
 
     assert [(r.learning_rate, r.seed, r.steps) for r in cli.runs] == [
         (1e-4, 1, 2), (1e-4, 2, 2), (3e-5, 1, 2), (3e-5, 2, 2)]
     assert [r.metrics for r in flow.runs] == [r.metrics for r in cli.runs]  # the same training
-    best = ft.select_best(cli.runs)
+    best = loop.select_best(cli.runs)
     assert cli.best_learning_rate == flow.best_learning_rate == best.learning_rate
     assert cli.seeds == flow.seeds == (1, 2)
     assert cli.metrics == flow.metrics and cli.score == flow.score
     # The predictions are those of the best seed at the best rate, on both paths ...
     chosen = next(o for o in outcomes if (o["job"]["learning_rate"], o["job"]["seed"])
                   == (best.learning_rate, best.best_run.seed))
-    expected = tuple(ft.TestPredictions(**p) for p in chosen["predictions"])
+    expected = tuple(loop.TestPredictions(**p) for p in chosen["predictions"])
     assert cli.test_predictions == flow.test_predictions == expected
     # ... and the runs differ, so another choice would have given other predictions.
     others = {tuple(o["predictions"][0]["predictions"]) for o in outcomes if o is not chosen}
@@ -561,12 +587,12 @@ def test_flow_compares_only_learning_rates_with_every_seed():
     from flows import steps
 
     def outcome(lr: float, seed: int, score: float) -> dict:
-        return {"job": {"task": "RTE"}, "num_train": 10, "num_dev": {"dev": 5}, "predictions": [],
-                "result": dataclasses.asdict(_run(lr, seed, score))}
+        return {"job": {"family": "glue", "task": "rte"}, "num_train": 10, "num_dev": {"dev": 5},
+                "predictions": [], "result": dataclasses.asdict(_run(lr, seed, score))}
 
     runs = [outcome(5e-5, 1, 0.90),                          # seed 2 failed: one lucky seed
             outcome(3e-5, 1, 0.60), outcome(3e-5, 2, 0.70)]
-    task = steps._task_result(ft, "RTE", runs)
+    task = steps._task_result(runs)
     assert (task.best_learning_rate, task.seeds) == (3e-5, (1, 2))
     assert task.score == pytest.approx(0.65)
 
@@ -609,28 +635,28 @@ def test_model_checks_before_training(minilm_dir, encoder, tokenizer, tmp_path, 
     from model.bert import BertModel, bert_tiny
 
     rte, sst2 = TASKS["RTE"], TASKS["SST-2"]
-    cfg = ft.FinetuneConfig()
-    with caplog.at_level("WARNING", logger="finetune.glue.finetune"):
-        ft.check_model_fits(encoder, tokenizer, [rte], cfg, "ck", "tok")
+    cfg = loop.FinetuneConfig()
+    with caplog.at_level("WARNING", logger="finetune.checkpoint"):
+        _check_fits(encoder, tokenizer, [rte], cfg, "ck", "tok")
     assert caplog.messages == []  # MiniLM's own tokenizer: 30522 ids, vocab_size 30522
     lines = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
     (tmp_path / "vocab.txt").write_text("\n".join(lines[:500]) + "\n", encoding="utf-8")
     small = glue_data.load_glue_tokenizer(str(tmp_path))
-    with caplog.at_level("WARNING", logger="finetune.glue.finetune"):
-        ft.check_model_fits(encoder, small, [rte], cfg, "ck", "tok")
+    with caplog.at_level("WARNING", logger="finetune.checkpoint"):
+        _check_fits(encoder, small, [rte], cfg, "ck", "tok")
     assert caplog.messages == [("tokenizer of tok has 500 token ids but the model ck has "
                                 "vocab_size 30522: check that it is the vocabulary the model "
                                 "was trained with")]
     short = BertModel(bert_tiny(max_position_embeddings=64))
     with pytest.raises(ValueError, match="--max_seq_length 128 exceeds the model's "
                                          r"max_position_embeddings 64 \(ck\)"):
-        ft.check_model_fits(short, tokenizer, [rte], cfg, "ck", "tok")
-    ft.check_model_fits(short, tokenizer, [rte], ft.FinetuneConfig(max_seq_length=64), "ck", "t")
+        _check_fits(short, tokenizer, [rte], cfg, "ck", "tok")
+    _check_fits(short, tokenizer, [rte], loop.FinetuneConfig(max_seq_length=64), "ck", "t")
     one_type = BertModel(bert_tiny(type_vocab_size=1))
     with pytest.raises(ValueError, match="RTE: sentence pairs need 2 token types but the model "
                                          "ck has type_vocab_size 1"):
-        ft.check_model_fits(one_type, tokenizer, [sst2, rte], cfg, "ck", "tok")
-    ft.check_model_fits(one_type, tokenizer, [sst2], cfg, "ck", "tok")  # one sentence: type 0
+        _check_fits(one_type, tokenizer, [sst2, rte], cfg, "ck", "tok")
+    _check_fits(one_type, tokenizer, [sst2], cfg, "ck", "tok")  # one sentence: type 0
 
 
 def test_weights_not_matching_the_config_name_the_folder(minilm_dir, tmp_path):
@@ -641,16 +667,16 @@ def test_weights_not_matching_the_config_name_the_folder(minilm_dir, tmp_path):
     config = json.loads((minilm_dir / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(config | {"vocab_size": 30000}))
     with pytest.raises(ValueError) as error:
-        ft.load_encoder(str(folder))
+        checkpoint.load_encoder(str(folder))
     assert str(error.value) == (
         f"--model {folder}: the weights do not match config.json: bert.embeddings.word.weight "
         "is [30522, 384] in the weights but [30000, 384] by config.json")
     (folder / "config.json").write_text("{")
     with pytest.raises(ValueError, match=rf"--model {folder}: config.json is not JSON"):
-        ft.load_encoder(str(folder))
+        checkpoint.load_encoder(str(folder))
     (folder / "config.json").write_text(json.dumps(config | {"num_attention_heads": 5}))
     with pytest.raises(ValueError) as error:
-        ft.load_encoder(str(folder))
+        checkpoint.load_encoder(str(folder))
     assert str(error.value) == (f"{folder}/config.json: hidden_size 384 is not a multiple of "
                                 "num_attention_heads 5")
 
@@ -660,7 +686,7 @@ def test_missing_task_data_fails_before_any_training(shared_data, minilm_dir, tm
     """--tasks rte,mrpc without MRPC: one error listing MRPC's files, and RTE never trains
     (it used to fine-tune RTE first, then fail with a traceback and no results)."""
     data = glue_slice(shared_data, tmp_path / "glue", {"RTE/train.tsv": 4, "RTE/dev.tsv": 4})
-    with caplog.at_level("INFO", logger="finetune.glue.finetune"):
+    with caplog.at_level("INFO", logger="finetune.loop"):
         code = glue_main(_tiny_args(minilm_dir, data, tmp_path / "out", "rte,mrpc"))
     assert code == 2
     assert capsys.readouterr().err.splitlines() == [
@@ -764,13 +790,13 @@ def test_other_bad_inputs_end_in_one_line(shared_data, minilm_dir, tmp_path, cap
 def _rte_test_predictions(encoder, prepared, cfg, bias: list[float]) -> list[list[str]]:
     """The RTE submission TSV (as rows) of a classifier whose zeroed weights and `bias` make
     every example the same class."""
-    from finetune.glue.report import submission_tsv
+    from finetune.report import submission_tsv
 
-    model = ft.build_model(encoder, 2, seed=1)
+    model = loop.build_model(FAMILY, encoder, "RTE", seed=1)
     with torch.no_grad():
         model.classifier.weight.zero_()
         model.classifier.bias.copy_(torch.tensor(bias))
-    (predictions,) = ft.predict_test_sets(model, prepared, cfg)
+    (predictions,) = loop.predict_test_sets(FAMILY, model, prepared, cfg)
     assert (predictions.split, predictions.submission_file) == ("test", "RTE.tsv")
     return list(csv.reader(io.StringIO(submission_tsv(predictions)), delimiter="\t"))
 
@@ -783,9 +809,9 @@ def test_test_set_predictions_map_class_ids_to_the_task_labels(shared_data, enco
     assert TASKS["RTE"].labels == ("entailment", "not_entailment")
     data = glue_slice(shared_data, tmp_path, {"RTE/train.tsv": 8, "RTE/dev.tsv": 8,
                                               "RTE/test.tsv": 40})
-    cfg = ft.debug_recipe(progress=False, predict_test=True)
-    prepared = ft.prepare_task(TASKS["RTE"], str(data), tokenizer, cfg)
-    assert len(prepared.test["test"]) == 40
+    cfg = gf.debug_recipe(progress=False)
+    prepared = _prepare("RTE", str(data), tokenizer, cfg)
+    assert len(prepared.context.test["test"]) == 40
     for bias, label in (([-20.0, 20.0], "not_entailment"), ([20.0, -20.0], "entailment")):
         table = _rte_test_predictions(encoder, prepared, cfg, bias)
         assert table == [["index", "prediction"]] + [[str(i), label] for i in range(40)]

@@ -28,9 +28,10 @@ from shard_fixtures import book_shards, write_shards
 from training import config as cfg
 from training import pretrain
 from training.config import PhaseConfig
-from training.ds_config import LinearWarmupDecay, build_ds_config, param_groups
+from training.ds_config import build_ds_config
 from training.launch import deepspeed_command, torchrun_command
 from training.loader import LoaderConfig
+from training.optim import LinearWarmupDecay, param_groups
 
 REPO = Path(__file__).resolve().parents[1]
 UNEVEN = [20, 12, 28, 15, 9]  # 2 slots: 28+12 | 20+15+9 -> 40 rows each = 10 batches of 4

@@ -58,7 +58,7 @@ class PhaseConfig:
     """Optimizer steps in this phase."""
     warmup_steps: int = 10_000
     """Linear warmup steps from 0 to `learning_rate` (0 = start at the peak), then linear decay
-    to 0 at `steps`; exactly as given (training/ds_config.py `LinearWarmupDecay`)."""
+    to 0 at `steps`; exactly as given (training/optim.py `LinearWarmupDecay`)."""
     learning_rate: float = 1e-4
     """Peak learning rate."""
 

@@ -240,7 +240,9 @@ def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
     """`deepspeed.initialize` with the phase's DeepSpeed config; returns the engine."""
     import deepspeed
 
-    from training.ds_config import build_ds_config, lr_scheduler, param_groups
+    from training.ds_config import build_ds_config, lr_scheduler
+    from training.optim import param_groups
+
     ds_config = build_ds_config(config, phase, dist.world_size, dist.on_gpu, load_universal)
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=param_groups(model, config.weight_decay), config=ds_config,

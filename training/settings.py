@@ -1,6 +1,6 @@
 """Typed `key=value` settings: one converter for every `--set` in the project.
 
-`bert-pretrain --set learning_rate=1e-4` and the flow's `--set glue.seeds=1,2` (or a
+`bert-pretrain --set learning_rate=1e-4` and the flow's `--set finetune.seeds=1,2` (or a
 deployment's JSON parameters) both arrive as text or JSON values; each is converted to the
 dataclass field's declared type, and a value that does not fit is an error naming the setting
 and the value, before anything runs.

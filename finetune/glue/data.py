@@ -336,13 +336,12 @@ def check_split_file(data_dir: str, task: TaskSpec, split: SplitSpec) -> None:
             raise GlueFormatError(f"{path}: missing columns {missing} for {task.name} {split.name}")
 
 
-def check_task_files(data_dir: str, tasks: Sequence[TaskSpec], predict_test: bool) -> None:
-    """Check every file a run of `tasks` reads before any of them is fine-tuned.
+def file_problems(data_dir: str, tasks: Sequence[TaskSpec],
+                  predict_test: bool) -> tuple[list[str], list[str]]:
+    """(missing files, malformed files) of a run of `tasks`, one line each.
 
     Train and dev files must exist; test files are optional (a task without one has no
-    leaderboard file) but, when `predict_test`, those present must start right. All problems
-    are reported at once: FileNotFoundError when every one is a missing file, else
-    GlueFormatError.
+    leaderboard file) but, when `predict_test`, those present must start right.
     """
     missing: list[str] = []
     malformed: list[str] = []
@@ -355,6 +354,16 @@ def check_task_files(data_dir: str, tasks: Sequence[TaskSpec], predict_test: boo
                 missing.append(str(e))
             except GlueFormatError as e:
                 malformed.append(str(e))
+    return missing, malformed
+
+
+def check_task_files(data_dir: str, tasks: Sequence[TaskSpec], predict_test: bool) -> None:
+    """Check every file a run of `tasks` reads before any of them is fine-tuned (`file_problems`).
+
+    All problems are reported at once: FileNotFoundError when every one is a missing file, else
+    GlueFormatError.
+    """
+    missing, malformed = file_problems(data_dir, tasks, predict_test)
     problems = missing + malformed
     if problems:
         error = GlueFormatError if malformed else FileNotFoundError
@@ -367,57 +376,23 @@ def check_task_files(data_dir: str, tasks: Sequence[TaskSpec], predict_test: boo
 # ---------------------------------------------------------------------------------------------
 
 def load_glue_tokenizer(model_dir: str, max_seq_length: int = MAX_SEQ_LENGTH):
-    """The checkpoint folder's WordPiece tokenizer, truncating pairs longest-first.
+    """The checkpoint folder's tokenizer (`finetune.checkpoint.load_tokenizer`), truncating
+    pairs longest-first to `max_seq_length`."""
+    from finetune.checkpoint import load_tokenizer
 
-    `tokenizer.json` when the folder has one (our export writes it; so do HF BERT folders), else
-    `vocab.txt` through `pipelines.tokenization.load_tokenizer` with the folder's lower-casing.
-    Padding is switched off: batches are padded per batch by `collate`.
-    """
+    return truncating(load_tokenizer(model_dir), max_seq_length)
+
+
+def truncating(tokenizer, max_seq_length: int):
+    """A copy of `tokenizer` that truncates to `max_seq_length` tokens; longest_first drops
+    tokens from the longer sentence one at a time, as BERT's `_truncate_seq_pair` does
+    (run_classifier.py). Padding is off: batches are padded or packed per batch."""
     from tokenizers import Tokenizer
 
-    from pipelines.tokenization import load_tokenizer
-
-    tokenizer_json = os.path.join(model_dir, "tokenizer.json")
-    vocab_txt = os.path.join(model_dir, "vocab.txt")
-    if os.path.isfile(tokenizer_json):
-        try:
-            tokenizer = Tokenizer.from_file(tokenizer_json)
-        except Exception as e:  # noqa: BLE001 - `tokenizers` raises a bare Exception here
-            raise ValueError(f"{tokenizer_json}: not a tokenizers file ({e})") from None
-    elif os.path.isfile(vocab_txt):
-        check_unique_tokens(vocab_txt)
-        tokenizer = load_tokenizer(model_dir, do_lower_case=_do_lower_case(model_dir))
-    else:
-        raise FileNotFoundError(f"{model_dir}: no tokenizer.json or vocab.txt")
-    tokenizer.no_padding()
-    # longest_first drops tokens from the longer sentence one at a time, as BERT's
-    # `_truncate_seq_pair` does (run_classifier.py).
-    tokenizer.enable_truncation(max_length=max_seq_length, strategy="longest_first")
-    return tokenizer
-
-
-def check_unique_tokens(vocab_path: str) -> None:
-    """Raise naming both lines when a `vocab.txt` lists a token twice.
-
-    Ids are line numbers, so a repeated token leaves an id no text maps to and moves the
-    token's id to its last line: a vocabulary that silently does not match the embeddings.
-    """
-    from pipelines.tokenization import read_vocab
-
-    first_line: dict[str, int] = {}
-    for line, token in enumerate(read_vocab(vocab_path), start=1):
-        if token in first_line:
-            raise ValueError(f"{vocab_path}:{line}: token {token!r} repeats line "
-                             f"{first_line[token]}; every vocabulary line must be distinct")
-        first_line[token] = line
-
-
-def _do_lower_case(model_dir: str) -> bool:
-    path = os.path.join(model_dir, "tokenizer_config.json")
-    if not os.path.isfile(path):
-        return True
-    with open(path, encoding="utf-8") as f:
-        return bool(json.load(f).get("do_lower_case", True))
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    copy.enable_truncation(max_length=max_seq_length, strategy="longest_first")
+    return copy
 
 
 @dataclass(frozen=True)
@@ -480,11 +455,3 @@ def collate(encoded: EncodedSplit, indices: Sequence[int], pad_id: int = 0) -> B
         attention_mask[row, :n] = 1
     return Batch(torch.from_numpy(input_ids), torch.from_numpy(attention_mask),
                  torch.from_numpy(token_type_ids), torch.from_numpy(encoded.labels[list(indices)]))
-
-
-def batch_indices(num_examples: int, batch_size: int,
-                  generator: torch.Generator | None = None) -> list[list[int]]:
-    """Example indices per batch: shuffled with `generator`, in order without one."""
-    order = (torch.randperm(num_examples, generator=generator).tolist() if generator is not None
-             else list(range(num_examples)))
-    return [order[i:i + batch_size] for i in range(0, num_examples, batch_size)]

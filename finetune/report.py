@@ -1,11 +1,16 @@
-"""GLUE run outputs: results table (Markdown + CSV), JSON, a plot, and the leaderboard zip.
+"""Fine-tuning outputs: one results table over every family (Markdown + CSV), JSON, a plot,
+each task's prediction files and GLUE's leaderboard zip.
 
+The table is generic over metric names (GLUE's accuracy/F1/MCC/correlations, SQuAD's exact/f1,
+multiple choice's accuracy, NER's f1); the GLUE score row averages the GLUE tasks present.
 Everything is written atomically (`pipelines.storage`), `results.json` last of the tables.
-Submission files follow the GLUE server's format: one `<TASK>.tsv` per task with the header
-`index\tprediction`, label strings where the task's files use strings (`entailment`), `0`/`1`
-for the binary tasks and the score for STS-B; all zipped flat into `submission.zip`.
-Rows set aside with `--skip_bad_rows` go to `dead_letter/glue_bad_rows.jsonl` (one JSON object
-per row: task, split file, line or record, reason, raw text), named in `results.json`.
+The best run's prediction files (`Scored.files`, e.g. SQuAD's predictions.json) go to
+`<output>/<task>/`. Submission files follow the GLUE server's format: one `<TASK>.tsv` per task
+with the header `index\tprediction`, label strings where the task's files use strings
+(`entailment`), `0`/`1` for the binary tasks and the score for STS-B; all zipped flat into
+`submission.zip`. Records set aside with `--skip_bad_rows` go to
+`dead_letter/<family>_bad_rows.jsonl` (one JSON object per record: task, file, line or record,
+reason, raw text), named in `results.json`.
 """
 from __future__ import annotations
 
@@ -16,12 +21,11 @@ import json
 import os
 import zipfile
 
-from finetune.glue.finetune import GlueResult, TaskResult, TestPredictions
-from finetune.glue.tasks import SUBMISSION_FILES
+from finetune.loop import FinetuneResult, TaskResult, TestPredictions
 from pipelines import storage
 from pipelines.jobs import DEAD_LETTER_DIR
 
-DEAD_LETTER_FILE = "glue_bad_rows.jsonl"
+GLUE = "glue"
 
 TABLE_COLUMNS = ("task", "metric", "score", "score_std", "best_lr", "seeds", "train_examples",
                  "dev_examples", "minutes")
@@ -36,8 +40,17 @@ def metric_text(result: TaskResult) -> str:
     return " / ".join(one(name) for name in result.metrics)
 
 
-def table_rows(result: GlueResult) -> list[dict[str, str]]:
-    """One row per task plus the GLUE score row; values are display strings."""
+def glue_score(result: FinetuneResult) -> float | None:
+    """The mean task score of the GLUE tasks run (None without any)."""
+    from finetune.glue.metrics import glue_score as mean_score
+
+    scores = {t.task: t.score for t in result.tasks if t.family == GLUE}
+    return mean_score(scores) if scores else None
+
+
+def table_rows(result: FinetuneResult) -> list[dict[str, str]]:
+    """One row per task plus, with GLUE tasks, the GLUE score row; values are display
+    strings."""
     rows = [{
         "task": r.task,
         "metric": metric_text(r),
@@ -49,13 +62,15 @@ def table_rows(result: GlueResult) -> list[dict[str, str]]:
         "dev_examples": "/".join(str(n) for n in r.num_dev_examples.values()),
         "minutes": f"{r.seconds / 60:.1f}",
     } for r in result.tasks]
-    rows.append({c: "" for c in TABLE_COLUMNS} | {
-        "task": "GLUE score", "score": f"{100 * result.glue_score:.2f}",
-        "minutes": f"{result.seconds / 60:.1f}"})
+    glue = glue_score(result)
+    if glue is not None:
+        rows.append({c: "" for c in TABLE_COLUMNS} | {
+            "task": "GLUE score", "score": f"{100 * glue:.2f}",
+            "minutes": f"{result.seconds / 60:.1f}"})
     return rows
 
 
-def markdown_table(result: GlueResult) -> str:
+def markdown_table(result: FinetuneResult) -> str:
     rows = table_rows(result)
     lines = ["| " + " | ".join(TABLE_COLUMNS) + " |",
              "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"]
@@ -63,7 +78,7 @@ def markdown_table(result: GlueResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary_csv(result: GlueResult) -> str:
+def summary_csv(result: FinetuneResult) -> str:
     """The Markdown table's rows as CSV."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=TABLE_COLUMNS, lineterminator="\n")
@@ -72,7 +87,7 @@ def summary_csv(result: GlueResult) -> str:
     return buffer.getvalue()
 
 
-def runs_csv(result: GlueResult) -> str:
+def runs_csv(result: FinetuneResult) -> str:
     """Machine-readable: one row per (task, rate, seed) run, raw fractions."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -90,7 +105,7 @@ def runs_csv(result: GlueResult) -> str:
     return buffer.getvalue()
 
 
-def plot_results(result: GlueResult, path: str) -> None:
+def plot_results(result: FinetuneResult, path: str) -> None:
     """Left: each task's dev score at its chosen rate (mean, bar = spread over seeds).
     Right: dev score per learning rate (mean over seeds), one line per task."""
     import matplotlib
@@ -103,7 +118,9 @@ def plot_results(result: GlueResult, path: str) -> None:
     bars.bar(names, [100 * t.score for t in result.tasks],
              yerr=[100 * t.score_std for t in result.tasks], capsize=4, color="tab:blue")
     bars.set_ylabel("dev score (points)")
-    bars.set_title(f"chosen rate per task (GLUE score {100 * result.glue_score:.1f})")
+    glue = glue_score(result)
+    bars.set_title("chosen rate per task" if glue is None else
+                   f"chosen rate per task (GLUE score {100 * glue:.1f})")
     rates = sorted({r.learning_rate for t in result.tasks for r in t.runs}, reverse=True)
     for task in result.tasks:
         means = [100 * sum(s) / len(s) if s else float("nan") for s in
@@ -127,7 +144,7 @@ def submission_tsv(predictions: TestPredictions) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_submission(result: GlueResult, output_dir: str) -> str | None:
+def write_submission(result: FinetuneResult, output_dir: str) -> str | None:
     """`<output>/submission/<TASK>.tsv` and `<output>/submission.zip`; None without test sets.
 
     The zip holds the files of the tasks run; the GLUE server scores a submission only when it
@@ -136,6 +153,8 @@ def write_submission(result: GlueResult, output_dir: str) -> str | None:
     predictions = [p for task in result.tasks for p in task.test_predictions]
     if not predictions:
         return None
+    from finetune.glue.tasks import SUBMISSION_FILES
+
     folder = os.path.join(output_dir, "submission")
     contents = {p.submission_file: submission_tsv(p) for p in predictions}
     for name, text in contents.items():
@@ -149,49 +168,74 @@ def write_submission(result: GlueResult, output_dir: str) -> str | None:
     return path
 
 
-def dead_letter_lines(result: GlueResult) -> str:
-    """One JSON line per row set aside, in task and file order."""
+def dead_letter_lines(tasks: list[TaskResult]) -> str:
+    """One JSON line per record set aside, in task and file order."""
     return "".join(json.dumps({"task": task.task, **dataclasses.asdict(bad)},
                               ensure_ascii=False) + "\n"
-                   for task in result.tasks for bad in task.bad_records)
+                   for task in tasks for bad in task.bad_records)
 
 
-def write_dead_letter(result: GlueResult, output_dir: str) -> str | None:
-    """`<output>/dead_letter/glue_bad_rows.jsonl` when rows were set aside, else None."""
-    text = dead_letter_lines(result)
-    if not text:
-        return None
-    path = os.path.join(output_dir, DEAD_LETTER_DIR, DEAD_LETTER_FILE)
-    storage.atomic_write_text(path, text)
-    return path
+def write_dead_letters(result: FinetuneResult, output_dir: str) -> dict[str, str]:
+    """`<output>/dead_letter/<family>_bad_rows.jsonl` per family that set records aside."""
+    paths = {}
+    for family in dict.fromkeys(t.family for t in result.tasks):
+        text = dead_letter_lines([t for t in result.tasks if t.family == family])
+        if text:
+            paths[family] = os.path.join(output_dir, DEAD_LETTER_DIR, f"{family}_bad_rows.jsonl")
+            storage.atomic_write_text(paths[family], text)
+    return paths
 
 
-def results_dict(result: GlueResult, dead_letter: str | None = None) -> dict:
-    """JSON-able summary (test predictions are in the submission files, the rows set aside in
-    the `dead_letter` file, not here)."""
+def write_task_files(result: FinetuneResult, output_dir: str) -> dict[str, list[str]]:
+    """Each task's best-run prediction files under `<output>/<task>/`; task -> paths."""
+    written = {}
+    for task in result.tasks:
+        written[task.task] = [os.path.join(output_dir, task.task, name) for name in task.files]
+        for path, text in zip(written[task.task], task.files.values()):
+            storage.atomic_write_text(path, text)
+    return {task: paths for task, paths in written.items() if paths}
+
+
+def results_dict(result: FinetuneResult, dead_letters: dict[str, str] | None = None) -> dict:
+    """JSON-able summary (test predictions are in the submission files, the records set aside
+    in the dead-letter files, prediction files in the task folders: here only their names)."""
+    dead_letters = dead_letters or {}
     tasks = []
     for task in result.tasks:
         entry = dataclasses.asdict(task)
         entry["test_predictions"] = {p.submission_file: len(p.guids)
                                      for p in task.test_predictions}
         del entry["bad_records"]  # counted in bad_rows, listed in the dead-letter file
+        entry["files"] = sorted(task.files)
+        for run in entry["runs"]:
+            del run["files"]  # the best run's are the task's; the others are not kept
         tasks.append(entry)
-    written = {p.submission_file for t in result.tasks for p in t.test_predictions}
-    return {
-        "glue_score": result.glue_score, "model_dir": result.model_dir,
+    summary = {
+        "glue_score": glue_score(result), "model_dir": result.model_dir,
         "config": dataclasses.asdict(result.config),
-        "config_hash": storage.config_hash(result.config), "seconds": result.seconds,
-        "tasks": tasks, "pending_tasks": list(result.pending_tasks),
-        "bad_rows": sum(t.bad_rows for t in result.tasks), "dead_letter": dead_letter,
-        "submission_missing": [f for f in SUBMISSION_FILES if f not in written],
+        "config_hash": storage.config_hash(result.config),
+        "task_configs": {t: dataclasses.asdict(c) for t, c in result.configs.items()},
+        "seconds": result.seconds, "tasks": tasks, "pending_tasks": list(result.pending_tasks),
+        "bad_rows": sum(t.bad_rows for t in result.tasks),
+        # one family's file (the common case) by itself, several by family
+        "dead_letter": (next(iter(dead_letters.values())) if len(dead_letters) == 1
+                        else dead_letters or None),
     }
+    if any(t.family == GLUE for t in result.tasks):
+        from finetune.glue.tasks import SUBMISSION_FILES
+
+        written = {p.submission_file for t in result.tasks for p in t.test_predictions}
+        summary["submission_missing"] = [f for f in SUBMISSION_FILES if f not in written]
+    return summary
 
 
-def write_report(result: GlueResult, output_dir: str) -> dict[str, str]:
-    """Write every output of a run into `output_dir`; returns {kind: path}."""
+def write_report(result: FinetuneResult, output_dir: str,
+                 markdown_name: str = "results.md") -> dict[str, str]:
+    """Write every output of a run into `output_dir`; returns {kind: path} (a dead-letter
+    file's kind is "dead_letter" for one family, "dead_letter_<family>" for several)."""
     storage.makedirs(output_dir)
     paths = {
-        "markdown": os.path.join(output_dir, "results.md"),
+        "markdown": os.path.join(output_dir, markdown_name),
         "csv": os.path.join(output_dir, "results.csv"),
         "runs_csv": os.path.join(output_dir, "runs.csv"),
         "plot": os.path.join(output_dir, "dev_scores.png"),
@@ -204,8 +248,12 @@ def write_report(result: GlueResult, output_dir: str) -> dict[str, str]:
     submission = write_submission(result, output_dir)
     if submission:
         paths["submission"] = submission
-    dead_letter = write_dead_letter(result, output_dir)
-    if dead_letter:
-        paths["dead_letter"] = dead_letter
-    storage.atomic_write_json(paths["json"], results_dict(result, dead_letter))
+    for task, files in write_task_files(result, output_dir).items():
+        paths[f"files_{task}"] = os.path.dirname(files[0])
+    dead_letters = write_dead_letters(result, output_dir)
+    if len(dead_letters) == 1:
+        paths["dead_letter"] = next(iter(dead_letters.values()))
+    else:
+        paths |= {f"dead_letter_{family}": path for family, path in dead_letters.items()}
+    storage.atomic_write_json(paths["json"], results_dict(result, dead_letters))
     return paths

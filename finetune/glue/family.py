@@ -1,0 +1,305 @@
+"""GLUE as a task family of the one loop (finetune/loop.py): sentence(-pair) classification and
+STS-B regression on the pooled [CLS] (the paper, section 4.1).
+
+Batches are packed, not padded: the examples of a batch (the same 32 examples a padded batch
+would hold) are laid out first-fit-decreasing into max_seq_length rows, and the encoder's
+per-instance attention (`sequence_ids`) keeps each example on its own. The output of each
+example is the same as alone; only the pad tokens' work is saved.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from finetune.family import Prepared, Recipe, Scored
+from finetune.glue import data as glue_data
+from finetune.glue.metrics import compute_metrics, task_score
+from finetune.glue.tasks import TaskSpec, get_task
+from finetune.loop import PAPER_LEARNING_RATES, FinetuneConfig, TestPredictions, for_recipe
+from model.bert import BertModel
+from model.heads import BertForSequenceClassification
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GlueContext:
+    """What scoring and test predictions need besides the raw outputs."""
+
+    spec: TaskSpec
+    test: dict[str, glue_data.EncodedSplit]
+    """Unlabelled test splits read (empty without `predict_test` or test files)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed batches
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Examples laid out in shared rows. R rows of T tokens, B examples, K slots per row."""
+
+    input_ids: Tensor
+    """(R, T) token ids, 0 after the last example of a row."""
+    token_type_ids: Tensor
+    """(R, T)"""
+    sequence_ids: Tensor
+    """(R, T) slot of the example each token belongs to, -1 for padding."""
+    cls_positions: Tensor
+    """(R, K) position of each slot's [CLS] (0 for empty slots)."""
+    rows: Tensor
+    """(B,) row of example b (in the order the batch was given)."""
+    slots: Tensor
+    """(B,) slot of example b within its row."""
+    labels: Tensor
+    """(B,) class ids or scores."""
+
+    def to(self, device: torch.device) -> PackedBatch:
+        """The batch on `device` (itself when it is there already)."""
+        return PackedBatch(*(getattr(self, f.name).to(device)
+                             for f in dataclasses.fields(self)))
+
+
+def pack_rows(lengths: Sequence[int], row_length: int) -> list[list[int]]:
+    """First-fit-decreasing: positions into `lengths` grouped into rows of <= row_length tokens."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if lengths[i] > row_length:
+            raise ValueError(f"example of {lengths[i]} tokens exceeds the row length {row_length}")
+        for r, room in enumerate(free):
+            if lengths[i] <= room:
+                rows[r].append(i)
+                free[r] -= lengths[i]
+                break
+        else:
+            rows.append([i])
+            free.append(row_length - lengths[i])
+    return rows
+
+
+def pack_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],
+               row_length: int | None = None) -> PackedBatch:
+    """The examples at `indices` packed into rows of at most `row_length` tokens.
+
+    The default row length is the batch's longest example: rows no longer than a padded
+    batch's. Longer rows pack tighter; the model attends within each example either way.
+    """
+    lengths = [len(encoded.input_ids[i]) for i in indices]
+    layout = pack_rows(lengths, row_length or max(lengths))
+    width = max(sum(lengths[j] for j in row) for row in layout)
+    slots_per_row = max(len(row) for row in layout)
+    input_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
+    token_type_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
+    sequence_ids = np.full((len(layout), width), -1, np.int64)  # (R, T)
+    cls_positions = np.zeros((len(layout), slots_per_row), np.int64)  # (R, K)
+    rows = np.zeros(len(indices), np.int64)
+    slots = np.zeros(len(indices), np.int64)
+    for r, row in enumerate(layout):
+        start = 0
+        for k, j in enumerate(row):
+            i, n = indices[j], lengths[j]
+            input_ids[r, start:start + n] = encoded.input_ids[i]
+            token_type_ids[r, start:start + n] = encoded.token_type_ids[i]
+            sequence_ids[r, start:start + n] = k
+            cls_positions[r, k] = start
+            rows[j], slots[j] = r, k
+            start += n
+    labels = torch.from_numpy(encoded.labels[list(indices)])
+    return PackedBatch(*(torch.from_numpy(a) for a in (input_ids, token_type_ids, sequence_ids,
+                                                        cls_positions, rows, slots)), labels)
+
+
+def padded_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int]) -> PackedBatch:
+    """The examples at `indices` one per row, padded to the longest (the unpacked layout)."""
+    b = glue_data.collate(encoded, indices)
+    n = len(indices)
+    sequence_ids = b.attention_mask.long() - 1  # (B, T): 0 for tokens, -1 for padding
+    return PackedBatch(b.input_ids, b.token_type_ids, sequence_ids,
+                       torch.zeros((n, 1), dtype=torch.long), torch.arange(n),
+                       torch.zeros(n, dtype=torch.long), b.labels)
+
+
+def classifier_logits(model: BertForSequenceClassification, batch: PackedBatch) -> Tensor:
+    """(B, num_labels) logits of the batch's examples in their given order.
+
+    The computation of `BertForSequenceClassification.forward` (dropout + linear on the pooled
+    [CLS]) on packed rows: each slot's [CLS] is pooled, then rows/slots restore batch order.
+    """
+    hidden = model.bert(batch.input_ids, batch.token_type_ids,
+                        sequence_ids=batch.sequence_ids)  # (R, T, H)
+    pooled = model.bert.pool(hidden, batch.cls_positions)  # (R, K, H)
+    pooled = pooled[batch.rows, batch.slots]  # (B, H)
+    return model.classifier(model.dropout(pooled))
+
+
+def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy for classification, mean squared error for regression (one output)."""
+    if logits.shape[-1] == 1:
+        return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+    return F.cross_entropy(logits.float(), labels.long())
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------------------------
+
+def subset(split: glue_data.GlueSplit, limit: int | None, seed: int = 0) -> glue_data.GlueSplit:
+    """A fixed random subset of `limit` examples in file order (all when limit is None)."""
+    if limit is None or limit >= len(split.examples):
+        return split
+    keep = np.sort(np.random.default_rng(seed).choice(len(split.examples), limit, replace=False))
+    examples = [split.examples[i] for i in keep]
+    return glue_data.GlueSplit(split.task, split.split, split.path, examples, split.bad_rows)
+
+
+def prepare_task(task: TaskSpec, data_dir: str, tokenizer, max_seq_length: int,
+                 max_train_examples: int | None, max_eval_examples: int | None,
+                 skip_bad_rows: bool, predict_test: bool) -> Prepared:
+    """Read and tokenize the train, dev and (when present and asked for) test files of `task`."""
+    def load(split_spec, limit=None, required=True):
+        split = glue_data.read_split(data_dir, task, split_spec, skip_bad_rows)
+        if required and not split.examples:
+            # 0 training steps or an empty dev set would still "score" and report a number.
+            aside = f" ({len(split.bad_rows)} malformed rows set aside)" if split.bad_rows else ""
+            raise glue_data.GlueFormatError(
+                f"{split.path}: no {task.name} {split_spec.name} examples{aside}")
+        return subset(split, limit)
+
+    train = load(task.train, max_train_examples)
+    devs = {s.name: load(s, max_eval_examples) for s in task.dev}
+    tests = {}
+    if predict_test:
+        tests = {s.name: load(s, required=False) for s in task.test
+                 if glue_data.has_split(data_dir, task, s)}
+    # Subsets keep every bad row of the file: they were read, so they are reported.
+    bad_records = tuple(b for s in (train, *devs.values(), *tests.values()) for b in s.bad_rows)
+    if bad_records:
+        log.warning("%s: set aside %d malformed rows (written to the dead-letter file of the "
+                    "results)", task.name, len(bad_records))
+    tokenizer = glue_data.truncating(tokenizer, max_seq_length)
+
+    def encode(split):
+        return glue_data.encode_split(tokenizer, split, task)
+
+    return Prepared(task=task.name, train=encode(train),
+                    dev={k: encode(v) for k, v in devs.items()},
+                    num_train_examples=len(train.examples),
+                    num_dev_examples={k: len(v.examples) for k, v in devs.items()},
+                    bad_records=bad_records,
+                    context=GlueContext(task, {k: encode(v) for k, v in tests.items()}))
+
+
+# ---------------------------------------------------------------------------------------------
+# The family
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GlueFamily:
+    """The nine GLUE tasks (finetune/glue/tasks.py); satisfies `finetune.family.Family`, with
+    the loop's optional `SizedTasks`, `TestSets` and `ModelChecks`."""
+
+    name: ClassVar[str] = "glue"
+    pack_sequences: bool = True
+    """Pack each batch's examples into shared rows instead of padding them (same results)."""
+    predict_test: bool = True
+    """Read the test files (when present) for the best run to predict, for the leaderboard."""
+
+    def recipe(self, task: str) -> Recipe:
+        get_task(task)  # an unknown name fails here, naming the known ones
+        return Recipe(max_seq_length=128, batch_size=32, epochs=3.0,
+                      learning_rates=PAPER_LEARNING_RATES)
+
+    def is_small(self, task: str) -> bool:
+        return get_task(task).small
+
+    def check_files(self, task: str, data_dir: str) -> None:
+        """FileNotFoundError (every problem a missing file) or GlueFormatError, one line per
+        problem."""
+        missing, malformed = glue_data.file_problems(data_dir, [get_task(task)],
+                                                     self.predict_test)
+        if malformed:
+            raise glue_data.GlueFormatError("\n".join(missing + malformed))
+        if missing:
+            raise FileNotFoundError("\n".join(missing))
+
+    def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
+        """Sentence pairs need two token types."""
+        spec = get_task(task)
+        if spec.is_pair and encoder.config.type_vocab_size < 2:
+            raise ValueError(f"{spec.name}: sentence pairs need 2 token types but the model "
+                             f"{model_dir} has type_vocab_size {encoder.config.type_vocab_size}")
+
+    def prepare(self, task: str, data_dir: str, tokenizer, max_seq_length: int,
+                max_train_examples: int | None, max_eval_examples: int | None,
+                skip_bad_records: bool) -> Prepared:
+        return prepare_task(get_task(task), data_dir, tokenizer, max_seq_length,
+                            max_train_examples, max_eval_examples, skip_bad_records,
+                            self.predict_test)
+
+    def build_head(self, encoder: BertModel, task: str) -> nn.Module:
+        return BertForSequenceClassification.from_encoder(encoder, get_task(task).num_labels)
+
+    def make_batch(self, encoded: glue_data.EncodedSplit, indices: Sequence[int],
+                   max_seq_length: int, train: bool) -> PackedBatch:
+        if self.pack_sequences:
+            # Attention runs per example (model.bert.attention_plan), so a row's length costs
+            # only its padding: full max_seq_length rows pack tightest (MRPC: 1,813 tokens per
+            # batch of 32 vs 2,110 with rows as long as the longest example, 16% less CPU).
+            return pack_batch(encoded, indices, max_seq_length)
+        return padded_batch(encoded, indices)
+
+    def loss(self, model: nn.Module, batch: PackedBatch) -> Tensor:
+        return loss_fn(classifier_logits(model, batch), batch.labels)
+
+    def outputs(self, model: nn.Module, batch: PackedBatch) -> dict[str, Tensor]:
+        return {"logits": classifier_logits(model, batch).float()}  # (B, num_labels)
+
+    def score(self, prepared: Prepared, split: str, outputs: dict[str, np.ndarray]) -> Scored:
+        spec = prepared.context.spec
+        suffix = next(s.metric_suffix for s in spec.dev if s.name == split)
+        metrics = compute_metrics(spec, prepared.dev[split].labels,
+                                  predictions(spec, outputs["logits"]), suffix=suffix)
+        return Scored(metrics=metrics, score=task_score(metrics))
+
+    def test_splits(self, prepared: Prepared) -> Mapping[str, glue_data.EncodedSplit]:
+        return prepared.context.test
+
+    def test_predictions(self, prepared: Prepared, split: str,
+                         outputs: dict[str, np.ndarray]) -> TestPredictions:
+        spec = prepared.context.spec
+        values = predictions(spec, outputs["logits"])
+        if spec.is_regression:
+            # STS-B gold scores lie in [0, 5]; clipping can only bring predictions closer.
+            labels = [f"{v:.3f}" for v in np.clip(values, 0.0, 5.0)]
+        else:
+            labels = [spec.labels[v] for v in values]
+        submission = next(s.submission_file for s in spec.test if s.name == split)
+        return TestPredictions(split, submission, list(prepared.context.test[split].guids), labels)
+
+
+def predictions(spec: TaskSpec, logits: np.ndarray) -> np.ndarray:
+    """(N,) class ids, or scores for STS-B, from (N, num_labels) logits."""
+    return logits[:, 0] if spec.is_regression else logits.argmax(-1)
+
+
+FAMILY = GlueFamily()
+
+
+def paper_recipe(**changes) -> FinetuneConfig:
+    """The loop's settings with the paper's GLUE recipe, with overrides."""
+    return for_recipe(FAMILY.recipe("rte"), **changes)
+
+
+def debug_recipe(**changes) -> FinetuneConfig:
+    """A minutes-long run for tests and the demo: one rate, one seed, one epoch."""
+    defaults = {"learning_rates": (5e-5,), "seeds": (1,), "epochs": 1.0}
+    return paper_recipe(**{**defaults, **changes})

@@ -1,0 +1,629 @@
+"""The one fine-tuning loop over any task family (finetune/family.py).
+
+The paper's recipe (section 4, appendix A.3): AdamW (weight decay 0.01 except biases and
+LayerNorm, epsilon 1e-6, gradient clipping at 1.0 as the reference `optimization.py`), linear
+warmup over 10% of the steps then linear decay to 0 (training/optim.py, shared with
+pre-training), the learning rate picked on dev among a grid. Small tasks run every seed and
+report the mean and spread at the chosen rate; larger tasks run the first seed only. bf16
+autocast on a GPU by default.
+
+    from finetune import loop
+    from finetune.glue import FAMILY
+    prepared = FAMILY.prepare("rte", data_dir, tokenizer, 128, None, None, False)
+    result = loop.finetune_task(FAMILY, encoder, prepared, loop.FinetuneConfig())
+
+A family's `Recipe` gives the recipe fields (`for_recipe`); everything else is the loop's.
+Optional family capabilities, used when a family has them: `SizedTasks` (which tasks are
+small) and `TestSets` (unlabelled test splits predicted for a leaderboard, GLUE).
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import math
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import nn
+
+from finetune.family import Encoded, Family, Prepared, Recipe, Scored
+from model.bert import BertModel
+from pipelines.jobs import BadRecord
+from training.optim import LinearWarmupDecay, param_groups
+
+log = logging.getLogger(__name__)
+
+PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
+RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
+"""The settings a family's recipe gives: max_seq_length, batch_size, epochs, learning_rates."""
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """The loop's settings; the recipe fields default to the paper's GLUE recipe."""
+
+    max_seq_length: int = 128
+    """Longest input in tokens (SQuAD: per window)."""
+    batch_size: int = 32
+    """Training units per optimizer step."""
+    eval_batch_size: int = 256
+    """Units per evaluation batch (no effect on results)."""
+    epochs: float = 3.0
+    """Passes over the training units."""
+    learning_rates: tuple[float, ...] = PAPER_LEARNING_RATES
+    """Peak learning rates tried; the best mean dev score is kept."""
+    seeds: tuple[int, ...] = (1, 2, 3)
+    """Seeds run on small tasks; other tasks use the first only."""
+    warmup_proportion: float = 0.1
+    """Fraction of the steps with the learning rate rising linearly from 0."""
+    weight_decay: float = 0.01
+    """AdamW decoupled weight decay (not on biases and LayerNorm)."""
+    adam_epsilon: float = 1e-6
+    """AdamW epsilon (the reference BERT optimizer's)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 = no clipping)."""
+    bf16: bool | None = None
+    """bfloat16 autocast for forward and backward; None: on a GPU yes, on the CPU no (CPUs with
+    AVX-512 bf16 run ~2.5x faster with it)."""
+    max_train_examples: int | None = None
+    """Train on a fixed random subset of this many examples (None = all)."""
+    max_eval_examples: int | None = None
+    """Score a fixed random subset of this many dev examples per dev set (None = all)."""
+    skip_bad_rows: bool = False
+    """Set aside malformed records (counted, and written to the dead-letter file) instead of
+    stopping at the first."""
+    progress: bool = True
+    """Show progress bars."""
+    device: str = "auto"
+    """Where to fine-tune: "auto" (the GPU when torch sees one, else the CPU), "cpu", "cuda",
+    "cuda:N"."""
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.max_seq_length <= 512:
+            raise ValueError(f"--max_seq_length must be in 2..512, got {self.max_seq_length}")
+        for name in ("batch_size", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if not self.epochs > 0:
+            raise ValueError(f"--epochs must be > 0, got {self.epochs}")
+        if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):
+            raise ValueError(f"--learning_rates must be positive, got {self.learning_rates}")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"--seeds must be distinct and non-empty, got {self.seeds}")
+        if not 0.0 <= self.warmup_proportion < 1.0:
+            raise ValueError(f"--warmup_proportion must be in [0, 1), got {self.warmup_proportion}")
+        for name in ("weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        if not self.adam_epsilon > 0:
+            raise ValueError(f"--adam_epsilon must be > 0, got {self.adam_epsilon}")
+        for name in ("max_train_examples", "max_eval_examples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name} must be >= 1, got {value}")
+        if self.device != "auto":
+            try:
+                torch.device(self.device)
+            except RuntimeError:
+                raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got "
+                                 f"{self.device!r}") from None
+
+
+def for_recipe(recipe: Recipe, **changes) -> FinetuneConfig:
+    """The loop's settings with a family's recipe, then `changes` (flags the user gave)."""
+    return FinetuneConfig(**{**dataclasses.asdict(recipe), **changes})
+
+
+def resolve_device(name: str) -> torch.device:
+    """`FinetuneConfig.device` as a torch device; a GPU torch cannot see is an error here,
+    before any training, not a CUDA error at the first batch."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise ValueError(f"--device {name}: torch sees {count} GPU(s) here")
+    return device
+
+
+def uses_bf16(cfg: FinetuneConfig, device: torch.device) -> bool:
+    """Whether runs on `device` autocast to bfloat16 (`FinetuneConfig.bf16`)."""
+    return device.type == "cuda" if cfg.bf16 is None else cfg.bf16
+
+
+# ---------------------------------------------------------------------------------------------
+# Optional family capabilities
+# ---------------------------------------------------------------------------------------------
+
+@runtime_checkable
+class SizedTasks(Protocol):
+    """A family whose small tasks run every seed and large ones the first (GLUE: CoLA, MRPC,
+    STS-B, RTE, WNLI are small). Families without it run every seed given."""
+
+    def is_small(self, task: str) -> bool:
+        """Whether `task`'s dev set is small enough that seeds are averaged."""
+
+
+@dataclass(frozen=True)
+class TestPredictions:
+    """Predictions for one unlabelled test split, as a leaderboard wants them."""
+
+    split: str
+    submission_file: str
+    guids: list[str]
+    predictions: list[str]
+    """Label strings ("entailment", "1") or scores formatted with 3 decimals (STS-B)."""
+
+
+@runtime_checkable
+class TestSets(Protocol):
+    """A family with unlabelled test splits to predict with the best run (GLUE)."""
+
+    def test_splits(self, prepared: Prepared) -> Mapping[str, Encoded]:
+        """The test splits read for `prepared`'s task, by name (empty when none)."""
+
+    def test_predictions(self, prepared: Prepared, split: str,
+                         outputs: dict[str, np.ndarray]) -> TestPredictions:
+        """The leaderboard file of `split` from the raw outputs of its units, in unit order."""
+
+
+@runtime_checkable
+class ModelChecks(Protocol):
+    """A family with its own demands on the encoder, checked before any training (GLUE:
+    sentence pairs need two token types)."""
+
+    def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
+        """Raise ValueError naming the task and the model when `encoder` cannot serve it."""
+
+
+def seeds_for(family: Family, task: str, cfg: FinetuneConfig) -> tuple[int, ...]:
+    """Every seed for a small task (or a family that does not say), the first for others."""
+    if isinstance(family, SizedTasks) and not family.is_small(task):
+        return cfg.seeds[:1]
+    return cfg.seeds
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RunResult:
+    """One fine-tuning run (one task, learning rate and seed) scored on dev."""
+
+    task: str
+    learning_rate: float
+    seed: int
+    metrics: dict[str, float]
+    """Dev metrics as fractions, e.g. {"f1": 0.88, "accuracy": 0.84}."""
+    score: float
+    """The number that picks the best rate: the mean of the dev splits' `Scored.score`."""
+    steps: int
+    final_loss: float
+    """Mean training loss over the last 10% of steps."""
+    train_seconds: float
+    eval_seconds: float
+    files: dict[str, str] = field(default_factory=dict)
+    """Prediction files of the dev splits (`Scored.files`), name -> text."""
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """A task fine-tuned over the learning-rate grid and seeds; the chosen rate's summary."""
+
+    task: str
+    best_learning_rate: float
+    seeds: tuple[int, ...]
+    metrics: dict[str, float]
+    """Mean over seeds at the best rate."""
+    metrics_std: dict[str, float]
+    """Sample standard deviation over seeds (0 with one seed)."""
+    score: float
+    score_std: float
+    runs: tuple[RunResult, ...]
+    num_train_examples: int
+    num_dev_examples: dict[str, int]
+    bad_rows: int
+    """Malformed records set aside while reading (only with skip_bad_rows)."""
+    seconds: float
+    test_predictions: tuple[TestPredictions, ...] = ()
+    bad_records: tuple[BadRecord, ...] = ()
+    """The records counted in `bad_rows` (file, line, reason, text) for the dead-letter file."""
+    family: str = "glue"
+    """The task's family ("glue", "squad", ...): the report's GLUE score averages GLUE tasks."""
+    files: dict[str, str] = field(default_factory=dict)
+    """The best run's prediction files, written under `<output>/<task>/`."""
+
+
+@dataclass(frozen=True)
+class FinetuneResult:
+    """All tasks of one invocation."""
+
+    tasks: tuple[TaskResult, ...]
+    model_dir: str
+    config: FinetuneConfig
+    """The settings every task shares (the recipe fields are each task's `configs` entry)."""
+    seconds: float = 0.0
+    pending_tasks: tuple[str, ...] = ()
+    """Requested tasks not finished yet (in the report written after each finished task)."""
+    configs: dict[str, FinetuneConfig] = field(default_factory=dict)
+    """Each task's resolved settings (its family's recipe with the user's flags)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Model, optimizer, schedule
+# ---------------------------------------------------------------------------------------------
+
+_SEEDING = threading.Lock()
+
+
+def build_model(family: Family, encoder: BertModel, task: str, seed: int,
+                device: torch.device | str = "cpu") -> nn.Module:
+    """The family's task model over a copy of `encoder`'s weights on `device`; the new head
+    initialised from `seed` on the CPU (the same head on any device), the device's dropout
+    stream seeded.
+
+    Only this run's generators are seeded: `torch.manual_seed` would reseed every GPU, under
+    runs that the flow trains on other GPUs from other threads at the same time.
+    """
+    device = torch.device(device)
+    with _SEEDING:  # the CPU generator is the process's: one run seeds and draws at a time
+        torch.random.default_generator.manual_seed(seed)
+        model = family.build_head(encoder, task)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(seed)
+    return model.to(device)
+
+
+def build_optimizer(model: nn.Module, learning_rate: float,
+                    cfg: FinetuneConfig) -> torch.optim.Optimizer:
+    """AdamW over training/optim.py's groups (no decay on biases and LayerNorm)."""
+    # fused: one kernel over all parameters (the default of transformers' Trainer as well).
+    return torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=learning_rate,
+                             eps=cfg.adam_epsilon, fused=True)
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, learning_rate: float, total_steps: int,
+                   cfg: FinetuneConfig) -> LinearWarmupDecay:
+    """Linear warmup over `warmup_proportion` of the steps, then linear decay to 0."""
+    return LinearWarmupDecay(optimizer, learning_rate,
+                             math.ceil(total_steps * cfg.warmup_proportion), total_steps)
+
+
+def num_training_steps(num_units: int, cfg: FinetuneConfig) -> int:
+    return math.ceil(math.ceil(num_units / cfg.batch_size) * cfg.epochs)
+
+
+def batch_indices(num_units: int, batch_size: int,
+                  generator: torch.Generator | None = None) -> list[list[int]]:
+    """Unit indices per batch: shuffled with `generator`, in order without one."""
+    order = (torch.randperm(num_units, generator=generator).tolist() if generator is not None
+             else list(range(num_units)))
+    return [order[i:i + batch_size] for i in range(0, num_units, batch_size)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Training and evaluation
+# ---------------------------------------------------------------------------------------------
+
+def _progress(total: int, desc: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def train_step(family: Family, model: nn.Module, batch, optimizer: torch.optim.Optimizer,
+               scheduler: LinearWarmupDecay, cfg: FinetuneConfig) -> float:
+    """One optimizer step on one batch (moved to the model's device); returns the loss."""
+    device = _device(model)
+    batch = batch.to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(cfg, device)):
+        loss = family.loss(model, batch)
+    loss.backward()
+    if cfg.max_grad_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())
+
+
+def train(family: Family, model: nn.Module, encoded: Encoded, learning_rate: float, seed: int,
+          cfg: FinetuneConfig, desc: str = "",
+          epoch_batches: Callable[[int], list[list[int]]] | None = None) -> list[float]:
+    """Fine-tune `model` in place with the recipe; returns the loss of every step.
+
+    The data order: `epoch_batches(epoch)` gives each epoch's batches of unit indices; by
+    default one generator seeded with `seed` shuffles anew every epoch.
+    """
+    total = num_training_steps(len(encoded), cfg)
+    optimizer = build_optimizer(model, learning_rate, cfg)
+    scheduler = build_schedule(optimizer, learning_rate, total, cfg)
+    if epoch_batches is None:
+        generator = torch.Generator().manual_seed(seed)
+
+        def epoch_batches(epoch: int) -> list[list[int]]:
+            return batch_indices(len(encoded), cfg.batch_size, generator)
+    model.train()
+    losses: list[float] = []
+    epoch = 0
+    with _progress(total, desc, cfg.progress) as bar:
+        while len(losses) < total:
+            batches, epoch = epoch_batches(epoch), epoch + 1
+            for indices in batches:
+                if len(losses) == total:  # a fractional last epoch stops mid-way
+                    break
+                batch = family.make_batch(encoded, indices, cfg.max_seq_length, train=True)
+                losses.append(train_step(family, model, batch, optimizer, scheduler, cfg))
+                if not math.isfinite(losses[-1]):
+                    raise FloatingPointError(f"{desc or 'fine-tuning'}: loss {losses[-1]} at "
+                                             f"step {len(losses)}; lower the learning rate")
+                bar.update(1)
+                bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+    return losses
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    tensor = tensor.detach()
+    if tensor.is_floating_point() and tensor.dtype != torch.float64:
+        tensor = tensor.float()  # bf16 under autocast; numpy has no bfloat16
+    return tensor.cpu().numpy()
+
+
+@torch.inference_mode()
+def predict(family: Family, model: nn.Module, encoded: Encoded,
+            cfg: FinetuneConfig) -> dict[str, np.ndarray]:
+    """The family's raw outputs of every unit of `encoded`, in unit order: name -> (N, ...)."""
+    model.eval()
+    device = _device(model)
+    # Batches of similar length (sorted) waste the least; outputs do not depend on the order.
+    order = np.argsort(encoded.lengths, kind="stable")
+    parts: dict[str, list[np.ndarray]] = {}
+    for start in range(0, len(order), cfg.eval_batch_size):
+        indices = order[start:start + cfg.eval_batch_size].tolist()
+        batch = family.make_batch(encoded, indices, cfg.max_seq_length, train=False).to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(cfg, device)):
+            outputs = family.outputs(model, batch)
+        for name, value in outputs.items():
+            parts.setdefault(name, []).append(_numpy(value))
+    restore = np.empty_like(order)
+    restore[order] = np.arange(len(order))  # position of unit i in the sorted order
+    return {name: np.concatenate(values)[restore] for name, values in parts.items()}
+
+
+def evaluate(family: Family, model: nn.Module, prepared: Prepared,
+             cfg: FinetuneConfig) -> dict[str, Scored]:
+    """Every dev split of the task scored by the family, by split name."""
+    return {split: family.score(prepared, split, predict(family, model, encoded, cfg))
+            for split, encoded in prepared.dev.items()}
+
+
+def merge_scored(scored: Mapping[str, Scored]) -> tuple[dict[str, float], float, dict[str, str]]:
+    """(metrics, score, files) of a run from its dev splits: the splits' metrics side by side
+    (a family names them apart, MNLI "accuracy_m"/"accuracy_mm"), the mean of their scores, and
+    their files (a name two splits both write is prefixed with the split)."""
+    metrics: dict[str, float] = {}
+    files: dict[str, str] = {}
+    for split, one in scored.items():
+        metrics.update(one.metrics)
+        for name, text in one.files.items():
+            files[f"{split}_{name}" if len(scored) > 1 and name in files else name] = text
+    return metrics, statistics.fmean(s.score for s in scored.values()), files
+
+
+def run_one(family: Family, encoder: BertModel, prepared: Prepared, learning_rate: float,
+            seed: int, cfg: FinetuneConfig) -> tuple[RunResult, nn.Module]:
+    """Fine-tune a fresh task model for one (rate, seed) and score it on dev."""
+    task = prepared.task
+    model = build_model(family, encoder, task, seed, resolve_device(cfg.device))
+    start = time.perf_counter()
+    losses = train(family, model, prepared.train, learning_rate, seed, cfg,
+                   desc=f"{task} lr={learning_rate:g} seed={seed}")
+    trained = time.perf_counter()
+    metrics, score, files = merge_scored(evaluate(family, model, prepared, cfg))
+    tail = losses[-max(1, len(losses) // 10):]
+    result = RunResult(task, learning_rate, seed, metrics, score, len(losses),
+                       float(np.mean(tail)), trained - start, time.perf_counter() - trained,
+                       files)
+    log.info("%s lr=%g seed=%d: %s", task, learning_rate, seed,
+             ", ".join(f"{k}={100 * v:.2f}" for k, v in metrics.items()))
+    return result, model
+
+
+def predict_test_sets(family: Family, model: nn.Module, prepared: Prepared,
+                      cfg: FinetuneConfig) -> tuple[TestPredictions, ...]:
+    """Leaderboard predictions for every test split the family read (none for most)."""
+    if not isinstance(family, TestSets):
+        return ()
+    return tuple(family.test_predictions(prepared, split, predict(family, model, encoded, cfg))
+                 for split, encoded in family.test_splits(prepared).items())
+
+
+def has_test_sets(family: Family, prepared: Prepared) -> bool:
+    return isinstance(family, TestSets) and bool(family.test_splits(prepared))
+
+
+# ---------------------------------------------------------------------------------------------
+# The learning-rate x seed grid
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class BestRuns:
+    """The learning rate a task reports and the run whose weights predict its test sets."""
+
+    learning_rate: float
+    """The rate with the best mean dev score over its seeds (the first such rate on ties)."""
+    runs: tuple[RunResult, ...]
+    """The runs at `learning_rate`, one per seed, in run order."""
+    best_run: RunResult
+    """The best-scoring seed at `learning_rate` (the first on ties)."""
+
+
+def select_best(runs: Sequence[RunResult]) -> BestRuns:
+    """The best learning rate by mean dev score over seeds, and its best seed.
+
+    The one rule of both paths (`finetune_task` here and the flow's fan-out), so the reported
+    rate, its mean, the prediction files and the test-set predictions always come from the
+    same runs; the best single run of another rate (a lucky seed) never predicts.
+    """
+    if not runs:
+        raise ValueError("select_best: no runs")
+    rates = list(dict.fromkeys(r.learning_rate for r in runs))
+    by_rate = {lr: [r for r in runs if r.learning_rate == lr] for lr in rates}
+    best_lr = max(rates, key=lambda lr: statistics.fmean(r.score for r in by_rate[lr]))
+    chosen = by_rate[best_lr]
+    return BestRuns(best_lr, tuple(chosen), max(chosen, key=lambda r: r.score))
+
+
+def summarise_task(task: str, runs: Sequence[RunResult], num_train_examples: int,
+                   num_dev_examples: dict[str, int], bad_rows: int, seconds: float,
+                   test_predictions: tuple[TestPredictions, ...] = (),
+                   bad_records: tuple[BadRecord, ...] = (), family: str = "glue") -> TaskResult:
+    """A task's result from all its runs: the `select_best` rate's mean and spread over seeds,
+    the best run's prediction files.
+
+    `test_predictions` must be those of `select_best(runs).best_run`."""
+    best = select_best(runs)
+    names = list(best.runs[0].metrics)
+    mean = {n: statistics.fmean(r.metrics[n] for r in best.runs) for n in names}
+    std = {n: statistics.stdev(r.metrics[n] for r in best.runs) if len(best.runs) > 1 else 0.0
+           for n in names}
+    scores = [r.score for r in best.runs]
+    return TaskResult(
+        task=task, best_learning_rate=best.learning_rate,
+        seeds=tuple(r.seed for r in best.runs), metrics=mean, metrics_std=std,
+        score=statistics.fmean(scores),
+        score_std=statistics.stdev(scores) if len(scores) > 1 else 0.0, runs=tuple(runs),
+        num_train_examples=num_train_examples, num_dev_examples=num_dev_examples,
+        bad_rows=bad_rows, seconds=seconds, test_predictions=test_predictions,
+        bad_records=bad_records, family=family, files=dict(best.best_run.files))
+
+
+def finetune_task(family: Family, encoder: BertModel, prepared: Prepared,
+                  cfg: FinetuneConfig) -> TaskResult:
+    """The learning-rate grid x seeds for one task; the rate with the best mean dev score wins,
+    and its best seed predicts the test sets (`select_best`)."""
+    seeds = seeds_for(family, prepared.task, cfg)
+    predicts_test = has_test_sets(family, prepared)
+    start = time.perf_counter()
+    runs: list[RunResult] = []
+    # The weights of the best seed at the best rate so far: a rate's mean is known once its
+    # seeds are done, and a rate that is not best then never becomes the overall best later
+    # (select_best keeps the first rate on ties), so one kept copy (+ the current rate's) does.
+    kept: tuple[RunResult, dict] | None = None
+    for learning_rate in cfg.learning_rates:
+        rate_best: tuple[RunResult, dict] | None = None
+        for seed in seeds:
+            result, model = run_one(family, encoder, prepared, learning_rate, seed, cfg)
+            runs.append(result)
+            if predicts_test and (rate_best is None or result.score > rate_best[0].score):
+                rate_best = (result, copy.deepcopy(model.state_dict()))
+            del model
+        if rate_best is not None and select_best(runs).best_run is rate_best[0]:
+            kept = rate_best
+    predictions: tuple[TestPredictions, ...] = ()
+    if predicts_test:
+        assert kept is not None and kept[0] is select_best(runs).best_run
+        model = build_model(family, encoder, prepared.task, kept[0].seed,
+                            resolve_device(cfg.device))
+        model.load_state_dict(kept[1])
+        predictions = predict_test_sets(family, model, prepared, cfg)
+    return summarise_task(prepared.task, runs, prepared.num_train_examples,
+                          dict(prepared.num_dev_examples), len(prepared.bad_records),
+                          time.perf_counter() - start, predictions, prepared.bad_records,
+                          family.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Several tasks from one checkpoint
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TaskJob:
+    """One task of an invocation: its family, data folder and resolved settings."""
+
+    family: Family
+    task: str
+    data_dir: str
+    """The family's folder (GLUE: the glue_data layout)."""
+    config: FinetuneConfig
+
+
+def check_task_files(tasks: Sequence[tuple[Family, str, str]], data_label: str) -> None:
+    """Every (family, task, data folder)'s files, checked before any task trains; every
+    problem in one error.
+
+    FileNotFoundError when each problem is a missing file, else ValueError; a family's error
+    may list several problems, one per line."""
+    problems: list[str] = []
+    all_missing = True
+    for family, task, data_dir in tasks:
+        try:
+            family.check_files(task, data_dir)
+        except (FileNotFoundError, ValueError) as error:
+            problems += str(error).splitlines()
+            all_missing &= isinstance(error, FileNotFoundError)
+    if problems:
+        kind = FileNotFoundError if all_missing else ValueError
+        raise kind(f"--data {data_label}: {len(problems)} problem(s) found before any "
+                   "fine-tuning:\n  " + "\n  ".join(problems))
+
+
+def run_tasks(model_dir: str, jobs: Sequence[TaskJob], config: FinetuneConfig,
+              data_label: str, vocab_dir: str | None = None,
+              on_task_done: Callable[[FinetuneResult], None] | None = None) -> FinetuneResult:
+    """Fine-tune the checkpoint in `model_dir` on each job's task, one after the other.
+
+    The tokenizer is the one in `vocab_dir` if given, else the checkpoint folder's. Every data
+    file, the checkpoint and the tokenizer are checked before the first task trains; after each
+    task, `on_task_done` gets the result so far (the finished tasks, the others pending), so a
+    later failure loses no finished work. `config` is recorded as the settings all tasks share;
+    `data_label` names the data in errors (the --data flag's value).
+    """
+    from finetune.checkpoint import check_model_fits, load_encoder, load_tokenizer
+
+    if not jobs:
+        raise ValueError("--tasks: no task given")
+    start = time.perf_counter()
+    for job in jobs:
+        resolve_device(job.config.device)
+        if not os.path.isdir(job.data_dir):
+            raise FileNotFoundError(f"--data {job.data_dir}: no such folder")
+    check_task_files([(j.family, j.task, j.data_dir) for j in jobs], data_label)
+    encoder = load_encoder(model_dir)
+    tokenizer_dir = vocab_dir or model_dir
+    tokenizer = load_tokenizer(tokenizer_dir)
+    check_model_fits(encoder, tokenizer, max(j.config.max_seq_length for j in jobs), model_dir,
+                     tokenizer_dir)
+    for job in jobs:
+        if isinstance(job.family, ModelChecks):
+            job.family.check_model(encoder, job.task, model_dir)
+    results: list[TaskResult] = []
+    configs: dict[str, FinetuneConfig] = {}
+    for i, job in enumerate(jobs):
+        cfg = job.config
+        prepared = job.family.prepare(job.task, job.data_dir, tokenizer, cfg.max_seq_length,
+                                      cfg.max_train_examples, cfg.max_eval_examples,
+                                      cfg.skip_bad_rows)
+        results.append(finetune_task(job.family, encoder, prepared, cfg))
+        configs[prepared.task] = cfg
+        combined = FinetuneResult(tuple(results), model_dir, config,
+                                  time.perf_counter() - start,
+                                  tuple(j.task for j in jobs[i + 1:]), dict(configs))
+        if on_task_done is not None:
+            on_task_done(combined)
+    return combined

@@ -1,0 +1,84 @@
+"""The optimizer's parameter groups and the learning-rate schedule, shared by pre-training
+(handed to DeepSpeed by training/ds_config.py) and fine-tuning (finetune/loop.py).
+
+AdamW's weight decay skips LayerNorm weights and every bias, as the reference optimizer
+(`optimization.py`, `exclude_from_weight_decay`). The schedule rises linearly from 0 over the
+warmup steps, then falls linearly to 0 at the last step (the paper, section A.2 and A.3).
+Pure torch: nothing here imports DeepSpeed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two groups: decayed weights, and LayerNorm weights + every bias without decay."""
+    decay, no_decay, seen = [], [], set()
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen or not param.requires_grad:
+                continue  # tied weights (MLM decoder = word embeddings) appear twice
+            seen.add(id(param))
+            if isinstance(module, nn.LayerNorm) or name.endswith("bias"):
+                no_decay.append(param)
+            else:
+                decay.append(param)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+class LinearWarmupDecay:
+    """The learning rate per optimizer step; call `step()` after each one.
+
+    Step s runs at `lr * s / warmup` for s < warmup (so, like the reference's optimization.py,
+    the first step runs at lr 0 when there is a warmup), then `lr * (steps - s) / (steps -
+    warmup)`. `steps_taken` counts the calls of `step()`, i.e. the optimizer steps done, so the
+    next step runs at `lr_at(steps_taken)`. With fp16, DeepSpeed skips `step()` on a step it
+    drops for a gradient overflow: the schedule then runs behind by the dropped steps (bf16 and
+    fp32 drop none). State: `{"steps_taken": n}` (saved and restored with checkpoints).
+    """
+
+    def __init__(self, optimizer: Optimizer, learning_rate: float, warmup_steps: int,
+                 total_steps: int):
+        if not 0 <= warmup_steps <= total_steps or total_steps <= 0:
+            raise ValueError(f"warmup_steps={warmup_steps} must be in [0, steps={total_steps}]")
+        self.optimizer = optimizer
+        self.learning_rate, self.warmup_steps = learning_rate, warmup_steps
+        self.total_steps = total_steps
+        self.steps_taken = 0
+        self._apply()
+
+    def lr_at(self, step: int) -> float:
+        """Learning rate of optimizer step `step` (0-based)."""
+        if step < self.warmup_steps:
+            return self.learning_rate * step / self.warmup_steps
+        remaining = max(0, self.total_steps - step)
+        return self.learning_rate * remaining / max(1, self.total_steps - self.warmup_steps)
+
+    def _apply(self) -> None:
+        lr = self.lr_at(self.steps_taken)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self) -> None:
+        self.steps_taken += 1
+        self._apply()
+
+    def get_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_last_lr(self) -> list[float]:
+        return self.get_lr()
+
+    def state_dict(self) -> dict[str, int]:
+        return {"steps_taken": self.steps_taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if "steps_taken" in state:
+            self.steps_taken = int(state["steps_taken"])
+        else:  # a checkpoint of DeepSpeed's WarmupDecayLR: its step counter
+            self.steps_taken = int(state["last_batch_iteration"]) + 1
+        self._apply()
