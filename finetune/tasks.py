@@ -17,6 +17,7 @@ from finetune.family import Family
 
 FAMILIES: Mapping[str, str] = {
     "glue": "finetune.glue",
+    "ner": "finetune.ner",
 }
 """Family name -> the package exporting FAMILY and TASKS."""
 

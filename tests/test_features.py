@@ -14,7 +14,7 @@ from finetune.features import cli, extract
 
 @pytest.fixture(scope="module")
 def encoder(minilm_dir):
-    from finetune.glue.finetune import load_encoder
+    from finetune.checkpoint import load_encoder
 
     return load_encoder(str(minilm_dir)).eval()
 
@@ -97,9 +97,9 @@ def test_bert_features_layout_and_tokens_equal_extract_features(encoder, minilm_
 
 
 def extract_tokenizer(minilm_dir):
-    from finetune.glue.data import load_glue_tokenizer
+    from finetune.checkpoint import load_tokenizer
 
-    return load_glue_tokenizer(str(minilm_dir))
+    return load_tokenizer(str(minilm_dir))
 
 
 def test_bert_features_bad_layers_named(minilm_dir, sample_file, tmp_path, capsys):

@@ -23,13 +23,13 @@ def tokenizer(minilm_dir):
 
 @pytest.fixture(scope="module")
 def conll_dev(shared_data):
-    return data.read_conll(split_paths("conll2003", str(shared_data))["dev"],
+    return data.read_conll(split_paths("conll2003", str(shared_data / "conll2003"))["dev"],
                            NER_TASKS["conll2003"].format)
 
 
 @pytest.fixture(scope="module")
 def token_model(minilm_dir):
-    from finetune.glue.finetune import load_encoder
+    from finetune.checkpoint import load_encoder
 
     torch.manual_seed(0)
     model = BertForTokenClassification.from_encoder(load_encoder(str(minilm_dir)), 9)
@@ -46,8 +46,7 @@ def test_tasks_and_recipe():
 
 
 def test_check_files_names_the_missing_file(tmp_path):
-    (tmp_path / "wnut17").mkdir()
-    (tmp_path / "wnut17" / "wnut17train.conll").write_text("a\tO\n")
+    (tmp_path / "wnut17train.conll").write_text("a\tO\n")
     with pytest.raises(FileNotFoundError, match=r"wnut17: no dev file .*emerging\.dev\.conll"):
         FAMILY.check_files("wnut17", str(tmp_path))
 
@@ -160,7 +159,8 @@ def test_packed_outputs_equal_one_sentence_at_a_time(token_model, tokenizer, con
 
 
 def test_prepare_and_score_real_wnut(shared_data, tokenizer, token_model):
-    prepared = FAMILY.prepare("wnut17", str(shared_data), tokenizer, 128, 200, 100, False)
+    prepared = FAMILY.prepare("wnut17", str(shared_data / "wnut17"), tokenizer, 128, 200, 100,
+                              False)
     assert (prepared.num_train_examples, prepared.num_dev_examples["dev"]) == (200, 100)
     assert len(prepared.train) == 200 and list(prepared.dev) == ["dev"]
     encoded = prepared.dev["dev"]
@@ -179,3 +179,36 @@ def test_prepare_and_score_real_wnut(shared_data, tokenizer, token_model):
     everything_o[..., 0] = 1.0
     scored = FAMILY.score(prepared, "dev", {"logits": everything_o})
     assert scored.metrics["f1"] == 0.0 and scored.metrics["recall"] == 0.0
+
+
+def test_bert_finetune_end_to_end_on_wnut17(shared_data, minilm_dir, tmp_path):
+    """Two optimizer steps of the one loop on MiniLM; the reported F1 is seqeval's on the
+    predictions file the run wrote (conlleval's input: word gold predicted)."""
+    import json
+
+    from seqeval.metrics import f1_score
+
+    from finetune import cli as finetune_cli
+
+    out = tmp_path / "run"
+    code = finetune_cli.main(["--model", str(minilm_dir), "--data", str(shared_data),
+                              "--tasks", "wnut17", "--output", str(out),
+                              "--max_train_examples", "64", "--max_eval_examples", "32",
+                              "--epochs", "1", "--learning_rates", "5e-5", "--seeds", "1",
+                              "--no_progress"])
+    assert code == 0
+    task = json.loads((out / "results.json").read_text())["tasks"][0]
+    assert (task["family"], task["task"], task["num_train_examples"]) == ("ner", "wnut17", 64)
+    assert task["num_dev_examples"] == {"dev": 32}
+    lines = (out / "wnut17" / "predictions_dev.txt").read_text().split("\n\n")[:-1]
+    rows = [[line.split(" ") for line in block.splitlines()] for block in lines]
+    assert len(rows) == 32
+    gold = [[r[1] for r in sentence] for sentence in rows]
+    pred = [[r[2] for r in sentence] for sentence in rows]
+    assert task["score"] == task["metrics"]["f1"] == pytest.approx(f1_score(gold, pred))
+    # every word of the 32 dev sentences drawn (seed 0) is predicted, in file order
+    dev = data.subset(data.read_conll(split_paths("wnut17", str(shared_data / "wnut17"))["dev"],
+                                      NER_TASKS["wnut17"].format), 32)
+    assert [[r[0] for r in sentence] for sentence in rows] == [list(s.words)
+                                                               for s in dev.sentences]
+    assert gold == [list(s.tags) for s in dev.sentences]

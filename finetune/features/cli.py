@@ -54,8 +54,7 @@ def run(cfg: FeaturesConfig) -> int:
     """Write the features of every line of `cfg.input_file`; returns the number of lines."""
     import torch
 
-    from finetune.glue.data import load_glue_tokenizer
-    from finetune.glue.finetune import load_encoder
+    from finetune.checkpoint import load_encoder, load_tokenizer
 
     model = load_encoder(cfg.model).to(torch.device(cfg.device))
     layers = extract.parse_layers(cfg.layers, model.config.num_hidden_layers)
@@ -63,7 +62,7 @@ def run(cfg: FeaturesConfig) -> int:
         raise ValueError(f"--max_seq_length {cfg.max_seq_length} exceeds the model's "
                          f"max_position_embeddings {model.config.max_position_embeddings}")
     examples = extract.read_examples(cfg.input_file)
-    encoded = extract.encode_examples(load_glue_tokenizer(cfg.model), examples,
+    encoded = extract.encode_examples(load_tokenizer(cfg.model), examples,
                                       cfg.max_seq_length)
     lines = (extract.feature_line(e.index, enc.tokens, states, layers)
              for e, enc, states in zip(examples, encoded,

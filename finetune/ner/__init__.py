@@ -8,5 +8,6 @@ from finetune.ner.family import FAMILY
 from finetune.ner.tasks import NER_TASKS
 
 TASKS = tuple(NER_TASKS)  # ("conll2003", "wnut17")
+DATA_FOLDERS = {name: spec.folder for name, spec in NER_TASKS.items()}  # D/conll2003, D/wnut17
 
-__all__ = ["FAMILY", "TASKS"]
+__all__ = ["DATA_FOLDERS", "FAMILY", "TASKS"]

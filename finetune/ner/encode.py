@@ -215,7 +215,7 @@ def make_batch(encoded: EncodedNer, indices: Sequence[int], max_seq_length: int,
     """The units at `indices` packed first-fit-decreasing into rows of `max_seq_length` tokens
     (`pack=False`: one unit per row, padded to the longest). W = max_seq_length, so that the
     per-word outputs of every batch have one shape."""
-    from finetune.glue.finetune import pack_rows
+    from finetune.glue.family import pack_rows
 
     lengths = [len(encoded.input_ids[i]) for i in indices]
     layout = pack_rows(lengths, max_seq_length) if pack else [[j] for j in range(len(indices))]

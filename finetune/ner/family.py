@@ -52,11 +52,11 @@ def task_spec(task: str) -> NerTask:
     return NER_TASKS[task]
 
 
-def split_paths(task: str, data_dir: str) -> dict[str, str]:
-    """train/dev/test file paths of `task` under the data folder `D` (`D/<folder>/<file>`)."""
+def split_paths(task: str, task_dir: str) -> dict[str, str]:
+    """train/dev/test file paths of `task` in its folder (`D/conll2003`, what the loop passes
+    as `data_dir`: `--data` joined with `DATA_FOLDERS[task]`)."""
     spec = task_spec(task)
-    folder = os.path.join(data_dir, spec.folder)
-    return {name: os.path.join(folder, getattr(spec, name)) for name in ("train", "dev", "test")}
+    return {name: os.path.join(task_dir, getattr(spec, name)) for name in ("train", "dev", "test")}
 
 
 def word_predictions(encoded: EncodedNer, sentences: Sequence[data.Sentence],
@@ -86,6 +86,9 @@ class NerFamily:
     """Widen each sentence with its document's surrounding words as unlabelled context (the
     paper's "maximal document context"; CoNLL-2003 only has documents). Default: sentence by
     sentence."""
+    pack_sequences: bool = True
+    """Pack a batch's sentences into shared rows (each attends only to itself) rather than one
+    per padded row: the same outputs, less padding work (`--no_packing` turns it off)."""
 
     def recipe(self, task: str) -> Recipe:
         task_spec(task)
@@ -129,7 +132,7 @@ class NerFamily:
 
     def make_batch(self, encoded: EncodedNer, indices: Sequence[int], max_seq_length: int,
                    train: bool) -> NerBatch:
-        return pack_units(encoded, indices, max_seq_length)
+        return pack_units(encoded, indices, max_seq_length, pack=self.pack_sequences)
 
     def loss(self, model: BertForTokenClassification, batch: NerBatch) -> Tensor:
         # Only first sub-tokens are scored: gather them before the classifier (the same
