@@ -111,3 +111,41 @@ def test_bert_features_bad_layers_named(minilm_dir, sample_file, tmp_path, capsy
     code = cli.main(["--model", str(minilm_dir), "--input_file", str(tmp_path / "none.txt"),
                      "--output_file", str(tmp_path / "x.jsonl")])
     assert code == 2 and "--input_file" in capsys.readouterr().err
+
+
+def test_table7_inputs_choose_the_papers_layers():
+    from finetune.features.ner import CHOICES, FeatureInput
+
+    states = torch.randn(2, 5, 7, 384)  # (B, W, L + 1, H): MiniLM's 6 blocks + embeddings
+    expect = {"embeddings": states[..., 0, :], "second_to_last": states[..., 5, :],
+              "last": states[..., 6, :], "concat_last_four": states[..., 3:7, :].flatten(-2),
+              # fresh scalar mixes weigh every layer alike, scale 1: the mean
+              "sum_last_four": states[..., 3:7, :].mean(-2),
+              "sum_all": states[..., 1:7, :].mean(-2)}
+    assert set(expect) == set(CHOICES)
+    for choice, want in expect.items():
+        features = FeatureInput(choice, 6, 384)
+        got = features(states)
+        assert got.shape[-1] == features.width
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="unknown feature choice 'first'"):
+        FeatureInput("first", 6, 384)
+
+
+def test_word_states_are_first_sub_token_states(encoder, minilm_dir):
+    from finetune.features.ner import word_states
+    from finetune.ner.data import Sentence
+
+    tokenizer = extract_tokenizer(minilm_dir)
+    sentences = [Sentence(("Blazing", "Star", "awoke"), ("B-LOC", "I-LOC", "O"), 0, 1),
+                 Sentence(("Unicode", "cleanliness", "."), ("O", "O", "O"), 0, 5)]
+    states = word_states(encoder, tokenizer, sentences, ("O", "B-LOC", "I-LOC"))
+    assert [tuple(s.shape) for s in states] == [(3, 7, 384), (3, 7, 384)]
+    for sentence, got in zip(sentences, states):
+        enc = tokenizer.encode(list(sentence.words), is_pretokenized=True)
+        first = [i for i, w in enumerate(enc.word_ids)
+                 if w is not None and w != enc.word_ids[i - 1]]
+        with torch.no_grad():
+            layers = encoder(torch.tensor([enc.ids]), output_hidden_states=True).layers
+        want = torch.stack(layers, dim=2)[0, first]  # (words, L + 1, H)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
