@@ -238,7 +238,7 @@ class TaskResult:
     test_predictions: tuple[TestPredictions, ...] = ()
     bad_records: tuple[BadRecord, ...] = ()
     """The records counted in `bad_rows` (file, line, reason, text) for the dead-letter file."""
-    family: str = "glue"
+    family: str = ""
     """The task's family ("glue", "squad", ...): the report's GLUE score averages GLUE tasks."""
     files: dict[str, str] = field(default_factory=dict)
     """The best run's prediction files, written under `<output>/<task>/`."""
@@ -492,7 +492,7 @@ def select_best(runs: Sequence[RunResult]) -> BestRuns:
 def summarise_task(task: str, runs: Sequence[RunResult], num_train_examples: int,
                    num_dev_examples: dict[str, int], bad_rows: int, seconds: float,
                    test_predictions: tuple[TestPredictions, ...] = (),
-                   bad_records: tuple[BadRecord, ...] = (), family: str = "glue") -> TaskResult:
+                   bad_records: tuple[BadRecord, ...] = (), family: str = "") -> TaskResult:
     """A task's result from all its runs: the `select_best` rate's mean and spread over seeds,
     the best run's prediction files.
 

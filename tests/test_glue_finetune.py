@@ -198,7 +198,7 @@ def _fake_predictions(shared_data) -> loop.FinetuneResult:
                 task=task.name, best_learning_rate=2e-5, seeds=(1,), metrics={"accuracy": 0.5},
                 metrics_std={"accuracy": 0.0}, score=0.5, score_std=0.0, runs=(),
                 num_train_examples=0, num_dev_examples={}, bad_rows=0, seconds=0.0,
-                test_predictions=tuple(predictions)))
+                test_predictions=tuple(predictions), family="glue"))
     return loop.FinetuneResult(tuple(results), "<none>", loop.FinetuneConfig())
 
 
