@@ -59,7 +59,9 @@ def main() -> None:
     print(f"tagger: {cfg}")
     start = time.perf_counter()
     results = table7(encoder, load_tokenizer(model_dir), train.sentences, dev.sentences,
-                     spec.labels, cfg, args.choices.split(","))
+                     spec.labels, cfg, args.choices.split(","),
+                     on_result=lambda r: print(f"{r.choice}: dev F1 {100 * r.dev_f1:.1f} "
+                                               f"({r.seconds:.0f} s)", flush=True))
     print(markdown(results))
     print(f"total {time.perf_counter() - start:.0f} s")
 

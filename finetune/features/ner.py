@@ -21,7 +21,7 @@ length limit); each word is labelled by its first sub-token's state, the paper's
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,8 +213,10 @@ class ChoiceResult:
 
 def table7(encoder: BertModel, tokenizer, train: Sequence[Sentence], dev: Sequence[Sentence],
            labels: Sequence[str], cfg: TaggerConfig,
-           choices: Sequence[str] = CHOICES) -> list[ChoiceResult]:
-    """Dev entity F1 of a BiLSTM tagger on each feature choice of the frozen `encoder`."""
+           choices: Sequence[str] = CHOICES,
+           on_result: Callable[[ChoiceResult], None] | None = None) -> list[ChoiceResult]:
+    """Dev entity F1 of a BiLSTM tagger on each feature choice of the frozen `encoder`
+    (`on_result` is called with each row as soon as it is measured)."""
     label_id = {t: i for i, t in enumerate(labels)}
     train_states = word_states(encoder, tokenizer, train, labels)
     dev_states = word_states(encoder, tokenizer, dev, labels)
@@ -227,6 +229,8 @@ def table7(encoder: BertModel, tokenizer, train: Sequence[Sentence], dev: Sequen
         model = train_tagger(choice, train_states, train_labels, len(labels), hidden, cfg)
         f1 = entity_scores(gold, predict_tags(model, dev_states, labels))["f1"]
         results.append(ChoiceResult(choice, f1, time.perf_counter() - start))
+        if on_result is not None:
+            on_result(results[-1])
     return results
 
 
