@@ -19,6 +19,7 @@ FAMILIES: Mapping[str, str] = {
     "glue": "finetune.glue",
     "squad": "finetune.squad",
     "multiple_choice": "finetune.multiple_choice",
+    "ner": "finetune.ner",
 }
 """Family name -> the package exporting FAMILY and TASKS."""
 

@@ -264,6 +264,20 @@ def init_bert_weights(module: nn.Module, initializer_range: float) -> None:
         nn.init.zeros_(module.bias)
 
 
+@dataclass(frozen=True)
+class HiddenStates:
+    """Every layer's output, what `BertModel.forward(..., output_hidden_states=True)` returns."""
+
+    layers: tuple[Tensor, ...]
+    """L + 1 tensors (B, T, H): the embeddings' output, then each block's (the last is the
+    default return), as transformers' `hidden_states`."""
+
+    @property
+    def last(self) -> Tensor:
+        """(B, T, H) the last block's output."""
+        return self.layers[-1]
+
+
 class BertModel(nn.Module):
     """The encoder: embeddings, `num_hidden_layers` blocks, and a pooler used through `pool`."""
 
@@ -279,14 +293,19 @@ class BertModel(nn.Module):
                 attention_mask: Tensor | None = None, sequence_ids: Tensor | None = None,
                 position_ids: Tensor | None = None,
                 output_positions: Tensor | None = None,
-                layout: BatchLayout | None = None) -> Tensor:
+                layout: BatchLayout | None = None,
+                output_hidden_states: bool = False) -> Tensor | HiddenStates:
         """Last hidden states (B, T, H); see the module docstring for the (B, T) inputs.
 
         With `output_positions` (B, P) only the states at those positions (B, P, H) are
         returned, and the last layer computes attention output and feed-forward for those P
         tokens only (pre-training needs the masked positions and the [CLS]s: ~15% of tokens).
         `layout`: the batch's `BatchLayout` from the data loader; made here when None.
+        `output_hidden_states`: every layer's states as `HiddenStates` (feature extraction,
+        paper section 5.3); not with `output_positions`.
         """
+        if output_hidden_states and output_positions is not None:
+            raise ValueError("output_hidden_states gives every token's states: no output_positions")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, tokens), got shape {tuple(input_ids.shape)}")
         if input_ids.shape[1] > self.config.max_position_embeddings:
@@ -306,6 +325,11 @@ class BertModel(nn.Module):
         whole_rows = plan is None and layout.masked  # instances not in single runs, or stock
         mask = query_attention_mask(ids, None) if whole_rows else None
         x = self.embeddings(input_ids, token_type_ids, position_ids)
+        if output_hidden_states:
+            states = [x]
+            for layer in self.layers:
+                states.append(layer(states[-1], plan, mask))
+            return HiddenStates(tuple(states))
         for layer in self.layers[:-1]:
             x = layer(x, plan, mask)
         if output_positions is None:

@@ -1,5 +1,5 @@
-"""BERT's task heads: pre-training (masked LM + next sentence), sequence classification and
-question answering (span start/end), multiple choice.
+"""BERT's task heads: pre-training (masked LM + next sentence), sequence and token
+classification, question answering (span start/end) and multiple choice.
 
 Batch dictionary of pre-training (what the shard loader's collate returns; B rows, T tokens,
 M masked positions, K instances per row; every tensor int64 unless noted):
@@ -342,4 +342,50 @@ class BertForMultipleChoice(nn.Module):
         out = MultipleChoiceOutput(logits=logits)
         if labels is not None:
             out.loss = F.cross_entropy(logits.float(), labels.long())
+
+
+@dataclass
+class TokenClassifierOutput:
+    """Outputs of `BertForTokenClassification`."""
+
+    logits: Tensor
+    """(B, T, num_labels) label scores of every token."""
+    loss: Tensor | None = None
+    """Mean cross-entropy over the tokens whose label is not -100; None without labels."""
+
+
+class BertForTokenClassification(nn.Module):
+    """BERT + dropout + one linear layer on every token's last hidden state (paper section 4.3
+    / 5.3: NER scores each word at its first sub-token; the caller marks the rest -100)."""
+
+    def __init__(self, config: BertConfig, num_labels: int):
+        super().__init__()
+        if num_labels < 2:
+            raise ValueError(f"num_labels must be >= 2, got {num_labels}")
+        self.config = config
+        self.num_labels = num_labels
+        self.bert = BertModel(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.classifier = nn.Linear(config.hidden_size, num_labels)
+        init_bert_weights(self.classifier, config.initializer_range)
+
+    @classmethod
+    def from_encoder(cls, bert: BertModel, num_labels: int) -> BertForTokenClassification:
+        """A token classifier on a copy of a pre-trained encoder's weights (new head)."""
+        model = cls(bert.config, num_labels)
+        model.bert.load_state_dict(bert.state_dict())
+        return model
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, sequence_ids: Tensor | None = None,
+                labels: Tensor | None = None) -> TokenClassifierOutput:
+        """(B, T) inputs, labels (B, T) ids with -100 = not scored -> logits (B, T, num_labels).
+
+        `sequence_ids`: packed rows, as in `BertModel.forward`."""
+        hidden = self.bert(input_ids, token_type_ids, attention_mask, sequence_ids)  # (B, T, H)
+        logits = self.classifier(self.dropout(hidden))  # (B, T, C)
+        out = TokenClassifierOutput(logits=logits)
+        if labels is not None:
+            out.loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten().long(),
+                                       ignore_index=IGNORE_INDEX)
         return out

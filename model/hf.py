@@ -27,6 +27,7 @@ from model.heads import (
     BertForPreTraining,
     BertForQuestionAnswering,
     BertForSequenceClassification,
+    BertForTokenClassification,
 )
 from pipelines import storage
 from pipelines.tokenization import read_vocab, save_tokenizer_folder
@@ -226,7 +227,7 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
                      do_lower_case: bool | None = None) -> None:
     """Write `config.json`, `model.safetensors`, `vocab.txt`, `tokenizer.json` and the tokenizer
     configs for `transformers` (BertForPreTraining, BertForSequenceClassification,
-    BertForQuestionAnswering, BertForMultipleChoice or BertModel).
+    BertForQuestionAnswering, BertForMultipleChoice, BertForTokenClassification or BertModel).
 
     `do_lower_case`: None = as the vocabulary folder says (`vocab_do_lower_case`)."""
     if do_lower_case is None:
@@ -249,6 +250,9 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
         architecture, prefix = "BertForQuestionAnswering", "bert."
     elif isinstance(model, BertForMultipleChoice):
         architecture, prefix = "BertForMultipleChoice", "bert."
+    elif isinstance(model, BertForTokenClassification):
+        architecture, prefix = "BertForTokenClassification", "bert."
+        extra = {"num_labels": model.num_labels}
     elif isinstance(model, BertModel):
         architecture, prefix = "BertModel", ""
     else:
@@ -276,6 +280,8 @@ def save_checkpoint(model: nn.Module, folder: str) -> None:
         head = {"kind": "question_answering"}
     elif isinstance(model, BertForMultipleChoice):
         head = {"kind": "multiple_choice"}
+    elif isinstance(model, BertForTokenClassification):
+        head = {"kind": "token_classification", "num_labels": model.num_labels}
     elif isinstance(model, BertModel):
         head = {"kind": "encoder"}
     else:
@@ -302,6 +308,8 @@ def load_checkpoint(folder: str) -> nn.Module:
         model = BertForQuestionAnswering(config)
     elif head["kind"] == "multiple_choice":
         model = BertForMultipleChoice(config)
+    elif head["kind"] == "token_classification":
+        model = BertForTokenClassification(config, head["num_labels"])
     elif head["kind"] == "encoder":
         model = BertModel(config)
     else:

@@ -1,0 +1,161 @@
+"""NER as a fine-tuning family (`finetune.family.Family`): CoNLL-2003 and WNUT-17.
+
+The paper's recipe (section 5.3 / appendix A.3): max_seq_length 128, batch 32 sentences, 3
+epochs, peak learning rate picked on dev among 5e-5, 4e-5, 3e-5, 2e-5 (the GLUE grid; A.3's
+grid is 5e-5/3e-5/2e-5 with batch 16 or 32 and 2-4 epochs, and 4e-5 costs one run more).
+A token classifier (dropout + linear) on every first sub-token; the loss is the mean
+cross-entropy over those, as transformers' `BertForTokenClassification` computes it. Dev is
+scored as the CoNLL scorer does (entity F1; `finetune.ner.metrics`), and the predictions are
+written as `predictions_<split>.txt` in conlleval's input layout (word gold predicted).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch.nn.functional as F
+from torch import Tensor
+
+from finetune.family import Prepared, Recipe, Scored
+from finetune.ner import data
+from finetune.ner.encode import EncodedNer, NerBatch, encode_sentences
+from finetune.ner.encode import make_batch as pack_units
+from finetune.ner.metrics import conll_predictions, entity_scores
+from finetune.ner.tasks import NER_TASKS, NerTask
+from model.bert import BertModel
+from model.heads import BertForTokenClassification
+
+log = logging.getLogger(__name__)
+
+PAPER_RECIPE = Recipe(max_seq_length=128, batch_size=32, epochs=3.0,
+                      learning_rates=(5e-5, 4e-5, 3e-5, 2e-5))
+
+
+@dataclass(frozen=True)
+class NerContext:
+    """What scoring needs besides the logits: the label list and each split's sentences."""
+
+    labels: tuple[str, ...]
+    """Label ids -> tags (the training file's tags, `data.label_list`)."""
+    sentences: dict[str, list[data.Sentence]]
+    """Sentences of each evaluation split, in the order its units refer to them."""
+    encoded: dict[str, EncodedNer]
+    """Each evaluation split's units (which sentence and words each covers)."""
+
+
+def task_spec(task: str) -> NerTask:
+    if task not in NER_TASKS:
+        raise ValueError(f"unknown NER task {task!r}; known: {', '.join(NER_TASKS)}")
+    return NER_TASKS[task]
+
+
+def split_paths(task: str, task_dir: str) -> dict[str, str]:
+    """train/dev/test file paths of `task` in its folder (`D/conll2003`, what the loop passes
+    as `data_dir`: `--data` joined with `DATA_FOLDERS[task]`)."""
+    spec = task_spec(task)
+    return {name: os.path.join(task_dir, getattr(spec, name)) for name in ("train", "dev", "test")}
+
+
+def word_predictions(encoded: EncodedNer, sentences: Sequence[data.Sentence],
+                     logits: np.ndarray, labels: Sequence[str]) -> list[list[str]]:
+    """Predicted tags of every word of `sentences` from per-unit word logits (N, W, C).
+
+    Every word lies in exactly one unit's window, so each gets exactly one prediction."""
+    predicted: list[list[str | None]] = [[None] * len(s.words) for s in sentences]
+    for u in range(len(encoded)):
+        n = len(encoded.word_labels[u])
+        ids = logits[u, :n].argmax(-1)
+        s, first = int(encoded.sentence[u]), int(encoded.first_word[u])
+        predicted[s][first:first + n] = [labels[i] for i in ids]
+    missing = sum(t is None for tags in predicted for t in tags)
+    if missing:
+        raise AssertionError(f"{missing} words have no prediction")
+    return predicted  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class NerFamily:
+    """Named-entity recognition: one label per word at its first sub-token."""
+
+    name: str = "ner"
+    """Family name."""
+    document_context: bool = False
+    """Widen each sentence with its document's surrounding words as unlabelled context (the
+    paper's "maximal document context"; CoNLL-2003 only has documents). Default: sentence by
+    sentence."""
+    pack_sequences: bool = True
+    """Pack a batch's sentences into shared rows (each attends only to itself) rather than one
+    per padded row: the same outputs, less padding work (`--no_packing` turns it off)."""
+
+    def recipe(self, task: str) -> Recipe:
+        task_spec(task)
+        return PAPER_RECIPE
+
+    def check_files(self, task: str, data_dir: str) -> None:
+        for name, path in split_paths(task, data_dir).items():
+            if name != "test" and not os.path.isfile(path):
+                raise FileNotFoundError(f"{task}: no {name} file {path}")
+
+    def prepare(self, task: str, data_dir: str, tokenizer, max_seq_length: int,
+                max_train_examples: int | None, max_eval_examples: int | None,
+                skip_bad_records: bool) -> Prepared:
+        spec = task_spec(task)
+        paths = split_paths(task, data_dir)
+        train = data.read_conll(paths["train"], spec.format, skip_bad_records)
+        dev = data.read_conll(paths["dev"], spec.format, skip_bad_records)
+        labels = spec.labels
+        data.check_labels(train, labels, f"the {task} task table (finetune/ner/tasks.py)")
+        data.check_labels(dev, labels, f"the {task} task table (finetune/ner/tasks.py)")
+        for split in (train, dev):
+            if not split.sentences:
+                raise data.NerFormatError(f"{split.path}: no sentences")
+        train_part = data.subset(train, max_train_examples)
+        dev_part = data.subset(dev, max_eval_examples)
+        encoded = {name: encode_sentences(tokenizer, part.sentences, labels, max_seq_length,
+                                          self.document_context)
+                   for name, part in (("train", train_part), ("dev", dev_part))}
+        for name, enc in encoded.items():
+            log.info("%s %s: %d sentences -> %d units (%d split into windows), %d words as "
+                     "[UNK], %d words truncated", task, name, enc.num_sentences, len(enc),
+                     enc.split_sentences, enc.unknown_words, enc.truncated_words)
+        context = NerContext(labels, {"dev": dev_part.sentences}, {"dev": encoded["dev"]})
+        return Prepared(task=task, train=encoded["train"], dev={"dev": encoded["dev"]},
+                        num_train_examples=len(train_part),
+                        num_dev_examples={"dev": len(dev_part)},
+                        bad_records=tuple(train.bad_records + dev.bad_records), context=context)
+
+    def build_head(self, encoder: BertModel, task: str) -> BertForTokenClassification:
+        return BertForTokenClassification.from_encoder(encoder, len(task_spec(task).labels))
+
+    def make_batch(self, encoded: EncodedNer, indices: Sequence[int], max_seq_length: int,
+                   train: bool) -> NerBatch:
+        return pack_units(encoded, indices, max_seq_length, pack=self.pack_sequences)
+
+    def loss(self, model: BertForTokenClassification, batch: NerBatch) -> Tensor:
+        # Only first sub-tokens are scored: gather them before the classifier (the same
+        # cross-entropy as over all tokens with the rest at -100).
+        hidden = model.bert(batch.input_ids, sequence_ids=batch.sequence_ids)  # (R, T, H)
+        labelled = hidden.flatten(0, 1).index_select(0, batch.label_index)  # (L, H)
+        logits = model.classifier(model.dropout(labelled))  # (L, C)
+        return F.cross_entropy(logits.float(), batch.labels)
+
+    def outputs(self, model: BertForTokenClassification, batch: NerBatch) -> dict[str, Tensor]:
+        hidden = model.bert(batch.input_ids, sequence_ids=batch.sequence_ids)  # (R, T, H)
+        words = hidden.flatten(0, 1)[batch.word_index]  # (B, W, H)
+        logits = model.classifier(model.dropout(words)).float()  # (B, W, C)
+        return {"logits": logits * batch.word_mask[..., None]}
+
+    def score(self, prepared: Prepared, split: str, outputs: dict[str, np.ndarray]) -> Scored:
+        context: NerContext = prepared.context
+        sentences = context.sentences[split]
+        predicted = word_predictions(context.encoded[split], sentences, outputs["logits"],
+                                     context.labels)
+        metrics = entity_scores([list(s.tags) for s in sentences], predicted)
+        return Scored(metrics=metrics, score=metrics["f1"],
+                      files={f"predictions_{split}.txt": conll_predictions(sentences, predicted)})
+
+
+FAMILY = NerFamily()
