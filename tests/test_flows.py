@@ -749,7 +749,7 @@ def test_glue_task_names_and_local_inputs_are_checked_before_any_stage(tmp_path)
     with pytest.raises(FileNotFoundError) as error:
         check_inputs_exist(resolve("tiny", {"finetune": {"data": str(tmp_path)}}))
     assert str(error.value) == (f"setting finetune.data={str(tmp_path)!r}: no glue/ folder (for "
-                                "rte, mrpc, sts-b, sst-2)")
+                                "rte, mrpc, sts-b, sst-2); no squad/ folder (for squad1)")
     books = f"{resolve('tiny').data.books},{tmp_path / 'missing.txt'}"
     with pytest.raises(FileNotFoundError, match=r"setting data\.books=.*missing\.txt matches no"):
         check_inputs_exist(resolve("tiny", {"data": {"books": books}}))

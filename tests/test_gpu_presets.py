@@ -67,6 +67,8 @@ def test_large_preset_yaml_and_flow_agree_on_the_batches():
 def test_lamb_in_bf16_is_refused_with_deepspeeds_reason():
     with pytest.raises(ValueError, match="optimizer=lamb cannot be combined with precision=bf16:"
                                          " DeepSpeed 0.19 runs a bf16 LAMB only at zero_stage=0"):
+        cfg.resolve("large", None, ["optimizer=lamb", "zero_stage=0"])
+    with pytest.raises(ValueError, match="optimizer=lamb cannot be combined with zero_stage=2"):
         cfg.resolve("large", None, ["optimizer=lamb"])
     lamb = cfg.resolve("large", None, ["optimizer=lamb", "precision=fp32", "zero_stage=0"])
     assert lamb.optimizer == "lamb"

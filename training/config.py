@@ -160,10 +160,10 @@ class PretrainConfig:
             _check(getattr(self, flag) >= 0, flag, ">= 0")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", ">= 1")
         _check(self.device in DEVICES, "device", f"one of {DEVICES}")
-        if self.optimizer == "lamb" and self.precision != "fp32":
-            raise ValueError(LAMB_LOW_PRECISION_MESSAGE.format(precision=self.precision))
         if self.optimizer == "lamb" and self.zero_stage >= 1:
             raise ValueError(LAMB_ZERO_MESSAGE.format(stage=self.zero_stage))
+        if self.optimizer == "lamb" and self.precision != "fp32":
+            raise ValueError(LAMB_LOW_PRECISION_MESSAGE.format(precision=self.precision))
         if self.precision != "fp32" and self.zero_stage == 0:
             raise ValueError(LOW_PRECISION_ZERO0_MESSAGE.format(precision=self.precision))
 
