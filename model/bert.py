@@ -354,14 +354,39 @@ class BertModel(nn.Module):
             return causal_attention_mask(ids, query_index, input_ids.shape[1], input_ids.device)
         return query_attention_mask(ids, query_index)
 
-    def pool(self, hidden: Tensor, cls_positions: Tensor | None = None) -> Tensor:
-        """Pooled `[CLS]` states: (B, T, H) -> (B, H) at position 0, or (B, K, H) at `cls_positions` (B, K)."""
+    def pool(self, hidden: Tensor, cls_positions: Tensor | None = None,
+             sequence_ids: Tensor | None = None) -> Tensor:
+        """Pooled `[CLS]` states: (B, T, H) -> (B, H) at position 0, or (B, K, H) at `cls_positions` (B, K).
+
+        A left-to-right model (`is_decoder`) pools each instance's last token instead: under
+        causal attention the [CLS] sees only itself and the last token the whole instance (as
+        OpenAI GPT classifies). `sequence_ids` (B, T) (padding -1) say where instances end;
+        None: the row's last position.
+        """
+        if self.config.is_decoder:
+            last = last_positions(sequence_ids, hidden.shape[1], hidden.shape[0],
+                                  1 if cls_positions is None else cls_positions.shape[1],
+                                  hidden.device)  # (B, K)
+            pooled = self.pooler(gather_positions(hidden, last))  # (B, K, H)
+            return pooled[:, 0] if cls_positions is None else pooled
         if cls_positions is None:
             return self.pooler(hidden[:, 0])
         return self.pooler(gather_positions(hidden, cls_positions.clamp(min=0)))  # (B, K, H)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def last_positions(sequence_ids: Tensor | None, length: int, rows: int, instances: int,
+                   device: torch.device) -> Tensor:
+    """Last position of instances 0..K-1 in each row (B, K), from `sequence_ids` (B, T) with
+    padding -1 (None: one instance filling the row); a missing instance gets 0."""
+    if sequence_ids is None:
+        return torch.full((rows, instances), length - 1, dtype=torch.long, device=device)
+    k = torch.arange(instances, device=device)
+    is_k = sequence_ids[:, None, :] == k[None, :, None]  # (B, K, T)
+    index = torch.arange(length, device=device)
+    return torch.where(is_k, index, -1).amax(-1).clamp(min=0)  # (B, K)
 
 
 def compile_layers(bert: BertModel) -> BertModel:

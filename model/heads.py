@@ -144,6 +144,11 @@ def instance_cls_positions(sequence_ids: Tensor, num_instances: int) -> Tensor:
     return is_k.int().argmax(dim=-1)
 
 
+def padding_ids(attention_mask: Tensor | None) -> Tensor | None:
+    """(B, T) instance ids of unpacked rows: 0 for tokens, -1 for padding (None stays None)."""
+    return None if attention_mask is None else attention_mask.long() - 1
+
+
 class BertForPreTraining(nn.Module):
     """BERT with the masked-LM head and, unless `next_sentence=False` (MLM-only), the NSP head.
 
@@ -281,7 +286,8 @@ class BertForSequenceClassification(nn.Module):
                 labels: Tensor | None = None) -> SequenceClassifierOutput:
         """(B, T) inputs, labels (B,) int64 class ids or float targets -> logits (B, num_labels)."""
         hidden = self.bert(input_ids, token_type_ids, attention_mask)
-        logits = self.classifier(self.dropout(self.bert.pool(hidden)))
+        pooled = self.bert.pool(hidden, sequence_ids=padding_ids(attention_mask))
+        logits = self.classifier(self.dropout(pooled))
         out = SequenceClassifierOutput(logits=logits)
         if labels is not None:
             if self.num_labels == 1:
@@ -378,7 +384,8 @@ class BertForMultipleChoice(nn.Module):
             return None if t is None else t.reshape(batch * choices, length)  # (B * C, T)
 
         hidden = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask))
-        logits = self.score(self.bert.pool(hidden)).view(batch, choices)  # (B, C)
+        pooled = self.bert.pool(hidden, sequence_ids=padding_ids(flat(attention_mask)))
+        logits = self.score(pooled).view(batch, choices)  # (B, C)
         out = MultipleChoiceOutput(logits=logits)
         if labels is not None:
             out.loss = F.cross_entropy(logits.float(), labels.long())

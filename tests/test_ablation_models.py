@@ -15,8 +15,7 @@ from safetensors import safe_open
 from shard_fixtures import book_shards
 
 from model.bert import bert_tiny
-from model.heads import BertForPreTraining
-from model.hf import export_hf_folder
+from model.heads import BertForPreTraining, BertForSequenceClassification
 from training import config as cfg
 from training import pretrain
 from training.config import PhaseConfig
@@ -211,4 +210,27 @@ def test_ltr_model_has_no_nsp_head():
     config = bert_tiny(vocab_size=100, is_decoder=True)
     with pytest.raises(ValueError, match="no next-sentence head"):
         BertForPreTraining(config)
-    export_hf_folder  # noqa: B018 (the export of this model is checked above)
+
+
+def test_ltr_classifier_pools_the_last_token_padded_and_packed(data, batch):
+    """Fine-tuning a left-to-right encoder: the classifier reads each example's last token (the
+    only one that has seen the whole example); two examples packed in one row give the logits
+    they give padded one per row."""
+    torch.manual_seed(1)
+    config = bert_tiny(vocab_size=data["vocab_size"], is_decoder=True, hidden_dropout_prob=0.0,
+                       attention_probs_dropout_prob=0.0)
+    model = BertForSequenceClassification(config, num_labels=3).eval()
+    text, mask = original_ids(batch)[:2], batch["attention_mask"][:2]
+    n0, n1 = int(mask[0].sum()), int(mask[1].sum())
+    with torch.no_grad():
+        padded = model(text, attention_mask=mask).logits  # (2, 3)
+        last = text.clone()
+        last[0, n0 - 1] = 5  # the last real token of example 0
+        moved = model(last, attention_mask=mask).logits
+        row = torch.cat([text[0, :n0], text[1, :n1]])[None]  # (1, n0 + n1)
+        sequence_ids = torch.cat([torch.zeros(n0), torch.ones(n1)]).long()[None]
+        hidden = model.bert(row, sequence_ids=sequence_ids)
+        pooled = model.bert.pool(hidden, torch.tensor([[0, n0]]), sequence_ids)  # (1, 2, H)
+        packed = model.classifier(pooled[0])
+    assert not torch.allclose(moved[0], padded[0]) and torch.equal(moved[1], padded[1])
+    torch.testing.assert_close(packed, padded)
