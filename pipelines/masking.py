@@ -46,8 +46,8 @@ class MaskingConfig:
         split = (self.mask_fraction, self.same_fraction, self.random_fraction)
         if not all(0.0 <= f <= 1.0 for f in split) or \
                 abs(sum(split) - 1.0) > SPLIT_TOLERANCE:
-            raise ValueError("mask_fraction, same_fraction, random_fraction (the MASK/SAME/RND "
-                             f"split) must be in [0, 1] and sum to 1, got {split}")
+            raise ValueError("mask_fraction: with same_fraction and random_fraction (the "
+                             f"MASK/SAME/RND split) must be in [0, 1] and sum to 1, got {split}")
 
 
 def num_to_predict(num_tokens, cfg: MaskingConfig):

@@ -123,12 +123,13 @@ def test_reference_draw_order_at_other_splits(vocab):
 
 
 def test_a_split_not_summing_to_one_names_the_flags():
-    with pytest.raises(ValueError, match="--mask_fraction, same_fraction, random_fraction"):
+    with pytest.raises(ValueError, match="--mask_fraction: with same_fraction and random_"):
         InstanceConfig(mask_fraction=0.8, same_fraction=0.1, random_fraction=0.2)
     with pytest.raises(ValueError, match=r"sum to 1, got \(0.5, 0.1, 0.1\)"):
         MaskingConfig(mask_fraction=0.5)
     with pytest.raises(SystemExit):  # argparse: a fraction must be a number
-        make_shards.build_parser().parse_args(["--vocab", "v", "--mask_fraction", "most"])
+        make_shards.build_parser().parse_args(["--input", "i", "--output", "o", "--vocab", "v",
+                                               "--mask_fraction", "most"])
 
 
 def test_scalable_instances_with_0_20_80_have_no_mask_token(sample_docs, vocab):
@@ -261,3 +262,30 @@ def test_dynamic_masking_counter_matches_kinds(books):
                               np.where(at == new.masked_lm_ids, "same", "random")).tolist())
     total = sum(kinds.values())
     assert kinds["random"] == 0 and within(kinds["mask"], total, 0.8)
+
+
+def test_flow_shard_settings_reach_make_shards_and_the_stage_hash():
+    """The flow's shards.* ablation settings: make_shards flags (next_sentence=false as
+    --no_next_sentence) and stage options only where they differ from BERT's (older shard
+    folders keep their hashes); a bad split is an error in the flow's setting name."""
+    from flows import config, steps
+
+    def options(*pairs):
+        return steps.shard_options(config.resolve("tiny", config.parse_set_flags(list(pairs))), 1)
+
+    default = options()
+    assert not set(default) & set(steps.SHARD_ABLATION_SETTINGS)
+    ablated = options("shards.mask_fraction=0", "shards.same_fraction=0.2",
+                      "shards.random_fraction=0.8", "shards.next_sentence=false")
+    assert {k: v for k, v in ablated.items() if k not in default} == {
+        "mask_fraction": 0.0, "same_fraction": 0.2, "random_fraction": 0.8,
+        "next_sentence": False}
+    assert steps._shard_flags(ablated)[-4:] == ["--mask_fraction=0.0", "--same_fraction=0.2",
+                                                "--random_fraction=0.8", "--no_next_sentence"]
+    args = make_shards.build_parser().parse_args(
+        ["--input", "i", "--output", "o", "--vocab", "v", *steps._shard_flags(ablated)])
+    instance, _ = make_shards.configs_from_args(args)
+    assert (instance.mask_fraction, instance.random_fraction, instance.next_sentence) == \
+        (0.0, 0.8, False)
+    with pytest.raises(ValueError, match=r"^setting shards.mask_fraction: with same_fraction"):
+        steps.check_settings(config.resolve("tiny", {"shards": {"mask_fraction": 0.5}}))
