@@ -184,6 +184,20 @@ def test_ltr_loss_is_next_token_cross_entropy_by_hand(data, batch):
     assert out.loss.item() == pytest.approx(total / count, rel=1e-5)
     assert out.loss.item() == out.mlm_loss.item()
 
+    # Rows 0 and 1 packed into one row: no token predicts across the boundary, so the loss is
+    # the token-weighted mean of theirs alone.
+    n0, n1 = (int(batch["attention_mask"][b].sum()) for b in (0, 1))
+    row = torch.cat([text[0, :n0], text[1, :n1]])[None]
+    sequence_ids = torch.cat([torch.zeros(n0), torch.ones(n1)]).long()[None]
+    none = torch.zeros((1, 1), dtype=torch.long)
+    with torch.no_grad():
+        packed = model(row, none, sequence_ids=sequence_ids, masked_lm_ids=none - 100)
+        alone = [model(text[b:b + 1, :n], none, masked_lm_ids=none - 100)
+                 for b, n in ((0, n0), (1, n1))]
+    assert int(packed.mlm_count) == n0 + n1 - 2
+    expected = (alone[0].loss * (n0 - 1) + alone[1].loss * (n1 - 1)) / (n0 + n1 - 2)
+    torch.testing.assert_close(packed.loss, expected)
+
 
 def test_ltr_trains_exports_and_matches_transformers_decoder(data, batch, tmp_path):
     """objective=ltr through bert-pretrain: the loss falls over a few steps, the export is a

@@ -316,9 +316,14 @@ class Remasker:
             positions = np.sort(rng.choice(candidates, size=count, replace=False))
         ids = original.copy()
         replace_tokens(ids, positions, rng.random(len(positions)), self.masking, self.mask_id,
-                       np.arange(self.vocab_size))
+                       self.replacement_ids)
         return Row(ids, row.segment_ids, row.sequence_ids, positions, original[positions],
                    row.next_sentence_labels)
+
+    @functools.cached_property
+    def replacement_ids(self) -> np.ndarray:
+        """(vocab_size,) every id: random replacements draw from the whole vocabulary."""
+        return np.arange(self.vocab_size)
 
     @functools.cached_property
     def is_subword(self) -> np.ndarray:
