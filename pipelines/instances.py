@@ -344,28 +344,21 @@ def _reference_truncate(tokens_a: list[int], tokens_b: list[int], max_num_tokens
             trunc.pop()
 
 
-def _candidate_groups(tokens: list[int], vocab: Vocab, whole_word: bool) -> list[list[int]]:
-    """Maskable positions, grouped by word under whole-word masking.
-
-    As in the reference, a `##` piece joins the last group even across a [SEP] (the specials
-    are skipped before the check), and a `##` piece with no group before it starts one.
-    """
-    groups: list[list[int]] = []
-    is_subword = vocab.is_subword
-    for i, token in enumerate(tokens):
-        if token == vocab.cls_id or token == vocab.sep_id:
-            continue
-        if whole_word and groups and is_subword[token]:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
+def _word_groups(tokens: list[int], vocab: Vocab) -> list[list[int]]:
+    """Maskable positions grouped by word (`pipelines.masking.word_groups`): as in the
+    reference, a `##` piece joins the last group even across a [SEP] (the specials are skipped
+    before the check), and a `##` piece with no group before it starts one."""
+    ids = np.asarray(tokens)
+    candidates = np.flatnonzero((ids != vocab.cls_id) & (ids != vocab.sep_id))
+    group = word_groups(ids[candidates], vocab.is_subword)  # (C,) ascending group ids
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else []
+    return [part.tolist() for part in np.split(candidates, starts[1:])] if len(group) else []
 
 
 def _reference_mask(tokens: list[int], len_segment_0: int, label: int, vocab: Vocab,
                     cfg: InstanceConfig, rng: random.Random) -> Instance:
     if cfg.do_whole_word_mask:
-        groups = _candidate_groups(tokens, vocab, whole_word=True)
+        groups = _word_groups(tokens, vocab)
     else:  # one position per group: shuffling positions draws the same numbers, and is faster
         cls_id, sep_id = vocab.cls_id, vocab.sep_id
         groups = [(i,) for i, t in enumerate(tokens) if t != cls_id and t != sep_id]
@@ -724,7 +717,7 @@ def _choose_positions(tokens, row_start, num_tokens, u, key_start, n_pred,
 
 def _choose_whole_words(tokens, row_start, num_tokens, u, key_start, n_pred,
                         vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
-    """Whole-word masking: word groups (see `_candidate_groups`) in the order of their sort keys,
+    """Whole-word masking: word groups (`pipelines.masking.word_groups`) in the order of their sort keys,
     skipping a group that would exceed n_pred, as the reference's scan. One row at a time."""
     positions, counts = [], []
     for r, t, k, n in zip(row_start, num_tokens, key_start, n_pred):
