@@ -21,6 +21,7 @@ follows A (as in the reference and Hugging Face's `next_sentence_label`); -1 = M
 """
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -99,7 +100,7 @@ class InstanceConfig:
         if self.random_seed < 0:
             raise ValueError(f"--random_seed must be >= 0, got {self.random_seed}")
 
-    @property
+    @functools.cached_property
     def masking(self) -> MaskingConfig:
         """The masking settings (`pipelines.masking`), shared with the loader's re-masking."""
         return MaskingConfig(
