@@ -230,8 +230,9 @@ def same_tokens(recorded_path: str | None, recorded_sha: str, vocab_dir: str) ->
 
 
 def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None):
-    """`model.heads.BertForPreTraining` of the preset, sized to the shards' vocabulary."""
-    from model import bert
+    """`model.heads.BertForPreTraining` of the preset with the run's shape and objective, sized
+    to the shards' vocabulary; the NSP head only where the shards have NSP labels and the run
+    trains NSP (`next_sentence`, never for objective=ltr)."""
     from model.heads import BertForPreTraining
 
     vocab_size = int(manifest.get("vocab_size") or 0)
@@ -244,10 +245,10 @@ def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None 
         vocab_size = tokens
     if not vocab_size:
         raise ValueError("vocab_size unknown: set vocab_dir or write vocab_size in the manifest")
-    model_config = bert.PRESETS[config.model](
-        vocab_size=vocab_size, hidden_dropout_prob=config.dropout,
-        attention_probs_dropout_prob=config.dropout, vocab_multiple=64)
-    model = BertForPreTraining(model_config, next_sentence=bool(manifest.get("nsp", True)))
+    model_config = config.model_config(vocab_size, vocab_multiple=64)
+    next_sentence = bool(manifest.get("nsp", True)) and config.next_sentence \
+        and config.objective != "ltr"
+    model = BertForPreTraining(model_config, next_sentence=next_sentence)
     if state_dict is not None:
         missing, unexpected = model.load_state_dict(state_dict, strict=False)
         missing = [k for k in missing if k != "mlm.decoder.weight"]  # tied to the embeddings
@@ -273,8 +274,16 @@ def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
 
 def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
                  validation: bool = False) -> LoaderConfig:
-    remasker = (Remasker.from_vocab(config.vocab_dir, config.seed)
-                if config.dynamic_masking and not validation else None)
+    remasker = None
+    if config.dynamic_masking and not validation:
+        from pipelines.masking import MaskingConfig
+        cap = int(shard_manifest(phase).get("max_predictions_per_seq") or 0) \
+            if config.masked_lm_prob else MaskingConfig.max_predictions_per_seq  # unused
+        if not cap:
+            raise ValueError(f"--set masked_lm_prob={config.masked_lm_prob}: the manifest of "
+                             f"{phase.train_shards} records no max_predictions_per_seq to cap it")
+        remasker = Remasker.from_vocab(config.vocab_dir, config.seed, config.masking(cap),
+                                       recount=bool(config.masked_lm_prob))
     return LoaderConfig(
         source=(phase.validation_shards or phase.train_shards) if validation else phase.train_shards,
         batch_size=phase.micro_batch_size, max_seq_length=phase.max_seq_length, rank=dist.rank,
