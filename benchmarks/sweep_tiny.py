@@ -9,7 +9,7 @@ numbers (two small models, ~1 MB of pre-training text, minutes of CPU): they sho
 machinery, not the paper's results.
 
     nice -n 5 .venv/bin/python benchmarks/sweep_tiny.py [--output runs/sweep_tiny] \
-        [--phase1_steps 150] [--glue /path/holding/glue]
+        [--phase1_steps 100] [--glue /path/holding/glue]
 """
 from __future__ import annotations
 
@@ -45,11 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", default=str(REPO / "runs" / "sweep_tiny"))
     parser.add_argument("--glue", default=str(SHARED),
                         help="folder holding glue/ (default: ../shared/data)")
-    parser.add_argument("--phase1_steps", type=int, default=150)
-    parser.add_argument("--phase2_steps", type=int, default=15)
+    parser.add_argument("--phase1_steps", type=int, default=100)
+    parser.add_argument("--phase2_steps", type=int, default=10)
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--epochs", type=float, default=2.0)
-    parser.add_argument("--max_train_examples", type=int, default=2000)
+    parser.add_argument("--max_train_examples", type=int, default=1000)
     parser.add_argument("--max_eval_examples", type=int, default=0)
     args = parser.parse_args(argv)
     for key, value in (("PREFECT_HOME", os.path.join(args.output, ".prefect")),

@@ -195,7 +195,7 @@ def load_sweep(sweep: str | dict[str, Any], overrides: dict[str, Any] | None = N
 
 def parse_sweep(data: Any, source: str, overrides: dict[str, Any] | None = None,
                 preset: str | None = None) -> Sweep:
-    from flows.config import resolve
+    from flows.config import PRESETS, resolve
 
     if not isinstance(data, dict):
         raise SweepError(f"{source}: expected a mapping with 'variants', got "
@@ -204,40 +204,23 @@ def parse_sweep(data: Any, source: str, overrides: dict[str, Any] | None = None,
     stem = os.path.splitext(os.path.basename(source))[0]
     name = _name(data.get("name", stem), f"{source}: name")
     file_preset = data.get("preset", preset or "tiny")
+    if file_preset not in PRESETS:
+        raise SweepError(f"{source}: preset {file_preset!r}: choose one of {sorted(PRESETS)}")
     if preset and preset != file_preset:
         raise SweepError(f"{source}: preset {file_preset!r}, but --preset {preset} was given")
-    shared = flatten(data.get("overrides") or {}, f"{source}: overrides")
     given = flatten(overrides or {}, "--set")
-    base = {**shared, **given}
+    base = {**flatten(data.get("overrides") or {}, f"{source}: overrides"), **given}
     raw_variants = data.get("variants")
     if not isinstance(raw_variants, list) or not raw_variants:
         raise SweepError(f"{source}: 'variants' must be a non-empty list of "
                          "{name: ..., overrides: {...}}")
     variants: list[Variant] = []
-    configs: dict[Any, str] = {}
+    configs: dict[Any, str] = {}  # resolved config -> the variant that has it
     for index, raw in enumerate(raw_variants):
-        where = f"{source}: variants[{index}]"
-        if not isinstance(raw, dict) or "name" not in raw:
-            raise SweepError(f"{where}: expected a mapping with a 'name', got {raw!r}")
-        _known_keys(raw, VARIANT_KEYS, where)
-        variant_name = _name(raw["name"], f"{where}: name")
-        where = f"{source}: variant {variant_name!r}"
-        earlier = [v.name for v in variants]
-        if variant_name in earlier:
-            raise SweepError(f"{where} (variants[{index}]) repeats the name of "
-                             f"variants[{earlier.index(variant_name)}]")
-        settings = flatten(raw.get("overrides") or {}, f"{where}: overrides")
-        fixed = [k for k in settings if k.split(".")[0] in FIXED_SETTINGS]
-        if fixed:
-            raise SweepError(f"{where}: sets {fixed[0]}, which every variant shares (set it "
-                             "in the sweep's overrides or with --output)")
-        clash = [k for k in settings if k in given]
-        if clash:
-            raise SweepError(f"{where}: --set {clash[0]} is a setting this variant varies")
-        variant = Variant(variant_name, settings)
-        variants.append(variant)
+        variant = _variant(raw, index, source, [v.name for v in variants], given)
+        where = f"{source}: variant {variant.name!r}"
         try:
-            cfg = resolve(file_preset, nested({**base, **settings}, where))
+            cfg = resolve(file_preset, nested({**base, **variant.settings}, where))
         except SweepError:
             raise
         except (TypeError, ValueError) as e:
@@ -245,10 +228,34 @@ def parse_sweep(data: Any, source: str, overrides: dict[str, Any] | None = None,
         if cfg in configs:
             raise SweepError(f"{where}: its settings come out the same as variant "
                              f"{configs[cfg]!r}'s")
-        configs[cfg] = variant_name
+        configs[cfg] = variant.name
+        variants.append(variant)
     shown = {k: setting_text(cfg, k) for k in base}
     return Sweep(name, file_preset, base, tuple(variants), source,
                  str(data.get("description") or ""), cfg.output, shown)
+
+
+def _variant(raw: Any, index: int, source: str, earlier: list[str],
+             given: dict[str, Any]) -> Variant:
+    """One entry of `variants`, its name and settings checked (not yet resolved)."""
+    where = f"{source}: variants[{index}]"
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise SweepError(f"{where}: expected a mapping with a 'name', got {raw!r}")
+    _known_keys(raw, VARIANT_KEYS, where)
+    name = _name(raw["name"], f"{where}: name")
+    where = f"{source}: variant {name!r}"
+    if name in earlier:
+        raise SweepError(f"{where} (variants[{index}]) repeats the name of "
+                         f"variants[{earlier.index(name)}]")
+    settings = flatten(raw.get("overrides") or {}, f"{where}: overrides")
+    fixed = [k for k in settings if k.split(".")[0] in FIXED_SETTINGS]
+    if fixed:
+        raise SweepError(f"{where}: sets {fixed[0]}, which every variant shares (set it in the "
+                         "sweep's overrides or with --output)")
+    clash = [k for k in settings if k in given]
+    if clash:
+        raise SweepError(f"{where}: --set {clash[0]} is a setting this variant varies")
+    return Variant(name, settings)
 
 
 def _known_keys(data: dict, known: tuple[str, ...], where: str) -> None:

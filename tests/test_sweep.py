@@ -100,7 +100,7 @@ variants:
      "{path}: variants[1]: unknown key 'override'; known: name, overrides"),
     ("varients: []\n", "{path}: unknown key 'varients'; known: name, description, preset"),
     ("variants: []\n", "{path}: 'variants' must be a non-empty list"),
-    ("preset: huge\n" + VARIANTS, "{path}: variant 'a': preset='huge': choose one of"),
+    ("preset: huge\n" + VARIANTS, "{path}: preset 'huge': choose one of ['base', 'large', "),
     ("variants:\n  - name: a\n   overrides: {}\n", "{path}: not valid YAML: "),
 ])
 def test_a_bad_sweep_file_is_refused_naming_the_file_and_variant(tmp_path, text, message):
