@@ -352,6 +352,7 @@ def markdown_table(varied: list[str], results: list[VariantResult]) -> str:
     for r in results:
         if r.error:
             first = r.error.strip().splitlines()[0] if r.error.strip() else "failed"
+            first = first.replace("|", "\\|")  # a cell of the Markdown table
             cells = [r.name, *(r.settings.get(k, "") for k in varied),
                      f"failed: {first}"] + [""] * (len(columns) - len(varied) - 2)
         else:
