@@ -33,7 +33,8 @@ def settings(args: argparse.Namespace) -> list[str]:
         ("phase2_global_batch_size", args.batch_size // 2),
         ("phase2_micro_batch_size", args.batch_size // 2))] + [
         f"finetune.data={args.glue}", "finetune.tasks=sst-2,mrpc,rte",
-        "finetune.learning_rates=1e-4", "finetune.seeds=1", f"finetune.epochs={args.epochs}",
+        f"finetune.learning_rates={args.finetune_lr}", "finetune.seeds=1",
+        f"finetune.epochs={args.epochs}",
         f"finetune.max_train_examples={args.max_train_examples}",
         f"finetune.max_eval_examples={args.max_eval_examples}"]
 
@@ -48,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase1_steps", type=int, default=100)
     parser.add_argument("--phase2_steps", type=int, default=10)
     parser.add_argument("--batch_size", type=int, default=16)
-    parser.add_argument("--epochs", type=float, default=2.0)
+    parser.add_argument("--epochs", type=float, default=4.0)
+    parser.add_argument("--finetune_lr", type=float, default=5e-4,
+                        help="fine-tuning peak learning rate (small models take larger ones)")
     parser.add_argument("--max_train_examples", type=int, default=1000)
     parser.add_argument("--max_eval_examples", type=int, default=0)
     args = parser.parse_args(argv)
