@@ -10,6 +10,10 @@
 Dataflow's workers write to Cloud Storage: such a run needs a gs:// output and --data_only
 (pre-training writes to a local or mounted folder; README "On a GPU cluster").
 
+    bert-dag --sweep flows/sweeps/learning_rate.yaml --set pretrain.precision=fp32
+                                                    # variants of a preset, one table and plot
+                                                    # (flows/sweep.py: the file's format)
+
 Values are converted to each setting's type: lists as a,b,c or a JSON list, booleans as
 true/false/1/0/yes/no. base and large name their inputs (a path, or '' to skip one).
 """
@@ -25,13 +29,18 @@ from flows.config import PRESETS, parse_set_flags, resolve
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bert-dag", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="tiny", choices=sorted(PRESETS))
+    parser.add_argument("--preset", choices=sorted(PRESETS),
+                        help="the preset (default tiny; with --sweep, the file's)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a setting, e.g. pretrain.phase1_steps=50 (repeatable)")
     parser.add_argument("--output", help="root folder of the run (default: runs/<preset>)")
     parser.add_argument("--data_only", action="store_true",
                         help="stop after the shards (a later full run with the same settings "
                              "and output reuses them)")
+    parser.add_argument("--sweep", metavar="FILE",
+                        help="run the variants a sweep file (YAML/JSON) names and report them "
+                             "in one table and plot under <output>/sweeps/<name>/; --set and "
+                             "--output apply to every variant")
     return parser
 
 
@@ -43,16 +52,37 @@ def main(argv: list[str] | None = None) -> int:
         if args.output:
             remote = "://" in args.output
             overrides["output"] = args.output if remote else os.path.abspath(args.output)
-        # fail fast on a bad setting, before Prefect starts
-        resolve(args.preset, overrides, data_only=args.data_only)
+        if args.sweep:
+            if args.data_only:
+                raise ValueError("--data_only: a sweep compares pre-trained variants; run "
+                                 "the data stages with the shared settings alone instead")
+            from flows.sweep import load_sweep
+
+            load_sweep(args.sweep, overrides, args.preset)  # the whole file, before Prefect starts
+        else:
+            # fail fast on a bad setting, before Prefect starts
+            resolve(args.preset or "tiny", overrides, data_only=args.data_only)
     except (TypeError, ValueError) as e:
         parser.error(str(e))
+    if args.sweep:
+        return run_sweep(os.path.abspath(args.sweep), overrides, args.preset)
     from flows.pretrain_bert import pretrain_bert
     from flows.server import temporary_server
 
     # Prefect's own temporary server would outlive a killed flow process: this one dies with it.
     with temporary_server():
-        result = pretrain_bert(preset=args.preset, overrides=overrides, data_only=args.data_only)
+        result = pretrain_bert(preset=args.preset or "tiny", overrides=overrides,
+                               data_only=args.data_only)
+    print(result["markdown"])
+    return 0
+
+
+def run_sweep(path: str, overrides: dict, preset: str | None) -> int:
+    from flows.server import temporary_server
+    from flows.sweep import pretrain_bert_sweep
+
+    with temporary_server():
+        result = pretrain_bert_sweep(sweep=path, overrides=overrides, preset=preset)
     print(result["markdown"])
     return 0
 

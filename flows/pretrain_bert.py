@@ -69,14 +69,15 @@ def finetune_run(cfg: DagConfig, model: StageResult, job: steps.FinetuneJob) -> 
 
 
 @task(name="finetune-best", **COMPUTE_TASK)
-def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
-    return steps.finetune_best(cfg, model, outcomes)
+def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
+                  out: str | None = None) -> dict:
+    return steps.finetune_best(cfg, model, outcomes, out)
 
 
 @task(name="report", **COMPUTE_TASK)
 def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
-           filename: str = "report.md") -> dict:
-    result = steps.report(cfg, stages, finetune, filename)
+           filename: str = "report.md", folder: str | None = None) -> dict:
+    result = steps.report(cfg, stages, finetune, filename, folder)
     create_table_artifact(result["stages"], key="stage-timings",
                           description="Stage outputs, whether reused from a previous run, seconds")
     if result["finetune_table"]:
@@ -91,14 +92,16 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
 
 @flow(name="pretrain-bert", log_prints=True)
 def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
-                  output: str | None = None, data_only: bool = False) -> dict:
+                  output: str | None = None, data_only: bool = False,
+                  report_dir: str | None = None) -> dict:
     """Data -> vocabulary -> shards -> pre-training -> export -> fine-tuning fan-out -> report.
 
     `output` (the run's root folder) is its own parameter so that a deployment can fix it (the
     cluster's volume) while each run passes its own `overrides`; an `output` key there wins.
     `data_only` stops after the shards: run on a CPU pool, it leaves the data stages for a
     later full run with the same settings and output, which reuses them instead of holding its
-    GPUs while the Beam jobs work."""
+    GPUs while the Beam jobs work. `report_dir` takes the report and the fine-tuning summary
+    instead of the root (a sweep's variants share the root's stages, not their reports)."""
     if output:
         overrides = {"output": output, **(overrides or {})}
     cfg = resolve(preset, overrides, data_only=data_only)
@@ -112,7 +115,7 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     shards = [make_shards.submit(cfg, corpus, vocab, phase) for phase in (1, 2)]
     shards = [s.result() for s in shards]
     if data_only:
-        return report(cfg, [*sources, corpus, vocab, *shards], None, "report-data.md")
+        return report(cfg, [*sources, corpus, vocab, *shards], None, "report-data.md", report_dir)
     run = pretrain(cfg, vocab, shards)
     model = export_hf(cfg, run)
 
@@ -123,5 +126,7 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
         wait(futures)
         # A failed fine-tuning run is reported as failed; the others still count.
         outcomes = [steps.outcome(job, f.state) for job, f in zip(jobs, futures)]
-        finetune = finetune_best(cfg, model, outcomes)
-    return report(cfg, [*sources, corpus, vocab, *shards, run, model], finetune)
+        out = os.path.join(report_dir, "finetune") if report_dir else None
+        finetune = finetune_best(cfg, model, outcomes, out)
+    return report(cfg, [*sources, corpus, vocab, *shards, run, model], finetune,
+                  folder=report_dir)

@@ -599,9 +599,11 @@ def outcome(job: FinetuneJob, state) -> dict:
     return {"job": dataclasses.asdict(job), "error": str(state.message or state.name)}
 
 
-def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> dict:
+def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
+                  out: str | None = None) -> dict:
     """Per task, the learning rate with the best mean dev score over seeds; one table over
-    every family, the prediction files."""
+    every family, the prediction files, in `out` (default `<root>/finetune`; a sweep gives each
+    variant its own)."""
     from finetune import loop, report
     from finetune.tasks import get_task
 
@@ -615,7 +617,7 @@ def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict]) -> d
     # one task's settings stand for all in results.json's "config"; each is in "task_configs"
     shared = next(iter(configs.values()), loop.FinetuneConfig(progress=False))
     result = loop.FinetuneResult(tuple(tasks), model.path, shared, configs=configs)
-    out = storage.join(_root(cfg), "finetune")
+    out = out or storage.join(_root(cfg), "finetune")
     files = report.write_report(result, out)
     dead_letters = [p for k, p in files.items() if k.startswith("dead_letter")]
     if dead_letters:
@@ -664,9 +666,9 @@ def _bad_record(fields: dict):
 # ---------------------------------------------------------------- report
 
 def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
-           filename: str = "report.md") -> dict:
-    """`report.md` in the run folder: stage timings, data statistics, loss curve, the
-    fine-tuning table (every family's tasks, the GLUE score).
+           filename: str = "report.md", folder: str | None = None) -> dict:
+    """`report.md` in `folder` (default: the run folder): stage timings, data statistics, loss
+    curve, the fine-tuning table (every family's tasks, the GLUE score).
     (A data-only run writes `report-data.md`: the full run's report stays.)"""
     rows = [{"stage": s.stage, "cached": s.cached, "seconds": round(s.seconds, 1),
              "output": s.path} for s in stages]
@@ -689,7 +691,7 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
         lines += ["", "## Fine-tuning (dev)", "", finetune["table"]]
         lines += [f"- FAILED {f['job']}: {f['error']}" for f in finetune["failed"]]
     text = "\n".join(lines) + "\n"
-    path = storage.join(_root(cfg), filename)
+    path = storage.join(folder or _root(cfg), filename)
     storage.atomic_write_text(path, text)
     return {"markdown": text, "path": path, "stages": rows, "loss_curve": loss_curve,
             "finetune_table": finetune["table"] if finetune else "", "statistics": stats}
