@@ -125,9 +125,11 @@ def temporary_server() -> Iterator[str | None]:
 
 
 def drain_logs(timeout_s: float = 10.0) -> None:
-    """Send the flow's queued log records while the server still answers: Prefect's log worker
+    """Send the flow's queued log records and events while the server still answers: Prefect's log worker
     otherwise drains at interpreter exit, after the server has stopped, and prints a
     connection error in place of the run's last lines."""
+    from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
 
     APILogWorker.drain_all(timeout=timeout_s)
+    EventsWorker.drain_all(timeout=timeout_s)
