@@ -185,6 +185,12 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
         recorded = (manifest.get("vocab") or {}).get("sha256")
         if vocab_sha and recorded and recorded != vocab_sha and \
                 not same_tokens(manifest["vocab"].get("path"), recorded, config.vocab_dir):
+            if config.init_from:
+                raise ValueError(
+                    f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
+                    f"(sha256 {recorded[:12]}), but init_from={config.init_from} has another "
+                    f"({vocab_file}, sha256 {vocab_sha[:12]}): its embeddings would read token "
+                    "ids it does not know. Make the shards with the checkpoint's vocab.txt")
             raise ValueError(
                 f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
                 f"(sha256 {recorded[:12]}), but vocab_dir={config.vocab_dir} holds another "
@@ -218,11 +224,34 @@ def same_tokens(recorded_path: str | None, recorded_sha: str, vocab_dir: str) ->
         return False
 
 
-def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None):
-    """`model.heads.BertForPreTraining` of the preset, sized to the shards' vocabulary."""
-    from model import bert
+def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None,
+                initial: bool = False):
+    """`model.heads.BertForPreTraining` of the preset sized to the shards' vocabulary, or of
+    `init_from`'s shape (training/init_from.py). `state_dict`: a previous phase's (or a
+    checkpoint's) weights; `initial`: start from `init_from`'s weights instead."""
     from model.heads import BertForPreTraining
 
+    model = BertForPreTraining(model_config(config, manifest),
+                               next_sentence=bool(manifest.get("nsp", True)))
+    if initial:
+        from model.hf import find_starting_point
+        from training.init_from import load_starting_weights
+        load_starting_weights(model, find_starting_point(config.init_from))
+    if state_dict is not None:
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        missing = [k for k in missing if k != "mlm.decoder.weight"]  # tied to the embeddings
+        if missing or unexpected:
+            raise ValueError(f"previous phase's weights: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def model_config(config: PretrainConfig, manifest: dict):
+    """The run's `model.bert.BertConfig`: `init_from`'s shape, or the preset's with the
+    shards' vocabulary size."""
+    from model import bert
+    if config.init_from:
+        from training.init_from import checkpoint_model_config
+        return checkpoint_model_config(config, manifest)
     vocab_size = int(manifest.get("vocab_size") or 0)
     if config.vocab_dir:
         from pipelines.tokenization import read_vocab
@@ -233,16 +262,9 @@ def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None 
         vocab_size = tokens
     if not vocab_size:
         raise ValueError("vocab_size unknown: set vocab_dir or write vocab_size in the manifest")
-    model_config = bert.PRESETS[config.model](
+    return bert.PRESETS[config.model](
         vocab_size=vocab_size, hidden_dropout_prob=config.dropout,
         attention_probs_dropout_prob=config.dropout, vocab_multiple=64)
-    model = BertForPreTraining(model_config, next_sentence=bool(manifest.get("nsp", True)))
-    if state_dict is not None:
-        missing, unexpected = model.load_state_dict(state_dict, strict=False)
-        missing = [k for k in missing if k != "mlm.decoder.weight"]  # tied to the embeddings
-        if missing or unexpected:
-            raise ValueError(f"previous phase's weights: missing {missing}, unexpected {unexpected}")
-    return model
 
 
 def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
@@ -666,6 +688,7 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     as a preemption would; running again resumes. Returns the last checkpoint tag, the export
     folder (None if stopped early) and whether the run is complete."""
     dist = init_distributed()
+    config = on_all_ranks(dist, lambda: with_checkpoint_vocab(config))
     if config.export_hf and not config.vocab_dir:
         raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
                          "(or --set export_hf=false)")
@@ -711,6 +734,29 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
 
 
+def with_checkpoint_vocab(config: PretrainConfig) -> PretrainConfig:
+    """With `init_from` and no `vocab_dir`, the checkpoint's vocabulary folder (if it has a
+    vocab.txt): the shards are checked against it and the export carries it. A `vocab_dir`
+    given as well must hold the checkpoint's tokens, in its order."""
+    if not config.init_from:
+        return config
+    import dataclasses
+
+    from model.hf import find_starting_point
+    from pipelines.tokenization import read_vocab
+    from training.init_from import checkpoint_vocab_dir
+    own = checkpoint_vocab_dir(find_starting_point(config.init_from))
+    if own is None:
+        return config
+    if not config.vocab_dir:
+        return dataclasses.replace(config, vocab_dir=own)
+    if read_vocab(config.vocab_dir) != read_vocab(own):
+        raise ValueError(f"--set vocab_dir={config.vocab_dir} holds other tokens than "
+                         f"init_from={config.init_from}'s vocabulary ({own}/vocab.txt): the "
+                         "checkpoint's embeddings are indexed by its own; leave vocab_dir out")
+    return config
+
+
 def preflight(config: PretrainConfig, dist: Dist,
               ckpt_dir: str) -> tuple[CheckpointState | None, list[bool], bool]:
     """The start-of-run checks, agreed by all ranks, before anything is written: the
@@ -739,6 +785,9 @@ def preflight(config: PretrainConfig, dist: Dist,
         redo = validate[resume.phase_index]
     checked_from = resume.phase_index if redo else first
     on_all_ranks(dist, lambda: check_phase_inputs(config, checked_from))
+    if config.init_from:  # the shape and the shards' vocabulary against the checkpoint
+        on_all_ranks(dist, lambda: [model_config(config, shard_manifest(phase))
+                                    for phase in config.phases[checked_from:]])
     if config.export_hf:  # a casing contradiction must stop the run now, not at its export
         on_all_ranks(dist, lambda: export_do_lower_case(shard_manifest(config.phases[-1]),
                                                         config.vocab_dir))
@@ -791,7 +840,10 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     initial = None
     if resume is None and previous_tag is not None:
         initial = shared_consolidated_state_dict(ckpt_dir, previous_tag, dist)
-    model = build_model(config, shard_manifest(phase), initial)
+    # The run's own checkpoint (resume) or previous phase wins over init_from: init_from is
+    # where a new run starts, read only before its first checkpoint exists.
+    from_init = bool(config.init_from) and resume is None and previous_tag is None
+    model = build_model(config, shard_manifest(phase), initial, initial=from_init)
     if config.compile and dist.on_gpu:
         from model.bert import compile_layers
         compile_layers(model.bert)
