@@ -190,3 +190,55 @@ def test_continued_pretraining_starts_far_below_a_model_from_scratch(minilm_dir,
     late = {name: sum(v[1:]) / 2 for name, v in losses.items()}
     assert late["scratch"] - late["minilm"] > 1.5
     assert late["minilm"] < 8.4
+
+
+def checkpoint_copy(minilm_dir: Path, out: Path, do_lower_case: bool | None = None) -> Path:
+    """MiniLM's config, weights and tokenizer files at another path (casing optionally changed)."""
+    out.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"):
+        shutil.copy(minilm_dir / name, out / name)
+    if do_lower_case is not None:
+        tokenizer = json.loads((out / "tokenizer_config.json").read_text())
+        tokenizer["do_lower_case"] = do_lower_case
+        (out / "tokenizer_config.json").write_text(json.dumps(tokenizer))
+    return out
+
+
+def test_the_flow_takes_the_checkpoints_vocabulary_and_casing(minilm_dir, corpus, tmp_path):
+    """`pretrain.init_from`: the vocabulary stage holds the checkpoint's tokens (none trained),
+    named by the checkpoint's content, not its path; the shards follow its casing; training gets
+    init_from and the checkpoint's shape."""
+    from safetensors.torch import load_file, save_file
+
+    from flows import steps
+    from flows.checkpoint_vocab import checkpoint_vocab
+    from flows.config import resolve
+    from flows.stages import StageResult
+    from pipelines.tokenization import read_vocab
+
+    root = str(tmp_path / "root")
+    vocab = checkpoint_vocab(root, str(minilm_dir))
+    assert not vocab.cached and Path(vocab.path).name.startswith("vocab-")
+    assert read_vocab(vocab.path) == read_vocab(str(minilm_dir))
+    assert json.loads((Path(vocab.path) / "tokenizer_config.json").read_text())[
+        "do_lower_case"] is True
+    same = checkpoint_vocab(root, str(checkpoint_copy(minilm_dir, tmp_path / "copy")))
+    assert same.path == vocab.path and same.cached  # the same checkpoint elsewhere
+    retrained = checkpoint_copy(minilm_dir, tmp_path / "retrained")
+    weights = load_file(str(retrained / "model.safetensors"))
+    weights["pooler.dense.bias"] = weights["pooler.dense.bias"] + 1.0
+    save_file(weights, str(retrained / "model.safetensors"))
+    assert checkpoint_vocab(root, str(retrained)).path != vocab.path  # other weights, new stage
+    cased_dir = checkpoint_copy(minilm_dir, tmp_path / "cased", do_lower_case=False)
+    cased = checkpoint_vocab(root, str(cased_dir))
+    assert cased.path != vocab.path and cased.manifest["do_lower_case"] is False
+
+    cfg = resolve("tiny", {"output": root, "pretrain": {"init_from": str(cased_dir)}})
+    assert cfg.vocab.cased is False  # the flow's own casing setting, overruled by the checkpoint
+    shards = steps.make_shards(cfg, StageResult("corpus", str(corpus), "c", False, 0.0), cased, 1)
+    assert shards.manifest["options"]["job"]["do_lower_case"] is False
+    assert shards.manifest["vocab"]["sha256"] == vocab.manifest["vocab_sha256"]
+    overrides = steps.pretrain_overrides(cfg, cased, [shards, shards], str(tmp_path / "run"))
+    assert (overrides["model"], overrides["init_from"]) == ("", str(cased_dir))
+    config = cfg.from_dict(overrides, cfg.tiny())  # as the training entry point reads the file
+    assert pretrain.model_config(config, shards.manifest).num_hidden_layers == 6
