@@ -66,10 +66,11 @@ def minilm_shards(minilm_dir, corpus, tmp_path_factory) -> Path:
     return shards_with(minilm_dir, corpus, tmp_path_factory.mktemp("minilm_shards"))
 
 
-def run_config(init_from, shards: Path, output: Path, steps: int = 3, **changes):
+def run_config(init_from, shards: Path, output: Path, steps: int = 3, learning_rate: float = 1e-3,
+               **changes):
     phase = PhaseConfig(name="phase1", train_shards=str(shards), max_seq_length=64,
                         micro_batch_size=4, global_batch_size=4, steps=steps, warmup_steps=0,
-                        learning_rate=1e-3)
+                        learning_rate=learning_rate)
     config = cfg.PretrainConfig(model="", init_from=str(init_from), output_dir=str(output),
                                 phases=(phase,), dropout=0.0, seed=7, num_workers=0,
                                 shuffle_buffer=64, log_every=1, eval_every=0, eval_batches=0,
@@ -242,3 +243,40 @@ def test_the_flow_takes_the_checkpoints_vocabulary_and_casing(minilm_dir, corpus
     assert (overrides["model"], overrides["init_from"]) == ("", str(cased_dir))
     config = cfg.from_dict(overrides, cfg.tiny())  # as the training entry point reads the file
     assert pretrain.model_config(config, shards.manifest).num_hidden_layers == 6
+
+
+def final_weights(output: Path) -> dict[str, torch.Tensor]:
+    ckpt = output / "checkpoints"
+    return pretrain.consolidated_state_dict(str(ckpt), (ckpt / "latest").read_text().strip())
+
+
+def test_zero3_starts_from_the_checkpoint_and_a_restart_resumes_its_own(minilm_dir,
+                                                                         minilm_shards, tmp_path):
+    """The weights go into the model before deepspeed.initialize partitions it (ZeRO-3); a
+    restarted run resumes from its own checkpoint, whatever init_from holds by then."""
+    from model.bert import bert_tiny
+    start = tmp_path / "tiny"
+    torch.manual_seed(123)
+    tiny = BertForPreTraining(bert_tiny(vocab_size=30522))
+    save_checkpoint(tiny, str(start))
+    # One AdamW step of lr 1e-9 moves no weight by more than ~1e-9: the run's weights are the
+    # checkpoint's, gathered back from ZeRO-3's partitions.
+    pretrain.run(run_config(start, minilm_shards, tmp_path / "zero3", steps=1, learning_rate=1e-9,
+                            vocab_dir=str(minilm_dir), zero_stage=3))
+    trained = final_weights(tmp_path / "zero3")
+    for key, value in tiny.state_dict().items():
+        if key != "mlm.decoder.weight":
+            torch.testing.assert_close(trained[key][:len(value)], value, rtol=0, atol=1e-6)
+
+    def config(output: str):
+        return run_config(start, minilm_shards, tmp_path / output, steps=4,
+                          vocab_dir=str(minilm_dir))
+
+    pretrain.run(config("whole"))
+    pretrain.run(config("restarted"), stop_after_steps=2)
+    torch.manual_seed(321)  # init_from now holds other weights: a restart must not read them
+    save_checkpoint(BertForPreTraining(bert_tiny(vocab_size=30522)), str(start))
+    pretrain.run(config("restarted"))
+    whole, restarted = final_weights(tmp_path / "whole"), final_weights(tmp_path / "restarted")
+    assert whole.keys() == restarted.keys()
+    assert all(torch.equal(whole[k], restarted[k]) for k in whole)
