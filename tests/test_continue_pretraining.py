@@ -134,6 +134,25 @@ def test_settings_that_contradict_the_checkpoint_name_both_values(minilm_dir, mi
         cfg.resolve("tiny", assignments=["model="])
 
 
+def test_bert_pretrain_names_a_contradiction_or_a_missing_checkpoint_in_one_line(
+        minilm_dir, minilm_shards, tmp_path, capsys):
+    run_file = tmp_path / "run.yaml"
+    run_file.write_text(json.dumps({"output_dir": str(tmp_path / "run"), "export_hf": False,
+                                    "phases": [{"name": "phase1", "max_seq_length": 64,
+                                                "train_shards": str(minilm_shards)}]}))
+    for setting, message in (
+            ("model=bert_tiny", (f"--set model=bert_tiny has num_hidden_layers=2, but "
+                                 f"init_from={minilm_dir} ({minilm_dir}/config.json) has "
+                                 "num_hidden_layers=6")),
+            ("init_from=" + str(tmp_path / "nothing"),
+             f"{tmp_path}/nothing: not a BERT checkpoint")):
+        with pytest.raises(SystemExit) as stopped:
+            pretrain.main(["--config", str(run_file), "--set", f"init_from={minilm_dir}",
+                           "--set", setting])
+        assert stopped.value.code == 2
+        assert f"bert-pretrain: error: {message}" in capsys.readouterr().err
+
+
 def test_our_checkpoint_and_run_folders_are_starting_points_too(minilm_dir, tmp_path):
     """`save_checkpoint`'s format, a run folder's `hf/` export, and a folder that is neither."""
     from model.bert import bert_tiny
@@ -280,3 +299,35 @@ def test_zero3_starts_from_the_checkpoint_and_a_restart_resumes_its_own(minilm_d
     whole, restarted = final_weights(tmp_path / "whole"), final_weights(tmp_path / "restarted")
     assert whole.keys() == restarted.keys()
     assert all(torch.equal(whole[k], restarted[k]) for k in whole)
+
+
+@pytest.mark.slow
+def test_glue_after_continued_pretraining_stays_far_above_from_scratch(shared_data, minilm_dir,
+                                                                        minilm_shards, tmp_path):
+    """SST-2 dev accuracy (first 512 train rows, 2 epochs; first 200 dev rows) of the exports of
+    10 steps of continued pre-training from MiniLM and of 10 steps of the same shape from
+    scratch: the continued model keeps what MiniLM knows (benchmarks/RESULTS.md 14 has the
+    longer run)."""
+    from finetune.glue.cli import main as glue_main
+
+    torch.manual_seed(0)
+    scratch_init = tmp_path / "scratch_init"
+    save_checkpoint(BertForPreTraining(find_starting_point(str(minilm_dir)).config),
+                    str(scratch_init))
+    scores = {}
+    for name, init in (("minilm", minilm_dir), ("scratch", scratch_init)):
+        config = run_config(init, minilm_shards, tmp_path / name, steps=10, learning_rate=5e-4,
+                            vocab_dir=str(minilm_dir), export_hf=True)
+        config = dataclasses.replace(config, phases=(dataclasses.replace(
+            config.phases[0], micro_batch_size=8, global_batch_size=8, warmup_steps=1),))
+        pretrain.run(config)
+        out = tmp_path / f"{name}-glue"
+        assert glue_main(["--model", str(tmp_path / name / "hf"), "--data",
+                          str(shared_data / "glue"), "--tasks", "sst-2", "--output", str(out),
+                          "--learning_rates", "1e-4", "--seeds", "1", "--epochs", "2",
+                          "--max_train_examples", "512", "--max_eval_examples", "200",
+                          "--no_progress", "--device", "cpu"]) == 0
+        scores[name] = json.loads((out / "results.json").read_text())["tasks"][0]["score"]
+    print(scores)
+    assert scores["minilm"] - scores["scratch"] > 0.15
+    assert scores["minilm"] > 0.75

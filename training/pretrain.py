@@ -13,6 +13,12 @@ the loader's position, so a run killed with `kill -9` continues as if never stop
 with a config that differs in a field that shapes the training (`config.resume_conflicts`) or
 on another shard set (names, row counts and sha256 of the manifest) is refused, naming them.
 
+Continued pre-training (`--set init_from=<BERT folder>`, training/init_from.py): the checkpoint
+gives the model's shape, its weights (loaded before `deepspeed.initialize`, so ZeRO-3 partitions
+them) and, unless `vocab_dir` is set to the same tokens, the vocabulary the shards must have been
+made with. Only a run's first phase starts there, and only while the run has no checkpoint of
+its own: a restarted run resumes from `checkpoints/latest`, reading `init_from` for the shape.
+
 Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 `loss_curve.png`, `checkpoints/<tag>/` (DeepSpeed files + `training_state.json` + per-rank
 `rng_rank*.pt` + `config.json`), `checkpoints/latest`, `hf/` (consolidated fp32 export).
