@@ -153,18 +153,21 @@ def test_bert_pretrain_names_a_contradiction_or_a_missing_checkpoint_in_one_line
         assert f"bert-pretrain: error: {message}" in capsys.readouterr().err
 
 
-def test_our_checkpoint_and_run_folders_are_starting_points_too(minilm_dir, tmp_path):
+def test_our_checkpoint_and_run_folders_are_starting_points_too(tmp_path):
     """`save_checkpoint`'s format, a run folder's `hf/` export, and a folder that is neither."""
     from model.bert import bert_tiny
+    from pipelines.tokenization import SPECIAL_TOKENS, save_tokenizer_folder
+    letters = [*SPECIAL_TOKENS, *"abcdefghijklmnopqrstuvwxyz"]
+    save_tokenizer_folder(letters, str(tmp_path / "letters"))
     torch.manual_seed(0)
-    model = BertForPreTraining(bert_tiny(vocab_size=30522), next_sentence=False)
+    model = BertForPreTraining(bert_tiny(vocab_size=len(letters)), next_sentence=False)
     save_checkpoint(model, str(tmp_path / "ours"))
     start = find_starting_point(str(tmp_path / "ours"))
     assert start.config == model.config and start.weights_file.endswith("bert.safetensors")
     state, ignored = read_starting_weights(start)
     assert ignored == [] and all(torch.equal(state[k], v) for k, v in model.state_dict().items()
                                  if k != "mlm.decoder.weight")
-    export_hf_folder(model, str(minilm_dir), str(tmp_path / "run" / "hf"))
+    export_hf_folder(model, str(tmp_path / "letters"), str(tmp_path / "run" / "hf"))
     run = find_starting_point(str(tmp_path / "run"))
     assert run.folder == str(tmp_path / "run" / "hf") and run.config.num_hidden_layers == 2
     state, _ = read_starting_weights(run)
