@@ -95,7 +95,8 @@ class PretrainConfig:
     """DeepSpeed ZeRO stage 0-3 (2 on GPUs: its gradient reduction overlaps the backward and
     accumulates in fp32, see training/ds_config.py)."""
     precision: str = "bf16"
-    """fp32, bf16 (CPU and GPU) or fp16 (GPU)."""
+    """fp32, bf16 (CPU and GPU), fp16 (GPU) or auto (bf16 where the hardware multiplies in
+    bf16, else fp32)."""
     launcher: str = "python"
     """python (one process), deepspeed (uses hostfile) or torchrun."""
     nproc_per_node: int = 1
@@ -180,7 +181,7 @@ def tiny() -> DagConfig:
                                 global_batch_size=32, micro_batch_size=32,
                                 phase2_global_batch_size=16, phase2_micro_batch_size=16,
                                 learning_rate=1e-3, warmup_steps=60, zero_stage=1,
-                                precision="bf16"),
+                                precision="auto"),
         # A family's demo task is its name here and its sample folder in data/sample/.
         finetune=FinetuneSettings(data=str(SAMPLE),
                                   tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),

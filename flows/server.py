@@ -116,6 +116,18 @@ def temporary_server() -> Iterator[str | None]:
         raise RuntimeError("Prefect's temporary server found no free port in 10 tries")
     try:
         with temporary_settings(updates={PREFECT_API_URL: url}):
-            yield url
+            try:
+                yield url
+            finally:
+                drain_logs()
     finally:
         stop(proc)
+
+
+def drain_logs(timeout_s: float = 10.0) -> None:
+    """Send the flow's queued log records while the server still answers: Prefect's log worker
+    otherwise drains at interpreter exit, after the server has stopped, and prints a
+    connection error in place of the run's last lines."""
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=timeout_s)

@@ -82,3 +82,33 @@ def test_killed_flow_leaves_no_process_running(prefect_home, tmp_path, sig):
         for p in _alive([psutil.Process(flow.pid), *run]) if flow.poll() is None else _alive(run):
             p.kill()
         flow.wait()
+
+
+FLOW_THAT_LOGS_TO_THE_END = """
+from prefect import flow, get_run_logger
+from flows.server import temporary_server
+
+@flow
+def logs():
+    for i in range(200):
+        get_run_logger().info("line %d", i)
+
+with temporary_server():
+    logs()
+"""
+
+
+def test_the_flows_last_log_lines_reach_the_server_before_it_stops(prefect_home):
+    """Prefect's log worker sends queued records in batches; drained only at interpreter exit,
+    the server is gone by then and the run ends with a connection error instead."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(prefect_home),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": str(STARTUP_LIMIT_S)}
+    env.pop("PREFECT_API_URL", None)
+    run = subprocess.run([sys.executable, "-c", FLOW_THAT_LOGS_TO_THE_END], check=False, cwd=REPO,
+                         env=env,
+                         capture_output=True, text=True, timeout=2 * STARTUP_LIMIT_S)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-3000:]
+    assert "line 199" in output and "Finished in state Completed()" in output
+    assert "Error logging to API" not in output, output[-3000:]

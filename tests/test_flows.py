@@ -102,7 +102,7 @@ def test_typed_seeds_and_rates_reach_fine_tuning():
     ({"pretrain": {"learning_rate": "nan"}}, "setting pretrain.learning_rate='nan': 'nan' is not a finite"),
     ({"pretrain": {"model": 7}}, "setting pretrain.model=7: 7 is not a string"),
     ({"data": {"wikipedia": None}}, "needs data.wikipedia"),
-    ({"pretrain": {"zero_stage": "0"}}, "pretrain.precision=bf16 needs pretrain.zero_stage >= 1"),
+    ({"pretrain": {"zero_stage": "0", "precision": "bf16"}}, "pretrain.precision=bf16 needs pretrain.zero_stage >= 1"),
     ({"finetune": {"data": "gs://b/finetune"}},
      "finetune.data='gs://b/finetune': the fine-tuning readers take"),
     # the settings' old section names the new one
@@ -119,7 +119,7 @@ def test_bad_override_values_name_the_setting_and_value(overrides, message):
 
 @pytest.mark.parametrize(("flag", "message"), [
     # each refused by the stage's own config, which would only run hours later
-    ("pretrain.precision=bf17", "setting pretrain.precision: must be one of ('fp32', 'bf16', 'fp16')"),
+    ("pretrain.precision=bf17", "setting pretrain.precision: must be one of ('fp32', 'bf16', 'fp16', 'auto')"),
     ("pretrain.model=bert_huge", ("setting pretrain.model: must be one of ['bert_base', "
                                   "'bert_large', 'bert_mini', 'bert_tiny']")),
     ("pretrain.phase2_steps=0", "setting pretrain.phase2_steps: must be positive"),
@@ -183,7 +183,7 @@ def test_training_flags_passed_through_are_checked_too():
                                        "optimizer=lamb cannot be combined with zero_stage=1")
     with pytest.raises(ValueError, match=r"^setting pretrain.extra_args=\['--set=zero_stage=0'\]: "
                                          "precision=bf16 cannot be combined with zero_stage=0"):
-        resolve("tiny", {"pretrain": {"extra_args": ["--set=zero_stage=0"]}})
+        resolve("tiny", {"pretrain": {"precision": "bf16", "extra_args": ["--set=zero_stage=0"]}})
     ok = ["--set", "log_every=5", "--stop_after_steps", "3"]  # other flags: the entry point's
     assert resolve("tiny", {"pretrain": {"extra_args": ok}}).pretrain.extra_args == tuple(ok)
 

@@ -295,6 +295,16 @@ def test_config_overrides_file_and_validation(tmp_path):
     assert (short.phases[0].steps, short.phases[0].warmup_steps) == (3, 1)
 
 
+def test_auto_precision_is_bf16_only_where_fast_and_allowed():
+    auto = cfg.PretrainConfig(precision="auto", zero_stage=1)
+    assert (auto.concrete_precision(True), auto.concrete_precision(False)) == ("bf16", "fp32")
+    # bf16 needs ZeRO >= 1 and AdamW (LOW_PRECISION_ZERO0_MESSAGE, LAMB_LOW_PRECISION_MESSAGE)
+    for stage0_or_lamb in (dataclasses.replace(auto, zero_stage=0),
+                           dataclasses.replace(auto, zero_stage=0, optimizer="lamb")):
+        assert stage0_or_lamb.concrete_precision(True) == "fp32"
+    assert cfg.PretrainConfig(precision="bf16", zero_stage=1).concrete_precision(False) == "bf16"
+
+
 def test_gpu_example_config_bert_large_on_8_gpus():
     config = cfg.resolve("large", str(REPO / "training" / "configs" / "bert_large_8gpu.yaml"))
     assert (config.model, config.precision, config.zero_stage) == ("bert_large", "bf16", 2)

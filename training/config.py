@@ -30,7 +30,7 @@ from training.settings import convert_setting
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 DEVICES = ("auto", "cuda")
 OPTIMIZERS = ("adamw", "lamb")
 
@@ -106,7 +106,8 @@ class PretrainConfig:
     """DeepSpeed ZeRO stage 0-3 (bf16 and fp16 need >= 1, see LOW_PRECISION_ZERO0_MESSAGE)."""
     precision: str = "fp32"
     """fp32, bf16 (CPU and GPU) or fp16 (GPU only, dynamic loss scaling); bf16/fp16 need
-    zero_stage >= 1."""
+    zero_stage >= 1. auto: bf16 where the hardware multiplies in bf16 and the run allows it
+    (ZeRO >= 1, AdamW), else fp32 (see `concrete_precision`)."""
     optimizer: str = "adamw"
     """adamw, or lamb (large batches, GPU, ZeRO stage 0 only, so fp32)."""
     adam_beta1: float = 0.9
@@ -171,10 +172,19 @@ class PretrainConfig:
         _check(self.device in DEVICES, "device", f"one of {DEVICES}")
         if self.optimizer == "lamb" and self.zero_stage >= 1:
             raise ValueError(LAMB_ZERO_MESSAGE.format(stage=self.zero_stage))
-        if self.optimizer == "lamb" and self.precision != "fp32":
+        if self.optimizer == "lamb" and self.precision not in ("fp32", "auto"):
             raise ValueError(LAMB_LOW_PRECISION_MESSAGE.format(precision=self.precision))
-        if self.precision != "fp32" and self.zero_stage == 0:
+        if self.precision not in ("fp32", "auto") and self.zero_stage == 0:
             raise ValueError(LOW_PRECISION_ZERO0_MESSAGE.format(precision=self.precision))
+
+    def concrete_precision(self, bf16_hardware: bool) -> str:
+        """The precision the run trains in. `auto` picks bf16 only where it is both fast and
+        allowed: on a CPU without bf16 matrix units (AVX2 only) oneDNN emulates bf16 products
+        about 100x slower than fp32 ones, which makes a bf16 run tens of times slower there."""
+        if self.precision != "auto":
+            return self.precision
+        allowed = self.zero_stage >= 1 and self.optimizer == "adamw"
+        return "bf16" if bf16_hardware and allowed else "fp32"
 
     def phase(self, name: str) -> PhaseConfig:
         for p in self.phases:
@@ -404,8 +414,8 @@ def resolve(preset: str = "tiny", config_file: str | None = None,
         named |= set(read_file(config_file))
         config = load_file(config_file, config)
     config = apply_overrides(config, assignments)
-    if config.init_from and "model" not in named:
-        return dataclasses.replace(config, model="")  # the preset's shape gives way to the checkpoint's
+    if config.init_from and "model" not in named:  # the preset's shape gives way to the checkpoint's
+        return dataclasses.replace(config, model="")
     return config
 
 

@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -105,6 +105,17 @@ def enable_tf32() -> None:
     recipes train with."""
     torch.set_float32_matmul_precision("high")
     torch.backends.cudnn.allow_tf32 = True
+
+
+def bf16_hardware(on_gpu: bool) -> bool:
+    """Whether this machine multiplies bf16 matrices natively: a CUDA GPU with bf16 (Ampere and
+    later), or a CPU whose oneDNN has a bf16 kernel (AVX512-BF16, AMX, or AVX-512 cores)."""
+    if on_gpu:
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN
+        return False
 
 
 def init_distributed() -> Dist:
@@ -694,6 +705,10 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     as a preemption would; running again resumes. Returns the last checkpoint tag, the export
     folder (None if stopped early) and whether the run is complete."""
     dist = init_distributed()
+    if config.precision == "auto":
+        config = replace(config, precision=config.concrete_precision(bf16_hardware(dist.on_gpu)))
+        if dist.is_main:
+            log.info("precision=auto: training in %s on this hardware", config.precision)
     config = on_all_ranks(dist, lambda: with_checkpoint_vocab(config))
     if config.export_hf and not config.vocab_dir:
         raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
@@ -746,8 +761,6 @@ def with_checkpoint_vocab(config: PretrainConfig) -> PretrainConfig:
     given as well must hold the checkpoint's tokens, in its order."""
     if not config.init_from:
         return config
-    import dataclasses
-
     from model.hf import find_starting_point
     from pipelines.tokenization import read_vocab
     from training.init_from import checkpoint_vocab_dir
@@ -755,7 +768,7 @@ def with_checkpoint_vocab(config: PretrainConfig) -> PretrainConfig:
     if own is None:
         return config
     if not config.vocab_dir:
-        return dataclasses.replace(config, vocab_dir=own)
+        return replace(config, vocab_dir=own)
     if read_vocab(config.vocab_dir) != read_vocab(own):
         raise ValueError(f"--set vocab_dir={config.vocab_dir} holds other tokens than "
                          f"init_from={config.init_from}'s vocabulary ({own}/vocab.txt): the "
