@@ -414,7 +414,7 @@ def resolve(preset: str = "tiny", config_file: str | None = None,
         named |= set(read_file(config_file))
         config = load_file(config_file, config)
     config = apply_overrides(config, assignments)
-    if config.init_from and "model" not in named:  # the preset's shape gives way to the checkpoint's
+    if config.init_from and "model" not in named:  # the checkpoint's shape, not the preset's
         return dataclasses.replace(config, model="")
     return config
 

@@ -108,7 +108,8 @@ def checkpoint_vocab_dir(start: StartingPoint) -> str | None:
 
 def checkpoint_do_lower_case(start: StartingPoint) -> bool:
     """Whether the checkpoint's tokenizer lower-cases: its `tokenizer_config.json`'s
-    `do_lower_case`, else BERT's convention (a name with "uncased" or none: True; "cased": False)."""
+    `do_lower_case`, else BERT's convention by the folder's name ("...-cased": False, else
+    True)."""
     from pipelines.tokenization import recorded_lower_case
     recorded = recorded_lower_case(start.folder)
     if recorded is not None:
