@@ -256,12 +256,12 @@ def test_the_flow_takes_the_checkpoints_vocabulary_and_casing(minilm_dir, corpus
     cased = checkpoint_vocab(root, str(cased_dir))
     assert cased.path != vocab.path and cased.manifest["do_lower_case"] is False
 
-    cfg = resolve("tiny", {"output": root, "pretrain": {"init_from": str(cased_dir)}})
-    assert cfg.vocab.cased is False  # the flow's own casing setting, overruled by the checkpoint
-    shards = steps.make_shards(cfg, StageResult("corpus", str(corpus), "c", False, 0.0), cased, 1)
+    flow = resolve("tiny", {"output": root, "pretrain": {"init_from": str(cased_dir)}})
+    assert flow.vocab.cased is False  # the flow's own casing setting, overruled by the checkpoint
+    shards = steps.make_shards(flow, StageResult("corpus", str(corpus), "c", False, 0.0), cased, 1)
     assert shards.manifest["options"]["job"]["do_lower_case"] is False
     assert shards.manifest["vocab"]["sha256"] == vocab.manifest["vocab_sha256"]
-    overrides = steps.pretrain_overrides(cfg, cased, [shards, shards], str(tmp_path / "run"))
+    overrides = steps.pretrain_overrides(flow, cased, [shards, shards], str(tmp_path / "run"))
     assert (overrides["model"], overrides["init_from"]) == ("", str(cased_dir))
     config = cfg.from_dict(overrides, cfg.tiny())  # as the training entry point reads the file
     assert pretrain.model_config(config, shards.manifest).num_hidden_layers == 6
