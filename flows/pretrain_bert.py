@@ -112,11 +112,13 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     get_run_logger().info("resolved config:\n%s", steps.describe(cfg))
     check_inputs_exist(cfg, data_only)
 
+    # Continued pre-training keeps the checkpoint's vocabulary (its embeddings are indexed by
+    # it), taken first: a wrong init_from fails before the data stages' hours.
+    own_vocab = checkpoint_vocab(cfg) if cfg.pretrain.init_from else None
     wiki, books = extract_wikipedia.submit(cfg), extract_books.submit(cfg)
     sources = [s for s in (wiki.result(), books.result()) if s is not None]
     corpus = build_corpus(cfg, sources)
-    # Continued pre-training keeps the checkpoint's vocabulary: its embeddings are indexed by it.
-    vocab = checkpoint_vocab(cfg) if cfg.pretrain.init_from else train_vocab(cfg, corpus)
+    vocab = own_vocab or train_vocab(cfg, corpus)
     shards = [make_shards.submit(cfg, corpus, vocab, phase) for phase in (1, 2)]
     shards = [s.result() for s in shards]
     if data_only:
