@@ -335,3 +335,34 @@ def test_glue_after_continued_pretraining_stays_far_above_from_scratch(shared_da
     # Measured: MiniLM 0.710, scratch 0.530 (chance on this slice; 617 s on the loaded 2-core CPU).
     assert scores["minilm"] - scores["scratch"] > 0.10
     assert scores["minilm"] > 0.65
+
+
+@pytest.mark.slow
+def test_the_flow_continues_pretraining_from_minilm_end_to_end(minilm_dir, tmp_path):
+    """`bert-dag --preset tiny --set pretrain.init_from=MiniLM` on the bundled sample: no
+    vocabulary trained, shards of MiniLM's vocab.txt, a model of MiniLM's shape exported."""
+    import hashlib
+    import os
+    import subprocess
+    import sys
+
+    steps = ["pretrain.phase1_steps=2", "pretrain.phase2_steps=1", "pretrain.warmup_steps=0",
+             "pretrain.micro_batch_size=4", "pretrain.global_batch_size=4",
+             "pretrain.phase2_micro_batch_size=2", "pretrain.phase2_global_batch_size=2",
+             "pretrain.precision=fp32", "pretrain.zero_stage=0", "finetune.data="]
+    command = [sys.executable, "-m", "flows.cli", "--preset", "tiny", "--output", str(tmp_path),
+               "--set", f"pretrain.init_from={minilm_dir}"]
+    for setting in steps:
+        command += ["--set", setting]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
+    subprocess.run(command, check=True, timeout=1200, env=env, cwd=Path(__file__).parents[1])
+    stages = {p.name.rpartition("-")[0]: p for p in tmp_path.iterdir() if p.is_dir()}
+    assert json.loads((stages["vocab"] / "manifest.json").read_text())["stage"] == \
+        "checkpoint_vocab"
+    minilm_vocab = hashlib.sha256((minilm_dir / "vocab.txt").read_bytes()).hexdigest()
+    for shards in ("shards128", "shards256"):
+        assert json.loads((stages[shards] / "manifest.json").read_text())["vocab"][
+            "sha256"] == minilm_vocab
+    exported = json.loads((stages["pretrain"] / "hf" / "config.json").read_text())
+    assert (exported["num_hidden_layers"], exported["hidden_size"],
+            exported["vocab_size"]) == (6, 384, 30522)
