@@ -65,6 +65,18 @@ class ShardsConfig:
     """Target size of one shard file."""
     validation_fraction: float = 0.01
     """Share of documents held out (by a hash of doc_id) for the validation shards."""
+    masked_lm_prob: float = 0.15
+    """Share of each instance's tokens to predict (make_shards --masked_lm_prob)."""
+    mask_fraction: float = 0.8
+    """Share of predicted positions shown as [MASK] (--mask_fraction; Table 8's MASK)."""
+    same_fraction: float = 0.1
+    """Share of predicted positions left unchanged (--same_fraction; Table 8's SAME)."""
+    random_fraction: float = 0.1
+    """Share of predicted positions shown as a random token (--random_fraction; Table 8's RND)."""
+    do_whole_word_mask: bool = False
+    """Predict all WordPiece pieces of a word together (--do_whole_word_mask)."""
+    next_sentence: bool = True
+    """Sentence pairs with NSP labels; false: MLM-only instances (--no_next_sentence)."""
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows import stages
-from flows.config import DagConfig, finetune_tasks
+from flows.config import DagConfig, ShardsConfig, finetune_tasks
 from flows.stages import StageResult, run_stage
 from pipelines import storage
 
@@ -54,7 +54,8 @@ def check_settings(cfg: DagConfig) -> None:
                 "max_predictions_per_seq": f"shards.phase{phase}_max_predictions"}
         with _in_setting_names(keys, default_section="shards"):
             InstanceConfig(**{k: options[k] for k in
-                              ("max_seq_length", "max_predictions_per_seq", "dupe_factor")})
+                              ("max_seq_length", "max_predictions_per_seq", "dupe_factor",
+                               *SHARD_ABLATION_SETTINGS) if k in options})
             ShardJobConfig(pack=cfg.shards.pack, target_shard_mb=options["target_shard_mb"],
                            validation_fraction=options["validation_fraction"])
     placeholder = StageResult("", "<stage>", "", cached=False, seconds=0.0)
@@ -173,9 +174,25 @@ def shard_options(cfg: DagConfig, phase: int) -> dict[str, Any]:
     s = cfg.shards
     seq, preds = ((s.phase1_max_seq_length, s.phase1_max_predictions) if phase == 1
                   else (s.phase2_max_seq_length, s.phase2_max_predictions))
-    return {"max_seq_length": seq, "max_predictions_per_seq": preds,
-            "dupe_factor": s.dupe_factor, "target_shard_mb": s.target_shard_mb,
-            "validation_fraction": s.validation_fraction, "do_lower_case": not cfg.vocab.cased}
+    options = {"max_seq_length": seq, "max_predictions_per_seq": preds,
+               "dupe_factor": s.dupe_factor, "target_shard_mb": s.target_shard_mb,
+               "validation_fraction": s.validation_fraction, "do_lower_case": not cfg.vocab.cased}
+    # The ablation settings enter the options (and so the stage hash) only where they differ
+    # from BERT's: shard folders made before they existed keep their hashes.
+    defaults = ShardsConfig()
+    return {**options, **{k: getattr(s, k) for k in SHARD_ABLATION_SETTINGS
+                          if getattr(s, k) != getattr(defaults, k)}}
+
+
+SHARD_ABLATION_SETTINGS = ("masked_lm_prob", "mask_fraction", "same_fraction",
+                           "random_fraction", "do_whole_word_mask", "next_sentence")
+"""ShardsConfig settings of the paper's ablations (make_shards flags of the same names;
+next_sentence=false is --no_next_sentence)."""
+
+
+def _shard_flags(options: dict[str, Any]) -> list[str]:
+    return ["--no_next_sentence" if k == "next_sentence" else f"--{k}={v}"
+            for k, v in options.items() if k != "next_sentence" or not v]
 
 
 def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: int) -> StageResult:
@@ -187,7 +204,7 @@ def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: 
         options["do_lower_case"] = vocab.manifest["do_lower_case"]
     seq = options["max_seq_length"]
     argv = ["--input", corpus.path, "--vocab", vocab.path]
-    argv += [f"--{k}={v}" for k, v in options.items()]
+    argv += _shard_flags(options)
     argv += ["--pack"] if s.pack else []
     return run_stage(_root(cfg), f"shards{seq}", {**options, "pack": s.pack}, lambda out: job.run(
         [*argv, "--output", out, *cfg.data.beam_args]), upstream=(corpus, vocab))

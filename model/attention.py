@@ -70,6 +70,17 @@ def query_attention_mask(ids: Tensor, query_index: Tensor | None) -> Tensor:
     return (queries[:, :, None] == ids[:, None, :])[:, None]  # (B, 1, P, T)
 
 
+def causal_attention_mask(ids: Tensor | None, query_index: Tensor | None, length: int,
+                          device: torch.device) -> Tensor:
+    """Left-to-right attention: query i sees key j iff j <= i and, when `ids` (B, T) is given,
+    both belong to the same instance. (B or 1, 1, P, T) for the queries at `query_index`
+    (B, P), all T queries when None. Every query sees itself, so no row is fully masked."""
+    keys = torch.arange(length, device=device)
+    queries = keys[None, :] if query_index is None else query_index  # (1 or B, P)
+    mask = (keys[None, None, :] <= queries[:, :, None])[:, None]  # (1 or B, 1, P, T)
+    return mask if ids is None else mask & query_attention_mask(ids, query_index)
+
+
 def split_heads(qkv: Tensor, num_heads: int) -> tuple[Tensor, Tensor, Tensor]:
     """Fused projections (N, T, 3H) -> q, k, v, each (N, A, T, D)."""
     N, T, H3 = qkv.shape

@@ -39,6 +39,7 @@ from model.attention import (
     BatchLayout,
     attend_planned,
     batch_layout,
+    causal_attention_mask,
     instance_ids,
     packed_position_ids,
     query_attention_mask,
@@ -82,6 +83,10 @@ class BertConfig:
     tied MLM decoder's matrix product whole tensor-core tiles on a GPU (30,522 -> 30,528). The
     extra rows are never looked up, the MLM scores are cut to `vocab_size`, and a Hugging Face
     export holds `vocab_size` rows."""
+    is_decoder: bool = False
+    """Left-to-right attention: a token sees only itself and the earlier tokens of its instance
+    (the paper's "LTR & No NSP" baseline, Table 5; transformers' name, whose BertModel then
+    masks the same way)."""
 
     def __post_init__(self):
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -318,12 +323,14 @@ class BertModel(nn.Module):
                             else torch.arange(input_ids.shape[1], device=input_ids.device)
                             .expand_as(input_ids))
         ids = instance_ids(attention_mask, sequence_ids, input_ids)
+        if self.config.is_decoder:  # whole rows under a causal mask (per instance in packed rows)
+            layout = BatchLayout(None, masked=True)
         if layout is None:  # worked out here: on a GPU a copy to the host and back (a sync)
             layout = batch_layout(ids).to(input_ids.device)
         # torch's stock ops draw dropout masks over whole rows, as transformers' BERT does
         plan = None if stock_ops_enabled() else layout.plan
         whole_rows = plan is None and layout.masked  # instances not in single runs, or stock
-        mask = query_attention_mask(ids, None) if whole_rows else None
+        mask = self._row_mask(ids, None, input_ids) if whole_rows else None
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         if output_hidden_states:
             states = [x]
@@ -337,17 +344,49 @@ class BertModel(nn.Module):
         # The sparse last layer attends from P queries over whole rows: a (B, 1, P, T) mask is
         # small, and per-instance groups would need the queries sorted into them.
         query_index = output_positions.long()
-        query_mask = query_attention_mask(ids, query_index) if layout.masked else None
+        query_mask = self._row_mask(ids, query_index, input_ids) if layout.masked else None
         return self.layers[-1](x, mask=query_mask, query_index=query_index)
 
-    def pool(self, hidden: Tensor, cls_positions: Tensor | None = None) -> Tensor:
-        """Pooled `[CLS]` states: (B, T, H) -> (B, H) at position 0, or (B, K, H) at `cls_positions` (B, K)."""
+    def _row_mask(self, ids: Tensor | None, query_index: Tensor | None,
+                  input_ids: Tensor) -> Tensor:
+        """The boolean mask of whole-row attention (B or 1, 1, P, T), causal for a decoder."""
+        if self.config.is_decoder:
+            return causal_attention_mask(ids, query_index, input_ids.shape[1], input_ids.device)
+        return query_attention_mask(ids, query_index)
+
+    def pool(self, hidden: Tensor, cls_positions: Tensor | None = None,
+             sequence_ids: Tensor | None = None) -> Tensor:
+        """Pooled `[CLS]` states: (B, T, H) -> (B, H) at position 0, or (B, K, H) at `cls_positions` (B, K).
+
+        A left-to-right model (`is_decoder`) pools each instance's last token instead: under
+        causal attention the [CLS] sees only itself and the last token the whole instance (as
+        OpenAI GPT classifies). `sequence_ids` (B, T) (padding -1) say where instances end;
+        None: the row's last position.
+        """
+        if self.config.is_decoder:
+            last = last_positions(sequence_ids, hidden.shape[1], hidden.shape[0],
+                                  1 if cls_positions is None else cls_positions.shape[1],
+                                  hidden.device)  # (B, K)
+            pooled = self.pooler(gather_positions(hidden, last))  # (B, K, H)
+            return pooled[:, 0] if cls_positions is None else pooled
         if cls_positions is None:
             return self.pooler(hidden[:, 0])
         return self.pooler(gather_positions(hidden, cls_positions.clamp(min=0)))  # (B, K, H)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def last_positions(sequence_ids: Tensor | None, length: int, rows: int, instances: int,
+                   device: torch.device) -> Tensor:
+    """Last position of instances 0..K-1 in each row (B, K), from `sequence_ids` (B, T) with
+    padding -1 (None: one instance filling the row); a missing instance gets 0."""
+    if sequence_ids is None:
+        return torch.full((rows, instances), length - 1, dtype=torch.long, device=device)
+    k = torch.arange(instances, device=device)
+    is_k = sequence_ids[:, None, :] == k[None, :, None]  # (B, K, T)
+    index = torch.arange(length, device=device)
+    return torch.where(is_k, index, -1).amax(-1).clamp(min=0)  # (B, K)
 
 
 def compile_layers(bert: BertModel) -> BertModel:

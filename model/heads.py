@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.attention import BatchLayout
+from model.attention import BatchLayout, instance_ids
 from model.bert import ACTIVATIONS, BertConfig, BertModel, init_bert_weights
 
 IGNORE_INDEX = -100
@@ -41,13 +41,15 @@ class PreTrainingOutput:
     """Outputs of `BertForPreTraining`; losses and counts are None without labels."""
 
     mlm_logits: Tensor
-    """(B, M, V) scores at `masked_lm_positions` (padding positions included, ignore them)."""
+    """(B, M, V) scores at `masked_lm_positions` (padding positions included, ignore them); for
+    the left-to-right model (B, T - 1, V), position t scoring token t + 1."""
     nsp_logits: Tensor | None
     """(B, 2) or (B, K, 2) next-sentence scores per instance; None for the MLM-only model."""
     loss: Tensor | None = None
     """mlm_loss + nsp_loss (scalar)."""
     mlm_loss: Tensor | None = None
-    """Mean cross-entropy over labelled masked tokens (scalar; 0 when there are none)."""
+    """Mean cross-entropy over labelled masked tokens (scalar; 0 when there are none); for the
+    left-to-right model over every next token of the same instance."""
     nsp_loss: Tensor | None = None
     """Mean cross-entropy over labelled instances (scalar; 0 when there are none)."""
     mlm_correct: Tensor | None = None
@@ -142,10 +144,23 @@ def instance_cls_positions(sequence_ids: Tensor, num_instances: int) -> Tensor:
     return is_k.int().argmax(dim=-1)
 
 
+def padding_ids(attention_mask: Tensor | None) -> Tensor | None:
+    """(B, T) instance ids of unpacked rows: 0 for tokens, -1 for padding (None stays None)."""
+    return None if attention_mask is None else attention_mask.long() - 1
+
+
 class BertForPreTraining(nn.Module):
-    """BERT with the masked-LM head and, unless `next_sentence=False` (MLM-only), the NSP head."""
+    """BERT with the masked-LM head and, unless `next_sentence=False` (MLM-only), the NSP head.
+
+    With `config.is_decoder` it is the paper's left-to-right baseline ("LTR & No NSP", section
+    5.1, Table 5): the same encoder under causal attention, the same decoder tied to the word
+    embeddings scoring token t + 1 at every position t, no NSP head.
+    """
 
     def __init__(self, config: BertConfig, next_sentence: bool = True):
+        if config.is_decoder and next_sentence:
+            raise ValueError("the left-to-right model (is_decoder) has no next-sentence head: "
+                             "build it with next_sentence=False")
         super().__init__()
         self.config = config
         self.next_sentence = next_sentence
@@ -168,6 +183,9 @@ class BertForPreTraining(nn.Module):
         `next_sentence_label`. `layout`: see `BertModel.forward`.
         """
         masked = masked_lm_positions.long()
+        if self.config.is_decoder:
+            return self.next_token(input_ids, masked, masked_lm_ids, token_type_ids,
+                                   attention_mask, sequence_ids, position_ids)
         per_instance = cls_positions is not None or (
             next_sentence_label is not None and next_sentence_label.dim() == 2)
         cls_positions = self.find_cls_positions(input_ids, sequence_ids, next_sentence_label,
@@ -193,6 +211,33 @@ class BertForPreTraining(nn.Module):
             out.nsp_loss, out.nsp_correct, out.nsp_count = masked_mean_loss(
                 nsp_logits.reshape(-1, 2), next_sentence_label.flatten())
             out.loss = out.loss + out.nsp_loss
+        return out
+
+    def next_token(self, input_ids: Tensor, masked_lm_positions: Tensor,
+                   masked_lm_ids: Tensor | None, token_type_ids: Tensor | None,
+                   attention_mask: Tensor | None, sequence_ids: Tensor | None,
+                   position_ids: Tensor | None) -> PreTrainingOutput:
+        """Left-to-right LM on a pre-training batch: the shards' masks are undone (the labels put
+        back at `masked_lm_positions`), then every token predicts the next token of its
+        instance; padding and the last token of each instance have no label."""
+        ids = input_ids.long()
+        if masked_lm_ids is not None:
+            labels = masked_lm_ids.long()
+            current = ids.gather(1, masked_lm_positions)  # (B, M)
+            ids = ids.scatter(1, masked_lm_positions, torch.where(labels >= 0, labels, current))
+        hidden = self.bert(ids, token_type_ids, attention_mask, sequence_ids, position_ids)
+        logits = self.mlm(hidden[:, :-1])  # (B, T - 1, V)
+        out = PreTrainingOutput(mlm_logits=logits, nsp_logits=None)
+        if masked_lm_ids is None:
+            return out
+        instance = instance_ids(attention_mask, sequence_ids, ids)  # (B, T) or None
+        targets = ids[:, 1:]  # (B, T - 1)
+        if instance is not None:
+            same = (instance[:, 1:] == instance[:, :-1]) & (instance[:, 1:] >= 0)
+            targets = targets.masked_fill(~same, IGNORE_INDEX)
+        out.mlm_loss, out.mlm_correct, out.mlm_count = masked_mean_loss(
+            logits.flatten(0, 1), targets.flatten())
+        out.loss = out.mlm_loss
         return out
 
     def find_cls_positions(self, input_ids: Tensor, sequence_ids: Tensor | None,
@@ -241,7 +286,8 @@ class BertForSequenceClassification(nn.Module):
                 labels: Tensor | None = None) -> SequenceClassifierOutput:
         """(B, T) inputs, labels (B,) int64 class ids or float targets -> logits (B, num_labels)."""
         hidden = self.bert(input_ids, token_type_ids, attention_mask)
-        logits = self.classifier(self.dropout(self.bert.pool(hidden)))
+        pooled = self.bert.pool(hidden, sequence_ids=padding_ids(attention_mask))
+        logits = self.classifier(self.dropout(pooled))
         out = SequenceClassifierOutput(logits=logits)
         if labels is not None:
             if self.num_labels == 1:
@@ -338,7 +384,8 @@ class BertForMultipleChoice(nn.Module):
             return None if t is None else t.reshape(batch * choices, length)  # (B * C, T)
 
         hidden = self.bert(flat(input_ids), flat(token_type_ids), flat(attention_mask))
-        logits = self.score(self.bert.pool(hidden)).view(batch, choices)  # (B, C)
+        pooled = self.bert.pool(hidden, sequence_ids=padding_ids(flat(attention_mask)))
+        logits = self.score(pooled).view(batch, choices)  # (B, C)
         out = MultipleChoiceOutput(logits=logits)
         if labels is not None:
             out.loss = F.cross_entropy(logits.float(), labels.long())

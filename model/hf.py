@@ -240,7 +240,8 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
                          f"{config.vocab_size}")
     extra = {}
     if isinstance(model, BertForPreTraining):
-        architecture = "BertForPreTraining" if model.nsp is not None else "BertForMaskedLM"
+        architecture = ("BertLMHeadModel" if config.is_decoder else  # left-to-right LM
+                        "BertForPreTraining" if model.nsp is not None else "BertForMaskedLM")
         prefix = "bert."
     elif isinstance(model, BertForSequenceClassification):
         architecture, prefix = "BertForSequenceClassification", "bert."

@@ -21,12 +21,21 @@ follows A (as in the reference and Hugging Face's `next_sentence_label`); -1 = M
 """
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from pipelines.masking import (
+    MaskingConfig,
+    reference_replacement,
+    replace_tokens,
+    take_word_groups,
+    word_groups,
+)
+from pipelines.masking import num_to_predict as _num_to_predict
 from pipelines.tokenization import (
     CLS,
     MASK,
@@ -64,8 +73,18 @@ class InstanceConfig:
     """Mask whole words: a `##` piece is chosen with the pieces before it (--do_whole_word_mask)."""
     next_sentence: bool = True
     """False = MLM-only: [CLS] A [SEP], no next-sentence pair, label -1 (--no_next_sentence)."""
+    mask_fraction: float = 0.8
+    """Share of predicted positions shown as [MASK] (--mask_fraction; Table 8's MASK)."""
+    same_fraction: float = 0.1
+    """Share of predicted positions left unchanged (--same_fraction; Table 8's SAME)."""
+    random_fraction: float = 0.1
+    """Share of predicted positions shown as a random token (--random_fraction; Table 8's RND)."""
 
     def __post_init__(self):
+        try:
+            self.masking  # noqa: B018 (validates the masking fields)
+        except ValueError as e:
+            raise ValueError(f"--{e}") from None
         if self.max_seq_length < 5:
             # [CLS] A [SEP] B [SEP] with A and B non-empty, and target lengths randint(2, max - 3)
             raise ValueError(f"--max_seq_length must be >= 5, got {self.max_seq_length}")
@@ -80,6 +99,14 @@ class InstanceConfig:
             raise ValueError(f"--dupe_factor must be >= 1, got {self.dupe_factor}")
         if self.random_seed < 0:
             raise ValueError(f"--random_seed must be >= 0, got {self.random_seed}")
+
+    @functools.cached_property
+    def masking(self) -> MaskingConfig:
+        """The masking settings (`pipelines.masking`), shared with the loader's re-masking."""
+        return MaskingConfig(
+            masked_lm_prob=self.masked_lm_prob, max_predictions_per_seq=self.max_predictions_per_seq,
+            mask_fraction=self.mask_fraction, same_fraction=self.same_fraction,
+            random_fraction=self.random_fraction, do_whole_word_mask=self.do_whole_word_mask)
 
     @property
     def max_num_tokens(self) -> int:
@@ -116,7 +143,7 @@ class Vocab:
     is_subword: np.ndarray
     """(vocab_size,) bool: the token starts with `##` (joins the previous piece in whole words)."""
     replacement_ids: np.ndarray
-    """(K,) int32: ids the 10% random replacement draws from, in the reference's `vocab_words`
+    """(K,) int32: ids the random replacement draws from, in the reference's `vocab_words`
     order (all ids unless the vocabulary repeats a token: the reference keeps one of each)."""
 
     @classmethod
@@ -150,13 +177,12 @@ class Instance:
 
 def num_to_predict(num_tokens: int, cfg: InstanceConfig) -> int:
     """Masked positions of an instance of `num_tokens` tokens, specials included (the reference)."""
-    return min(cfg.max_predictions_per_seq, max(1, round(num_tokens * cfg.masked_lm_prob)))
+    return _num_to_predict(num_tokens, cfg.masking)
 
 
 def num_to_predict_array(num_tokens: np.ndarray, cfg: InstanceConfig) -> np.ndarray:
-    """`num_to_predict` for (N,) token counts (np.round rounds half to even, as Python 3)."""
-    rounded = np.round(num_tokens * cfg.masked_lm_prob).astype(np.int64)
-    return np.minimum(cfg.max_predictions_per_seq, np.maximum(1, rounded))
+    """`num_to_predict` for (N,) token counts."""
+    return _num_to_predict(num_tokens, cfg.masking)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,28 +345,21 @@ def _reference_truncate(tokens_a: list[int], tokens_b: list[int], max_num_tokens
             trunc.pop()
 
 
-def _candidate_groups(tokens: list[int], vocab: Vocab, whole_word: bool) -> list[list[int]]:
-    """Maskable positions, grouped by word under whole-word masking.
-
-    As in the reference, a `##` piece joins the last group even across a [SEP] (the specials
-    are skipped before the check), and a `##` piece with no group before it starts one.
-    """
-    groups: list[list[int]] = []
-    is_subword = vocab.is_subword
-    for i, token in enumerate(tokens):
-        if token == vocab.cls_id or token == vocab.sep_id:
-            continue
-        if whole_word and groups and is_subword[token]:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
+def _word_groups(tokens: list[int], vocab: Vocab) -> list[list[int]]:
+    """Maskable positions grouped by word (`pipelines.masking.word_groups`): as in the
+    reference, a `##` piece joins the last group even across a [SEP] (the specials are skipped
+    before the check), and a `##` piece with no group before it starts one."""
+    ids = np.asarray(tokens)
+    candidates = np.flatnonzero((ids != vocab.cls_id) & (ids != vocab.sep_id))
+    group = word_groups(ids[candidates], vocab.is_subword)  # (C,) ascending group ids
+    starts = np.flatnonzero(np.r_[True, group[1:] != group[:-1]]) if len(group) else []
+    return [part.tolist() for part in np.split(candidates, starts[1:])] if len(group) else []
 
 
 def _reference_mask(tokens: list[int], len_segment_0: int, label: int, vocab: Vocab,
                     cfg: InstanceConfig, rng: random.Random) -> Instance:
     if cfg.do_whole_word_mask:
-        groups = _candidate_groups(tokens, vocab, whole_word=True)
+        groups = _word_groups(tokens, vocab)
     else:  # one position per group: shuffling positions draws the same numbers, and is faster
         cls_id, sep_id = vocab.cls_id, vocab.sep_id
         groups = [(i,) for i, t in enumerate(tokens) if t != cls_id and t != sep_id]
@@ -348,17 +367,15 @@ def _reference_mask(tokens: list[int], len_segment_0: int, label: int, vocab: Vo
     n = num_to_predict(len(tokens), cfg)
     output = list(tokens)
     chosen: list[int] = []
-    replacements = vocab.replacement_ids
+    masking, mask_id, replacements = cfg.masking, vocab.mask_id, vocab.replacement_ids
     for group in groups:
         if len(chosen) >= n:
             break
         if len(chosen) + len(group) > n:
             continue
         for index in group:  # groups are disjoint: the reference's overlap check never fires
-            if rng.random() < 0.8:
-                output[index] = vocab.mask_id
-            elif rng.random() >= 0.5:
-                output[index] = int(replacements[rng.randint(0, len(replacements) - 1)])
+            output[index] = reference_replacement(tokens[index], rng, masking, mask_id,
+                                                  replacements)
             chosen.append(index)
     chosen.sort()
     segment_ids = np.zeros(len(tokens), dtype=np.uint8)
@@ -574,7 +591,8 @@ def finalize_instance(plan: InstancePlan, vocab: Vocab, cfg: InstanceConfig) -> 
         candidates = np.sort(candidates[np.argpartition(keys, n - 1)[:n]])
     positions = candidates.astype(np.int32)
     masked_ids = tokens[positions]
-    _apply_masks(tokens, positions, u[cuts + num_tokens:cuts + num_tokens + len(positions)], vocab)
+    replace_tokens(tokens, positions, u[cuts + num_tokens:cuts + num_tokens + len(positions)],
+                   cfg.masking, vocab.mask_id, vocab.replacement_ids)
     return Instance(input_ids=tokens, segment_ids=segment_ids, masked_lm_positions=positions,
                     masked_lm_ids=masked_ids, next_sentence_label=plan.next_sentence_label)
 
@@ -593,8 +611,8 @@ def finalize_instances(plans: Sequence[InstancePlan], vocab: Vocab,
     so the result does not depend on how plans are batched: its first numbers pick front or
     back for each truncated token (< 0.5 = front), the next T are sort keys that shuffle the
     mask candidates (the n smallest are masked), and one number per masked position picks
-    [MASK] (< 0.8), unchanged (< 0.9) or a random token (the rest of its range scaled to the
-    vocabulary), the reference's 80/10/10 per wordpiece.
+    [MASK], unchanged or a random token (`pipelines.masking.replace_tokens`; at 80/10/10 the
+    reference's split per wordpiece).
     """
     n_plans = len(plans)
     if not n_plans:
@@ -636,7 +654,7 @@ def finalize_instances(plans: Sequence[InstancePlan], vocab: Vocab,
     masked_ids = tokens[flat]
     draw_index = (np.repeat(key_start + num_tokens - masked_start, num_masked)
                   + np.arange(len(flat)))
-    _apply_masks(tokens, flat, u[draw_index], vocab)
+    replace_tokens(tokens, flat, u[draw_index], cfg.masking, vocab.mask_id, vocab.replacement_ids)
 
     out = []
     for i, plan in enumerate(plans):
@@ -700,37 +718,19 @@ def _choose_positions(tokens, row_start, num_tokens, u, key_start, n_pred,
 
 def _choose_whole_words(tokens, row_start, num_tokens, u, key_start, n_pred,
                         vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
-    """Whole-word masking: word groups (see `_candidate_groups`) in the order of their sort keys,
+    """Whole-word masking: word groups (`pipelines.masking.word_groups`) in the order of their sort keys,
     skipping a group that would exceed n_pred, as the reference's scan. One row at a time."""
     positions, counts = [], []
     for r, t, k, n in zip(row_start, num_tokens, key_start, n_pred):
         row = tokens[r:r + t]
         cand = np.flatnonzero((row != vocab.cls_id) & (row != vocab.sep_id))
-        starts = ~vocab.is_subword[row[cand]]
-        starts[0] = True
-        group = np.cumsum(starts) - 1  # (C,) group of each candidate
+        group = word_groups(row[cand], vocab.is_subword)  # (C,) group of each candidate
         sizes = np.bincount(group)
-        taken, chosen = 0, []
-        for g in np.argsort(u[k:k + len(sizes)], kind="stable"):
-            if taken >= n:
-                break
-            if taken + sizes[g] <= n:
-                chosen.append(g)
-                taken += sizes[g]
+        chosen = take_word_groups(sizes, np.argsort(u[k:k + len(sizes)], kind="stable"), n)
         picked = cand[np.isin(group, chosen)]  # ascending
         positions.append(picked)
         counts.append(len(picked))
     return np.concatenate(positions).astype(np.int32), np.asarray(counts, dtype=np.int64)
-
-
-def _apply_masks(tokens: np.ndarray, flat: np.ndarray, draws: np.ndarray, vocab: Vocab) -> None:
-    """80% [MASK], 10% unchanged, 10% a random vocabulary token: one draw per masked position."""
-    tokens[flat[draws < 0.8]] = vocab.mask_id
-    to_random = draws >= 0.9
-    if to_random.any():
-        k = len(vocab.replacement_ids)
-        picks = np.minimum(((draws[to_random] - 0.9) * 10.0 * k).astype(np.int64), k - 1)
-        tokens[flat[to_random]] = vocab.replacement_ids[picks]
 
 
 def create_instances_scalable(documents: list[Document], vocab: Vocab, cfg: InstanceConfig,

@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--do_whole_word_mask", type=_bool, nargs="?", const=True,
                         default=defaults.do_whole_word_mask,
                         help="mask all pieces of a word together")
+    for name, column in (("mask_fraction", "MASK"), ("same_fraction", "SAME"),
+                         ("random_fraction", "RND")):
+        parser.add_argument(f"--{name}", type=float, default=getattr(defaults, name),
+                            help=f"share of predicted positions shown as {column} (Table 8); "
+                                 "the three fractions sum to 1")
     parser.add_argument("--do_lower_case", type=_bool, nargs="?", const=True, default=None,
                         help="lower-case input (default: as the vocabulary folder's "
                              "tokenizer_config.json says; true for a bare vocab.txt)")
@@ -181,7 +186,9 @@ def configs_from_args(args: argparse.Namespace) -> tuple[InstanceConfig, ShardJo
         max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
         masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
         dupe_factor=args.dupe_factor, random_seed=args.random_seed,
-        do_whole_word_mask=args.do_whole_word_mask, next_sentence=not args.no_next_sentence)
+        do_whole_word_mask=args.do_whole_word_mask, next_sentence=not args.no_next_sentence,
+        mask_fraction=args.mask_fraction, same_fraction=args.same_fraction,
+        random_fraction=args.random_fraction)
     job = ShardJobConfig(
         mode=args.mode, pack=args.pack, target_shard_mb=args.target_shard_mb,
         num_shards=args.num_shards, rows_per_block=args.rows_per_block, format=args.format,

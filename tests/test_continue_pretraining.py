@@ -113,6 +113,10 @@ def test_settings_that_contradict_the_checkpoint_name_both_values(minilm_dir, mi
     with pytest.raises(ValueError, match=r"--set model=bert_tiny has num_hidden_layers=2, but "
                        rf"init_from={minilm_dir} \(.*config.json\) has num_hidden_layers=6"):
         pretrain.model_config(config, manifest)
+    shallow = cfg.resolve("tiny", assignments=[f"init_from={minilm_dir}", "num_hidden_layers=4"])
+    with pytest.raises(ValueError, match=r"--set num_hidden_layers=4, but "
+                       rf"init_from={minilm_dir} \(.*config.json\) has num_hidden_layers=6"):
+        pretrain.model_config(shallow, manifest)
     long = cfg.resolve("tiny", assignments=[f"init_from={minilm_dir}",
                                             "phase2.max_seq_length=1024"])
     with pytest.raises(ValueError, match=r"--set phase2.max_seq_length=1024, but .* has "

@@ -31,6 +31,12 @@ from training.settings import convert_setting
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("fp32", "bf16", "fp16", "auto")
+OBJECTIVES = ("mlm", "ltr")
+SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
+"""Model shape settings that override the preset's (0 = the preset's value)."""
+MASKING_FIELDS = ("masked_lm_prob", "mask_fraction", "same_fraction", "random_fraction",
+                  "do_whole_word_mask")
+"""Settings of dynamic masking (`dynamic_masking=true`)."""
 DEVICES = ("auto", "cuda")
 OPTIMIZERS = ("adamw", "lamb")
 
@@ -85,15 +91,30 @@ class PhaseConfig:
 class PretrainConfig:
     """A whole pre-training run."""
     model: str = "bert_tiny"
-    """Model preset in model.bert (bert_tiny, bert_mini, bert_base, bert_large); "" with
-    `init_from`: the checkpoint's shape (what `--set init_from=...` alone resolves to). A preset
-    named together with `init_from` must have the checkpoint's shape."""
+    """Model preset in model.bert (bert_tiny, bert_mini, bert_base, bert_large); the shape
+    fields below override its shape (paper Table 6). "" with `init_from`: the checkpoint's shape
+    (what `--set init_from=...` alone resolves to); a preset or shape field named together with
+    `init_from` must agree with the checkpoint."""
     init_from: str = ""
     """Checkpoint to continue pre-training from: a Hugging Face BERT folder (BertModel or
     BertForPreTraining weights), one of our exports or `model.hf.save_checkpoint` folders, or a
     pre-training run's output folder (its `hf/`). Its shape and vocabulary decide the model's;
     heads it lacks start fresh. A restarted run resumes from its own `checkpoints/latest`
     instead (the checkpoint is then read for its shape only)."""
+    num_hidden_layers: int = 0
+    """Transformer blocks L (0 = the preset's)."""
+    hidden_size: int = 0
+    """Hidden width H (0 = the preset's); a multiple of num_attention_heads."""
+    num_attention_heads: int = 0
+    """Attention heads A (0 = the preset's)."""
+    intermediate_size: int = 0
+    """Feed-forward width (0 = the preset's; the presets use 4H)."""
+    objective: str = "mlm"
+    """mlm: BERT's masked LM (+ NSP, see next_sentence); ltr: the left-to-right LM baseline of
+    Table 5 ("LTR & No NSP"): causal attention, next-token prediction, never NSP."""
+    next_sentence: bool = True
+    """Train the next-sentence head and loss where the shards have NSP labels; false: MLM-only
+    (no NSP head or loss) on any shards (Table 5's "No NSP")."""
     vocab_dir: str = ""
     """Vocabulary folder (vocab.txt, tokenizer.json): special-token ids and the exported folder."""
     output_dir: str = "runs/pretrain"
@@ -123,7 +144,18 @@ class PretrainConfig:
     seed: int = 12345
     """Seed of the model init, dropout, data order and re-masking."""
     dynamic_masking: bool = False
-    """Re-draw the 80/10/10 masks of every row each epoch instead of the shards' static masks."""
+    """Re-draw the masks of every row each epoch instead of the shards' static masks."""
+    masked_lm_prob: float = 0.0
+    """Dynamic masking's share of each instance's tokens to predict, capped at the shards'
+    max_predictions_per_seq (0 = as many per row as the shards' masks)."""
+    mask_fraction: float = 0.8
+    """Dynamic masking: share of predicted positions shown as [MASK] (Table 8's MASK)."""
+    same_fraction: float = 0.1
+    """Dynamic masking: share of predicted positions left unchanged (Table 8's SAME)."""
+    random_fraction: float = 0.1
+    """Dynamic masking: share shown as a random token (Table 8's RND); the three sum to 1."""
+    do_whole_word_mask: bool = False
+    """Dynamic masking: predict all WordPiece pieces of a word together."""
     shuffle_buffer: int = 2000
     """Rows in the loader's shuffle buffer (0 = no shuffling)."""
     num_workers: int = 1
@@ -151,6 +183,16 @@ class PretrainConfig:
     def __post_init__(self):
         _check(self.model in MODEL_PRESETS or (self.model == "" and bool(self.init_from)),
                "model", f"one of {sorted(MODEL_PRESETS)} (or empty with init_from)")
+        for flag in SHAPE_FIELDS:
+            _check(getattr(self, flag) >= 0, flag, ">= 0 (0 = the preset's)")
+        if self.model:  # with init_from and no preset the checkpoint's shape is checked at start
+            shape = {**MODEL_PRESETS[self.model]().to_dict(),
+                     **{f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}}
+            _check(shape["hidden_size"] % shape["num_attention_heads"] == 0, "hidden_size",
+                   f"a multiple of num_attention_heads (got hidden_size={shape['hidden_size']}, "
+                   f"num_attention_heads={shape['num_attention_heads']}, model={self.model})")
+        _check(self.objective in OBJECTIVES, "objective", f"one of {OBJECTIVES}")
+        self._check_masking()
         _check(self.zero_stage in (0, 1, 2, 3), "zero_stage", "0, 1, 2 or 3")
         _check(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}")
         _check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
@@ -185,6 +227,41 @@ class PretrainConfig:
             return self.precision
         allowed = self.zero_stage >= 1 and self.optimizer == "adamw"
         return "bf16" if bf16_hardware and allowed else "fp32"
+
+    def model_config(self, vocab_size: int, **changes: Any):
+        """The `model.bert.BertConfig` of the preset with this run's shape, dropout and
+        objective (`is_decoder` for ltr)."""
+        from model.bert import BertConfig
+        shape = {f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}
+        base = MODEL_PRESETS[self.model]().to_dict()
+        return BertConfig(**{**base, **shape, "vocab_size": vocab_size,
+                             "hidden_dropout_prob": self.dropout,
+                             "attention_probs_dropout_prob": self.dropout,
+                             "is_decoder": self.objective == "ltr", **changes})
+
+    def masking(self, max_predictions_per_seq: int):
+        """Dynamic masking's `pipelines.masking.MaskingConfig`, capped as the shards are."""
+        from pipelines.masking import MaskingConfig
+        return MaskingConfig(masked_lm_prob=self.masked_lm_prob or 0.15,
+                             max_predictions_per_seq=max_predictions_per_seq,
+                             mask_fraction=self.mask_fraction, same_fraction=self.same_fraction,
+                             random_fraction=self.random_fraction,
+                             do_whole_word_mask=self.do_whole_word_mask)
+
+    def _check_masking(self) -> None:
+        _check(0 <= self.masked_lm_prob < 1, "masked_lm_prob", "in [0, 1) (0 = the shards' count)")
+        try:
+            self.masking(max_predictions_per_seq=1)
+        except ValueError as e:
+            raise ValueError(f"--set {e}") from None
+        changed = [f for f in MASKING_FIELDS
+                   if getattr(self, f) != PretrainConfig.__dataclass_fields__[f].default]
+        if changed and not self.dynamic_masking:
+            raise ValueError(f"--set {changed[0]}: acts only with dynamic_masking=true (without "
+                             "it the shards' masks are used: set it in make_shards instead)")
+        if self.objective == "ltr" and self.dynamic_masking:
+            raise ValueError("--set objective=ltr: cannot be combined with dynamic_masking=true "
+                             "(the left-to-right LM predicts every next token; it has no masks)")
 
     def phase(self, name: str) -> PhaseConfig:
         for p in self.phases:

@@ -40,10 +40,15 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
     start = start or find_starting_point(config.init_from)
     shape = start.config
     where = f"init_from={config.init_from} ({start.config_file})"
+    for name in SHAPE_FIELDS[:4]:  # the run's shape fields (0 = not set)
+        value = getattr(config, name)
+        if value and value != getattr(shape, name):
+            raise ValueError(f"--set {name}={value}, but {where} has {name}="
+                             f"{getattr(shape, name)}: a checkpoint's shape cannot change")
     if config.model:
         preset = MODEL_PRESETS[config.model]()
         for name in SHAPE_FIELDS[:4]:
-            if getattr(preset, name) != getattr(shape, name):
+            if not getattr(config, name) and getattr(preset, name) != getattr(shape, name):
                 raise ValueError(
                     f"--set model={config.model} has {name}={getattr(preset, name)}, but "
                     f"{where} has {name}={getattr(shape, name)}: leave model out (--set "
@@ -68,7 +73,8 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
         raise ValueError(f"{where} has type_vocab_size {shape.type_vocab_size}; BERT's inputs "
                          "need 2 token types (sentences A and B)")
     return shape.replace(hidden_dropout_prob=config.dropout,
-                         attention_probs_dropout_prob=config.dropout, vocab_multiple=64)
+                         attention_probs_dropout_prob=config.dropout, vocab_multiple=64,
+                         is_decoder=config.objective == "ltr")
 
 
 def load_starting_weights(model: nn.Module, start: StartingPoint) -> list[str]:

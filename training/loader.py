@@ -27,6 +27,7 @@ same: a 1-rank run with 2 accumulation steps sees the rows a 2-rank run sees.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -43,6 +44,13 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from model.attention import BatchLayout, batch_layout, instance_ids
 from pipelines import shard_format
+from pipelines.masking import (
+    MaskingConfig,
+    num_to_predict,
+    replace_tokens,
+    take_word_groups,
+    word_groups,
+)
 from pipelines.shard_format import Row
 
 log = logging.getLogger(__name__)
@@ -260,9 +268,12 @@ def block_rows(sample: dict, max_seq_length: int) -> list[KeyedRow]:
 
 @dataclass(frozen=True)
 class Remasker:
-    """Dynamic masking (RoBERTa section 4.1): new 80/10/10 masks for every row each epoch.
+    """Dynamic masking (RoBERTa section 4.1): new masks for every row each epoch, drawn with
+    `pipelines.masking` (the MASK/SAME/RND split and whole-word groups make_shards uses).
 
-    Keeps each row's number of masked positions; candidates are all non-special tokens.
+    Candidates are all non-special tokens. Each row keeps its number of predicted positions,
+    unless `recount` is set: then each instance of the row gets
+    `pipelines.masking.num_to_predict` of its own tokens.
     """
     mask_id: int
     """Id of `[MASK]`."""
@@ -272,13 +283,24 @@ class Remasker:
     """Ids never masked ([CLS], [SEP], [PAD])."""
     seed: int = 0
     """Seed; a row's masks depend only on (seed, epoch, row identity), not on the rank split."""
+    masking: MaskingConfig = dataclasses.field(default_factory=MaskingConfig)
+    """The split, whole-word masking and (with `recount`) the rate and cap."""
+    recount: bool = False
+    """True: `masking.masked_lm_prob` decides each instance's count; False: keep the row's."""
+    subword_ids: tuple[int, ...] = ()
+    """Ids of `##` pieces (whole-word masking joins them to the word before)."""
 
     @classmethod
-    def from_vocab(cls, vocab_dir: str, seed: int) -> Remasker:
+    def from_vocab(cls, vocab_dir: str, seed: int, masking: MaskingConfig | None = None,
+                   recount: bool = False) -> Remasker:
         from pipelines.tokenization import CLS, MASK, PAD, SEP, read_vocab
         tokens = read_vocab(vocab_dir)
         ids = {t: i for i, t in enumerate(tokens)}
-        return cls(ids[MASK], len(tokens), (ids[CLS], ids[SEP], ids[PAD]), seed)
+        masking = masking or MaskingConfig()
+        subwords = tuple(i for i, t in enumerate(tokens) if t.startswith("##")) \
+            if masking.do_whole_word_mask else ()
+        return cls(ids[MASK], len(tokens), (ids[CLS], ids[SEP], ids[PAD]), seed, masking,
+                   recount, subwords)
 
     def __call__(self, item: KeyedRow, epoch: int) -> Row:
         row = item.row
@@ -287,15 +309,43 @@ class Remasker:
         rng = np.random.default_rng([self.seed, epoch, zlib.crc32(item.shard.encode()),
                                      zlib.crc32(item.key.encode()), item.index])
         candidates = np.flatnonzero(~np.isin(original, self.special_ids))
-        count = min(len(row.masked_lm_positions), len(candidates))
-        positions = np.sort(rng.choice(candidates, size=count, replace=False))
+        count = min(self._count(row), len(candidates))
+        if self.masking.do_whole_word_mask:
+            positions = self._whole_words(original, candidates, count, rng)
+        else:
+            positions = np.sort(rng.choice(candidates, size=count, replace=False))
         ids = original.copy()
-        draw = rng.random(count)
-        random_ids = rng.integers(0, self.vocab_size, size=count)
-        ids[positions] = np.where(draw < 0.8, self.mask_id,
-                                  np.where(draw < 0.9, random_ids, original[positions]))
+        replace_tokens(ids, positions, rng.random(len(positions)), self.masking, self.mask_id,
+                       self.replacement_ids)
         return Row(ids, row.segment_ids, row.sequence_ids, positions, original[positions],
                    row.next_sentence_labels)
+
+    @functools.cached_property
+    def replacement_ids(self) -> np.ndarray:
+        """(vocab_size,) every id: random replacements draw from the whole vocabulary."""
+        return np.arange(self.vocab_size)
+
+    @functools.cached_property
+    def is_subword(self) -> np.ndarray:
+        """(vocab_size,) bool: the id is a `##` piece."""
+        flags = np.zeros(self.vocab_size, dtype=bool)
+        flags[list(self.subword_ids)] = True
+        return flags
+
+    def _count(self, row: Row) -> int:
+        """Positions to predict in the row: the shards' count, or the rate's per instance."""
+        if not self.recount:
+            return len(row.masked_lm_positions)
+        lengths = np.bincount(np.asarray(row.sequence_ids, np.int64))  # (K,) tokens per instance
+        return int(num_to_predict(lengths[lengths > 0], self.masking).sum())
+
+    def _whole_words(self, original: np.ndarray, candidates: np.ndarray, count: int,
+                     rng: np.random.Generator) -> np.ndarray:
+        """Whole words in a random order, each taken unless it would exceed `count`."""
+        group = word_groups(original[candidates], self.is_subword)  # (C,)
+        sizes = np.bincount(group)
+        chosen = take_word_groups(sizes, np.argsort(rng.random(len(sizes)), kind="stable"), count)
+        return candidates[np.isin(group, chosen)]  # ascending
 
 
 # ---------------------------------------------------------------- collate

@@ -243,13 +243,16 @@ def same_tokens(recorded_path: str | None, recorded_sha: str, vocab_dir: str) ->
 
 def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None,
                 initial: bool = False):
-    """`model.heads.BertForPreTraining` of the preset sized to the shards' vocabulary, or of
-    `init_from`'s shape (training/init_from.py). `state_dict`: a previous phase's (or a
-    checkpoint's) weights; `initial`: start from `init_from`'s weights instead."""
+    """`model.heads.BertForPreTraining` of the preset with the run's shape and objective, sized
+    to the shards' vocabulary, or of `init_from`'s shape (training/init_from.py); the NSP head
+    only where the shards have NSP labels and the run trains NSP (`next_sentence`, never for
+    objective=ltr). `state_dict`: a previous phase's (or a checkpoint's) weights; `initial`:
+    start from `init_from`'s weights instead."""
     from model.heads import BertForPreTraining
 
-    model = BertForPreTraining(model_config(config, manifest),
-                               next_sentence=bool(manifest.get("nsp", True)))
+    next_sentence = bool(manifest.get("nsp", True)) and config.next_sentence \
+        and config.objective != "ltr"
+    model = BertForPreTraining(model_config(config, manifest), next_sentence=next_sentence)
     if initial:
         from model.hf import find_starting_point
         from training.init_from import load_starting_weights
@@ -263,9 +266,8 @@ def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None 
 
 
 def model_config(config: PretrainConfig, manifest: dict):
-    """The run's `model.bert.BertConfig`: `init_from`'s shape, or the preset's with the
-    shards' vocabulary size."""
-    from model import bert
+    """The run's `model.bert.BertConfig`: `init_from`'s shape, or the preset's (with the run's
+    shape fields) with the shards' vocabulary size."""
     if config.init_from:
         from training.init_from import checkpoint_model_config
         return checkpoint_model_config(config, manifest)
@@ -279,9 +281,7 @@ def model_config(config: PretrainConfig, manifest: dict):
         vocab_size = tokens
     if not vocab_size:
         raise ValueError("vocab_size unknown: set vocab_dir or write vocab_size in the manifest")
-    return bert.PRESETS[config.model](
-        vocab_size=vocab_size, hidden_dropout_prob=config.dropout,
-        attention_probs_dropout_prob=config.dropout, vocab_multiple=64)
+    return config.model_config(vocab_size, vocab_multiple=64)
 
 
 def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
@@ -301,8 +301,16 @@ def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
 
 def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
                  validation: bool = False) -> LoaderConfig:
-    remasker = (Remasker.from_vocab(config.vocab_dir, config.seed)
-                if config.dynamic_masking and not validation else None)
+    remasker = None
+    if config.dynamic_masking and not validation:
+        from pipelines.masking import MaskingConfig
+        cap = int(shard_manifest(phase).get("max_predictions_per_seq") or 0) \
+            if config.masked_lm_prob else MaskingConfig.max_predictions_per_seq  # unused
+        if not cap:
+            raise ValueError(f"--set masked_lm_prob={config.masked_lm_prob}: the manifest of "
+                             f"{phase.train_shards} records no max_predictions_per_seq to cap it")
+        remasker = Remasker.from_vocab(config.vocab_dir, config.seed, config.masking(cap),
+                                       recount=bool(config.masked_lm_prob))
     return LoaderConfig(
         source=(phase.validation_shards or phase.train_shards) if validation else phase.train_shards,
         batch_size=phase.micro_batch_size, max_seq_length=phase.max_seq_length, rank=dist.rank,

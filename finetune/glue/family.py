@@ -136,7 +136,7 @@ def classifier_logits(model: BertForSequenceClassification, batch: PackedBatch) 
     """
     hidden = model.bert(batch.input_ids, batch.token_type_ids,
                         sequence_ids=batch.sequence_ids)  # (R, T, H)
-    pooled = model.bert.pool(hidden, batch.cls_positions)  # (R, K, H)
+    pooled = model.bert.pool(hidden, batch.cls_positions, batch.sequence_ids)  # (R, K, H)
     pooled = pooled[batch.rows, batch.slots]  # (B, H)
     return model.classifier(model.dropout(pooled))
 

@@ -123,7 +123,7 @@ def choice_scores(model: BertForMultipleChoice, batch: ChoiceBatch) -> Tensor:
     """
     hidden = model.bert(batch.input_ids, batch.token_type_ids,
                         sequence_ids=batch.sequence_ids)  # (R, T, H)
-    pooled = model.bert.pool(hidden, batch.cls_positions)  # (R, K, H)
+    pooled = model.bert.pool(hidden, batch.cls_positions, batch.sequence_ids)  # (R, K, H)
     return model.score(pooled[batch.rows, batch.slots])  # (B, C, H) -> (B, C)
 
 
