@@ -82,7 +82,10 @@ class ShardsConfig:
 @dataclass(frozen=True)
 class PretrainConfig:
     model: str = "bert_base"
-    """Model preset: bert_tiny, bert_mini, bert_base, bert_large."""
+    """Model preset: bert_tiny, bert_mini, bert_base, bert_large (not used with init_from)."""
+    init_from: str = ""
+    """Continue pre-training from this BERT checkpoint (training/config.py `init_from`): its
+    shape is the model, its vocab.txt the vocabulary (no vocabulary is trained; vocab.* unused)."""
     phase1_steps: int = 900_000
     """Optimizer steps of phase 1 (BERT: 90% of 1M at seq 128)."""
     phase2_steps: int = 100_000

@@ -3,6 +3,7 @@
     extract Wikipedia ┐
                       ├> build corpus -> train vocab -> shards 128 ┐
     extract books ────┘                            └-> shards 512 ┴> pretrain (phase 1 -> 2)
+                       (pretrain.init_from: the checkpoint's vocabulary instead of train vocab)
         -> export Hugging Face folder -> fine-tune (tasks x learning rates x seeds) -> best
         -> report
 
@@ -46,6 +47,12 @@ def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
 @task(name="train-vocab", **IO_TASK)
 def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:
     return steps.train_vocab(cfg, corpus)
+
+
+@task(name="checkpoint-vocab", **IO_TASK)
+def checkpoint_vocab(cfg: DagConfig) -> StageResult:
+    from flows.checkpoint_vocab import checkpoint_vocab as copy_vocab
+    return copy_vocab(cfg.output, cfg.pretrain.init_from)
 
 
 @task(name="make-shards", **IO_TASK)
@@ -108,10 +115,13 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     get_run_logger().info("resolved config:\n%s", steps.describe(cfg))
     check_inputs_exist(cfg, data_only)
 
+    # Continued pre-training keeps the checkpoint's vocabulary (its embeddings are indexed by
+    # it), taken first: a wrong init_from fails before the data stages' hours.
+    own_vocab = checkpoint_vocab(cfg) if cfg.pretrain.init_from else None
     wiki, books = extract_wikipedia.submit(cfg), extract_books.submit(cfg)
     sources = [s for s in (wiki.result(), books.result()) if s is not None]
     corpus = build_corpus(cfg, sources)
-    vocab = train_vocab(cfg, corpus)
+    vocab = own_vocab or train_vocab(cfg, corpus)
     shards = [make_shards.submit(cfg, corpus, vocab, phase) for phase in (1, 2)]
     shards = [s.result() for s in shards]
     if data_only:

@@ -200,6 +200,8 @@ def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: 
 
     s = cfg.shards
     options = shard_options(cfg, phase)
+    if "do_lower_case" in vocab.manifest:  # a checkpoint's vocabulary (flows/checkpoint_vocab.py)
+        options["do_lower_case"] = vocab.manifest["do_lower_case"]
     seq = options["max_seq_length"]
     argv = ["--input", corpus.path, "--vocab", vocab.path]
     argv += _shard_flags(options)
@@ -227,7 +229,8 @@ def pretrain_overrides(cfg: DagConfig, vocab: StageResult, shards: list[StageRes
     p = cfg.pretrain
     phase1_warmup = min(p.warmup_steps, p.phase1_steps)
     return {
-        "model": p.model, "vocab_dir": vocab.path, "output_dir": output_dir,
+        "model": "" if p.init_from else p.model, "init_from": p.init_from,
+        "vocab_dir": vocab.path, "output_dir": output_dir,
         "zero_stage": p.zero_stage, "precision": p.precision,
         "phases": [
             {"name": "phase1", "train_shards": shards[0].path,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+from dataclasses import dataclass
 
 import torch
 from safetensors.torch import load as load_safetensors_bytes
@@ -323,3 +324,72 @@ def load_checkpoint(folder: str) -> nn.Module:
     if missing or result.unexpected_keys:
         raise ValueError(f"{path}: missing {missing}, unexpected {result.unexpected_keys}")
     return model
+
+
+@dataclass(frozen=True)
+class StartingPoint:
+    """A checkpoint to continue pre-training from (`training/config.py` `init_from`)."""
+    folder: str
+    """The folder read: the one given, or a pre-training run's `hf/` export inside it."""
+    config: BertConfig
+    """Its shape (and activation, LayerNorm epsilon, initializer range)."""
+    config_file: str
+    """The file the shape came from (`config.json`, or our `bert_config.json`)."""
+    weights_file: str
+    """The weights file (`model.safetensors`, `pytorch_model.bin` or our `bert.safetensors`)."""
+
+
+def find_starting_point(folder: str) -> StartingPoint:
+    """Where a checkpoint's shape and weights are, without reading the weights: a Hugging Face
+    BERT folder (`config.json` + `model.safetensors` or `pytorch_model.bin`; our exports are
+    such folders), one of `save_checkpoint`'s (`bert_config.json` + `bert.safetensors`), or a
+    pre-training run's output folder (its `hf/` export)."""
+    folder = folder.rstrip("/")
+    ours = storage.join(folder, CHECKPOINT_CONFIG)
+    if storage.exists(ours):
+        values = storage.read_json(ours)
+        if not isinstance(values, dict) or "config" not in values:
+            raise ValueError(f"{ours}: expected {{'config': ..., 'head': ...}} as "
+                             "model/hf.py save_checkpoint writes it")
+        return StartingPoint(folder, _config_from(ours, values["config"]), ours,
+                             storage.join(folder, CHECKPOINT_WEIGHTS))
+    config_path = storage.join(folder, "config.json")
+    if storage.exists(config_path):
+        values = storage.read_json(config_path)
+        if values.get("model_type", "bert") != "bert":  # configs before transformers 2 have none
+            raise ValueError(f"{config_path}: model_type {values['model_type']!r}, not a BERT "
+                             "checkpoint")
+        if values.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError(f"{config_path}: position_embedding_type "
+                             f"{values['position_embedding_type']!r}; this BERT has absolute "
+                             "positions")
+        weights = next((storage.join(folder, n) for n in HF_WEIGHT_FILES
+                        if storage.exists(storage.join(folder, n))), None)
+        if weights is None:
+            raise FileNotFoundError(f"{folder}: no {' or '.join(HF_WEIGHT_FILES)} beside "
+                                    "config.json")
+        return StartingPoint(folder, _config_from(config_path, values), config_path, weights)
+    export = storage.join(folder, "hf")
+    if storage.exists(storage.join(export, "config.json")):
+        return find_starting_point(export)
+    raise FileNotFoundError(
+        f"{folder}: not a BERT checkpoint (looked for a Hugging Face config.json, our "
+        f"{CHECKPOINT_CONFIG}, and a pre-training run's hf/ export)")
+
+
+def read_starting_weights(start: StartingPoint) -> tuple[dict[str, Tensor], list[str]]:
+    """The checkpoint's weights in our `BertForPreTraining` keys, and the keys set aside
+    (other tasks' heads, position-id buffers). The tied MLM decoder is checked, not kept."""
+    path = start.weights_file
+    if start.config_file.endswith(CHECKPOINT_CONFIG):
+        with storage.open_read(path, "rb") as f:
+            state = load_safetensors_bytes(f.read())
+        head = storage.read_json(start.config_file).get("head", {}).get("kind")
+        if head == "encoder":  # a bare BertModel: our keys without the `bert.` prefix
+            state = {f"bert.{k}": v for k, v in state.items()}
+        ignored = [k for k in state if not k.startswith(("bert.", "mlm.", "nsp."))]
+        return {k: v for k, v in state.items() if k not in ignored}, ignored
+    hf_state, path = read_hf_weights(start.folder)
+    state, ignored = hf_to_ours(hf_state)
+    _check_tied_decoder(hf_state, state, path)
+    return state, [k for k in ignored if not _expected_ignored(k)]

@@ -92,7 +92,15 @@ class PretrainConfig:
     """A whole pre-training run."""
     model: str = "bert_tiny"
     """Model preset in model.bert (bert_tiny, bert_mini, bert_base, bert_large); the shape
-    fields below override its shape (paper Table 6)."""
+    fields below override its shape (paper Table 6). "" with `init_from`: the checkpoint's shape
+    (what `--set init_from=...` alone resolves to); a preset or shape field named together with
+    `init_from` must agree with the checkpoint."""
+    init_from: str = ""
+    """Checkpoint to continue pre-training from: a Hugging Face BERT folder (BertModel or
+    BertForPreTraining weights), one of our exports or `model.hf.save_checkpoint` folders, or a
+    pre-training run's output folder (its `hf/`). Its shape and vocabulary decide the model's;
+    heads it lacks start fresh. A restarted run resumes from its own `checkpoints/latest`
+    instead (the checkpoint is then read for its shape only)."""
     num_hidden_layers: int = 0
     """Transformer blocks L (0 = the preset's)."""
     hidden_size: int = 0
@@ -173,14 +181,16 @@ class PretrainConfig:
     runs stay eager, where compiling measured slower (benchmarks/RESULTS.md 4.0, 4.3)."""
 
     def __post_init__(self):
-        _check(self.model in MODEL_PRESETS, "model", f"one of {sorted(MODEL_PRESETS)}")
+        _check(self.model in MODEL_PRESETS or (self.model == "" and bool(self.init_from)),
+               "model", f"one of {sorted(MODEL_PRESETS)} (or empty with init_from)")
         for flag in SHAPE_FIELDS:
             _check(getattr(self, flag) >= 0, flag, ">= 0 (0 = the preset's)")
-        shape = {**MODEL_PRESETS[self.model]().to_dict(),
-                 **{f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}}
-        _check(shape["hidden_size"] % shape["num_attention_heads"] == 0, "hidden_size",
-               f"a multiple of num_attention_heads (got hidden_size={shape['hidden_size']}, "
-               f"num_attention_heads={shape['num_attention_heads']}, model={self.model})")
+        if self.model:  # with init_from and no preset the checkpoint's shape is checked at start
+            shape = {**MODEL_PRESETS[self.model]().to_dict(),
+                     **{f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}}
+            _check(shape["hidden_size"] % shape["num_attention_heads"] == 0, "hidden_size",
+                   f"a multiple of num_attention_heads (got hidden_size={shape['hidden_size']}, "
+                   f"num_attention_heads={shape['num_attention_heads']}, model={self.model})")
         _check(self.objective in OBJECTIVES, "objective", f"one of {OBJECTIVES}")
         self._check_masking()
         _check(self.zero_stage in (0, 1, 2, 3), "zero_stage", "0, 1, 2 or 3")
@@ -402,8 +412,8 @@ def _merge_phases(base: list[dict], entries: Any, warn: bool) -> list[dict]:
     return phases
 
 
-def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
-    """Overrides from a `.yaml`/`.yml`/`.json` file."""
+def read_file(path: str) -> dict:
+    """The mapping of a `.yaml`/`.yml`/`.json` overrides file."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
@@ -412,6 +422,12 @@ def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
                          f"({e})") from None
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping at the top level")  # noqa: TRY004 (bad input)
+    return data
+
+
+def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
+    """Overrides from a `.yaml`/`.yml`/`.json` file."""
+    data = read_file(path)
     try:
         return from_dict(data, base, user_file=True)
     except (ValueError, TypeError) as e:
@@ -470,9 +486,14 @@ def resolve(preset: str = "tiny", config_file: str | None = None,
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r}: expected one of {sorted(PRESETS)}")
     config = PRESETS[preset]()
+    named = {a.partition("=")[0].strip() for a in assignments}
     if config_file:
+        named |= set(read_file(config_file))
         config = load_file(config_file, config)
-    return apply_overrides(config, assignments)
+    config = apply_overrides(config, assignments)
+    if config.init_from and "model" not in named:  # the checkpoint's shape, not the preset's
+        return dataclasses.replace(config, model="")
+    return config
 
 
 def save(config: PretrainConfig, path: str) -> None:

@@ -13,6 +13,12 @@ the loader's position, so a run killed with `kill -9` continues as if never stop
 with a config that differs in a field that shapes the training (`config.resume_conflicts`) or
 on another shard set (names, row counts and sha256 of the manifest) is refused, naming them.
 
+Continued pre-training (`--set init_from=<BERT folder>`, training/init_from.py): the checkpoint
+gives the model's shape, its weights (loaded before `deepspeed.initialize`, so ZeRO-3 partitions
+them) and, unless `vocab_dir` is set to the same tokens, the vocabulary the shards must have been
+made with. Only a run's first phase starts there, and only while the run has no checkpoint of
+its own: a restarted run resumes from `checkpoints/latest`, reading `init_from` for the shape.
+
 Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 `loss_curve.png`, `checkpoints/<tag>/` (DeepSpeed files + `training_state.json` + per-rank
 `rng_rank*.pt` + `config.json`), `checkpoints/latest`, `hf/` (consolidated fp32 export).
@@ -196,6 +202,12 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
         recorded = (manifest.get("vocab") or {}).get("sha256")
         if vocab_sha and recorded and recorded != vocab_sha and \
                 not same_tokens(manifest["vocab"].get("path"), recorded, config.vocab_dir):
+            if config.init_from:
+                raise ValueError(
+                    f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
+                    f"(sha256 {recorded[:12]}), but init_from={config.init_from} has another "
+                    f"({vocab_file}, sha256 {vocab_sha[:12]}): its embeddings would read token "
+                    "ids it does not know. Make the shards with the checkpoint's vocab.txt")
             raise ValueError(
                 f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
                 f"(sha256 {recorded[:12]}), but vocab_dir={config.vocab_dir} holds another "
@@ -229,12 +241,36 @@ def same_tokens(recorded_path: str | None, recorded_sha: str, vocab_dir: str) ->
         return False
 
 
-def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None):
+def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None,
+                initial: bool = False):
     """`model.heads.BertForPreTraining` of the preset with the run's shape and objective, sized
-    to the shards' vocabulary; the NSP head only where the shards have NSP labels and the run
-    trains NSP (`next_sentence`, never for objective=ltr)."""
+    to the shards' vocabulary, or of `init_from`'s shape (training/init_from.py); the NSP head
+    only where the shards have NSP labels and the run trains NSP (`next_sentence`, never for
+    objective=ltr). `state_dict`: a previous phase's (or a checkpoint's) weights; `initial`:
+    start from `init_from`'s weights instead."""
     from model.heads import BertForPreTraining
 
+    next_sentence = bool(manifest.get("nsp", True)) and config.next_sentence \
+        and config.objective != "ltr"
+    model = BertForPreTraining(model_config(config, manifest), next_sentence=next_sentence)
+    if initial:
+        from model.hf import find_starting_point
+        from training.init_from import load_starting_weights
+        load_starting_weights(model, find_starting_point(config.init_from))
+    if state_dict is not None:
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        missing = [k for k in missing if k != "mlm.decoder.weight"]  # tied to the embeddings
+        if missing or unexpected:
+            raise ValueError(f"previous phase's weights: missing {missing}, unexpected {unexpected}")
+    return model
+
+
+def model_config(config: PretrainConfig, manifest: dict):
+    """The run's `model.bert.BertConfig`: `init_from`'s shape, or the preset's (with the run's
+    shape fields) with the shards' vocabulary size."""
+    if config.init_from:
+        from training.init_from import checkpoint_model_config
+        return checkpoint_model_config(config, manifest)
     vocab_size = int(manifest.get("vocab_size") or 0)
     if config.vocab_dir:
         from pipelines.tokenization import read_vocab
@@ -245,16 +281,7 @@ def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None 
         vocab_size = tokens
     if not vocab_size:
         raise ValueError("vocab_size unknown: set vocab_dir or write vocab_size in the manifest")
-    model_config = config.model_config(vocab_size, vocab_multiple=64)
-    next_sentence = bool(manifest.get("nsp", True)) and config.next_sentence \
-        and config.objective != "ltr"
-    model = BertForPreTraining(model_config, next_sentence=next_sentence)
-    if state_dict is not None:
-        missing, unexpected = model.load_state_dict(state_dict, strict=False)
-        missing = [k for k in missing if k != "mlm.decoder.weight"]  # tied to the embeddings
-        if missing or unexpected:
-            raise ValueError(f"previous phase's weights: missing {missing}, unexpected {unexpected}")
-    return model
+    return config.model_config(vocab_size, vocab_multiple=64)
 
 
 def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
@@ -690,6 +717,7 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
         config = replace(config, precision=config.concrete_precision(bf16_hardware(dist.on_gpu)))
         if dist.is_main:
             log.info("precision=auto: training in %s on this hardware", config.precision)
+    config = on_all_ranks(dist, lambda: with_checkpoint_vocab(config))
     if config.export_hf and not config.vocab_dir:
         raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
                          "(or --set export_hf=false)")
@@ -735,6 +763,27 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
 
 
+def with_checkpoint_vocab(config: PretrainConfig) -> PretrainConfig:
+    """With `init_from` and no `vocab_dir`, the checkpoint's vocabulary folder (if it has a
+    vocab.txt): the shards are checked against it and the export carries it. A `vocab_dir`
+    given as well must hold the checkpoint's tokens, in its order."""
+    if not config.init_from:
+        return config
+    from model.hf import find_starting_point
+    from pipelines.tokenization import read_vocab
+    from training.init_from import checkpoint_vocab_dir
+    own = checkpoint_vocab_dir(find_starting_point(config.init_from))
+    if own is None:
+        return config
+    if not config.vocab_dir:
+        return replace(config, vocab_dir=own)
+    if read_vocab(config.vocab_dir) != read_vocab(own):
+        raise ValueError(f"--set vocab_dir={config.vocab_dir} holds other tokens than "
+                         f"init_from={config.init_from}'s vocabulary ({own}/vocab.txt): the "
+                         "checkpoint's embeddings are indexed by its own; leave vocab_dir out")
+    return config
+
+
 def preflight(config: PretrainConfig, dist: Dist,
               ckpt_dir: str) -> tuple[CheckpointState | None, list[bool], bool]:
     """The start-of-run checks, agreed by all ranks, before anything is written: the
@@ -763,6 +812,9 @@ def preflight(config: PretrainConfig, dist: Dist,
         redo = validate[resume.phase_index]
     checked_from = resume.phase_index if redo else first
     on_all_ranks(dist, lambda: check_phase_inputs(config, checked_from))
+    if config.init_from:  # the shape and the shards' vocabulary against the checkpoint
+        on_all_ranks(dist, lambda: [model_config(config, shard_manifest(phase))
+                                    for phase in config.phases[checked_from:]])
     if config.export_hf:  # a casing contradiction must stop the run now, not at its export
         on_all_ranks(dist, lambda: export_do_lower_case(shard_manifest(config.phases[-1]),
                                                         config.vocab_dir))
@@ -815,7 +867,10 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     initial = None
     if resume is None and previous_tag is not None:
         initial = shared_consolidated_state_dict(ckpt_dir, previous_tag, dist)
-    model = build_model(config, shard_manifest(phase), initial)
+    # The run's own checkpoint (resume) or previous phase wins over init_from: init_from is
+    # where a new run starts, read only before its first checkpoint exists.
+    from_init = bool(config.init_from) and resume is None and previous_tag is None
+    model = build_model(config, shard_manifest(phase), initial, initial=from_init)
     if config.compile and dist.on_gpu:
         from model.bert import compile_layers
         compile_layers(model.bert)

@@ -1,0 +1,53 @@
+"""The vocabulary stage of a flow that continues pre-training (`pretrain.init_from`).
+
+A checkpoint's word embeddings are indexed by its own vocabulary, so such a flow trains no
+vocabulary: this stage copies the checkpoint's `vocab.txt` into a vocabulary folder like the one
+`train_vocab` writes (vocab.txt, tokenizer.json, tokenizer_config.json), lower-casing as the
+checkpoint's tokenizer does, and the shards and the pre-training run use it. Its content hash
+covers the checkpoint's identity (sha256 of its config, weights and vocab.txt), so another
+checkpoint, even at the same path, gives other shards and another pre-training stage.
+"""
+from __future__ import annotations
+
+from flows.stages import StageResult, run_stage
+from pipelines import storage
+
+
+def checkpoint_vocab_settings(init_from: str) -> dict:
+    """The stage's config (what its folder's hash covers): the checkpoint's identity, its
+    vocabulary's sha256 and casing. Errors name the setting when the folder has no vocabulary."""
+    from model.hf import find_starting_point
+    from training.init_from import (
+        checkpoint_do_lower_case,
+        checkpoint_vocab_dir,
+        initial_weights_digest,
+    )
+
+    start = find_starting_point(init_from)
+    vocab_dir = checkpoint_vocab_dir(start)
+    if vocab_dir is None:
+        raise ValueError(f"pretrain.init_from={init_from}: no vocab.txt in {start.folder}; the "
+                         "shards must be made with the checkpoint's vocabulary")
+    return {"init_from": init_from, "vocab_dir": vocab_dir,
+            "checkpoint_sha256": initial_weights_digest(start),
+            "vocab_sha256": storage.sha256_file(storage.join(vocab_dir, "vocab.txt")),
+            "do_lower_case": checkpoint_do_lower_case(start)}
+
+
+def checkpoint_vocab(root: str, init_from: str) -> StageResult:
+    """The `vocab-<hash>` stage holding `init_from`'s vocabulary (instead of train_vocab's)."""
+    from pipelines.tokenization import read_vocab, save_tokenizer_folder
+
+    settings = checkpoint_vocab_settings(init_from)
+    # Where the checkpoint lies is not its content: only its hashes and casing name the stage.
+    identity = {k: v for k, v in settings.items() if k not in ("init_from", "vocab_dir")}
+
+    def build(out: str) -> None:
+        tokens = read_vocab(settings["vocab_dir"])
+        save_tokenizer_folder(tokens, out, do_lower_case=settings["do_lower_case"])
+        storage.write_manifest(out, {
+            "stage": "checkpoint_vocab", "config": settings, "vocab_size": len(tokens),
+            "vocab_sha256": storage.sha256_file(storage.join(out, "vocab.txt")),
+            "do_lower_case": settings["do_lower_case"]})
+
+    return run_stage(root, "vocab", {"from_checkpoint": identity}, build)
