@@ -121,7 +121,7 @@ def test_bad_override_values_name_the_setting_and_value(overrides, message):
     # each refused by the stage's own config, which would only run hours later
     ("pretrain.precision=bf17", "setting pretrain.precision: must be one of ('fp32', 'bf16', 'fp16', 'auto')"),
     ("pretrain.model=bert_huge", ("setting pretrain.model: must be one of ['bert_base', "
-                                  "'bert_large', 'bert_mini', 'bert_tiny']")),
+                                  "'bert_large', 'bert_mini', 'bert_tiny'] (or empty with init_from)")),
     ("pretrain.phase2_steps=0", "setting pretrain.phase2_steps: must be positive"),
     ("pretrain.global_batch_size=20",
      "setting pretrain.global_batch_size: must be a multiple of micro_batch_size=32"),
