@@ -66,15 +66,15 @@ def test_build_corpus_graph_builds_and_leaves_an_earlier_output_alone(corpus):
 
 
 def test_train_vocab_graph_builds(corpus, tmp_path):
-    summary = train_vocab.run(["--input", str(corpus["corpus"]),
+    summary = train_vocab.main(["--input", str(corpus["corpus"]),
                                "--output", str(tmp_path / "out"), *DATAFLOW])
     _check(summary, "train_vocab", {"Read", "CountWords", "Train"}, tmp_path / "out")
 
 
 def test_make_shards_graph_builds(corpus, minilm_dir, tmp_path):
-    summary = make_shards.run(["--input", str(corpus["corpus"]), "--vocab", str(minilm_dir),
+    summary = make_shards.main(["--input", str(corpus["corpus"]), "--vocab", str(minilm_dir),
                                "--output", str(tmp_path / "out"), *DATAFLOW])
     _check(summary, "make_shards", {"CollectInfos", "SaveInfos"}, tmp_path / "out")
     with pytest.raises(ValueError, match="--dry_run .* needs --mode=scalable"):
-        make_shards.run(["--input", str(corpus["corpus"]), "--vocab", str(minilm_dir),
+        make_shards.main(["--input", str(corpus["corpus"]), "--vocab", str(minilm_dir),
                          "--output", str(tmp_path / "out"), "--mode=reference", *DATAFLOW])
