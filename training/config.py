@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 
 from model.bert import PRESETS as MODEL_PRESETS
-from training.settings import convert_setting
+from training import settings
+from training.settings import SettingError, convert_setting
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ OPTIMIZERS = ("adamw", "lamb")
 
 def _check(ok: bool, flag: str, expected: str) -> None:
     if not ok:
-        raise ValueError(f"--set {flag}: must be {expected}")
+        raise SettingError(flag, f"must be {expected}", "--set {setting}: {message}")
 
 
 @dataclass(frozen=True)
@@ -225,15 +226,17 @@ def _paper_phases(train_128: str = "", train_512: str = "", total_steps: int = 1
 
 
 def tiny() -> PretrainConfig:
-    """bert_tiny on CPU for tests and the demo: a few hundred steps, both phases."""
+    """bert_tiny on CPU for tests and the demo: 600 steps at 128 tokens, 60 at 256 (the tiny
+    shards' phase-2 length, pipelines/shard_batches.py), phase 2's warmup a tenth of its steps."""
     phases = (
-        PhaseConfig(name="phase1", max_seq_length=128, micro_batch_size=16, global_batch_size=16,
-                    steps=300, warmup_steps=30, learning_rate=1e-3),
-        PhaseConfig(name="phase2", max_seq_length=512, micro_batch_size=4, global_batch_size=16,
-                    steps=30, warmup_steps=3, learning_rate=5e-4),
+        PhaseConfig(name="phase1", max_seq_length=128, micro_batch_size=32, global_batch_size=32,
+                    steps=600, warmup_steps=60, learning_rate=1e-3),
+        PhaseConfig(name="phase2", max_seq_length=256, micro_batch_size=16, global_batch_size=16,
+                    steps=60, warmup_steps=6, learning_rate=1e-3),
     )
-    return PretrainConfig(model="bert_tiny", phases=phases, log_every=10, eval_every=100,
-                          eval_batches=5, checkpoint_every=100, shuffle_buffer=500)
+    return PretrainConfig(model="bert_tiny", phases=phases, zero_stage=1, precision="bf16",
+                          log_every=10, eval_every=100, eval_batches=5, checkpoint_every=100,
+                          shuffle_buffer=500)
 
 
 # GPU micro-batches, from training/memory.py's estimate for one rank of 8 (bf16, ZeRO-1) on an
@@ -335,26 +338,7 @@ def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
 def apply_overrides(config: PretrainConfig, assignments: Sequence[str]) -> PretrainConfig:
     """Apply `key=value` strings (see the module docstring); validated after all of them, so
     their order does not matter (`phase1.steps=3` before `phase1.warmup_steps=1` is fine)."""
-    data = to_dict(config)
-    names = [p["name"] for p in data["phases"]]
-    for assignment in assignments:
-        key, sep, raw = assignment.partition("=")
-        if not sep:
-            raise ValueError(f"--set {assignment!r}: expected key=value")
-        parts = key.strip().split(".")
-        if len(parts) == 1 and parts[0] != "phases":
-            _assign(data, PretrainConfig, parts[0], raw, parts[0])
-        elif len(parts) == 3 and parts[0] == "phases" and parts[1].isdigit() \
-                and int(parts[1]) < len(names):
-            _assign(data["phases"][int(parts[1])], PhaseConfig, parts[2], raw, key)
-        elif len(parts) == 2 and parts[0] in names:
-            index = names.index(parts[0])
-            _assign(data["phases"][index], PhaseConfig, parts[1], raw,
-                    f"phases.{index}.{parts[1]}")
-        else:
-            raise ValueError(f"--set {assignment!r}: unknown key {key!r} (use a field, "
-                             f"phases.<0..{len(names) - 1}>.<field> or <phase name>.<field>)")
-    return _build(data)
+    return settings.apply(config, settings.parse_assignments(assignments), label="--set")
 
 
 def _assign(target: dict, cls: type, name: str, raw: Any, flag: str,
@@ -373,8 +357,8 @@ def _build(data: dict) -> PretrainConfig:
     for i, raw in enumerate(data["phases"]):
         try:
             phases.append(PhaseConfig(**raw))
-        except ValueError as e:
-            raise ValueError(str(e).replace("--set ", f"--set phases.{i}.", 1)) from None
+        except SettingError as e:
+            raise e.within(f"phases.{i}.", e.template) from None
     return PretrainConfig(**{**data, "phases": tuple(phases)})
 
 

@@ -157,10 +157,10 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
         if key not in fields and owner is None:
             raise SettingError(path, f"unknown field (known: {sorted(fields)})",
                                _template(label))
-        if owner is not None and key not in fields:  # `phase2` for `phases[1]`
+        if owner is not None and key not in fields:  # `phase2` for `phases.1`
             index = _item_index(items[owner], key)
             items[owner][index] = apply(items[owner][index], _mapping(value, path, label),
-                                        f"{path}.", label)
+                                        f"{prefix}{owner}.{index}.", label)
             continue
         current = getattr(config, key)
         if dataclasses.is_dataclass(current):
@@ -174,7 +174,7 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
                                        _template(label))
                 items[key][index] = apply(items[key][index], _mapping(entry, f"{path}.{name}",
                                                                       label),
-                                          f"{path}.{name}.", label)
+                                          f"{path}.{index}.", label)
         else:
             changes[key] = convert_setting(_template(label).format(setting=path, message="").removesuffix(": "),
                                            value, hints[key])
@@ -184,6 +184,10 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
         return dataclasses.replace(config, **changes)
     except SettingError as error:
         raise error.within(prefix, _template(label)) from None
+    except ValueError as error:  # a rule over several fields: named by the section
+        if not prefix:
+            raise
+        raise ValueError(f"{label} {prefix.rstrip('.')}: {error}") from None
 
 
 def _template(label: str) -> str:
