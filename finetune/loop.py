@@ -37,8 +37,8 @@ from torch import nn
 from finetune.family import Encoded, Family, Prepared, Recipe, Scored
 from model.bert import BertModel
 from pipelines.jobs import BadRecord
+from pipelines.settings import SettingError, check
 from training.optim import LinearWarmupDecay, param_groups
-from training.settings import SettingError, check
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import os
 import sys
 
 from flows.config import PRESETS, parse_set_flags, resolve
-from training import settings
+from pipelines import settings
 
 
 def build_parser() -> argparse.ArgumentParser:

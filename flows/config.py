@@ -9,7 +9,7 @@ name. Paths may be local folders or URLs (`gs://...`).
 
 Overrides come as a nested mapping (`{"pretrain": {"phase1": {"steps": 20}}}`) from deployment
 parameters, a settings file or the CLI (`--set pretrain.phase1.steps=20`), applied by the one
-mechanism of training/settings.py: a typo fails at once, each value is converted to its field's
+mechanism of pipelines/settings.py: a typo fails at once, each value is converted to its field's
 type, and a value a stage refuses is an error naming the setting in the flow's terms
 (`setting shards.phase2.max_seq_length: must be in [5, 65535], got 4`). `shards.<field>` sets
 both phases. A renamed setting fails naming its new name (`RENAMED_SETTINGS`). `tiny` reads the
@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from finetune.fanout import FanOutConfig
-from pipelines import shard_batches
+from pipelines import settings, shard_batches
 from pipelines import vocab as vocab_stage
 from pipelines.shard_batches import ShardsConfig
 from pipelines.vocab import VocabConfig
 from training import config as training
-from training import settings
 from training.config import PretrainConfig
 
 REPO = Path(__file__).resolve().parents[1]

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipelines.settings import check
 from pipelines.tokenization import (
     CLS,
     MASK,
@@ -34,7 +35,6 @@ from pipelines.tokenization import (
     encode_like_reference,
     splitting_special_tokens,
 )
-from training.settings import check
 
 Document = list[np.ndarray]  # one int32 token-id array per segment (sentence)
 

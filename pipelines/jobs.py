@@ -36,7 +36,7 @@ def config_parser(description: str, config_class: type,
     docstring), `--config FILE` (YAML or JSON) and `--set KEY=VALUE`, the overrides every entry
     point takes. `aliases`: (flag, field, value, help) for flags that set a field to a fixed
     value (`--cased` sets do_lower_case=false)."""
-    from training.settings import add_config_flags
+    from pipelines.settings import add_config_flags
 
     parser = job_parser(description)
     add_config_flags(parser, config_class)
@@ -52,7 +52,7 @@ def config_parser(description: str, config_class: type,
 def config_from_args(args: argparse.Namespace, base):
     """`base` (the config's defaults or a preset) with the settings file, `--set`s and then the
     flags given applied, in that order; validated once, errors naming the flag."""
-    from training import settings
+    from pipelines import settings
 
     given = settings.load_file(args.config) if args.config else {}
     config = settings.apply(base, given, label=f"{args.config}: config key") if given else base

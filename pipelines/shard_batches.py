@@ -20,7 +20,7 @@ import numpy as np
 
 from pipelines import packing, shards
 from pipelines.instances import InstanceConfig, InstancePlan
-from training.settings import check
+from pipelines.settings import check
 
 
 @dataclass(frozen=True)

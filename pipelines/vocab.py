@@ -34,6 +34,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 
+from pipelines.settings import check
 from pipelines.tokenization import (
     CLS,
     MASK,
@@ -44,7 +45,6 @@ from pipelines.tokenization import (
     bert_normalizer,
     build_tokenizer,
 )
-from training.settings import check
 
 logger = logging.getLogger(__name__)
 

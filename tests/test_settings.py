@@ -1,5 +1,5 @@
 """One settings mechanism for every entry point: stage configs, their generated job flags, the
-flow's config composed of them (training/settings.py, flows/config.py)."""
+flow's config composed of them (pipelines/settings.py, flows/config.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,11 +8,10 @@ import json
 import pytest
 
 from flows.config import parse_set_flags, resolve
-from pipelines import jobs, make_shards, shard_batches, train_vocab
+from pipelines import jobs, make_shards, settings, shard_batches, train_vocab
 from pipelines.shard_batches import ShardsConfig
 from pipelines.vocab import VocabConfig
 from training import config as training
-from training import settings
 
 
 def _shards(argv: list[str]) -> ShardsConfig:

@@ -9,7 +9,7 @@ Overrides, applied in order after the preset:
   the run's phases, each merged into the preset's phase of its name (`_merge_phases`).
 - `--set key=value` (repeatable): dotted keys, `zero_stage=2`, `phases.0.steps=300` or by phase
   name, `phase1.learning_rate=5e-4`. Each value is converted to its field's type by
-  `training.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
+  `pipelines.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
   float, `true`/`false` a bool, text as given).
 """
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 import yaml
 
 from model.bert import PRESETS as MODEL_PRESETS
-from training import settings
-from training.settings import SettingError, convert_setting
+from pipelines import settings
+from pipelines.settings import SettingError, convert_setting
 
 log = logging.getLogger(__name__)
 
