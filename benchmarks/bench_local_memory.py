@@ -89,7 +89,7 @@ def measure(work: Path, scales: list[int], shard_scales: list[int], vocab: Path,
     books = sorted(p for p in (SHARED / "books").glob("*.txt") if not p.name.startswith("README"))
     extract_books.run(["--input", ",".join(map(str, books)), "--output", str(work / "books1")])
     dump = next((SHARED / "wiki").glob("*.xml.bz2"))
-    extract_wikipedia.run(["--input", str(dump), "--output", str(work / "wiki1")])
+    extract_wikipedia.main(["--input", str(dump), "--output", str(work / "wiki1")])
     # Copies compress together in one Parquet file (build_corpus's output), so a stage's input
     # size is also given as N times its 1x size: what N times as much real text would take.
     replicate_documents([work / "books1", work / "wiki1"], work / "docs_1x", 1)

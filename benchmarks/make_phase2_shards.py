@@ -41,7 +41,7 @@ def make_phase2_shards(output: str = DEFAULT_OUTPUT, force: bool = False) -> str
         return str(shards)
     from pipelines import build_corpus, extract_books, extract_wikipedia, make_shards
 
-    extract_wikipedia.run(["--input", str(SHARED / "wiki"), "--output", str(out / "wiki")])
+    extract_wikipedia.main(["--input", str(SHARED / "wiki"), "--output", str(out / "wiki")])
     extract_books.run(["--input", str(SHARED / "books"), "--output", str(out / "books")])
     build_corpus.run(["--input", f"{out / 'wiki'},{out / 'books'}",
                       "--output", str(out / "corpus")])

@@ -33,21 +33,24 @@ def describe(cfg: DagConfig) -> str:
 def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
     from pipelines import extract_wikipedia as job
 
-    return _extract(cfg, "wikipedia", cfg.data.wikipedia, job)
+    pattern = cfg.data.wikipedia
+    if not pattern:
+        return None
+    config = job.WikipediaConfig()
+    key = {**extract_stage_config(pattern, _inputs_fingerprint(pattern), job.OUTPUT_VERSION),
+           **dataclasses.asdict(config)}
+    return run_stage(cfg.output, "wikipedia", key, lambda out: job.run(
+        config, pattern, out, cfg.data.beam_args))
 
 
 def extract_books(cfg: DagConfig) -> StageResult | None:
     from pipelines import extract_books as job
 
-    return _extract(cfg, "books", cfg.data.books, job)
-
-
-def _extract(cfg: DagConfig, stage: str, pattern: str, job) -> StageResult | None:
-    """An extraction job (its module) over `pattern`; an empty pattern skips the source."""
+    pattern = cfg.data.books
     if not pattern:
         return None
-    config = extract_stage_config(pattern, _inputs_fingerprint(pattern), job.OUTPUT_VERSION)
-    return run_stage(cfg.output, stage, config, lambda out: job.run(
+    key = extract_stage_config(pattern, _inputs_fingerprint(pattern), job.OUTPUT_VERSION)
+    return run_stage(cfg.output, "books", key, lambda out: job.run(
         ["--input", pattern, "--output", out, *cfg.data.beam_args]))
 
 

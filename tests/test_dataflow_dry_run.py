@@ -42,7 +42,7 @@ def _check(summary: dict, stage: str, transforms: set[str], output: Path) -> Non
 
 def test_extract_wikipedia_graph_builds(tmp_path):
     dump = REPO / "data" / "sample" / "wiki" / "enwiki-sample-pages-articles.xml.bz2"
-    summary = extract_wikipedia.run(["--input", str(dump), "--output", str(tmp_path / "out"),
+    summary = extract_wikipedia.main(["--input", str(dump), "--output", str(tmp_path / "out"),
                                      *DATAFLOW])
     _check(summary, "extract_wikipedia", {"Splits", "Extract", "Finalise"}, tmp_path / "out")
 

@@ -142,7 +142,7 @@ def test_typed_seeds_and_rates_reach_fine_tuning():
      "setting pretrain.phases.1.learning_rate='nan': 'nan' is not a finite"),
     ({"pretrain": {"model": 7}}, "setting pretrain.model=7: 7 is not a string"),
     ({"data": {"wikipedia": None}}, "needs data.wikipedia"),
-    ({"pretrain": {"zero_stage": "0"}},
+    ({"pretrain": {"zero_stage": "0", "precision": "bf16"}},
      "setting pretrain: precision=bf16 cannot be combined with zero_stage=0"),
     ({"finetune": {"data": "gs://b/finetune"}},
      "finetune.data='gs://b/finetune': the fine-tuning readers take"),
