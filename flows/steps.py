@@ -1,7 +1,7 @@
 """The library calls behind each flow task, kept free of Prefect so they test on their own.
 
 Each stage function resolves its content-addressed output folder (flows/stages.py) and calls
-one job with its typed config: a Beam job's `run(config, inputs, output, beam_args)`, or the
+one job with its typed config: a Beam job's `run(config, ..., beam_args)`, or the
 DeepSpeed training entry point (as a subprocess, flows/launch.py, so the `deepspeed`/`torchrun`
 launchers and multi-node runs work the same way). The fine-tuning fan-out is flows/fanout.py,
 the report flows/report.py.
@@ -51,7 +51,7 @@ def extract_books(cfg: DagConfig) -> StageResult | None:
         return None
     key = extract_stage_config(pattern, _inputs_fingerprint(pattern), job.OUTPUT_VERSION)
     return run_stage(cfg.output, "books", key, lambda out: job.run(
-        ["--input", pattern, "--output", out, *cfg.data.beam_args]))
+        job.ExtractBooksConfig(input=pattern, output=out), cfg.data.beam_args))
 
 
 def extract_stage_config(pattern: str, fingerprint: str, output_version: int) -> dict[str, Any]:
@@ -66,7 +66,8 @@ def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
         raise ValueError("no data sources: set data.wikipedia and/or data.books")
     inputs = ",".join(s.path for s in sources)
     return run_stage(cfg.output, "corpus", {}, lambda out: job.run(
-        ["--input", inputs, "--output", out, *cfg.data.beam_args]), upstream=tuple(sources))
+        job.BuildCorpusConfig(input=inputs, output=out), cfg.data.beam_args),
+        upstream=tuple(sources))
 
 
 def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:

@@ -27,8 +27,8 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("dataflow")
     (root / "books").mkdir()
     (root / "books" / "tale.txt").write_text(BOOK)
-    extract_books.run(["--input", str(root / "books"), "--output", str(root / "docs")])
-    build_corpus.run(["--input", str(root / "docs"), "--output", str(root / "corpus")])
+    extract_books.main(["--input", str(root / "books"), "--output", str(root / "docs")])
+    build_corpus.main(["--input", str(root / "docs"), "--output", str(root / "corpus")])
     return {"root": root, "books": root / "books", "docs": root / "docs",
             "corpus": root / "corpus"}
 
@@ -48,7 +48,7 @@ def test_extract_wikipedia_graph_builds(tmp_path):
 
 
 def test_extract_books_graph_builds(corpus, tmp_path):
-    summary = extract_books.run(["--input", str(corpus["books"]),
+    summary = extract_books.main(["--input", str(corpus["books"]),
                                  "--output", str(tmp_path / "out"), *DATAFLOW])
     _check(summary, "extract_books", {"Files", "Extract", "WriteDocuments", "WriteDeadLetters"},
            tmp_path / "out")
@@ -56,7 +56,7 @@ def test_extract_books_graph_builds(corpus, tmp_path):
 
 def test_build_corpus_graph_builds_and_leaves_an_earlier_output_alone(corpus):
     before = {p: p.read_bytes() for p in corpus["corpus"].rglob("*") if p.is_file()}
-    summary = build_corpus.run(["--input", str(corpus["docs"]),
+    summary = build_corpus.main(["--input", str(corpus["docs"]),
                                 "--output", str(corpus["corpus"]), *DATAFLOW])
     assert summary["stage"] == "build_corpus" and summary["dry_run"] is True
     assert {"Read", "Build", "WriteCorpus", "WriteDuplicates"} <= set(
