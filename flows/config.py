@@ -214,17 +214,18 @@ def _both_phases(overrides: dict[str, Any]) -> dict[str, Any]:
     shards = overrides.get("shards")
     if not isinstance(shards, dict):
         return overrides
-    phases = {name: dict(value) for name, value in shards.items()
-              if name in ("phase1", "phase2") and isinstance(value, dict)}
+    phases = {name: value for name, value in shards.items() if name in ("phase1", "phase2")}
     common = {k: v for k, v in shards.items() if k not in ("phase1", "phase2")}
     known = {f.name for f in dataclasses.fields(ShardsConfig)}
     for key in common.keys() - known:
         raise settings.SettingError(f"shards.{key}", "unknown field (known: phase1, phase2 "
                                     f"and, for both, {sorted(known)})",
                                     "setting {setting}: {message}")
-    return {**overrides, "shards": {
-        name: {**common, **phases.get(name, {})} for name in ("phase1", "phase2")
-        if common or name in phases}}
+    if not common:
+        return overrides
+    return {**overrides, "shards": {  # a phase's own value wins; a non-mapping fails in apply
+        name: {**common, **phases.get(name, {})} if isinstance(phases.get(name, {}), dict)
+        else phases[name] for name in ("phase1", "phase2")}}
 
 
 def _refuse_renamed_and_flow_set(overrides: dict[str, Any]) -> None:
@@ -237,7 +238,8 @@ def _refuse_renamed_and_flow_set(overrides: dict[str, Any]) -> None:
         parts = key.split(".")
         if key in FLOW_SET or (parts[0] == "pretrain" and len(parts) >= 3
                                and parts[-1] in FLOW_SET):
-            raise ValueError(f"setting {key}: the flow sets it ({FLOW_SET.get(key) or FLOW_SET[parts[-1]]})")
+            source = FLOW_SET.get(key) or FLOW_SET[parts[-1]]
+            raise ValueError(f"setting {key}: the flow sets it ({source})")
 
 
 def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:

@@ -165,8 +165,8 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
         current = getattr(config, key)
         if dataclasses.is_dataclass(current):
             changes[key] = apply(current, _mapping(value, path, label), f"{path}.", label)
-        elif key in items and isinstance(value, Mapping):  # `phases.1.steps`
-            for name, entry in value.items():
+        elif key in items:  # `phases.1.steps`
+            for name, entry in _mapping(value, path, label).items():
                 index = _item_index(items[key], str(name))
                 if index is None:
                     raise SettingError(f"{path}.{name}", "no such item (items: "

@@ -617,7 +617,7 @@ def test_cancelled_subprocess_group_is_stopped(tmp_path, sig):
     trainer = tmp_path / "trainer.py"
     trainer.write_text(f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
                        "time.sleep(600)\n")
-    script = (f"import sys\nfrom flows.steps import run_subprocess\n"
+    script = (f"import sys\nfrom flows.launch import run_subprocess\n"
               f"run_subprocess([sys.executable, {str(trainer)!r}])\n")
     parent = subprocess.Popen([sys.executable, "-c", script])
     for _ in range(100):
