@@ -1,7 +1,8 @@
 """The `beam` command: `beam run pipelines/<job>.py [job options] [Beam pipeline options]`.
 
 Apache Beam's Python SDK ships no such executable; this one loads the job file (or module) and
-calls its `main(argv)` (`run(argv)` for a job without one), so `beam run ...` and `python pipelines/<job>.py ...` are the same job.
+calls its `main(argv)` (`run(argv)` for a job without one), so `beam run ...` and
+`python pipelines/<job>.py ...` are the same job.
 A user error (ValueError, FileNotFoundError, ... from the job's options or inputs) prints
 `<job>: error: <message>` and exits 2 (1: the job ran but produced nothing); `--debug` or
 BERT_DEBUG=1 shows the traceback.

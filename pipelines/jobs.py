@@ -1,9 +1,10 @@
 """What every Beam job shares: `--input`/`--output` flags, Beam options, dead letters, logging.
 
 A job module defines `run(config, ...inputs, output, beam_args) -> dict` (returns its manifest)
-and a thin `main(argv)`: its flags come from its config dataclass (`config_parser`). Flags the job's parser does not know are handed to Beam's `PipelineOptions`, so the
-standard options (`--runner`, `--direct_num_workers`, `--project`, `--region`, `--temp_location`,
-`--setup_file`, `--sdk_container_image`, ...) work on every job.
+and a thin `main(argv)`: its flags come from its config dataclass (`config_parser`). Flags the
+job's parser does not know are handed to Beam's `PipelineOptions`, so the standard options
+(`--runner`, `--direct_num_workers`, `--project`, `--region`, `--temp_location`, `--setup_file`,
+`--sdk_container_image`, ...) work on every job.
 """
 from __future__ import annotations
 
@@ -271,8 +272,8 @@ def is_our_file(path: str) -> bool:
 
 
 def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | None = None) -> int:
-    """A job's command line: `run(argv)` (the job's `main`); a user error prints `<job>: error: <message>` and
-    returns 2 (1 when the job ran but produced nothing). `--debug` (or BERT_DEBUG=1)
+    """A job's command line: `run(argv)` (the job's `main`); a user error prints
+    `<job>: error: <message>` and returns 2 (1 when the job ran but produced nothing). `--debug` (or BERT_DEBUG=1)
     re-raises it with its traceback; other exceptions are bugs and always keep theirs."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or debug_requested()

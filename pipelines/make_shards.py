@@ -741,7 +741,8 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
     vocab_size = len(read_vocab(vocab))
     files = input_files(input)
     options = {"input": [f.path for f in files], "vocab": vocab,
-               "instance": _fields_of(InstanceConfig, config), "job": _fields_of(ShardJobConfig, config)}
+               "instance": _fields_of(InstanceConfig, config),
+               "job": _fields_of(ShardJobConfig, config)}
     logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), output,
                 "\n".join(f"  {k}: {v}" for k, v in asdict(config).items()))
     if job.mode != "reference":

@@ -103,6 +103,7 @@ def _to_str(value: Any) -> str:
 
 _SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
 
+
 # ---------------------------------------------------------------- errors naming the setting
 
 class SettingError(ValueError):
@@ -169,15 +170,15 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
             for name, entry in _mapping(value, path, label).items():
                 index = _item_index(items[key], str(name))
                 if index is None:
-                    raise SettingError(f"{path}.{name}", "no such item (items: "
-                                       f"{[getattr(i, 'name', n) for n, i in enumerate(items[key])]})",
+                    names = [getattr(item, "name", i) for i, item in enumerate(items[key])]
+                    raise SettingError(f"{path}.{name}", f"no such item (items: {names})",
                                        _template(label))
                 items[key][index] = apply(items[key][index], _mapping(entry, f"{path}.{name}",
                                                                       label),
                                           f"{path}.{index}.", label)
         else:
-            changes[key] = convert_setting(_template(label).format(setting=path, message="").removesuffix(": "),
-                                           value, hints[key])
+            name = _template(label).format(setting=path, message="").removesuffix(": ")
+            changes[key] = convert_setting(name, value, hints[key])
     changes.update({name: tuple(entries) for name, entries in items.items()
                     if tuple(entries) != getattr(config, name)})
     try:

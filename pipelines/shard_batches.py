@@ -61,7 +61,8 @@ class ShardJobConfig:
               f"must be shards or jsonl, got {self.format!r}")
         check(not (self.format == "jsonl" and self.pack), "pack",
               "cannot be combined with format=jsonl, which writes one instance per line")
-        check(self.target_shard_mb > 0, "target_shard_mb", f"must be > 0, got {self.target_shard_mb}")
+        check(self.target_shard_mb > 0, "target_shard_mb",
+              f"must be > 0, got {self.target_shard_mb}")
         check(self.num_shards >= 0, "num_shards", f"must be >= 0, got {self.num_shards}")
         check(1 <= self.rows_per_block <= 65535, "rows_per_block",
               f"must be in [1, 65535], got {self.rows_per_block}")
