@@ -273,8 +273,9 @@ def is_our_file(path: str) -> bool:
 
 def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | None = None) -> int:
     """A job's command line: `run(argv)` (the job's `main`); a user error prints
-    `<job>: error: <message>` and returns 2 (1 when the job ran but produced nothing). `--debug` (or BERT_DEBUG=1)
-    re-raises it with its traceback; other exceptions are bugs and always keep theirs."""
+    `<job>: error: <message>` and returns 2 (1 when the job ran but produced nothing).
+    `--debug` (or BERT_DEBUG=1) re-raises it with its traceback; other exceptions are bugs and
+    always keep theirs."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or debug_requested()
     argv = [a for a in argv if a != "--debug"]
