@@ -321,14 +321,7 @@ def _merge_phases(base: list[dict], entries: Any, warn: bool) -> list[dict]:
 
 def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
     """Overrides from a `.yaml`/`.yml`/`.json` file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
-    except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'} "
-                         f"({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")  # noqa: TRY004 (bad input)
+    data = settings.load_file(path)
     try:
         return from_dict(data, base, user_file=True)
     except (ValueError, TypeError) as e:
