@@ -87,13 +87,13 @@ def measure(work: Path, scales: list[int], shard_scales: list[int], vocab: Path,
     from pipelines import build_corpus, extract_books, extract_wikipedia
 
     books = sorted(p for p in (SHARED / "books").glob("*.txt") if not p.name.startswith("README"))
-    extract_books.run(["--input", ",".join(map(str, books)), "--output", str(work / "books1")])
+    extract_books.main(["--input", ",".join(map(str, books)), "--output", str(work / "books1")])
     dump = next((SHARED / "wiki").glob("*.xml.bz2"))
-    extract_wikipedia.run(["--input", str(dump), "--output", str(work / "wiki1")])
+    extract_wikipedia.main(["--input", str(dump), "--output", str(work / "wiki1")])
     # Copies compress together in one Parquet file (build_corpus's output), so a stage's input
     # size is also given as N times its 1x size: what N times as much real text would take.
     replicate_documents([work / "books1", work / "wiki1"], work / "docs_1x", 1)
-    build_corpus.run(["--input", str(work / "docs_1x"), "--output", str(work / "corpus_1x")])
+    build_corpus.main(["--input", str(work / "docs_1x"), "--output", str(work / "corpus_1x")])
     one_x = {"extract_books": sum(p.stat().st_size for p in books),
              "build_corpus": input_bytes(work / "docs_1x"),
              "make_shards": input_bytes(work / "corpus_1x")}

@@ -95,7 +95,7 @@ def job_main(stage_log: str, argv: list[str]) -> None:
     logger.setLevel(logging.DEBUG)
     logger.propagate = False  # only our handler sees the runner's debug lines
     logger.addHandler(_StageLog(stage_log))
-    make_shards.run(argv)
+    make_shards.main(argv)
 
 
 def run_job(args: list[str]) -> dict:

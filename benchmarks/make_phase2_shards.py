@@ -41,11 +41,11 @@ def make_phase2_shards(output: str = DEFAULT_OUTPUT, force: bool = False) -> str
         return str(shards)
     from pipelines import build_corpus, extract_books, extract_wikipedia, make_shards
 
-    extract_wikipedia.run(["--input", str(SHARED / "wiki"), "--output", str(out / "wiki")])
-    extract_books.run(["--input", str(SHARED / "books"), "--output", str(out / "books")])
-    build_corpus.run(["--input", f"{out / 'wiki'},{out / 'books'}",
+    extract_wikipedia.main(["--input", str(SHARED / "wiki"), "--output", str(out / "wiki")])
+    extract_books.main(["--input", str(SHARED / "books"), "--output", str(out / "books")])
+    build_corpus.main(["--input", f"{out / 'wiki'},{out / 'books'}",
                       "--output", str(out / "corpus")])
-    make_shards.run(["--input", str(out / "corpus"), "--vocab", minilm_vocab_dir(),
+    make_shards.main(["--input", str(out / "corpus"), "--vocab", minilm_vocab_dir(),
                      "--output", str(shards), "--max_seq_length", "512",
                      "--max_predictions_per_seq", "80", "--pack"])
     return str(shards)

@@ -37,6 +37,7 @@ from torch import nn
 from finetune.family import Encoded, Family, Prepared, Recipe, Scored
 from model.bert import BertModel
 from pipelines.jobs import BadRecord
+from pipelines.settings import SettingError, check
 from training.optim import LinearWarmupDecay, param_groups
 
 log = logging.getLogger(__name__)
@@ -87,34 +88,29 @@ class FinetuneConfig:
     "cuda:N"."""
 
     def __post_init__(self) -> None:
-        if not 2 <= self.max_seq_length <= 512:
-            raise ValueError(f"--max_seq_length must be in 2..512, got {self.max_seq_length}")
+        check(2 <= self.max_seq_length <= 512, "max_seq_length",
+              f"must be in 2..512, got {self.max_seq_length}")
         for name in ("batch_size", "eval_batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
-        if not self.epochs > 0:
-            raise ValueError(f"--epochs must be > 0, got {self.epochs}")
-        if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):
-            raise ValueError(f"--learning_rates must be positive, got {self.learning_rates}")
-        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"--seeds must be distinct and non-empty, got {self.seeds}")
-        if not 0.0 <= self.warmup_proportion < 1.0:
-            raise ValueError(f"--warmup_proportion must be in [0, 1), got {self.warmup_proportion}")
+            check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        check(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
+        check(bool(self.learning_rates) and all(lr > 0 for lr in self.learning_rates),
+              "learning_rates", f"must be positive, got {self.learning_rates}")
+        check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), "seeds",
+              f"must be distinct and non-empty, got {self.seeds}")
+        check(0.0 <= self.warmup_proportion < 1.0, "warmup_proportion",
+              f"must be in [0, 1), got {self.warmup_proportion}")
         for name in ("weight_decay", "max_grad_norm"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
-        if not self.adam_epsilon > 0:
-            raise ValueError(f"--adam_epsilon must be > 0, got {self.adam_epsilon}")
+            check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
+        check(self.adam_epsilon > 0, "adam_epsilon", f"must be > 0, got {self.adam_epsilon}")
         for name in ("max_train_examples", "max_eval_examples"):
             value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"--{name} must be >= 1, got {value}")
+            check(value is None or value >= 1, name, f"must be >= 1, got {value}")
         if self.device != "auto":
             try:
                 torch.device(self.device)
             except RuntimeError:
-                raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got "
-                                 f"{self.device!r}") from None
+                raise SettingError("device", "must be auto, cpu, cuda or cuda:N, got "
+                                   f"{self.device!r}") from None
 
 
 def for_recipe(recipe: Recipe, **changes) -> FinetuneConfig:

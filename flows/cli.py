@@ -14,8 +14,11 @@ Dataflow's workers write to Cloud Storage: such a run needs a gs:// output and -
                                                     # variants of a preset, one table and plot
                                                     # (flows/sweep.py: the file's format)
 
-Values are converted to each setting's type: lists as a,b,c or a JSON list, booleans as
-true/false/1/0/yes/no. base and large name their inputs (a path, or '' to skip one).
+The settings are the stages' own configs (README "Settings"): vocab.*, shards.phase1.*,
+shards.phase2.* (shards.<field> sets both), pretrain.* (phases by name: pretrain.phase1.steps),
+launch.*, finetune.*. Values are converted to each setting's type: lists as a,b,c or a JSON
+list, booleans as true/false/1/0/yes/no. base and large name their inputs (a path, or '' to skip
+one).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import os
 import sys
 
 from flows.config import PRESETS, parse_set_flags, resolve
+from pipelines import settings
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,8 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="the preset (default tiny; with --sweep, the file's)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="settings file (YAML or JSON), nested as the settings are: "
+                             "{pretrain: {phase1: {steps: 50}}}; --set wins over it")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a setting, e.g. pretrain.phase1_steps=50 (repeatable)")
+                        help="override a setting, e.g. pretrain.phase1.steps=50 (repeatable)")
     parser.add_argument("--output", help="root folder of the run (default: runs/<preset>)")
     parser.add_argument("--data_only", action="store_true",
                         help="stop after the shards (a later full run with the same settings "
@@ -44,14 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def overrides_from_args(args: argparse.Namespace) -> dict:
+    """The run's overrides: the settings file, then `--set`, then `--output`."""
+    overrides = settings.merge(settings.load_file(args.config) if args.config else {},
+                               parse_set_flags(args.set))
+    if args.output:
+        remote = "://" in args.output
+        overrides["output"] = args.output if remote else os.path.abspath(args.output)
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        overrides = parse_set_flags(args.set)
-        if args.output:
-            remote = "://" in args.output
-            overrides["output"] = args.output if remote else os.path.abspath(args.output)
+        overrides = overrides_from_args(args)
         if args.sweep:
             if args.data_only:
                 raise ValueError("--data_only: a sweep compares pre-trained variants; run "

@@ -1,11 +1,20 @@
-"""The DAG's configuration: one typed dataclass per stage, presets `tiny`, `base`, `large`.
+"""The DAG's configuration, composed of the stages' own configs; presets `tiny`, `base`, `large`.
 
-Paths may be local folders or URLs (`gs://...`). Overrides come as a nested mapping
-(`{"pretrain": {"phase1_steps": 20}}`) from deployment parameters or the CLI (`--set
-pretrain.phase1_steps=20`), validated against the dataclasses so a typo fails at once, and
-converted to each field's declared type (`finetune.seeds=1,2` -> (1, 2), `vocab.cased=false` ->
-False). A renamed setting (`glue.*`, now `finetune.*`) fails naming its new name. `tiny` reads the bundled sample; `base` and `large` have no default inputs (None) and
-`resolve` refuses them until each is set.
+Each section is the config dataclass of the stage that uses it, so a field added to a stage's
+config is a flow setting at once: `vocab` is train_vocab's `VocabConfig`, `shards.phase1` and
+`shards.phase2` are make_shards' `ShardsConfig` (one per pre-training phase), `pretrain` is the
+training entry point's `PretrainConfig` (its phases by name: `pretrain.phase1.steps`), and
+`finetune` the fan-out's `FanOutConfig`. Each preset is composed of the stages' presets of its
+name. Paths may be local folders or URLs (`gs://...`).
+
+Overrides come as a nested mapping (`{"pretrain": {"phase1": {"steps": 20}}}`) from deployment
+parameters, a settings file or the CLI (`--set pretrain.phase1.steps=20`), applied by the one
+mechanism of pipelines/settings.py: a typo fails at once, each value is converted to its field's
+type, and a value a stage refuses is an error naming the setting in the flow's terms
+(`setting shards.phase2.max_seq_length: must be in [5, 65535], got 4`). `shards.<field>` sets
+both phases. A renamed setting fails naming its new name (`RENAMED_SETTINGS`). `tiny` reads the
+bundled sample; `base` and `large` have no default inputs (None) and `resolve` refuses them until
+each is set.
 """
 from __future__ import annotations
 
@@ -13,12 +22,17 @@ import dataclasses
 import glob
 import itertools
 import os
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from training.settings import convert_setting
+from finetune.fanout import FanOutConfig
+from pipelines import settings, shard_batches
+from pipelines import vocab as vocab_stage
+from pipelines.shard_batches import ShardsConfig
+from pipelines.vocab import VocabConfig
+from training import config as training
+from training.config import PretrainConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample"
@@ -35,80 +49,19 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class VocabConfig:
-    vocab_size: int = 30522
-    """WordPiece vocabulary size (BERT: 30,522)."""
-    cased: bool = False
-    """Keep case and accents (BERT-cased) instead of lower-casing."""
-
-    def __post_init__(self):
-        # Below ~1,000 the alphabet of real text (plus the reserved block) leaves no room.
-        if self.vocab_size < 1000:
-            raise ValueError(f"vocab.vocab_size={self.vocab_size}: must be at least 1000")
+class ShardPhases:
+    """The shards of the two pre-training phases: make_shards' config once per phase
+    (pipelines/shard_batches.py). Phase N of `pretrain` trains on `phaseN`'s shards, at their
+    `max_seq_length`."""
+    phase1: ShardsConfig = field(default_factory=lambda: shard_batches.base(1))
+    """Phase-1 shards (BERT: 128 tokens, 20 predictions)."""
+    phase2: ShardsConfig = field(default_factory=lambda: shard_batches.base(2))
+    """Phase-2 shards (BERT: 512 tokens, 80 predictions)."""
 
 
 @dataclass(frozen=True)
-class ShardsConfig:
-    dupe_factor: int = 10
-    """Passes over the corpus with different masks (BERT: 10)."""
-    phase1_max_seq_length: int = 128
-    """Sequence length of phase-1 instances."""
-    phase1_max_predictions: int = 20
-    """max_predictions_per_seq for phase 1."""
-    phase2_max_seq_length: int = 512
-    """Sequence length of phase-2 instances."""
-    phase2_max_predictions: int = 80
-    """max_predictions_per_seq for phase 2."""
-    pack: bool = False
-    """Pack several short instances per row (less padding)."""
-    target_shard_mb: float = 64.0
-    """Target size of one shard file."""
-    validation_fraction: float = 0.01
-    """Share of documents held out (by a hash of doc_id) for the validation shards."""
-    masked_lm_prob: float = 0.15
-    """Share of each instance's tokens to predict (make_shards --masked_lm_prob)."""
-    mask_fraction: float = 0.8
-    """Share of predicted positions shown as [MASK] (--mask_fraction; Table 8's MASK)."""
-    same_fraction: float = 0.1
-    """Share of predicted positions left unchanged (--same_fraction; Table 8's SAME)."""
-    random_fraction: float = 0.1
-    """Share of predicted positions shown as a random token (--random_fraction; Table 8's RND)."""
-    do_whole_word_mask: bool = False
-    """Predict all WordPiece pieces of a word together (--do_whole_word_mask)."""
-    next_sentence: bool = True
-    """Sentence pairs with NSP labels; false: MLM-only instances (--no_next_sentence)."""
-
-
-@dataclass(frozen=True)
-class PretrainConfig:
-    model: str = "bert_base"
-    """Model preset: bert_tiny, bert_mini, bert_base, bert_large (not used with init_from)."""
-    init_from: str = ""
-    """Continue pre-training from this BERT checkpoint (training/config.py `init_from`): its
-    shape is the model, its vocab.txt the vocabulary (no vocabulary is trained; vocab.* unused)."""
-    phase1_steps: int = 900_000
-    """Optimizer steps of phase 1 (BERT: 90% of 1M at seq 128)."""
-    phase2_steps: int = 100_000
-    """Optimizer steps of phase 2 (BERT: 10% at seq 512)."""
-    global_batch_size: int = 256
-    """Sequences per optimizer step, all ranks together (BERT: 256)."""
-    micro_batch_size: int = 32
-    """Sequences per rank per forward pass; accumulation makes up the rest."""
-    phase2_global_batch_size: int = 256
-    """Sequences per optimizer step in phase 2."""
-    phase2_micro_batch_size: int = 32
-    """Micro batch in phase 2 (training/config.py's memory estimate: 18 GiB for BERT-large on
-    an 80 GB GPU)."""
-    learning_rate: float = 1e-4
-    """Peak learning rate (BERT: 1e-4)."""
-    warmup_steps: int = 10_000
-    """Linear warmup steps of phase 1 (BERT: 10k)."""
-    zero_stage: int = 2
-    """DeepSpeed ZeRO stage 0-3 (2 on GPUs: its gradient reduction overlaps the backward and
-    accumulates in fp32, see training/ds_config.py)."""
-    precision: str = "bf16"
-    """fp32, bf16 (CPU and GPU), fp16 (GPU) or auto (bf16 where the hardware multiplies in
-    bf16, else fp32)."""
+class LaunchConfig:
+    """How the pre-training stage starts its ranks (flows/steps.py `launch_command`)."""
     launcher: str = "python"
     """python (one process), deepspeed (uses hostfile) or torchrun."""
     nproc_per_node: int = 1
@@ -116,51 +69,48 @@ class PretrainConfig:
     hostfile: str = ""
     """DeepSpeed hostfile for multi-node runs."""
     extra_args: tuple[str, ...] = ()
-    """Further flags for the training entry point."""
+    """Further flags for the training entry point (`--stop_after_steps N`); its settings are
+    the `pretrain.*` settings."""
 
     def __post_init__(self):
-        if self.launcher not in ("python", "deepspeed", "torchrun"):
-            raise ValueError(f"pretrain.launcher={self.launcher!r}: python, deepspeed or torchrun")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"pretrain.zero_stage={self.zero_stage}: must be 0-3")
-        if self.precision in ("bf16", "fp16") and self.zero_stage == 0:
-            # training/config.py refuses it too, but only when the pretrain stage starts
-            raise ValueError(f"pretrain.precision={self.precision} needs pretrain.zero_stage >= 1 "
-                             "(at stage 0 DeepSpeed keeps no fp32 master weights to export)")
+        settings.check(self.launcher in ("python", "deepspeed", "torchrun"), "launcher",
+                       f"must be python, deepspeed or torchrun, got {self.launcher!r}")
+        settings.check(self.nproc_per_node >= 1, "nproc_per_node",
+                       f"must be >= 1, got {self.nproc_per_node}")
+        owned = [a for a in self.extra_args if a.split("=")[0] in ("--set", "--config", "--preset")]
+        settings.check(not owned, "extra_args",
+                       f"{owned[0] if owned else ''}: the training run's settings are the flow's "
+                       "pretrain.* settings (--set pretrain.<field>=...)")
 
 
-@dataclass(frozen=True)
-class FinetuneSettings:
-    """The fine-tuning fan-out (finetune/loop.py): tasks x learning rates x seeds. The recipe
-    settings left at 0 or () take each task's family recipe (the paper's)."""
+RENAMED_SETTINGS = {
+    "glue": "finetune",
+    "vocab.cased": "vocab.do_lower_case (the opposite: cased=true is do_lower_case=false)",
+    "shards.phase1_max_seq_length": "shards.phase1.max_seq_length",
+    "shards.phase1_max_predictions": "shards.phase1.max_predictions_per_seq",
+    "shards.phase2_max_seq_length": "shards.phase2.max_seq_length",
+    "shards.phase2_max_predictions": "shards.phase2.max_predictions_per_seq",
+    "pretrain.phase1_steps": "pretrain.phase1.steps",
+    "pretrain.phase2_steps": "pretrain.phase2.steps",
+    "pretrain.global_batch_size": "pretrain.phase1.global_batch_size",
+    "pretrain.micro_batch_size": "pretrain.phase1.micro_batch_size",
+    "pretrain.phase2_global_batch_size": "pretrain.phase2.global_batch_size",
+    "pretrain.phase2_micro_batch_size": "pretrain.phase2.micro_batch_size",
+    "pretrain.learning_rate": "pretrain.phase1.learning_rate and pretrain.phase2.learning_rate",
+    "pretrain.warmup_steps": "pretrain.phase1.warmup_steps (phase 2: pretrain.phase2.warmup_steps)",
+    "pretrain.launcher": "launch.launcher",
+    "pretrain.nproc_per_node": "launch.nproc_per_node",
+    "pretrain.hostfile": "launch.hostfile",
+    "pretrain.extra_args": "launch.extra_args (settings in it: pretrain.<field>)",
+}
+"""Settings renamed (dotted key, or a whole section): old -> new."""
 
-    data: str | None = ""
-    """Folder holding one folder per family or task (glue/ in the glue_data layout, squad/,
-    swag/, conll2003/, ...: finetune/tasks.py); "" skips fine-tuning; None: unset."""
-    tasks: tuple[str, ...] = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte",
-                              "wnli")
-    """Tasks to fine-tune (task names, or a family name for all its tasks)."""
-    learning_rates: tuple[float, ...] = ()
-    """Peak learning rates tried, the best on dev kept; () = each family's grid."""
-    seeds: tuple[int, ...] = (1, 2, 3)
-    """Seeds for the small tasks (GLUE: CoLA, MRPC, STS-B, RTE, WNLI); others use the first."""
-    epochs: float = 0.0
-    """Fine-tuning epochs; 0 = the family's (GLUE: 3)."""
-    batch_size: int = 0
-    """Fine-tuning batch size; 0 = the family's (GLUE: 32)."""
-    max_seq_length: int = 0
-    """Tokens per sequence; 0 = the family's (GLUE: 128, SQuAD: 384)."""
-    max_train_examples: int = 0
-    """Cap on training examples per task (0 = all), for quick runs."""
-    max_eval_examples: int = 0
-    """Cap on dev examples per task (0 = all)."""
-    skip_bad_rows: bool = False
-    """Set malformed records aside (counted, written to finetune/dead_letter/) instead of
-    failing the task's runs."""
-
-
-RENAMED_SETTINGS = {"glue": "finetune"}
-"""Sections renamed: old -> new (the settings inside keep their names)."""
+FLOW_SET = {"pretrain.vocab_dir": "the vocab stage's folder",
+            "pretrain.output_dir": "the pretrain stage's folder",
+            "train_shards": "the shards stage's folder",
+            "validation_shards": "the shards stage's folder",
+            "max_seq_length": "shards.phase<N>.max_seq_length"}
+"""Training settings the flow fills in from its stages (the phase fields by their last name)."""
 
 
 @dataclass(frozen=True)
@@ -170,35 +120,38 @@ class DagConfig:
     output: str = str(REPO / "runs" / "base")
     """Root folder for every stage's output (local or gs://)."""
     data: DataConfig = field(default_factory=DataConfig)
-    vocab: VocabConfig = field(default_factory=VocabConfig)
-    shards: ShardsConfig = field(default_factory=ShardsConfig)
-    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
-    finetune: FinetuneSettings = field(default_factory=FinetuneSettings)
+    vocab: VocabConfig = field(default_factory=vocab_stage.base)
+    shards: ShardPhases = field(default_factory=ShardPhases)
+    pretrain: PretrainConfig = field(default_factory=training.base)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    finetune: FanOutConfig = field(default_factory=FanOutConfig)
+
+    def __post_init__(self):
+        phases, shards = self.pretrain.phases, (self.shards.phase1, self.shards.phase2)
+        settings.check(len(phases) == 2, "pretrain.phases",
+                       f"the flow makes shards for two phases, got {[p.name for p in phases]}")
+        # phase N trains on shards N: the shards set the length, so it is set once
+        object.__setattr__(self, "pretrain", dataclasses.replace(self.pretrain, phases=tuple(
+            dataclasses.replace(p, max_seq_length=s.max_seq_length)
+            for p, s in zip(phases, shards))))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def tiny() -> DagConfig:
-    """The whole DAG on the bundled sample on CPU, in minutes."""
+    """The whole DAG on the bundled sample on CPU, in minutes: each stage's tiny preset."""
     return DagConfig(
         name="tiny",
         output=str(REPO / "runs" / "tiny"),
         data=DataConfig(wikipedia=str(SAMPLE / "wiki"), books=str(SAMPLE / "books")),
-        vocab=VocabConfig(vocab_size=4000),
-        shards=ShardsConfig(dupe_factor=2, phase1_max_seq_length=128, phase1_max_predictions=20,
-                            phase2_max_seq_length=256, phase2_max_predictions=40,
-                            target_shard_mb=1.0, validation_fraction=0.2),
-        pretrain=PretrainConfig(model="bert_tiny", phase1_steps=600, phase2_steps=60,
-                                global_batch_size=32, micro_batch_size=32,
-                                phase2_global_batch_size=16, phase2_micro_batch_size=16,
-                                learning_rate=1e-3, warmup_steps=60, zero_stage=1,
-                                precision="auto"),
+        vocab=vocab_stage.tiny(),
+        shards=ShardPhases(shard_batches.tiny(1), shard_batches.tiny(2)),
+        pretrain=training.tiny(),
         # A family's demo task is its name here and its sample folder in data/sample/.
-        finetune=FinetuneSettings(data=str(SAMPLE),
-                                  tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
-                                  learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0,
-                                  batch_size=32),
+        finetune=FanOutConfig(data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
+                              learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0,
+                              batch_size=32),
     )
 
 
@@ -209,18 +162,18 @@ def base() -> DagConfig:
     """BERT-base as in the paper: 1M steps of 256 sequences, 90% at 128 then 10% at 512; rows
     packed (attention runs per instance, so packing only removes padding)."""
     return DagConfig(name="base", output=str(REPO / "runs" / "base"),
-                     shards=ShardsConfig(pack=True), finetune=FinetuneSettings(data=None))
+                     finetune=FanOutConfig(data=None))
 
 
 def large() -> DagConfig:
     """BERT-large on a GPU node: 8 GPUs, ZeRO-2, bf16. Several nodes: launch through infra/slurm
-    or infra/k8s (torchrun rendezvous); `pretrain.hostfile` (DeepSpeed over ssh) works only on
+    or infra/k8s (torchrun rendezvous); `launch.hostfile` (DeepSpeed over ssh) works only on
     hosts with ssh between them, not from the images."""
     return DagConfig(
-        name="large", output=str(REPO / "runs" / "large"), shards=ShardsConfig(pack=True),
-        pretrain=PretrainConfig(model="bert_large", micro_batch_size=32, phase2_micro_batch_size=32,
-                                launcher="deepspeed", nproc_per_node=8),
-        finetune=FinetuneSettings(data=None),
+        name="large", output=str(REPO / "runs" / "large"), vocab=vocab_stage.large(),
+        shards=ShardPhases(shard_batches.large(1), shard_batches.large(2)),
+        pretrain=training.large(), launch=LaunchConfig(launcher="deepspeed", nproc_per_node=8),
+        finetune=FanOutConfig(data=None),
     )
 
 
@@ -233,7 +186,12 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
     would refuse are errors. `data_only`: the run stops after the shards (`check_output`)."""
     if preset not in PRESETS:
         raise ValueError(f"preset={preset!r}: choose one of {sorted(PRESETS)}")
-    cfg = _apply(PRESETS[preset](), overrides or {}, prefix="")
+    _refuse_renamed_and_flow_set(overrides or {})
+    overrides = _both_phases(dict(overrides or {}))
+    cfg = settings.apply(PRESETS[preset](), overrides)
+    if cfg.pretrain.init_from and "model" not in (overrides.get("pretrain") or {}):
+        # the checkpoint decides the shape (training/init_from.py), not the preset's model
+        cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, model=""))
     missing = unset_settings(cfg)
     if missing:
         raise ValueError(
@@ -244,13 +202,57 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
     if data and "://" in data:
         raise ValueError(f"finetune.data={data!r}: the fine-tuning readers take a local folder "
                          "(copy the data onto the volume, e.g. /data/finetune with glue/ inside)")
-    if data:
-        finetune_tasks(cfg)
+    if data:  # each task's loop config, as its runs will build it after pre-training
+        for entry in finetune_tasks(cfg):
+            try:
+                cfg.finetune.for_task(entry)
+            except settings.SettingError as error:
+                raise error.within("finetune.") from None
     check_output(cfg, data_only)
-    from flows.steps import check_settings  # steps imports this module
-
-    check_settings(cfg)
     return cfg
+
+
+def _both_phases(overrides: dict[str, Any]) -> dict[str, Any]:
+    """`shards.<field>` (not a phase) set on both phases' shards."""
+    shards = overrides.get("shards")
+    if not isinstance(shards, dict):
+        return overrides
+    phases = {name: value for name, value in shards.items() if name in ("phase1", "phase2")}
+    common = {k: v for k, v in shards.items() if k not in ("phase1", "phase2")}
+    known = {f.name for f in dataclasses.fields(ShardsConfig)}
+    for key in common.keys() - known:
+        raise settings.SettingError(f"shards.{key}", "unknown field (known: phase1, phase2 "
+                                    f"and, for both, {sorted(known)})",
+                                    "setting {setting}: {message}")
+    if not common:
+        return overrides
+    return {**overrides, "shards": {  # a phase's own value wins; a non-mapping fails in apply
+        name: {**common, **phases.get(name, {})} if isinstance(phases.get(name, {}), dict)
+        else phases[name] for name in ("phase1", "phase2")}}
+
+
+def _refuse_renamed_and_flow_set(overrides: dict[str, Any]) -> None:
+    for section, value in overrides.items():
+        if section in RENAMED_SETTINGS:
+            raise ValueError(renamed_message(section, value))
+    for key in _dotted_keys(overrides):
+        if key in RENAMED_SETTINGS:
+            raise ValueError(f"setting {key} was renamed: it is now {RENAMED_SETTINGS[key]}")
+        parts = key.split(".")
+        if key in FLOW_SET or (parts[0] == "pretrain" and len(parts) >= 3
+                               and parts[-1] in FLOW_SET):
+            source = FLOW_SET.get(key) or FLOW_SET[parts[-1]]
+            raise ValueError(f"setting {key}: the flow sets it ({source})")
+
+
+def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            keys += _dotted_keys(value, f"{prefix}{key}.")
+        else:
+            keys.append(f"{prefix}{key}")
+    return keys
 
 
 def finetune_tasks(cfg: DagConfig) -> list:
@@ -259,7 +261,7 @@ def finetune_tasks(cfg: DagConfig) -> list:
     from finetune.tasks import parse_tasks
 
     try:
-        return parse_tasks(",".join(cfg.finetune.tasks)) if cfg.finetune.tasks else []
+        return parse_tasks(cfg.finetune.task_names()) if cfg.finetune.tasks else []
     except ValueError as e:
         raise ValueError(f"setting finetune.tasks={','.join(cfg.finetune.tasks)}: "
                          f"{str(e).removeprefix('--tasks: ')}") from None
@@ -329,35 +331,20 @@ def check_finetune_files(cfg: DagConfig) -> None:
             f"no {folder}/ folder (for {', '.join(tasks)})" for folder, tasks in missing.items()))
 
 
-def unset_settings(obj, prefix: str = "") -> list[str]:
-    """Dotted keys of the settings still None (the paths base and large leave to the user)."""
-    missing = []
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if dataclasses.is_dataclass(value):
-            missing += unset_settings(value, prefix=f"{prefix}{f.name}.")
-        elif value is None:
-            missing.append(f"{prefix}{f.name}")
-    return missing
+INPUT_PATHS = ("data.wikipedia", "data.books", "finetune.data")
+"""The settings base and large leave unset (None) for the user: the run's inputs."""
 
 
-def _apply(obj, overrides: dict[str, Any], prefix: str):
-    fields = {f.name: f for f in dataclasses.fields(obj)}
-    hints = typing.get_type_hints(type(obj))
-    changes = {}
-    for key, value in overrides.items():
-        if not prefix and key in RENAMED_SETTINGS:
-            raise ValueError(renamed_message(key, value))
-        if key not in fields:
-            raise ValueError(f"unknown setting '{prefix}{key}'; known: {sorted(fields)}")
-        current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
-            if not isinstance(value, dict):
-                raise ValueError(f"setting {prefix}{key!r} takes a mapping, got {value!r}")
-            changes[key] = _apply(current, value, prefix=f"{prefix}{key}.")
-        else:
-            changes[key] = convert_setting(f"setting {prefix}{key}", value, hints[key])
-    return dataclasses.replace(obj, **changes)
+def unset_settings(cfg: DagConfig) -> list[str]:
+    """The input paths still None."""
+    return [key for key in INPUT_PATHS
+            if getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1]) is None]
+
+
+def parse_set_flags(pairs: list[str]) -> dict[str, Any]:
+    """`["pretrain.phase1.steps=20", "finetune.tasks=rte,mrpc"]` -> nested overrides mapping
+    (values stay text; `resolve` converts each to its field's type)."""
+    return settings.parse_assignments(pairs)
 
 
 def renamed_message(section: str, value: Any) -> str:
@@ -368,22 +355,3 @@ def renamed_message(section: str, value: Any) -> str:
     note = (f" ({new}.data is the folder holding glue/, squad/, ...: the old {section}.data "
             f"folder goes in its glue/)" if section == "glue" and "data" in keys else "")
     return f"setting {section!r} was renamed {new!r}: {names}{note}"
-
-
-def parse_set_flags(pairs: list[str]) -> dict[str, Any]:
-    """`["pretrain.phase1_steps=20", "finetune.tasks=rte,mrpc"]` -> nested overrides mapping.
-
-    Values stay strings here; `resolve` converts each to its field's type."""
-    overrides: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise ValueError(f"--set {pair!r}: expected key=value")
-        node = overrides
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise TypeError(f"--set {pair!r}: {p} is a setting, not a section")
-        node[leaf] = raw
-    return overrides

@@ -20,7 +20,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
-from flows import steps
+from flows import fanout, steps
+from flows import report as reporting
 from flows.config import DagConfig, check_inputs_exist, resolve
 from flows.stages import StageResult
 
@@ -71,27 +72,27 @@ def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:
 
 
 @task(name="finetune", **COMPUTE_TASK)
-def finetune_run(cfg: DagConfig, model: StageResult, job: steps.FinetuneJob) -> dict:
-    return steps.finetune_run(cfg, model, job)
+def finetune_run(cfg: DagConfig, model: StageResult, job: fanout.FinetuneJob) -> dict:
+    return fanout.finetune_run(cfg, model, job)
 
 
 @task(name="finetune-best", **COMPUTE_TASK)
 def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
                   out: str | None = None) -> dict:
-    return steps.finetune_best(cfg, model, outcomes, out)
+    return fanout.finetune_best(cfg, model, outcomes, out)
 
 
 @task(name="report", **COMPUTE_TASK)
 def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
            filename: str = "report.md", folder: str | None = None) -> dict:
-    result = steps.report(cfg, stages, finetune, filename, folder)
+    result = reporting.report(cfg, stages, finetune, filename, folder)
     create_table_artifact(result["stages"], key="stage-timings",
                           description="Stage outputs, whether reused from a previous run, seconds")
     if result["finetune_table"]:
         create_markdown_artifact(result["finetune_table"], key="finetune-results",
                                  description="Fine-tuning dev scores (best learning rate per task)")
     if result["loss_curve"] and os.path.exists(result["loss_curve"]):
-        create_markdown_artifact(steps.image_markdown(result["loss_curve"]), key="loss-curve",
+        create_markdown_artifact(reporting.image_markdown(result["loss_curve"]), key="loss-curve",
                                  description="Pre-training loss curve")
     create_markdown_artifact(result["markdown"], key="report", description="Run report")
     return result
@@ -130,12 +131,12 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     model = export_hf(cfg, run)
 
     finetune = None
-    jobs = steps.finetune_jobs(cfg)  # every family's tasks x learning rates x seeds
+    jobs = fanout.finetune_jobs(cfg)  # every family's tasks x learning rates x seeds
     if jobs:
         futures = finetune_run.map(unmapped(cfg), unmapped(model), jobs)
         wait(futures)
         # A failed fine-tuning run is reported as failed; the others still count.
-        outcomes = [steps.outcome(job, f.state) for job, f in zip(jobs, futures)]
+        outcomes = [fanout.outcome(job, f.state) for job, f in zip(jobs, futures)]
         out = os.path.join(report_dir, "finetune") if report_dir else None
         finetune = finetune_best(cfg, model, outcomes, out)
     return report(cfg, [*sources, corpus, vocab, *shards, run, model], finetune,

@@ -4,7 +4,7 @@ With no PREFECT_API_URL, Prefect starts a temporary server (uvicorn, ~200 MB) as
 and stops it at interpreter exit; a flow process killed by SIGKILL (or by an unhandled SIGTERM,
 which skips `atexit`) leaves that server running, re-parented to init. `temporary_server()`
 starts the same server itself, under the same death signal the trainers get
-(`steps._EXEC_WITH_PDEATHSIG`: Linux sends it SIGTERM when the flow process dies, however it
+(`launch.EXEC_WITH_PDEATHSIG`: Linux sends it SIGTERM when the flow process dies, however it
 dies), and points Prefect at it; with PREFECT_API_URL set (a real server) it does nothing.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 
-from flows.steps import _EXEC_WITH_PDEATHSIG
+from flows.launch import EXEC_WITH_PDEATHSIG
 
 PORT_IN_USE = 3  # uvicorn's exit status when its port was taken between our check and its bind
 STOP_GRACE_S = 5.0
@@ -34,7 +34,7 @@ def server_command(port: int) -> list[str]:
     run through the death-signal wrapper."""
     import prefect
 
-    return [sys.executable, "-c", _EXEC_WITH_PDEATHSIG, sys.executable, "-m", "uvicorn",
+    return [sys.executable, "-c", EXEC_WITH_PDEATHSIG, sys.executable, "-m", "uvicorn",
             "--app-dir", str(prefect.__module_path__.parent),
             "--factory", "prefect.server.api.server:create_app",
             "--host", "127.0.0.1", "--port", str(port),

@@ -224,11 +224,19 @@ def select_inputs(pattern: str) -> tuple[list[storage.InputFile], dict[str, str]
     return files, folders
 
 
-def run(argv: Sequence[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
+    """The command line: flags -> `BuildCorpusConfig` -> `run`."""
+    args, beam_args = build_parser().parse_known_args(argv)
+    return run(BuildCorpusConfig(input=args.input, output=args.output,
+                                 num_shards=args.num_shards, text_output=args.text_output),
+               beam_args)
+
+
+def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
+    """Build the corpus of `config.input`'s documents into `config.output`; returns the
+    manifest."""
     jobs.configure_logging()
-    args, options = jobs.parse_job_args(build_parser(), argv)
-    config = BuildCorpusConfig(input=args.input, output=args.output,
-                               num_shards=args.num_shards, text_output=args.text_output)
+    options = jobs.beam_pipeline_options(beam_args)
     listed, folders = select_inputs(config.input)
     files = [f.path for f in listed]
     sizes = {f.path: f.size_bytes for f in listed}  # from the listing: no lookup per file
@@ -302,4 +310,4 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
 if __name__ == "__main__":
     import sys
 
-    sys.exit(jobs.main(NAMESPACE, run))
+    sys.exit(jobs.main(NAMESPACE, main))

@@ -1,7 +1,8 @@
 """The `beam` command: `beam run pipelines/<job>.py [job options] [Beam pipeline options]`.
 
 Apache Beam's Python SDK ships no such executable; this one loads the job file (or module) and
-calls its `run(argv)`, so `beam run ...` and `python pipelines/<job>.py ...` are the same job.
+calls its `main(argv)` (`run(argv)` for a job without one), so `beam run ...` and
+`python pipelines/<job>.py ...` are the same job.
 A user error (ValueError, FileNotFoundError, ... from the job's options or inputs) prints
 `<job>: error: <message>` and exits 2 (1: the job ran but produced nothing); `--debug` or
 BERT_DEBUG=1 shows the traceback.
@@ -47,12 +48,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv[:1] in (["-h"], ["--help"]) else 2
     args = parser.parse_args(argv[:2])
     job = load_job(args.job)
-    if not hasattr(job, "run"):
-        raise SystemExit(f"beam: {args.job} has no run(argv) function")
+    command_line = getattr(job, "main", None) or getattr(job, "run", None)
+    if command_line is None:
+        raise SystemExit(f"beam: {args.job} has no main(argv) or run(argv) function")
     from pipelines import jobs
 
     # A user error (bad option, missing input, nothing produced) is one line, not a traceback.
-    return jobs.main(job.__name__.rsplit(".", 1)[-1], job.run, argv[2:])
+    return jobs.main(job.__name__.rsplit(".", 1)[-1], command_line, argv[2:])
 
 
 if __name__ == "__main__":

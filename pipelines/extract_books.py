@@ -188,10 +188,16 @@ def select_inputs(config: ExtractBooksConfig) -> tuple[list[storage.InputFile], 
     return selected, sorted(excluded)
 
 
-def run(argv: Sequence[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
+    """The command line: flags -> `ExtractBooksConfig` -> `run`."""
+    args, beam_args = build_parser().parse_known_args(argv)
+    return run(config_from_args(args), beam_args)
+
+
+def run(config: ExtractBooksConfig, beam_args: Sequence[str] = ()) -> dict:
+    """Extract the books of `config.input` into `config.output`; returns the manifest."""
     jobs.configure_logging()
-    args, options = jobs.parse_job_args(build_parser(), argv)
-    config = config_from_args(args)
+    options = jobs.beam_pipeline_options(beam_args)
     files, excluded = select_inputs(config)
     sizes = {f.path: f.size_bytes for f in files}  # from the listing: no lookup per file
     num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
@@ -253,4 +259,4 @@ def finish(config: ExtractBooksConfig, files: list[str], excluded: list[str],
 if __name__ == "__main__":
     import sys
 
-    sys.exit(jobs.main(NAMESPACE, run))
+    sys.exit(jobs.main(NAMESPACE, main))

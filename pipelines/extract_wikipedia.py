@@ -33,13 +33,11 @@ from pipelines.jobs import (
     DEAD_LETTER_DIR,
     BadRecord,
     configure_logging,
-    job_parser,
     local_runner,
-    main,
     nothing_produced,
-    parse_job_args,
     warn_dead_letters,
 )
+from pipelines.settings import check
 from pipelines.wiki_dump import DumpSplit, Page, is_index_file, iter_pages, plan_splits
 from pipelines.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
 
@@ -63,26 +61,21 @@ LOG = logging.getLogger(__name__)
 class WikipediaConfig:
     """How the dumps are cut into work and read."""
     split_bytes: int = 64 << 20
-    """--split_bytes: input bytes per work item (bz2: whole streams; 0: one per bz2 stream)."""
+    """Input bytes per work item (bz2: whole streams; 0: one per bz2 stream)."""
     max_page_bytes: int = 16 << 20
-    """--max_page_bytes: larger pages are bad records (MediaWiki caps wikitext at 2 MiB)."""
+    """Pages with larger XML are bad records (MediaWiki caps wikitext at 2 MiB)."""
     row_group_docs: int = 1000
-    """--row_group_docs: documents per Parquet row group (bounds a worker's memory)."""
+    """Documents per Parquet row group (bounds a worker's memory)."""
 
     def __post_init__(self):
-        if self.split_bytes < 0:
-            raise ValueError(f"--split_bytes must be >= 0, got {self.split_bytes}")
-        if self.max_page_bytes < 1024:
-            raise ValueError(f"--max_page_bytes must be >= 1024, got {self.max_page_bytes}")
-        if self.row_group_docs < 1:
-            raise ValueError(f"--row_group_docs must be >= 1, got {self.row_group_docs}")
+        check(self.split_bytes >= 0, "split_bytes", f"must be >= 0, got {self.split_bytes}")
+        check(self.max_page_bytes >= 1024, "max_page_bytes",
+              f"must be >= 1024, got {self.max_page_bytes}")
+        check(self.row_group_docs >= 1, "row_group_docs",
+              f"must be >= 1, got {self.row_group_docs}")
 
 
-def default_config() -> WikipediaConfig:
-    return WikipediaConfig()
-
-
-def debug_config() -> WikipediaConfig:
+def tiny() -> WikipediaConfig:
     """Tiny splits, so the sample dump exercises the per-stream/per-range split logic."""
     return WikipediaConfig(split_bytes=0, row_group_docs=4)
 
@@ -225,22 +218,10 @@ def _finalise(results: list[SplitResult], output_dir: str, resolved_config: dict
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = job_parser("Extract clean text passages from MediaWiki pages-articles XML dumps "
-                        "(.xml, .xml.bz2, multistream .bz2) into Parquet documents.")
-    defaults = default_config()
-    parser.add_argument("--split_bytes", type=int, default=defaults.split_bytes,
-                        help="input bytes per work item (bz2: whole streams; 0 = one work item "
-                             "per bz2 stream) [%(default)s]")
-    parser.add_argument("--max_page_bytes", type=int, default=defaults.max_page_bytes,
-                        help="pages with larger XML go to the dead letters [%(default)s]")
-    parser.add_argument("--row_group_docs", type=int, default=defaults.row_group_docs,
-                        help="documents per Parquet row group [%(default)s]")
-    return parser
-
-
-def _config_from_args(args: argparse.Namespace) -> WikipediaConfig:
-    return WikipediaConfig(**{f.name: getattr(args, f.name)
-                              for f in dataclasses.fields(WikipediaConfig)})
+    """The job's flags: one per `WikipediaConfig` field, help from its docstring."""
+    return jobs.config_parser("Extract clean text passages from MediaWiki pages-articles XML "
+                              "dumps (.xml, .xml.bz2, multistream .bz2) into Parquet documents.",
+                              WikipediaConfig)
 
 
 def dump_files(files: list[storage.InputFile]) -> list[storage.InputFile]:
@@ -276,28 +257,34 @@ def _indexed_splits(inputs: list[tuple[str, int]],
     return list(enumerate(splits))
 
 
-def run(argv: Sequence[str] | None = None) -> dict:
-    """Run the job; returns the manifest written to `<output>/manifest.json`."""
+def main(argv: Sequence[str] | None = None) -> dict:
+    """The command line: flags -> `WikipediaConfig` -> `run`."""
+    args, beam_args = build_parser().parse_known_args(argv)
+    return run(jobs.config_from_args(args, WikipediaConfig()), args.input, args.output, beam_args)
+
+
+def run(config: WikipediaConfig, input: str, output: str, beam_args: Sequence[str] = ()) -> dict:
+    """Extract the dumps at `input` (a file, glob or folder) into `output`; returns the manifest
+    written to `<output>/manifest.json`."""
     configure_logging()
-    args, options = parse_job_args(build_parser(), argv)
-    config = _config_from_args(args)
-    dumps = select_dumps(args.input)
+    options = jobs.beam_pipeline_options(beam_args)
+    dumps = select_dumps(input)
     files = [f.path for f in dumps]
     inputs = [(f.path, f.size_bytes) for f in dumps]  # sizes from the listing: no stat per file
     # The output folder is where, not what: it stays out of the config (and its hash).
     resolved = {"input": files, **dataclasses.asdict(config)}
-    LOG.info("%s config: %s -> %s", STAGE, json.dumps(resolved, sort_keys=True), args.output)
+    LOG.info("%s config: %s -> %s", STAGE, json.dumps(resolved, sort_keys=True), output)
 
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
-        storage.makedirs(args.output)
+        storage.makedirs(output)
         # A previous run (maybe with another split plan) must leave no shard this run does not
         # write.
-        parquet_io.clear_previous_output(args.output, PREFIX)
+        parquet_io.clear_previous_output(output, PREFIX)
 
     splits = _indexed_splits(inputs, config)
     LOG.info("%d input files -> %d splits", len(files), len(splits))
-    output_dir, num_splits = args.output, len(splits)
+    output_dir, num_splits = output, len(splits)
 
     with beam.Pipeline(runner=local_runner(options), options=options) as pipeline:
         _ = (
@@ -312,12 +299,12 @@ def run(argv: Sequence[str] | None = None) -> dict:
         return jobs.dry_run_summary(STAGE, pipeline)
     totals = parquet_io.query_counters(pipeline.result, METRICS_NAMESPACE, COUNT_NAMES)
     LOG.info("Beam metrics: %s", json.dumps(totals, sort_keys=True))
-    dead_letters = parquet_io.dead_letter_path(args.output)
-    manifest = storage.read_manifest(args.output)
+    dead_letters = parquet_io.dead_letter_path(output)
+    manifest = storage.read_manifest(output)
     if manifest is None:
         raise nothing_produced(f"documents ({totals['pages_read']} pages read, "
                                f"{totals['skipped_redirect']} redirects, "
-                               f"{totals['skipped_empty']} empty)", args.input,
+                               f"{totals['skipped_empty']} empty)", input,
                                totals["bad_records"], dead_letters)
     LOG.info("counts: %s", json.dumps(manifest["counts"], sort_keys=True))
     warn_dead_letters(LOG, STAGE, manifest["counts"]["bad_records"], dead_letters)
@@ -331,4 +318,4 @@ if __name__ == "__main__":
 
     from pipelines import extract_wikipedia as _job  # noqa: PLW0406
 
-    sys.exit(main(STAGE, _job.run))
+    sys.exit(jobs.main(STAGE, _job.main))

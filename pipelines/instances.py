@@ -36,6 +36,7 @@ from pipelines.masking import (
     word_groups,
 )
 from pipelines.masking import num_to_predict as _num_to_predict
+from pipelines.settings import check
 from pipelines.tokenization import (
     CLS,
     MASK,
@@ -58,47 +59,42 @@ _RANDOM_DOC_TRIES = 10  # tries to draw a document other than the current one (t
 class InstanceConfig:
     """Options of instance creation, with the reference generator's names and defaults."""
     max_seq_length: int = 128
-    """Tokens per instance including [CLS] and the [SEP]s (--max_seq_length)."""
+    """Tokens per instance including [CLS] and the [SEP]s."""
     max_predictions_per_seq: int = 20
-    """Cap on masked positions per instance (--max_predictions_per_seq)."""
+    """Cap on masked positions per instance."""
     masked_lm_prob: float = 0.15
-    """Share of tokens, special tokens included in the count, to mask (--masked_lm_prob)."""
+    """Share of tokens, special tokens included in the count, to mask."""
     short_seq_prob: float = 0.1
-    """Probability that a document pass uses a random shorter target length (--short_seq_prob)."""
+    """Probability that a document pass uses a random shorter target length."""
     dupe_factor: int = 10
-    """Passes over the corpus, each with different splits and masks (--dupe_factor)."""
+    """Passes over the corpus, each with different splits and masks."""
     random_seed: int = 12345
-    """Seed of every random draw (--random_seed)."""
+    """Seed of every random draw."""
     do_whole_word_mask: bool = False
-    """Mask whole words: a `##` piece is chosen with the pieces before it (--do_whole_word_mask)."""
+    """Mask whole words: a `##` piece is chosen with the pieces before it."""
     next_sentence: bool = True
     """False = MLM-only: [CLS] A [SEP], no next-sentence pair, label -1 (--no_next_sentence)."""
     mask_fraction: float = 0.8
-    """Share of predicted positions shown as [MASK] (--mask_fraction; Table 8's MASK)."""
+    """Share of predicted positions shown as [MASK] (Table 8's MASK)."""
     same_fraction: float = 0.1
-    """Share of predicted positions left unchanged (--same_fraction; Table 8's SAME)."""
+    """Share of predicted positions left unchanged (Table 8's SAME)."""
     random_fraction: float = 0.1
-    """Share of predicted positions shown as a random token (--random_fraction; Table 8's RND)."""
+    """Share of predicted positions shown as a random token (Table 8's RND)."""
 
     def __post_init__(self):
-        try:
-            self.masking  # noqa: B018 (validates the masking fields)
-        except ValueError as e:
-            raise ValueError(f"--{e}") from None
-        if self.max_seq_length < 5:
-            # [CLS] A [SEP] B [SEP] with A and B non-empty, and target lengths randint(2, max - 3)
-            raise ValueError(f"--max_seq_length must be >= 5, got {self.max_seq_length}")
-        if self.max_predictions_per_seq < 1:
-            raise ValueError("--max_predictions_per_seq must be >= 1, got "
-                             f"{self.max_predictions_per_seq}")
-        if not 0.0 < self.masked_lm_prob < 1.0:
-            raise ValueError(f"--masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
-        if not 0.0 <= self.short_seq_prob <= 1.0:
-            raise ValueError(f"--short_seq_prob must be in [0, 1], got {self.short_seq_prob}")
-        if self.dupe_factor < 1:
-            raise ValueError(f"--dupe_factor must be >= 1, got {self.dupe_factor}")
-        if self.random_seed < 0:
-            raise ValueError(f"--random_seed must be >= 0, got {self.random_seed}")
+        self.masking  # noqa: B018 (checks the MASK/SAME/RND split, naming its field)
+        # [CLS] A [SEP] B [SEP] with A and B non-empty, and target lengths randint(2, max - 3);
+        # the shard format stores positions as uint16
+        check(5 <= self.max_seq_length <= 65535, "max_seq_length",
+              f"must be in [5, 65535], got {self.max_seq_length}")
+        check(self.max_predictions_per_seq >= 1, "max_predictions_per_seq",
+              f"must be >= 1, got {self.max_predictions_per_seq}")
+        check(0.0 < self.masked_lm_prob < 1.0, "masked_lm_prob",
+              f"must be in (0, 1), got {self.masked_lm_prob}")
+        check(0.0 <= self.short_seq_prob <= 1.0, "short_seq_prob",
+              f"must be in [0, 1], got {self.short_seq_prob}")
+        check(self.dupe_factor >= 1, "dupe_factor", f"must be >= 1, got {self.dupe_factor}")
+        check(self.random_seed >= 0, "random_seed", f"must be >= 0, got {self.random_seed}")
 
     @functools.cached_property
     def masking(self) -> MaskingConfig:
@@ -112,21 +108,6 @@ class InstanceConfig:
     def max_num_tokens(self) -> int:
         """Tokens of A and B together: max_seq_length less [CLS] and one or two [SEP]."""
         return self.max_seq_length - (3 if self.next_sentence else 2)
-
-
-def phase1() -> InstanceConfig:
-    """BERT phase 1: 128 tokens, 20 predictions."""
-    return InstanceConfig(max_seq_length=128, max_predictions_per_seq=20)
-
-
-def phase2() -> InstanceConfig:
-    """BERT phase 2: 512 tokens, 76 predictions (round(0.15 * 512) = 77 is capped)."""
-    return InstanceConfig(max_seq_length=512, max_predictions_per_seq=76)
-
-
-def tiny() -> InstanceConfig:
-    """A small configuration for tests and demos."""
-    return InstanceConfig(max_seq_length=32, max_predictions_per_seq=5, dupe_factor=2)
 
 
 @dataclass(frozen=True, eq=False)

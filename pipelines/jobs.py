@@ -1,9 +1,10 @@
 """What every Beam job shares: `--input`/`--output` flags, Beam options, dead letters, logging.
 
-A job module defines `build_parser()` (its own options) and `run(argv=None) -> dict` (returns its
-manifest). Flags the job's parser does not know are handed to Beam's `PipelineOptions`, so the
-standard options (`--runner`, `--direct_num_workers`, `--project`, `--region`, `--temp_location`,
-`--setup_file`, `--sdk_container_image`, ...) work on every job.
+A job module defines `run(config, ...inputs, output, beam_args) -> dict` (returns its manifest)
+and a thin `main(argv)`: its flags come from its config dataclass (`config_parser`). Flags the
+job's parser does not know are handed to Beam's `PipelineOptions`, so the standard options
+(`--runner`, `--direct_num_workers`, `--project`, `--region`, `--temp_location`, `--setup_file`,
+`--sdk_container_image`, ...) work on every job.
 """
 from __future__ import annotations
 
@@ -28,6 +29,43 @@ def job_parser(description: str) -> argparse.ArgumentParser:
                              "several separated by commas")
     parser.add_argument("--output", required=True, help="output folder (local or gs://...)")
     return parser
+
+
+def config_parser(description: str, config_class: type,
+                  aliases: Sequence[tuple[str, str, str, str]] = ()) -> argparse.ArgumentParser:
+    """A job's parser with a flag per field of its config dataclass (help from the field's
+    docstring), `--config FILE` (YAML or JSON) and `--set KEY=VALUE`, the overrides every entry
+    point takes. `aliases`: (flag, field, value, help) for flags that set a field to a fixed
+    value (`--cased` sets do_lower_case=false)."""
+    from pipelines.settings import add_config_flags
+
+    parser = job_parser(description)
+    add_config_flags(parser, config_class)
+    for flag, field, value, help_text in aliases:
+        parser.add_argument(flag, dest=field, action="store_const", const=value, help=help_text)
+    parser.add_argument("--config", metavar="FILE",
+                        help="settings file (YAML or JSON: field: value); flags win over it")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a setting (repeatable); flags win over it")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace, base):
+    """`base` (the config's defaults or a preset) with the settings file, `--set`s and then the
+    flags given applied, in that order; validated once, errors naming the flag."""
+    from pipelines import settings
+
+    given = settings.load_file(args.config) if args.config else {}
+    config = settings.apply(base, given, label=f"{args.config}: config key") if given else base
+    config = settings.apply(config, settings.parse_assignments(args.set), label="--set")
+    return settings.config_from_flags(config, args)
+
+
+def beam_pipeline_options(beam_args: Sequence[str]):
+    """Beam's PipelineOptions of a job's Beam flags."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    return PipelineOptions(list(beam_args), save_main_session=False)
 
 
 def parse_job_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None):
@@ -234,9 +272,10 @@ def is_our_file(path: str) -> bool:
 
 
 def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | None = None) -> int:
-    """A job's command line: `run(argv)`; a user error prints `<job>: error: <message>` and
-    returns 2 (1 when the job ran but produced nothing). `--debug` (or BERT_DEBUG=1)
-    re-raises it with its traceback; other exceptions are bugs and always keep theirs."""
+    """A job's command line: `run(argv)` (the job's `main`); a user error prints
+    `<job>: error: <message>` and returns 2 (1 when the job ran but produced nothing).
+    `--debug` (or BERT_DEBUG=1) re-raises it with its traceback; other exceptions are bugs and
+    always keep theirs."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or debug_requested()
     argv = [a for a in argv if a != "--debug"]

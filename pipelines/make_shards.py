@@ -21,7 +21,7 @@ Scalable pipeline (every shuffle moves columnar batches, never one object per in
            num_shards (one stage)
       shards -> write `{split}-{index:06d}.tar` atomically -> manifest.json (last)
 
-Where the pieces live: this file holds the options (`build_parser`, `configs_from_args`), the
+Where the pieces live: this file holds the flags (`build_parser`, from `ShardsConfig`), the
 Beam wiring (the DoFns, `CreateInstances`, `WriteShards`, `build_scalable_pipeline`), reference
 mode, the manifest and `run()`. The data work is pure code in
 - `pipelines/shard_inputs.py`: input files -> read parts -> documents as token ids;
@@ -60,8 +60,8 @@ import re
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, fields, replace
 
 import apache_beam as beam
 import numpy as np
@@ -81,6 +81,7 @@ from pipelines.shard_batches import (
     PlanBatch,
     RowGroup,
     ShardJobConfig,
+    ShardsConfig,
     WireBatch,
     bucket_instances,
     bucket_totals,
@@ -118,91 +119,17 @@ _SHARD_INFOS = ".make_shards-shard-infos.jsonl"
 # Options
 # ----------------------------------------------------------------------------------------------
 
-def _bool(text: str) -> bool:
-    value = str(text).lower()
-    if value in ("1", "true", "yes", "y"):
-        return True
-    if value in ("0", "false", "no", "n"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = jobs.job_parser(__doc__.split("\n")[0])
+    """The job's flags: one per `ShardsConfig` field, help from its docstring."""
+    parser = jobs.config_parser(__doc__.split("\n")[0], ShardsConfig, aliases=[
+        ("--no_next_sentence", "next_sentence", "false",
+         "MLM-only: one segment per instance, no next-sentence pairs")])
     parser.add_argument("--vocab", required=True, help="vocabulary folder or vocab.txt")
-    defaults = InstanceConfig()
-    parser.add_argument("--max_seq_length", type=int, default=defaults.max_seq_length,
-                        help="tokens per instance with [CLS] and [SEP]s (128; 512 for phase 2)")
-    parser.add_argument("--max_predictions_per_seq", type=int,
-                        default=defaults.max_predictions_per_seq,
-                        help="cap on masked positions per instance (20; 76 or 80 at 512)")
-    parser.add_argument("--masked_lm_prob", type=float, default=defaults.masked_lm_prob,
-                        help="share of tokens to mask")
-    parser.add_argument("--short_seq_prob", type=float, default=defaults.short_seq_prob,
-                        help="probability of a shorter random target length per document pass")
-    parser.add_argument("--dupe_factor", type=int, default=defaults.dupe_factor,
-                        help="passes over the corpus, each with different splits and masks")
-    parser.add_argument("--random_seed", type=int, default=defaults.random_seed)
-    parser.add_argument("--do_whole_word_mask", type=_bool, nargs="?", const=True,
-                        default=defaults.do_whole_word_mask,
-                        help="mask all pieces of a word together")
-    for name, column in (("mask_fraction", "MASK"), ("same_fraction", "SAME"),
-                         ("random_fraction", "RND")):
-        parser.add_argument(f"--{name}", type=float, default=getattr(defaults, name),
-                            help=f"share of predicted positions shown as {column} (Table 8); "
-                                 "the three fractions sum to 1")
-    parser.add_argument("--do_lower_case", type=_bool, nargs="?", const=True, default=None,
-                        help="lower-case input (default: as the vocabulary folder's "
-                             "tokenizer_config.json says; true for a bare vocab.txt)")
-    parser.add_argument("--no_next_sentence", action="store_true",
-                        help="MLM-only: one segment per instance, no next-sentence pairs")
-    job = ShardJobConfig()
-    parser.add_argument("--mode", choices=["scalable", "reference"], default=job.mode,
-                        help="scalable: Beam, same output on any number of workers; reference: "
-                             "one process, exactly BERT's reference generator's instances")
-    parser.add_argument("--pack", action="store_true", help="pack short instances into rows")
-    parser.add_argument("--target_shard_mb", type=float, default=job.target_shard_mb,
-                        help="approximate shard size in MiB")
-    parser.add_argument("--num_shards", type=int, default=job.num_shards,
-                        help="shards per split (0 = from --target_shard_mb)")
-    parser.add_argument("--rows_per_block", type=int, default=job.rows_per_block,
-                        help="rows per .rows.npz tar member")
-    parser.add_argument("--format", choices=["shards", "jsonl"], default=job.format,
-                        help="jsonl: one instance per line with token strings, for inspection")
-    parser.add_argument("--validation_fraction", type=float, default=job.validation_fraction,
-                        help="share of documents (by doc_id hash) held out as validation shards")
-    parser.add_argument("--join_buckets", type=int, default=job.join_buckets,
-                        help="groups of the random-next join (0 = from the corpus size)")
-    parser.add_argument("--read_part_kb", type=int, default=job.read_part_kb,
-                        help="input KiB per read work unit (large files are read in parts)")
-    parser.add_argument("--instances_per_pack_bucket", type=int,
-                        default=job.instances_per_pack_bucket,
-                        help="instances sorted and packed together in one group")
     return parser
 
 
-def configs_from_args(args: argparse.Namespace) -> tuple[InstanceConfig, ShardJobConfig]:
-    cfg = InstanceConfig(
-        max_seq_length=args.max_seq_length, max_predictions_per_seq=args.max_predictions_per_seq,
-        masked_lm_prob=args.masked_lm_prob, short_seq_prob=args.short_seq_prob,
-        dupe_factor=args.dupe_factor, random_seed=args.random_seed,
-        do_whole_word_mask=args.do_whole_word_mask, next_sentence=not args.no_next_sentence,
-        mask_fraction=args.mask_fraction, same_fraction=args.same_fraction,
-        random_fraction=args.random_fraction)
-    job = ShardJobConfig(
-        mode=args.mode, pack=args.pack, target_shard_mb=args.target_shard_mb,
-        num_shards=args.num_shards, rows_per_block=args.rows_per_block, format=args.format,
-        validation_fraction=args.validation_fraction,
-        do_lower_case=resolve_do_lower_case(args.do_lower_case, args.vocab),
-        join_buckets=args.join_buckets, read_part_kb=args.read_part_kb,
-        instances_per_pack_bucket=args.instances_per_pack_bucket)
-    if cfg.max_seq_length > 65535:
-        raise ValueError("--max_seq_length must fit the shard format's uint16 positions")
-    return cfg, job
-
-
 def resolve_do_lower_case(flag: bool | None, vocab_path: str) -> bool:
-    """--do_lower_case, defaulting to the casing the vocabulary folder records.
+    """`do_lower_case`, defaulting to the casing the vocabulary folder records.
 
     A cased vocabulary lower-cased (or the reverse) maps much of the text to [UNK] or to the
     wrong pieces without any error, so a flag that contradicts the folder is refused. A bare
@@ -795,17 +722,29 @@ def input_files(pattern: str) -> list[storage.InputFile]:
     return [by_path[path] for path in select_inputs([f.path for f in listed])]
 
 
-def run(argv: list[str] | None = None) -> dict:
-    """Make shards; returns the manifest written to `<output>/manifest.json`."""
+def main(argv: list[str] | None = None) -> dict:
+    """The command line: flags -> `ShardsConfig` -> `run`."""
+    args, beam_args = build_parser().parse_known_args(argv)
+    return run(jobs.config_from_args(args, ShardsConfig()), args.input, args.vocab, args.output,
+               beam_args)
+
+
+def run(config: ShardsConfig, input: str, vocab: str, output: str,
+        beam_args: Sequence[str] = ()) -> dict:
+    """Make shards of the corpus at `input` (a file, glob or folder) with the vocabulary at
+    `vocab` into `output`; returns the manifest written to `<output>/manifest.json`."""
     jobs.configure_logging()
-    args, beam_options = jobs.parse_job_args(build_parser(), argv)
-    cfg, job = configs_from_args(args)
+    beam_options = jobs.beam_pipeline_options(beam_args)
+    config = replace(config, do_lower_case=resolve_do_lower_case(config.do_lower_case, vocab))
+    cfg = job = config
     from pipelines.tokenization import read_vocab
-    vocab_size = len(read_vocab(args.vocab))
-    files = input_files(args.input)
-    options = {"input": [f.path for f in files], "vocab": args.vocab, "instance": asdict(cfg), "job": asdict(job)}
-    logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), args.output,
-                "\n".join(f"  {k}: {v}" for k, v in {**asdict(cfg), **asdict(job)}.items()))
+    vocab_size = len(read_vocab(vocab))
+    files = input_files(input)
+    options = {"input": [f.path for f in files], "vocab": vocab,
+               "instance": _fields_of(InstanceConfig, config),
+               "job": _fields_of(ShardJobConfig, config)}
+    logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), output,
+                "\n".join(f"  {k}: {v}" for k, v in asdict(config).items()))
     if job.mode != "reference":
         jobs.warn_if_too_large_for_local_runner(
             logger, "make_shards", sum(f.size_bytes for f in files), beam_options,
@@ -815,27 +754,27 @@ def run(argv: list[str] | None = None) -> dict:
             raise ValueError("--dry_run builds the Beam job graph: it needs --mode=scalable "
                              "(the reference mode runs no pipeline)")
         with beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p:
-            _scalable_graph(p, files, args, cfg, job, vocab_size)
+            _scalable_graph(p, files, output, vocab, config, vocab_size)
         return jobs.dry_run_summary("make_shards", p)
-    storage.makedirs(args.output)
-    storage.withdraw_manifest(args.output)  # a crash must not leave a complete-looking mix
+    storage.makedirs(output)
+    storage.withdraw_manifest(output)  # a crash must not leave a complete-looking mix
     start = time.perf_counter()
     if job.mode == "reference":
-        infos, counters = run_reference(files, args.output, args.vocab, cfg, job)
+        infos, counters = run_reference(files, output, vocab, cfg, job)
     else:
-        infos, counters = _run_scalable(files, args, beam_options, cfg, job, vocab_size)
-    stale = _remove_stale(args.output, infos)
+        infos, counters = _run_scalable(files, output, vocab, beam_options, config, vocab_size)
+    stale = _remove_stale(output, infos)
     if stale:
         logger.info("removed %d shard(s) left from an earlier run", len(stale))
     counters["seconds"] = round(time.perf_counter() - start, 3)
-    manifest = build_manifest(infos, options, args.vocab, vocab_size, cfg, job, counters)
-    dead_letters = storage.join(args.output, jobs.DEAD_LETTER_DIR, "make_shards.jsonl")
+    manifest = build_manifest(infos, options, vocab, vocab_size, cfg, job, counters)
+    dead_letters = storage.join(output, jobs.DEAD_LETTER_DIR, "make_shards.jsonl")
     num_bad = counters.get("bad_records", 0)
     if manifest["totals"]["num_instances"] == 0:
         raise jobs.nothing_produced(f"instances ({counters.get('documents', 0)} documents, "
-                                    f"{counters.get('empty_documents', 0)} empty)", args.input,
+                                    f"{counters.get('empty_documents', 0)} empty)", input,
                                     num_bad, dead_letters)
-    storage.write_manifest(args.output, manifest)
+    storage.write_manifest(output, manifest)
     t = manifest["totals"]
     logger.info("make_shards: %d instances in %d rows, %d shards, %.1f s (%.0f instances/s); "
                 "random-next share %.3f, padding share %.3f", t["num_instances"], t["num_rows"],
@@ -845,19 +784,25 @@ def run(argv: list[str] | None = None) -> dict:
     return manifest
 
 
-def _scalable_graph(p, files, args, cfg, job, vocab_size) -> None:
+def _fields_of(part: type, config: ShardsConfig) -> dict:
+    """The values of `config` that belong to its part `part` (the manifest keeps them apart)."""
+    return {f.name: getattr(config, f.name) for f in fields(part)}
+
+
+def _scalable_graph(p, files, output: str, vocab: str, config: ShardsConfig,
+                    vocab_size: int) -> None:
     """The scalable mode's pipeline: shards, and their infos saved to one side file."""
-    infos_path = storage.join(args.output, _SHARD_INFOS)
-    infos = build_scalable_pipeline(p, files, args.output, args.vocab, cfg, job, vocab_size)
+    infos_path = storage.join(output, _SHARD_INFOS)
+    infos = build_scalable_pipeline(p, files, output, vocab, config, config, vocab_size)
     _ = (infos | "CollectInfos" >> beam.combiners.ToList()
          | "SaveInfos" >> beam.Map(lambda lines: storage.atomic_write_text(
              infos_path, "".join(line + "\n" for line in sorted(lines)))))
 
 
-def _run_scalable(files, args, beam_options, cfg, job, vocab_size):
-    infos_path = storage.join(args.output, _SHARD_INFOS)
+def _run_scalable(files, output, vocab, beam_options, config, vocab_size):
+    infos_path = storage.join(output, _SHARD_INFOS)
     with beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p:
-        _scalable_graph(p, files, args, cfg, job, vocab_size)
+        _scalable_graph(p, files, output, vocab, config, vocab_size)
     result = p.result
     with storage.open_read(infos_path) as f:
         infos = [shards.ShardInfo.from_json(line) for line in f if line.strip()]
@@ -873,4 +818,4 @@ if __name__ == "__main__":
     # `pipelines.make_shards.X`, importable there, not `__main__.X`.
     from pipelines import make_shards as _job  # noqa: PLW0406
 
-    sys.exit(jobs.main("make_shards", _job.run))
+    sys.exit(jobs.main("make_shards", _job.main))

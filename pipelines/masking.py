@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipelines.settings import check
+
 SPLIT_TOLERANCE = 1e-6
 """How far the three fractions may sum from 1 (decimal settings such as 0.7/0.2/0.1)."""
 
@@ -38,16 +40,14 @@ class MaskingConfig:
     """Choose whole words: a `##` piece is predicted together with the pieces before it."""
 
     def __post_init__(self):
-        if not 0.0 < self.masked_lm_prob < 1.0:
-            raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
-        if self.max_predictions_per_seq < 1:
-            raise ValueError("max_predictions_per_seq must be >= 1, got "
-                             f"{self.max_predictions_per_seq}")
+        check(0.0 < self.masked_lm_prob < 1.0, "masked_lm_prob",
+              f"must be in (0, 1), got {self.masked_lm_prob}")
+        check(self.max_predictions_per_seq >= 1, "max_predictions_per_seq",
+              f"must be >= 1, got {self.max_predictions_per_seq}")
         split = (self.mask_fraction, self.same_fraction, self.random_fraction)
-        if not all(0.0 <= f <= 1.0 for f in split) or \
-                abs(sum(split) - 1.0) > SPLIT_TOLERANCE:
-            raise ValueError("mask_fraction: with same_fraction and random_fraction (the "
-                             f"MASK/SAME/RND split) must be in [0, 1] and sum to 1, got {split}")
+        check(all(0.0 <= f <= 1.0 for f in split) and abs(sum(split) - 1.0) <= SPLIT_TOLERANCE,
+              "mask_fraction", "with same_fraction and random_fraction (the MASK/SAME/RND "
+              f"split) must be in [0, 1] and sum to 1, got {split}")
 
 
 def num_to_predict(num_tokens, cfg: MaskingConfig):

@@ -36,27 +36,13 @@ WORD_COUNTS_NAME = "word_counts.tsv"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    defaults = VocabConfig()
-    parser = jobs.job_parser(__doc__.strip().splitlines()[0])
-    parser.add_argument("--vocab_size", type=int, default=defaults.vocab_size,
-                        help="entries in all, special and [unused*] tokens included")
-    parser.add_argument("--cased", action="store_true",
-                        help="keep case and accents (default: lower-case and strip accents)")
-    parser.add_argument("--min_frequency", type=int, default=defaults.min_frequency,
-                        help="never merge a pair of pieces seen fewer times than this")
-    parser.add_argument("--limit_alphabet", type=int, default=defaults.limit_alphabet,
-                        help="keep at most this many characters, the most frequent")
-    parser.add_argument("--num_unused_tokens", type=int, default=None,
-                        help="[unused*] tokens (default: 994 scaled to --vocab_size, at least 99)")
+    """The job's flags: one per `VocabConfig` field, help from its docstring."""
+    parser = jobs.config_parser(__doc__.strip().splitlines()[0], VocabConfig, aliases=[
+        ("--cased", "do_lower_case", "false",
+         "keep case and accents (default: lower-case and strip accents)")])
     parser.add_argument("--no_progress", action="store_true",
                         help="no progress bars from the trainer")
     return parser
-
-
-def config_from_args(args: argparse.Namespace) -> VocabConfig:
-    return VocabConfig(vocab_size=args.vocab_size, do_lower_case=not args.cased,
-                       min_frequency=args.min_frequency, limit_alphabet=args.limit_alphabet,
-                       num_unused_tokens=args.num_unused_tokens)
 
 
 # --- reading texts -------------------------------------------------------------------------
@@ -234,16 +220,25 @@ def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str
     return vocab_sha256
 
 
-def run(argv: Sequence[str] | None = None) -> dict:
+def main(argv: Sequence[str] | None = None) -> dict:
+    """The command line: flags -> `VocabConfig` -> `run`."""
+    args, beam_args = build_parser().parse_known_args(argv)
+    return run(jobs.config_from_args(args, VocabConfig()), args.input, args.output, beam_args,
+               progress=not args.no_progress)
+
+
+def run(config: VocabConfig, input: str, output: str, beam_args: Sequence[str] = (),
+        progress: bool = True) -> dict:
+    """Train the vocabulary of the texts at `input` (a file, glob or folder) into `output`;
+    returns the manifest written to `<output>/manifest.json`."""
     jobs.configure_logging()
-    args, options = jobs.parse_job_args(build_parser(), argv)
-    config = config_from_args(args)
-    inputs = drop_text_renderings(storage.expand_inputs(args.input))
-    logger.info("train_vocab: %d input file(s) -> %s; config %s", len(inputs), args.output,
+    options = jobs.beam_pipeline_options(beam_args)
+    inputs = drop_text_renderings(storage.expand_inputs(input))
+    logger.info("train_vocab: %d input file(s) -> %s; config %s", len(inputs), output,
                 config.resolved())
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
-        storage.withdraw_manifest(args.output)
+        storage.withdraw_manifest(output)
     with beam.Pipeline(runner=jobs.local_runner(options), options=options) as p:
         read = (p
                 | "Files" >> beam.Create(inputs)
@@ -254,19 +249,18 @@ def run(argv: Sequence[str] | None = None) -> dict:
         _ = (word_counts
              | "Gather" >> beam.combiners.ToList()
              | "Train" >> beam.Map(
-                 write_outputs, beam.pvalue.AsList(read[DEAD]), output=args.output,
-                 config=config, inputs=inputs, input_arg=args.input,
-                 num_texts=beam.pvalue.AsSingleton(num_texts),
-                 show_progress=not args.no_progress))
+                 write_outputs, beam.pvalue.AsList(read[DEAD]), output=output,
+                 config=config, inputs=inputs, input_arg=input,
+                 num_texts=beam.pvalue.AsSingleton(num_texts), show_progress=progress))
     if dry_run:
         return jobs.dry_run_summary("train_vocab", p)
-    manifest = storage.read_manifest(args.output)
-    dead_letters = parquet_io.dead_letter_path(args.output)
+    manifest = storage.read_manifest(output)
+    dead_letters = parquet_io.dead_letter_path(output)
     if manifest is None:
         with storage.open_read(dead_letters) as f:
             num_bad = sum(1 for line in f if line.strip())
         raise jobs.nothing_produced(f"words ({len(inputs)} file(s): {', '.join(inputs[:5])})",
-                                    args.input, num_bad, dead_letters)
+                                    input, num_bad, dead_letters)
     jobs.warn_dead_letters(logger, "train_vocab", manifest["num_bad_records"], dead_letters)
     return manifest
 
@@ -274,4 +268,4 @@ def run(argv: Sequence[str] | None = None) -> dict:
 if __name__ == "__main__":
     import sys
 
-    sys.exit(jobs.main("train_vocab", run))
+    sys.exit(jobs.main("train_vocab", main))

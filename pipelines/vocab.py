@@ -34,6 +34,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 
+from pipelines.settings import check
 from pipelines.tokenization import (
     CLS,
     MASK,
@@ -65,27 +66,27 @@ class VocabConfig:
     """How to train the vocabulary (flags of `pipelines/train_vocab.py`)."""
 
     vocab_size: int = BERT_VOCAB_SIZE
-    """Total entries, special and `[unused*]` tokens included (--vocab_size)."""
+    """Total entries, special and `[unused*]` tokens included."""
     do_lower_case: bool = True
-    """Lower-case and strip accents as the uncased BERT does; False for --cased."""
+    """Lower-case and strip accents as the uncased BERT does; false (`--cased`) keeps case and
+    accents."""
     min_frequency: int = 2
-    """A pair of pieces seen fewer times than this is never merged (--min_frequency)."""
+    """A pair of pieces seen fewer times than this is never merged."""
     limit_alphabet: int = 1000
-    """Keep at most this many distinct characters, the most frequent (--limit_alphabet)."""
+    """Keep at most this many distinct characters, the most frequent."""
     num_unused_tokens: int | None = None
-    """`[unused*]` tokens; None for the default rule, see `default_num_unused` (--num_unused_tokens)."""
+    """`[unused*]` tokens; None for the default rule, see `default_num_unused`."""
 
     def __post_init__(self) -> None:
-        if self.num_unused_tokens is not None and self.num_unused_tokens < MIN_NUM_UNUSED:
-            raise ValueError(f"--num_unused_tokens must be >= {MIN_NUM_UNUSED} (so that [UNK] "
-                             f"keeps BERT's id 100), got {self.num_unused_tokens}")
-        if self.vocab_size <= self.num_reserved:
-            raise ValueError(f"--vocab_size must exceed the {self.num_reserved} special and "
-                             f"[unused*] tokens, got {self.vocab_size}")
-        if self.min_frequency < 1:
-            raise ValueError(f"--min_frequency must be >= 1, got {self.min_frequency}")
-        if self.limit_alphabet < 1:
-            raise ValueError(f"--limit_alphabet must be >= 1, got {self.limit_alphabet}")
+        check(self.num_unused_tokens is None or self.num_unused_tokens >= MIN_NUM_UNUSED,
+              "num_unused_tokens", f"must be >= {MIN_NUM_UNUSED} (so that [UNK] keeps BERT's id "
+              f"100), got {self.num_unused_tokens}")
+        check(self.vocab_size > self.num_reserved, "vocab_size",
+              f"must exceed the {self.num_reserved} special and [unused*] tokens, got "
+              f"{self.vocab_size}")
+        check(self.min_frequency >= 1, "min_frequency", f"must be >= 1, got {self.min_frequency}")
+        check(self.limit_alphabet >= 1, "limit_alphabet",
+              f"must be >= 1, got {self.limit_alphabet}")
 
     @property
     def num_unused(self) -> int:
@@ -102,19 +103,17 @@ class VocabConfig:
         return {**asdict(self), "num_unused_tokens": self.num_unused}
 
 
-def bert_uncased_vocab() -> VocabConfig:
+def tiny() -> VocabConfig:
+    """The demo's vocabulary of the bundled sample: 4,000 entries, uncased."""
+    return VocabConfig(vocab_size=4000)
+
+
+def base() -> VocabConfig:
     """bert-base-uncased's size and layout: 30,522 entries, 994 `[unused*]`."""
     return VocabConfig()
 
 
-def bert_cased_vocab() -> VocabConfig:
-    """A cased vocabulary of bert-base-uncased's size (no lower-casing, accents kept)."""
-    return VocabConfig(do_lower_case=False)
-
-
-def debug_vocab() -> VocabConfig:
-    """A small vocabulary for tests and the demo on the bundled sample."""
-    return VocabConfig(vocab_size=2000)
+large = base
 
 
 def reserved_tokens(num_unused: int) -> list[str]:

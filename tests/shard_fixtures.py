@@ -110,9 +110,9 @@ def book_shards(books_dir: Path, root: Path) -> BookShards:
     corpus = write_corpus_text(books_dir, root / "corpus")
     common = ["--input", str(corpus), "--vocab", str(vocab_dir), "--dupe_factor", "1",
               "--validation_fraction", "0.05"]
-    make_shards.run([*common, "--output", str(root / "shards_128"), "--num_shards", "4",
+    make_shards.main([*common, "--output", str(root / "shards_128"), "--num_shards", "4",
                      "--max_seq_length", "128", "--max_predictions_per_seq", "20"])
-    make_shards.run([*common, "--output", str(root / "shards_512"), "--num_shards", "2",
+    make_shards.main([*common, "--output", str(root / "shards_512"), "--num_shards", "2",
                      "--max_seq_length", "512", "--max_predictions_per_seq", "76", "--pack"])
     return BookShards(vocab_dir, root / "shards_128", root / "shards_512",
                       tuple(read_rows(root / "shards_128")))

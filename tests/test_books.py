@@ -274,7 +274,7 @@ def _read_docs(folder):
 @pytest.fixture(scope="module")
 def shared_run(shared_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("books_docs")
-    manifest = extract_books.run(["--input", str(shared_data / "books"), "--output", str(out)])
+    manifest = extract_books.main(["--input", str(shared_data / "books"), "--output", str(out)])
     return out, manifest
 
 
@@ -303,7 +303,7 @@ def test_job_on_shared_books_counts_and_manifest(shared_run, shared_data):
 def test_job_rerun_is_byte_identical_in_two_worker_processes(shared_run, shared_data, tmp_path):
     first, _ = shared_run
     again = tmp_path / "again"
-    extract_books.run(["--input", str(shared_data / "books"), "--output", str(again),
+    extract_books.main(["--input", str(shared_data / "books"), "--output", str(again),
                        "--direct_num_workers=2", "--direct_running_mode=multi_processing"])
     for name in ["documents-00000-of-00001.parquet", "dead_letter/dead_letter-00000-of-00001.jsonl"]:
         assert (again / name).read_bytes() == (first / name).read_bytes(), name
@@ -313,13 +313,13 @@ def test_job_rerun_is_byte_identical_in_two_worker_processes(shared_run, shared_
 
 
 def test_exclude_option_decides_what_is_a_book(shared_data, tmp_path):
-    manifest = extract_books.run(["--input", str(shared_data / "books" / "README*"),
+    manifest = extract_books.main(["--input", str(shared_data / "books" / "README*"),
                                   "--output", str(tmp_path), "--exclude", ""])
     assert manifest["counts"]["documents"] == 1 and manifest["counts"]["files_excluded"] == 0
     (readme,) = _read_docs(tmp_path)
     assert readme["doc_id"] == "books/README.nltk-gutenberg"
     with pytest.raises(FileNotFoundError, match="no book files left after --exclude"):
-        extract_books.run(["--input", str(shared_data / "books" / "README*"),
+        extract_books.main(["--input", str(shared_data / "books" / "README*"),
                            "--output", str(tmp_path / "none")])
 
 
@@ -331,7 +331,7 @@ def test_bad_inputs_are_dead_letters_and_good_books_kept(tmp_path, shared_data):
     (src / "garbage.txt").write_bytes(b"\x00\x01\x02\xff" * 50_000)
     (src / "oneline.txt").write_bytes(b"word " * (10 * 1024 * 1024))
     out = tmp_path / "out"
-    manifest = extract_books.run(["--input", str(src), "--output", str(out), "--num_shards", "2",
+    manifest = extract_books.main(["--input", str(src), "--output", str(out), "--num_shards", "2",
                                   "--direct_num_workers=2", "--direct_running_mode=multi_processing"])
     counts = manifest["counts"]
     assert (counts["files_read"], counts["documents"], counts["bad_records"],
@@ -357,7 +357,7 @@ def test_duplicate_file_stems_are_refused(tmp_path):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "same.txt").write_text("Some text.\n")
     with pytest.raises(ValueError, match="would both be document 'books/same'"):
-        extract_books.run(["--input", f"{tmp_path / 'a'},{tmp_path / 'b'}",
+        extract_books.main(["--input", f"{tmp_path / 'a'},{tmp_path / 'b'}",
                            "--output", str(tmp_path / "out")])
 
 
@@ -380,8 +380,8 @@ def test_extract_fn_composite(tmp_path):
 def test_rerun_into_the_same_folder_leaves_no_stale_shard(tmp_path):
     sample = Path(__file__).resolve().parents[1] / "data" / "sample" / "books"
     out = tmp_path / "out"
-    extract_books.run(["--input", str(sample), "--output", str(out), "--num_shards", "3"])
-    manifest = extract_books.run(["--input", str(sample), "--output", str(out)])
+    extract_books.main(["--input", str(sample), "--output", str(out), "--num_shards", "3"])
+    manifest = extract_books.main(["--input", str(sample), "--output", str(out)])
     assert sorted(p.name for p in out.iterdir()) == [
         "dead_letter", "documents-00000-of-00001.parquet", "manifest.json"]
     assert manifest["counts"]["documents"] == 4 and manifest["counts"]["decoded_fallback"] == 2
@@ -399,7 +399,7 @@ def test_a_folder_input_reads_its_subfolders(shared_data, tmp_path):
         (src / name).write_bytes((shared_data / "books" / book).read_bytes())
     (src / "dead_letter").mkdir()
     (src / "dead_letter" / "dead_letter-00000-of-00001.jsonl").write_text('{"file": "x"}\n')
-    manifest = extract_books.run(["--input", str(src), "--output", str(tmp_path / "out")])
+    manifest = extract_books.main(["--input", str(src), "--output", str(tmp_path / "out")])
     assert [i["path"] for i in manifest["inputs"]] == [
         str(src / "crlf.txt"), str(src / "fiction" / "caesar.txt"), str(src / "poetry" / "blake.txt")]
     assert [d["doc_id"] for d in _read_docs(tmp_path / "out")] == [
@@ -421,7 +421,7 @@ def test_books_with_the_same_file_name_in_their_own_folders(shared_data, tmp_pat
     for name, book in layout:
         (src / name).parent.mkdir(parents=True, exist_ok=True)
         (src / name).write_bytes((shared_data / "books" / book).read_bytes())
-    manifest = extract_books.run(["--input", str(src), "--output", str(tmp_path / "out")])
+    manifest = extract_books.main(["--input", str(src), "--output", str(tmp_path / "out")])
     docs = _read_docs(tmp_path / "out")
     assert [(d["doc_id"], d["source_file"]) for d in docs] == [
         ("books/austen/emma/text", str(src / "austen/emma/text.txt")),
@@ -448,7 +448,7 @@ def test_only_bad_files_fail_the_run_without_a_manifest(shared_data, tmp_path):
             rf"record\(s\) set aside in {re.escape(str(out))}/dead_letter/dead_letter-00000-of-"
             rf"00001.jsonl \(first: {re.escape(str(src / 'empty.txt'))} file: empty file\); "
             "no manifest written$")):
-        extract_books.run(["--input", str(src), "--output", str(out)])
+        extract_books.main(["--input", str(src), "--output", str(out)])
     assert not (out / "manifest.json").exists()
     assert len((out / "dead_letter" / "dead_letter-00000-of-00001.jsonl").read_text()
                .splitlines()) == 2

@@ -189,7 +189,7 @@ def test_verse_split_only_past_the_limit_and_at_sentence_ends():
 
 def test_job_on_old_etexts_counts(shared_data, tmp_path):
     out = tmp_path / "docs"
-    manifest = extract_books.run(["--input", str(shared_data / "books-1990s"),
+    manifest = extract_books.main(["--input", str(shared_data / "books-1990s"),
                                   "--output", str(out)])
     totals = [sum(c[i] for c in COUNTS.values()) for i in range(7)]
     assert manifest["counts"] == {

@@ -97,7 +97,7 @@ def test_text_output_is_the_reference_format_exactly(tmp_path):
         doc("books/a", ["First one. Second one.", "Third, in a\nnew paragraph."], "a.txt"),
         doc("books/b", ["Only sentence here"], "b.txt")])
     out = tmp_path / "corpus"
-    manifest = build_corpus.run(["--input", str(docs_dir), "--output", str(out), "--text_output"])
+    manifest = build_corpus.main(["--input", str(docs_dir), "--output", str(out), "--text_output"])
     assert (out / f"{CORPUS}.txt").read_text(encoding="utf-8") == (
         "First one.\nSecond one.\nThird, in a new paragraph.\n"
         "\n"
@@ -138,7 +138,7 @@ def two_book_folders(tmp_path_factory):
     shutil.copy(SAMPLE / "books" / "melville-moby_dick.txt", b / "melville-moby_dick.txt")
     _shouting_copy(SAMPLE / "books" / "shakespeare-caesar.txt", b / "shakespeare-caesar-copy.txt")
     for folder in (a, b):
-        extract_books.run(["--input", str(folder), "--output", str(root / f"docs_{folder.name}")])
+        extract_books.main(["--input", str(folder), "--output", str(root / f"docs_{folder.name}")])
     return root
 
 
@@ -146,7 +146,7 @@ def test_duplicate_book_across_folders_is_removed_and_counted(two_book_folders, 
     root = two_book_folders
     inputs = f"{root / 'docs_books_a'},{root / 'docs_books_b'}"
     out = tmp_path / "corpus"
-    manifest = build_corpus.run(["--input", inputs, "--output", str(out), "--text_output"])
+    manifest = build_corpus.main(["--input", inputs, "--output", str(out), "--text_output"])
     counts = manifest["counts"]
     assert (counts["input_files"], counts["documents_read"], counts["duplicates_removed"],
             counts["documents"]) == (2, 4, 1, 3)
@@ -173,8 +173,8 @@ def test_rerun_in_two_processes_is_byte_identical(two_book_folders, tmp_path):
     root = two_book_folders
     inputs = f"{root / 'docs_books_a'},{root / 'docs_books_b'}"
     first, again = tmp_path / "first", tmp_path / "again"
-    m1 = build_corpus.run(["--input", inputs, "--output", str(first), "--text_output"])
-    m2 = build_corpus.run(["--input", inputs, "--output", str(again), "--text_output",
+    m1 = build_corpus.main(["--input", inputs, "--output", str(first), "--text_output"])
+    m2 = build_corpus.main(["--input", inputs, "--output", str(again), "--text_output",
                            "--direct_num_workers=2", "--direct_running_mode=multi_processing"])
     assert m1["outputs"] == m2["outputs"] and m1["config_hash"] == m2["config_hash"]
     for entry in m1["outputs"]:
@@ -183,9 +183,9 @@ def test_rerun_in_two_processes_is_byte_identical(two_book_folders, tmp_path):
 
 def test_wikipedia_and_books_sample_together(tmp_path):
     wiki, books_docs, out = tmp_path / "wiki", tmp_path / "books", tmp_path / "corpus"
-    extract_wikipedia.run(["--input", str(SAMPLE / "wiki"), "--output", str(wiki)])
-    extract_books.run(["--input", str(SAMPLE / "books"), "--output", str(books_docs)])
-    manifest = build_corpus.run(["--input", f"{wiki},{books_docs}", "--output", str(out),
+    extract_wikipedia.main(["--input", str(SAMPLE / "wiki"), "--output", str(wiki)])
+    extract_books.main(["--input", str(SAMPLE / "books"), "--output", str(books_docs)])
+    manifest = build_corpus.main(["--input", f"{wiki},{books_docs}", "--output", str(out),
                                  "--num_shards", "2"])
     rows = [r for i in range(2)
             for r in pq.read_table(out / f"corpus-0000{i}-of-00002.parquet").to_pylist()]
@@ -200,7 +200,7 @@ def test_doc_id_conflict_is_a_dead_letter(tmp_path):
     a = write_documents(tmp_path / "a", [doc("books/same", ["One text."], "x/same.txt")])
     b = write_documents(tmp_path / "b", [doc("books/same", ["Another text."], "y/same.txt")])
     out = tmp_path / "corpus"
-    manifest = build_corpus.run(["--input", f"{a},{b}", "--output", str(out)])
+    manifest = build_corpus.main(["--input", f"{a},{b}", "--output", str(out)])
     assert manifest["counts"]["doc_id_conflicts"] == 1 and manifest["counts"]["documents"] == 1
     assert [r["source_file"] for r in read_corpus(out)] == ["x/same.txt"]
     (letter,) = (out / "dead_letter" / "dead_letter-00000-of-00001.jsonl").read_text().splitlines()
@@ -213,7 +213,7 @@ def test_unfinished_input_folder_is_refused(tmp_path):
     folder = tmp_path / "docs"
     parquet_io.write_shard(str(folder), "documents", 0, 1, [doc("books/a", ["A."])], DOCUMENT_SCHEMA)
     with pytest.raises(FileNotFoundError, match="has no manifest.json"):
-        build_corpus.run(["--input", str(folder), "--output", str(tmp_path / "out")])
+        build_corpus.main(["--input", str(folder), "--output", str(tmp_path / "out")])
 
 
 def test_corrupt_parquet_is_a_dead_letter_and_the_rest_kept(tmp_path):
@@ -221,7 +221,7 @@ def test_corrupt_parquet_is_a_dead_letter_and_the_rest_kept(tmp_path):
     broken = folder / "documents-broken.parquet"
     broken.write_bytes(b"PAR1 this is not parquet")
     out = tmp_path / "corpus"
-    manifest = build_corpus.run(["--input", str(folder), "--output", str(out)])
+    manifest = build_corpus.main(["--input", str(folder), "--output", str(out)])
     assert (manifest["counts"]["bad_records"], manifest["counts"]["documents"]) == (1, 1)
     (letter,) = (out / "dead_letter" / "dead_letter-00000-of-00001.jsonl").read_text().splitlines()
     letter = json.loads(letter)
@@ -239,5 +239,5 @@ def test_no_document_left_fails_the_run_without_a_manifest(tmp_path):
             r"^0 documents \(2 read\) from --input .*docs: 1 bad record\(s\) set aside in "
             r".*corpus/dead_letter/dead_letter-00000-of-00001.jsonl \(first: a.txt books/a: "
             r"document has no sentence\); no manifest written$")):
-        build_corpus.run(["--input", str(folder), "--output", str(out)])
+        build_corpus.main(["--input", str(folder), "--output", str(out)])
     assert not (out / "manifest.json").exists()

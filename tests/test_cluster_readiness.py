@@ -258,23 +258,25 @@ def test_deepspeed_builds_the_overlapping_zero_optimizer_from_our_config():
 
 
 def test_the_flows_pretrain_stage_knows_its_runs_device_before_launching():
-    """The flow refuses a GPU run where torch has no CUDA before its launcher starts ranks: it
-    resolves the training preset, config file and `pretrain.extra_args` as the entry point will."""
+    """The flow refuses a GPU run where torch has no CUDA before its launcher starts ranks: the
+    run's device is its `pretrain` section's, the config file the entry point reads."""
     from flows.config import resolve
     from flows.stages import StageResult
-    from flows.steps import pretrain_overrides, training_device
+    from flows.steps import pretrain_config
 
     def stage(path: str) -> StageResult:
         return StageResult(stage="x", path=path, config_hash="0", cached=True, seconds=0.0)
 
     data = {"data": {"wikipedia": "/d/wiki.xml.bz2", "books": "/d/books"},
             "finetune": {"data": ""}}
-    for preset, extra, device in (("tiny", [], "auto"), ("large", [], "cuda"),
-                                  ("large", ["--set", "device=auto"], "auto"),
-                                  ("base", ["--set=device=auto"], "auto")):
-        flow = resolve(preset, {**data, "pretrain": {"extra_args": extra}})
-        overrides = pretrain_overrides(flow, stage("/v"), [stage("/s128"), stage("/s512")], "/o")
-        assert training_device(flow, overrides) == device, (preset, extra)
+    for preset, pretrain, device in (("tiny", {}, "auto"), ("large", {}, "cuda"),
+                                     ("large", {"device": "auto"}, "auto"),
+                                     ("base", {"device": "auto"}, "auto")):
+        flow = resolve(preset, {**data, "pretrain": pretrain})
+        run = pretrain_config(flow, stage("/v"), [stage("/s128"), stage("/s512")], "/o")
+        assert run.device == device, (preset, pretrain)
+        assert [p.train_shards for p in run.phases] == ["/s128", "/s512"]
+        assert (run.vocab_dir, run.output_dir) == ("/v", "/o")
 
 
 def test_deepspeeds_ops_are_built_by_the_virtualenvs_ninja():

@@ -27,8 +27,8 @@ def corpus(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("dataflow")
     (root / "books").mkdir()
     (root / "books" / "tale.txt").write_text(BOOK)
-    extract_books.run(["--input", str(root / "books"), "--output", str(root / "docs")])
-    build_corpus.run(["--input", str(root / "docs"), "--output", str(root / "corpus")])
+    extract_books.main(["--input", str(root / "books"), "--output", str(root / "docs")])
+    build_corpus.main(["--input", str(root / "docs"), "--output", str(root / "corpus")])
     return {"root": root, "books": root / "books", "docs": root / "docs",
             "corpus": root / "corpus"}
 
@@ -42,13 +42,13 @@ def _check(summary: dict, stage: str, transforms: set[str], output: Path) -> Non
 
 def test_extract_wikipedia_graph_builds(tmp_path):
     dump = REPO / "data" / "sample" / "wiki" / "enwiki-sample-pages-articles.xml.bz2"
-    summary = extract_wikipedia.run(["--input", str(dump), "--output", str(tmp_path / "out"),
+    summary = extract_wikipedia.main(["--input", str(dump), "--output", str(tmp_path / "out"),
                                      *DATAFLOW])
     _check(summary, "extract_wikipedia", {"Splits", "Extract", "Finalise"}, tmp_path / "out")
 
 
 def test_extract_books_graph_builds(corpus, tmp_path):
-    summary = extract_books.run(["--input", str(corpus["books"]),
+    summary = extract_books.main(["--input", str(corpus["books"]),
                                  "--output", str(tmp_path / "out"), *DATAFLOW])
     _check(summary, "extract_books", {"Files", "Extract", "WriteDocuments", "WriteDeadLetters"},
            tmp_path / "out")
@@ -56,7 +56,7 @@ def test_extract_books_graph_builds(corpus, tmp_path):
 
 def test_build_corpus_graph_builds_and_leaves_an_earlier_output_alone(corpus):
     before = {p: p.read_bytes() for p in corpus["corpus"].rglob("*") if p.is_file()}
-    summary = build_corpus.run(["--input", str(corpus["docs"]),
+    summary = build_corpus.main(["--input", str(corpus["docs"]),
                                 "--output", str(corpus["corpus"]), *DATAFLOW])
     assert summary["stage"] == "build_corpus" and summary["dry_run"] is True
     assert {"Read", "Build", "WriteCorpus", "WriteDuplicates"} <= set(
@@ -66,15 +66,15 @@ def test_build_corpus_graph_builds_and_leaves_an_earlier_output_alone(corpus):
 
 
 def test_train_vocab_graph_builds(corpus, tmp_path):
-    summary = train_vocab.run(["--input", str(corpus["corpus"]),
+    summary = train_vocab.main(["--input", str(corpus["corpus"]),
                                "--output", str(tmp_path / "out"), *DATAFLOW])
     _check(summary, "train_vocab", {"Read", "CountWords", "Train"}, tmp_path / "out")
 
 
 def test_make_shards_graph_builds(corpus, minilm_dir, tmp_path):
-    summary = make_shards.run(["--input", str(corpus["corpus"]), "--vocab", str(minilm_dir),
+    summary = make_shards.main(["--input", str(corpus["corpus"]), "--vocab", str(minilm_dir),
                                "--output", str(tmp_path / "out"), *DATAFLOW])
     _check(summary, "make_shards", {"CollectInfos", "SaveInfos"}, tmp_path / "out")
     with pytest.raises(ValueError, match="--dry_run .* needs --mode=scalable"):
-        make_shards.run(["--input", str(corpus["corpus"]), "--vocab", str(minilm_dir),
+        make_shards.main(["--input", str(corpus["corpus"]), "--vocab", str(minilm_dir),
                          "--output", str(tmp_path / "out"), "--mode=reference", *DATAFLOW])

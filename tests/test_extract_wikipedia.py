@@ -42,11 +42,11 @@ RESIDUE = re.compile(r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|'''|==|<!--|-->|</?[A-Za-z]
 
 # The debug preset: one split per bz2 stream, 4-document row groups.
 DEBUG_ARGS = [f"--{name}={value}" for name, value in
-              sorted(vars(extract_wikipedia.debug_config()).items())]
+              sorted(vars(extract_wikipedia.tiny()).items())]
 
 
 def run_job(input_path, output, *extra) -> dict:
-    return extract_wikipedia.run(["--input", str(input_path), "--output", str(output), *extra])
+    return extract_wikipedia.main(["--input", str(input_path), "--output", str(output), *extra])
 
 
 def read_documents(output: Path) -> list[dict]:
@@ -139,7 +139,7 @@ def test_job_passages_are_clean_and_known_sentences_present(job_output):
 def test_job_manifest_lists_outputs_with_sha256_and_is_written_last(job_output):
     output, manifest = job_output
     assert manifest == storage.read_manifest(str(output))
-    assert manifest["config"]["split_bytes"] == extract_wikipedia.default_config().split_bytes
+    assert manifest["config"]["split_bytes"] == extract_wikipedia.WikipediaConfig().split_bytes
     assert manifest["config_hash"] == storage.config_hash(manifest["config"])
     assert [o["path"] for o in manifest["outputs"]] == ["documents-00000-of-00001.parquet"]
     for entry in manifest["outputs"]:
@@ -453,7 +453,7 @@ def test_extract_dofn_emits_split_results_and_beam_counters(dump, tmp_path):
 
     splits = list(enumerate(plan_splits(str(dump), 1 << 30)))
     dofn = extract_wikipedia.ExtractDoFn(str(tmp_path), len(splits),
-                                         extract_wikipedia.default_config())
+                                         extract_wikipedia.WikipediaConfig())
     expected = {"pages_read": 27, "page_bytes": 1547257, "articles_kept": 23,
                 "skipped_redirect": 2, "skipped_disambiguation": 1, "skipped_namespace": 1,
                 "passages": NUM_PASSAGES}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows import steps
+from flows import devices, fanout, launch, steps
 from flows.config import check_inputs_exist, parse_set_flags, resolve, runs_on_dataflow
 from flows.stages import run_stage
 
@@ -32,15 +32,48 @@ CLUSTER_DATA = {"data": {"wikipedia": "gs://b/enwiki.xml.bz2", "books": "gs://b/
 
 
 def test_overrides_are_typed_and_unknown_keys_fail():
-    cfg = resolve("tiny", parse_set_flags(["pretrain.phase1_steps=7", "finetune.tasks=rte,mrpc",
+    cfg = resolve("tiny", parse_set_flags(["pretrain.phase1.steps=70", "finetune.tasks=rte,mrpc",
                                            "finetune.learning_rates=[1e-4]"]))
-    assert cfg.pretrain.phase1_steps == 7
+    assert cfg.pretrain.phase("phase1").steps == 70
     assert cfg.finetune.tasks == ("rte", "mrpc")
     assert cfg.finetune.learning_rates == (1e-4,)
     with pytest.raises(ValueError, match="pretrain.phase1_stepz"):
         resolve("tiny", {"pretrain": {"phase1_stepz": 1}})
-    with pytest.raises(ValueError, match="pretrain.launcher"):
-        resolve("tiny", {"pretrain": {"launcher": "mpirun"}})
+    with pytest.raises(ValueError, match=r"^setting shards.dupe_facter: unknown field"):
+        resolve("tiny", {"shards": {"dupe_facter": 1}})
+    with pytest.raises(ValueError, match="launch.launcher"):
+        resolve("tiny", {"launch": {"launcher": "mpirun"}})
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ("pretrain.phase1_steps=7", "it is now pretrain.phase1.steps"),
+    ("pretrain.phase2_micro_batch_size=4", "it is now pretrain.phase2.micro_batch_size"),
+    ("shards.phase2_max_predictions=40", "it is now shards.phase2.max_predictions_per_seq"),
+    ("pretrain.launcher=torchrun", "it is now launch.launcher"),
+    ("vocab.cased=true", "it is now vocab.do_lower_case (the opposite"),
+])
+def test_a_renamed_setting_fails_naming_its_new_name(old, new):
+    with pytest.raises(ValueError) as error:
+        resolve("tiny", parse_set_flags([old]))
+    assert str(error.value).startswith(f"setting {old.split('=')[0]} was renamed: {new}")
+
+
+def test_a_stage_configs_field_is_a_flow_setting_and_the_flow_sets_the_stage_paths():
+    """The sections are the stages' own configs: any of their fields is a setting."""
+    cfg = resolve("tiny", parse_set_flags([
+        "shards.phase2.short_seq_prob=0.2", "shards.dupe_factor=3", "vocab.min_frequency=3",
+        "pretrain.dynamic_masking=true", "pretrain.phase2.learning_rate=5e-4",
+        "shards.phase2.max_seq_length=200"]))
+    assert (cfg.shards.phase2.short_seq_prob, cfg.shards.phase1.short_seq_prob) == (0.2, 0.1)
+    assert (cfg.shards.phase1.dupe_factor, cfg.shards.phase2.dupe_factor) == (3, 3)
+    assert (cfg.vocab.min_frequency, cfg.pretrain.dynamic_masking) == (3, True)
+    assert [p.learning_rate for p in cfg.pretrain.phases] == [1e-3, 5e-4]
+    # phase N trains at its shards' length
+    assert [p.max_seq_length for p in cfg.pretrain.phases] == [128, 200]
+    for key in ("pretrain.phase2.max_seq_length=64", "pretrain.vocab_dir=/v",
+                "pretrain.phases.0.train_shards=/s"):
+        with pytest.raises(ValueError, match=f"setting {key.split('=')[0]}: the flow sets it"):
+            resolve("tiny", parse_set_flags([key]))
 
 
 @pytest.mark.parametrize(("flag", "section", "name", "expected"), [
@@ -50,25 +83,28 @@ def test_overrides_are_typed_and_unknown_keys_fail():
     ("finetune.seeds=[3]", "finetune", "seeds", (3,)),
     ("finetune.tasks= rte , mrpc", "finetune", "tasks", ("rte", "mrpc")),
     ("finetune.tasks=", "finetune", "tasks", ()),
-    ("vocab.cased=False", "vocab", "cased", False),
-    ("vocab.cased=false", "vocab", "cased", False),
-    ("vocab.cased=0", "vocab", "cased", False),
-    ("vocab.cased=no", "vocab", "cased", False),
-    ("vocab.cased=True", "vocab", "cased", True),
-    ("vocab.cased=1", "vocab", "cased", True),
-    ("vocab.cased=YES", "vocab", "cased", True),
-    ("shards.pack=true", "shards", "pack", True),
+    ("vocab.do_lower_case=False", "vocab", "do_lower_case", False),
+    ("vocab.do_lower_case=false", "vocab", "do_lower_case", False),
+    ("vocab.do_lower_case=0", "vocab", "do_lower_case", False),
+    ("vocab.do_lower_case=no", "vocab", "do_lower_case", False),
+    ("vocab.do_lower_case=True", "vocab", "do_lower_case", True),
+    ("vocab.do_lower_case=1", "vocab", "do_lower_case", True),
+    ("vocab.do_lower_case=YES", "vocab", "do_lower_case", True),
+    ("shards.phase1.pack=true", "shards.phase1", "pack", True),
     ("vocab.vocab_size=30522", "vocab", "vocab_size", 30522),
-    ("shards.target_shard_mb=2", "shards", "target_shard_mb", 2.0),
+    ("shards.phase2.target_shard_mb=2", "shards.phase2", "target_shard_mb", 2.0),
     ("finetune.epochs=0.5", "finetune", "epochs", 0.5),
-    ("pretrain.learning_rate=1e-4", "pretrain", "learning_rate", 1e-4),
+    ("pretrain.adam_epsilon=1e-8", "pretrain", "adam_epsilon", 1e-8),
     ("pretrain.model=bert_mini", "pretrain", "model", "bert_mini"),
-    ("pretrain.hostfile=123", "pretrain", "hostfile", "123"),
+    ("launch.hostfile=123", "launch", "hostfile", "123"),
     ('data.beam_args=["--direct_num_workers=2","--region=a,b"]', "data", "beam_args",
      ("--direct_num_workers=2", "--region=a,b")),
 ])
 def test_set_flags_take_each_fields_type(flag, section, name, expected):
-    value = getattr(getattr(resolve("tiny", parse_set_flags([flag])), section), name)
+    cfg = resolve("tiny", parse_set_flags([flag]))
+    for part in section.split("."):
+        cfg = getattr(cfg, part)
+    value = getattr(cfg, name)
     assert value == expected and type(value) is type(expected)
     if isinstance(expected, tuple):  # ('1', '2') == (1, 2) is False, but 1.0 == 1 is True
         assert [type(v) for v in value] == [type(e) for e in expected]
@@ -81,9 +117,9 @@ def test_typed_seeds_and_rates_reach_fine_tuning():
 
     cfg = resolve("tiny", parse_set_flags(["finetune.seeds=1,2",
                                            "finetune.learning_rates=5e-5,3e-5"]))
-    ft = steps.finetune_config(cfg, get_task("rte"))
+    ft = cfg.finetune.for_task(get_task("rte"))
     assert (ft.seeds, ft.learning_rates) == ((1, 2), (5e-5, 3e-5))
-    assert [(j.learning_rate, j.seed) for j in steps.finetune_jobs(cfg) if j.task == "rte"] == [
+    assert [(j.learning_rate, j.seed) for j in fanout.finetune_jobs(cfg) if j.task == "rte"] == [
         (5e-5, 1), (5e-5, 2), (3e-5, 1), (3e-5, 2)]
 
 
@@ -95,14 +131,19 @@ def test_typed_seeds_and_rates_reach_fine_tuning():
      "setting finetune.learning_rates='[5e-5': not a JSON list"),
     ({"finetune": {"seeds": 3}},
      "setting finetune.seeds=3: expected a list or comma-separated values"),
-    ({"vocab": {"cased": "Flase"}}, "setting vocab.cased='Flase': 'Flase' is not a bool"),
-    ({"vocab": {"cased": 2}}, "setting vocab.cased=2: 2 is not a bool"),
-    ({"pretrain": {"phase1_steps": "1.5"}}, "setting pretrain.phase1_steps='1.5': '1.5' is not an int"),
-    ({"pretrain": {"phase1_steps": True}}, "setting pretrain.phase1_steps=True: True is not an int"),
-    ({"pretrain": {"learning_rate": "nan"}}, "setting pretrain.learning_rate='nan': 'nan' is not a finite"),
+    ({"vocab": {"do_lower_case": "Flase"}},
+     "setting vocab.do_lower_case='Flase': 'Flase' is not a bool"),
+    ({"vocab": {"do_lower_case": 2}}, "setting vocab.do_lower_case=2: 2 is not a bool"),
+    ({"pretrain": {"phase1": {"steps": "1.5"}}},
+     "setting pretrain.phases.0.steps='1.5': '1.5' is not an int"),
+    ({"pretrain": {"phase1": {"steps": True}}},
+     "setting pretrain.phases.0.steps=True: True is not an int"),
+    ({"pretrain": {"phase2": {"learning_rate": "nan"}}},
+     "setting pretrain.phases.1.learning_rate='nan': 'nan' is not a finite"),
     ({"pretrain": {"model": 7}}, "setting pretrain.model=7: 7 is not a string"),
     ({"data": {"wikipedia": None}}, "needs data.wikipedia"),
-    ({"pretrain": {"zero_stage": "0", "precision": "bf16"}}, "pretrain.precision=bf16 needs pretrain.zero_stage >= 1"),
+    ({"pretrain": {"zero_stage": "0", "precision": "bf16"}},
+     "setting pretrain: precision=bf16 cannot be combined with zero_stage=0"),
     ({"finetune": {"data": "gs://b/finetune"}},
      "finetune.data='gs://b/finetune': the fine-tuning readers take"),
     # the settings' old section names the new one
@@ -122,16 +163,23 @@ def test_bad_override_values_name_the_setting_and_value(overrides, message):
     ("pretrain.precision=bf17", "setting pretrain.precision: must be one of ('fp32', 'bf16', 'fp16', 'auto')"),
     ("pretrain.model=bert_huge", ("setting pretrain.model: must be one of ['bert_base', "
                                   "'bert_large', 'bert_mini', 'bert_tiny'] (or empty with init_from)")),
-    ("pretrain.phase2_steps=0", "setting pretrain.phase2_steps: must be positive"),
-    ("pretrain.global_batch_size=20",
-     "setting pretrain.global_batch_size: must be a multiple of micro_batch_size=32"),
-    ("pretrain.phase2_micro_batch_size=5",
-     "setting pretrain.phase2_global_batch_size: must be a multiple of micro_batch_size=5"),
-    ("shards.dupe_factor=0", "setting shards.dupe_factor: must be >= 1, got 0"),
-    ("shards.phase2_max_seq_length=4", "setting shards.phase2_max_seq_length: must be >= 5, got 4"),
-    ("shards.phase1_max_predictions=0", "setting shards.phase1_max_predictions: must be >= 1, got 0"),
-    ("shards.validation_fraction=1", "setting shards.validation_fraction: must be in [0, 1), got 1.0"),
-    # (0 is the family's recipe)
+    ("pretrain.phase2.steps=0", "setting pretrain.phases.1.steps: must be positive"),
+    ("pretrain.phase1.global_batch_size=20",
+     "setting pretrain.phases.0.global_batch_size: must be a multiple of micro_batch_size=32"),
+    ("pretrain.phase2.micro_batch_size=5",
+     "setting pretrain.phases.1.global_batch_size: must be a multiple of micro_batch_size=5"),
+    ("pretrain.phase1.steps=50", "setting pretrain.phases.0.warmup_steps: must be in [0, steps]"),
+    ("shards.phase1.dupe_factor=0", "setting shards.phase1.dupe_factor: must be >= 1, got 0"),
+    ("shards.phase2.max_seq_length=4",
+     "setting shards.phase2.max_seq_length: must be in [5, 65535], got 4"),
+    ("shards.phase1.max_predictions_per_seq=0",
+     "setting shards.phase1.max_predictions_per_seq: must be >= 1, got 0"),
+    ("shards.phase2.validation_fraction=1",
+     "setting shards.phase2.validation_fraction: must be in [0, 1), got 1.0"),
+    ("vocab.vocab_size=100",
+     "setting vocab.vocab_size: must exceed the 104 special and [unused*] tokens, got 100"),
+    ("launch.nproc_per_node=0", "setting launch.nproc_per_node: must be >= 1, got 0"),
+    # (unset is the family's recipe)
     ("finetune.batch_size=-1", "setting finetune.batch_size: must be >= 1, got -1"),
     ("finetune.epochs=-1", "setting finetune.epochs: must be > 0, got -1.0"),
 ])
@@ -176,16 +224,18 @@ def test_runs_on_dataflow_reads_the_runner_as_beam_does(beam_args, dataflow):
     assert runs_on_dataflow(beam_args) is dataflow
 
 
-def test_training_flags_passed_through_are_checked_too():
-    with pytest.raises(ValueError) as error:
-        resolve("tiny", {"pretrain": {"extra_args": ["--set", "optimizer=lamb"]}})
-    assert str(error.value).startswith("setting pretrain.extra_args=['--set', 'optimizer=lamb']: "
-                                       "optimizer=lamb cannot be combined with zero_stage=1")
-    with pytest.raises(ValueError, match=r"^setting pretrain.extra_args=\['--set=zero_stage=0'\]: "
-                                         "precision=bf16 cannot be combined with zero_stage=0"):
-        resolve("tiny", {"pretrain": {"precision": "bf16", "extra_args": ["--set=zero_stage=0"]}})
-    ok = ["--set", "log_every=5", "--stop_after_steps", "3"]  # other flags: the entry point's
-    assert resolve("tiny", {"pretrain": {"extra_args": ok}}).pretrain.extra_args == tuple(ok)
+def test_training_settings_are_the_pretrain_section_not_extra_flags():
+    """The training run's settings are checked as `pretrain.*`; `launch.extra_args` carries the
+    entry point's other flags only."""
+    with pytest.raises(ValueError, match="^setting pretrain: optimizer=lamb cannot be combined "
+                                         "with zero_stage=1"):
+        resolve("tiny", {"pretrain": {"optimizer": "lamb"}})
+    for flags in (["--set", "optimizer=lamb"], ["--set=zero_stage=0"], ["--config", "x.yaml"]):
+        with pytest.raises(ValueError, match=r"^setting launch.extra_args: --(set|config)\S*: the "
+                                             r"training run's settings are the flow's pretrain"):
+            resolve("tiny", {"launch": {"extra_args": flags}})
+    ok = ["--stop_after_steps", "3"]  # other flags: the entry point's
+    assert resolve("tiny", {"launch": {"extra_args": ok}}).launch.extra_args == tuple(ok)
 
 
 def test_every_deployment_resolves_as_its_flow_run_will():
@@ -215,9 +265,9 @@ def test_cli_reports_a_bad_set_flag_as_a_usage_error(capsys):
     from flows.cli import main
 
     with pytest.raises(SystemExit) as exit_:
-        main(["--preset", "tiny", "--set", "vocab.cased=maybe"])
+        main(["--preset", "tiny", "--set", "vocab.do_lower_case=maybe"])
     assert exit_.value.code == 2
-    assert "setting vocab.cased='maybe': 'maybe' is not a bool" in capsys.readouterr().err
+    assert "setting vocab.do_lower_case='maybe': 'maybe' is not a bool" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("preset", ["base", "large"])
@@ -234,7 +284,7 @@ def test_cluster_presets_require_explicit_data_paths(preset):
     # '' still skips an input explicitly (no books, no fine-tuning).
     skipped = resolve(preset, {"data": {"wikipedia": "/data/wiki", "books": ""},
                                "finetune": {"data": ""}})
-    assert (skipped.data.books, skipped.finetune.data, steps.finetune_jobs(skipped)) == \
+    assert (skipped.data.books, skipped.finetune.data, fanout.finetune_jobs(skipped)) == \
         ("", "", [])
 
 
@@ -249,14 +299,17 @@ def test_tiny_keeps_the_bundled_sample():
 
 def test_presets_follow_the_paper():
     base, large = resolve("base", CLUSTER_DATA), resolve("large", CLUSTER_DATA)
-    assert (base.pretrain.phase1_steps + base.pretrain.phase2_steps) == 1_000_000
-    assert base.pretrain.global_batch_size == 256 and base.pretrain.learning_rate == 1e-4
-    assert base.pretrain.warmup_steps == 10_000 and base.shards.dupe_factor == 10
-    assert (base.shards.phase1_max_seq_length, base.shards.phase2_max_seq_length) == (128, 512)
-    assert large.pretrain.model == "bert_large" and large.pretrain.launcher == "deepspeed"
+    phase1, phase2 = base.pretrain.phases
+    assert (phase1.steps + phase2.steps) == 1_000_000
+    assert {p.global_batch_size for p in (phase1, phase2)} == {256}
+    assert {p.learning_rate for p in (phase1, phase2)} == {1e-4}
+    assert phase1.warmup_steps == 10_000 and base.shards.phase1.dupe_factor == 10
+    assert (phase1.max_seq_length, phase2.max_seq_length) == (128, 512)
+    assert (base.shards.phase1.max_seq_length, base.shards.phase2.max_seq_length) == (128, 512)
+    assert large.pretrain.model == "bert_large" and large.launch.launcher == "deepspeed"
     from finetune.tasks import get_task
 
-    rte = steps.finetune_config(base, get_task("rte"))  # the family's recipe: the paper's
+    rte = base.finetune.for_task(get_task("rte"))  # the family's recipe: the paper's
     assert rte.learning_rates == (5e-5, 4e-5, 3e-5, 2e-5) and rte.batch_size == 32
 
 
@@ -292,7 +345,7 @@ def test_failed_stage_leaves_no_manifest_and_reruns(tmp_path):
 RUN = r"""
 import logging, sys, time
 from pathlib import Path
-from flows import steps
+from flows import devices, fanout, launch, steps
 from flows.stages import run_stage
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -317,7 +370,7 @@ def build(out):
         log.write(name + ("" if (root / "child.stopped").exists() else " (job alive)") + "\n")
     (root / (name + ".building")).touch()
     if how == "launch":  # the stage's job in a subprocess, as pre-training's launcher
-        steps.run_subprocess([sys.executable, "-c", CHILD, str(root)], log=lambda line: None)
+        launch.run_subprocess([sys.executable, "-c", CHILD, str(root)], log=lambda line: None)
     while how == "hold" and not (root / (name + ".release")).exists():
         time.sleep(0.05)
     Path(out, "manifest.json").write_text('{"by": "' + name + '"}')
@@ -423,15 +476,15 @@ def test_a_failed_build_lets_the_waiting_run_build_it(tmp_path):
 def test_glue_fan_out_covers_tasks_rates_and_seeds_for_small_tasks():
     cfg = resolve("tiny", {"finetune": {"tasks": ["rte", "sst-2"],
                                         "learning_rates": [1e-4, 5e-5], "seeds": [1, 2]}})
-    jobs = steps.finetune_jobs(cfg)
+    jobs = fanout.finetune_jobs(cfg)
     # RTE is a small task (seeds x rates); SST-2 is not (first seed only).
     assert [(j.family, j.task, j.learning_rate, j.seed) for j in jobs] == [
         ("glue", "rte", 1e-4, 1), ("glue", "rte", 1e-4, 2), ("glue", "rte", 5e-5, 1),
         ("glue", "rte", 5e-5, 2), ("glue", "sst-2", 1e-4, 1), ("glue", "sst-2", 5e-5, 1)]
     # a family name is all its tasks; the recipe fills what is not set
     every = resolve("tiny", {"finetune": {"tasks": ["glue"], "learning_rates": [],
-                                          "epochs": 0, "seeds": [1]}})
-    assert len(steps.finetune_jobs(every)) == 9 * 4
+                                          "epochs": None, "seeds": [1]}})
+    assert len(fanout.finetune_jobs(every)) == 9 * 4
 
 
 def test_fine_tuning_runs_take_a_free_device_one_run_each():
@@ -441,11 +494,11 @@ def test_fine_tuning_runs_take_a_free_device_one_run_each():
 
     import torch
 
-    assert steps.fine_tuning_devices(num_gpus=2) == ["cuda:0", "cuda:1"]
-    assert steps.fine_tuning_devices(num_gpus=0) == ["cpu"]
+    assert devices.fine_tuning_devices(num_gpus=2) == ["cuda:0", "cuda:1"]
+    assert devices.fine_tuning_devices(num_gpus=0) == ["cpu"]
     if not torch.cuda.is_available():
-        assert steps.fine_tuning_devices() == ["cpu"]
-    pool = steps.DevicePool(["cuda:0", "cuda:1"])
+        assert devices.fine_tuning_devices() == ["cpu"]
+    pool = devices.DevicePool(["cuda:0", "cuda:1"])
     third: list[str] = []
 
     def run() -> None:
@@ -469,7 +522,7 @@ def test_runs_of_one_task_share_one_preparation():
     import gc
     import threading
 
-    shared = steps.SharedPreparations()
+    shared = fanout.SharedPreparations()
     builds: list[str] = []
     reading = threading.Event()
     release = threading.Event()
@@ -480,7 +533,7 @@ def test_runs_of_one_task_share_one_preparation():
             if slow:  # the other runs of the task arrive while it is read
                 reading.set()
                 release.wait(30)
-            return steps._Prepared(encoder=name, prepared=[name])
+            return fanout._Prepared(encoder=name, prepared=[name])
         return read
 
     got: list = []
@@ -544,14 +597,14 @@ def test_runs_of_one_task_share_one_preparation():
 def test_launch_commands_for_each_launcher():
     cfg = resolve("tiny")
     assert steps.launch_command(cfg, "c.json")[1:] == [
-        "-m", "training.pretrain", "--preset", "tiny", "--config", "c.json"]
-    torchrun = steps.launch_command(resolve("tiny", {"pretrain": {"launcher": "torchrun",
-                                                                  "nproc_per_node": 2}}), "c.json")
+        "-m", "training.pretrain", "--config", "c.json"]
+    torchrun = steps.launch_command(resolve("tiny", {"launch": {"launcher": "torchrun",
+                                                                "nproc_per_node": 2}}), "c.json")
     assert torchrun[0].endswith("torchrun") and "--nproc_per_node=2" in torchrun
     ds = steps.launch_command(resolve("large", CLUSTER_DATA), "c.json")
     assert ds[0].endswith("deepspeed") and ds[1:4] == ["--num_gpus=8", "--module",
                                                         "training.pretrain"]
-    hosts = {**CLUSTER_DATA, "pretrain": {"hostfile": "/etc/deepspeed/hostfile"}}
+    hosts = {**CLUSTER_DATA, "launch": {"hostfile": "/etc/deepspeed/hostfile"}}
     multi = steps.launch_command(resolve("large", hosts), "c.json")
     assert multi[1:3] == ["--hostfile", "/etc/deepspeed/hostfile"]
     assert ["--module", "training.pretrain"] == multi[4:6]
@@ -564,7 +617,7 @@ def test_cancelled_subprocess_group_is_stopped(tmp_path, sig):
     trainer = tmp_path / "trainer.py"
     trainer.write_text(f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\n"
                        "time.sleep(600)\n")
-    script = (f"import sys\nfrom flows.steps import run_subprocess\n"
+    script = (f"import sys\nfrom flows.launch import run_subprocess\n"
               f"run_subprocess([sys.executable, {str(trainer)!r}])\n")
     parent = subprocess.Popen([sys.executable, "-c", script])
     for _ in range(100):
@@ -669,9 +722,10 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
     overrides = {
         "output": str(tmp_path / "run"),
         "shards": {"dupe_factor": 1},
-        "pretrain": {"phase1_steps": 8, "phase2_steps": 3, "warmup_steps": 2,
-                     "global_batch_size": 16, "micro_batch_size": 16,
-                     "phase2_global_batch_size": 4, "phase2_micro_batch_size": 4},
+        "pretrain": {"phase1": {"steps": 8, "warmup_steps": 2, "global_batch_size": 16,
+                                "micro_batch_size": 16},
+                     "phase2": {"steps": 3, "warmup_steps": 1, "global_batch_size": 4,
+                                "micro_batch_size": 4}},
         # The bundled sample has no WNLI: that run fails, and must not take RTE down with it.
         "finetune": {"tasks": ["rte", "wnli"], "learning_rates": [1e-4], "seeds": [1],
                      "epochs": 1, "max_train_examples": 32, "max_eval_examples": 32},
@@ -714,7 +768,7 @@ def test_a_launched_job_gets_no_stale_rendezvous(monkeypatch):
     lines: list[str] = []
     show = "import os; print(os.environ.get('MASTER_PORT'), os.environ.get('RANK'), " \
            "os.environ['DS_ACCELERATOR'])"
-    steps.run_subprocess([sys.executable, "-c", show], log=lines.append)
+    launch.run_subprocess([sys.executable, "-c", show], log=lines.append)
     assert lines[-1] == "None None cpu"
 
 
@@ -731,7 +785,7 @@ def test_launched_trainers_take_the_callers_accelerator_or_torchs(monkeypatch):
         else:
             monkeypatch.delenv("DS_ACCELERATOR", raising=False)
         lines: list[str] = []
-        steps.run_subprocess([sys.executable, "-c", show], log=lines.append)
+        launch.run_subprocess([sys.executable, "-c", show], log=lines.append)
         assert lines[-1] == expected
 
 
@@ -765,8 +819,8 @@ def _glue_fan_out(cfg, model_dir: Path) -> dict:
     from flows.stages import StageResult
 
     model = StageResult("export", str(model_dir), "test", cached=False, seconds=0.0)
-    return steps.finetune_best(cfg, model, [steps.finetune_run(cfg, model, job)
-                                            for job in steps.finetune_jobs(cfg)])
+    return fanout.finetune_best(cfg, model, [fanout.finetune_run(cfg, model, job)
+                                            for job in fanout.finetune_jobs(cfg)])
 
 
 def test_glue_fan_out_sets_bad_rows_aside_in_the_dead_letter_file(shared_data, minilm_dir,
@@ -832,8 +886,8 @@ def test_extraction_stage_is_rebuilt_when_the_jobs_output_version_changes(tmp_pa
     (books / "a.txt").write_text("It was a dark night. The rain fell.\n\nThen it stopped.\n")
     cfg = resolve("tiny", {"output": str(tmp_path / "run"),
                            "data": {"books": str(books)}})
-    # version 1 is keyed as before versions existed: older runs keep their folders
-    assert steps.extract_stage_config("in", "sha", 1) == {"input": "in", "input_sha": "sha"}
+    assert steps.extract_stage_config("in", "sha", 1) == {"input": "in", "input_sha": "sha",
+                                                          "output_version": 1}
     first = steps.extract_books(cfg)
     assert (first.cached, steps.extract_books(cfg).cached) == (False, True)
     assert first.manifest["output_version"] == extract_books.OUTPUT_VERSION == 2

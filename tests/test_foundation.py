@@ -242,7 +242,7 @@ def test_a_remote_folder_costs_one_listing_not_a_lookup_per_object(shared_data, 
                      enumerate(names)})
     _OBJECTS["objtest://bucket/books/_SUCCESS"] = b""
     _CALLS.clear()
-    manifest = extract_books.run(["--input", "objtest://bucket/books",
+    manifest = extract_books.main(["--input", "objtest://bucket/books",
                                   "--output", str(tmp_path / "out")])
     # One lookup: is `books` an object? No: one listing of `books/`; then only the 31 reads.
     assert dict(_CALLS) == {"lookup": 1, "list": 1}
@@ -297,7 +297,7 @@ def test_user_errors_are_one_line_exit_2_and_bugs_keep_their_traceback(capsys, t
         raise KeyError("a bug")
 
     args = ["--input", str(tmp_path / "nope"), "--output", str(tmp_path / "out")]
-    assert jobs.main("extract_books", extract_books.run, args) == 2
+    assert jobs.main("extract_books", extract_books.main, args) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"extract_books: error: --input {str(tmp_path / 'nope')!r} matches no files")
     assert jobs.main("extract_books", nothing, []) == 1
@@ -305,7 +305,7 @@ def test_user_errors_are_one_line_exit_2_and_bugs_keep_their_traceback(capsys, t
         "extract_books: error: 0 documents from --input books/: 2 bad record(s) set aside in "
         "out/dead_letter/d.jsonl; no manifest written\n")
     with pytest.raises(FileNotFoundError, match="matches no files"):
-        jobs.main("extract_books", extract_books.run, ["--debug", *args])
+        jobs.main("extract_books", extract_books.main, ["--debug", *args])
     with pytest.raises(json.JSONDecodeError):
         jobs.main("extract_books", library_value_error, [])
     with pytest.raises(KeyError):

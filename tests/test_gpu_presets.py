@@ -49,19 +49,19 @@ def test_large_preset_yaml_and_flow_agree_on_the_batches():
     """One micro-batch per step on 8 GPUs in both phases (32 x 8 = 256), everywhere."""
     preset = cfg.large()
     yaml = cfg.resolve("large", str(REPO / "training" / "configs" / "bert_large_8gpu.yaml"))
-    flow = flow_config.large().pretrain
-    for config in (preset, yaml):
+    flow = flow_config.large()
+    for config in (preset, yaml, flow.pretrain):
         assert [(p.micro_batch_size, p.global_batch_size) for p in config.phases] == \
             [(32, 256), (32, 256)]
         assert config.compile and config.model == "bert_large"
-    assert (flow.micro_batch_size, flow.phase2_micro_batch_size, flow.global_batch_size,
-            flow.phase2_global_batch_size, flow.nproc_per_node) == (32, 32, 256, 256, 8)
+    assert flow.launch.nproc_per_node == 8
     assert [p.gradient_accumulation_steps(8) for p in preset.phases] == [1, 1]
     base = cfg.base()
     assert [p.micro_batch_size for p in base.phases] == [32, 32] and base.compile
     assert not cfg.tiny().compile  # CPU: eager
-    assert flow_config.base().shards.pack and flow_config.large().shards.pack
-    assert not flow_config.tiny().shards.pack
+    for phases, packed in ((flow_config.base().shards, True), (flow_config.large().shards, True),
+                           (flow_config.tiny().shards, False)):
+        assert phases.phase1.pack is phases.phase2.pack is packed
 
 
 def test_lamb_in_bf16_is_refused_with_deepspeeds_reason():

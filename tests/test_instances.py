@@ -201,9 +201,11 @@ def test_config_validation_names_the_flag(field, value, flag):
 
 
 def test_presets():
-    assert (inst.phase1().max_seq_length, inst.phase1().max_predictions_per_seq) == (128, 20)
-    assert (inst.phase2().max_seq_length, inst.phase2().max_predictions_per_seq) == (512, 76)
-    assert inst.tiny().max_seq_length == 32
+    from pipelines import shard_batches
+
+    base = [shard_batches.base(phase) for phase in (1, 2)]
+    assert [(c.max_seq_length, c.max_predictions_per_seq) for c in base] == [(128, 20), (512, 80)]
+    assert [shard_batches.tiny(phase).max_seq_length for phase in (1, 2)] == [128, 256]
     assert InstanceConfig().max_num_tokens == 125
     assert InstanceConfig(next_sentence=False).max_num_tokens == 126
 
@@ -552,7 +554,7 @@ def test_scalable_is_deterministic_and_batch_independent(book_docs, book_plans, 
 
 
 def test_scalable_phase2_lengths(book_docs, vocab):
-    cfg = dataclasses.replace(inst.phase2(), dupe_factor=1)
+    cfg = InstanceConfig(max_seq_length=512, max_predictions_per_seq=76, dupe_factor=1)
     instances = create_instances_scalable(book_docs, vocab, cfg)
     assert_structure(instances, vocab, cfg)
     lengths = np.array([len(i.input_ids) for i in instances])

@@ -59,7 +59,7 @@ def test_job_warns_before_it_starts_and_still_runs(tmp_path, monkeypatch,
     (tmp_path / "books").mkdir()
     (tmp_path / "books" / "a.txt").write_text(BOOK)
     monkeypatch.setenv(jobs.LOCAL_MEMORY_ENV, "1000")  # 1 kB of memory: any input is too big
-    manifest = extract_books.run(["--input", str(tmp_path / "books"),
+    manifest = extract_books.main(["--input", str(tmp_path / "books"),
                                   "--output", str(tmp_path / "out")])
     assert manifest["counts"]["documents"] == 1  # a warning, not a refusal
     [warning] = [m for m in warnings_of_extract_books if "local runner" in m]
@@ -69,5 +69,5 @@ def test_job_warns_before_it_starts_and_still_runs(tmp_path, monkeypatch,
     assert "--runner=DataflowRunner" in warning and "--runner=PortableRunner" in warning
     monkeypatch.setenv(jobs.LOCAL_MEMORY_ENV, str(10**12))
     warnings_of_extract_books.clear()
-    extract_books.run(["--input", str(tmp_path / "books"), "--output", str(tmp_path / "out2")])
+    extract_books.main(["--input", str(tmp_path / "books"), "--output", str(tmp_path / "out2")])
     assert not [m for m in warnings_of_extract_books if "local runner" in m]

@@ -72,7 +72,7 @@ def corpus(shared_data, tmp_path_factory) -> dict:
 
 
 def _run(corpus_dir, out, minilm_dir, *extra) -> dict:
-    return make_shards.run([
+    return make_shards.main([
         "--input", str(corpus_dir), "--vocab", str(minilm_dir), "--output", str(out),
         "--dupe_factor", "2", "--num_shards", "3", "--rows_per_block", "64",
         "--instances_per_pack_bucket", "300", "--join_buckets", "7", *extra])
@@ -151,10 +151,10 @@ def test_two_workers_and_rerun_give_identical_shards(one_worker, corpus, minilm_
     assert _shard_files(two) == _shard_files(out)
     assert manifest2["shards"] == manifest["shards"]
     assert manifest2["config_hash"] == manifest["config_hash"]
-    cfg, job = make_shards.configs_from_args(make_shards.build_parser().parse_args([
+    config = jobs.config_from_args(make_shards.build_parser().parse_args([
         "--input", "x", "--output", "y", "--vocab", "v", "--dupe_factor", "2",
-        "--instances_per_pack_bucket", "300"]))
-    assert shard_batches.pack_bucket_count(manifest["counters"]["tokens"], cfg, job) >= 3
+        "--instances_per_pack_bucket", "300"]), shard_batches.ShardsConfig())
+    assert shard_batches.pack_bucket_count(manifest["counters"]["tokens"], config, config) >= 3
     # Unpacked rows are in shuffle-key order whatever the grouping: other join and pack
     # bucket counts give the same bytes.
     regrouped = _run(corpus["text"], tmp_path / "regrouped", minilm_dir, "--join_buckets", "1",
@@ -327,7 +327,7 @@ def test_jsonl_has_the_same_instances_as_shards(one_worker, corpus, minilm_dir, 
 
 def test_reference_mode_equals_create_instances_reference(shared_data, minilm_dir, tmp_path):
     sample = shared_data / "reference" / "sample_text.txt"
-    manifest = make_shards.run([
+    manifest = make_shards.main([
         "--input", str(sample), "--vocab", str(minilm_dir), "--output", str(tmp_path),
         "--mode", "reference", "--format", "jsonl", "--dupe_factor", "3", "--num_shards", "1"])
     with open(sample, encoding="utf-8", newline="\n") as f:
@@ -523,7 +523,7 @@ def test_a_corrupt_row_group_loses_its_part_with_a_dead_letter(minilm_dir, tmp_p
 
 
 def _reference_run(inputs, out, vocab, *extra) -> dict:
-    return make_shards.run(["--input", str(inputs), "--vocab", str(vocab), "--output", str(out),
+    return make_shards.main(["--input", str(inputs), "--vocab", str(vocab), "--output", str(out),
                             "--mode", "reference", "--dupe_factor", "1", "--num_shards", "1",
                             *extra])
 

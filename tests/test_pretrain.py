@@ -645,7 +645,7 @@ def test_export_takes_casing_from_the_shards_then_the_vocabulary(tmp_path):
     ("seed=7", "seed", 7),
 ])
 def test_set_converts_text_with_the_flows_converter(assignment, field, expected):
-    """One converter for `bert-pretrain --set` and the flow's `--set` (training.settings)."""
+    """One converter for `bert-pretrain --set` and the flow's `--set` (pipelines.settings)."""
     if field is None:
         with pytest.raises(ValueError, match="unknown field"):
             cfg.apply_overrides(cfg.tiny(), [assignment])

@@ -199,7 +199,7 @@ def test_make_shards_reference_mode_reads_several_files_as_the_reference(
         cfg.max_seq_length, cfg.dupe_factor, cfg.short_seq_prob, cfg.masked_lm_prob,
         cfg.max_predictions_per_seq, random.Random(cfg.random_seed))
     out = tmp_path / "out"
-    manifest = make_shards.run([
+    manifest = make_shards.main([
         "--input", str(folder), "--vocab", vocab_path, "--output", str(out), "--mode",
         "reference", "--format", "jsonl", "--dupe_factor", "2", "--num_shards", "1"])
     ours = [json.loads(line) for line in (out / "train-000000.jsonl").read_text().splitlines()]

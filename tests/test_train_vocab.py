@@ -45,7 +45,7 @@ def read_word_counts(folder: Path) -> dict[str, int]:
 
 
 def run_job(input_path, output, *extra) -> dict:
-    return train_vocab.run(["--input", str(input_path), "--output", str(output), "--no_progress",
+    return train_vocab.main(["--input", str(input_path), "--output", str(output), "--no_progress",
                             *map(str, extra)])
 
 

@@ -9,7 +9,7 @@ Overrides, applied in order after the preset:
   the run's phases, each merged into the preset's phase of its name (`_merge_phases`).
 - `--set key=value` (repeatable): dotted keys, `zero_stage=2`, `phases.0.steps=300` or by phase
   name, `phase1.learning_rate=5e-4`. Each value is converted to its field's type by
-  `training.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
+  `pipelines.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
   float, `true`/`false` a bool, text as given).
 """
 from __future__ import annotations
@@ -26,7 +26,8 @@ from typing import Any
 import yaml
 
 from model.bert import PRESETS as MODEL_PRESETS
-from training.settings import convert_setting
+from pipelines import settings
+from pipelines.settings import SettingError, convert_setting
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ OPTIMIZERS = ("adamw", "lamb")
 
 def _check(ok: bool, flag: str, expected: str) -> None:
     if not ok:
-        raise ValueError(f"--set {flag}: must be {expected}")
+        raise SettingError(flag, f"must be {expected}", "--set {setting}: {message}")
 
 
 @dataclass(frozen=True)
@@ -252,16 +253,18 @@ class PretrainConfig:
         _check(0 <= self.masked_lm_prob < 1, "masked_lm_prob", "in [0, 1) (0 = the shards' count)")
         try:
             self.masking(max_predictions_per_seq=1)
-        except ValueError as e:
-            raise ValueError(f"--set {e}") from None
+        except SettingError as e:
+            raise SettingError(e.setting, e.message, "--set {setting}: {message}") from None
         changed = [f for f in MASKING_FIELDS
                    if getattr(self, f) != PretrainConfig.__dataclass_fields__[f].default]
         if changed and not self.dynamic_masking:
-            raise ValueError(f"--set {changed[0]}: acts only with dynamic_masking=true (without "
-                             "it the shards' masks are used: set it in make_shards instead)")
+            raise SettingError(changed[0], "acts only with dynamic_masking=true (without it the "
+                               "shards' masks are used: set it in make_shards instead)",
+                               "--set {setting}: {message}")
         if self.objective == "ltr" and self.dynamic_masking:
-            raise ValueError("--set objective=ltr: cannot be combined with dynamic_masking=true "
-                             "(the left-to-right LM predicts every next token; it has no masks)")
+            raise SettingError("objective", "ltr cannot be combined with dynamic_masking=true "
+                               "(the left-to-right LM predicts every next token; it has no "
+                               "masks)", "--set {setting}: {message}")
 
     def phase(self, name: str) -> PhaseConfig:
         for p in self.phases:
@@ -321,15 +324,17 @@ def _paper_phases(train_128: str = "", train_512: str = "", total_steps: int = 1
 
 
 def tiny() -> PretrainConfig:
-    """bert_tiny on CPU for tests and the demo: a few hundred steps, both phases."""
+    """bert_tiny on CPU for tests and the demo: 600 steps at 128 tokens, 60 at 256 (the tiny
+    shards' phase-2 length, pipelines/shard_batches.py), phase 2's warmup a tenth of its steps."""
     phases = (
-        PhaseConfig(name="phase1", max_seq_length=128, micro_batch_size=16, global_batch_size=16,
-                    steps=300, warmup_steps=30, learning_rate=1e-3),
-        PhaseConfig(name="phase2", max_seq_length=512, micro_batch_size=4, global_batch_size=16,
-                    steps=30, warmup_steps=3, learning_rate=5e-4),
+        PhaseConfig(name="phase1", max_seq_length=128, micro_batch_size=32, global_batch_size=32,
+                    steps=600, warmup_steps=60, learning_rate=1e-3),
+        PhaseConfig(name="phase2", max_seq_length=256, micro_batch_size=16, global_batch_size=16,
+                    steps=60, warmup_steps=6, learning_rate=1e-3),
     )
-    return PretrainConfig(model="bert_tiny", phases=phases, log_every=10, eval_every=100,
-                          eval_batches=5, checkpoint_every=100, shuffle_buffer=500)
+    return PretrainConfig(model="bert_tiny", phases=phases, zero_stage=1, precision="auto",
+                          log_every=10, eval_every=100, eval_batches=5, checkpoint_every=100,
+                          shuffle_buffer=500)
 
 
 # GPU micro-batches, from training/memory.py's estimate for one rank of 8 (bf16, ZeRO-1) on an
@@ -412,22 +417,9 @@ def _merge_phases(base: list[dict], entries: Any, warn: bool) -> list[dict]:
     return phases
 
 
-def read_file(path: str) -> dict:
-    """The mapping of a `.yaml`/`.yml`/`.json` overrides file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
-    except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid {'JSON' if path.endswith('.json') else 'YAML'} "
-                         f"({e})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")  # noqa: TRY004 (bad input)
-    return data
-
-
 def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
     """Overrides from a `.yaml`/`.yml`/`.json` file."""
-    data = read_file(path)
+    data = settings.load_file(path)
     try:
         return from_dict(data, base, user_file=True)
     except (ValueError, TypeError) as e:
@@ -437,26 +429,7 @@ def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
 def apply_overrides(config: PretrainConfig, assignments: Sequence[str]) -> PretrainConfig:
     """Apply `key=value` strings (see the module docstring); validated after all of them, so
     their order does not matter (`phase1.steps=3` before `phase1.warmup_steps=1` is fine)."""
-    data = to_dict(config)
-    names = [p["name"] for p in data["phases"]]
-    for assignment in assignments:
-        key, sep, raw = assignment.partition("=")
-        if not sep:
-            raise ValueError(f"--set {assignment!r}: expected key=value")
-        parts = key.strip().split(".")
-        if len(parts) == 1 and parts[0] != "phases":
-            _assign(data, PretrainConfig, parts[0], raw, parts[0])
-        elif len(parts) == 3 and parts[0] == "phases" and parts[1].isdigit() \
-                and int(parts[1]) < len(names):
-            _assign(data["phases"][int(parts[1])], PhaseConfig, parts[2], raw, key)
-        elif len(parts) == 2 and parts[0] in names:
-            index = names.index(parts[0])
-            _assign(data["phases"][index], PhaseConfig, parts[1], raw,
-                    f"phases.{index}.{parts[1]}")
-        else:
-            raise ValueError(f"--set {assignment!r}: unknown key {key!r} (use a field, "
-                             f"phases.<0..{len(names) - 1}>.<field> or <phase name>.<field>)")
-    return _build(data)
+    return settings.apply(config, settings.parse_assignments(assignments), label="--set")
 
 
 def _assign(target: dict, cls: type, name: str, raw: Any, flag: str,
@@ -475,8 +448,8 @@ def _build(data: dict) -> PretrainConfig:
     for i, raw in enumerate(data["phases"]):
         try:
             phases.append(PhaseConfig(**raw))
-        except ValueError as e:
-            raise ValueError(str(e).replace("--set ", f"--set phases.{i}.", 1)) from None
+        except SettingError as e:
+            raise e.within(f"phases.{i}.", e.template) from None
     return PretrainConfig(**{**data, "phases": tuple(phases)})
 
 
@@ -488,7 +461,7 @@ def resolve(preset: str = "tiny", config_file: str | None = None,
     config = PRESETS[preset]()
     named = {a.partition("=")[0].strip() for a in assignments}
     if config_file:
-        named |= set(read_file(config_file))
+        named |= set(settings.load_file(config_file))
         config = load_file(config_file, config)
     config = apply_overrides(config, assignments)
     if config.init_from and "model" not in named:  # the checkpoint's shape, not the preset's

@@ -1,0 +1,319 @@
+"""Typed settings: one override mechanism for every config in the project.
+
+Every stage owns one frozen config dataclass; the flow's config is composed of them. Overrides
+arrive as a nested mapping (a YAML/JSON file, a deployment's parameters) or as dotted
+`key=value` text (`--set pretrain.phase1.steps=20`, `bert-pretrain --set phase1.steps=20`);
+`apply` sets them on the config, each value converted to its field's declared type
+(`convert_setting`), and a value that does not fit or that the config refuses is an error
+naming the setting by its full path (`SettingError`), before anything runs. The Beam jobs'
+flags are generated from the same dataclasses (`add_config_flags`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+_TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
+
+
+def convert_setting(label: str, value: Any, hint: Any) -> Any:
+    """`value` (a `--set` string or a JSON value) as the field's declared type.
+
+    Tuples take a JSON list or a comma-separated string; bools take true/false/1/0/yes/no.
+    A value that does not fit is a ValueError starting `{label}={value!r}: `.
+    """
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):  # `str | None`: None means "not set yet"
+        if value is None:
+            return None
+        (hint,) = [a for a in args if a is not type(None)]
+        return convert_setting(label, value, hint)
+    try:
+        if origin is tuple:
+            return tuple(_SCALARS[args[0]](item) for item in _as_list(value))
+        return _SCALARS[hint](value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{label}={value!r}: {e}") from None
+
+
+def _as_list(value: Any) -> list:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if not isinstance(value, str):
+        raise TypeError("expected a list or comma-separated values")
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"not a JSON list ({e})") from None
+        if not isinstance(items, list):
+            raise ValueError("expected a JSON list")
+        return items
+    return [item.strip() for item in text.split(",")] if text else []
+
+
+def _to_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"{value!r} is not a bool ({'/'.join(_TRUE)} or {'/'.join(_FALSE)})")
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"{value!r} is not an int")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError(f"{value!r} is not an int")
+        return int(value)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an int") from None
+
+
+def _to_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError(f"{value!r} is not a number")
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"{value!r} is not a number") from None
+    if not math.isfinite(number):
+        raise ValueError(f"{value!r} is not a finite number")
+    return number
+
+
+def _to_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{value!r} is not a string")
+    return value
+
+
+_SCALARS = {bool: _to_bool, int: _to_int, float: _to_float, str: _to_str}
+
+
+# ---------------------------------------------------------------- errors naming the setting
+
+class SettingError(ValueError):
+    """A value a config refuses, with the setting it belongs to.
+
+    A stage config raises it with its own field name (`max_seq_length`); a config that holds
+    that one as a section re-raises it with the section's path in front (`within`), so the
+    flow's error reads `setting shards.phase2.max_seq_length: ...` and the job's
+    `--max_seq_length ...`: the same check, named where the user set the value."""
+
+    def __init__(self, setting: str, message: str, template: str = "--{setting} {message}"):
+        super().__init__(setting, message)
+        self.setting, self.message, self.template = setting, message, template
+
+    def __str__(self) -> str:
+        return self.template.format(setting=self.setting, message=self.message)
+
+    def within(self, prefix: str, template: str = "setting {setting}: {message}"
+               ) -> SettingError:
+        """The same error, for the setting at `prefix` + its path."""
+        return SettingError(prefix + self.setting, self.message, template)
+
+
+def check(ok: bool, setting: str, message: str) -> None:
+    """Raise SettingError(setting, message) unless `ok`: the one-line form of a field check."""
+    if not ok:
+        raise SettingError(setting, message)
+
+
+# ---------------------------------------------------------------- overrides of nested configs
+
+def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
+          label: str = "setting") -> Any:
+    """`config` (a frozen dataclass) with a nested mapping of overrides applied.
+
+    Sections (dataclass fields) take a mapping; a tuple of named dataclasses (a training run's
+    `phases`) takes items by name or index (`{"phase2": {"steps": 10}}`, `{"1": {...}}`); every
+    other value is converted to its field's type. Each dataclass is built once, after all of
+    its changes, so its checks see the final values whatever their order. An error names the
+    setting by its full path (`prefix` + key), `label` first ("setting", "--set", "config key").
+    """
+    fields = {f.name for f in dataclasses.fields(config)}
+    hints = typing.get_type_hints(type(config))
+    changes: dict[str, Any] = {}
+    items = {name: list(getattr(config, name)) for name in fields
+             if _named_items(getattr(config, name))}
+    for key, value in overrides.items():
+        key = str(key)
+        path = f"{prefix}{key}"
+        owner = next((name for name, entries in items.items() if _item_index(entries, key)
+                      is not None), None)
+        if key not in fields and owner is None:
+            raise SettingError(path, f"unknown field (known: {sorted(fields)})",
+                               _template(label))
+        if owner is not None and key not in fields:  # `phase2` for `phases.1`
+            index = _item_index(items[owner], key)
+            items[owner][index] = apply(items[owner][index], _mapping(value, path, label),
+                                        f"{prefix}{owner}.{index}.", label)
+            continue
+        current = getattr(config, key)
+        if dataclasses.is_dataclass(current):
+            changes[key] = apply(current, _mapping(value, path, label), f"{path}.", label)
+        elif key in items:  # `phases.1.steps`
+            for name, entry in _mapping(value, path, label).items():
+                index = _item_index(items[key], str(name))
+                if index is None:
+                    names = [getattr(item, "name", i) for i, item in enumerate(items[key])]
+                    raise SettingError(f"{path}.{name}", f"no such item (items: {names})",
+                                       _template(label))
+                items[key][index] = apply(items[key][index], _mapping(entry, f"{path}.{name}",
+                                                                      label),
+                                          f"{path}.{index}.", label)
+        else:
+            name = _template(label).format(setting=path, message="").removesuffix(": ")
+            changes[key] = convert_setting(name, value, hints[key])
+    changes.update({name: tuple(entries) for name, entries in items.items()
+                    if tuple(entries) != getattr(config, name)})
+    try:
+        return dataclasses.replace(config, **changes)
+    except SettingError as error:
+        raise error.within(prefix, _template(label)) from None
+    except ValueError as error:  # a rule over several fields: named by the section
+        if not prefix:
+            raise
+        raise ValueError(f"{label} {prefix.rstrip('.')}: {error}") from None
+
+
+def _template(label: str) -> str:
+    """How an error names a setting: `setting a.b: ...`, `--set a.b: ...`, `--flag: ...`."""
+    return f"{label}{{setting}}: {{message}}" if label.endswith("-") else \
+        f"{label} {{setting}}: {{message}}"
+
+
+def _named_items(value: Any) -> bool:
+    return (isinstance(value, tuple) and bool(value)
+            and all(dataclasses.is_dataclass(v) for v in value))
+
+
+def _item_index(entries: list, key: str) -> int | None:
+    """The item called `key` (its `name` field), or at index `key`; None if none is."""
+    for i, entry in enumerate(entries):
+        if getattr(entry, "name", None) == key:
+            return i
+    return int(key) if key.isdigit() and int(key) < len(entries) else None
+
+
+def _mapping(value: Any, path: str, label: str) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise SettingError(path, f"is a section: it takes a mapping, got {value!r}",
+                           _template(label))
+    return value
+
+
+def parse_assignments(pairs: Sequence[str], label: str = "--set") -> dict[str, Any]:
+    """`["pretrain.phase1.steps=20", "finetune.tasks=rte,mrpc"]` -> a nested mapping.
+
+    Values stay text here; `apply` converts each to its field's type."""
+    overrides: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ValueError(f"{label} {pair!r}: expected key=value")
+        node = overrides
+        *parents, leaf = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(  # noqa: TRY004 (a user's text, not a type)
+                    f"{label} {pair!r}: {part} is a setting, not a section")
+        node[leaf] = raw
+    return overrides
+
+
+def load_file(path: str) -> dict[str, Any]:
+    """The nested mapping of a `.yaml`/`.yml`/`.json` settings file."""
+    import yaml
+
+    is_json = path.endswith(".json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f) if is_json else yaml.safe_load(f)
+    except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid {'JSON' if is_json else 'YAML'} ({e})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")  # noqa: TRY004
+    return data
+
+
+def merge(base: Mapping[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
+    """Nested mappings merged, `more` winning (a file's settings, then `--set`s)."""
+    merged = dict(base)
+    for key, value in more.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+# ---------------------------------------------------------------- command-line flags
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Each field's docstring (the string literal under it), from the class source."""
+    import ast
+    import inspect
+    import textwrap
+
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node, after in itertools.pairwise(body):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                    and isinstance(after.value.value, str)):
+                docs[node.target.id] = " ".join(after.value.value.split())
+    return docs
+
+
+def add_config_flags(parser: argparse.ArgumentParser, cls: type,
+                     skip: Sequence[str] = ()) -> None:
+    """A `--<field>` flag per field of the config dataclass `cls`, help from its docstring.
+
+    Flags default to "not given" (None), so the config's own default (or a preset's) holds
+    unless the flag is given; `config_from_flags` converts each given value with
+    `convert_setting`. A bool flag alone means true (`--pack`), or takes a value
+    (`--pack=false`)."""
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        kind = hints[f.name]
+        help_text = docs.get(f.name, "").replace("%", "%%")
+        if _is_bool(kind):
+            parser.add_argument(f"--{f.name}", nargs="?", const="true", default=None,
+                                metavar="BOOL", help=help_text)
+        else:
+            parser.add_argument(f"--{f.name}", default=None, help=help_text)
+
+
+def config_from_flags(config: Any, args: argparse.Namespace) -> Any:
+    """`config` with the flags given (not None) of `add_config_flags` applied, as `--flag`."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(config)
+             if getattr(args, f.name, None) is not None}
+    return apply(config, given, label="--")
+
+
+def _is_bool(hint: Any) -> bool:
+    return hint is bool or (typing.get_origin(hint) in (types.UnionType, typing.Union)
+                            and bool in typing.get_args(hint))
+

@@ -1,0 +1,150 @@
+"""One settings mechanism for every entry point: stage configs, their generated job flags, the
+flow's config composed of them (pipelines/settings.py, flows/config.py)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from flows.config import parse_set_flags, resolve
+from pipelines import jobs, make_shards, settings, shard_batches, train_vocab
+from pipelines.shard_batches import ShardsConfig
+from pipelines.vocab import VocabConfig
+from training import config as training
+
+
+def _shards(argv: list[str]) -> ShardsConfig:
+    args, beam_args = make_shards.build_parser().parse_known_args(
+        ["--input", "in", "--output", "out", "--vocab", "v", *argv])
+    assert beam_args == [a for a in argv if a.startswith("--direct")]
+    return jobs.config_from_args(args, ShardsConfig())
+
+
+def test_make_shards_keeps_every_flag_it_had():
+    config = _shards(["--max_seq_length", "512", "--max_predictions_per_seq", "76",
+                      "--masked_lm_prob", "0.2", "--short_seq_prob", "0", "--dupe_factor", "3",
+                      "--random_seed", "7", "--do_whole_word_mask", "--do_lower_case=false",
+                      "--no_next_sentence", "--mode", "reference", "--pack",
+                      "--target_shard_mb", "2", "--num_shards", "4", "--rows_per_block", "16",
+                      "--validation_fraction", "0.1", "--join_buckets", "5",
+                      "--read_part_kb", "64", "--instances_per_pack_bucket", "99",
+                      "--direct_num_workers=2"])
+    assert config == ShardsConfig(
+        max_seq_length=512, max_predictions_per_seq=76, masked_lm_prob=0.2, short_seq_prob=0.0,
+        dupe_factor=3, random_seed=7, do_whole_word_mask=True, do_lower_case=False,
+        next_sentence=False, mode="reference", pack=True, target_shard_mb=2.0, num_shards=4,
+        rows_per_block=16, validation_fraction=0.1, join_buckets=5, read_part_kb=64,
+        instances_per_pack_bucket=99)
+    assert _shards([]) == ShardsConfig()  # no flag: the config's defaults
+    assert _shards(["--format", "jsonl"]).format == "jsonl"
+    assert _shards(["--pack=false"]).pack is False
+
+
+def test_job_flags_take_their_help_from_the_field_docstrings():
+    text = make_shards.build_parser().format_help()
+    assert "Probability that a document pass uses a random shorter target length." in \
+        " ".join(text.split())
+    assert "--no_next_sentence" in text and "--config FILE" in text
+    vocab_help = " ".join(train_vocab.build_parser().format_help().split())
+    assert "A pair of pieces seen fewer times than this is never merged." in vocab_help
+
+
+def test_job_settings_file_then_set_then_flags(tmp_path):
+    path = tmp_path / "shards.json"
+    path.write_text(json.dumps({"dupe_factor": 4, "max_seq_length": 256, "pack": True}))
+    config = _shards(["--config", str(path), "--set", "dupe_factor=5", "--set", "random_seed=3",
+                      "--random_seed", "9"])
+    assert (config.dupe_factor, config.max_seq_length, config.pack, config.random_seed) == \
+        (5, 256, True, 9)
+    path.write_text(json.dumps({"dupe_facter": 4}))
+    with pytest.raises(ValueError, match=r"shards\.json: config key dupe_facter: unknown field"):
+        _shards(["--config", str(path)])
+
+
+def test_a_job_flags_error_names_the_flag_and_the_flow_names_the_setting():
+    with pytest.raises(ValueError) as job:
+        _shards(["--max_seq_length", "4"])
+    assert str(job.value) == "--max_seq_length: must be in [5, 65535], got 4"
+    with pytest.raises(ValueError) as typed:
+        _shards(["--dupe_factor", "two"])
+    assert str(typed.value) == "--dupe_factor='two': 'two' is not an int"
+    with pytest.raises(ValueError) as flow:
+        resolve("tiny", parse_set_flags(["shards.phase2.max_seq_length=4"]))
+    assert str(flow.value) == "setting shards.phase2.max_seq_length: must be in [5, 65535], got 4"
+    with pytest.raises(ValueError) as direct:
+        ShardsConfig(max_seq_length=4)
+    assert str(direct.value) == "--max_seq_length must be in [5, 65535], got 4"
+
+
+def test_train_vocab_flags():
+    args, _ = train_vocab.build_parser().parse_known_args(
+        ["--input", "i", "--output", "o", "--vocab_size", "8000", "--cased",
+         "--num_unused_tokens", "120", "--no_progress"])
+    assert jobs.config_from_args(args, VocabConfig()) == VocabConfig(
+        vocab_size=8000, do_lower_case=False, num_unused_tokens=120)
+    assert args.no_progress
+
+
+@pytest.mark.parametrize(("section", "config_class", "path"), [
+    ("shards.phase1", ShardsConfig, ("shards", "phase1")),
+    ("shards.phase2", ShardsConfig, ("shards", "phase2")),
+    ("vocab", VocabConfig, ("vocab",)),
+    ("pretrain", training.PretrainConfig, ("pretrain",)),
+])
+def test_every_field_of_a_stage_config_is_a_flow_setting(section, config_class, path):
+    """The flow's sections are the stages' classes: each field is settable by its name, with
+    no list of settings kept anywhere else (the flow-filled links aside)."""
+    flow_set = {"vocab_dir", "output_dir", "phases"}
+    current = resolve("tiny")
+    for part in path:
+        current = getattr(current, part)
+    assert type(current) is config_class
+    for f in dataclasses.fields(config_class):
+        if f.name in flow_set:
+            continue
+        value = getattr(current, f.name)
+        text = "" if value is None else ",".join(map(str, value)) \
+            if isinstance(value, tuple) else str(value)
+        if value is None:
+            continue  # unset: nothing to give as text
+        got = resolve("tiny", parse_set_flags([f"{section}.{f.name}={text}"]))
+        for part in path:
+            got = getattr(got, part)
+        assert getattr(got, f.name) == value, f.name
+
+
+def test_shards_setting_for_both_phases_and_phase_by_name_or_index():
+    cfg = resolve("tiny", {"shards": {"dupe_factor": 3, "phase2": {"dupe_factor": 4}},
+                           "pretrain": {"phase1": {"steps": 100, "warmup_steps": 10},
+                                        "phases": {"1": {"steps": 20, "warmup_steps": 2}}}})
+    assert (cfg.shards.phase1.dupe_factor, cfg.shards.phase2.dupe_factor) == (3, 4)
+    assert [(p.steps, p.warmup_steps) for p in cfg.pretrain.phases] == [(100, 10), (20, 2)]
+    # checked once all of a phase's changes are in: a shorter phase and its warmup together
+    short = settings.apply(training.tiny(), {"phase1": {"warmup_steps": 1, "steps": 3}})
+    assert (short.phases[0].steps, short.phases[0].warmup_steps) == (3, 1)
+
+
+def test_the_flows_tiny_preset_is_made_of_the_stages_tiny_presets():
+    from pipelines import vocab
+
+    cfg = resolve("tiny")
+    assert cfg.vocab == vocab.tiny() and cfg.vocab.vocab_size == 4000
+    assert (cfg.shards.phase1, cfg.shards.phase2) == (shard_batches.tiny(1), shard_batches.tiny(2))
+    assert cfg.pretrain == training.tiny()
+    assert [(p.steps, p.warmup_steps, p.max_seq_length, p.global_batch_size)
+            for p in cfg.pretrain.phases] == [(600, 60, 128, 32), (60, 6, 256, 16)]
+    assert (cfg.shards.phase2.max_predictions_per_seq, cfg.shards.phase1.dupe_factor) == (40, 2)
+
+
+def test_bert_dag_takes_a_settings_file_under_its_set_flags(tmp_path):
+    from flows.cli import build_parser, overrides_from_args
+
+    path = tmp_path / "run.yaml"
+    path.write_text("pretrain:\n  phase1: {steps: 100, warmup_steps: 10}\n"
+                    "shards: {dupe_factor: 1}\n")
+    args = build_parser().parse_args(["--config", str(path), "--set", "pretrain.phase1.steps=90",
+                                      "--output", str(tmp_path / "run")])
+    cfg = resolve("tiny", overrides_from_args(args))
+    assert [p.steps for p in cfg.pretrain.phases] == [90, 60]
+    assert (cfg.shards.phase1.dupe_factor, cfg.output) == (1, str(tmp_path / "run"))
