@@ -26,12 +26,13 @@ SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"
 def settings(args: argparse.Namespace) -> list[str]:
     """The `--set` flags shared by both variants: fp32 (no bf16 matrix units on many CPUs),
     the steps and batches given, fine-tuning capped for minutes, not hours."""
+    half = args.batch_size // 2
     return [f"pretrain.{k}={v}" for k, v in (
-        ("precision", "fp32"), ("phase1_steps", args.phase1_steps),
-        ("phase2_steps", args.phase2_steps), ("warmup_steps", max(1, args.phase1_steps // 10)),
-        ("global_batch_size", args.batch_size), ("micro_batch_size", args.batch_size),
-        ("phase2_global_batch_size", args.batch_size // 2),
-        ("phase2_micro_batch_size", args.batch_size // 2))] + [
+        ("precision", "fp32"), ("phase1.steps", args.phase1_steps),
+        ("phase2.steps", args.phase2_steps), ("phase1.warmup_steps", max(1, args.phase1_steps // 10)),
+        ("phase2.warmup_steps", max(1, args.phase2_steps // 10)),
+        ("phase1.global_batch_size", args.batch_size), ("phase1.micro_batch_size", args.batch_size),
+        ("phase2.global_batch_size", half), ("phase2.micro_batch_size", half))] + [
         f"finetune.data={args.glue}", "finetune.tasks=sst-2,mrpc,rte",
         f"finetune.learning_rates={args.finetune_lr}", "finetune.seeds=1",
         f"finetune.epochs={args.epochs}",

@@ -12,11 +12,11 @@ runs of the same DAG that differ in a few settings. A sweep file names them:
       finetune: {tasks: [rte], learning_rates: [1e-4], seeds: [1]}
     variants:                       # each: a name and the settings it changes
       - name: lr1e-3
-        overrides: {pretrain.learning_rate: 1e-3}
+        overrides: {pretrain.phase1.learning_rate: 1e-3}
       - name: lr3e-4
-        overrides: {pretrain.learning_rate: 3e-4}
+        overrides: {pretrain.phase1.learning_rate: 3e-4}
 
-Settings are the flow's (`pretrain.phase1_steps`, `shards.dupe_factor`, `pretrain.model`, ...,
+Settings are the flow's (`pretrain.phase1.steps`, `shards.dupe_factor`, `pretrain.model`, ...,
 flows/config.py), typed as `--set` values are. The whole file is checked before anything runs:
 unknown keys and settings, repeated variant names, a setting given twice, variants whose
 settings come out the same, a variant moving the run root (`output`), a `--set` of a setting
@@ -153,7 +153,7 @@ def flatten(settings: Any, where: str, prefix: str = "") -> dict[str, Any]:
     given twice (dotted and nested) is an error."""
     if not isinstance(settings, dict):
         raise SweepError(f"{where}: expected a mapping of settings (e.g. "
-                         f"pretrain.learning_rate: 1e-4), got {settings!r}")
+                         f"pretrain.phase1.learning_rate: 1e-4), got {settings!r}")
     flat: dict[str, Any] = {}
     for key, value in settings.items():
         if not isinstance(key, str) or not key or "" in key.split("."):
@@ -304,15 +304,35 @@ NOTE = ("Losses and MLM accuracy: the last evaluation on the held-out validation
 
 
 def setting_text(cfg: Any, key: str) -> str:
-    """A resolved setting as the table shows it (`pretrain.learning_rate` -> "0.001")."""
-    value = cfg
-    for part in key.split("."):
-        value = getattr(value, part)
+    """A resolved setting as the table shows it (`pretrain.phase1.learning_rate` -> "0.001")."""
+    value = _setting_value(cfg, key.split("."))
     if isinstance(value, float):
         return f"{value:g}"
     if isinstance(value, tuple):
         return ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
     return str(value)
+
+
+def _setting_value(node: Any, parts: list[str]) -> Any:
+    """The value at a dotted setting path, read as `pipelines.settings.apply` writes it: a
+    phase by name (`pretrain.phase1.steps`) or index, and `shards.<field>` (both phases' shards)
+    as "phase1/phase2" where the two differ."""
+    if not parts:
+        return node
+    head, rest = parts[0], parts[1:]
+    if dataclasses.is_dataclass(node) and hasattr(node, head):
+        return _setting_value(getattr(node, head), rest)
+    if isinstance(node, tuple):  # named items (phases)
+        for i, item in enumerate(node):
+            if getattr(item, "name", None) == head or str(i) == head:
+                return _setting_value(item, rest)
+    phases = [getattr(node, f.name) for f in dataclasses.fields(node)] \
+        if dataclasses.is_dataclass(node) else []
+    values = [_setting_value(p, parts) for p in phases if hasattr(p, head)]
+    if not values:
+        raise KeyError(".".join(parts))
+    return values[0] if all(v == values[0] for v in values) else \
+        "/".join(str(v) for v in values)
 
 
 def variant_result(variant: Variant, settings: dict[str, str], run: dict,

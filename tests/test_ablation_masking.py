@@ -265,27 +265,32 @@ def test_dynamic_masking_counter_matches_kinds(books):
 
 
 def test_flow_shard_settings_reach_make_shards_and_the_stage_hash():
-    """The flow's shards.* ablation settings: make_shards flags (next_sentence=false as
-    --no_next_sentence) and stage options only where they differ from BERT's (older shard
-    folders keep their hashes); a bad split is an error in the flow's setting name."""
-    from flows import config, steps
+    """The flow's shards.* ablation settings are the make_shards job's own fields: set on both
+    phases' shard configs (so in their stage keys), the job's flags give the same config, and a
+    bad split is an error in the flow's setting name."""
+    import dataclasses
 
-    def options(*pairs):
-        return steps.shard_options(config.resolve("tiny", config.parse_set_flags(list(pairs))), 1)
+    from flows import config
 
-    default = options()
-    assert not set(default) & set(steps.SHARD_ABLATION_SETTINGS)
-    ablated = options("shards.mask_fraction=0", "shards.same_fraction=0.2",
-                      "shards.random_fraction=0.8", "shards.next_sentence=false")
-    assert {k: v for k, v in ablated.items() if k not in default} == {
-        "mask_fraction": 0.0, "same_fraction": 0.2, "random_fraction": 0.8,
-        "next_sentence": False}
-    assert steps._shard_flags(ablated)[-4:] == ["--mask_fraction=0.0", "--same_fraction=0.2",
-                                                "--random_fraction=0.8", "--no_next_sentence"]
+    ablated = config.resolve("tiny", config.parse_set_flags([
+        "shards.mask_fraction=0", "shards.same_fraction=0.2", "shards.random_fraction=0.8",
+        "shards.next_sentence=false"]))
+    default = config.resolve("tiny", {})
+    for phase in ("phase1", "phase2"):
+        mine, base = getattr(ablated.shards, phase), getattr(default.shards, phase)
+        changed = {k: v for k, v in dataclasses.asdict(mine).items()
+                   if v != dataclasses.asdict(base)[k]}
+        assert changed == {"mask_fraction": 0.0, "same_fraction": 0.2, "random_fraction": 0.8,
+                           "next_sentence": False}
     args = make_shards.build_parser().parse_args(
-        ["--input", "i", "--output", "o", "--vocab", "v", *steps._shard_flags(ablated)])
-    instance, _ = make_shards.configs_from_args(args)
-    assert (instance.mask_fraction, instance.random_fraction, instance.next_sentence) == \
-        (0.0, 0.8, False)
-    with pytest.raises(ValueError, match=r"^setting shards.mask_fraction: with same_fraction"):
-        steps.check_settings(config.resolve("tiny", {"shards": {"mask_fraction": 0.5}}))
+        ["--input", "i", "--output", "o", "--vocab", "v", "--mask_fraction=0",
+         "--same_fraction=0.2", "--random_fraction=0.8", "--no_next_sentence",
+         "--max_seq_length=128", "--max_predictions_per_seq=20"])
+    from pipelines import jobs
+    from pipelines.shard_batches import ShardsConfig
+    job = jobs.config_from_args(args, ShardsConfig())
+    assert (job.mask_fraction, job.same_fraction, job.random_fraction, job.next_sentence) == \
+        (0.0, 0.2, 0.8, False)
+    with pytest.raises(ValueError, match=r"^setting shards.phase1.mask_fraction: with "
+                                         "same_fraction"):
+        config.resolve("tiny", {"shards": {"mask_fraction": 0.5}})

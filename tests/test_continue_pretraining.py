@@ -265,9 +265,10 @@ def test_the_flow_takes_the_checkpoints_vocabulary_and_casing(minilm_dir, corpus
     shards = steps.make_shards(flow, StageResult("corpus", str(corpus), "c", False, 0.0), cased, 1)
     assert shards.manifest["options"]["job"]["do_lower_case"] is False
     assert shards.manifest["vocab"]["sha256"] == vocab.manifest["vocab_sha256"]
-    overrides = steps.pretrain_overrides(flow, cased, [shards, shards], str(tmp_path / "run"))
-    assert (overrides["model"], overrides["init_from"]) == ("", str(cased_dir))
-    config = cfg.from_dict(overrides, cfg.tiny())  # as the training entry point reads the file
+    config = steps.pretrain_config(flow, cased, [shards, shards], str(tmp_path / "run"))
+    assert (config.model, config.init_from) == ("", str(cased_dir))
+    cfg.save(config, str(tmp_path / "launch_config.json"))  # as the flow hands it to training
+    config = cfg.load_saved(str(tmp_path / "launch_config.json"))
     assert pretrain.model_config(config, shards.manifest).num_hidden_layers == 6
 
 
@@ -350,9 +351,10 @@ def test_the_flow_continues_pretraining_from_minilm_end_to_end(minilm_dir, tmp_p
     import subprocess
     import sys
 
-    steps = ["pretrain.phase1_steps=2", "pretrain.phase2_steps=1", "pretrain.warmup_steps=0",
-             "pretrain.micro_batch_size=4", "pretrain.global_batch_size=4",
-             "pretrain.phase2_micro_batch_size=2", "pretrain.phase2_global_batch_size=2",
+    steps = ["pretrain.phase1.steps=2", "pretrain.phase2.steps=1",
+             "pretrain.phase1.warmup_steps=0", "pretrain.phase2.warmup_steps=0",
+             "pretrain.phase1.micro_batch_size=4", "pretrain.phase1.global_batch_size=4",
+             "pretrain.phase2.micro_batch_size=2", "pretrain.phase2.global_batch_size=2",
              "pretrain.precision=fp32", "pretrain.zero_stage=0", "finetune.data="]
     command = [sys.executable, "-m", "flows.cli", "--preset", "tiny", "--output", str(tmp_path),
                "--set", f"pretrain.init_from={minilm_dir}"]

@@ -33,11 +33,11 @@ overrides:
   finetune: {tasks: [rte], seeds: [1]}
 variants:
   - name: high
-    overrides: {pretrain.learning_rate: 1e-3}
+    overrides: {pretrain.phase1.learning_rate: 1e-3}
   - name: low
     overrides:
       pretrain:
-        learning_rate: 3e-4
+        phase1: {learning_rate: 3e-4}
 """
 
 
@@ -52,40 +52,40 @@ def test_a_sweep_file_gives_each_variant_the_shared_settings_and_its_own(tmp_pat
     sweep = load_sweep(path, {"shards": {"dupe_factor": "1"}})
     assert (sweep.name, sweep.preset, [v.name for v in sweep.variants]) == ("lr", "tiny",
                                                                          ["high", "low"])
-    assert sweep.varied == ["pretrain.learning_rate"]
+    assert sweep.varied == ["pretrain.phase1.learning_rate"]
     assert sweep.overrides(sweep.variants[1]) == {
-        "pretrain": {"precision": "fp32", "learning_rate": "3e-4"},
+        "pretrain": {"precision": "fp32", "phase1": {"learning_rate": "3e-4"}},
         "finetune": {"tasks": ["rte"], "seeds": [1]}, "shards": {"dupe_factor": "1"}}
     assert sweep.shared == {"pretrain.precision": "fp32", "finetune.tasks": "rte",
                             "finetune.seeds": "1", "shards.dupe_factor": "1"}
     assert sweep.folder == str(REPO / "runs" / "tiny" / "sweeps" / "lr")
     # JSON is read as JSON, and a mapping passes as it is (a deployment's parameter)
     as_json = load_sweep(_write(tmp_path, json.dumps({"variants": [
-        {"name": "a", "overrides": {"pretrain.learning_rate": 1e-3}},
-        {"name": "b", "overrides": {"pretrain.learning_rate": 3e-4}}]}), "t8.json"))
+        {"name": "a", "overrides": {"pretrain.phase1.learning_rate": 1e-3}},
+        {"name": "b", "overrides": {"pretrain.phase1.learning_rate": 3e-4}}]}), "t8.json"))
     assert (as_json.name, as_json.preset, as_json.varied) == ("t8", "tiny",
-                                                              ["pretrain.learning_rate"])
+                                                              ["pretrain.phase1.learning_rate"])
     assert load_sweep({"name": "m", "variants": [{"name": "a"}]}).source == "sweep parameter"
 
 
 VARIANTS = """\
 variants:
   - name: a
-    overrides: {pretrain.learning_rate: 1e-3}
+    overrides: {pretrain.phase1.learning_rate: 1e-3}
 """
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    (VARIANTS + "  - name: b\n    overrides: {pretrain.learning_rat: 3e-4}\n",
-     "{path}: variant 'b': unknown setting 'pretrain.learning_rat'; known: "),
-    (VARIANTS + "  - name: a\n    overrides: {pretrain.learning_rate: 3e-4}\n",
+    (VARIANTS + "  - name: b\n    overrides: {pretrain.phase1.learning_rat: 3e-4}\n",
+     "{path}: variant 'b': setting pretrain.phases.0.learning_rat: unknown field (known: "),
+    (VARIANTS + "  - name: a\n    overrides: {pretrain.phase1.learning_rate: 3e-4}\n",
      "{path}: variant 'a' (variants[1]) repeats the name of variants[0]"),
-    (VARIANTS + "  - name: b\n    overrides: {pretrain.learning_rate: 0.001}\n",
+    (VARIANTS + "  - name: b\n    overrides: {pretrain.phase1.learning_rate: 0.001}\n",
      "{path}: variant 'b': its settings come out the same as variant 'a''s"),
-    (VARIANTS + "  - name: b\n    overrides: {pretrain.learning_rate: fast}\n",
-     "{path}: variant 'b': setting pretrain.learning_rate='fast': 'fast' is not a"),
-    (VARIANTS + "  - name: b\n    overrides: {pretrain.phase2_steps: 0}\n",
-     "{path}: variant 'b': setting pretrain.phase2_steps: must be positive"),
+    (VARIANTS + "  - name: b\n    overrides: {pretrain.phase1.learning_rate: fast}\n",
+     "{path}: variant 'b': setting pretrain.phases.0.learning_rate='fast': 'fast' is not a"),
+    (VARIANTS + "  - name: b\n    overrides: {pretrain.phase2.steps: 0}\n",
+     "{path}: variant 'b': setting pretrain.phases.1.steps: must be positive"),
     (VARIANTS + "  - name: b\n    overrides: {output: /elsewhere}\n",
      "{path}: variant 'b': sets output, which every variant shares"),
     (VARIANTS + "  - name: b\n    overrides:\n      pretrain.model: bert_mini\n"
@@ -113,8 +113,8 @@ def test_a_bad_sweep_file_is_refused_naming_the_file_and_variant(tmp_path, text,
 def test_the_command_line_cannot_override_what_a_variant_varies(tmp_path):
     path = _write(tmp_path, GOOD)
     with pytest.raises(SweepError, match=f"^{path}: variant 'high': --set "
-                                         "pretrain.learning_rate is a setting this variant"):
-        load_sweep(path, {"pretrain": {"learning_rate": "1e-4"}})
+                                         "pretrain.phase1.learning_rate is a setting this variant"):
+        load_sweep(path, {"pretrain": {"phase1": {"learning_rate": "1e-4"}}})
     with pytest.raises(SweepError, match=f"^{path}: preset 'tiny', but --preset base"):
         load_sweep(path, preset="base")
     duplicate = _write(tmp_path, '{"variants": [], "variants": []}', "d.json")
@@ -142,19 +142,16 @@ def test_the_shipped_sweep_files_resolve_or_name_the_settings_they_wait_for():
     size = load_sweep(str(sweeps / "model_size.yaml"))
     assert (size.varied, [v.name for v in size.variants]) == (
         ["pretrain.model"], ["tiny-L2-H128", "mini-L4-H256"])
-    assert load_sweep(str(sweeps / "learning_rate.yaml")).varied == ["pretrain.learning_rate"]
-    # masking.yaml names the MASK/SAME/RND setting issue 19 adds (placeholder names, this
-    # branch has no such setting): refused up front, naming it, until it exists
-    try:
-        masking = load_sweep(str(sweeps / "masking.yaml"))
-    except SweepError as error:
-        assert "unknown setting 'pretrain." in str(error), error
-    else:
-        assert masking.varied == ["pretrain.mask_split"] and len(masking.variants) == 6
+    assert load_sweep(str(sweeps / "learning_rate.yaml")).varied == ["pretrain.phase1.learning_rate"]
+    masking = load_sweep(str(sweeps / "masking.yaml"))  # Table 8's splits, one shard set
+    assert masking.varied == ["pretrain.mask_fraction", "pretrain.same_fraction",
+                              "pretrain.random_fraction"] and len(masking.variants) == 6
+    tasks = load_sweep(str(sweeps / "pretraining_tasks.yaml"))  # Table 5's rows
+    assert [v.name for v in tasks.variants] == ["mlm-nsp", "mlm-no-nsp", "ltr-no-nsp"]
 
 
 def _result(name, lr, mlm_loss, nsp_loss, seconds, scores, split="validation", **kw):
-    return VariantResult(name, {"pretrain.learning_rate": lr}, final={
+    return VariantResult(name, {"pretrain.phase1.learning_rate": lr}, final={
         "mlm_loss": mlm_loss, "nsp_loss": nsp_loss, "mlm_accuracy": 0.25, "loss": 1.0},
         final_split=split, pretrain_seconds=seconds, scores=scores, **kw)
 
@@ -164,11 +161,11 @@ def test_the_table_has_a_row_per_variant_and_a_column_per_varied_setting_and_tas
         _result("high", "0.001", 2.0, 0.5, 90.0, {"RTE": 0.5625, "MRPC": 0.7},
                 glue_score=0.63125),
         _result("low", "0.0003", 3.0, 0.25, 30.0, {"RTE": 0.5}, split="train"),
-        VariantResult("broken", {"pretrain.learning_rate": "0.1"},
+        VariantResult("broken", {"pretrain.phase1.learning_rate": "0.1"},
                       error="pretrain exited with status 1\nTraceback ..."),
     ]
-    assert markdown_table(["pretrain.learning_rate"], results) == (
-        "| variant | pretrain.learning_rate | MLM loss | MLM ppl | NSP loss | MLM acc | "
+    assert markdown_table(["pretrain.phase1.learning_rate"], results) == (
+        "| variant | pretrain.phase1.learning_rate | MLM loss | MLM ppl | NSP loss | MLM acc | "
         "pretrain min | RTE | MRPC | GLUE score |\n"
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         "| high | 0.001 | 2.000 | 7.4 | 0.500 | 0.250 | 1.5 | 56.2 | 70.0 | 63.1 |\n"
@@ -198,21 +195,16 @@ preset: tiny
 overrides:
   shards.dupe_factor: 1
   pretrain:
-    precision: fp32          # no bf16 matrix units on the CI machines
-    phase1_steps: 20
-    phase2_steps: 4
-    warmup_steps: 2
-    global_batch_size: 8
-    micro_batch_size: 8
-    phase2_global_batch_size: 4
-    phase2_micro_batch_size: 4
+    precision: fp32          # bf16 is slow on CPUs without bf16 matrix units
+    phase1: {steps: 20, warmup_steps: 2, global_batch_size: 8, micro_batch_size: 8}
+    phase2: {steps: 4, warmup_steps: 0, global_batch_size: 4, micro_batch_size: 4}
   finetune: {tasks: [rte], learning_rates: [1e-4], seeds: [1], epochs: 1,
              max_train_examples: 32, max_eval_examples: 32}
 variants:
   - name: lr1e-3
-    overrides: {pretrain.learning_rate: 1e-3}
+    overrides: {pretrain.phase1.learning_rate: 1e-3}
   - name: lr3e-4
-    overrides: {pretrain.learning_rate: 3e-4}
+    overrides: {pretrain.phase1.learning_rate: 3e-4}
 """
 
 DATA_STAGES = ("wikipedia", "books", "corpus", "vocab", "shards128", "shards256")
@@ -263,7 +255,7 @@ def test_two_variant_sweep_shares_the_data_stages_and_a_rerun_reuses_everything(
     rows = {}
     for name, v in by_name.items():
         assert v["error"] == "" and v["final_split"] == "validation"
-        assert v["settings"] == {"pretrain.learning_rate": {"lr1e-3": "0.001",
+        assert v["settings"] == {"pretrain.phase1.learning_rate": {"lr1e-3": "0.001",
                                                             "lr3e-4": "0.0003"}[name]}
         final = v["final"]
         assert 0 < final["mlm_loss"] < 10 and 0 < final["nsp_loss"] < 2
@@ -271,7 +263,7 @@ def test_two_variant_sweep_shares_the_data_stages_and_a_rerun_reuses_everything(
         assert set(v["scores"]) == {"RTE"} and 0 <= v["scores"]["RTE"] <= 1
         # RTE's score is a share of its 32 dev examples
         assert (v["scores"]["RTE"] * 32) == pytest.approx(round(v["scores"]["RTE"] * 32))
-        rows[name] = (f"| {name} | {v['settings']['pretrain.learning_rate']} | "
+        rows[name] = (f"| {name} | {v['settings']['pretrain.phase1.learning_rate']} | "
                       f"{final['mlm_loss']:.3f} | {math.exp(final['mlm_loss']):.1f} | "
                       f"{final['nsp_loss']:.3f} | {final['mlm_accuracy']:.3f} | "
                       f"{v['pretrain_seconds'] / 60:.1f} | {100 * v['scores']['RTE']:.1f} |")
