@@ -92,7 +92,7 @@ def main() -> None:
     shards = args.out / "shards"
     if not (shards / "manifest.json").exists():
         corpus = book_corpus(DATA / "books", args.out / "corpus", args.paragraphs)
-        make_shards.run(["--input", str(corpus), "--vocab", str(minilm_dir()), "--dupe_factor",
+        make_shards.main(["--input", str(corpus), "--vocab", str(minilm_dir()), "--dupe_factor",
                          "1", "--validation_fraction", "0", "--output", str(shards),
                          "--num_shards", "2", "--max_seq_length", "128",
                          "--max_predictions_per_seq", "20"])

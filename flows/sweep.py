@@ -326,6 +326,11 @@ def _setting_value(node: Any, parts: list[str]) -> Any:
         for i, item in enumerate(node):
             if getattr(item, "name", None) == head or str(i) == head:
                 return _setting_value(item, rest)
+    if dataclasses.is_dataclass(node):  # `pretrain.phase1`: an item of its `phases`
+        for f in dataclasses.fields(node):
+            items = getattr(node, f.name)
+            if isinstance(items, tuple) and any(getattr(i, "name", None) == head for i in items):
+                return _setting_value(items, parts)
     phases = [getattr(node, f.name) for f in dataclasses.fields(node)] \
         if dataclasses.is_dataclass(node) else []
     values = [_setting_value(p, parts) for p in phases if hasattr(p, head)]
@@ -337,7 +342,7 @@ def _setting_value(node: Any, parts: list[str]) -> Any:
 
 def variant_result(variant: Variant, settings: dict[str, str], run: dict,
                    report_dir: str) -> VariantResult:
-    """A finished variant's row, from its report (`steps.report`'s result), its pre-training
+    """A finished variant's row, from its report (`flows.report.report`'s result), its pre-training
     stage's manifest and its fine-tuning `results.json`."""
     stages = tuple(run["stages"])
     pretrain = next((s for s in stages if s["stage"] == "pretrain"), None)
@@ -538,7 +543,7 @@ def pretrain_bert_sweep(sweep: str | dict[str, Any], overrides: dict[str, Any] |
 
 @task(name="sweep-report", cache_policy=NO_CACHE)
 def sweep_report(spec: Sweep, results: list[VariantResult]) -> dict:
-    from flows.steps import image_markdown
+    from flows.report import image_markdown
 
     report = write_report(spec, results)
     inline = image_markdown(report["paths"]["plot"])  # the UI has no file server

@@ -47,7 +47,7 @@ class MaskingConfig:
         split = (self.mask_fraction, self.same_fraction, self.random_fraction)
         check(all(0.0 <= f <= 1.0 for f in split) and abs(sum(split) - 1.0) <= SPLIT_TOLERANCE,
               "mask_fraction", "with same_fraction and random_fraction (the MASK/SAME/RND "
-              f"split) must be in [0, 1] and sum to 1, got {split}")
+              f"split): each must be in [0, 1] and the three sum to 1, got {split}")
 
 
 def num_to_predict(num_tokens, cfg: MaskingConfig):

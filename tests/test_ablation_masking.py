@@ -123,13 +123,17 @@ def test_reference_draw_order_at_other_splits(vocab):
 
 
 def test_a_split_not_summing_to_one_names_the_flags():
-    with pytest.raises(ValueError, match="--mask_fraction: with same_fraction and random_"):
+    with pytest.raises(ValueError, match="--mask_fraction with same_fraction and random_fraction "
+                                         ".the MASK/SAME/RND split.: each"):
         InstanceConfig(mask_fraction=0.8, same_fraction=0.1, random_fraction=0.2)
     with pytest.raises(ValueError, match=r"sum to 1, got \(0.5, 0.1, 0.1\)"):
         MaskingConfig(mask_fraction=0.5)
-    with pytest.raises(SystemExit):  # argparse: a fraction must be a number
-        make_shards.build_parser().parse_args(["--input", "i", "--output", "o", "--vocab", "v",
-                                               "--mask_fraction", "most"])
+    args = make_shards.build_parser().parse_args(["--input", "i", "--output", "o", "--vocab",
+                                                  "v", "--mask_fraction", "most"])
+    from pipelines import jobs
+    from pipelines.shard_batches import ShardsConfig
+    with pytest.raises(ValueError, match="^--mask_fraction='most': 'most' is not a number"):
+        jobs.config_from_args(args, ShardsConfig())
 
 
 def test_scalable_instances_with_0_20_80_have_no_mask_token(sample_docs, vocab):
@@ -165,9 +169,9 @@ def test_make_shards_with_a_table_8_split(shared_data, minilm_dir, tmp_path):
     (corpus / "sample.txt").write_bytes((shared_data / "reference" / "sample_text.txt").read_bytes())
     common = ["--input", str(corpus), "--vocab", str(minilm_dir), "--dupe_factor", "2",
               "--num_shards", "2", "--max_seq_length", "64", "--max_predictions_per_seq", "10"]
-    ablated = make_shards.run([*common, "--output", str(tmp_path / "a"), "--mask_fraction", "0",
+    ablated = make_shards.main([*common, "--output", str(tmp_path / "a"), "--mask_fraction", "0",
                                "--same_fraction", "0.2", "--random_fraction", "0.8"])
-    default = make_shards.run([*common, "--output", str(tmp_path / "d")])
+    default = make_shards.main([*common, "--output", str(tmp_path / "d")])
     options = ablated["options"]["instance"]
     assert (options["mask_fraction"], options["same_fraction"], options["random_fraction"]) == \
         (0.0, 0.2, 0.8)

@@ -71,7 +71,7 @@ def test_shape_settings_override_the_preset_and_are_checked():
                                          "random_fraction=0.8"])
     with pytest.raises(ValueError, match="sum to 1"):
         cfg.apply_overrides(cfg.tiny(), ["dynamic_masking=true", "mask_fraction=0.5"])
-    with pytest.raises(ValueError, match="objective=ltr: cannot be combined with dynamic"):
+    with pytest.raises(ValueError, match="--set objective: ltr cannot be combined with dynamic"):
         cfg.apply_overrides(cfg.tiny(), ["objective=ltr", "dynamic_masking=true"])
 
 

@@ -50,7 +50,7 @@ def book_corpus(books: Path, out: Path, paragraphs: int) -> Path:
 
 def shards_with(vocab: Path, corpus: Path, out: Path) -> Path:
     from pipelines import make_shards
-    make_shards.run(["--input", str(corpus), "--vocab", str(vocab), "--dupe_factor", "1",
+    make_shards.main(["--input", str(corpus), "--vocab", str(vocab), "--dupe_factor", "1",
                      "--validation_fraction", "0", "--output", str(out), "--num_shards", "1",
                      "--max_seq_length", "64", "--max_predictions_per_seq", "10"])
     return out
@@ -261,7 +261,7 @@ def test_the_flow_takes_the_checkpoints_vocabulary_and_casing(minilm_dir, corpus
     assert cased.path != vocab.path and cased.manifest["do_lower_case"] is False
 
     flow = resolve("tiny", {"output": root, "pretrain": {"init_from": str(cased_dir)}})
-    assert flow.vocab.cased is False  # the flow's own casing setting, overruled by the checkpoint
+    assert flow.vocab.do_lower_case is True  # the flow's own casing setting, overruled below
     shards = steps.make_shards(flow, StageResult("corpus", str(corpus), "c", False, 0.0), cased, 1)
     assert shards.manifest["options"]["job"]["do_lower_case"] is False
     assert shards.manifest["vocab"]["sha256"] == vocab.manifest["vocab_sha256"]
