@@ -10,7 +10,7 @@
 Dataflow's workers write to Cloud Storage: such a run needs a gs:// output and --data_only
 (pre-training writes to a local or mounted folder; README "On a GPU cluster").
 
-    bert-dag --sweep flows/sweeps/learning_rate.yaml --set pretrain.precision=fp32
+    bert-dag --sweep flows/sweeps/learning_rate.yaml
                                                     # variants of a preset, one table and plot
                                                     # (flows/sweep.py: the file's format)
 

@@ -188,10 +188,11 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
         raise ValueError(f"preset={preset!r}: choose one of {sorted(PRESETS)}")
     _refuse_renamed_and_flow_set(overrides or {})
     overrides = _both_phases(dict(overrides or {}))
-    cfg = settings.apply(PRESETS[preset](), overrides)
-    if cfg.pretrain.init_from and "model" not in (overrides.get("pretrain") or {}):
+    pretrain = overrides.get("pretrain")
+    if isinstance(pretrain, dict) and pretrain.get("init_from") and "model" not in pretrain:
         # the checkpoint decides the shape (training/init_from.py), not the preset's model
-        cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, model=""))
+        overrides = {**overrides, "pretrain": {**pretrain, "model": ""}}
+    cfg = settings.apply(PRESETS[preset](), overrides)
     missing = unset_settings(cfg)
     if missing:
         raise ValueError(
@@ -308,7 +309,8 @@ def check_inputs_exist(cfg: DagConfig, data_only: bool = False) -> None:
     paths name) before the first stage: a missing fine-tuning folder must not surface
     only after pre-training. Remote inputs are checked by the jobs that read them; a data-only
     run reads no fine-tuning data."""
-    local = [("data.wikipedia", cfg.data.wikipedia), ("data.books", cfg.data.books)]
+    local = [("data.wikipedia", cfg.data.wikipedia), ("data.books", cfg.data.books),
+             ("pretrain.init_from", cfg.pretrain.init_from)]
     local += [] if data_only else [("finetune.data", cfg.finetune.data)]
     for key, value in local:
         for path in (value or "").split(","):

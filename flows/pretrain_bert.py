@@ -50,7 +50,7 @@ def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:
     return steps.train_vocab(cfg, corpus)
 
 
-@task(name="checkpoint-vocab", **IO_TASK)
+@task(name="checkpoint-vocab", **COMPUTE_TASK)  # a wrong init_from fails once, not thrice
 def checkpoint_vocab(cfg: DagConfig) -> StageResult:
     from flows.checkpoint_vocab import checkpoint_vocab as copy_vocab
     return copy_vocab(cfg.output, cfg.pretrain.init_from)

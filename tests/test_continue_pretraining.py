@@ -372,3 +372,18 @@ def test_the_flow_continues_pretraining_from_minilm_end_to_end(minilm_dir, tmp_p
     exported = json.loads((stages["pretrain"] / "hf" / "config.json").read_text())
     assert (exported["num_hidden_layers"], exported["hidden_size"],
             exported["vocab_size"]) == (6, 384, 30522)
+
+
+def test_the_flow_names_a_missing_checkpoint_before_any_stage_and_takes_its_shape(minilm_dir,
+                                                                                 tmp_path):
+    """A shape setting beside init_from is checked against the checkpoint, not the preset's
+    model (tiny's 128 hidden units would refuse 12 heads); a wrong path fails up front."""
+    from flows.config import check_inputs_exist, resolve
+
+    flow = resolve("tiny", {"pretrain": {"init_from": str(minilm_dir),
+                                         "num_attention_heads": "12"}})
+    assert (flow.pretrain.model, flow.pretrain.num_attention_heads) == ("", 12)
+    check_inputs_exist(flow)
+    missing = str(tmp_path / "no-such-checkpoint")
+    with pytest.raises(FileNotFoundError, match=f"^setting pretrain.init_from={missing!r}: "):
+        check_inputs_exist(resolve("tiny", {"pretrain": {"init_from": missing}}))

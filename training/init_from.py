@@ -3,7 +3,7 @@
 Domain-adaptive pre-training (Gururangan et al. 2020, "Don't Stop Pretraining") starts from a
 released BERT and trains further on the user's corpus. The checkpoint decides everything the
 weights fix: layers, hidden size, heads, intermediate size, vocabulary size, positions, token
-types (`SHAPE_FIELDS`). A setting that says otherwise is an error naming both values, never a
+types (`CHECKPOINT_SHAPE_FIELDS`). A setting that says otherwise is an error naming both values, never a
 model silently resized. Heads the checkpoint lacks (a `BertModel` folder has no MLM transform
 or NSP classifier; the MLM decoder is the tied word embedding, so only its transform and bias
 are new) start from BERT's initialisation and are logged.
@@ -22,12 +22,12 @@ from model.bert import PRESETS as MODEL_PRESETS
 from model.bert import BertConfig
 from model.hf import StartingPoint, find_starting_point, read_starting_weights
 from pipelines import storage
-from training.config import PretrainConfig
+from training.config import SHAPE_FIELDS, PretrainConfig
 
 log = logging.getLogger(__name__)
 
-SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-                "vocab_size", "max_position_embeddings", "type_vocab_size")
+CHECKPOINT_SHAPE_FIELDS = (*SHAPE_FIELDS, "vocab_size", "max_position_embeddings",
+                           "type_vocab_size")
 """What the weights' shapes fix: a config may restate them, never change them."""
 
 
@@ -40,14 +40,14 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
     start = start or find_starting_point(config.init_from)
     shape = start.config
     where = f"init_from={config.init_from} ({start.config_file})"
-    for name in SHAPE_FIELDS[:4]:  # the run's shape fields (0 = not set)
+    for name in SHAPE_FIELDS:  # the run's shape fields (0 = not set)
         value = getattr(config, name)
         if value and value != getattr(shape, name):
             raise ValueError(f"--set {name}={value}, but {where} has {name}="
                              f"{getattr(shape, name)}: a checkpoint's shape cannot change")
     if config.model:
         preset = MODEL_PRESETS[config.model]()
-        for name in SHAPE_FIELDS[:4]:
+        for name in SHAPE_FIELDS:
             if not getattr(config, name) and getattr(preset, name) != getattr(shape, name):
                 raise ValueError(
                     f"--set model={config.model} has {name}={getattr(preset, name)}, but "
