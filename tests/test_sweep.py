@@ -142,7 +142,8 @@ def test_the_shipped_sweep_files_resolve_or_name_the_settings_they_wait_for():
     size = load_sweep(str(sweeps / "model_size.yaml"))
     assert (size.varied, [v.name for v in size.variants]) == (
         ["pretrain.model"], ["tiny-L2-H128", "mini-L4-H256"])
-    assert load_sweep(str(sweeps / "learning_rate.yaml")).varied == ["pretrain.phase1.learning_rate"]
+    assert load_sweep(str(sweeps / "learning_rate.yaml")).varied == [
+        "pretrain.phase1.learning_rate", "pretrain.phase2.learning_rate"]
     masking = load_sweep(str(sweeps / "masking.yaml"))  # Table 8's splits, one shard set
     assert masking.varied == ["pretrain.mask_fraction", "pretrain.same_fraction",
                               "pretrain.random_fraction"] and len(masking.variants) == 6
