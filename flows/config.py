@@ -193,6 +193,11 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
         # the checkpoint decides the shape (training/init_from.py), not the preset's model
         overrides = {**overrides, "pretrain": {**pretrain, "model": ""}}
     cfg = settings.apply(PRESETS[preset](), overrides)
+    start = cfg.pretrain.init_from
+    if start and "://" not in start and not os.path.isabs(start):
+        # the pretrain stage is keyed on the setting: one checkpoint, one key, however named
+        cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(
+            cfg.pretrain, init_from=os.path.abspath(start)))
     missing = unset_settings(cfg)
     if missing:
         raise ValueError(

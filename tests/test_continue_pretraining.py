@@ -378,12 +378,17 @@ def test_the_flow_names_a_missing_checkpoint_before_any_stage_and_takes_its_shap
                                                                                  tmp_path):
     """A shape setting beside init_from is checked against the checkpoint, not the preset's
     model (tiny's 128 hidden units would refuse 12 heads); a wrong path fails up front."""
+    import os
+
     from flows.config import check_inputs_exist, resolve
 
     flow = resolve("tiny", {"pretrain": {"init_from": str(minilm_dir),
                                          "num_attention_heads": "12"}})
     assert (flow.pretrain.model, flow.pretrain.num_attention_heads) == ("", 12)
     check_inputs_exist(flow)
+    relative = os.path.relpath(minilm_dir)  # one checkpoint, one pretrain stage key
+    assert resolve("tiny", {"pretrain": {"init_from": relative}}).pretrain.init_from == \
+        str(minilm_dir.resolve())
     missing = str(tmp_path / "no-such-checkpoint")
     with pytest.raises(FileNotFoundError, match=f"^setting pretrain.init_from={missing!r}: "):
         check_inputs_exist(resolve("tiny", {"pretrain": {"init_from": missing}}))
