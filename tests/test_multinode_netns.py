@@ -14,7 +14,7 @@ made for the test, `pdsh` from node 0 to both.
 
 The runs have both phases, so they also check that phase 2's starting weights, consolidated once
 on rank 0 and shared through a file (`pretrain.shared_consolidated_state_dict`), are the weights
-each rank used to consolidate itself: phase 2's losses equal the 1-rank run's.
+each rank would consolidate on its own: phase 2's losses equal the 1-rank run's.
 """
 from __future__ import annotations
 
