@@ -10,6 +10,10 @@ Each task's defaults are its family's recipe from the paper (GLUE: 128 tokens, b
 epochs, rates 5e-5..2e-5; SQuAD v1.1: 384 tokens, batch 32, ...); a flag given overrides it for
 every task. `--tasks` takes task names, family names (`glue` = its nine tasks) or `all`.
 
+The flags are the fields of `CommandConfig` (the flow's `finetune` settings, finetune/config.py,
+and where this run reads and writes); `--config FILE` (YAML or JSON) and `--set field=value`
+set the same fields, flags winning over `--set`, `--set` over the file.
+
 Every task's files, the checkpoint and its tokenizer are checked before the first task trains
 (a missing family folder is named then); the results (`summary.md`, `results.json`,
 `<task>/` prediction files, the dead-letter file) are rewritten after each finished task. A bad
@@ -20,17 +24,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from finetune import loop
+from finetune.config import TasksConfig
 from finetune.family import Family, Recipe
-from finetune.loop import FinetuneConfig, FinetuneResult, TaskJob
+from finetune.loop import FinetuneConfig, FinetuneResult, LoopOptions, TaskJob
 from finetune.report import markdown_table, write_report
-from pipelines import jobs, storage
+from pipelines import jobs, settings, storage
 from pipelines.jobs import debug_requested, is_user_error
 
 log = logging.getLogger("bert-finetune")
@@ -39,139 +47,166 @@ USER_ERRORS = (*jobs.USER_ERRORS, FileExistsError, FloatingPointError)
 """What bad options or inputs cause (the jobs' kinds; a format error is a ValueError;
 FloatingPointError is a diverged loss): one line on stderr and exit code 2, not a traceback."""
 
-FAMILY_OPTIONS = {"pack_sequences": "no_packing", "predict_test": "no_test"}
-"""Family settings (fields of a family's dataclass, where it has them) -> the flag that turns
-them off."""
+
+@dataclass(frozen=True)
+class CommandConfig(TasksConfig):
+    """`bert-finetune`'s settings: the tasks' (`TasksConfig`, the flow's `finetune` section,
+    with the loop's options) and where this run reads and writes. Each field is a flag, a
+    `--set` key and a `--config` file key."""
+
+    model: str | None = None
+    """Checkpoint folder (ours or Hugging Face BERT)."""
+    vocab: str | None = None
+    """Tokenizer folder; unset: the --model folder's tokenizer."""
+    output: str | None = None
+    """Folder for tables, plot and prediction files."""
+    pack_sequences: bool = True
+    """Pack several examples into each row (families that pack: GLUE, multiple choice); false
+    pads each example to the batch's longest (--no_packing)."""
+    predict_test: bool = True
+    """Predict the test sets (families with leaderboard files: GLUE); false skips them
+    (--no_test)."""
+    num_threads: int | None = None
+    """Torch CPU threads; unset: torch's (1 is faster on a busy machine)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        settings.check(self.num_threads is None or self.num_threads >= 1, "num_threads",
+                       f"must be >= 1, got {self.num_threads}")
 
 
-def _floats(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of numbers: {text!r}")
+REQUIRED = ("model", "data", "tasks", "output")
+"""Settings with no default: a flag, a `--set` or the `--config` file gives each."""
 
+FAMILY_OPTIONS = ("pack_sequences", "predict_test")
+"""Settings that are fields of a family's dataclass, where it has them (`with_options`)."""
 
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}")
+ALIASES = (
+    ("--no_packing", "pack_sequences", "false", "pad instead of packing: --pack_sequences=false"),
+    ("--no_test", "predict_test", "false", "no test-set predictions: --predict_test=false"),
+    ("--no_progress", "progress", "false", "no progress bars: --progress=false"),
+    ("--no_bf16", "bf16", "false", "float32 on a GPU as well: --bf16=false"),
+)
+"""(flag, field, value, help): flags that set a field to a fixed value."""
+
+RENAMED_SETTINGS = {alias.removeprefix("--"): f"{field}={value} (the flag {alias} still works)"
+                    for alias, field, value, _ in ALIASES}
+"""Names that are flags but not settings: a `--set` or config-file key with one of them fails
+naming the setting it stands for."""
+
+GROUPS = {TasksConfig: "tasks and recipe (unset: each task's family recipe)",
+          LoopOptions: "training loop (every task)"}
+"""The help's section of the fields each class declares; other fields are the command's."""
 
 
 def build_parser(prog: str = "bert-finetune", description: str | None = __doc__,
-                 data_help: str = "folder with one folder per family (glue/, squad/, ...)",
-                 tasks_help: str = "comma-separated tasks (squad1,rte), families (glue) or "
-                                   "'all'",
-                 recipe: str = "each task's family recipe") -> argparse.ArgumentParser:
-    """The flags of `bert-finetune` (and of `bert-glue`, which names its own data and tasks).
-
-    The recipe flags (`--max_seq_length`, `--batch_size`, `--epochs`, `--learning_rates`)
-    default to None: each task's family recipe."""
-    defaults = FinetuneConfig()
+                 config_class: type = CommandConfig) -> argparse.ArgumentParser:
+    """A flag per field of `config_class` (help from its docstring; bert-glue passes its own
+    class), the `ALIASES`, `--config FILE`, `--set KEY=VALUE` and `--debug`."""
     p = argparse.ArgumentParser(prog=prog, description=description,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True, help="checkpoint folder (ours or Hugging Face BERT)")
-    p.add_argument("--vocab", default=None,
-                   help="tokenizer folder (default: the --model folder's tokenizer)")
-    p.add_argument("--data", required=True, help=data_help)
-    p.add_argument("--tasks", required=True, help=tasks_help)
-    p.add_argument("--output", required=True, help="folder for tables, plot and prediction files")
-    p.add_argument("--learning_rates", type=_floats, default=None,
-                   help=f"comma-separated peak learning rates (default: {recipe})")
-    p.add_argument("--seeds", type=_ints, default=defaults.seeds,
-                   help="comma-separated seeds for small tasks; others use the first")
-    p.add_argument("--epochs", type=float, default=None, help=f"default: {recipe}")
-    p.add_argument("--batch_size", type=int, default=None, help=f"default: {recipe}")
-    p.add_argument("--max_seq_length", type=int, default=None, help=f"default: {recipe}")
-    p.add_argument("--eval_batch_size", type=int, default=defaults.eval_batch_size)
-    p.add_argument("--warmup_proportion", type=float, default=defaults.warmup_proportion)
-    p.add_argument("--weight_decay", type=float, default=defaults.weight_decay,
-                   help="AdamW's decoupled weight decay (none on biases and LayerNorm)")
-    p.add_argument("--adam_epsilon", type=float, default=defaults.adam_epsilon)
-    p.add_argument("--max_grad_norm", type=float, default=defaults.max_grad_norm,
-                   help="global gradient-norm clip (0 = off)")
-    p.add_argument("--max_train_examples", type=int, default=None,
-                   help="train on a fixed random subset of this many examples")
-    p.add_argument("--max_eval_examples", type=int, default=None,
-                   help="score a fixed random subset of this many dev examples")
-    p.add_argument("--bf16", action="store_true", default=None,
-                   help="bfloat16 autocast (default: on a GPU; faster on AVX-512 CPUs too)")
-    p.add_argument("--no_bf16", dest="bf16", action="store_false",
-                   help="float32 on a GPU as well")
-    p.add_argument("--device", default=defaults.device,
-                   help="auto (a GPU when torch sees one, else the CPU), cpu, cuda or cuda:N")
-    p.add_argument("--no_packing", action="store_true",
-                   help="pad each example to the batch's longest instead of packing rows "
-                        "(families that pack: GLUE)")
-    p.add_argument("--skip_bad_rows", action="store_true",
-                   help="set malformed records aside (counted, and written with their text to "
-                        "<output>/dead_letter/<family>_bad_rows.jsonl) instead of failing")
-    p.add_argument("--no_test", action="store_true",
-                   help="do not predict the test sets (families with leaderboard files: GLUE)")
-    p.add_argument("--no_progress", action="store_true", help="no progress bars")
-    p.add_argument("--num_threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's; 1 is faster on a busy machine)")
+    p.add_argument("--config", metavar="FILE",
+                   help="settings file (YAML or JSON: field: value); --set and flags win over it")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a field (repeatable), e.g. --set learning_rates=2e-5,3e-5; flags "
+                        "win over it")
     p.add_argument("--debug", action="store_true",
                    help="show the traceback of a bad-input error instead of one line")
+    declared = _declaring_class(config_class)
+    for klass, title in [(None, "command"), *GROUPS.items()]:
+        group = p.add_argument_group(title)
+        names = {name for name, owner in declared.items()
+                 if owner is klass or (klass is None and owner not in GROUPS)}
+        settings.add_config_flags(group, config_class, skip=set(declared) - names)
+    for flag, field, value, help_text in ALIASES:
+        p.add_argument(flag, dest=field, action="store_const", const=value, help=help_text)
     return p
 
 
+def _declaring_class(cls: type) -> dict[str, type]:
+    """Each field of the dataclass `cls` -> the class that declares it last in the MRO."""
+    owners: dict[str, type] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            owners.update(dict.fromkeys(inspect.get_annotations(klass), klass))
+    return owners
+
+
+def command_config(args: argparse.Namespace, base: Any) -> Any:
+    """`base` with the `--config` file, the `--set`s, then the flags given applied; an error
+    names the setting as the user gave it (`--epochs: ...`, `--set epochs: ...`)."""
+    given = settings.load_file(args.config) if args.config else {}
+    assignments = settings.parse_assignments(args.set)
+    for key in [*given, *assignments]:
+        if key in RENAMED_SETTINGS:
+            raise ValueError(f"setting {key} was renamed: it is now {RENAMED_SETTINGS[key]}")
+    config = settings.apply(base, given, label=f"{args.config}: config key") if given else base
+    config = settings.apply(config, assignments, label="--set")
+    config = settings.config_from_flags(config, args)
+    missing = [f"--{name}" for name in REQUIRED if not getattr(config, name)]
+    if missing:
+        raise ValueError(f"the following arguments are required: {', '.join(missing)}")
+    return config
+
+
 def config_from_args(args: argparse.Namespace, recipe: Recipe) -> FinetuneConfig:
-    """The loop's settings for a task with `recipe`: the recipe, then the flags given."""
-    given = {name: getattr(args, name) for name in loop.RECIPE_FIELDS
-             if getattr(args, name) is not None}
-    return loop.for_recipe(
-        recipe, **given, seeds=args.seeds, eval_batch_size=args.eval_batch_size,
-        warmup_proportion=args.warmup_proportion, weight_decay=args.weight_decay,
-        adam_epsilon=args.adam_epsilon, max_grad_norm=args.max_grad_norm, bf16=args.bf16,
-        max_train_examples=args.max_train_examples, max_eval_examples=args.max_eval_examples,
-        skip_bad_rows=args.skip_bad_rows, progress=not args.no_progress, device=args.device)
+    """The loop's settings for a task with `recipe`: the recipe, then the settings given."""
+    return command_config(args, CommandConfig(data=None, tasks=())).for_recipe(recipe)
 
 
-def with_options(family: Family, args: argparse.Namespace) -> Family:
-    """`family` with the family settings the flags turn off (`FAMILY_OPTIONS`), where it has
-    them."""
+def with_options(family: Family, options: Any) -> Family:
+    """`family` with the `FAMILY_OPTIONS` that `options` (a CommandConfig, or parsed flags)
+    sets, where the family has them."""
     if not dataclasses.is_dataclass(family):
         return family
     names = {f.name for f in dataclasses.fields(family)}
-    changes = {name: not getattr(args, flag) for name, flag in FAMILY_OPTIONS.items()
-               if name in names}
+    changes = {name: settings.convert_setting(f"--{name}", getattr(options, name), bool)
+               for name in FAMILY_OPTIONS
+               if name in names and getattr(options, name, None) is not None}
     return dataclasses.replace(family, **changes)
 
 
-def task_jobs(args: argparse.Namespace) -> list[TaskJob]:
-    """One job per `--tasks` entry, its data in `--data/<folder>`; every missing family folder
+def task_jobs(config: CommandConfig) -> list[TaskJob]:
+    """One job per task of `tasks`, its data in `data/<folder>`; every missing family folder
     is named at once, before anything is read."""
     from finetune.tasks import parse_tasks
 
-    entries = parse_tasks(args.tasks)
-    if not os.path.isdir(args.data):
-        raise FileNotFoundError(f"--data {args.data}: no such folder")
+    entries = parse_tasks(config.task_names())
+    if not os.path.isdir(config.data):
+        raise FileNotFoundError(f"--data {config.data}: no such folder")
     missing: dict[str, list[str]] = {}
     for entry in entries:
-        if not os.path.isdir(os.path.join(args.data, entry.data_folder)):
+        if not os.path.isdir(os.path.join(config.data, entry.data_folder)):
             missing.setdefault(entry.data_folder, []).append(entry.task)
     if missing:
-        raise FileNotFoundError(f"--data {args.data}: " + "; ".join(
+        raise FileNotFoundError(f"--data {config.data}: " + "; ".join(
             f"no {folder}/ folder (for {', '.join(tasks)})" for folder, tasks in missing.items()))
-    return [TaskJob(with_options(e.family, args), e.task, os.path.join(args.data, e.data_folder),
-                    config_from_args(args, e.family.recipe(e.task))) for e in entries]
+    return [TaskJob(with_options(e.family, config), e.task,
+                    os.path.join(config.data, e.data_folder), config.for_task(e))
+            for e in entries]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(build_parser(), argv, task_jobs, "summary.md")
+    return run_main(build_parser(), argv, task_jobs, "summary.md",
+                    CommandConfig(data=None, tasks=()))
 
 
 def run_main(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
-             make_jobs: Callable[[argparse.Namespace], list[TaskJob]],
-             markdown_name: str) -> int:
-    """Parse `argv`, run the jobs `make_jobs` gives, report; bad inputs end in one line."""
+             make_jobs: Callable[[Any], list[TaskJob]], markdown_name: str, base: Any) -> int:
+    """Parse `argv` into `base`'s settings, run the jobs `make_jobs` gives, report; bad
+    settings and task names are usage errors, other bad inputs end in one line."""
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parser.parse_args(argv)
     finished: list[str] = []
+    config = base
     try:
-        return run(parser, args, finished, make_jobs, markdown_name)
+        try:
+            config = command_config(args, base)
+            jobs_ = make_jobs(config)
+        except ValueError as e:  # bad settings and task names: usage errors
+            parser.error(str(e))
+        return run(config, jobs_, finished, markdown_name)
     except USER_ERRORS as e:
         if args.debug or debug_requested() or not is_user_error(e, USER_ERRORS):
             raise
@@ -179,46 +214,42 @@ def run_main(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
         sys.stderr.write(f"{parser.prog}: error: {message}\n")
         if finished:
             sys.stderr.write(f"{parser.prog}: the results of {', '.join(finished)} (finished "
-                             f"before the error) are in {args.output}\n")
+                             f"before the error) are in {config.output}\n")
         return 2
 
 
-def run(parser: argparse.ArgumentParser, args: argparse.Namespace, finished: list[str],
-        make_jobs: Callable[[argparse.Namespace], list[TaskJob]], markdown_name: str) -> int:
-    """The whole command for parsed `args`; bad inputs raise (`run_main` turns them into one
-    line). The names of the tasks whose results are written are appended to `finished`."""
-    if args.num_threads is not None and args.num_threads < 1:
-        parser.error(f"--num_threads must be >= 1, got {args.num_threads}")
-    try:
-        jobs_ = make_jobs(args)
-    except ValueError as e:  # bad flag values and task names: usage errors
-        parser.error(str(e))
-    if args.num_threads is not None:
+def run(config: CommandConfig, jobs_: list[TaskJob], finished: list[str],
+        markdown_name: str) -> int:
+    """The whole command for its resolved settings and jobs; bad inputs raise (`run_main`
+    turns them into one line). The names of the tasks whose results are written are appended
+    to `finished`."""
+    if config.num_threads is not None:
         import torch
 
-        torch.set_num_threads(args.num_threads)
-    resolved = {"model": args.model, "vocab": args.vocab, "data": args.data,
+        torch.set_num_threads(config.num_threads)
+    resolved = {"model": config.model, "vocab": config.vocab, "data": config.data,
                 "tasks": [j.task for j in jobs_],
                 "config": dataclasses.asdict(jobs_[0].config),
                 "task_configs": {j.task: dataclasses.asdict(j.config) for j in jobs_},
-                "families": {j.family.name: _family_settings(j.family) for j in jobs_}}
+                "families": {j.family.name: _family_settings(j.family) for j in jobs_},
+                "settings": dataclasses.asdict(config)}
     log.info("resolved config (hash %s):\n%s", storage.config_hash(resolved),
              json.dumps(resolved, indent=2))
-    if os.path.exists(args.output) and not os.path.isdir(args.output):
-        raise NotADirectoryError(f"--output {args.output}: exists and is not a folder")
-    storage.makedirs(args.output)
-    storage.atomic_write_json(storage.join(args.output, "config.json"),
+    if os.path.exists(config.output) and not os.path.isdir(config.output):
+        raise NotADirectoryError(f"--output {config.output}: exists and is not a folder")
+    storage.makedirs(config.output)
+    storage.atomic_write_json(storage.join(config.output, "config.json"),
                               resolved | {"config_hash": storage.config_hash(resolved)})
 
     def write_finished(partial: FinetuneResult) -> None:
         if partial.pending_tasks:  # the last task's report is written (and logged) below
-            _write(partial, args.output, markdown_name)
+            _write(partial, config.output, markdown_name)
             finished.append(partial.tasks[-1].task)
-            log.info("%s done; results so far in %s", partial.tasks[-1].task, args.output)
+            log.info("%s done; results so far in %s", partial.tasks[-1].task, config.output)
 
-    result = loop.run_tasks(args.model, jobs_, jobs_[0].config, args.data, vocab_dir=args.vocab,
-                            on_task_done=write_finished)
-    paths = _write(result, args.output, markdown_name)
+    result = loop.run_tasks(config.model, jobs_, jobs_[0].config, config.data,
+                            vocab_dir=config.vocab, on_task_done=write_finished)
+    paths = _write(result, config.output, markdown_name)
     sys.stdout.write(markdown_table(result))
     for kind, path in paths.items():
         log.info("wrote %s: %s", kind, path)

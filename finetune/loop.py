@@ -48,21 +48,14 @@ RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
 
 
 @dataclass(frozen=True)
-class FinetuneConfig:
-    """The loop's settings; the recipe fields default to the paper's GLUE recipe."""
+class LoopOptions:
+    """The loop's settings that no family's recipe gives: the same for every task. The flow's
+    `finetune` section and `bert-finetune` take them as they are (finetune/config.py)."""
 
-    max_seq_length: int = 128
-    """Longest input in tokens (SQuAD: per window)."""
-    batch_size: int = 32
-    """Training units per optimizer step."""
+    seeds: tuple[int, ...] = (1, 2, 3)
+    """Seeds run on small tasks (GLUE: CoLA, MRPC, STS-B, RTE, WNLI); other tasks use the first."""
     eval_batch_size: int = 256
     """Units per evaluation batch (no effect on results)."""
-    epochs: float = 3.0
-    """Passes over the training units."""
-    learning_rates: tuple[float, ...] = PAPER_LEARNING_RATES
-    """Peak learning rates tried; the best mean dev score is kept."""
-    seeds: tuple[int, ...] = (1, 2, 3)
-    """Seeds run on small tasks; other tasks use the first only."""
     warmup_proportion: float = 0.1
     """Fraction of the steps with the learning rate rising linearly from 0."""
     weight_decay: float = 0.01
@@ -72,31 +65,26 @@ class FinetuneConfig:
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this (0 = no clipping)."""
     bf16: bool | None = None
-    """bfloat16 autocast for forward and backward; None: on a GPU yes, on the CPU no (CPUs with
+    """bfloat16 autocast for forward and backward; unset: on a GPU yes, on the CPU no (CPUs with
     AVX-512 bf16 run ~2.5x faster with it)."""
     max_train_examples: int | None = None
-    """Train on a fixed random subset of this many examples (None = all)."""
+    """Train on a fixed random subset of this many examples per task (unset: all)."""
     max_eval_examples: int | None = None
-    """Score a fixed random subset of this many dev examples per dev set (None = all)."""
+    """Score a fixed random subset of this many dev examples per dev set (unset: all)."""
     skip_bad_rows: bool = False
     """Set aside malformed records (counted, and written to the dead-letter file) instead of
     stopping at the first."""
     progress: bool = True
     """Show progress bars."""
     device: str = "auto"
-    """Where to fine-tune: "auto" (the GPU when torch sees one, else the CPU), "cpu", "cuda",
-    "cuda:N"."""
+    """Where to fine-tune: auto (the GPU when torch sees one, else the CPU), cpu, cuda or
+    cuda:N."""
 
     def __post_init__(self) -> None:
-        check(2 <= self.max_seq_length <= 512, "max_seq_length",
-              f"must be in 2..512, got {self.max_seq_length}")
-        for name in ("batch_size", "eval_batch_size"):
-            check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
-        check(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
-        check(bool(self.learning_rates) and all(lr > 0 for lr in self.learning_rates),
-              "learning_rates", f"must be positive, got {self.learning_rates}")
         check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), "seeds",
               f"must be distinct and non-empty, got {self.seeds}")
+        check(self.eval_batch_size >= 1, "eval_batch_size",
+              f"must be >= 1, got {self.eval_batch_size}")
         check(0.0 <= self.warmup_proportion < 1.0, "warmup_proportion",
               f"must be in [0, 1), got {self.warmup_proportion}")
         for name in ("weight_decay", "max_grad_norm"):
@@ -111,6 +99,43 @@ class FinetuneConfig:
             except RuntimeError:
                 raise SettingError("device", "must be auto, cpu, cuda or cuda:N, got "
                                    f"{self.device!r}") from None
+
+
+@dataclass(frozen=True)
+class FinetuneConfig(LoopOptions):
+    """One task's settings as the loop runs them: a family's recipe (defaults: the paper's GLUE
+    recipe) and the loop's options."""
+
+    max_seq_length: int = 128
+    """Longest input in tokens (SQuAD: per window)."""
+    batch_size: int = 32
+    """Training units per optimizer step."""
+    epochs: float = 3.0
+    """Passes over the training units."""
+    learning_rates: tuple[float, ...] = PAPER_LEARNING_RATES
+    """Peak learning rates tried; the best mean dev score is kept."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_recipe(self)
+
+
+def check_recipe(values, unset_allowed: bool = False) -> None:
+    """The checks of the recipe fields (`RECIPE_FIELDS`) of `values`; with `unset_allowed`, an
+    unset one (None, or () for the rates: the family's value) passes."""
+    def given(name: str) -> bool:
+        return not (unset_allowed and getattr(values, name) in (None, ()))
+
+    if given("max_seq_length"):
+        check(2 <= values.max_seq_length <= 512, "max_seq_length",
+              f"must be in 2..512, got {values.max_seq_length}")
+    if given("batch_size"):
+        check(values.batch_size >= 1, "batch_size", f"must be >= 1, got {values.batch_size}")
+    if given("epochs"):
+        check(values.epochs > 0, "epochs", f"must be > 0, got {values.epochs}")
+    if given("learning_rates"):
+        check(bool(values.learning_rates) and all(lr > 0 for lr in values.learning_rates),
+              "learning_rates", f"must be positive, got {values.learning_rates}")
 
 
 def for_recipe(recipe: Recipe, **changes) -> FinetuneConfig:

@@ -4,7 +4,8 @@ Each section is the config dataclass of the stage that uses it, so a field added
 config is a flow setting at once: `vocab` is train_vocab's `VocabConfig`, `shards.phase1` and
 `shards.phase2` are make_shards' `ShardsConfig` (one per pre-training phase), `pretrain` is the
 training entry point's `PretrainConfig` (its phases by name: `pretrain.phase1.steps`), and
-`finetune` the fan-out's `FanOutConfig`. Each preset is composed of the stages' presets of its
+`finetune` fine-tuning's `TasksConfig` (finetune/config.py, whose fields are also
+`bert-finetune`'s flags). Each preset is composed of the stages' presets of its
 name. Paths may be local folders or URLs (`gs://...`).
 
 Overrides come as a nested mapping (`{"pretrain": {"phase1": {"steps": 20}}}`) from deployment
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from finetune.fanout import FanOutConfig
+from finetune.config import TasksConfig
 from pipelines import settings, shard_batches
 from pipelines import vocab as vocab_stage
 from pipelines.shard_batches import ShardsConfig
@@ -109,8 +110,11 @@ FLOW_SET = {"pretrain.vocab_dir": "the vocab stage's folder",
             "pretrain.output_dir": "the pretrain stage's folder",
             "train_shards": "the shards stage's folder",
             "validation_shards": "the shards stage's folder",
-            "max_seq_length": "shards.phase<N>.max_seq_length"}
-"""Training settings the flow fills in from its stages (the phase fields by their last name)."""
+            "max_seq_length": "shards.phase<N>.max_seq_length",
+            "finetune.device": "each run takes a free device of the pool, flows/devices.py",
+            "finetune.progress": "off: the mapped runs share one log"}
+"""Settings the flow fills in: from its stages (the pretrain phase fields by their last name),
+and where each fine-tuning run goes."""
 
 
 @dataclass(frozen=True)
@@ -124,7 +128,7 @@ class DagConfig:
     shards: ShardPhases = field(default_factory=ShardPhases)
     pretrain: PretrainConfig = field(default_factory=training.base)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
-    finetune: FanOutConfig = field(default_factory=FanOutConfig)
+    finetune: TasksConfig = field(default_factory=TasksConfig)
 
     def __post_init__(self):
         phases, shards = self.pretrain.phases, (self.shards.phase1, self.shards.phase2)
@@ -149,9 +153,9 @@ def tiny() -> DagConfig:
         shards=ShardPhases(shard_batches.tiny(1), shard_batches.tiny(2)),
         pretrain=training.tiny(),
         # A family's demo task is its name here and its sample folder in data/sample/.
-        finetune=FanOutConfig(data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
-                              learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0,
-                              batch_size=32),
+        finetune=TasksConfig(data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
+                             learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0,
+                             batch_size=32),
     )
 
 
@@ -162,7 +166,7 @@ def base() -> DagConfig:
     """BERT-base as in the paper: 1M steps of 256 sequences, 90% at 128 then 10% at 512; rows
     packed (attention runs per instance, so packing only removes padding)."""
     return DagConfig(name="base", output=str(REPO / "runs" / "base"),
-                     finetune=FanOutConfig(data=None))
+                     finetune=TasksConfig(data=None))
 
 
 def large() -> DagConfig:
@@ -173,7 +177,7 @@ def large() -> DagConfig:
         name="large", output=str(REPO / "runs" / "large"), vocab=vocab_stage.large(),
         shards=ShardPhases(shard_batches.large(1), shard_batches.large(2)),
         pretrain=training.large(), launch=LaunchConfig(launcher="deepspeed", nproc_per_node=8),
-        finetune=FanOutConfig(data=None),
+        finetune=TasksConfig(data=None),
     )
 
 

@@ -20,7 +20,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
-from flows import fanout, steps
+from flows import finetune_runs, steps
 from flows import report as reporting
 from flows.config import DagConfig, check_inputs_exist, resolve
 from flows.stages import StageResult
@@ -72,14 +72,14 @@ def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:
 
 
 @task(name="finetune", **COMPUTE_TASK)
-def finetune_run(cfg: DagConfig, model: StageResult, job: fanout.FinetuneJob) -> dict:
-    return fanout.finetune_run(cfg, model, job)
+def finetune_run(cfg: DagConfig, model: StageResult, job: finetune_runs.FinetuneJob) -> dict:
+    return finetune_runs.finetune_run(cfg, model, job)
 
 
 @task(name="finetune-best", **COMPUTE_TASK)
 def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
                   out: str | None = None) -> dict:
-    return fanout.finetune_best(cfg, model, outcomes, out)
+    return finetune_runs.finetune_best(cfg, model, outcomes, out)
 
 
 @task(name="report", **COMPUTE_TASK)
@@ -131,12 +131,12 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     model = export_hf(cfg, run)
 
     finetune = None
-    jobs = fanout.finetune_jobs(cfg)  # every family's tasks x learning rates x seeds
+    jobs = finetune_runs.finetune_jobs(cfg)  # every family's tasks x learning rates x seeds
     if jobs:
         futures = finetune_run.map(unmapped(cfg), unmapped(model), jobs)
         wait(futures)
         # A failed fine-tuning run is reported as failed; the others still count.
-        outcomes = [fanout.outcome(job, f.state) for job, f in zip(jobs, futures)]
+        outcomes = [finetune_runs.outcome(job, f.state) for job, f in zip(jobs, futures)]
         out = os.path.join(report_dir, "finetune") if report_dir else None
         finetune = finetune_best(cfg, model, outcomes, out)
     return report(cfg, [*sources, corpus, vocab, *shards, run, model], finetune,

@@ -3,7 +3,7 @@
 Each stage function resolves its content-addressed output folder (flows/stages.py) and calls
 one job with its typed config: a Beam job's `run(config, ..., beam_args)`, or the
 DeepSpeed training entry point (as a subprocess, flows/launch.py, so the `deepspeed`/`torchrun`
-launchers and multi-node runs work the same way). The fine-tuning fan-out is flows/fanout.py,
+launchers and multi-node runs work the same way). The fine-tuning runs are flows/finetune_runs.py,
 the report flows/report.py.
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ import pytest
 from toy_family import save_toy_checkpoint
 
 from finetune import tasks
-from flows import fanout
+from flows import finetune_runs
 from flows.config import SAMPLE, check_inputs_exist, resolve
 from flows.stages import StageResult
 
@@ -32,16 +32,16 @@ def test_the_fan_out_covers_every_family_and_merges_the_tables(with_toy_family, 
     cfg = resolve("tiny", {"output": str(tmp_path / "run"), "finetune": {
         "data": str(_data(tmp_path / "data")), "tasks": "rte,toy", "learning_rates": [1e-3],
         "seeds": [1, 2], "epochs": 1, "batch_size": 4, "max_seq_length": 32}})
-    jobs = fanout.finetune_jobs(cfg)
+    jobs = finetune_runs.finetune_jobs(cfg)
     # "toy" is the family: its two tasks; its large task runs the first seed only
     assert [(j.family, j.task, j.seed) for j in jobs] == [
         ("glue", "rte", 1), ("glue", "rte", 2), ("toy", "small", 1), ("toy", "small", 2),
         ("toy", "large", 1)]
     model = StageResult("export", str(save_toy_checkpoint(tmp_path / "model")), "toy",
                         cached=False, seconds=0.0)
-    outcomes = [fanout.finetune_run(cfg, model, job) for job in jobs]
+    outcomes = [finetune_runs.finetune_run(cfg, model, job) for job in jobs]
     assert not any(o["cached"] for o in outcomes)
-    summary = fanout.finetune_best(cfg, model, outcomes)
+    summary = finetune_runs.finetune_best(cfg, model, outcomes)
     assert summary["failed"] == []
     table = summary["table"]
     for row in ("| RTE | accuracy", "| small | accuracy", "| large | accuracy", "| GLUE score |"):
@@ -54,7 +54,7 @@ def test_the_fan_out_covers_every_family_and_merges_the_tables(with_toy_family, 
     assert json.loads((out / "small" / "predictions.json").read_text()) == list(range(10))
     assert (out / "submission.zip").is_file()  # GLUE's test predictions
     # each run is a content-addressed stage: a second fan-out reuses every one
-    assert all(fanout.finetune_run(cfg, model, job)["cached"] for job in jobs)
+    assert all(finetune_runs.finetune_run(cfg, model, job)["cached"] for job in jobs)
 
 
 def test_a_missing_family_folder_is_named_before_any_stage(with_toy_family, tmp_path):

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows import devices, fanout, launch, steps
+from flows import devices, finetune_runs, launch, steps
 from flows.config import check_inputs_exist, parse_set_flags, resolve, runs_on_dataflow
 from flows.stages import run_stage
 
@@ -119,7 +119,7 @@ def test_typed_seeds_and_rates_reach_fine_tuning():
                                            "finetune.learning_rates=5e-5,3e-5"]))
     ft = cfg.finetune.for_task(get_task("rte"))
     assert (ft.seeds, ft.learning_rates) == ((1, 2), (5e-5, 3e-5))
-    assert [(j.learning_rate, j.seed) for j in fanout.finetune_jobs(cfg) if j.task == "rte"] == [
+    assert [(j.learning_rate, j.seed) for j in finetune_runs.finetune_jobs(cfg) if j.task == "rte"] == [
         (5e-5, 1), (5e-5, 2), (3e-5, 1), (3e-5, 2)]
 
 
@@ -189,8 +189,12 @@ def test_values_a_stage_would_refuse_fail_before_the_first_stage(flag, message):
     assert str(error.value) == message
 
 
-def test_without_finetune_data_its_settings_are_not_checked():
-    assert resolve("tiny", {"finetune": {"data": "", "epochs": -1}}).finetune.epochs == -1
+def test_finetune_settings_are_checked_even_when_fine_tuning_is_skipped():
+    """The section checks itself (finetune/config.py `TasksConfig`), as every stage config."""
+    with pytest.raises(ValueError) as error:
+        resolve("tiny", {"finetune": {"data": "", "epochs": -1}})
+    assert str(error.value) == "setting finetune.epochs: must be > 0, got -1.0"
+    assert resolve("tiny", {"finetune": {"data": "", "epochs": 2}}).finetune.epochs == 2.0
 
 
 def test_a_gs_root_takes_the_data_stages_alone_and_dataflow_needs_one():
@@ -284,7 +288,7 @@ def test_cluster_presets_require_explicit_data_paths(preset):
     # '' still skips an input explicitly (no books, no fine-tuning).
     skipped = resolve(preset, {"data": {"wikipedia": "/data/wiki", "books": ""},
                                "finetune": {"data": ""}})
-    assert (skipped.data.books, skipped.finetune.data, fanout.finetune_jobs(skipped)) == \
+    assert (skipped.data.books, skipped.finetune.data, finetune_runs.finetune_jobs(skipped)) == \
         ("", "", [])
 
 
@@ -345,7 +349,7 @@ def test_failed_stage_leaves_no_manifest_and_reruns(tmp_path):
 RUN = r"""
 import logging, sys, time
 from pathlib import Path
-from flows import devices, fanout, launch, steps
+from flows import devices, finetune_runs, launch, steps
 from flows.stages import run_stage
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -476,7 +480,7 @@ def test_a_failed_build_lets_the_waiting_run_build_it(tmp_path):
 def test_glue_fan_out_covers_tasks_rates_and_seeds_for_small_tasks():
     cfg = resolve("tiny", {"finetune": {"tasks": ["rte", "sst-2"],
                                         "learning_rates": [1e-4, 5e-5], "seeds": [1, 2]}})
-    jobs = fanout.finetune_jobs(cfg)
+    jobs = finetune_runs.finetune_jobs(cfg)
     # RTE is a small task (seeds x rates); SST-2 is not (first seed only).
     assert [(j.family, j.task, j.learning_rate, j.seed) for j in jobs] == [
         ("glue", "rte", 1e-4, 1), ("glue", "rte", 1e-4, 2), ("glue", "rte", 5e-5, 1),
@@ -484,7 +488,7 @@ def test_glue_fan_out_covers_tasks_rates_and_seeds_for_small_tasks():
     # a family name is all its tasks; the recipe fills what is not set
     every = resolve("tiny", {"finetune": {"tasks": ["glue"], "learning_rates": [],
                                           "epochs": None, "seeds": [1]}})
-    assert len(fanout.finetune_jobs(every)) == 9 * 4
+    assert len(finetune_runs.finetune_jobs(every)) == 9 * 4
 
 
 def test_fine_tuning_runs_take_a_free_device_one_run_each():
@@ -522,7 +526,7 @@ def test_runs_of_one_task_share_one_preparation():
     import gc
     import threading
 
-    shared = fanout.SharedPreparations()
+    shared = finetune_runs.SharedPreparations()
     builds: list[str] = []
     reading = threading.Event()
     release = threading.Event()
@@ -533,7 +537,7 @@ def test_runs_of_one_task_share_one_preparation():
             if slow:  # the other runs of the task arrive while it is read
                 reading.set()
                 release.wait(30)
-            return fanout._Prepared(encoder=name, prepared=[name])
+            return finetune_runs._Prepared(encoder=name, prepared=[name])
         return read
 
     got: list = []
@@ -819,8 +823,8 @@ def _glue_fan_out(cfg, model_dir: Path) -> dict:
     from flows.stages import StageResult
 
     model = StageResult("export", str(model_dir), "test", cached=False, seconds=0.0)
-    return fanout.finetune_best(cfg, model, [fanout.finetune_run(cfg, model, job)
-                                            for job in fanout.finetune_jobs(cfg)])
+    return finetune_runs.finetune_best(cfg, model, [finetune_runs.finetune_run(cfg, model, job)
+                                            for job in finetune_runs.finetune_jobs(cfg)])
 
 
 def test_glue_fan_out_sets_bad_rows_aside_in_the_dead_letter_file(shared_data, minilm_dir,

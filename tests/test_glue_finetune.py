@@ -303,10 +303,10 @@ def test_cli_rejects_bad_flags(tmp_path, capsys):
     assert "unknown GLUE task 'squad'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         glue_main([*base, "--tasks", "rte", "--learning_rates", "0"])
-    assert "--learning_rates must be positive" in capsys.readouterr().err
+    assert "--learning_rates: must be positive" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         glue_main([*base, "--tasks", "rte", "--adam_epsilon", "0"])
-    assert "--adam_epsilon must be > 0, got 0.0" in capsys.readouterr().err
+    assert "--adam_epsilon: must be > 0, got 0.0" in capsys.readouterr().err
     if not torch.cuda.is_available():  # a GPU that is not there: one line, before any work
         assert glue_main([*base, "--tasks", "rte", "--device", "cuda"]) == 2
         assert capsys.readouterr().err == \
@@ -537,7 +537,7 @@ def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder
                                                              tmp_path):
     """`finetune_task` (bert-glue) and the flow's fan-out (`finetune_run` per job, then
     `finetune_best`) train the same runs and pick the same one to predict the test set."""
-    from flows import fanout
+    from flows import finetune_runs
     from flows.config import SAMPLE, resolve
     from flows.stages import StageResult
 
@@ -559,10 +559,10 @@ def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder
     cli = loop.finetune_task(FAMILY, encoder, prepared, sample)
 
     model = StageResult("export", str(minilm_dir), "minilm", cached=False, seconds=0.0)
-    outcomes = [fanout._finetune_one(FAMILY, *fanout._prepare_one(model, FAMILY, job.task, glue,
+    outcomes = [finetune_runs._finetune_one(FAMILY, *finetune_runs._prepare_one(model, FAMILY, job.task, glue,
                                                                 sample), job, sample)
-                for job in fanout.finetune_jobs(dag)]
-    flow = fanout._task_result(outcomes)
+                for job in finetune_runs.finetune_jobs(dag)]
+    flow = finetune_runs._task_result(outcomes)
 
     assert [(r.learning_rate, r.seed, r.steps) for r in cli.runs] == [
         (1e-4, 1, 2), (1e-4, 2, 2), (3e-5, 1, 2), (3e-5, 2, 2)]
@@ -583,7 +583,7 @@ def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder
 
 def test_flow_compares_only_learning_rates_with_every_seed():
     """A rate whose runs partly failed is not judged on the seeds it has left."""
-    from flows import fanout
+    from flows import finetune_runs
 
     def outcome(lr: float, seed: int, score: float) -> dict:
         return {"job": {"family": "glue", "task": "rte"}, "num_train": 10, "num_dev": {"dev": 5},
@@ -591,7 +591,7 @@ def test_flow_compares_only_learning_rates_with_every_seed():
 
     runs = [outcome(5e-5, 1, 0.90),                          # seed 2 failed: one lucky seed
             outcome(3e-5, 1, 0.60), outcome(3e-5, 2, 0.70)]
-    task = fanout._task_result(runs)
+    task = finetune_runs._task_result(runs)
     assert (task.best_learning_rate, task.seeds) == (3e-5, (1, 2))
     assert task.score == pytest.approx(0.65)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from finetune import cli
 from finetune.glue.family import FAMILY
@@ -21,27 +22,35 @@ from finetune.glue.tasks import parse_tasks
 from finetune.loop import FinetuneConfig, TaskJob
 
 
+@dataclass(frozen=True)
+class GlueCommandConfig(cli.CommandConfig):
+    """`bert-glue`'s settings: `bert-finetune`'s, its data being the GLUE folder itself."""
+
+    data: str | None = None
+    """GLUE data folder (TSV or Hugging Face datasets layout)."""
+    tasks: tuple[str, ...] = ()
+    """GLUE tasks (rte,mrpc) or all."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    return cli.build_parser(
-        prog="bert-glue", description=__doc__,
-        data_help="GLUE data folder (TSV or HF datasets layout)",
-        tasks_help="comma-separated tasks (rte,mrpc) or 'all'",
-        recipe="the paper's: 128 tokens, batch 32, 3 epochs, rates 5e-5,4e-5,3e-5,2e-5")
+    return cli.build_parser(prog="bert-glue", description=__doc__,
+                            config_class=GlueCommandConfig)
 
 
 def config_from_args(args: argparse.Namespace) -> FinetuneConfig:
-    return cli.config_from_args(args, FAMILY.recipe("rte"))
+    return cli.command_config(args, GlueCommandConfig()).for_recipe(FAMILY.recipe("rte"))
 
 
-def task_jobs(args: argparse.Namespace) -> list[TaskJob]:
-    """One job per GLUE task; the data folder is `--data` itself."""
-    family = cli.with_options(FAMILY, args)
-    config = config_from_args(args)
-    return [TaskJob(family, spec.name, args.data, config) for spec in parse_tasks(args.tasks)]
+def task_jobs(config: GlueCommandConfig) -> list[TaskJob]:
+    """One job per GLUE task; the data folder is `data` itself."""
+    family = cli.with_options(FAMILY, config)
+    loop_config = config.for_recipe(FAMILY.recipe("rte"))
+    return [TaskJob(family, spec.name, config.data, loop_config)
+            for spec in parse_tasks(config.task_names())]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return cli.run_main(build_parser(), argv, task_jobs, "results.md")
+    return cli.run_main(build_parser(), argv, task_jobs, "results.md", GlueCommandConfig())
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""The fine-tuning fan-out: every task x learning rate x seed as one content-addressed run on a
-free device, one reading of each task shared by its runs, and the best rate per task."""
+"""The flow's fine-tuning runs: every task x learning rate x seed of the `finetune` settings
+(finetune/config.py `TasksConfig`) as one content-addressed run on a free device, one reading of
+each task shared by its runs, and the best rate per task in one report."""
 from __future__ import annotations
 
 import dataclasses
@@ -30,6 +31,12 @@ class FinetuneJob:
     seed: int
 
 
+def loop_config(cfg: DagConfig, entry):
+    """The loop's config of one task's runs (finetune.loop `FinetuneConfig`), no progress bars:
+    the runs share one log. (Each run's device is the pool's, given when it starts.)"""
+    return cfg.finetune.for_task(entry, progress=False)
+
+
 def finetune_jobs(cfg: DagConfig) -> list[FinetuneJob]:
     """tasks x learning rates x seeds (several seeds only for a family's small tasks, as the
     paper), each task with its family's recipe and the settings given."""
@@ -39,7 +46,7 @@ def finetune_jobs(cfg: DagConfig) -> list[FinetuneJob]:
         return []
     jobs = []
     for entry in finetune_tasks(cfg):
-        ft = cfg.finetune.for_task(entry)
+        ft = loop_config(cfg, entry)
         jobs += [FinetuneJob(entry.family.name, entry.task, lr, seed)
                  for lr in ft.learning_rates for seed in seeds_for(entry.family, entry.task, ft)]
     return jobs
@@ -54,7 +61,7 @@ def finetune_run(cfg: DagConfig, model: StageResult, job: FinetuneJob) -> dict:
     from finetune.tasks import get_task
 
     entry = get_task(job.task)
-    ft, data = cfg.finetune.for_task(entry), os.path.join(cfg.finetune.data, entry.data_folder)
+    ft, data = loop_config(cfg, entry), os.path.join(cfg.finetune.data, entry.data_folder)
     recipe = cfg.finetune.recipe(entry)
     config = {"job": dataclasses.asdict(job), "data": data, "recipe": recipe}
     name = f"{job.family}-{job.task.lower()}-lr{job.learning_rate:g}-seed{job.seed}"
@@ -178,7 +185,7 @@ def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
     for name in dict.fromkeys(o["job"]["task"] for o in done):
         runs = [o for o in done if o["job"]["task"] == name]
         tasks.append(_task_result(runs))
-        configs[tasks[-1].task] = cfg.finetune.for_task(get_task(name))
+        configs[tasks[-1].task] = loop_config(cfg, get_task(name))
     # one task's settings stand for all in results.json's "config"; each is in "task_configs"
     shared = next(iter(configs.values()), loop.FinetuneConfig(progress=False))
     result = loop.FinetuneResult(tuple(tasks), model.path, shared, configs=configs)

@@ -1,0 +1,62 @@
+"""The fine-tuning settings a user gives for a set of tasks: `TasksConfig`.
+
+One dataclass serves both entry points: it is the flow's `finetune` section (flows/config.py;
+`bert-dag` fans its tasks x learning rates x seeds out, flows/finetune_runs.py), and
+`bert-finetune`/`bert-glue` generate their flags from it (finetune/cli.py). Its recipe fields
+replace each family's recipe for every task where set (unset: the family's, the paper's); the
+loop's own options are `finetune.loop.LoopOptions`, inherited as they are, so each setting is
+declared once. `for_task` gives the loop's config of one task (`FinetuneConfig`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from finetune.loop import RECIPE_FIELDS, FinetuneConfig, LoopOptions, check_recipe, for_recipe
+
+GLUE_TASKS = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")
+
+
+@dataclass(frozen=True)
+class TasksConfig(LoopOptions):
+    """Which tasks, on what data, with which recipe values; the loop's options inherited."""
+
+    data: str | None = ""
+    """Folder holding one folder per family or task (glue/ in the glue_data layout, squad/,
+    swag/, conll2003/, ...: finetune/tasks.py); "" skips fine-tuning in the flow; None: unset."""
+    tasks: tuple[str, ...] = GLUE_TASKS
+    """Tasks to fine-tune: task names (squad1,rte), family names (glue: its nine tasks) or all."""
+    max_seq_length: int | None = None
+    """Tokens per sequence (SQuAD: per window); unset: each task's family recipe (GLUE: 128,
+    SQuAD: 384)."""
+    batch_size: int | None = None
+    """Training units per optimizer step; unset: each task's family recipe (GLUE: 32)."""
+    epochs: float | None = None
+    """Passes over the training units; unset: each task's family recipe (GLUE: 3)."""
+    learning_rates: tuple[float, ...] = ()
+    """Peak learning rates tried, the best on dev kept (comma-separated); empty: each task's
+    family grid (GLUE: 5e-5,4e-5,3e-5,2e-5)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_recipe(self, unset_allowed=True)
+
+    def task_names(self) -> str:
+        return ",".join(self.tasks)
+
+    def for_task(self, entry, **changes) -> FinetuneConfig:
+        """The loop's config for one registry entry (finetune/tasks.py): its family's recipe,
+        the recipe values set here, the loop's options, then `changes` (where a run goes)."""
+        return self.for_recipe(entry.family.recipe(entry.task), **changes)
+
+    def for_recipe(self, recipe, **changes) -> FinetuneConfig:
+        """The loop's config for a family's `recipe` with the values set here."""
+        given = {name: getattr(self, name) for name in RECIPE_FIELDS
+                 if getattr(self, name) not in (None, ())}
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(LoopOptions)}
+        return for_recipe(recipe, **{**options, **given, **changes})
+
+    def recipe(self, entry) -> dict:
+        """What a run's folder is keyed on: the task's loop config without where it runs."""
+        return {k: v for k, v in dataclasses.asdict(self.for_task(entry)).items()
+                if k not in ("progress", "device")}
