@@ -9,7 +9,7 @@ name. Paths may be local folders or URLs (`gs://...`).
 
 Overrides come as a nested mapping (`{"pretrain": {"phase1": {"steps": 20}}}`) from deployment
 parameters, a settings file or the CLI (`--set pretrain.phase1.steps=20`), applied by the one
-mechanism of pipelines/settings.py: a typo fails at once, each value is converted to its field's
+mechanism of common/settings.py: a typo fails at once, each value is converted to its field's
 type, and a value a stage refuses is an error naming the setting in the flow's terms
 (`setting shards.phase2.max_seq_length: must be in [5, 65535], got 4`). `shards.<field>` sets
 both phases. A renamed setting fails naming its new name (`RENAMED_SETTINGS`). `tiny` reads the
@@ -26,11 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import settings
 from finetune.fanout import FanOutConfig
-from pipelines import settings, shard_batches
-from pipelines import vocab as vocab_stage
-from pipelines.shard_batches import ShardsConfig
-from pipelines.vocab import VocabConfig
+from pipelines.shards import batches
+from pipelines.shards.batches import ShardsConfig
+from pipelines.vocab import wordpiece
+from pipelines.vocab.wordpiece import VocabConfig
 from training import config as training
 from training.config import PretrainConfig
 
@@ -51,11 +52,11 @@ class DataConfig:
 @dataclass(frozen=True)
 class ShardPhases:
     """The shards of the two pre-training phases: make_shards' config once per phase
-    (pipelines/shard_batches.py). Phase N of `pretrain` trains on `phaseN`'s shards, at their
+    (pipelines/shards/batches.py). Phase N of `pretrain` trains on `phaseN`'s shards, at their
     `max_seq_length`."""
-    phase1: ShardsConfig = field(default_factory=lambda: shard_batches.base(1))
+    phase1: ShardsConfig = field(default_factory=lambda: batches.base(1))
     """Phase-1 shards (BERT: 128 tokens, 20 predictions)."""
-    phase2: ShardsConfig = field(default_factory=lambda: shard_batches.base(2))
+    phase2: ShardsConfig = field(default_factory=lambda: batches.base(2))
     """Phase-2 shards (BERT: 512 tokens, 80 predictions)."""
 
 
@@ -120,7 +121,7 @@ class DagConfig:
     output: str = str(REPO / "runs" / "base")
     """Root folder for every stage's output (local or gs://)."""
     data: DataConfig = field(default_factory=DataConfig)
-    vocab: VocabConfig = field(default_factory=vocab_stage.base)
+    vocab: VocabConfig = field(default_factory=wordpiece.base)
     shards: ShardPhases = field(default_factory=ShardPhases)
     pretrain: PretrainConfig = field(default_factory=training.base)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
@@ -145,8 +146,8 @@ def tiny() -> DagConfig:
         name="tiny",
         output=str(REPO / "runs" / "tiny"),
         data=DataConfig(wikipedia=str(SAMPLE / "wiki"), books=str(SAMPLE / "books")),
-        vocab=vocab_stage.tiny(),
-        shards=ShardPhases(shard_batches.tiny(1), shard_batches.tiny(2)),
+        vocab=wordpiece.tiny(),
+        shards=ShardPhases(batches.tiny(1), batches.tiny(2)),
         pretrain=training.tiny(),
         # A family's demo task is its name here and its sample folder in data/sample/.
         finetune=FanOutConfig(data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
@@ -170,8 +171,8 @@ def large() -> DagConfig:
     or infra/k8s (torchrun rendezvous); `launch.hostfile` (DeepSpeed over ssh) works only on
     hosts with ssh between them, not from the images."""
     return DagConfig(
-        name="large", output=str(REPO / "runs" / "large"), vocab=vocab_stage.large(),
-        shards=ShardPhases(shard_batches.large(1), shard_batches.large(2)),
+        name="large", output=str(REPO / "runs" / "large"), vocab=wordpiece.large(),
+        shards=ShardPhases(batches.large(1), batches.large(2)),
         pretrain=training.large(), launch=LaunchConfig(launcher="deepspeed", nproc_per_node=8),
         finetune=FanOutConfig(data=None),
     )
@@ -276,7 +277,7 @@ def finetune_tasks(cfg: DagConfig) -> list:
 def check_output(cfg: DagConfig, data_only: bool) -> None:
     """The run root suits the stages that will write to it.
 
-    Beam jobs write through `pipelines.storage` (local or gs://), so the data stages take
+    Beam jobs write through `common.storage` (local or gs://), so the data stages take
     either. Pre-training writes DeepSpeed checkpoints and fine-tuning its tables with plain file
     I/O: a gs:// root would fail there, hours in. Dataflow's workers, for their part, cannot write
     to the flow machine's disk."""

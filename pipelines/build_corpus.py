@@ -7,8 +7,8 @@
 Steps: read every documents Parquet file (row group by row group), remove exact duplicate
 documents across all sources (the text of all passages after NFKC, case folding and whitespace
 collapsing; the smallest doc_id is kept, the others counted and listed in
-`<output>/duplicates/`), split each passage into sentences (`pipelines.sentences`), and write
-`corpus-{i:05d}-of-{n:05d}.parquet` (pipelines.documents.CORPUS_SCHEMA), sorted by doc_id in each
+`<output>/duplicates/`), split each passage into sentences (`pipelines.corpus.sentences`), and write
+`corpus-{i:05d}-of-{n:05d}.parquet` (pipelines.corpus.documents.CORPUS_SCHEMA), sorted by doc_id in each
 shard. `--text_output` also writes `corpus-....txt` next to each shard in the reference text format
 (one sentence per line, a blank line between documents, same order as the Parquet shard).
 
@@ -30,8 +30,10 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam import pvalue
 
-from pipelines import jobs, parquet_io, sentences, storage
-from pipelines.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
+from common import errors, storage
+from pipelines import jobs, parquet_io
+from pipelines.corpus import sentences
+from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
 
 NAMESPACE = "build_corpus"
 PREFIX = "corpus"
@@ -124,7 +126,7 @@ class UniqueIdFn(beam.DoFn):
             self.bad.inc()
             reason = f"doc_id also used by {kept['source_file']} for a different text (kept that one)"
             yield pvalue.TaggedOutput("dead_letter",
-                                      jobs.BadRecord(other["source_file"], doc_id, reason).to_json())
+                                      errors.BadRecord(other["source_file"], doc_id, reason).to_json())
         yield kept
 
 
@@ -139,7 +141,7 @@ class SplitSentencesFn(beam.DoFn):
         if not row["sentences"]:
             self.counters["documents_without_sentences"].inc()
             self.counters["bad_records"].inc()
-            yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(
+            yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(
                 record["source_file"], record["doc_id"], "document has no sentence").to_json())
             return
         self.counters["documents"].inc()
@@ -170,7 +172,7 @@ class ReadDocumentsFn(beam.DoFn):
         except (pa.ArrowException, OSError) as e:
             self.bad.inc()
             log.error("dead letter: %s after row %d: %s", path, rows, e)
-            yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(
+            yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(
                 path, f"rows after {rows}", f"unreadable Parquet: {e}").to_json())
 
 

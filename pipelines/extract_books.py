@@ -10,7 +10,7 @@ austen/emma/text.txt; title from the book's first bracketed line): decoded (UTF-
 normalised, control characters (DOS Ctrl-Z) removed, Project Gutenberg header/footer (1990s and
 later forms), transcriber's notes, title pages, lists and chapter headings dropped, hard-wrapped
 lines unwrapped into one passage per paragraph, long verse cut at sentence ends (see
-`pipelines/books.py`; each of these is a counter in the manifest).
+`pipelines/books/cleaning.py`; each of these is a counter in the manifest).
 
 Bad input is set aside in `<output>/dead_letter/` and counted, never dropped silently: an empty or
 binary file, a file with no text left, an unreadable file (one record each), and a paragraph
@@ -20,7 +20,7 @@ aside with its size and line; the rest of that book is kept). Files whose name m
 --input reads its subfolders too. A run whose files give no document at all writes no manifest
 and fails naming the input and its dead letters.
 
-Output: `documents-{i:05d}-of-{n:05d}.parquet` (pipelines.documents.DOCUMENT_SCHEMA), dead letters,
+Output: `documents-{i:05d}-of-{n:05d}.parquet` (pipelines.corpus.documents.DOCUMENT_SCHEMA), dead letters,
 and `manifest.json` written last (config + hash, counts, inputs, outputs with sha256).
 """
 from __future__ import annotations
@@ -35,8 +35,10 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam import pvalue
 
-from pipelines import books, jobs, parquet_io, storage
-from pipelines.documents import DOCUMENT_SCHEMA
+from common import errors, storage
+from pipelines import jobs, parquet_io
+from pipelines.books import cleaning
+from pipelines.corpus.documents import DOCUMENT_SCHEMA
 
 NAMESPACE = "extract_books"
 OUTPUT_VERSION = 2
@@ -68,9 +70,9 @@ class ExtractBooksConfig:
     """--exclude: file-name patterns that are not books (skipped, listed in the manifest)."""
     num_shards: int = 0
     """--num_shards: Parquet files to write; 0 = one per 256 MB of input."""
-    max_passage_chars: int = books.BookConfig.max_passage_chars
-    """--max_passage_chars: longer paragraphs are dead letters (see pipelines.books.BookConfig)."""
-    max_control_fraction: float = books.BookConfig.max_control_fraction
+    max_passage_chars: int = cleaning.BookConfig.max_passage_chars
+    """--max_passage_chars: longer paragraphs are dead letters (see pipelines.books.cleaning.BookConfig)."""
+    max_control_fraction: float = cleaning.BookConfig.max_control_fraction
     """--max_control_fraction: files with more binary control bytes are dead letters."""
 
     def __post_init__(self):
@@ -78,8 +80,8 @@ class ExtractBooksConfig:
             raise ValueError(f"--num_shards must be >= 0 (0 = automatic), got {self.num_shards}")
         self.book_config()  # validates --max_passage_chars and --max_control_fraction
 
-    def book_config(self) -> books.BookConfig:
-        return books.BookConfig(self.max_passage_chars, self.max_control_fraction)
+    def book_config(self) -> cleaning.BookConfig:
+        return cleaning.BookConfig(self.max_passage_chars, self.max_control_fraction)
 
 
 def is_excluded(path: str, patterns: Sequence[str]) -> bool:
@@ -93,7 +95,7 @@ def doc_id_for(file: storage.InputFile) -> str:
     return f"books/{os.path.splitext(file.name)[0]}"
 
 
-def book_record(file: storage.InputFile, book: books.Book) -> dict:
+def book_record(file: storage.InputFile, book: cleaning.Book) -> dict:
     """The DOCUMENT_SCHEMA row of one book."""
     stem = os.path.splitext(os.path.basename(file.path))[0]
     return {"doc_id": doc_id_for(file), "source": "books", "source_file": file.path,
@@ -101,9 +103,9 @@ def book_record(file: storage.InputFile, book: books.Book) -> dict:
 
 
 class ExtractBookFn(beam.DoFn):
-    """Wires `books.extract_book`: InputFile -> document record, plus tagged dead letters."""
+    """Wires `cleaning.extract_book`: InputFile -> document record, plus tagged dead letters."""
 
-    def __init__(self, config: books.BookConfig):
+    def __init__(self, config: cleaning.BookConfig):
         self.config = config
         self.counters = {name: beam.metrics.Metrics.counter(NAMESPACE, name) for name in COUNTERS}
 
@@ -111,22 +113,22 @@ class ExtractBookFn(beam.DoFn):
         yield from extract_path(file, self.config, self.counters)
 
 
-def extract_path(file: storage.InputFile, config: books.BookConfig, counters: dict):
+def extract_path(file: storage.InputFile, config: cleaning.BookConfig, counters: dict):
     """Read and extract one file; yields a record or tagged dead letters and bumps counters."""
     path = file.path
     counters["files_read"].inc()
     try:
         with storage.open_read(path, "rb") as f:
             data = f.read()
-        book = books.extract_book(data, config)
-    except books.BadBookError as e:
+        book = cleaning.extract_book(data, config)
+    except cleaning.BadBookError as e:
         counters["bad_records"].inc()
         log.warning("dead letter: %s %s: %s", path, e.record, e.reason)
-        yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(path, e.record, e.reason).to_json())
+        yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(path, e.record, e.reason).to_json())
         return
     except OSError as e:
         counters["bad_records"].inc()
-        yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(path, "file", f"unreadable: {e}").to_json())
+        yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(path, "file", f"unreadable: {e}").to_json())
         return
     counters["decoded_fallback" if book.fell_back else "decoded_utf8"].inc()
     counters["headings_dropped"].inc(book.headings_dropped)
@@ -139,7 +141,7 @@ def extract_path(file: storage.InputFile, config: books.BookConfig, counters: di
         counters["bad_records"].inc()
         counters["passages_set_aside"].inc()
         log.warning("dead letter: %s %s: %s", path, record, reason)
-        yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(path, record, reason).to_json())
+        yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(path, record, reason).to_json())
     if book.passages:
         counters["documents"].inc()
         counters["passages"].inc(len(book.passages))
@@ -154,10 +156,10 @@ def build_parser():
                              f"(default: {DEFAULT_EXCLUDE})")
     parser.add_argument("--num_shards", type=int, default=0,
                         help="number of Parquet files; 0 = one per 256 MB of input")
-    parser.add_argument("--max_passage_chars", type=int, default=books.BookConfig.max_passage_chars,
+    parser.add_argument("--max_passage_chars", type=int, default=cleaning.BookConfig.max_passage_chars,
                         help="a paragraph longer than this is set aside as a dead letter")
     parser.add_argument("--max_control_fraction", type=float,
-                        default=books.BookConfig.max_control_fraction,
+                        default=cleaning.BookConfig.max_control_fraction,
                         help="a file with a larger share of binary control bytes is a dead letter")
     return parser
 

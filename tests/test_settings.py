@@ -1,5 +1,5 @@
 """One settings mechanism for every entry point: stage configs, their generated job flags, the
-flow's config composed of them (pipelines/settings.py, flows/config.py)."""
+flow's config composed of them (common/settings.py, flows/config.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,10 +7,12 @@ import json
 
 import pytest
 
+from common import settings
 from flows.config import parse_set_flags, resolve
-from pipelines import jobs, make_shards, settings, shard_batches, train_vocab
-from pipelines.shard_batches import ShardsConfig
-from pipelines.vocab import VocabConfig
+from pipelines import jobs, make_shards, train_vocab
+from pipelines.shards import batches
+from pipelines.shards.batches import ShardsConfig
+from pipelines.vocab.wordpiece import VocabConfig
 from training import config as training
 
 
@@ -126,11 +128,11 @@ def test_shards_setting_for_both_phases_and_phase_by_name_or_index():
 
 
 def test_the_flows_tiny_preset_is_made_of_the_stages_tiny_presets():
-    from pipelines import vocab
+    from pipelines.vocab import wordpiece
 
     cfg = resolve("tiny")
-    assert cfg.vocab == vocab.tiny() and cfg.vocab.vocab_size == 4000
-    assert (cfg.shards.phase1, cfg.shards.phase2) == (shard_batches.tiny(1), shard_batches.tiny(2))
+    assert cfg.vocab == wordpiece.tiny() and cfg.vocab.vocab_size == 4000
+    assert (cfg.shards.phase1, cfg.shards.phase2) == (batches.tiny(1), batches.tiny(2))
     assert cfg.pretrain == training.tiny()
     assert [(p.steps, p.warmup_steps, p.max_seq_length, p.global_batch_size)
             for p in cfg.pretrain.phases] == [(600, 60, 128, 32), (60, 6, 256, 16)]

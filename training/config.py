@@ -9,7 +9,7 @@ Overrides, applied in order after the preset:
   the run's phases, each merged into the preset's phase of its name (`_merge_phases`).
 - `--set key=value` (repeatable): dotted keys, `zero_stage=2`, `phases.0.steps=300` or by phase
   name, `phase1.learning_rate=5e-4`. Each value is converted to its field's type by
-  `pipelines.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
+  `common.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
   float, `true`/`false` a bool, text as given).
 """
 from __future__ import annotations
@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
+from common import settings
+from common.settings import SettingError, convert_setting
 from model.bert import PRESETS as MODEL_PRESETS
-from pipelines import settings
-from pipelines.settings import SettingError, convert_setting
 
 log = logging.getLogger(__name__)
 
@@ -241,8 +241,8 @@ class PretrainConfig:
                              "is_decoder": self.objective == "ltr", **changes})
 
     def masking(self, max_predictions_per_seq: int):
-        """Dynamic masking's `pipelines.masking.MaskingConfig`, capped as the shards are."""
-        from pipelines.masking import MaskingConfig
+        """Dynamic masking's `common.masking.MaskingConfig`, capped as the shards are."""
+        from common.masking import MaskingConfig
         return MaskingConfig(masked_lm_prob=self.masked_lm_prob or 0.15,
                              max_predictions_per_seq=max_predictions_per_seq,
                              mask_fraction=self.mask_fraction, same_fraction=self.same_fraction,
@@ -325,7 +325,7 @@ def _paper_phases(train_128: str = "", train_512: str = "", total_steps: int = 1
 
 def tiny() -> PretrainConfig:
     """bert_tiny on CPU for tests and the demo: 600 steps at 128 tokens, 60 at 256 (the tiny
-    shards' phase-2 length, pipelines/shard_batches.py), phase 2's warmup a tenth of its steps."""
+    shards' phase-2 length, pipelines/shards/batches.py), phase 2's warmup a tenth of its steps."""
     phases = (
         PhaseConfig(name="phase1", max_seq_length=128, micro_batch_size=32, global_batch_size=32,
                     steps=600, warmup_steps=60, learning_rate=1e-3),
@@ -470,7 +470,7 @@ def resolve(preset: str = "tiny", config_file: str | None = None,
 
 
 def save(config: PretrainConfig, path: str) -> None:
-    from pipelines import storage
+    from common import storage
     storage.atomic_write_json(path, to_dict(config))
 
 

@@ -15,7 +15,7 @@ how many are cut is logged once per epoch (a warning above `CUT_WARN_FRACTION`) 
 `ShardLoader.rows_cut`, which training/pretrain.py writes into its metrics.
 
 A slot's stream: its shards in order -> tar members -> `.rows.npz` blocks decoded with
-`pipelines.shard_format.decode_block` -> rows -> shuffle buffer (seeded by epoch and slot) ->
+`common.shard_format.decode_block` -> rows -> shuffle buffer (seeded by epoch and slot) ->
 the first `rows_per_slot` rows -> optional dynamic re-masking -> micro-batches. A DataLoader with
 W workers runs the rank's W slots and interleaves their batches round-robin, which is a fixed
 order; so the position in the stream is one number per rank, `batch_in_epoch`, and resuming
@@ -42,16 +42,16 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from model.attention import BatchLayout, batch_layout, instance_ids
-from pipelines import shard_format
-from pipelines.masking import (
+from common import shard_format
+from common.masking import (
     MaskingConfig,
     num_to_predict,
     replace_tokens,
     take_word_groups,
     word_groups,
 )
-from pipelines.shard_format import Row
+from common.shard_format import Row
+from model.attention import BatchLayout, batch_layout, instance_ids
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def _unreadable_shard(exn: Exception) -> bool:
 def shard_set_digest(manifest: dict, url: str, split: str = "train") -> str:
     """A hash of the `split` shards a manifest lists (names, row counts, sha256): the identity of
     a shard set wherever it is stored."""
-    from pipelines import storage
+    from common import storage
     entries = [(e["name"], int(e["num_rows"]), e.get("sha256", ""))
                for e in _manifest_entries(manifest, url)
                if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
@@ -269,11 +269,11 @@ def block_rows(sample: dict, max_seq_length: int) -> list[KeyedRow]:
 @dataclass(frozen=True)
 class Remasker:
     """Dynamic masking (RoBERTa section 4.1): new masks for every row each epoch, drawn with
-    `pipelines.masking` (the MASK/SAME/RND split and whole-word groups make_shards uses).
+    `common.masking` (the MASK/SAME/RND split and whole-word groups make_shards uses).
 
     Candidates are all non-special tokens. Each row keeps its number of predicted positions,
     unless `recount` is set: then each instance of the row gets
-    `pipelines.masking.num_to_predict` of its own tokens.
+    `common.masking.num_to_predict` of its own tokens.
     """
     mask_id: int
     """Id of `[MASK]`."""
@@ -293,7 +293,7 @@ class Remasker:
     @classmethod
     def from_vocab(cls, vocab_dir: str, seed: int, masking: MaskingConfig | None = None,
                    recount: bool = False) -> Remasker:
-        from pipelines.tokenization import CLS, MASK, PAD, SEP, read_vocab
+        from common.tokenization import CLS, MASK, PAD, SEP, read_vocab
         tokens = read_vocab(vocab_dir)
         ids = {t: i for i, t in enumerate(tokens)}
         masking = masking or MaskingConfig()
@@ -615,7 +615,7 @@ def _without_worker_traceback(error: Exception) -> Exception:
     not read as the one line our checks write). An error raised inside a library (the worker
     traceback's innermost frame not in our packages) is returned as it is: it is a bug, and
     its traceback is what shows where."""
-    from pipelines.jobs import is_our_file
+    from common.errors import is_our_file
 
     lines = str(error).splitlines()
     frames = [i for i, line in enumerate(lines) if _TRACEBACK_FRAME.match(line)]

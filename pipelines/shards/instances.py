@@ -28,16 +28,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.masking import (
+from common.masking import (
     MaskingConfig,
     reference_replacement,
     replace_tokens,
     take_word_groups,
     word_groups,
 )
-from pipelines.masking import num_to_predict as _num_to_predict
-from pipelines.settings import check
-from pipelines.tokenization import (
+from common.masking import num_to_predict as _num_to_predict
+from common.settings import check
+from common.tokenization import (
     CLS,
     MASK,
     SEP,
@@ -98,7 +98,7 @@ class InstanceConfig:
 
     @functools.cached_property
     def masking(self) -> MaskingConfig:
-        """The masking settings (`pipelines.masking`), shared with the loader's re-masking."""
+        """The masking settings (`common.masking`), shared with the loader's re-masking."""
         return MaskingConfig(
             masked_lm_prob=self.masked_lm_prob, max_predictions_per_seq=self.max_predictions_per_seq,
             mask_fraction=self.mask_fraction, same_fraction=self.same_fraction,
@@ -235,7 +235,7 @@ def read_reference_text(lines: Iterable[str], tokenizer, batch_size: int = 4096)
 
     Each line is stripped; an empty line starts a new document; a line with tokens is one segment
     of the current document; empty documents are dropped. `tokenizer` is a `tokenizers.Tokenizer`
-    (`pipelines.tokenization.load_tokenizer(..., split_special_tokens=True)`; without the flag a
+    (`common.tokenization.load_tokenizer(..., split_special_tokens=True)`; without the flag a
     copy with it is made once), used through `encode_like_reference`. Pass the lines of all input files in order (a file
     boundary does not end a document in the reference), split on "\\n" only as the reference
     does: read with `open(..., newline="\\n")`, not `str.splitlines` (which also splits on
@@ -327,7 +327,7 @@ def _reference_truncate(tokens_a: list[int], tokens_b: list[int], max_num_tokens
 
 
 def _word_groups(tokens: list[int], vocab: Vocab) -> list[list[int]]:
-    """Maskable positions grouped by word (`pipelines.masking.word_groups`): as in the
+    """Maskable positions grouped by word (`common.masking.word_groups`): as in the
     reference, a `##` piece joins the last group even across a [SEP] (the specials are skipped
     before the check), and a `##` piece with no group before it starts one."""
     ids = np.asarray(tokens)
@@ -592,7 +592,7 @@ def finalize_instances(plans: Sequence[InstancePlan], vocab: Vocab,
     so the result does not depend on how plans are batched: its first numbers pick front or
     back for each truncated token (< 0.5 = front), the next T are sort keys that shuffle the
     mask candidates (the n smallest are masked), and one number per masked position picks
-    [MASK], unchanged or a random token (`pipelines.masking.replace_tokens`; at 80/10/10 the
+    [MASK], unchanged or a random token (`common.masking.replace_tokens`; at 80/10/10 the
     reference's split per wordpiece).
     """
     n_plans = len(plans)
@@ -699,7 +699,7 @@ def _choose_positions(tokens, row_start, num_tokens, u, key_start, n_pred,
 
 def _choose_whole_words(tokens, row_start, num_tokens, u, key_start, n_pred,
                         vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
-    """Whole-word masking: word groups (`pipelines.masking.word_groups`) in the order of their sort keys,
+    """Whole-word masking: word groups (`common.masking.word_groups`) in the order of their sort keys,
     skipping a group that would exceed n_pred, as the reference's scan. One row at a time."""
     positions, counts = [], []
     for r, t, k, n in zip(row_start, num_tokens, key_start, n_pred):

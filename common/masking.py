@@ -2,7 +2,7 @@
 appendix C.2, Table 8).
 
 One implementation, used by every path that masks:
-- `pipelines/instances.py` scalable mode (make_shards on Beam) and reference mode (BERT's exact
+- `pipelines/shards/instances.py` scalable mode (make_shards on Beam) and reference mode (BERT's exact
   `create_pretraining_data.py` draw order, `reference_replacement`);
 - `training/loader.py` dynamic re-masking (RoBERTa section 4.1).
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.settings import check
+from common.settings import check
 
 SPLIT_TOLERANCE = 1e-6
 """How far the three fractions may sum from 1 (decimal settings such as 0.7/0.2/0.1)."""

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines import packing, shards
-from pipelines.instances import InstanceConfig, InstancePlan
-from pipelines.settings import check
+from common.settings import check
+from pipelines.shards import packing, shard_files
+from pipelines.shards.instances import InstanceConfig, InstancePlan
 
 
 @dataclass(frozen=True)
@@ -340,17 +340,17 @@ class RowGroup:
         return (len(self.row_sizes), len(self.batch), int(self.batch.lengths.sum()),
                 int(self.batch.num_masked.sum()))
 
-    def shard_stats(self, max_seq_length: int) -> shards.ShardStats:
-        """The same numbers as `shards.row_stats` on the rows, from the columns at once."""
+    def shard_stats(self, max_seq_length: int) -> shard_files.ShardStats:
+        """The same numbers as `shard_files.row_stats` on the rows, from the columns at once."""
         b = self.batch
         labels = b.next_sentence_labels
-        bins = np.minimum(b.lengths.astype(np.int64) * shards.HISTOGRAM_BINS
-                          // (max_seq_length + 1), shards.HISTOGRAM_BINS - 1)
-        return shards.ShardStats(
+        bins = np.minimum(b.lengths.astype(np.int64) * shard_files.HISTOGRAM_BINS
+                          // (max_seq_length + 1), shard_files.HISTOGRAM_BINS - 1)
+        return shard_files.ShardStats(
             num_rows=len(self.row_sizes), num_instances=len(b), num_tokens=int(b.lengths.sum()),
             num_masked=int(b.num_masked.sum()), num_random_next=int((labels == 1).sum()),
             num_nsp=int((labels >= 0).sum()),
-            length_histogram=np.bincount(bins, minlength=shards.HISTOGRAM_BINS).tolist())
+            length_histogram=np.bincount(bins, minlength=shard_files.HISTOGRAM_BINS).tolist())
 
     def take_rows(self, rows: np.ndarray) -> RowGroup:
         first = np.concatenate([[0], np.cumsum(self.row_sizes)])[:-1]
@@ -393,7 +393,7 @@ def assign_to_shards(split: str, bucket: int, group: RowGroup, bucket_stats: dic
     mine = {b: s for (sp, b), s in bucket_stats.items() if sp == split}
     offset = sum(mine[b][0] for b in mine if b < bucket)
     num_shards = split_num_shards(mine.values(), job, vocab_size)
-    shard, position = shards.assign_round_robin(offset + np.arange(len(group.row_sizes)),
+    shard, position = shard_files.assign_round_robin(offset + np.arange(len(group.row_sizes)),
                                                 num_shards)
     for s in np.unique(shard).tolist():
         rows = np.flatnonzero(shard == s)
@@ -406,17 +406,17 @@ def split_num_shards(bucket_stats: Iterable[tuple[int, int, int, int]], job: Sha
     """Shards of a split from its (rows, instances, tokens, masked) per pack bucket."""
     totals = [sum(column) for column in zip(*bucket_stats)] or [0, 0, 0, 0]
     rows, instances, tokens, masked = totals
-    est = shards.estimated_bytes(rows, instances, tokens, masked, vocab_size)
-    return shards.choose_num_shards(rows, est, int(job.target_shard_mb * 2 ** 20), job.num_shards)
+    est = shard_files.estimated_bytes(rows, instances, tokens, masked, vocab_size)
+    return shard_files.choose_num_shards(rows, est, int(job.target_shard_mb * 2 ** 20), job.num_shards)
 
 
 def write_group(output: str, split: str, index: int, group: RowGroup, cfg: InstanceConfig,
-                job: ShardJobConfig, vocab_tokens: list[str]) -> shards.ShardInfo:
+                job: ShardJobConfig, vocab_tokens: list[str]) -> shard_files.ShardInfo:
     stats = group.shard_stats(cfg.max_seq_length)
     if job.format == "jsonl":
-        return shards.write_jsonl_shard(output, split, index,
+        return shard_files.write_jsonl_shard(output, split, index,
                                         packing.to_rows(group.batch, group.row_sizes),
                                         vocab_tokens, cfg.max_seq_length, stats)
     blocks = packing.encode_blocks(group.batch, group.row_sizes, job.rows_per_block,
                                    len(vocab_tokens))
-    return shards.write_tar(output, split, index, blocks, stats)
+    return shard_files.write_tar(output, split, index, blocks, stats)
