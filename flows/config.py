@@ -190,9 +190,9 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
     _refuse_renamed_and_flow_set(overrides or {})
     overrides = _both_phases(dict(overrides or {}))
     pretrain = overrides.get("pretrain")
-    if isinstance(pretrain, dict) and pretrain.get("init_from") and "model" not in pretrain:
-        # the checkpoint decides the shape (training/init_from.py), not the preset's model
-        overrides = {**overrides, "pretrain": {**pretrain, "model": ""}}
+    if isinstance(pretrain, dict):
+        overrides = {**overrides, "pretrain": {**pretrain,
+                                               **training.checkpoint_decides_shape(pretrain)}}
     cfg = settings.apply(PRESETS[preset](), overrides)
     start = cfg.pretrain.init_from
     if start and "://" not in start and not os.path.isabs(start):

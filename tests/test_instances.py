@@ -16,6 +16,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from common.masking import num_to_predict
 from common.tokenization import load_tokenizer, read_vocab
 from pipelines.corpus.sentences import split_passages
 from pipelines.shards import instances as inst
@@ -30,7 +31,6 @@ from pipelines.shards.instances import (
     fill_random_next,
     finalize_instance,
     finalize_instances,
-    num_to_predict,
     plan_document,
     read_reference_text,
 )
@@ -218,7 +218,7 @@ def test_mask_counts_of_the_spec():
     for prob in (0.15, 0.1, 0.2, 0.3, 0.125):  # the vectorised count rounds like Python 3
         c = InstanceConfig(masked_lm_prob=prob, max_predictions_per_seq=80)
         lengths = np.arange(1, 600)
-        np.testing.assert_array_equal(inst.num_to_predict_array(lengths, c),
+        np.testing.assert_array_equal(num_to_predict(lengths, c),
                                       [num_to_predict(int(t), c) for t in lengths])
     assert round(0.125 * 20) == 2  # half to even (2.5 -> 2): the reference's Python 3 round
     assert num_to_predict(20, InstanceConfig(masked_lm_prob=0.125)) == 2

@@ -150,3 +150,21 @@ def test_bert_dag_takes_a_settings_file_under_its_set_flags(tmp_path):
     cfg = resolve("tiny", overrides_from_args(args))
     assert [p.steps for p in cfg.pretrain.phases] == [90, 60]
     assert (cfg.shards.phase1.dupe_factor, cfg.output) == (1, str(tmp_path / "run"))
+
+
+def test_init_from_without_model_takes_the_checkpoints_shape_in_every_entry_point(tmp_path):
+    """One rule (training.config.checkpoint_decides_shape), applied before validation: a shape
+    setting beside init_from is the checkpoint's business (tiny's 128 hidden units would refuse
+    12 heads), in `bert-pretrain --set`, its `--config` file and the flow's `pretrain.*`."""
+    start = str(tmp_path)
+    run = training.resolve("tiny", assignments=[f"init_from={start}", "num_attention_heads=12"])
+    assert (run.model, run.init_from, run.num_attention_heads) == ("", start, 12)
+    run_file = tmp_path / "run.json"
+    run_file.write_text(json.dumps({"init_from": start, "num_attention_heads": 12}))
+    assert training.resolve("tiny", config_file=str(run_file)).model == ""
+    flow = resolve("tiny", {"pretrain": {"init_from": start, "num_attention_heads": "12"}})
+    assert (flow.pretrain.model, flow.pretrain.num_attention_heads) == ("", 12)
+    with pytest.raises(ValueError, match="hidden_size"):  # a named preset keeps its shape check
+        training.resolve("tiny", assignments=[f"init_from={start}", "model=bert_tiny",
+                                               "num_attention_heads=12"])
+    assert training.resolve("tiny").model == "bert_tiny"

@@ -51,8 +51,7 @@ class ShardJobConfig:
     """Input KiB per read work unit: large files are read and tokenized in parts, so that
     workers share them."""
     instances_per_pack_bucket: int = 16_384
-    """Instances sorted and packed together in one group, at least `MIN_BUCKETS` groups
-   ."""
+    """Instances sorted and packed together in one group (at least `MIN_BUCKETS` groups)."""
 
     def __post_init__(self):
         check(self.mode in ("scalable", "reference"), "mode",
