@@ -19,6 +19,7 @@ config_hash), outputs with sha256.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import logging
@@ -31,6 +32,7 @@ import apache_beam as beam
 from apache_beam import pvalue
 
 from common import errors, storage
+from common.settings import check
 from pipelines import jobs, parquet_io
 from pipelines.corpus import sentences
 from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
@@ -47,17 +49,18 @@ log = logging.getLogger(__name__)
 class BuildCorpusConfig:
     """Resolved options of one build_corpus run (saved in the manifest, hashed)."""
     input: str
-    """--input: documents folders or Parquet files (local or gs://...), separated by commas."""
+    """Documents folders or Parquet files (local or gs://...), separated by commas."""
     output: str
-    """--output: the corpus folder."""
+    """The corpus folder."""
     num_shards: int = 0
-    """--num_shards: Parquet files to write; 0 = one per 256 MB of input Parquet."""
+    """Parquet files to write; 0 = one per 256 MB of input Parquet."""
     text_output: bool = False
-    """--text_output: also write each shard in the reference text format (.txt)."""
+    """Also write each shard in the reference text format (one sentence per line, a blank
+    line between documents) next to it (.txt)."""
 
     def __post_init__(self):
-        if self.num_shards < 0:
-            raise ValueError(f"--num_shards must be >= 0 (0 = automatic), got {self.num_shards}")
+        check(self.num_shards >= 0, "num_shards",
+              f"must be >= 0 (0 = automatic), got {self.num_shards}")
 
 
 def normalized_text(passages: Iterable[str]) -> str:
@@ -196,14 +199,9 @@ class BuildCorpus(beam.PTransform):
         return {"corpus": split.corpus, "duplicates": deduped.duplicates, "dead_letter": dead}
 
 
-def build_parser():
-    parser = jobs.job_parser(__doc__.splitlines()[0])
-    parser.add_argument("--num_shards", type=int, default=0,
-                        help="number of corpus Parquet files; 0 = one per 256 MB of input")
-    parser.add_argument("--text_output", action="store_true",
-                        help="also write the reference text format (one sentence per line, "
-                             "blank line between documents) next to each shard")
-    return parser
+def build_parser() -> argparse.ArgumentParser:
+    """The job's flags: one per `BuildCorpusConfig` field, help from its docstring."""
+    return jobs.config_parser(__doc__.splitlines()[0], BuildCorpusConfig)
 
 
 def select_inputs(pattern: str) -> tuple[list[storage.InputFile], dict[str, str]]:
@@ -229,9 +227,8 @@ def select_inputs(pattern: str) -> tuple[list[storage.InputFile], dict[str, str]
 def main(argv: Sequence[str] | None = None) -> dict:
     """The command line: flags -> `BuildCorpusConfig` -> `run`."""
     args, beam_args = build_parser().parse_known_args(argv)
-    return run(BuildCorpusConfig(input=args.input, output=args.output,
-                                 num_shards=args.num_shards, text_output=args.text_output),
-               beam_args)
+    config = jobs.config_from_args(args, BuildCorpusConfig(input=args.input, output=args.output))
+    return run(config, beam_args)
 
 
 def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:

@@ -25,6 +25,7 @@ and `manifest.json` written last (config + hash, counts, inputs, outputs with sh
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import fnmatch
 import logging
@@ -36,18 +37,15 @@ import apache_beam as beam
 from apache_beam import pvalue
 
 from common import errors, storage
+from common.settings import check
 from pipelines import jobs, parquet_io
 from pipelines.books import cleaning
 from pipelines.corpus.documents import DOCUMENT_SCHEMA
 
 NAMESPACE = "extract_books"
 OUTPUT_VERSION = 2
-"""Bumped when the same input and options give other records (ids, fields, text rules). In the
-manifest, and in the flow's stage hash from 2 on, so a cached output of older code is not
-reused. (Version 1 includes the session-4 doc ids, from the path below the input folder: folders
-built before them keep their keys, as a forced rebuild would restart pre-training downstream of
-an output that is consistent with everything built from it. Version 2: 1990s etext headers and
-footers, control characters, transcriber's notes, front matter, lists and long verse.)"""
+"""Changes when the same input and options give other records (ids, fields, text rules): it is
+in the manifest and in the flow's stage hash, so an output of other code is not reused."""
 PREFIX = "documents"
 DEFAULT_EXCLUDE = "README*,LICENSE*,LICENCE*,COPYING*,*.md,*.json,*.parquet"
 # Counter names, in manifest order.
@@ -59,29 +57,24 @@ COUNTERS = ("files_read", "decoded_utf8", "decoded_fallback", "documents", "pass
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ExtractBooksConfig:
-    """Resolved options of one extract_books run (saved in the manifest, hashed)."""
+@dataclass(frozen=True, kw_only=True)
+class ExtractBooksConfig(cleaning.BookConfig):
+    """Resolved options of one extract_books run (saved in the manifest, hashed); the limits
+    of bad input (`max_passage_chars`, `max_control_fraction`) are `cleaning.BookConfig`'s."""
     input: str
-    """--input: book files, a glob or a folder (local or gs://...); several separated by commas."""
+    """Book files, a glob or a folder (local or gs://...); several separated by commas."""
     output: str
-    """--output: the documents folder."""
+    """The documents folder."""
     exclude: tuple[str, ...] = tuple(DEFAULT_EXCLUDE.split(","))
-    """--exclude: file-name patterns that are not books (skipped, listed in the manifest)."""
+    """Comma-separated file-name patterns that are not books (skipped, listed in the
+    manifest); default README*,LICENSE*,LICENCE*,COPYING*,*.md,*.json,*.parquet."""
     num_shards: int = 0
-    """--num_shards: Parquet files to write; 0 = one per 256 MB of input."""
-    max_passage_chars: int = cleaning.BookConfig.max_passage_chars
-    """--max_passage_chars: longer paragraphs are dead letters (see pipelines.books.cleaning.BookConfig)."""
-    max_control_fraction: float = cleaning.BookConfig.max_control_fraction
-    """--max_control_fraction: files with more binary control bytes are dead letters."""
+    """Parquet files to write; 0 = one per 256 MB of input."""
 
     def __post_init__(self):
-        if self.num_shards < 0:
-            raise ValueError(f"--num_shards must be >= 0 (0 = automatic), got {self.num_shards}")
-        self.book_config()  # validates --max_passage_chars and --max_control_fraction
-
-    def book_config(self) -> cleaning.BookConfig:
-        return cleaning.BookConfig(self.max_passage_chars, self.max_control_fraction)
+        cleaning.BookConfig.__post_init__(self)
+        check(self.num_shards >= 0, "num_shards",
+              f"must be >= 0 (0 = automatic), got {self.num_shards}")
 
 
 def is_excluded(path: str, patterns: Sequence[str]) -> bool:
@@ -149,27 +142,9 @@ def extract_path(file: storage.InputFile, config: cleaning.BookConfig, counters:
         yield book_record(file, book)
 
 
-def build_parser():
-    parser = jobs.job_parser(__doc__.splitlines()[0])
-    parser.add_argument("--exclude", default=DEFAULT_EXCLUDE,
-                        help="comma-separated file-name patterns that are not books "
-                             f"(default: {DEFAULT_EXCLUDE})")
-    parser.add_argument("--num_shards", type=int, default=0,
-                        help="number of Parquet files; 0 = one per 256 MB of input")
-    parser.add_argument("--max_passage_chars", type=int, default=cleaning.BookConfig.max_passage_chars,
-                        help="a paragraph longer than this is set aside as a dead letter")
-    parser.add_argument("--max_control_fraction", type=float,
-                        default=cleaning.BookConfig.max_control_fraction,
-                        help="a file with a larger share of binary control bytes is a dead letter")
-    return parser
-
-
-def config_from_args(args) -> ExtractBooksConfig:
-    return ExtractBooksConfig(
-        input=args.input, output=args.output,
-        exclude=tuple(p for p in args.exclude.split(",") if p),
-        num_shards=args.num_shards, max_passage_chars=args.max_passage_chars,
-        max_control_fraction=args.max_control_fraction)
+def build_parser() -> argparse.ArgumentParser:
+    """The job's flags: one per `ExtractBooksConfig` field, help from its docstring."""
+    return jobs.config_parser(__doc__.splitlines()[0], ExtractBooksConfig)
 
 
 def select_inputs(config: ExtractBooksConfig) -> tuple[list[storage.InputFile], list[str]]:
@@ -193,7 +168,8 @@ def select_inputs(config: ExtractBooksConfig) -> tuple[list[storage.InputFile], 
 def main(argv: Sequence[str] | None = None) -> dict:
     """The command line: flags -> `ExtractBooksConfig` -> `run`."""
     args, beam_args = build_parser().parse_known_args(argv)
-    return run(config_from_args(args), beam_args)
+    config = jobs.config_from_args(args, ExtractBooksConfig(input=args.input, output=args.output))
+    return run(config, beam_args)
 
 
 def run(config: ExtractBooksConfig, beam_args: Sequence[str] = ()) -> dict:
@@ -215,7 +191,7 @@ def run(config: ExtractBooksConfig, beam_args: Sequence[str] = ()) -> dict:
         results = (pipeline
                    | "Files" >> beam.Create(files)
                    | "Spread" >> beam.Reshuffle()
-                   | "Extract" >> beam.ParDo(ExtractBookFn(config.book_config()))
+                   | "Extract" >> beam.ParDo(ExtractBookFn(config))
                    .with_outputs("dead_letter", main="documents"))
         _ = results.documents | "WriteDocuments" >> parquet_io.WriteShards(
             config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)

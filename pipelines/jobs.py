@@ -35,11 +35,12 @@ def config_parser(description: str, config_class: type,
     """A job's parser with a flag per field of its config dataclass (help from the field's
     docstring), `--config FILE` (YAML or JSON) and `--set KEY=VALUE`, the overrides every entry
     point takes. `aliases`: (flag, field, value, help) for flags that set a field to a fixed
-    value (`--cased` sets do_lower_case=false)."""
+    value (`--cased` sets do_lower_case=false). A config with `input` and `output` fields takes
+    them from `--input`/`--output`."""
     from common.settings import add_config_flags
 
     parser = job_parser(description)
-    add_config_flags(parser, config_class)
+    add_config_flags(parser, config_class, skip=("input", "output"))
     for flag, field, value, help_text in aliases:
         parser.add_argument(flag, dest=field, action="store_const", const=value, help=help_text)
     parser.add_argument("--config", metavar="FILE",

@@ -168,3 +168,37 @@ def test_init_from_without_model_takes_the_checkpoints_shape_in_every_entry_poin
         training.resolve("tiny", assignments=[f"init_from={start}", "model=bert_tiny",
                                                "num_attention_heads=12"])
     assert training.resolve("tiny").model == "bert_tiny"
+
+
+def test_extract_books_and_build_corpus_flags_come_from_their_configs(tmp_path):
+    from pipelines import build_corpus, extract_books
+
+    def books(*argv):
+        args, _ = extract_books.build_parser().parse_known_args(["--input", "in", "--output",
+                                                                 "out", *argv])
+        return jobs.config_from_args(args, extract_books.ExtractBooksConfig(
+            input=args.input, output=args.output))
+
+    settings_file = tmp_path / "books.json"
+    settings_file.write_text(json.dumps({"num_shards": 4, "max_passage_chars": 700}))
+    assert books("--exclude", "*.md, NOTES*", "--max_passage_chars", "900", "--config",
+                 str(settings_file), "--set", "num_shards=3") == extract_books.ExtractBooksConfig(
+        input="in", output="out", exclude=("*.md", "NOTES*"), max_passage_chars=900,
+        num_shards=3)
+    assert books("--exclude", "").exclude == ()
+    assert books().exclude == ("README*", "LICENSE*", "LICENCE*", "COPYING*", "*.md", "*.json",
+                               "*.parquet")
+    with pytest.raises(ValueError, match=r"^--max_control_fraction: must be in \[0, 1\], got 2.0$"):
+        books("--max_control_fraction", "2")
+
+    def corpus(*argv):
+        args, _ = build_corpus.build_parser().parse_known_args(["--input", "in", "--output",
+                                                                "out", *argv])
+        return jobs.config_from_args(args, build_corpus.BuildCorpusConfig(input=args.input,
+                                                                          output=args.output))
+
+    assert corpus("--text_output", "--num_shards", "2") == build_corpus.BuildCorpusConfig(
+        input="in", output="out", num_shards=2, text_output=True)
+    assert corpus("--text_output=false").text_output is False
+    with pytest.raises(ValueError, match=r"^--num_shards: must be >= 0 \(0 = automatic\), got -1$"):
+        corpus("--num_shards", "-1")
