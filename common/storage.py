@@ -255,11 +255,6 @@ def _below(folder: str, listed: list[tuple[str, int]]) -> list[InputFile]:
                   key=lambda f: f.path)
 
 
-def folder_files(folder: str) -> list[str]:
-    """The paths of `folder_input_files(folder)`."""
-    return [f.path for f in folder_input_files(folder)]
-
-
 def folder_input_files(folder: str) -> list[InputFile]:
     """Every input file under `folder`, recursively, sorted; see `expand_input_files`."""
     base = str(folder).rstrip("/") or "/"
