@@ -257,7 +257,7 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
         built = read.rows | "Build" >> BuildCorpus()
         dead_letters = ((read.dead_letter, built["dead_letter"])
                         | "AllDeadLetters" >> beam.Flatten())
-        _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteShards(
+        _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
             config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
         _ = dead_letters | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             parquet_io.dead_letter_path(config.output))

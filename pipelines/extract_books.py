@@ -193,7 +193,7 @@ def run(config: ExtractBooksConfig, beam_args: Sequence[str] = ()) -> dict:
                    | "Spread" >> beam.Reshuffle()
                    | "Extract" >> beam.ParDo(ExtractBookFn(config))
                    .with_outputs("dead_letter", main="documents"))
-        _ = results.documents | "WriteDocuments" >> parquet_io.WriteShards(
+        _ = results.documents | "WriteDocuments" >> parquet_io.WriteParquetShards(
             config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
         _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             parquet_io.dead_letter_path(config.output))

@@ -169,7 +169,7 @@ def query_counters(result, namespace: str, names: Iterable[str]) -> dict[str, in
     return found
 
 
-class WriteShards(beam.PTransform):
+class WriteParquetShards(beam.PTransform):
     """Records (dicts with `doc_id`) -> `num_shards` sorted Parquet files; outputs their paths."""
 
     def __init__(self, output: str, prefix: str, num_shards: int, schema: pa.Schema,

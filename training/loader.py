@@ -51,14 +51,12 @@ from common.masking import (
     word_groups,
 )
 from common.shard_format import Row
-from model.attention import BatchLayout, batch_layout, instance_ids
+from common.storage import MANIFEST_NAME
+from model.attention import PADDING_SEQUENCE_ID, BatchLayout, batch_layout, instance_ids
+from model.heads import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
-"""Label padding of `masked_lm_ids` and `next_sentence_label` (the model ignores labels < 0)."""
-PAD_SEQUENCE_ID = -1
-MANIFEST = "manifest.json"
 CUT_WARN_FRACTION = 0.01
 """Above this share of an epoch's rows cut to equalise the slots, the loader warns."""
 
@@ -90,7 +88,7 @@ def _location(source: str, name: str) -> str:
 
 def read_shard_manifest(source: str) -> dict:
     """The `manifest.json` of a shard location (local, URL or `{name}` template)."""
-    url = _location(source, MANIFEST)
+    url = _location(source, MANIFEST_NAME)
     try:
         if os.path.exists(url):
             with open(url, "rb") as f:
@@ -123,10 +121,10 @@ def _manifest_entries(manifest: dict, url: str) -> list[dict]:
 def list_shards(source: str, split: str = "train") -> tuple[list[ShardInfo], dict]:
     """The `split` shards of a location with their row counts, and the manifest."""
     manifest = read_shard_manifest(source)
-    entries = [e for e in _manifest_entries(manifest, _location(source, MANIFEST))
+    entries = [e for e in _manifest_entries(manifest, _location(source, MANIFEST_NAME))
                if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
     if not entries:
-        raise FileNotFoundError(f"{_location(source, MANIFEST)}: no {split}-*.tar shards listed")
+        raise FileNotFoundError(f"{_location(source, MANIFEST_NAME)}: no {split}-*.tar shards listed")
     shards = [ShardInfo(e["name"], _location(source, e["name"]), int(e["num_rows"]), i,
                         int(e["bytes"]) if "bytes" in e else None)
               for i, e in enumerate(sorted(entries, key=lambda e: e["name"]))]
@@ -368,7 +366,7 @@ def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
     input_ids = np.zeros((b, t), np.int64)
     token_type_ids = np.zeros((b, t), np.int64)
     attention_mask = np.zeros((b, t), np.int64)
-    sequence_ids = np.full((b, t), PAD_SEQUENCE_ID, np.int64)
+    sequence_ids = np.full((b, t), PADDING_SEQUENCE_ID, np.int64)
     position_ids = np.zeros((b, t), np.int64)
     positions = np.zeros((b, m), np.int64)
     labels = np.full((b, m), IGNORE_INDEX, np.int64)
@@ -510,7 +508,7 @@ class ShardLoader:
         self.shards, self.manifest = list_shards(config.source, config.split)
         seq = self.manifest.get("max_seq_length")
         if seq is not None and int(seq) != config.max_seq_length:
-            raise ValueError(f"{_location(config.source, MANIFEST)}: shards have max_seq_length "
+            raise ValueError(f"{_location(config.source, MANIFEST_NAME)}: shards have max_seq_length "
                              f"{seq}, the phase wants {config.max_seq_length}")
         self.epoch = 0
         self.batch_in_epoch = 0
@@ -533,7 +531,7 @@ class ShardLoader:
 
     def shard_set_digest(self) -> str:
         """`shard_set_digest` of the shards this loader reads."""
-        return shard_set_digest(self.manifest, _location(self.config.source, MANIFEST),
+        return shard_set_digest(self.manifest, _location(self.config.source, MANIFEST_NAME),
                                 self.config.split)
 
     def _report_cut(self, plan: EpochPlan) -> None:

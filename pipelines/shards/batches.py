@@ -3,7 +3,7 @@
 Every shuffle of the job moves a few columnar batches per key, never one object per instance,
 pickled in the workers (`to_bytes`): documents' plans to the random-next join (`PlanBatch`),
 instances to their pack bucket (`WireBatch`, with their `LengthBatch` counted ahead), and a
-bucket's rows to their shard (`ShardPart`). `pack_rows` lays a bucket out as rows and
+bucket's rows to their shard (`ShardPart`). `bucket_rows` lays a bucket out as rows and
 `assign_to_shards` deals them out by global rank (both: `pack_and_assign`); `write_group` writes
 a shard. The job's options (`ShardJobConfig`) live here because these functions read them;
 `pipelines/make_shards.py` parses them and wires the functions into Beam.
@@ -298,7 +298,7 @@ class ShardPart:
 
 def bucket_totals(parts: Iterable[LengthBatch], cfg: InstanceConfig, pack: bool
                  ) -> tuple[int, int, int, int]:
-    """(rows, instances, tokens, masked) of one pack bucket, as `pack_rows` will lay it out."""
+    """(rows, instances, tokens, masked) of one pack bucket, as `bucket_rows` will lay it out."""
     parts = list(parts)
 
     def cat(name):
@@ -363,7 +363,7 @@ def pack_and_assign(key: tuple[str, int], parts: Iterable[WireBatch],
                     vocab_size: int) -> Iterator[tuple[tuple[str, int], ShardPart]]:
     """A pack bucket's instances -> its rows -> (split, shard) parts (`assign_to_shards`)."""
     split, bucket = key
-    group = pack_rows(packing.InstanceBatch.concat([from_bytes(p).unpack() for p in parts]), cfg,
+    group = bucket_rows(packing.InstanceBatch.concat([from_bytes(p).unpack() for p in parts]), cfg,
                       job.pack)
     if group.stats() != tuple(bucket_stats[key]):
         # The global ranks come from `bucket_totals` on the LengthBatches: a mismatch would
@@ -376,7 +376,7 @@ def pack_and_assign(key: tuple[str, int], parts: Iterable[WireBatch],
                                             part.positions))
 
 
-def pack_rows(batch: packing.InstanceBatch, cfg: InstanceConfig, pack: bool) -> RowGroup:
+def bucket_rows(batch: packing.InstanceBatch, cfg: InstanceConfig, pack: bool) -> RowGroup:
     """Shuffle a bucket by key, then lay instances out as rows (packed or one per row)."""
     batch = batch.shuffled()
     if not pack:
