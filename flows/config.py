@@ -28,8 +28,8 @@ from typing import Any
 
 from common import settings
 from finetune.fanout import FanOutConfig
-from pipelines.shards import batches
-from pipelines.shards.batches import ShardsConfig
+from pipelines.shards import config as shards_config
+from pipelines.shards.config import ShardsConfig
 from pipelines.vocab import wordpiece
 from pipelines.vocab.wordpiece import VocabConfig
 from training import config as training
@@ -52,11 +52,11 @@ class DataConfig:
 @dataclass(frozen=True)
 class ShardPhases:
     """The shards of the two pre-training phases: make_shards' config once per phase
-    (pipelines/shards/batches.py). Phase N of `pretrain` trains on `phaseN`'s shards, at their
+    (pipelines/shards/config.py). Phase N of `pretrain` trains on `phaseN`'s shards, at their
     `max_seq_length`."""
-    phase1: ShardsConfig = field(default_factory=lambda: batches.base(1))
+    phase1: ShardsConfig = field(default_factory=lambda: shards_config.base(1))
     """Phase-1 shards (BERT: 128 tokens, 20 predictions)."""
-    phase2: ShardsConfig = field(default_factory=lambda: batches.base(2))
+    phase2: ShardsConfig = field(default_factory=lambda: shards_config.base(2))
     """Phase-2 shards (BERT: 512 tokens, 80 predictions)."""
 
 
@@ -147,7 +147,7 @@ def tiny() -> DagConfig:
         output=str(REPO / "runs" / "tiny"),
         data=DataConfig(wikipedia=str(SAMPLE / "wiki"), books=str(SAMPLE / "books")),
         vocab=wordpiece.tiny(),
-        shards=ShardPhases(batches.tiny(1), batches.tiny(2)),
+        shards=ShardPhases(shards_config.tiny(1), shards_config.tiny(2)),
         pretrain=training.tiny(),
         # A family's demo task is its name here and its sample folder in data/sample/.
         finetune=FanOutConfig(data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
@@ -172,7 +172,7 @@ def large() -> DagConfig:
     hosts with ssh between them, not from the images."""
     return DagConfig(
         name="large", output=str(REPO / "runs" / "large"), vocab=wordpiece.large(),
-        shards=ShardPhases(batches.large(1), batches.large(2)),
+        shards=ShardPhases(shards_config.large(1), shards_config.large(2)),
         pretrain=training.large(), launch=LaunchConfig(launcher="deepspeed", nproc_per_node=8),
         finetune=FanOutConfig(data=None),
     )

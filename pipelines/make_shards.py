@@ -23,11 +23,12 @@ Scalable pipeline (every shuffle moves columnar batches, never one object per in
 
 Where the pieces live: this file holds the flags (`build_parser`, from `ShardsConfig`), the
 Beam wiring (the DoFns, `CreateInstances`, `WriteShards`, `build_scalable_pipeline`), reference
-mode, the manifest and `run()`. The data work is pure code in
+mode, the manifest and `run()`. Its options are `pipelines/shards/config.py`'s `ShardsConfig`.
+The data work is pure code in
 - `pipelines/shards/reading.py`: input files -> read parts -> documents as token ids;
 - `pipelines/shards/instances.py`: documents -> plans -> instances (the reference's algorithm);
 - `pipelines/shards/batches.py`: the columnar batches that cross the shuffles, pack and shard
-  bucket counts, rows per bucket, shard assignment, writing a shard; and `ShardJobConfig`;
+  bucket counts, rows per bucket, shard assignment, writing a shard;
 - `pipelines/shards/packing.py`, `pipelines/shards/shard_files.py`: instance columns, rows,
   shard files.
 
@@ -74,8 +75,6 @@ from pipelines.shards.batches import (
     LengthBatch,
     PlanBatch,
     RowGroup,
-    ShardJobConfig,
-    ShardsConfig,
     WireBatch,
     bucket_instances,
     bucket_totals,
@@ -88,6 +87,7 @@ from pipelines.shards.batches import (
     to_bytes,
     write_group,
 )
+from pipelines.shards.config import ShardJobConfig, ShardsConfig
 from pipelines.shards.instances import (
     InstanceConfig,
     InstancePlan,

@@ -133,7 +133,7 @@ def test_a_split_not_summing_to_one_names_the_flags():
     args = make_shards.build_parser().parse_args(["--input", "i", "--output", "o", "--vocab",
                                                   "v", "--mask_fraction", "most"])
     from pipelines import jobs
-    from pipelines.shards.batches import ShardsConfig
+    from pipelines.shards.config import ShardsConfig
     with pytest.raises(ValueError, match="^--mask_fraction='most': 'most' is not a number"):
         jobs.config_from_args(args, ShardsConfig())
 
@@ -293,7 +293,7 @@ def test_flow_shard_settings_reach_make_shards_and_the_stage_hash():
          "--same_fraction=0.2", "--random_fraction=0.8", "--no_next_sentence",
          "--max_seq_length=128", "--max_predictions_per_seq=20"])
     from pipelines import jobs
-    from pipelines.shards.batches import ShardsConfig
+    from pipelines.shards.config import ShardsConfig
     job = jobs.config_from_args(args, ShardsConfig())
     assert (job.mask_fraction, job.same_fraction, job.random_fraction, job.next_sentence) == \
         (0.0, 0.2, 0.8, False)

@@ -201,11 +201,11 @@ def test_config_validation_names_the_flag(field, value, flag):
 
 
 def test_presets():
-    from pipelines.shards import batches
+    from pipelines.shards import config as shards_config
 
-    base = [batches.base(phase) for phase in (1, 2)]
+    base = [shards_config.base(phase) for phase in (1, 2)]
     assert [(c.max_seq_length, c.max_predictions_per_seq) for c in base] == [(128, 20), (512, 80)]
-    assert [batches.tiny(phase).max_seq_length for phase in (1, 2)] == [128, 256]
+    assert [shards_config.tiny(phase).max_seq_length for phase in (1, 2)] == [128, 256]
     assert InstanceConfig().max_num_tokens == 125
     assert InstanceConfig(next_sentence=False).max_num_tokens == 126
 

@@ -17,6 +17,7 @@ from common.tokenization import load_tokenizer, read_vocab, save_tokenizer_folde
 from pipelines import jobs, make_shards, verify_shards
 from pipelines.corpus.documents import CORPUS_SCHEMA
 from pipelines.shards import batches, reading, shard_files
+from pipelines.shards.config import ShardJobConfig, ShardsConfig
 from pipelines.shards.instances import (
     InstanceConfig,
     Vocab,
@@ -146,7 +147,7 @@ def test_two_workers_and_rerun_give_identical_shards(one_worker, corpus, minilm_
     assert manifest2["config_hash"] == manifest["config_hash"]
     config = jobs.config_from_args(make_shards.build_parser().parse_args([
         "--input", "x", "--output", "y", "--vocab", "v", "--dupe_factor", "2",
-        "--instances_per_pack_bucket", "300"]), batches.ShardsConfig())
+        "--instances_per_pack_bucket", "300"]), ShardsConfig())
     assert batches.pack_bucket_count(manifest["counters"]["tokens"], config, config) >= 3
     # Unpacked rows are in shuffle-key order whatever the grouping: other join and pack
     # bucket counts give the same bytes.
@@ -422,7 +423,7 @@ def test_mlm_only(corpus, minilm_dir, tmp_path):
 
 def test_bad_options_name_the_flag(corpus, minilm_dir, tmp_path):
     with pytest.raises(ValueError, match="--mode"):
-        batches.ShardJobConfig(mode="fast")
+        ShardJobConfig(mode="fast")
     with pytest.raises(ValueError, match="--validation_fraction"):
         _run(corpus["text"], tmp_path, minilm_dir, "--validation_fraction", "1.5")
     with pytest.raises(FileNotFoundError, match="nope"):

@@ -10,8 +10,8 @@ import pytest
 from common import settings
 from flows.config import parse_set_flags, resolve
 from pipelines import jobs, make_shards, train_vocab
-from pipelines.shards import batches
-from pipelines.shards.batches import ShardsConfig
+from pipelines.shards import config as shards_config
+from pipelines.shards.config import ShardsConfig
 from pipelines.vocab.wordpiece import VocabConfig
 from training import config as training
 
@@ -132,7 +132,7 @@ def test_the_flows_tiny_preset_is_made_of_the_stages_tiny_presets():
 
     cfg = resolve("tiny")
     assert cfg.vocab == wordpiece.tiny() and cfg.vocab.vocab_size == 4000
-    assert (cfg.shards.phase1, cfg.shards.phase2) == (batches.tiny(1), batches.tiny(2))
+    assert (cfg.shards.phase1, cfg.shards.phase2) == (shards_config.tiny(1), shards_config.tiny(2))
     assert cfg.pretrain == training.tiny()
     assert [(p.steps, p.warmup_steps, p.max_seq_length, p.global_batch_size)
             for p in cfg.pretrain.phases] == [(600, 60, 128, 32), (60, 6, 256, 16)]
