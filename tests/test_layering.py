@@ -1,5 +1,6 @@
 """The package layering: `common` and the model/training/fine-tuning code never import Beam or
-a Beam job, so a training or fine-tuning machine needs neither (docs/design.md, "Layout")."""
+a Beam job, so a training or fine-tuning machine needs neither (docs/design.md, the package
+table)."""
 import pkgutil
 import subprocess
 import sys
