@@ -40,6 +40,7 @@ COPY pyproject.toml infra/docker/pyproject_requirements.py ./
 RUN python pyproject_requirements.py --extra gcp > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt -c /opt/venv/constraints.txt
 COPY README.md ./
+COPY common common
 COPY pipelines pipelines
 COPY model model
 COPY finetune finetune
@@ -71,6 +72,7 @@ ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONPATH
 ENV TOKENIZERS_PARALLELISM=false
 WORKDIR /opt/bert-dag
 COPY --chown=1000:1000 pyproject.toml README.md Makefile prefect.yaml ./
+COPY --chown=1000:1000 common common
 COPY --chown=1000:1000 pipelines pipelines
 COPY --chown=1000:1000 model model
 COPY --chown=1000:1000 finetune finetune
@@ -163,6 +165,7 @@ COPY pyproject.toml infra/docker/pyproject_requirements.py ./
 RUN python pyproject_requirements.py --extra gcp > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt -c /opt/venv/constraints.txt
 COPY README.md ./
+COPY common common
 COPY pipelines pipelines
 COPY model model
 COPY finetune finetune
@@ -209,6 +212,7 @@ ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONPATH
 ENV TOKENIZERS_PARALLELISM=false
 WORKDIR /opt/bert-dag
 COPY --chown=1000:1000 pyproject.toml README.md prefect.yaml ./
+COPY --chown=1000:1000 common common
 COPY --chown=1000:1000 pipelines pipelines
 COPY --chown=1000:1000 model model
 COPY --chown=1000:1000 finetune finetune

@@ -19,4 +19,4 @@ test: setup
 	$(VENV)/bin/pytest $(ARGS)
 
 lint: setup
-	$(VENV)/bin/ruff check pipelines model finetune training flows tests benchmarks
+	$(VENV)/bin/ruff check common pipelines model finetune training flows tests benchmarks

@@ -4,7 +4,7 @@ Ours in scalable mode (plan_document + fill_random_next + finalize_instances in 
 one-at-a-time finalize_instance), ours in reference mode, and BERT's reference generator (the
 peer, `pip install --no-deps bert-tensorflow==1.0.4`) on the same documents in this process,
 at 128 / 20 and 512 / 76. Input: shared books as documents of 8 paragraphs, one sentence
-(pipelines.sentences) per segment, as in tests/test_instances.py.
+(pipelines.corpus.sentences) per segment, as in tests/test_instances.py.
 Timings are CPU time of this process (the machine is shared); ratios are ours / peer.
 
     .venv/bin/python benchmarks/bench_instances.py [--dupe_factor 1] [--books N]
@@ -19,8 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from common.tokenization import load_tokenizer, read_vocab
 from peers import bert_generator
-from pipelines.instances import (
+from pipelines.corpus.sentences import split_passages
+from pipelines.shards.instances import (
     InstanceConfig,
     Vocab,
     create_instances_reference,
@@ -28,8 +30,6 @@ from pipelines.instances import (
     finalize_instance,
     finalize_instances,
 )
-from pipelines.sentences import split_passages
-from pipelines.tokenization import load_tokenizer, read_vocab
 
 REPO = Path(__file__).resolve().parents[1]
 BOOKS = REPO.parent / "shared" / "data" / "books"

@@ -68,7 +68,7 @@ def replicate_documents(sources: list[Path], out: Path, copies: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.documents import DOCUMENT_SCHEMA
+    from pipelines.corpus.documents import DOCUMENT_SCHEMA
 
     out.mkdir(parents=True)
     rows = [r for s in sources for f in sorted(s.glob("*.parquet"))

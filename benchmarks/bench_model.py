@@ -44,10 +44,10 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 
+from common.shard_format import Row
 from model.bert import PRESETS, BertConfig
 from model.heads import BertForPreTraining
 from model.hf import ours_to_hf
-from pipelines.shard_format import Row
 from training.launch import keep_freed_memory
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -151,7 +151,7 @@ def shard_rows(folder: str) -> list[Row]:
     """All rows of the train shards of a shard folder."""
     import tarfile
 
-    from pipelines.shard_format import MEMBER_SUFFIX, decode_block
+    from common.shard_format import MEMBER_SUFFIX, decode_block
 
     rows = []
     for tar_path in sorted(Path(folder).glob("train-*.tar")):

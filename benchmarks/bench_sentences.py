@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_sentences.py [--repeats 3] [--books DIR] [--squad FILE]
 
 All segmenters run in this one process on the same passages: the shared books (extracted with
-pipelines.books, one passage per paragraph) and SQuAD v1.1 dev contexts (real Wikipedia
+pipelines.books.cleaning, one passage per paragraph) and SQuAD v1.1 dev contexts (real Wikipedia
 paragraphs). Falls back to the bundled sample books when ../shared/data is absent.
 
 Speed is sentences/s (each segmenter's own sentence count over its best time) and MB/s of text.
@@ -30,13 +30,13 @@ MISSED = re.compile(r"\b(?!(?:etc|viz|vs|cf|al|ca|no|pp|ed|vol|co|inc|ltd)\.)[a-
 
 
 def book_passages(folder: Path) -> list[str]:
-    from pipelines import books
+    from pipelines.books import cleaning
 
     passages: list[str] = []
     for path in sorted(folder.glob("*.txt")):
         if path.name.startswith("README"):
             continue
-        passages += books.extract_book(path.read_bytes()).passages
+        passages += cleaning.extract_book(path.read_bytes()).passages
     return passages
 
 
@@ -51,7 +51,7 @@ def segmenters() -> dict:
     """Ours and the peers that are installed (nupunkt and sentencex are in the `dev` extra)."""
     import blingfire
 
-    from pipelines.sentences import split_sentences
+    from pipelines.corpus.sentences import split_sentences
 
     segs = {
         "ours (blingfire+repairs)": split_sentences,

@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from common.errors import BadRecord
 from pipelines.extract_wikipedia import page_document
-from pipelines.wiki_dump import BadRecord, iter_pages, plan_splits
+from pipelines.wikipedia.dump import iter_pages, plan_splits
 
 DEFAULT_DUMP = (Path(__file__).resolve().parents[2] / "shared" / "data" / "wiki" /
                 "enwiki-dbpedia-minidump-pages-articles.xml.bz2")

@@ -34,9 +34,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common import shard_format
 from model.bert import PRESETS, BertConfig, compile_layers
 from model.heads import BertForPreTraining, BertForSequenceClassification
-from pipelines import shard_format
 from training import memory
 from training.loader import collate
 from training.sync_check import SyncCounter

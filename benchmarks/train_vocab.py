@@ -17,8 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines import train_vocab, vocab
-from pipelines.tokenization import PAD, read_vocab
+from common.tokenization import PAD, read_vocab
+from pipelines import train_vocab
+from pipelines.vocab import wordpiece
 
 DEFAULT_INPUT = Path(__file__).resolve().parents[2] / "shared" / "data" / "books"
 
@@ -30,10 +31,10 @@ def read_lines(folder: Path) -> list[str]:
     return lines
 
 
-def peer_train(lines: list[str], config: vocab.VocabConfig) -> list[str]:
+def peer_train(lines: list[str], config: wordpiece.VocabConfig) -> list[str]:
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from pipelines.tokenization import SPECIAL_TOKENS, bert_normalizer
+    from common.tokenization import SPECIAL_TOKENS, bert_normalizer
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = bert_normalizer(config.do_lower_case)
@@ -46,9 +47,9 @@ def peer_train(lines: list[str], config: vocab.VocabConfig) -> list[str]:
     return [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
 
 
-def ours_in_process(lines: list[str], config: vocab.VocabConfig) -> list[str]:
-    counts = vocab.count_words(lines, vocab.word_splitter(config.do_lower_case))
-    return vocab.train_vocab(counts, config).tokens
+def ours_in_process(lines: list[str], config: wordpiece.VocabConfig) -> list[str]:
+    counts = wordpiece.count_words(lines, wordpiece.word_splitter(config.do_lower_case))
+    return wordpiece.train_vocab(counts, config).tokens
 
 
 def timed(fn, *args):
@@ -68,9 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--repeat", type=int, default=2, help="runs of each, for determinism")
     args = parser.parse_args(argv)
-    config = vocab.VocabConfig(vocab_size=args.vocab_size)
+    config = wordpiece.VocabConfig(vocab_size=args.vocab_size)
     lines = read_lines(args.input)
-    counts = vocab.count_words(lines, vocab.word_splitter(True))
+    counts = wordpiece.count_words(lines, wordpiece.word_splitter(True))
     print(f"input: {args.input} ({len(lines)} lines, {sum(counts.values())} words, "
           f"{len(counts)} unique); vocab_size {args.vocab_size}")
 
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, runs in rows.items():
         tokens = runs[0][0]
         best, cpu = min(r[1] for r in runs), min(r[2] for r in runs)
-        stats = vocab.tokenization_stats(tokens, counts, True)
+        stats = wordpiece.tokenization_stats(tokens, counts, True)
         same = len({digest(r[0]) for r in runs}) == 1
         print(f"{name:46s} {best:7.2f} {best / peer_seconds:7.2f}x {cpu:7.2f} "
               f"{cpu / peer_cpu:7.2f}x {stats['tokens_per_word']:11.4f} {same!s:>20s}")

@@ -68,11 +68,11 @@ def load_tokenizer(model_dir: str):
     truncation.
 
     `tokenizer.json` when the folder has one (our export writes it; so do HF BERT folders), else
-    `vocab.txt` through `pipelines.tokenization.load_tokenizer` with the folder's lower-casing.
+    `vocab.txt` through `common.tokenization.load_tokenizer` with the folder's lower-casing.
     """
     from tokenizers import Tokenizer
 
-    from pipelines.tokenization import load_tokenizer as load_wordpiece
+    from common.tokenization import load_tokenizer as load_wordpiece
 
     tokenizer_json = os.path.join(model_dir, "tokenizer.json")
     vocab_txt = os.path.join(model_dir, "vocab.txt")
@@ -97,7 +97,7 @@ def check_unique_tokens(vocab_path: str) -> None:
     Ids are line numbers, so a repeated token leaves an id no text maps to and moves the
     token's id to its last line: a vocabulary that silently does not match the embeddings.
     """
-    from pipelines.tokenization import read_vocab
+    from common.tokenization import read_vocab
 
     first_line: dict[str, int] = {}
     for line, token in enumerate(read_vocab(vocab_path), start=1):

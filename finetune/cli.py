@@ -33,17 +33,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from common import errors, settings, storage
+from common.errors import debug_requested, is_user_error
 from finetune import loop
 from finetune.config import TasksConfig
 from finetune.family import Family, Recipe
 from finetune.loop import FinetuneConfig, FinetuneResult, LoopOptions, TaskJob
 from finetune.report import markdown_table, write_report
-from pipelines import jobs, settings, storage
-from pipelines.jobs import debug_requested, is_user_error
 
 log = logging.getLogger("bert-finetune")
 
-USER_ERRORS = (*jobs.USER_ERRORS, FileExistsError, FloatingPointError)
+USER_ERRORS = (*errors.USER_ERRORS, FileExistsError, FloatingPointError)
 """What bad options or inputs cause (the jobs' kinds; a format error is a ValueError;
 FloatingPointError is a diverged loss): one line on stderr and exit code 2, not a traceback."""
 

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from common.errors import BadRecord
 from model.bert import BertModel
-from pipelines.jobs import BadRecord
 
 
 @dataclass(frozen=True)

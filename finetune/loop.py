@@ -34,10 +34,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from common.errors import BadRecord
+from common.settings import SettingError, check
 from finetune.family import Encoded, Family, Prepared, Recipe, Scored
 from model.bert import BertModel
-from pipelines.jobs import BadRecord
-from pipelines.settings import SettingError, check
 from training.optim import LinearWarmupDecay, param_groups
 
 log = logging.getLogger(__name__)

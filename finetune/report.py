@@ -3,7 +3,7 @@ each task's prediction files and GLUE's leaderboard zip.
 
 The table is generic over metric names (GLUE's accuracy/F1/MCC/correlations, SQuAD's exact/f1,
 multiple choice's accuracy, NER's f1); the GLUE score row averages the GLUE tasks present.
-Everything is written atomically (`pipelines.storage`), `results.json` last of the tables.
+Everything is written atomically (`common.storage`), `results.json` last of the tables.
 The best run's prediction files (`Scored.files`, e.g. SQuAD's predictions.json) go to
 `<output>/<task>/`. Submission files follow the GLUE server's format: one `<TASK>.tsv` per task
 with the header `index\tprediction`, label strings where the task's files use strings
@@ -21,9 +21,9 @@ import json
 import os
 import zipfile
 
+from common import storage
+from common.errors import DEAD_LETTER_DIR
 from finetune.loop import FinetuneResult, TaskResult, TestPredictions
-from pipelines import storage
-from pipelines.jobs import DEAD_LETTER_DIR
 
 GLUE = "glue"
 

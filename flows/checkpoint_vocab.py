@@ -9,8 +9,8 @@ checkpoint, even at the same path, gives other shards and another pre-training s
 """
 from __future__ import annotations
 
+from common import storage
 from flows.stages import StageResult, run_stage
-from pipelines import storage
 
 
 def checkpoint_vocab_settings(init_from: str) -> dict:
@@ -36,7 +36,7 @@ def checkpoint_vocab_settings(init_from: str) -> dict:
 
 def checkpoint_vocab(root: str, init_from: str) -> StageResult:
     """The `vocab-<hash>` stage holding `init_from`'s vocabulary (instead of train_vocab's)."""
-    from pipelines.tokenization import read_vocab, save_tokenizer_folder
+    from common.tokenization import read_vocab, save_tokenizer_folder
 
     settings = checkpoint_vocab_settings(init_from)
     # Where the checkpoint lies is not its content: only its hashes and casing name the stage.

@@ -26,8 +26,8 @@ import argparse
 import os
 import sys
 
+from common import settings
 from flows.config import PRESETS, parse_set_flags, resolve
-from pipelines import settings
 
 
 def build_parser() -> argparse.ArgumentParser:

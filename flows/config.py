@@ -10,7 +10,7 @@ name. Paths may be local folders or URLs (`gs://...`).
 
 Overrides come as a nested mapping (`{"pretrain": {"phase1": {"steps": 20}}}`) from deployment
 parameters, a settings file or the CLI (`--set pretrain.phase1.steps=20`), applied by the one
-mechanism of pipelines/settings.py: a typo fails at once, each value is converted to its field's
+mechanism of common/settings.py: a typo fails at once, each value is converted to its field's
 type, and a value a stage refuses is an error naming the setting in the flow's terms
 (`setting shards.phase2.max_seq_length: must be in [5, 65535], got 4`). `shards.<field>` sets
 both phases. A renamed setting fails naming its new name (`RENAMED_SETTINGS`). `tiny` reads the
@@ -27,11 +27,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from common import settings
 from finetune.config import TasksConfig
-from pipelines import settings, shard_batches
-from pipelines import vocab as vocab_stage
-from pipelines.shard_batches import ShardsConfig
-from pipelines.vocab import VocabConfig
+from pipelines.shards import config as shards_config
+from pipelines.shards.config import ShardsConfig
+from pipelines.vocab import wordpiece
+from pipelines.vocab.wordpiece import VocabConfig
 from training import config as training
 from training.config import PretrainConfig
 
@@ -52,11 +53,11 @@ class DataConfig:
 @dataclass(frozen=True)
 class ShardPhases:
     """The shards of the two pre-training phases: make_shards' config once per phase
-    (pipelines/shard_batches.py). Phase N of `pretrain` trains on `phaseN`'s shards, at their
+    (pipelines/shards/config.py). Phase N of `pretrain` trains on `phaseN`'s shards, at their
     `max_seq_length`."""
-    phase1: ShardsConfig = field(default_factory=lambda: shard_batches.base(1))
+    phase1: ShardsConfig = field(default_factory=lambda: shards_config.base(1))
     """Phase-1 shards (BERT: 128 tokens, 20 predictions)."""
-    phase2: ShardsConfig = field(default_factory=lambda: shard_batches.base(2))
+    phase2: ShardsConfig = field(default_factory=lambda: shards_config.base(2))
     """Phase-2 shards (BERT: 512 tokens, 80 predictions)."""
 
 
@@ -124,7 +125,7 @@ class DagConfig:
     output: str = str(REPO / "runs" / "base")
     """Root folder for every stage's output (local or gs://)."""
     data: DataConfig = field(default_factory=DataConfig)
-    vocab: VocabConfig = field(default_factory=vocab_stage.base)
+    vocab: VocabConfig = field(default_factory=wordpiece.base)
     shards: ShardPhases = field(default_factory=ShardPhases)
     pretrain: PretrainConfig = field(default_factory=training.base)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
@@ -149,8 +150,8 @@ def tiny() -> DagConfig:
         name="tiny",
         output=str(REPO / "runs" / "tiny"),
         data=DataConfig(wikipedia=str(SAMPLE / "wiki"), books=str(SAMPLE / "books")),
-        vocab=vocab_stage.tiny(),
-        shards=ShardPhases(shard_batches.tiny(1), shard_batches.tiny(2)),
+        vocab=wordpiece.tiny(),
+        shards=ShardPhases(shards_config.tiny(1), shards_config.tiny(2)),
         pretrain=training.tiny(),
         # A family's demo task is its name here and its sample folder in data/sample/.
         finetune=TasksConfig(data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
@@ -174,8 +175,8 @@ def large() -> DagConfig:
     or infra/k8s (torchrun rendezvous); `launch.hostfile` (DeepSpeed over ssh) works only on
     hosts with ssh between them, not from the images."""
     return DagConfig(
-        name="large", output=str(REPO / "runs" / "large"), vocab=vocab_stage.large(),
-        shards=ShardPhases(shard_batches.large(1), shard_batches.large(2)),
+        name="large", output=str(REPO / "runs" / "large"), vocab=wordpiece.large(),
+        shards=ShardPhases(shards_config.large(1), shards_config.large(2)),
         pretrain=training.large(), launch=LaunchConfig(launcher="deepspeed", nproc_per_node=8),
         finetune=TasksConfig(data=None),
     )
@@ -193,9 +194,9 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
     _refuse_renamed_and_flow_set(overrides or {})
     overrides = _both_phases(dict(overrides or {}))
     pretrain = overrides.get("pretrain")
-    if isinstance(pretrain, dict) and pretrain.get("init_from") and "model" not in pretrain:
-        # the checkpoint decides the shape (training/init_from.py), not the preset's model
-        overrides = {**overrides, "pretrain": {**pretrain, "model": ""}}
+    if isinstance(pretrain, dict):
+        overrides = {**overrides, "pretrain": {**pretrain,
+                                               **training.checkpoint_decides_shape(pretrain)}}
     cfg = settings.apply(PRESETS[preset](), overrides)
     start = cfg.pretrain.init_from
     if start and "://" not in start and not os.path.isabs(start):
@@ -280,7 +281,7 @@ def finetune_tasks(cfg: DagConfig) -> list:
 def check_output(cfg: DagConfig, data_only: bool) -> None:
     """The run root suits the stages that will write to it.
 
-    Beam jobs write through `pipelines.storage` (local or gs://), so the data stages take
+    Beam jobs write through `common.storage` (local or gs://), so the data stages take
     either. Pre-training writes DeepSpeed checkpoints and fine-tuning its tables with plain file
     I/O: a gs:// root would fail there, hours in. Dataflow's workers, for their part, cannot write
     to the flow machine's disk."""

@@ -13,10 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from common import storage
 from flows.config import DagConfig, finetune_tasks
 from flows.devices import device_pool
 from flows.stages import StageResult, run_stage
-from pipelines import storage
 
 logger = logging.getLogger("flows")
 
@@ -229,7 +229,7 @@ def _task_result(runs: list[dict]):
 
 def _bad_record(fields: dict):
     """A record set aside, back from a run's manifest (with its raw text where it has one)."""
+    from common.errors import BadRecord
     from finetune.glue.data import BadRow
-    from pipelines.jobs import BadRecord
 
     return BadRow(**fields) if "text" in fields else BadRecord(**fields)

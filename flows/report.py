@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from common import storage
 from flows.config import DagConfig
 from flows.stages import StageResult
-from pipelines import storage
 
 
 def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,

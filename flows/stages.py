@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines import storage
+from common import storage
 
 logger = logging.getLogger("flows")
 

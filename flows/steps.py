@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from common import storage
 from flows.config import DagConfig
 from flows.launch import run_subprocess
 from flows.stages import StageResult, run_stage
-from pipelines import storage
 from training import config as training
 from training.config import PretrainConfig
 

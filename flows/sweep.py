@@ -47,7 +47,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pipelines import storage
+from common import storage
 
 SWEEP_KEYS = ("name", "description", "preset", "overrides", "variants")
 VARIANT_KEYS = ("name", "overrides")
@@ -314,7 +314,7 @@ def setting_text(cfg: Any, key: str) -> str:
 
 
 def _setting_value(node: Any, parts: list[str]) -> Any:
-    """The value at a dotted setting path, read as `pipelines.settings.apply` writes it: a
+    """The value at a dotted setting path, read as `common.settings.apply` writes it: a
     phase by name (`pretrain.phase1.steps`) or index, and `shards.<field>` (both phases' shards)
     as "phase1/phase2" where the two differ."""
     if not parts:

@@ -30,7 +30,7 @@ PADDING_SEQUENCE_ID = -1
 def packed_position_ids(sequence_ids: Tensor) -> Tensor:
     """Positions restarting at 0 at each instance boundary of a row. (B, T) -> (B, T)
 
-    The torch twin of `pipelines.shard_format.position_ids`.
+    The torch twin of `common.shard_format.position_ids`.
     """
     idx = torch.arange(sequence_ids.shape[-1], device=sequence_ids.device).expand_as(sequence_ids)
     starts = torch.ones_like(sequence_ids, dtype=torch.bool)

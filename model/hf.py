@@ -22,6 +22,8 @@ from safetensors.torch import load as load_safetensors_bytes
 from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
+from common import storage
+from common.tokenization import read_vocab, save_tokenizer_folder
 from model.bert import BertConfig, BertModel
 from model.heads import (
     BertForMultipleChoice,
@@ -30,8 +32,6 @@ from model.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from pipelines import storage
-from pipelines.tokenization import read_vocab, save_tokenizer_folder
 
 log = logging.getLogger(__name__)
 

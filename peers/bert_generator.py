@@ -16,7 +16,7 @@ import sys
 import types
 from pathlib import Path
 
-from pipelines.instances import InstanceConfig
+from pipelines.shards.instances import InstanceConfig
 
 PEER = "bert-tensorflow==1.0.4"
 SHIM_MODULES = ("tensorflow", "tensorflow.compat", "tensorflow.compat.v1")

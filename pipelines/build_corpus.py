@@ -7,8 +7,8 @@
 Steps: read every documents Parquet file (row group by row group), remove exact duplicate
 documents across all sources (the text of all passages after NFKC, case folding and whitespace
 collapsing; the smallest doc_id is kept, the others counted and listed in
-`<output>/duplicates/`), split each passage into sentences (`pipelines.sentences`), and write
-`corpus-{i:05d}-of-{n:05d}.parquet` (pipelines.documents.CORPUS_SCHEMA), sorted by doc_id in each
+`<output>/duplicates/`), split each passage into sentences (`pipelines.corpus.sentences`), and write
+`corpus-{i:05d}-of-{n:05d}.parquet` (pipelines.corpus.documents.CORPUS_SCHEMA), sorted by doc_id in each
 shard. `--text_output` also writes `corpus-....txt` next to each shard in the reference text format
 (one sentence per line, a blank line between documents, same order as the Parquet shard).
 
@@ -19,6 +19,7 @@ config_hash), outputs with sha256.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import hashlib
 import logging
@@ -30,8 +31,11 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam import pvalue
 
-from pipelines import jobs, parquet_io, sentences, storage
-from pipelines.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
+from common import errors, storage
+from common.settings import check
+from pipelines import jobs, parquet_io
+from pipelines.corpus import sentences
+from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
 
 NAMESPACE = "build_corpus"
 PREFIX = "corpus"
@@ -45,17 +49,18 @@ log = logging.getLogger(__name__)
 class BuildCorpusConfig:
     """Resolved options of one build_corpus run (saved in the manifest, hashed)."""
     input: str
-    """--input: documents folders or Parquet files (local or gs://...), separated by commas."""
+    """Documents folders or Parquet files (local or gs://...), separated by commas."""
     output: str
-    """--output: the corpus folder."""
+    """The corpus folder."""
     num_shards: int = 0
-    """--num_shards: Parquet files to write; 0 = one per 256 MB of input Parquet."""
+    """Parquet files to write; 0 = one per 256 MB of input Parquet."""
     text_output: bool = False
-    """--text_output: also write each shard in the reference text format (.txt)."""
+    """Also write each shard in the reference text format (one sentence per line, a blank
+    line between documents) next to it (.txt)."""
 
     def __post_init__(self):
-        if self.num_shards < 0:
-            raise ValueError(f"--num_shards must be >= 0 (0 = automatic), got {self.num_shards}")
+        check(self.num_shards >= 0, "num_shards",
+              f"must be >= 0 (0 = automatic), got {self.num_shards}")
 
 
 def normalized_text(passages: Iterable[str]) -> str:
@@ -124,7 +129,7 @@ class UniqueIdFn(beam.DoFn):
             self.bad.inc()
             reason = f"doc_id also used by {kept['source_file']} for a different text (kept that one)"
             yield pvalue.TaggedOutput("dead_letter",
-                                      jobs.BadRecord(other["source_file"], doc_id, reason).to_json())
+                                      errors.BadRecord(other["source_file"], doc_id, reason).to_json())
         yield kept
 
 
@@ -139,7 +144,7 @@ class SplitSentencesFn(beam.DoFn):
         if not row["sentences"]:
             self.counters["documents_without_sentences"].inc()
             self.counters["bad_records"].inc()
-            yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(
+            yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(
                 record["source_file"], record["doc_id"], "document has no sentence").to_json())
             return
         self.counters["documents"].inc()
@@ -170,7 +175,7 @@ class ReadDocumentsFn(beam.DoFn):
         except (pa.ArrowException, OSError) as e:
             self.bad.inc()
             log.error("dead letter: %s after row %d: %s", path, rows, e)
-            yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(
+            yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(
                 path, f"rows after {rows}", f"unreadable Parquet: {e}").to_json())
 
 
@@ -194,14 +199,9 @@ class BuildCorpus(beam.PTransform):
         return {"corpus": split.corpus, "duplicates": deduped.duplicates, "dead_letter": dead}
 
 
-def build_parser():
-    parser = jobs.job_parser(__doc__.splitlines()[0])
-    parser.add_argument("--num_shards", type=int, default=0,
-                        help="number of corpus Parquet files; 0 = one per 256 MB of input")
-    parser.add_argument("--text_output", action="store_true",
-                        help="also write the reference text format (one sentence per line, "
-                             "blank line between documents) next to each shard")
-    return parser
+def build_parser() -> argparse.ArgumentParser:
+    """The job's flags: one per `BuildCorpusConfig` field, help from its docstring."""
+    return jobs.config_parser(__doc__.splitlines()[0], BuildCorpusConfig)
 
 
 def select_inputs(pattern: str) -> tuple[list[storage.InputFile], dict[str, str]]:
@@ -227,9 +227,8 @@ def select_inputs(pattern: str) -> tuple[list[storage.InputFile], dict[str, str]
 def main(argv: Sequence[str] | None = None) -> dict:
     """The command line: flags -> `BuildCorpusConfig` -> `run`."""
     args, beam_args = build_parser().parse_known_args(argv)
-    return run(BuildCorpusConfig(input=args.input, output=args.output,
-                                 num_shards=args.num_shards, text_output=args.text_output),
-               beam_args)
+    config = jobs.config_from_args(args, BuildCorpusConfig(input=args.input, output=args.output))
+    return run(config, beam_args)
 
 
 def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
@@ -258,7 +257,7 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
         built = read.rows | "Build" >> BuildCorpus()
         dead_letters = ((read.dead_letter, built["dead_letter"])
                         | "AllDeadLetters" >> beam.Flatten())
-        _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteShards(
+        _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
             config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
         _ = dead_letters | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             parquet_io.dead_letter_path(config.output))

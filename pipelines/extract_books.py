@@ -10,7 +10,7 @@ austen/emma/text.txt; title from the book's first bracketed line): decoded (UTF-
 normalised, control characters (DOS Ctrl-Z) removed, Project Gutenberg header/footer (1990s and
 later forms), transcriber's notes, title pages, lists and chapter headings dropped, hard-wrapped
 lines unwrapped into one passage per paragraph, long verse cut at sentence ends (see
-`pipelines/books.py`; each of these is a counter in the manifest).
+`pipelines/books/cleaning.py`; each of these is a counter in the manifest).
 
 Bad input is set aside in `<output>/dead_letter/` and counted, never dropped silently: an empty or
 binary file, a file with no text left, an unreadable file (one record each), and a paragraph
@@ -20,11 +20,12 @@ aside with its size and line; the rest of that book is kept). Files whose name m
 --input reads its subfolders too. A run whose files give no document at all writes no manifest
 and fails naming the input and its dead letters.
 
-Output: `documents-{i:05d}-of-{n:05d}.parquet` (pipelines.documents.DOCUMENT_SCHEMA), dead letters,
+Output: `documents-{i:05d}-of-{n:05d}.parquet` (pipelines.corpus.documents.DOCUMENT_SCHEMA), dead letters,
 and `manifest.json` written last (config + hash, counts, inputs, outputs with sha256).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import fnmatch
 import logging
@@ -35,17 +36,16 @@ from dataclasses import dataclass
 import apache_beam as beam
 from apache_beam import pvalue
 
-from pipelines import books, jobs, parquet_io, storage
-from pipelines.documents import DOCUMENT_SCHEMA
+from common import errors, storage
+from common.settings import check
+from pipelines import jobs, parquet_io
+from pipelines.books import cleaning
+from pipelines.corpus.documents import DOCUMENT_SCHEMA
 
 NAMESPACE = "extract_books"
 OUTPUT_VERSION = 2
-"""Bumped when the same input and options give other records (ids, fields, text rules). In the
-manifest, and in the flow's stage hash from 2 on, so a cached output of older code is not
-reused. (Version 1 includes the session-4 doc ids, from the path below the input folder: folders
-built before them keep their keys, as a forced rebuild would restart pre-training downstream of
-an output that is consistent with everything built from it. Version 2: 1990s etext headers and
-footers, control characters, transcriber's notes, front matter, lists and long verse.)"""
+"""Changes when the same input and options give other records (ids, fields, text rules): it is
+in the manifest and in the flow's stage hash, so an output of other code is not reused."""
 PREFIX = "documents"
 DEFAULT_EXCLUDE = "README*,LICENSE*,LICENCE*,COPYING*,*.md,*.json,*.parquet"
 # Counter names, in manifest order.
@@ -57,29 +57,24 @@ COUNTERS = ("files_read", "decoded_utf8", "decoded_fallback", "documents", "pass
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ExtractBooksConfig:
-    """Resolved options of one extract_books run (saved in the manifest, hashed)."""
+@dataclass(frozen=True, kw_only=True)
+class ExtractBooksConfig(cleaning.BookConfig):
+    """Resolved options of one extract_books run (saved in the manifest, hashed); the limits
+    of bad input (`max_passage_chars`, `max_control_fraction`) are `cleaning.BookConfig`'s."""
     input: str
-    """--input: book files, a glob or a folder (local or gs://...); several separated by commas."""
+    """Book files, a glob or a folder (local or gs://...); several separated by commas."""
     output: str
-    """--output: the documents folder."""
+    """The documents folder."""
     exclude: tuple[str, ...] = tuple(DEFAULT_EXCLUDE.split(","))
-    """--exclude: file-name patterns that are not books (skipped, listed in the manifest)."""
+    """Comma-separated file-name patterns that are not books (skipped, listed in the
+    manifest); default README*,LICENSE*,LICENCE*,COPYING*,*.md,*.json,*.parquet."""
     num_shards: int = 0
-    """--num_shards: Parquet files to write; 0 = one per 256 MB of input."""
-    max_passage_chars: int = books.BookConfig.max_passage_chars
-    """--max_passage_chars: longer paragraphs are dead letters (see pipelines.books.BookConfig)."""
-    max_control_fraction: float = books.BookConfig.max_control_fraction
-    """--max_control_fraction: files with more binary control bytes are dead letters."""
+    """Parquet files to write; 0 = one per 256 MB of input."""
 
     def __post_init__(self):
-        if self.num_shards < 0:
-            raise ValueError(f"--num_shards must be >= 0 (0 = automatic), got {self.num_shards}")
-        self.book_config()  # validates --max_passage_chars and --max_control_fraction
-
-    def book_config(self) -> books.BookConfig:
-        return books.BookConfig(self.max_passage_chars, self.max_control_fraction)
+        cleaning.BookConfig.__post_init__(self)
+        check(self.num_shards >= 0, "num_shards",
+              f"must be >= 0 (0 = automatic), got {self.num_shards}")
 
 
 def is_excluded(path: str, patterns: Sequence[str]) -> bool:
@@ -93,7 +88,7 @@ def doc_id_for(file: storage.InputFile) -> str:
     return f"books/{os.path.splitext(file.name)[0]}"
 
 
-def book_record(file: storage.InputFile, book: books.Book) -> dict:
+def book_record(file: storage.InputFile, book: cleaning.Book) -> dict:
     """The DOCUMENT_SCHEMA row of one book."""
     stem = os.path.splitext(os.path.basename(file.path))[0]
     return {"doc_id": doc_id_for(file), "source": "books", "source_file": file.path,
@@ -101,9 +96,9 @@ def book_record(file: storage.InputFile, book: books.Book) -> dict:
 
 
 class ExtractBookFn(beam.DoFn):
-    """Wires `books.extract_book`: InputFile -> document record, plus tagged dead letters."""
+    """Wires `cleaning.extract_book`: InputFile -> document record, plus tagged dead letters."""
 
-    def __init__(self, config: books.BookConfig):
+    def __init__(self, config: cleaning.BookConfig):
         self.config = config
         self.counters = {name: beam.metrics.Metrics.counter(NAMESPACE, name) for name in COUNTERS}
 
@@ -111,22 +106,22 @@ class ExtractBookFn(beam.DoFn):
         yield from extract_path(file, self.config, self.counters)
 
 
-def extract_path(file: storage.InputFile, config: books.BookConfig, counters: dict):
+def extract_path(file: storage.InputFile, config: cleaning.BookConfig, counters: dict):
     """Read and extract one file; yields a record or tagged dead letters and bumps counters."""
     path = file.path
     counters["files_read"].inc()
     try:
         with storage.open_read(path, "rb") as f:
             data = f.read()
-        book = books.extract_book(data, config)
-    except books.BadBookError as e:
+        book = cleaning.extract_book(data, config)
+    except cleaning.BadBookError as e:
         counters["bad_records"].inc()
         log.warning("dead letter: %s %s: %s", path, e.record, e.reason)
-        yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(path, e.record, e.reason).to_json())
+        yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(path, e.record, e.reason).to_json())
         return
     except OSError as e:
         counters["bad_records"].inc()
-        yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(path, "file", f"unreadable: {e}").to_json())
+        yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(path, "file", f"unreadable: {e}").to_json())
         return
     counters["decoded_fallback" if book.fell_back else "decoded_utf8"].inc()
     counters["headings_dropped"].inc(book.headings_dropped)
@@ -139,7 +134,7 @@ def extract_path(file: storage.InputFile, config: books.BookConfig, counters: di
         counters["bad_records"].inc()
         counters["passages_set_aside"].inc()
         log.warning("dead letter: %s %s: %s", path, record, reason)
-        yield pvalue.TaggedOutput("dead_letter", jobs.BadRecord(path, record, reason).to_json())
+        yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(path, record, reason).to_json())
     if book.passages:
         counters["documents"].inc()
         counters["passages"].inc(len(book.passages))
@@ -147,27 +142,9 @@ def extract_path(file: storage.InputFile, config: books.BookConfig, counters: di
         yield book_record(file, book)
 
 
-def build_parser():
-    parser = jobs.job_parser(__doc__.splitlines()[0])
-    parser.add_argument("--exclude", default=DEFAULT_EXCLUDE,
-                        help="comma-separated file-name patterns that are not books "
-                             f"(default: {DEFAULT_EXCLUDE})")
-    parser.add_argument("--num_shards", type=int, default=0,
-                        help="number of Parquet files; 0 = one per 256 MB of input")
-    parser.add_argument("--max_passage_chars", type=int, default=books.BookConfig.max_passage_chars,
-                        help="a paragraph longer than this is set aside as a dead letter")
-    parser.add_argument("--max_control_fraction", type=float,
-                        default=books.BookConfig.max_control_fraction,
-                        help="a file with a larger share of binary control bytes is a dead letter")
-    return parser
-
-
-def config_from_args(args) -> ExtractBooksConfig:
-    return ExtractBooksConfig(
-        input=args.input, output=args.output,
-        exclude=tuple(p for p in args.exclude.split(",") if p),
-        num_shards=args.num_shards, max_passage_chars=args.max_passage_chars,
-        max_control_fraction=args.max_control_fraction)
+def build_parser() -> argparse.ArgumentParser:
+    """The job's flags: one per `ExtractBooksConfig` field, help from its docstring."""
+    return jobs.config_parser(__doc__.splitlines()[0], ExtractBooksConfig)
 
 
 def select_inputs(config: ExtractBooksConfig) -> tuple[list[storage.InputFile], list[str]]:
@@ -191,7 +168,8 @@ def select_inputs(config: ExtractBooksConfig) -> tuple[list[storage.InputFile], 
 def main(argv: Sequence[str] | None = None) -> dict:
     """The command line: flags -> `ExtractBooksConfig` -> `run`."""
     args, beam_args = build_parser().parse_known_args(argv)
-    return run(config_from_args(args), beam_args)
+    config = jobs.config_from_args(args, ExtractBooksConfig(input=args.input, output=args.output))
+    return run(config, beam_args)
 
 
 def run(config: ExtractBooksConfig, beam_args: Sequence[str] = ()) -> dict:
@@ -213,9 +191,9 @@ def run(config: ExtractBooksConfig, beam_args: Sequence[str] = ()) -> dict:
         results = (pipeline
                    | "Files" >> beam.Create(files)
                    | "Spread" >> beam.Reshuffle()
-                   | "Extract" >> beam.ParDo(ExtractBookFn(config.book_config()))
+                   | "Extract" >> beam.ParDo(ExtractBookFn(config))
                    .with_outputs("dead_letter", main="documents"))
-        _ = results.documents | "WriteDocuments" >> parquet_io.WriteShards(
+        _ = results.documents | "WriteDocuments" >> parquet_io.WriteParquetShards(
             config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
         _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             parquet_io.dead_letter_path(config.output))

@@ -4,8 +4,8 @@
         [--split_bytes 67108864] [--runner DataflowRunner ...]
 
 Each input file is cut into splits (byte ranges of .xml, groups of bz2 streams of a multistream
-.bz2; see pipelines/wiki_dump.py). One worker reads a split, keeps the namespace-0 articles that
-are not redirects or disambiguation pages, extracts their passages (pipelines/wikitext.py) and
+.bz2; see pipelines/wikipedia/dump.py). One worker reads a split, keeps the namespace-0 articles that
+are not redirects or disambiguation pages, extracts their passages (pipelines/wikipedia/wikitext.py) and
 streams them to `documents-{index:05d}-of-{count:05d}.parquet`, one file per split, rows in dump
 order: the split plan depends only on the input files and the config, so a re-run writes the same
 bytes, whatever the runner or number of workers. Files are written under a temporary name and
@@ -27,19 +27,14 @@ from dataclasses import dataclass, field
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipelines import jobs, parquet_io, storage
-from pipelines.documents import DOCUMENT_SCHEMA, Document
-from pipelines.jobs import (
-    DEAD_LETTER_DIR,
-    BadRecord,
-    configure_logging,
-    local_runner,
-    nothing_produced,
-    warn_dead_letters,
-)
-from pipelines.settings import check
-from pipelines.wiki_dump import DumpSplit, Page, is_index_file, iter_pages, plan_splits
-from pipelines.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
+from common import storage
+from common.errors import DEAD_LETTER_DIR, BadRecord
+from common.settings import check
+from pipelines import jobs, parquet_io
+from pipelines.corpus.documents import DOCUMENT_SCHEMA, Document
+from pipelines.jobs import configure_logging, local_runner, nothing_produced, warn_dead_letters
+from pipelines.wikipedia.dump import DumpSplit, Page, is_index_file, iter_pages, plan_splits
+from pipelines.wikipedia.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
 
 STAGE = "extract_wikipedia"
 OUTPUT_VERSION = 1

@@ -13,9 +13,8 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-DEAD_LETTER_DIR = "dead_letter"
+from common.errors import USER_ERRORS, NoOutputError, debug_requested, is_user_error
 
 
 def job_parser(description: str) -> argparse.ArgumentParser:
@@ -36,11 +35,12 @@ def config_parser(description: str, config_class: type,
     """A job's parser with a flag per field of its config dataclass (help from the field's
     docstring), `--config FILE` (YAML or JSON) and `--set KEY=VALUE`, the overrides every entry
     point takes. `aliases`: (flag, field, value, help) for flags that set a field to a fixed
-    value (`--cased` sets do_lower_case=false)."""
-    from pipelines.settings import add_config_flags
+    value (`--cased` sets do_lower_case=false). A config with `input` and `output` fields takes
+    them from `--input`/`--output`."""
+    from common.settings import add_config_flags
 
     parser = job_parser(description)
-    add_config_flags(parser, config_class)
+    add_config_flags(parser, config_class, skip=("input", "output"))
     for flag, field, value, help_text in aliases:
         parser.add_argument(flag, dest=field, action="store_const", const=value, help=help_text)
     parser.add_argument("--config", metavar="FILE",
@@ -53,7 +53,7 @@ def config_parser(description: str, config_class: type,
 def config_from_args(args: argparse.Namespace, base):
     """`base` (the config's defaults or a preset) with the settings file, `--set`s and then the
     flags given applied, in that order; validated once, errors naming the flag."""
-    from pipelines import settings
+    from common import settings
 
     given = settings.load_file(args.config) if args.config else {}
     config = settings.apply(base, given, label=f"{args.config}: config key") if given else base
@@ -184,29 +184,10 @@ def _runs_locally(beam_options) -> bool:
         "DirectRunner", "FnApiRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
 
 
-@dataclass(frozen=True)
-class BadRecord:
-    """A record a job set aside: written to `<output>/dead_letter/` and counted, never lost."""
-    file: str
-    record: str  # e.g. "page 12345", "line 7", "stream at byte 5512"
-    reason: str
-
-    def to_json(self) -> str:
-        import json
-        return json.dumps({"file": self.file, "record": self.record, "reason": self.reason},
-                          ensure_ascii=False)
-
-
 def configure_logging() -> None:
     # Beam logs a root-logger warning at import; force our format over it.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
-
-
-class NoOutputError(ValueError):
-    """The job ran but its whole input gave nothing (0 documents, 0 instances): it fails, and
-    writes no manifest, so no later stage takes an empty folder for a finished one. A
-    ValueError: the input's values are what is wrong."""
 
 
 def nothing_produced(what: str, input_arg: str, num_bad: int, dead_letter_path: str
@@ -223,7 +204,7 @@ def nothing_produced(what: str, input_arg: str, num_bad: int, dead_letter_path: 
 def _first_dead_letter(path: str) -> dict | None:
     import json
 
-    from pipelines import storage
+    from common import storage
     try:
         with storage.open_read(path) as f:
             line = f.readline()
@@ -236,39 +217,6 @@ def warn_dead_letters(logger: logging.Logger, job: str, num_bad: int, dead_lette
     """The closing warning of a job that set records aside (a success log alone hides them)."""
     if num_bad:
         logger.warning("%s: %d bad record(s) set aside in %s", job, num_bad, dead_letter_path)
-
-
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-               PermissionError, NoOutputError)
-"""What a user's options or inputs cause: reported in one line, not as a traceback."""
-DEBUG_ENV = "BERT_DEBUG"
-OUR_PACKAGES = ("pipelines", "training", "model", "finetune", "flows", "peers")
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def debug_requested() -> bool:
-    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
-
-
-def is_user_error(error: BaseException, kinds: tuple[type[BaseException], ...] = USER_ERRORS
-                  ) -> bool:
-    """Whether `error` is one of our checks speaking to the user: one of `kinds` raised by
-    this project's code (its innermost frame in one of OUR_PACKAGES). The same types raised
-    inside torch, DeepSpeed or Beam are bugs (ours or theirs) and keep their traceback."""
-    if not isinstance(error, kinds):
-        return False
-    tb = error.__traceback__
-    if tb is None or isinstance(error, NoOutputError):
-        return True
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return is_our_file(tb.tb_frame.f_code.co_filename)
-
-
-def is_our_file(path: str) -> bool:
-    """Whether a source file belongs to this project's packages (not a library's)."""
-    path = os.path.abspath(path)
-    return any(path.startswith(os.path.join(_REPO, package) + os.sep) for package in OUR_PACKAGES)
 
 
 def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,7 @@
     beam run pipelines/make_shards.py --input corpus/ --vocab vocab/ --output shards/128 \\
         --max_seq_length 128 --max_predictions_per_seq 20 --dupe_factor 10 [Beam options]
 
-The algorithm is BERT's reference generator (`pipelines/instances.py`). Two modes:
+The algorithm is BERT's reference generator (`pipelines/shards/instances.py`). Two modes:
 - `--mode scalable` (default): the Beam pipeline below; same output on any number of workers.
 - `--mode reference`: one process, one random stream, exactly the reference's instances.
 
@@ -23,21 +23,23 @@ Scalable pipeline (every shuffle moves columnar batches, never one object per in
 
 Where the pieces live: this file holds the flags (`build_parser`, from `ShardsConfig`), the
 Beam wiring (the DoFns, `CreateInstances`, `WriteShards`, `build_scalable_pipeline`), reference
-mode, the manifest and `run()`. The data work is pure code in
-- `pipelines/shard_inputs.py`: input files -> read parts -> documents as token ids;
-- `pipelines/instances.py`: documents -> plans -> instances (the reference's algorithm);
-- `pipelines/shard_batches.py`: the columnar batches that cross the shuffles, pack and shard
-  bucket counts, rows per bucket, shard assignment, writing a shard; and `ShardJobConfig`;
-- `pipelines/packing.py`, `pipelines/shards.py`: instance columns, rows, shard files.
+mode, the manifest and `run()`. Its options are `pipelines/shards/config.py`'s `ShardsConfig`.
+The data work is pure code in
+- `pipelines/shards/reading.py`: input files -> read parts -> documents as token ids;
+- `pipelines/shards/instances.py`: documents -> plans -> instances (the reference's algorithm);
+- `pipelines/shards/batches.py`: the columnar batches that cross the shuffles, pack and shard
+  bucket counts, rows per bucket, shard assignment, writing a shard;
+- `pipelines/shards/packing.py`, `pipelines/shards/shard_files.py`: instance columns, rows,
+  shard files.
 
 Local runs (the FnApiRunner, e.g. --direct_num_workers=2 --direct_running_mode=multi_processing)
 move every shuffled byte through the runner process, which then competes with the workers: so
 the pipeline has no Flatten/CoGroupByKey (the runner materializes each as an extra round trip),
 the instances cross the runner twice (to their pack bucket, to their shard), documents travel
-as uint16 ids and instances without per-token segment ids (`shard_batches.WireBatch`), shuffled
-values are pickled in the workers (`shard_batches.to_bytes`), and each grouped stage has enough
-similar groups for the runner to deal out evenly (`shard_inputs.read_parts`,
-`shard_batches.MIN_BUCKETS`).
+as uint16 ids and instances without per-token segment ids (`batches.WireBatch`), shuffled
+values are pickled in the workers (`batches.to_bytes`), and each grouped stage has enough
+similar groups for the runner to deal out evenly (`reading.read_parts`,
+`batches.MIN_BUCKETS`).
 
 Documents held out for validation (`--validation_fraction`, by a hash of doc_id) form their own
 split with their own document index, so no validation text is drawn as a training random next.
@@ -45,10 +47,10 @@ split with their own document index, so no validation text is drawn as a trainin
 On Dataflow the same code runs with the standard Beam options, e.g. `--runner=DataflowRunner
 --project=P --region=R --temp_location=gs://B/tmp --setup_file=infra/dataflow/setup.py` (or
 `--sdk_container_image` built from infra/dataflow/Dockerfile) and gs:// paths for `--input`,
-`--vocab` and `--output`. Output: `{split}-{index:06d}.tar` shards (`pipelines/shard_format.py`;
+`--vocab` and `--output`. Output: `{split}-{index:06d}.tar` shards (`common/shard_format.py`;
 `next_sentence_label` 1 = random next), `dead_letter/make_shards.jsonl` and, written last,
 `manifest.json`; `python -m pipelines.verify_shards <output>` checks them. A binary text input is
-one dead letter; a run that makes no instance writes no manifest and fails (`jobs.NoOutputError`).
+one dead letter; a run that makes no instance writes no manifest and fails (`errors.NoOutputError`).
 Casing follows the vocabulary folder (`--do_lower_case` defaults to what it records).
 """
 from __future__ import annotations
@@ -66,22 +68,13 @@ from dataclasses import asdict, fields, replace
 import apache_beam as beam
 import numpy as np
 
-from pipelines import jobs, packing, shards, storage
-from pipelines.instances import (
-    InstanceConfig,
-    InstancePlan,
-    Vocab,
-    create_instances_reference,
-    fill_random_next,
-    finalize_instances,
-    plan_document,
-)
-from pipelines.shard_batches import (
+from common import errors, storage
+from pipelines import jobs
+from pipelines.shards import packing, shard_files
+from pipelines.shards.batches import (
     LengthBatch,
     PlanBatch,
     RowGroup,
-    ShardJobConfig,
-    ShardsConfig,
     WireBatch,
     bucket_instances,
     bucket_totals,
@@ -94,7 +87,17 @@ from pipelines.shard_batches import (
     to_bytes,
     write_group,
 )
-from pipelines.shard_inputs import (
+from pipelines.shards.config import ShardJobConfig, ShardsConfig
+from pipelines.shards.instances import (
+    InstanceConfig,
+    InstancePlan,
+    Vocab,
+    create_instances_reference,
+    fill_random_next,
+    finalize_instances,
+    plan_document,
+)
+from pipelines.shards.reading import (
     ReadPart,
     TokenizedDoc,
     corpus_parquet,
@@ -135,7 +138,7 @@ def resolve_do_lower_case(flag: bool | None, vocab_path: str) -> bool:
     wrong pieces without any error, so a flag that contradicts the folder is refused. A bare
     vocab.txt records nothing: lower case, the reference's default.
     """
-    from pipelines.tokenization import recorded_lower_case
+    from common.tokenization import recorded_lower_case
 
     recorded = recorded_lower_case(vocab_path)
     if flag is None:
@@ -173,10 +176,10 @@ class ReadDocumentsFn(beam.DoFn):
         self.bad = beam.metrics.Metrics.counter("make_shards", "bad_records")
         self.tokens = beam.metrics.Metrics.counter("make_shards", "tokens")
         self.per_split = {split: beam.metrics.Metrics.counter("make_shards", f"documents_{split}")
-                          for split in shards.SPLITS}
+                          for split in shard_files.SPLITS}
 
     def setup(self):
-        from pipelines.tokenization import load_tokenizer
+        from common.tokenization import load_tokenizer
         self.tokenizer = load_tokenizer(self.vocab_path, self.do_lower_case,
                                         split_special_tokens=True)
 
@@ -197,7 +200,7 @@ class ReadDocumentsFn(beam.DoFn):
                 doc_ids, sentences = item
                 for doc_id, (tokens, lengths) in zip(
                         doc_ids, tokenize_documents(self.tokenizer, sentences)):
-                    if isinstance(doc_id, jobs.BadRecord):
+                    if isinstance(doc_id, errors.BadRecord):
                         self.bad.inc()
                         yield beam.pvalue.TaggedOutput(DEAD, doc_id.to_json())
                         continue
@@ -220,7 +223,7 @@ class ReadDocumentsFn(beam.DoFn):
             record = (f"part {unit.part + 1}/{unit.num_parts}" if opened and unit.num_parts > 1
                       else "file")
             logger.error("cannot read %s (%s): %s", path, record, e)
-            yield beam.pvalue.TaggedOutput(DEAD, jobs.BadRecord(
+            yield beam.pvalue.TaggedOutput(DEAD, errors.BadRecord(
                 path, record, f"{type(e).__name__}: {e}").to_json())
 
     def _text(self, unit: ReadPart):
@@ -254,7 +257,7 @@ class ReadDocumentsFn(beam.DoFn):
                 ids = batch.column(0).to_pylist()
                 sentences = batch.column(1).to_pylist()
                 keys = [doc_id if doc_id is not None and s is not None else
-                        jobs.BadRecord(unit.path, f"row {row + i}", "null doc_id or sentences")
+                        errors.BadRecord(unit.path, f"row {row + i}", "null doc_id or sentences")
                         for i, (doc_id, s) in enumerate(zip(ids, sentences))]
                 yield keys, [s or [] for s in sentences]
                 row += len(ids)
@@ -305,7 +308,7 @@ class PlanDocumentsFn(beam.DoFn):
         self.requests = beam.metrics.Metrics.counter("make_shards", "random_next_requests")
 
     def setup(self):
-        from pipelines.tokenization import read_vocab
+        from common.tokenization import read_vocab
         self.vocab = Vocab.from_tokens(read_vocab(self.vocab_path))
 
     def start_bundle(self):
@@ -371,7 +374,7 @@ class FillRandomNextFn(beam.DoFn):
         self.instances = beam.metrics.Metrics.counter("make_shards", "instances")
 
     def setup(self):
-        from pipelines.tokenization import read_vocab
+        from common.tokenization import read_vocab
         self.vocab = Vocab.from_tokens(read_vocab(self.vocab_path))
 
     def process(self, element, counts):
@@ -413,7 +416,7 @@ class WriteShardFn(beam.DoFn):
         self.rows = beam.metrics.Metrics.counter("make_shards", "rows")
 
     def setup(self):
-        from pipelines.tokenization import read_vocab
+        from common.tokenization import read_vocab
         self.vocab_tokens = read_vocab(self.vocab_path)
 
     def process(self, element):
@@ -507,7 +510,7 @@ def build_scalable_pipeline(p, files: list[storage.InputFile], output: str, voca
                 vocab_path, job.do_lower_case, job.validation_fraction)).with_outputs(
                     DEAD, main="docs"))
     _ = (read[DEAD] | "DeadLetters" >> beam.io.WriteToText(
-        storage.join(output, jobs.DEAD_LETTER_DIR, "make_shards"), file_name_suffix=".jsonl",
+        storage.join(output, errors.DEAD_LETTER_DIR, "make_shards"), file_name_suffix=".jsonl",
         num_shards=1, shard_name_template=""))
     return (read.docs
             | "CreateInstances" >> CreateInstances(cfg, job, vocab_path)
@@ -519,7 +522,7 @@ def build_scalable_pipeline(p, files: list[storage.InputFile], output: str, voca
 # ----------------------------------------------------------------------------------------------
 
 def read_all_documents(files: list[storage.InputFile], tokenizer, validation_fraction: float
-                       ) -> tuple[dict[str, list[list[np.ndarray]]], list[jobs.BadRecord], int]:
+                       ) -> tuple[dict[str, list[list[np.ndarray]]], list[errors.BadRecord], int]:
     """Every document of every file, in input order, split by doc_id hash; and bad records.
 
     Text files are read as the reference reads them: as one stream of lines, so a document
@@ -529,7 +532,7 @@ def read_all_documents(files: list[storage.InputFile], tokenizer, validation_fra
     from tqdm import tqdm
 
     records: list[tuple[str, list[str]]] = []  # (doc_id, sentences), in input order
-    bad: list[jobs.BadRecord] = []
+    bad: list[errors.BadRecord] = []
     continues = False  # the last text file ended inside a document
     for file in tqdm(files, desc="read", unit="file", file=sys.stderr):
         path = file.path
@@ -549,7 +552,7 @@ def read_all_documents(files: list[storage.InputFile], tokenizer, validation_fra
                         records[-1] = (records[-1][0], records[-1][1] + file_records.pop(0)[1])
                     continues = ends[1] if ends else continues
         except Exception as e:  # noqa: BLE001 - any unreadable file is a dead letter
-            bad.append(jobs.BadRecord(path, "file", f"{type(e).__name__}: {e}"))
+            bad.append(errors.BadRecord(path, "file", f"{type(e).__name__}: {e}"))
             continues = False
             continue
         records += file_records
@@ -567,25 +570,25 @@ def read_all_documents(files: list[storage.InputFile], tokenizer, validation_fra
     return docs, bad, empty
 
 
-def _parquet_records(parquet, path: str, bad: list[jobs.BadRecord]) -> list[tuple[str, list[str]]]:
+def _parquet_records(parquet, path: str, bad: list[errors.BadRecord]) -> list[tuple[str, list[str]]]:
     """(doc_id, sentences) of every row of a corpus Parquet file; a null row goes to `bad`."""
     table = parquet.read(columns=["doc_id", "sentences"])
     records = []
     for row, (doc_id, sents) in enumerate(zip(table.column(0).to_pylist(),
                                               table.column(1).to_pylist())):
         if doc_id is None or sents is None:
-            bad.append(jobs.BadRecord(path, f"row {row}", "null doc_id or sentences"))
+            bad.append(errors.BadRecord(path, f"row {row}", "null doc_id or sentences"))
         else:
             records.append((doc_id, sents))
     return records
 
 
 def run_reference(files: list[storage.InputFile], output: str, vocab_path: str, cfg: InstanceConfig,
-                  job: ShardJobConfig) -> tuple[list[shards.ShardInfo], dict]:
+                  job: ShardJobConfig) -> tuple[list[shard_files.ShardInfo], dict]:
     """One process, one random stream: `create_instances_reference`, then the same writers."""
     from tqdm import tqdm
 
-    from pipelines.tokenization import load_tokenizer, read_vocab
+    from common.tokenization import load_tokenizer, read_vocab
 
     vocab_tokens = read_vocab(vocab_path)
     vocab = Vocab.from_tokens(vocab_tokens)
@@ -595,8 +598,8 @@ def run_reference(files: list[storage.InputFile], output: str, vocab_path: str, 
     infos = []
     counters = {"documents": sum(len(d) for d in docs.values()), "empty_documents": empty,
                 "bad_records": len(bad), "instances": 0,
-                **{f"documents_{split}": len(docs[split]) for split in shards.SPLITS}}
-    for split in shards.SPLITS:
+                **{f"documents_{split}": len(docs[split]) for split in shard_files.SPLITS}}
+    for split in shard_files.SPLITS:
         if not docs[split]:
             continue
         logger.info("%s: creating instances from %d documents (one random stream)", split,
@@ -615,15 +618,15 @@ def run_reference(files: list[storage.InputFile], output: str, vocab_path: str, 
         # The reference order is already shuffled (its final rng.shuffle); like the reference
         # writer, deal it round robin over the output files.
         num_shards = split_num_shards([group.stats()], job, len(vocab_tokens))
-        shard, _ = shards.assign_round_robin(np.arange(len(group.row_sizes)), num_shards)
+        shard, _ = shard_files.assign_round_robin(np.arange(len(group.row_sizes)), num_shards)
         for s in tqdm(range(num_shards), desc=f"write {split}", unit="shard", file=sys.stderr):
             infos.append(write_group(output, split, s, group.take_rows(np.flatnonzero(shard == s)),
                                      cfg, job, vocab_tokens))
     return infos, counters
 
 
-def _write_dead_letters(output: str, bad: list[jobs.BadRecord]) -> None:
-    path = storage.join(output, jobs.DEAD_LETTER_DIR, "make_shards.jsonl")
+def _write_dead_letters(output: str, bad: list[errors.BadRecord]) -> None:
+    path = storage.join(output, errors.DEAD_LETTER_DIR, "make_shards.jsonl")
     storage.atomic_write_text(path, "".join(b.to_json() + "\n" for b in bad))
 
 
@@ -643,19 +646,19 @@ def output_options(options: dict, job: ShardJobConfig) -> dict:
     return {**options, "job": {k: v for k, v in options["job"].items() if k not in neutral}}
 
 
-def build_manifest(infos: list[shards.ShardInfo], options: dict, vocab_path: str,
+def build_manifest(infos: list[shard_files.ShardInfo], options: dict, vocab_path: str,
                    vocab_size: int, cfg: InstanceConfig, job: ShardJobConfig,
                    counters: dict) -> dict:
-    from pipelines.tokenization import is_vocab_folder
+    from common.tokenization import is_vocab_folder
 
-    infos = sorted(infos, key=lambda i: (shards.SPLITS.index(i.split), i.index))
-    totals = shards.ShardStats()
+    infos = sorted(infos, key=lambda i: (shard_files.SPLITS.index(i.split), i.index))
+    totals = shard_files.ShardStats()
     splits = {}
-    for split in shards.SPLITS:
+    for split in shard_files.SPLITS:
         mine = [i for i in infos if i.split == split]
         if not mine:
             continue
-        s = shards.ShardStats()
+        s = shard_files.ShardStats()
         for i in mine:
             s.add(i.stats)
         totals.add(s)
@@ -664,7 +667,7 @@ def build_manifest(infos: list[shards.ShardInfo], options: dict, vocab_path: str
                          "num_instances": s.num_instances, "num_tokens": s.num_tokens,
                          "min_rows_per_shard": min(per), "max_rows_per_shard": max(per)}
     L = cfg.max_seq_length
-    edges = [round(b * (L + 1) / shards.HISTOGRAM_BINS) for b in range(shards.HISTOGRAM_BINS + 1)]
+    edges = [round(b * (L + 1) / shard_files.HISTOGRAM_BINS) for b in range(shard_files.HISTOGRAM_BINS + 1)]
     vocab_file = (storage.join(vocab_path.rstrip("/"), "vocab.txt") if is_vocab_folder(vocab_path)
                   else vocab_path)
     return {
@@ -688,7 +691,7 @@ def build_manifest(infos: list[shards.ShardInfo], options: dict, vocab_path: str
             "num_tokens": totals.num_tokens, "num_masked": totals.num_masked,
             "num_random_next": totals.num_random_next,
             "random_next_share": totals.num_random_next / totals.num_nsp if totals.num_nsp else 0.0,
-            "padding_share": shards.padded_share(totals, L),
+            "padding_share": shard_files.padded_share(totals, L),
             "padding_share_unpacked": (1.0 - totals.num_tokens / (totals.num_instances * L)
                                        if totals.num_instances else 0.0),
             "length_histogram": {"bin_edges": edges, "counts": totals.length_histogram},
@@ -705,7 +708,7 @@ def _beam_counters(result) -> dict:
     return out
 
 
-def _remove_stale(output: str, infos: list[shards.ShardInfo]) -> list[str]:
+def _remove_stale(output: str, infos: list[shard_files.ShardInfo]) -> list[str]:
     if storage.is_remote(output):
         return []
     keep = {i.file for i in infos}
@@ -737,7 +740,7 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
     beam_options = jobs.beam_pipeline_options(beam_args)
     config = replace(config, do_lower_case=resolve_do_lower_case(config.do_lower_case, vocab))
     cfg = job = config
-    from pipelines.tokenization import read_vocab
+    from common.tokenization import read_vocab
     vocab_size = len(read_vocab(vocab))
     files = input_files(input)
     options = {"input": [f.path for f in files], "vocab": vocab,
@@ -768,7 +771,7 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
         logger.info("removed %d shard(s) left from an earlier run", len(stale))
     counters["seconds"] = round(time.perf_counter() - start, 3)
     manifest = build_manifest(infos, options, vocab, vocab_size, cfg, job, counters)
-    dead_letters = storage.join(output, jobs.DEAD_LETTER_DIR, "make_shards.jsonl")
+    dead_letters = storage.join(output, errors.DEAD_LETTER_DIR, "make_shards.jsonl")
     num_bad = counters.get("bad_records", 0)
     if manifest["totals"]["num_instances"] == 0:
         raise jobs.nothing_produced(f"instances ({counters.get('documents', 0)} documents, "
@@ -805,7 +808,7 @@ def _run_scalable(files, output, vocab, beam_options, config, vocab_size):
         _scalable_graph(p, files, output, vocab, config, vocab_size)
     result = p.result
     with storage.open_read(infos_path) as f:
-        infos = [shards.ShardInfo.from_json(line) for line in f if line.strip()]
+        infos = [shard_files.ShardInfo.from_json(line) for line in f if line.strip()]
     if storage.is_remote(infos_path):
         beam.io.filesystems.FileSystems.delete([infos_path])
     else:

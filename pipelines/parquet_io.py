@@ -5,7 +5,7 @@ runs or Python processes, unlike `hash()`); each shard is sorted by `doc_id` and
 piece through `storage.atomic_open`, so a re-run over the same inputs gives identical bytes.
 Layout: `<output>/<prefix>-{index:05d}-of-{count:05d}.parquet` (+ `.txt` in the reference text
 format when asked) and
-`<output>/dead_letter/dead_letter-00000-of-00001.jsonl` (one `jobs.BadRecord` JSON per line).
+`<output>/dead_letter/dead_letter-00000-of-00001.jsonl` (one `errors.BadRecord` JSON per line).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import apache_beam as beam
 import pyarrow as pa
 
-from pipelines import jobs, storage
+from common import errors, storage
 
 DEAD_LETTER_FILE = "dead_letter-00000-of-00001.jsonl"
 TARGET_SHARD_BYTES = 256 << 20  # input bytes per output shard when --num_shards=0 (auto)
@@ -137,7 +137,7 @@ def clear_previous_output(output: str, prefix: str, extra: Iterable[str] = ()) -
 
 
 def dead_letter_path(output: str) -> str:
-    return storage.join(output, jobs.DEAD_LETTER_DIR, DEAD_LETTER_FILE)
+    return storage.join(output, errors.DEAD_LETTER_DIR, DEAD_LETTER_FILE)
 
 
 def write_sorted_lines(path: str, lines: Iterable[str]) -> str:
@@ -169,7 +169,7 @@ def query_counters(result, namespace: str, names: Iterable[str]) -> dict[str, in
     return found
 
 
-class WriteShards(beam.PTransform):
+class WriteParquetShards(beam.PTransform):
     """Records (dicts with `doc_id`) -> `num_shards` sorted Parquet files; outputs their paths."""
 
     def __init__(self, output: str, prefix: str, num_shards: int, schema: pa.Schema,

@@ -9,7 +9,7 @@ counts, runs on one worker. Output (a folder `transformers.BertTokenizerFast` lo
 `vocab.txt`, `tokenizer.json`, `tokenizer_config.json`, `special_tokens_map.json`,
 `word_counts.tsv` (word TAB count, by count then word), the bad records in
 `dead_letter/dead_letter-00000-of-00001.jsonl`, and `manifest.json`, written last.
-See `pipelines/vocab.py` for the layout and the determinism. The trainer's worker holds every
+See `pipelines/vocab/wordpiece.py` for the layout and the determinism. The trainer's worker holds every
 unique word in memory (BERT's 3.3B-word corpus: tens of millions, a few GB).
 """
 from __future__ import annotations
@@ -23,9 +23,10 @@ from collections.abc import Iterator, Sequence
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from pipelines import jobs, parquet_io, storage
-from pipelines.tokenization import save_tokenizer_folder
-from pipelines.vocab import VocabConfig, count_words, train_vocab, word_splitter
+from common import errors, storage
+from common.tokenization import save_tokenizer_folder
+from pipelines import jobs, parquet_io
+from pipelines.vocab.wordpiece import VocabConfig, count_words, train_vocab, word_splitter
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --- reading texts -------------------------------------------------------------------------
 
-def parquet_texts(path: str) -> Iterator[str | jobs.BadRecord]:
+def parquet_texts(path: str) -> Iterator[str | errors.BadRecord]:
     """The texts of a corpus or documents Parquet file, row group by row group."""
     import pyarrow.parquet as pq
 
@@ -56,17 +57,17 @@ def parquet_texts(path: str) -> Iterator[str | jobs.BadRecord]:
         names = parquet.schema_arrow.names
         column = next((c for c in TEXT_COLUMNS if c in names), None)
         if column is None:
-            yield jobs.BadRecord(path, "file", f"no column {' or '.join(TEXT_COLUMNS)} "
+            yield errors.BadRecord(path, "file", f"no column {' or '.join(TEXT_COLUMNS)} "
                                                f"(columns: {names})")
             return
         row = 0
         for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[column]):
             for texts in batch.column(0).to_pylist():
                 if texts is None:
-                    yield jobs.BadRecord(path, f"row {row}", f"null {column}")
+                    yield errors.BadRecord(path, f"row {row}", f"null {column}")
                 for i, text in enumerate(texts or ()):
                     if text is None:
-                        yield jobs.BadRecord(path, f"row {row} {column}[{i}]", "null text")
+                        yield errors.BadRecord(path, f"row {row} {column}[{i}]", "null text")
                     else:
                         yield text
                 row += 1
@@ -92,14 +93,14 @@ def open_text_file(path: str):
     return raw
 
 
-def text_file_texts(path: str) -> Iterator[str | jobs.BadRecord]:
+def text_file_texts(path: str) -> Iterator[str | errors.BadRecord]:
     """The lines of a text file (compression from the extension); bad UTF-8 lines set aside."""
     with open_text_file(path) as f:
         for number, raw in enumerate(f, start=1):
             try:
                 yield raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as e:
-                yield jobs.BadRecord(path, f"line {number}", f"invalid UTF-8: {e}")
+                yield errors.BadRecord(path, f"line {number}", f"invalid UTF-8: {e}")
 
 
 def drop_text_renderings(files: list[str]) -> list[str]:
@@ -109,7 +110,7 @@ def drop_text_renderings(files: list[str]) -> list[str]:
     return [f for f in files if not (f.endswith(".txt") and f[:-len(".txt")] in parquet_stems)]
 
 
-def file_texts(path: str) -> Iterator[str | jobs.BadRecord]:
+def file_texts(path: str) -> Iterator[str | errors.BadRecord]:
     """The texts and bad records of one input file, Parquet or text by its extension."""
     reader = parquet_texts if path.endswith(".parquet") else text_file_texts
     num_items = 0
@@ -120,7 +121,7 @@ def file_texts(path: str) -> Iterator[str | jobs.BadRecord]:
     except (OSError, EOFError, ValueError, zlib.error) as e:
         # A corrupt file (truncated bz2, bad Parquet footer): what came before the break is
         # kept, the rest of the file is set aside, and the other files go on.
-        yield jobs.BadRecord(path, f"rest of file after {num_items} records",
+        yield errors.BadRecord(path, f"rest of file after {num_items} records",
                              f"unreadable: {type(e).__name__}: {e}")
 
 
@@ -133,7 +134,7 @@ class ReadTexts(beam.DoFn):
 
     def process(self, path: str):
         for item in file_texts(path):
-            if isinstance(item, jobs.BadRecord):
+            if isinstance(item, errors.BadRecord):
                 self.bad_records.inc()
                 logger.warning("bad record: %s %s: %s", item.file, item.record, item.reason)
                 yield beam.pvalue.TaggedOutput(DEAD, item.to_json())

@@ -12,10 +12,11 @@ import argparse
 import os
 import sys
 
-from pipelines import shards, storage
+from common import storage
+from pipelines.shards import shard_files
 
 
-def verify_folder(folder: str, progress: bool = True) -> tuple[list[str], shards.ShardStats]:
+def verify_folder(folder: str, progress: bool = True) -> tuple[list[str], shard_files.ShardStats]:
     """(problems, recounted totals) for a shard folder. Raises FileNotFoundError without manifest."""
     manifest = storage.read_manifest(folder)
     if manifest is None:
@@ -29,7 +30,7 @@ def verify_folder(folder: str, progress: bool = True) -> tuple[list[str], shards
         from tqdm import tqdm
         iterator = tqdm(entries, desc="verify", unit="shard", file=sys.stderr)
     for entry in iterator:
-        problems += shards.verify_shard(folder, entry, max_seq_length)
+        problems += shard_files.verify_shard(folder, entry, max_seq_length)
     listed = {e["file"] for e in entries}
     if not storage.is_remote(folder):
         for name in sorted(os.listdir(folder)):
@@ -44,10 +45,10 @@ def verify_folder(folder: str, progress: bool = True) -> tuple[list[str], shards
     return problems, totals
 
 
-def manifest_totals(entries: list[dict]) -> shards.ShardStats:
-    totals = shards.ShardStats()
+def manifest_totals(entries: list[dict]) -> shard_files.ShardStats:
+    totals = shard_files.ShardStats()
     for e in entries:
-        totals.add(shards.ShardStats(e["num_rows"], e["num_instances"], e["num_tokens"],
+        totals.add(shard_files.ShardStats(e["num_rows"], e["num_instances"], e["num_tokens"],
                                      e["num_masked"]))
     return totals
 

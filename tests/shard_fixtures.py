@@ -13,7 +13,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipelines import shard_format, storage
+from common import shard_format, storage
 
 BOOKS = ("austen-emma.txt", "austen-persuasion.txt", "chesterton-brown.txt",
          "chesterton-thursday.txt", "melville-moby_dick.txt", "whitman-leaves.txt")
@@ -49,7 +49,7 @@ def train_small_vocab(books_dir: Path, out_dir: Path, vocab_size: int = 2000) ->
     """A small uncased WordPiece vocabulary of the books (fast MLM heads for CPU tests)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    from pipelines.tokenization import SPECIAL_TOKENS, bert_normalizer, save_tokenizer_folder
+    from common.tokenization import SPECIAL_TOKENS, bert_normalizer, save_tokenizer_folder
 
     tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
     tokenizer.normalizer = bert_normalizer(True)

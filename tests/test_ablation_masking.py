@@ -1,5 +1,5 @@
 """The masking ablations of the paper's Table 8 (MASK/SAME/RND split), the mask rate and
-whole-word masking: `pipelines.masking` itself, make_shards (scalable mode, end to end) and the
+whole-word masking: `common.masking` itself, make_shards (scalable mode, end to end) and the
 loader's dynamic re-masking, on real text with the bert-base-uncased vocabulary (MiniLM's) or
 the books' small vocabulary. Statistical checks use a 4-sigma binomial tolerance.
 """
@@ -13,15 +13,17 @@ import numpy as np
 import pytest
 from shard_fixtures import book_shards
 
-from pipelines import make_shards, masking, shards
-from pipelines.instances import (
+from common import masking
+from common.masking import MaskingConfig, reference_replacement, replace_tokens
+from common.tokenization import load_tokenizer, read_vocab
+from pipelines import make_shards
+from pipelines.shards import shard_files
+from pipelines.shards.instances import (
     InstanceConfig,
     Vocab,
     create_instances_scalable,
     read_reference_text,
 )
-from pipelines.masking import MaskingConfig, reference_replacement, replace_tokens
-from pipelines.tokenization import load_tokenizer, read_vocab
 from training.loader import KeyedRow, Remasker
 
 SIGMAS = 4.0
@@ -131,7 +133,7 @@ def test_a_split_not_summing_to_one_names_the_flags():
     args = make_shards.build_parser().parse_args(["--input", "i", "--output", "o", "--vocab",
                                                   "v", "--mask_fraction", "most"])
     from pipelines import jobs
-    from pipelines.shard_batches import ShardsConfig
+    from pipelines.shards.config import ShardsConfig
     with pytest.raises(ValueError, match="^--mask_fraction='most': 'most' is not a number"):
         jobs.config_from_args(args, ShardsConfig())
 
@@ -177,12 +179,12 @@ def test_make_shards_with_a_table_8_split(shared_data, minilm_dir, tmp_path):
         (0.0, 0.2, 0.8)
     assert ablated["config_hash"] != default["config_hash"]
     assert ablated["totals"]["num_masked"] == default["totals"]["num_masked"] > 100
-    rows = [row for e in ablated["shards"] for row in shards.read_rows(str(tmp_path / "a" / e["file"]))]
+    rows = [row for e in ablated["shards"] for row in shard_files.read_rows(str(tmp_path / "a" / e["file"]))]
     assert sum(len(r.masked_lm_positions) for r in rows) == ablated["totals"]["num_masked"]
     masks = sum(int((r.input_ids == MASK_ID).sum()) for r in rows)
     assert at_most_by_chance(masks, ablated["totals"]["num_masked"], 0.8 / 30522)
     default_rows = [row for e in default["shards"]
-                    for row in shards.read_rows(str(tmp_path / "d" / e["file"]))]
+                    for row in shard_files.read_rows(str(tmp_path / "d" / e["file"]))]
     assert sum(int((r.input_ids == MASK_ID).sum()) for r in default_rows) > \
         0.7 * default["totals"]["num_masked"]
 
@@ -291,7 +293,7 @@ def test_flow_shard_settings_reach_make_shards_and_the_stage_hash():
          "--same_fraction=0.2", "--random_fraction=0.8", "--no_next_sentence",
          "--max_seq_length=128", "--max_predictions_per_seq=20"])
     from pipelines import jobs
-    from pipelines.shard_batches import ShardsConfig
+    from pipelines.shards.config import ShardsConfig
     job = jobs.config_from_args(args, ShardsConfig())
     assert (job.mask_fraction, job.same_fraction, job.random_fraction, job.next_sentence) == \
         (0.0, 0.2, 0.8, False)

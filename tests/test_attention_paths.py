@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common import shard_format
 from model.attention import (
     attend_instances,
     attend_varlen,
@@ -17,7 +18,6 @@ from model.attention import (
 )
 from model.bert import bert_tiny
 from model.heads import BertForPreTraining
-from pipelines import shard_format
 from training.loader import collate
 from training.sync_check import SyncCounter
 

@@ -12,8 +12,10 @@ import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines import books, extract_books, jobs, storage
-from pipelines.documents import DOCUMENT_SCHEMA
+from common import errors, storage
+from pipelines import extract_books
+from pipelines.books import cleaning
+from pipelines.corpus.documents import DOCUMENT_SCHEMA
 
 BOOK_NAMES = ["austen-emma", "austen-persuasion", "austen-sense", "blake-poems",
               "chesterton-ball", "chesterton-brown", "chesterton-thursday",
@@ -50,24 +52,24 @@ KNOWN_PASSAGES = {
 # ---------------------------------------------------------------- decoding and line ends
 
 def test_decode_utf8_bom_utf16_and_single_byte_fallbacks():
-    assert books.decode_book("Cæsar".encode()) == books.DecodedText("Cæsar", "utf-8")
-    assert books.decode_book(b"\xef\xbb\xbfEmma") == books.DecodedText("Emma", "utf-8-sig")
-    assert books.decode_book("Cæsar".encode("utf-16")) == books.DecodedText("Cæsar", "utf-16")
-    cp1252 = books.decode_book(b"C\xe6sar \x93quoted\x94")
-    assert cp1252 == books.DecodedText("Cæsar \u201cquoted\u201d", "cp1252") and cp1252.fell_back
+    assert cleaning.decode_book("Cæsar".encode()) == cleaning.DecodedText("Cæsar", "utf-8")
+    assert cleaning.decode_book(b"\xef\xbb\xbfEmma") == cleaning.DecodedText("Emma", "utf-8-sig")
+    assert cleaning.decode_book("Cæsar".encode("utf-16")) == cleaning.DecodedText("Cæsar", "utf-16")
+    cp1252 = cleaning.decode_book(b"C\xe6sar \x93quoted\x94")
+    assert cp1252 == cleaning.DecodedText("Cæsar \u201cquoted\u201d", "cp1252") and cp1252.fell_back
     # 0x81 is undefined in CP1252: Latin-1 takes every byte.
-    assert books.decode_book(b"a\x81b") == books.DecodedText("a\x81b", "latin-1")
-    assert not books.decode_book(b"plain").fell_back
+    assert cleaning.decode_book(b"a\x81b") == cleaning.DecodedText("a\x81b", "latin-1")
+    assert not cleaning.decode_book(b"plain").fell_back
 
 
 def test_newlines_crlf_and_cr():
-    assert books.normalize_newlines("a\r\nb\rc\n") == "a\nb\nc\n"
+    assert cleaning.normalize_newlines("a\r\nb\rc\n") == "a\nb\nc\n"
 
 
 def test_control_fraction_counts_binary_bytes_only():
-    assert books.control_fraction(b"") == 0.0
-    assert books.control_fraction(b"tab\there\r\nform\x0cfeed") == 0.0
-    assert books.control_fraction(b"\x00\x00ab") == 0.5
+    assert cleaning.control_fraction(b"") == 0.0
+    assert cleaning.control_fraction(b"tab\there\r\nform\x0cfeed") == 0.0
+    assert cleaning.control_fraction(b"\x00\x00ab") == 0.5
 
 
 # ---------------------------------------------------------------- Gutenberg header and footer
@@ -108,7 +110,7 @@ End of The Project Gutenberg Etext of Older Tales
 
 
 def test_strip_gutenberg_modern_markers_and_title():
-    body = books.strip_gutenberg(MODERN.split("\n"))
+    body = cleaning.strip_gutenberg(MODERN.split("\n"))
     assert body.header_stripped and body.footer_stripped
     assert body.title == "Tiny Tales"
     assert [line for line in body.lines if line] == ["CHAPTER I", "It was a dark", "and stormy night."]
@@ -116,16 +118,16 @@ def test_strip_gutenberg_modern_markers_and_title():
 
 
 def test_strip_gutenberg_older_styles():
-    old = books.strip_gutenberg(OLD.split("\n"))
+    old = cleaning.strip_gutenberg(OLD.split("\n"))
     assert (old.header_stripped, old.footer_stripped) == (False, True)
     assert [line for line in old.lines if line] == ["It began", "in spring."]
-    top = books.strip_gutenberg(OLD_TOP_LICENCE.split("\n"))
+    top = cleaning.strip_gutenberg(OLD_TOP_LICENCE.split("\n"))
     assert (top.header_stripped, top.footer_stripped) == (True, True)
     assert [line for line in top.lines if line] == ["The text starts here."]
 
 
 def test_extract_modern_gutenberg_book_exactly():
-    book = books.extract_book(MODERN.replace("\n", "\r\n").encode())
+    book = cleaning.extract_book(MODERN.replace("\n", "\r\n").encode())
     assert book.passages == ("It was a dark and stormy night.",)
     assert book.title == "Tiny Tales"
     assert book.headings_dropped == 1
@@ -141,7 +143,7 @@ def test_extract_modern_gutenberg_book_exactly():
     "THE TWO POETS OF SAFFRON PARK", "[BOOK I. INSCRIPTIONS]", "ETYMOLOGY.", "Epilogue",
     "FINIS. THE TRAGEDIE OF MACBETH.", "THE END"])
 def test_heading_lines_are_headings(line):
-    assert books.is_heading(line)
+    assert cleaning.is_heading(line)
 
 
 @pytest.mark.parametrize("line", [
@@ -150,19 +152,19 @@ def test_heading_lines_are_headings(line):
     "Bookish people are odd.", "I. wonder", "Part one of the plan was simple.",
     "Book did not matter.", "The end of it.", "A" * 120])
 def test_prose_lines_are_not_headings(line):
-    assert not books.is_heading(line)
+    assert not cleaning.is_heading(line)
 
 
 def test_paragraphs_unwrap_hard_wrapped_lines():
     lines = ["  First line", "second   line.", "", " ", "Next", "para.", "", ""]
-    assert books.split_paragraphs(lines, first_line=10) == [
-        books.Paragraph("First line second line.", 10, 26, 2),
-        books.Paragraph("Next para.", 14, 9, 2)]
+    assert cleaning.split_paragraphs(lines, first_line=10) == [
+        cleaning.Paragraph("First line second line.", 10, 26, 2),
+        cleaning.Paragraph("Next para.", 14, 9, 2)]
 
 
 def test_chapter_title_after_chapter_heading_is_dropped():
     text = "[Tale by Me 1900]\n\nCHAPTER 1\n\nLoomings.\n\nCall me Ishmael.\nSome years ago.\n"
-    book = books.extract_book(text.encode())
+    book = cleaning.extract_book(text.encode())
     assert book.title == "Tale by Me 1900"
     assert book.passages == ("Call me Ishmael. Some years ago.",)
     assert book.headings_dropped == 2
@@ -171,28 +173,28 @@ def test_chapter_title_after_chapter_heading_is_dropped():
 # ---------------------------------------------------------------- bad input (pure)
 
 def test_empty_and_whitespace_files_are_bad():
-    with pytest.raises(books.BadBookError, match="empty file"):
-        books.extract_book(b"")
-    with pytest.raises(books.BadBookError, match="only whitespace"):
-        books.extract_book(b" \r\n\n\t")
+    with pytest.raises(cleaning.BadBookError, match="empty file"):
+        cleaning.extract_book(b"")
+    with pytest.raises(cleaning.BadBookError, match="only whitespace"):
+        cleaning.extract_book(b" \r\n\n\t")
 
 
 def test_binary_garbage_is_bad():
     garbage = bytes(range(256)) * 64 + b"\x00" * 4096
-    with pytest.raises(books.BadBookError, match=r"binary, not text: 2[0-9]\.\d% of bytes"):
-        books.extract_book(garbage)
+    with pytest.raises(cleaning.BadBookError, match=r"binary, not text: 2[0-9]\.\d% of bytes"):
+        cleaning.extract_book(garbage)
 
 
 def test_only_headings_is_bad():
-    with pytest.raises(books.BadBookError, match="no text left"):
-        books.extract_book(b"CHAPTER I\n\nCHAPTER II\n")
+    with pytest.raises(cleaning.BadBookError, match="no text left"):
+        cleaning.extract_book(b"CHAPTER I\n\nCHAPTER II\n")
 
 
 def test_50mb_single_line_is_set_aside_with_flat_memory():
     huge = b"word " * (10 * 1024 * 1024)  # 50 MiB, no line break
     data = b"[Huge by Nobody]\n\nA real first paragraph.\n\n" + huge + b"\n\nThe end of it.\n"
     tracemalloc.start()
-    book = books.extract_book(data)
+    book = cleaning.extract_book(data)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert book.passages == ("A real first paragraph.", "The end of it.")
@@ -205,12 +207,12 @@ def test_50mb_single_line_is_set_aside_with_flat_memory():
 
 def test_max_passage_chars_is_capped_so_no_paragraph_becomes_an_empty_passage():
     # Above MAX_UNWRAP_CHARS a paragraph is not unwrapped (its text is ""): it must be set aside.
-    for bad in (0, books.MAX_UNWRAP_CHARS + 1):
+    for bad in (0, cleaning.MAX_UNWRAP_CHARS + 1):
         with pytest.raises(ValueError, match="--max_passage_chars must be in"):
-            books.BookConfig(max_passage_chars=bad)
-    huge = b"word " * (books.MAX_UNWRAP_CHARS // 5 + 1)  # 10,000,005 characters, one line
-    book = books.extract_book(b"Before.\n\n" + huge + b"\n\nAfter.\n",
-                              books.BookConfig(max_passage_chars=books.MAX_UNWRAP_CHARS))
+            cleaning.BookConfig(max_passage_chars=bad)
+    huge = b"word " * (cleaning.MAX_UNWRAP_CHARS // 5 + 1)  # 10,000,005 characters, one line
+    book = cleaning.extract_book(b"Before.\n\n" + huge + b"\n\nAfter.\n",
+                              cleaning.BookConfig(max_passage_chars=cleaning.MAX_UNWRAP_CHARS))
     assert book.passages == ("Before.", "After.")
     assert book.bad_paragraphs == (("paragraph at line 3", (
         "paragraph of 10000005 characters exceeds --max_passage_chars=10000000 (line breaks "
@@ -221,7 +223,7 @@ def test_max_passage_chars_is_capped_so_no_paragraph_becomes_an_empty_passage():
 
 @pytest.fixture(scope="module")
 def shared_books(shared_data):
-    return {name: books.extract_book((shared_data / "books" / f"{name}.txt").read_bytes())
+    return {name: cleaning.extract_book((shared_data / "books" / f"{name}.txt").read_bytes())
             for name in BOOK_NAMES}
 
 
@@ -367,7 +369,7 @@ def test_extract_fn_composite(tmp_path):
     with test_pipeline.TestPipeline() as p:
         results = (p | beam.Create([storage.InputFile(str(tmp_path / name), 0, name)
                                     for name in ("tale.txt", "blank.txt")])
-                   | beam.ParDo(extract_books.ExtractBookFn(books.BookConfig()))
+                   | beam.ParDo(extract_books.ExtractBookFn(cleaning.BookConfig()))
                    .with_outputs("dead_letter", main="documents"))
         assert_that(results.documents, equal_to([{
             "doc_id": "books/tale", "source": "books", "source_file": str(tmp_path / "tale.txt"),
@@ -443,7 +445,7 @@ def test_only_bad_files_fail_the_run_without_a_manifest(shared_data, tmp_path):
     (src / "empty.txt").write_bytes(b"")
     (src / "weights.bin").write_bytes(b"\x00\x01\x02\xff" * 50_000)
     out = tmp_path / "out"
-    with pytest.raises(jobs.NoOutputError, match=(
+    with pytest.raises(errors.NoOutputError, match=(
             rf"^0 documents \(2 file\(s\) read\) from --input {re.escape(str(src))}: 2 bad "
             rf"record\(s\) set aside in {re.escape(str(out))}/dead_letter/dead_letter-00000-of-"
             rf"00001.jsonl \(first: {re.escape(str(src / 'empty.txt'))} file: empty file\); "

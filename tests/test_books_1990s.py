@@ -11,7 +11,8 @@ import re
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import books, extract_books
+from pipelines import extract_books
+from pipelines.books import cleaning
 
 # (first words of the first passage, last words of the last passage), read off each file: where
 # the literary text starts after the header (and title page), and where it ends before the footer.
@@ -69,7 +70,7 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 @pytest.fixture(scope="module")
 def old_books(shared_data):
     folder = shared_data / "books-1990s"
-    return {name: books.extract_book((folder / f"{name}.txt").read_bytes()) for name in COUNTS}
+    return {name: cleaning.extract_book((folder / f"{name}.txt").read_bytes()) for name in COUNTS}
 
 
 def test_old_etexts_keep_the_literary_text_word_for_word(old_books):
@@ -124,9 +125,9 @@ def test_long_verse_is_cut_into_sentences(old_books):
 # ---------------------------------------------------------------- the pure functions on hand cases
 
 def test_control_characters_are_removed_and_counted():
-    assert books.remove_controls("THE END\n \x1a\n") == ("THE END\n \n", 1)
-    assert books.remove_controls("a\x0cb\x0ec\td") == ("a\nbc\td", 2)
-    assert books.remove_controls("plain\r\n") == ("plain\r\n", 0)
+    assert cleaning.remove_controls("THE END\n \x1a\n") == ("THE END\n \n", 1)
+    assert cleaning.remove_controls("a\x0cb\x0ec\td") == ("a\nbc\td", 2)
+    assert cleaning.remove_controls("plain\r\n") == ("plain\r\n", 0)
 
 
 OLD_1992 = """This is the January 1992 Project Gutenberg release of:
@@ -144,9 +145,9 @@ It began in spring, as all such tales do.
 
 
 def test_1992_header_small_print_on_top_and_footer():
-    body = books.strip_gutenberg(OLD_1992.split("\n"))
+    body = cleaning.strip_gutenberg(OLD_1992.split("\n"))
     assert (body.header_stripped, body.footer_stripped, body.first_line) == (True, True, 6)
-    book = books.extract_book(OLD_1992.encode())
+    book = cleaning.extract_book(OLD_1992.encode())
     assert book.passages == ("It began in spring, as all such tales do.",)
     assert (book.transcriber_notes_dropped, book.front_matter_dropped) == (1, 0)
 
@@ -155,21 +156,21 @@ def test_small_print_after_the_text_is_footer_not_header():
     text = "Text of the book, a sentence.\n\n" * 3 + (
         "***START**THE SMALL PRINT!**FOR PUBLIC DOMAIN EBOOKS**START***\nlawyers\n"
         "*END THE SMALL PRINT! FOR PUBLIC DOMAIN EBOOKS*Ver.02/11/02*END*\n")
-    body = books.strip_gutenberg(text.split("\n"))
+    body = cleaning.strip_gutenberg(text.split("\n"))
     assert (body.header_stripped, body.footer_stripped) == (False, True)
     assert [line for line in body.lines if line] == ["Text of the book, a sentence."] * 3
 
 
 def test_tab_aligned_cast_list_and_contents_are_lists():
-    cast = books.split_paragraphs(["DUKE\tfather to the bride", "JOHN\this son",
+    cast = cleaning.split_paragraphs(["DUKE\tfather to the bride", "JOHN\this son",
                                    "MARY\ta maid"])[0]
-    assert books.is_column_block(cast)
-    prose = books.split_paragraphs(["He said, and went", "away\tat last."])[0]
-    assert not books.is_column_block(prose) and not books.is_list(
-        books.split_paragraphs(["He said, and went away; the night was long and cold,",
+    assert cleaning.is_column_block(cast)
+    prose = cleaning.split_paragraphs(["He said, and went", "away\tat last."])[0]
+    assert not cleaning.is_column_block(prose) and not cleaning.is_list(
+        cleaning.split_paragraphs(["He said, and went away; the night was long and cold,",
                                 "and no one came."])[0])
     text = "CONTENTS\n\nI. One\nII. Two\n\nIt began, as tales do, in the spring of that year.\n"
-    book = books.extract_book(text.encode())
+    book = cleaning.extract_book(text.encode())
     assert book.passages == ("It began, as tales do, in the spring of that year.",)
     assert (book.headings_dropped, book.list_blocks_dropped) == (1, 1)
 
@@ -177,14 +178,14 @@ def test_tab_aligned_cast_list_and_contents_are_lists():
 def test_verse_split_only_past_the_limit_and_at_sentence_ends():
     stanza = ["Sing of the sea and the ships that sail,", "Sing of the wind and the rain;",
               "Sing of the sailors who never fail", "To come to the port again."]
-    short = books.split_paragraphs(stanza * 10)[0]  # 260 words: one passage
-    assert books.split_verse(short) == [short.text]
-    long = books.split_paragraphs(stanza * 20)[0]  # 520 words of verse
-    pieces = books.split_verse(long)
+    short = cleaning.split_paragraphs(stanza * 10)[0]  # 260 words: one passage
+    assert cleaning.split_verse(short) == [short.text]
+    long = cleaning.split_paragraphs(stanza * 20)[0]  # 520 words of verse
+    pieces = cleaning.split_verse(long)
     assert len(pieces) == 5 and all(p.endswith("port again.") for p in pieces)
     assert " ".join(pieces) == long.text
-    prose = books.split_paragraphs(["the sea and the ships that sail, and the wind"] * 60)[0]
-    assert books.split_verse(prose) == [prose.text]  # lower-case line starts: not verse
+    prose = cleaning.split_paragraphs(["the sea and the ships that sail, and the wind"] * 60)[0]
+    assert cleaning.split_verse(prose) == [prose.text]  # lower-case line starts: not verse
 
 
 def test_job_on_old_etexts_counts(shared_data, tmp_path):

@@ -11,9 +11,10 @@ import pytest
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipelines import build_corpus, extract_books, extract_wikipedia, jobs, parquet_io, storage
-from pipelines.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
-from pipelines.sentences import split_passages
+from common import errors, storage
+from pipelines import build_corpus, extract_books, extract_wikipedia, parquet_io
+from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
+from pipelines.corpus.sentences import split_passages
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 CORPUS = "corpus-00000-of-00001"
@@ -235,7 +236,7 @@ def test_no_document_left_fails_the_run_without_a_manifest(tmp_path):
     folder = write_documents(tmp_path / "docs", [doc("books/a", ["   "], "a.txt"),
                                                  doc("books/b", [], "b.txt")])
     out = tmp_path / "corpus"
-    with pytest.raises(jobs.NoOutputError, match=(
+    with pytest.raises(errors.NoOutputError, match=(
             r"^0 documents \(2 read\) from --input .*docs: 1 bad record\(s\) set aside in "
             r".*corpus/dead_letter/dead_letter-00000-of-00001.jsonl \(first: a.txt books/a: "
             r"document has no sentence\); no manifest written$")):

@@ -159,8 +159,8 @@ def test_bert_pretrain_names_a_contradiction_or_a_missing_checkpoint_in_one_line
 
 def test_our_checkpoint_and_run_folders_are_starting_points_too(tmp_path):
     """`save_checkpoint`'s format, a run folder's `hf/` export, and a folder that is neither."""
+    from common.tokenization import SPECIAL_TOKENS, save_tokenizer_folder
     from model.bert import bert_tiny
-    from pipelines.tokenization import SPECIAL_TOKENS, save_tokenizer_folder
     letters = [*SPECIAL_TOKENS, *"abcdefghijklmnopqrstuvwxyz"]
     save_tokenizer_folder(letters, str(tmp_path / "letters"))
     torch.manual_seed(0)
@@ -237,11 +237,11 @@ def test_the_flow_takes_the_checkpoints_vocabulary_and_casing(minilm_dir, corpus
     init_from and the checkpoint's shape."""
     from safetensors.torch import load_file, save_file
 
+    from common.tokenization import read_vocab
     from flows import steps
     from flows.checkpoint_vocab import checkpoint_vocab
     from flows.config import resolve
     from flows.stages import StageResult
-    from pipelines.tokenization import read_vocab
 
     root = str(tmp_path / "root")
     vocab = checkpoint_vocab(root, str(minilm_dir))

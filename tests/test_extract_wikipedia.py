@@ -20,10 +20,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import extract_wikipedia, storage
-from pipelines.documents import DOCUMENT_SCHEMA
-from pipelines.jobs import BadRecord, NoOutputError
-from pipelines.wiki_dump import Page, bz2_stream_offsets, iter_pages, plan_splits
+from common import storage
+from common.errors import BadRecord, NoOutputError
+from pipelines import extract_wikipedia
+from pipelines.corpus.documents import DOCUMENT_SCHEMA
+from pipelines.wikipedia.dump import Page, bz2_stream_offsets, iter_pages, plan_splits
 
 DUMP = "wiki/enwiki-dbpedia-minidump-pages-articles.xml.bz2"
 REPO = Path(__file__).resolve().parents[1]
@@ -577,7 +578,7 @@ PARTITION_INDEXES = ("enwiki-20240101-pages-articles-multistream-index1.txt-p1p4
 
 
 def test_partitioned_dump_names_and_their_index_names():
-    from pipelines.wiki_dump import index_name_for, is_index_file
+    from pipelines.wikipedia.dump import index_name_for, is_index_file
 
     assert [index_name_for(f"gs://b/{name}") for name in PARTITIONS] == [
         f"gs://b/{name}" for name in PARTITION_INDEXES]

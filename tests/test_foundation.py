@@ -12,8 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from pipelines import jobs, shard_format, storage
-from pipelines.tokenization import load_tokenizer, read_vocab, save_tokenizer_folder
+from common import shard_format, storage
+from common.tokenization import load_tokenizer, read_vocab, save_tokenizer_folder
+from pipelines import jobs
 
 
 def test_atomic_write_leaves_no_partial_file_on_error(tmp_path):
@@ -335,7 +336,7 @@ def test_a_literal_local_path_with_glob_characters_is_read(tmp_path):
 
 def test_remote_vocabulary_folder_without_trailing_slash(minilm_dir, tmp_path):
     """`--vocab gs://bucket/vocab` (README) reads the folder's vocab.txt and its casing."""
-    from pipelines.tokenization import recorded_lower_case
+    from common.tokenization import recorded_lower_case
 
     _object_store_filesystem()
     save_tokenizer_folder(read_vocab(str(minilm_dir)), str(tmp_path), do_lower_case=False)

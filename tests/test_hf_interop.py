@@ -11,10 +11,10 @@ import pytest
 import torch
 import transformers
 
+from common.tokenization import load_tokenizer
 from model.bert import bert_tiny
 from model.heads import BertForPreTraining, BertForSequenceClassification
 from model.hf import export_hf_folder, load_checkpoint, load_hf_checkpoint, save_checkpoint
-from pipelines.tokenization import load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -209,8 +209,8 @@ def test_checkpoints_this_model_cannot_hold_are_refused(minilm_dir, tmp_path):
 def test_export_keeps_the_casing_of_the_vocabulary_folder(minilm_dir, tmp_path):
     """A cased vocabulary folder (train_vocab --cased: `do_lower_case: false`) exports a tokenizer
     that keeps case; an uncased one, or a bare vocab.txt, lower-cases."""
+    from common.tokenization import read_vocab, save_tokenizer_folder
     from model.hf import vocab_do_lower_case
-    from pipelines.tokenization import read_vocab, save_tokenizer_folder
 
     vocab = read_vocab(str(minilm_dir))
     cased, bare = tmp_path / "cased_vocab", tmp_path / "bare_vocab"

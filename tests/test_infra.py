@@ -550,6 +550,7 @@ def test_setup_file_package_builds_with_beams_stager_and_covers_the_imports(tmp_
 
     dataflow = INFRA / "dataflow"
     assert (dataflow / "pipelines").resolve() == REPO / "pipelines"
+    assert (dataflow / "common").resolve() == REPO / "common"
     options = PipelineOptions(["--setup_file", str(dataflow / "setup.py"),
                                "--temp_location", str(tmp_path)])
     try:
@@ -561,8 +562,11 @@ def test_setup_file_package_builds_with_beams_stager_and_covers_the_imports(tmp_
         names = tar.getnames()
         root = names[0].split("/")[0]
         requires = tar.extractfile(f"{root}/bert_dag_pipelines.egg-info/requires.txt").read()
-    packaged = sorted(n.split("/", 1)[1] for n in names if n.startswith(f"{root}/pipelines/"))
-    assert packaged == sorted(f"pipelines/{p.name}" for p in (REPO / "pipelines").glob("*.py"))
+    sources = sorted(p for package in ("pipelines", "common")
+                     for p in (REPO / package).rglob("*.py") if "__pycache__" not in p.parts)
+    packaged = sorted(n.split("/", 1)[1] for n in names if n.endswith(".py")
+                      and n.startswith((f"{root}/pipelines/", f"{root}/common/")))
+    assert packaged == sorted(str(p.relative_to(REPO)) for p in sources)
     requirements = [line for line in (dataflow / "requirements.txt").read_text().splitlines()
                     if line and not line.startswith("#")]
     from packaging.requirements import Requirement
@@ -574,15 +578,15 @@ def test_setup_file_package_builds_with_beams_stager_and_covers_the_imports(tmp_
 
     # Every third-party module the jobs import is either Beam (in the SDK container) or listed.
     imported = set()
-    for path in (REPO / "pipelines").glob("*.py"):
+    for path in sources:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported.update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 imported.add(node.module.split(".")[0])
     # (yaml: PyYAML, a requirement of apache-beam itself, so in the SDK container too)
-    third_party = imported - set(sys.stdlib_module_names) - {"pipelines", "apache_beam",
-                                                              "__future__", "yaml"}
+    third_party = imported - set(sys.stdlib_module_names) - {"pipelines", "common",
+                                                              "apache_beam", "__future__", "yaml"}
     listed = {re.split(r"[=<>!~ ]", r)[0].lower() for r in requirements}
     assert third_party <= listed, f"pipelines/ imports {sorted(third_party - listed)} " \
                                   "that infra/dataflow/requirements.txt does not list"

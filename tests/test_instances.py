@@ -1,4 +1,4 @@
-"""Pretraining instances (pipelines/instances.py) against the spec's algorithm and invariants.
+"""Pretraining instances (pipelines/shards/instances.py) against the spec's algorithm and invariants.
 
 Real data: the reference sample text and two shared books, tokenized with the bert-base-uncased
 vocabulary of the MiniLM checkpoint. Statistical checks use a 4-sigma binomial tolerance
@@ -16,8 +16,11 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from pipelines import instances as inst
-from pipelines.instances import (
+from common.masking import num_to_predict
+from common.tokenization import load_tokenizer, read_vocab
+from pipelines.corpus.sentences import split_passages
+from pipelines.shards import instances as inst
+from pipelines.shards.instances import (
     ACTUAL_NEXT,
     NO_NSP,
     RANDOM_NEXT,
@@ -28,12 +31,9 @@ from pipelines.instances import (
     fill_random_next,
     finalize_instance,
     finalize_instances,
-    num_to_predict,
     plan_document,
     read_reference_text,
 )
-from pipelines.sentences import split_passages
-from pipelines.tokenization import load_tokenizer, read_vocab
 
 SIGMAS = 4.0
 BOOKS = ("austen-persuasion.txt", "chesterton-brown.txt")
@@ -67,7 +67,7 @@ def sample_docs(shared_data, tokenizer) -> list[list[np.ndarray]]:
 
 @pytest.fixture(scope="module")
 def book_docs(shared_data, tokenizer) -> list[list[np.ndarray]]:
-    """Two books as documents of 8 paragraphs each, split into sentences (pipelines.sentences)."""
+    """Two books as documents of 8 paragraphs each, split into sentences (pipelines.corpus.sentences)."""
     docs = []
     for name in BOOKS:
         text = (shared_data / "books" / name).read_text(encoding="utf-8").replace("\r\n", "\n")
@@ -201,11 +201,11 @@ def test_config_validation_names_the_flag(field, value, flag):
 
 
 def test_presets():
-    from pipelines import shard_batches
+    from pipelines.shards import config as shards_config
 
-    base = [shard_batches.base(phase) for phase in (1, 2)]
+    base = [shards_config.base(phase) for phase in (1, 2)]
     assert [(c.max_seq_length, c.max_predictions_per_seq) for c in base] == [(128, 20), (512, 80)]
-    assert [shard_batches.tiny(phase).max_seq_length for phase in (1, 2)] == [128, 256]
+    assert [shards_config.tiny(phase).max_seq_length for phase in (1, 2)] == [128, 256]
     assert InstanceConfig().max_num_tokens == 125
     assert InstanceConfig(next_sentence=False).max_num_tokens == 126
 
@@ -218,7 +218,7 @@ def test_mask_counts_of_the_spec():
     for prob in (0.15, 0.1, 0.2, 0.3, 0.125):  # the vectorised count rounds like Python 3
         c = InstanceConfig(masked_lm_prob=prob, max_predictions_per_seq=80)
         lengths = np.arange(1, 600)
-        np.testing.assert_array_equal(inst.num_to_predict_array(lengths, c),
+        np.testing.assert_array_equal(num_to_predict(lengths, c),
                                       [num_to_predict(int(t), c) for t in lengths])
     assert round(0.125 * 20) == 2  # half to even (2.5 -> 2): the reference's Python 3 round
     assert num_to_predict(20, InstanceConfig(masked_lm_prob=0.125)) == 2
@@ -495,7 +495,7 @@ def test_scalable_wikipedia_invariants(shared_data, tokenizer, vocab):
     """Invariants 1-6 on Wikipedia text: SQuAD dev contexts, one document per article."""
     import json
 
-    from pipelines.sentences import split_sentences
+    from pipelines.corpus.sentences import split_sentences
 
     articles = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
     docs = []

@@ -17,7 +17,7 @@ import pytest
 import torch
 from shard_fixtures import book_shards, write_shards
 
-from pipelines import shard_format
+from common import shard_format
 from training.loader import (
     IGNORE_INDEX,
     LoaderConfig,

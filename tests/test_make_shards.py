@@ -12,24 +12,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import (
-    jobs,
-    make_shards,
-    shard_batches,
-    shard_format,
-    shard_inputs,
-    shards,
-    storage,
-    verify_shards,
-)
-from pipelines.documents import CORPUS_SCHEMA
-from pipelines.instances import (
+from common import errors, shard_format, storage
+from common.tokenization import load_tokenizer, read_vocab, save_tokenizer_folder
+from pipelines import jobs, make_shards, verify_shards
+from pipelines.corpus.documents import CORPUS_SCHEMA
+from pipelines.shards import batches, reading, shard_files
+from pipelines.shards.config import ShardJobConfig, ShardsConfig
+from pipelines.shards.instances import (
     InstanceConfig,
     Vocab,
     create_instances_reference,
     read_reference_text,
 )
-from pipelines.tokenization import load_tokenizer, read_vocab, save_tokenizer_folder
 
 BOOKS = ("austen-persuasion.txt", "chesterton-brown.txt", "shakespeare-caesar.txt")
 
@@ -97,7 +91,7 @@ def test_manifest_totals_equal_a_recount(one_worker):
     problems, recount = verify_shards.verify_folder(str(out), progress=False)
     assert problems == []
     totals = manifest["totals"]
-    rows = [r for e in manifest["shards"] for r in shards.read_rows(str(out / e["file"]))]
+    rows = [r for e in manifest["shards"] for r in shard_files.read_rows(str(out / e["file"]))]
     labels = np.concatenate([r.next_sentence_labels for r in rows])
     assert totals["num_rows"] == totals["num_instances"] == len(rows) == recount.num_rows
     assert totals["num_tokens"] == sum(len(r.input_ids) for r in rows)
@@ -120,7 +114,7 @@ def test_manifest_totals_equal_a_recount(one_worker):
 
 def test_scalable_job_equals_create_instances_scalable(one_worker, corpus, minilm_dir):
     """The Beam wiring (dense index, random-next join, buckets) loses, adds and changes nothing."""
-    from pipelines.instances import create_instances_scalable
+    from pipelines.shards.instances import create_instances_scalable
 
     out, manifest = one_worker
     tokenizer = load_tokenizer(str(minilm_dir))
@@ -137,7 +131,7 @@ def test_scalable_job_equals_create_instances_scalable(one_worker, corpus, minil
     got = sorted(key(r.input_ids.tolist(), r.segment_ids.tolist(),
                      r.masked_lm_positions.tolist(), r.masked_lm_ids.tolist(),
                      r.next_sentence_labels[0])
-                 for e in manifest["shards"] for r in shards.read_rows(str(out / e["file"])))
+                 for e in manifest["shards"] for r in shard_files.read_rows(str(out / e["file"])))
     assert got == sorted(key(i.input_ids.tolist(), i.segment_ids.tolist(),
                              i.masked_lm_positions.tolist(), i.masked_lm_ids.tolist(),
                              i.next_sentence_label) for i in want)
@@ -153,8 +147,8 @@ def test_two_workers_and_rerun_give_identical_shards(one_worker, corpus, minilm_
     assert manifest2["config_hash"] == manifest["config_hash"]
     config = jobs.config_from_args(make_shards.build_parser().parse_args([
         "--input", "x", "--output", "y", "--vocab", "v", "--dupe_factor", "2",
-        "--instances_per_pack_bucket", "300"]), shard_batches.ShardsConfig())
-    assert shard_batches.pack_bucket_count(manifest["counters"]["tokens"], config, config) >= 3
+        "--instances_per_pack_bucket", "300"]), ShardsConfig())
+    assert batches.pack_bucket_count(manifest["counters"]["tokens"], config, config) >= 3
     # Unpacked rows are in shuffle-key order whatever the grouping: other join and pack
     # bucket counts give the same bytes.
     regrouped = _run(corpus["text"], tmp_path / "regrouped", minilm_dir, "--join_buckets", "1",
@@ -198,10 +192,10 @@ def test_files_read_in_parts_give_the_same_shards(one_worker, corpus, minilm_dir
     separator = data.index(b"\n\n") + 1
     book.write_bytes(data[:separator] + b"\xff" + data[separator:])
     files = storage.expand_input_files(str(text))
-    parts = shard_inputs.read_parts(files, 8 * 1024)
+    parts = reading.read_parts(files, 8 * 1024)
     assert len(parts) > 2 * len(files)
     assert {u.num_parts for u in parts if u.path == str(book)} == {
-        min(shard_inputs.MAX_TEXT_PARTS, -(-book.stat().st_size // (8 * 1024)))}
+        min(reading.MAX_TEXT_PARTS, -(-book.stat().st_size // (8 * 1024)))}
     got = _run(text, tmp_path / "text-out", minilm_dir, "--read_part_kb", "8",
                "--direct_num_workers=2", "--direct_running_mode=multi_processing")
     assert _shard_files(tmp_path / "text-out") == _shard_files(out)
@@ -233,8 +227,8 @@ def test_reference_mode_reads_parquet_like_text(corpus, minilm_dir, tmp_path):
 
 def test_text_twins_of_parquet_are_skipped(tmp_path):
     files = [str(tmp_path / f"corpus-00000-of-00001.{ext}") for ext in ("parquet", "txt")]
-    assert shard_inputs.select_inputs(files) == files[:1]
-    assert shard_inputs.select_inputs(files[1:]) == files[1:]
+    assert reading.select_inputs(files) == files[:1]
+    assert reading.select_inputs(files[1:]) == files[1:]
 
 
 def test_wrong_parquet_columns_are_named(minilm_dir, tmp_path):
@@ -242,7 +236,7 @@ def test_wrong_parquet_columns_are_named(minilm_dir, tmp_path):
     docs_only.mkdir()
     pq.write_table(pa.table({"doc_id": ["x"], "passages": [["A passage."]]}),
                    docs_only / "documents-00000-of-00001.parquet")
-    with pytest.raises(jobs.NoOutputError, match=r"^0 instances"):  # the run makes nothing
+    with pytest.raises(errors.NoOutputError, match=r"^0 instances"):  # the run makes nothing
         _run(docs_only, tmp_path / "out2", minilm_dir)
     (letter,) = (tmp_path / "out2" / "dead_letter" / "make_shards.jsonl").read_text().splitlines()
     assert "documents-00000-of-00001.parquet: no column(s) ['sentences']" in letter
@@ -275,7 +269,7 @@ def test_webdataset_reads_the_rows_back(one_worker):
     got = []
     for sample in wds.WebDataset(urls, shardshuffle=False).decode():
         got += shard_format.decode_block(sample[shard_format.MEMBER_SUFFIX])
-    want = [r for u in urls for r in shards.read_rows(u)]
+    want = [r for u in urls for r in shard_files.read_rows(u)]
     assert len(got) == len(want) == manifest["totals"]["num_rows"]
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a.input_ids, b.input_ids)
@@ -309,7 +303,7 @@ def test_jsonl_has_the_same_instances_as_shards(one_worker, corpus, minilm_dir, 
     assert [e["file"] for e in manifest["shards"]] == [f"train-{i:06d}.jsonl" for i in range(3)]
     for i in range(3):
         lines = (tmp_path / "jsonl" / f"train-{i:06d}.jsonl").read_text().splitlines()
-        rows = shards.read_rows(str(out / f"train-{i:06d}.tar"))
+        rows = shard_files.read_rows(str(out / f"train-{i:06d}.tar"))
         assert len(lines) == len(rows)
         for line, row in zip(lines, rows):
             obj = json.loads(line)
@@ -356,7 +350,7 @@ def test_packing_via_the_job(one_worker, corpus, minilm_dir, tmp_path):
     def instances(folder, manifest):
         found = []
         for e in manifest["shards"]:
-            for row in shards.read_rows(str(folder / e["file"])):
+            for row in shard_files.read_rows(str(folder / e["file"])):
                 assert len(row.input_ids) <= 128
                 for k in range(len(row.next_sentence_labels)):
                     where = row.sequence_ids == k
@@ -382,7 +376,7 @@ def test_validation_split(corpus, minilm_dir, tmp_path):
     # Held out by doc_id ("<file name>:<document number>"), each split with its own index.
     doc_ids = [f"{p.name}:{i}" for p in sorted(corpus["text"].iterdir())
                for i in range(len(p.read_text().strip().split("\n\n")))]
-    held_out = sum(shard_inputs.split_of(d, 0.25) == "validation" for d in doc_ids)
+    held_out = sum(reading.split_of(d, 0.25) == "validation" for d in doc_ids)
     counters = manifest["counters"]
     assert (len(doc_ids), held_out) == (CORPUS_DOCUMENTS, CORPUS_HELD_OUT_025)
     assert counters["documents_validation"] == held_out
@@ -401,7 +395,7 @@ def test_text_files_of_the_same_name_in_subfolders_are_different_documents(
     for name in ("AA/wiki_00", "AB/wiki_00", "top.txt"):
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(sample)
-    assert [p.name for p in shard_inputs.read_parts(storage.expand_input_files(str(folder)),
+    assert [p.name for p in reading.read_parts(storage.expand_input_files(str(folder)),
                                                     1 << 20)] == [
         "AA/wiki_00", "AB/wiki_00", "top.txt"]
     manifest = _run(folder, tmp_path / "out", minilm_dir, "--validation_fraction", "0.5",
@@ -409,9 +403,9 @@ def test_text_files_of_the_same_name_in_subfolders_are_different_documents(
     per_file = len(sample.decode().strip().split("\n\n"))
     doc_ids = [f"{name}:{i}" for name in ("AA/wiki_00", "AB/wiki_00", "top.txt")
                for i in range(per_file)]
-    held_out = sum(shard_inputs.split_of(d, 0.5) == "validation" for d in doc_ids)
+    held_out = sum(reading.split_of(d, 0.5) == "validation" for d in doc_ids)
     # With ids by base name the two wiki_00 copies would always share a split.
-    assert held_out != sum(shard_inputs.split_of(f"{name}:{i}", 0.5) == "validation"
+    assert held_out != sum(reading.split_of(f"{name}:{i}", 0.5) == "validation"
                            for name in ("wiki_00", "wiki_00", "top.txt") for i in range(per_file))
     assert (manifest["counters"]["documents_validation"],
             manifest["counters"]["documents"]) == (held_out, 3 * per_file)
@@ -422,14 +416,14 @@ def test_mlm_only(corpus, minilm_dir, tmp_path):
     assert not manifest["nsp"] and manifest["totals"]["num_random_next"] == 0
     assert manifest["counters"].get("random_next_requests", 0) == 0
     for e in manifest["shards"]:
-        for row in shards.read_rows(str(tmp_path / e["file"])):
+        for row in shard_files.read_rows(str(tmp_path / e["file"])):
             assert row.next_sentence_labels.tolist() == [shard_format.NO_NSP_LABEL]
             assert (row.input_ids == 102).sum() == 1 and not row.segment_ids.any()
 
 
 def test_bad_options_name_the_flag(corpus, minilm_dir, tmp_path):
     with pytest.raises(ValueError, match="--mode"):
-        shard_batches.ShardJobConfig(mode="fast")
+        ShardJobConfig(mode="fast")
     with pytest.raises(ValueError, match="--validation_fraction"):
         _run(corpus["text"], tmp_path, minilm_dir, "--validation_fraction", "1.5")
     with pytest.raises(FileNotFoundError, match="nope"):
@@ -443,8 +437,8 @@ def test_reader_equals_the_reference_reader_on_raw_books(shared_data, minilm_dir
     for name in ("melville-moby_dick.txt", "shakespeare-caesar.txt"):
         path = shared_data / "books" / name
         data = path.read_bytes()[:200_000]
-        docs, bad = shard_inputs.parse_reference_text(data, str(path))
-        ours = shard_inputs.tokenize_documents(tokenizer, docs)
+        docs, bad = reading.parse_reference_text(data, str(path))
+        ours = reading.tokenize_documents(tokenizer, docs)
         ours = [np.split(t, np.cumsum(lengths)[:-1]) for t, lengths in ours if len(lengths)]
         theirs = read_reference_text(data.decode("utf-8", "ignore").split("\n"), tokenizer)
         assert len(ours) == len(theirs) > 100
@@ -459,8 +453,8 @@ def test_reader_equals_the_reference_reader_on_raw_books(shared_data, minilm_dir
 def test_literal_special_tokens_in_corpus_text_stay_plain_text(minilm_dir):
     """BERT's reference splits a literal "[MASK]" in text into "[", "mask", "]"; so must we,
     or corpus text would inject real mask/separator tokens into instances."""
-    from pipelines.shard_inputs import tokenize_documents
-    from pipelines.tokenization import load_tokenizer, read_vocab
+    from common.tokenization import load_tokenizer, read_vocab
+    from pipelines.shards.reading import tokenize_documents
 
     vocab = read_vocab(str(minilm_dir))
     tokenizer = load_tokenizer(str(minilm_dir), split_special_tokens=True)
@@ -471,8 +465,8 @@ def test_literal_special_tokens_in_corpus_text_stay_plain_text(minilm_dir):
 
 
 def test_wire_batch_drops_segment_ids_only_when_it_can_rebuild_them():
-    from pipelines import packing
-    from pipelines.instances import Instance
+    from pipelines.shards import packing
+    from pipelines.shards.instances import Instance
 
     def instance(segments, label):
         ids = np.arange(101, 101 + len(segments), dtype=np.int32)
@@ -483,7 +477,7 @@ def test_wire_batch_drops_segment_ids_only_when_it_can_rebuild_them():
     n = len(usual)
     batch = packing.InstanceBatch.from_instances(usual, np.arange(n), np.arange(n), np.zeros(n),
                                                  np.zeros(n))
-    wire = shard_batches.WireBatch.of(batch)
+    wire = batches.WireBatch.of(batch)
     assert wire.segment0_lengths.tolist() == [3, 3, 2] and len(wire.batch.segment_ids) == 0
     assert wire.unpack().segment_ids.tolist() == batch.segment_ids.tolist()
     assert wire.unpack().input_ids.tolist() == batch.input_ids.tolist()
@@ -491,7 +485,7 @@ def test_wire_batch_drops_segment_ids_only_when_it_can_rebuild_them():
     odd = packing.InstanceBatch.from_instances(
         [*usual, instance([0, 1, 0], 0)], np.arange(n + 1), np.arange(n + 1), np.zeros(n + 1),
         np.zeros(n + 1))
-    kept = shard_batches.WireBatch.of(odd)
+    kept = batches.WireBatch.of(odd)
     assert kept.segment0_lengths is None and kept.unpack() is odd
 
 
@@ -510,7 +504,7 @@ def test_a_corrupt_row_group_loses_its_part_with_a_dead_letter(minilm_dir, tmp_p
                    column.data_page_offset + column.total_compressed_size - 4):
         data[i] ^= 0x5A
     path.write_bytes(bytes(data))
-    (part,) = shard_inputs.read_parts(storage.expand_input_files(str(path)), 1024)[:1]
+    (part,) = reading.read_parts(storage.expand_input_files(str(path)), 1024)[:1]
     assert part.num_parts > 1  # the file is read in parts, so the corrupt group is not in part 0
     manifest = _run(folder, tmp_path / "out", minilm_dir, "--read_part_kb", "1",
                     "--num_shards", "1")
@@ -566,7 +560,7 @@ def test_a_run_that_makes_no_instance_fails_without_a_manifest(corpus, minilm_di
     (docs / "dead_letter" / "dead_letter-00000-of-00001.jsonl").write_text("")
     (docs / storage.MANIFEST_NAME).write_text("{}")
     out = tmp_path / "out"
-    with pytest.raises(jobs.NoOutputError, match=(
+    with pytest.raises(errors.NoOutputError, match=(
             r"^0 instances \(0 documents, 0 empty\) from --input .*documents: 1 bad record\(s\) "
             r"set aside in .*out/dead_letter/make_shards.jsonl \(first: .*documents-00000-of-"
             r"00001.parquet file: ValueError: .*no column\(s\) \['sentences'\].*; no manifest")):
@@ -577,7 +571,7 @@ def test_a_run_that_makes_no_instance_fails_without_a_manifest(corpus, minilm_di
     blank = tmp_path / "blank.txt"
     blank.write_text("\n   \n\t\n\n")
     for mode in ("reference", "scalable"):
-        with pytest.raises(jobs.NoOutputError, match=r"^0 instances \(0 documents, 0 empty\) "
+        with pytest.raises(errors.NoOutputError, match=r"^0 instances \(0 documents, 0 empty\) "
                                                      r".*: 0 bad record\(s\) set aside"):
             _run(blank, tmp_path / mode, minilm_dir, "--mode", mode)
         assert not (tmp_path / mode / storage.MANIFEST_NAME).exists()
@@ -616,18 +610,18 @@ def test_split_of_holds_out_the_requested_share(fraction):
     of a binomial draw; the ids held out at half the fraction are a strict subset of them (one
     threshold on the id's hash)."""
     ids = [f"wiki/AA/wiki_{i // 100:02d}:{i % 100}" for i in range(10_000)]
-    held_out = {d for d in ids if shard_inputs.split_of(d, fraction) == "validation"}
+    held_out = {d for d in ids if reading.split_of(d, fraction) == "validation"}
     sigma = (fraction * (1 - fraction) / len(ids)) ** 0.5
     share = len(held_out) / len(ids)
     assert abs(share - fraction) < 4 * sigma, f"held out {share:.4f} for fraction {fraction}"
-    smaller = {d for d in ids if shard_inputs.split_of(d, fraction / 2) == "validation"}
+    smaller = {d for d in ids if reading.split_of(d, fraction / 2) == "validation"}
     assert smaller < held_out
 
 
 def test_split_of_without_a_fraction_holds_out_nothing():
     ids = [f"doc:{i}" for i in range(10_000)]
-    assert {shard_inputs.split_of(d, 0.0) for d in ids} == {"train"}
-    assert {shard_inputs.split_of(d, 1.0) for d in ids} == {"validation"}
+    assert {reading.split_of(d, 0.0) for d in ids} == {"train"}
+    assert {reading.split_of(d, 1.0) for d in ids} == {"validation"}
 
 
 # Measured once: the documents of the `corpus` fixture's text files held out at 0.25 (the
@@ -638,5 +632,5 @@ CORPUS_DOCUMENTS, CORPUS_HELD_OUT_025 = 63, 21
 def test_validation_share_of_the_test_corpus_is_the_measured_count(corpus):
     doc_ids = [f"{p.name}:{i}" for p in sorted(corpus["text"].iterdir())
                for i in range(len(p.read_text().strip().split("\n\n")))]
-    held_out = sum(shard_inputs.split_of(d, 0.25) == "validation" for d in doc_ids)
+    held_out = sum(reading.split_of(d, 0.25) == "validation" for d in doc_ids)
     assert (len(doc_ids), held_out) == (CORPUS_DOCUMENTS, CORPUS_HELD_OUT_025)

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from common import shard_format
 from model.attention import (
     attend_instances,
     attention_mask_4d,
@@ -17,7 +18,6 @@ from model.attention import (
 from model.bert import BertConfig, BertModel, bert_base, bert_large, bert_mini, bert_tiny
 from model.cpu_ops import Dropout, attend, dropout, keep_mask, stock_ops
 from model.heads import BertForPreTraining, BertForSequenceClassification, masked_mean_loss
-from pipelines import shard_format
 
 VOCAB = 1000
 

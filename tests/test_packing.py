@@ -4,14 +4,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipelines import packing, shard_format, shards
-from pipelines.instances import (
+from common import shard_format
+from common.tokenization import load_tokenizer, read_vocab
+from pipelines.shards import packing, shard_files
+from pipelines.shards.instances import (
     InstanceConfig,
     Vocab,
     create_instances_scalable,
     read_reference_text,
 )
-from pipelines.tokenization import load_tokenizer, read_vocab
 
 
 def test_pack_lengths_best_fit_decreasing_exact():
@@ -128,14 +129,14 @@ def test_shuffle_keys_deterministic_and_distinct():
 
 
 def test_round_robin_balance_and_shard_count():
-    shard, pos = shards.assign_round_robin(np.arange(10), 4)
+    shard, pos = shard_files.assign_round_robin(np.arange(10), 4)
     assert np.bincount(shard).tolist() == [3, 3, 2, 2]  # balanced to within one row
     assert shard.tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 0, 1]
     assert pos.tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 2, 2]
-    assert shards.choose_num_shards(0, 0, 100) == 0
-    assert shards.choose_num_shards(1000, 250, 100) == 3
-    assert shards.choose_num_shards(5, 10 ** 9, 100) == 5  # never more shards than rows
-    assert shards.choose_num_shards(1000, 250, 100, num_shards=7) == 7
+    assert shard_files.choose_num_shards(0, 0, 100) == 0
+    assert shard_files.choose_num_shards(1000, 250, 100) == 3
+    assert shard_files.choose_num_shards(5, 10 ** 9, 100) == 5  # never more shards than rows
+    assert shard_files.choose_num_shards(1000, 250, 100, num_shards=7) == 7
 
 
 @pytest.mark.parametrize("rows_per_block", [1, 7, 128])

@@ -452,8 +452,8 @@ def test_bf16_needs_zero_1_and_exports_the_fp32_masters_with_a_cased_vocab(data,
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
+    from common.tokenization import read_vocab, save_tokenizer_folder
     from model.hf import ours_to_hf
-    from pipelines.tokenization import read_vocab, save_tokenizer_folder
 
     with pytest.raises(ValueError, match="precision=bf16 cannot be combined with zero_stage=0"):
         make_config(data, tmp_path, precision="bf16", zero_stage=0)
@@ -645,7 +645,7 @@ def test_export_takes_casing_from_the_shards_then_the_vocabulary(tmp_path):
     ("seed=7", "seed", 7),
 ])
 def test_set_converts_text_with_the_flows_converter(assignment, field, expected):
-    """One converter for `bert-pretrain --set` and the flow's `--set` (pipelines.settings)."""
+    """One converter for `bert-pretrain --set` and the flow's `--set` (common.settings)."""
     if field is None:
         with pytest.raises(ValueError, match="unknown field"):
             cfg.apply_overrides(cfg.tiny(), [assignment])

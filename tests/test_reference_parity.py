@@ -17,14 +17,14 @@ import numpy as np
 import pytest
 from conftest import skip_or_fail
 
+from common.tokenization import load_tokenizer, read_vocab
 from peers import bert_generator
-from pipelines.instances import (
+from pipelines.shards.instances import (
     InstanceConfig,
     Vocab,
     create_instances_reference,
     read_reference_text,
 )
-from pipelines.tokenization import load_tokenizer, read_vocab
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_wikipedia_articles_equal_reference(peer, shared_data, vocab_path, tmp_p
     """Wikipedia text (SQuAD dev contexts: one document per article, one sentence per line)."""
     import json
 
-    from pipelines.sentences import split_sentences
+    from pipelines.corpus.sentences import split_sentences
 
     articles = json.loads((shared_data / "squad" / "dev-v1.1.json").read_text(encoding="utf-8"))
     lines = []

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from pipelines import books
-from pipelines.sentences import split_passages, split_sentences
+from pipelines.books import cleaning
+from pipelines.corpus.sentences import split_passages, split_sentences
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -62,7 +62,7 @@ EMMA_PARAGRAPH = (
 
 
 def test_real_paragraph_from_emma(shared_data):
-    emma = books.extract_book((shared_data / "books" / "austen-emma.txt").read_bytes())
+    emma = cleaning.extract_book((shared_data / "books" / "austen-emma.txt").read_bytes())
     assert emma.passages[20] == EMMA_PARAGRAPH
     assert split_sentences(EMMA_PARAGRAPH) == [
         ("Mr. Knightley, a sensible man about seven or eight-and-thirty, was not only a very old "
@@ -105,7 +105,7 @@ TITLE_AT_END = re.compile(r"(?:^|\s)[\"'(]*(?:Mr|Mrs|Ms|Dr|St|Messrs)\.$")
 @pytest.mark.parametrize("name, expected_count", [
     ("austen-emma", 7398), ("melville-moby_dick", 8812), ("shakespeare-caesar", 2113)])
 def test_whole_books_invariants(shared_data, name, expected_count):
-    book = books.extract_book((shared_data / "books" / f"{name}.txt").read_bytes())
+    book = cleaning.extract_book((shared_data / "books" / f"{name}.txt").read_bytes())
     sentences = split_passages(book.passages)
     assert len(sentences) == expected_count
     position = 0

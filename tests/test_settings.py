@@ -1,5 +1,5 @@
 """One settings mechanism for every entry point: stage configs, their generated job flags, the
-flow's config composed of them (pipelines/settings.py, flows/config.py)."""
+flow's config composed of them (common/settings.py, flows/config.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,10 +7,12 @@ import json
 
 import pytest
 
+from common import settings
 from flows.config import parse_set_flags, resolve
-from pipelines import jobs, make_shards, settings, shard_batches, train_vocab
-from pipelines.shard_batches import ShardsConfig
-from pipelines.vocab import VocabConfig
+from pipelines import jobs, make_shards, train_vocab
+from pipelines.shards import config as shards_config
+from pipelines.shards.config import ShardsConfig
+from pipelines.vocab.wordpiece import VocabConfig
 from training import config as training
 
 
@@ -126,11 +128,11 @@ def test_shards_setting_for_both_phases_and_phase_by_name_or_index():
 
 
 def test_the_flows_tiny_preset_is_made_of_the_stages_tiny_presets():
-    from pipelines import vocab
+    from pipelines.vocab import wordpiece
 
     cfg = resolve("tiny")
-    assert cfg.vocab == vocab.tiny() and cfg.vocab.vocab_size == 4000
-    assert (cfg.shards.phase1, cfg.shards.phase2) == (shard_batches.tiny(1), shard_batches.tiny(2))
+    assert cfg.vocab == wordpiece.tiny() and cfg.vocab.vocab_size == 4000
+    assert (cfg.shards.phase1, cfg.shards.phase2) == (shards_config.tiny(1), shards_config.tiny(2))
     assert cfg.pretrain == training.tiny()
     assert [(p.steps, p.warmup_steps, p.max_seq_length, p.global_batch_size)
             for p in cfg.pretrain.phases] == [(600, 60, 128, 32), (60, 6, 256, 16)]
@@ -148,3 +150,55 @@ def test_bert_dag_takes_a_settings_file_under_its_set_flags(tmp_path):
     cfg = resolve("tiny", overrides_from_args(args))
     assert [p.steps for p in cfg.pretrain.phases] == [90, 60]
     assert (cfg.shards.phase1.dupe_factor, cfg.output) == (1, str(tmp_path / "run"))
+
+
+def test_init_from_without_model_takes_the_checkpoints_shape_in_every_entry_point(tmp_path):
+    """One rule (training.config.checkpoint_decides_shape), applied before validation: a shape
+    setting beside init_from is the checkpoint's business (tiny's 128 hidden units would refuse
+    12 heads), in `bert-pretrain --set`, its `--config` file and the flow's `pretrain.*`."""
+    start = str(tmp_path)
+    run = training.resolve("tiny", assignments=[f"init_from={start}", "num_attention_heads=12"])
+    assert (run.model, run.init_from, run.num_attention_heads) == ("", start, 12)
+    run_file = tmp_path / "run.json"
+    run_file.write_text(json.dumps({"init_from": start, "num_attention_heads": 12}))
+    assert training.resolve("tiny", config_file=str(run_file)).model == ""
+    flow = resolve("tiny", {"pretrain": {"init_from": start, "num_attention_heads": "12"}})
+    assert (flow.pretrain.model, flow.pretrain.num_attention_heads) == ("", 12)
+    with pytest.raises(ValueError, match="hidden_size"):  # a named preset keeps its shape check
+        training.resolve("tiny", assignments=[f"init_from={start}", "model=bert_tiny",
+                                               "num_attention_heads=12"])
+    assert training.resolve("tiny").model == "bert_tiny"
+
+
+def test_extract_books_and_build_corpus_flags_come_from_their_configs(tmp_path):
+    from pipelines import build_corpus, extract_books
+
+    def books(*argv):
+        args, _ = extract_books.build_parser().parse_known_args(["--input", "in", "--output",
+                                                                 "out", *argv])
+        return jobs.config_from_args(args, extract_books.ExtractBooksConfig(
+            input=args.input, output=args.output))
+
+    settings_file = tmp_path / "books.json"
+    settings_file.write_text(json.dumps({"num_shards": 4, "max_passage_chars": 700}))
+    assert books("--exclude", "*.md, NOTES*", "--max_passage_chars", "900", "--config",
+                 str(settings_file), "--set", "num_shards=3") == extract_books.ExtractBooksConfig(
+        input="in", output="out", exclude=("*.md", "NOTES*"), max_passage_chars=900,
+        num_shards=3)
+    assert books("--exclude", "").exclude == ()
+    assert books().exclude == ("README*", "LICENSE*", "LICENCE*", "COPYING*", "*.md", "*.json",
+                               "*.parquet")
+    with pytest.raises(ValueError, match=r"^--max_control_fraction: must be in \[0, 1\], got 2.0$"):
+        books("--max_control_fraction", "2")
+
+    def corpus(*argv):
+        args, _ = build_corpus.build_parser().parse_known_args(["--input", "in", "--output",
+                                                                "out", *argv])
+        return jobs.config_from_args(args, build_corpus.BuildCorpusConfig(input=args.input,
+                                                                          output=args.output))
+
+    assert corpus("--text_output", "--num_shards", "2") == build_corpus.BuildCorpusConfig(
+        input="in", output="out", num_shards=2, text_output=True)
+    assert corpus("--text_output=false").text_output is False
+    with pytest.raises(ValueError, match=r"^--num_shards: must be >= 0 \(0 = automatic\), got -1$"):
+        corpus("--num_shards", "-1")

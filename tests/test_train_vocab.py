@@ -10,9 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import jobs, train_vocab, vocab
-from pipelines.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
-from pipelines.tokenization import load_tokenizer, read_vocab
+from common import errors
+from common.tokenization import load_tokenizer, read_vocab
+from pipelines import train_vocab
+from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
+from pipelines.vocab import wordpiece
 
 WIKI_DUMP = "wiki/enwiki-dbpedia-minidump-pages-articles.xml.bz2"
 # The shared books hold 4 lines that are not UTF-8 (Latin-1 bytes): the job sets them aside.
@@ -60,31 +62,31 @@ def books_vocab(shared_data, tmp_path_factory) -> Path:
 
 def test_reserved_tokens_are_bert_base_uncased_layout(minilm_dir):
     bert = read_vocab(str(minilm_dir))  # all-MiniLM-L6-v2 ships bert-base-uncased's vocab
-    assert vocab.reserved_tokens(994) == bert[:999]
-    assert vocab.default_num_unused(30522) == 994
-    ours = vocab.reserved_tokens(vocab.default_num_unused(2000))
+    assert wordpiece.reserved_tokens(994) == bert[:999]
+    assert wordpiece.default_num_unused(30522) == 994
+    ours = wordpiece.reserved_tokens(wordpiece.default_num_unused(2000))
     for token in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused98]"]:
         assert ours.index(token) == bert.index(token)
 
 
 def test_num_unused_rule_and_validation():
-    assert [vocab.default_num_unused(n) for n in (2000, 3000, 8000, 30522, 50000)] == \
+    assert [wordpiece.default_num_unused(n) for n in (2000, 3000, 8000, 30522, 50000)] == \
         [99, 99, 260, 994, 1628]
-    assert vocab.VocabConfig(vocab_size=8000).num_reserved == 265
+    assert wordpiece.VocabConfig(vocab_size=8000).num_reserved == 265
     with pytest.raises(ValueError, match="--num_unused_tokens"):
-        vocab.VocabConfig(num_unused_tokens=98)
+        wordpiece.VocabConfig(num_unused_tokens=98)
     with pytest.raises(ValueError, match="--vocab_size"):
-        vocab.VocabConfig(vocab_size=104)
+        wordpiece.VocabConfig(vocab_size=104)
     with pytest.raises(ValueError, match="--min_frequency"):
-        vocab.VocabConfig(min_frequency=0)
+        wordpiece.VocabConfig(min_frequency=0)
 
 
 def test_word_splitter_counts_exactly():
     texts = ["Hello, World!", "hello  again.", "Café NAÏVE 東京"]
-    assert vocab.count_words(texts, vocab.word_splitter(True)) == {
+    assert wordpiece.count_words(texts, wordpiece.word_splitter(True)) == {
         "hello": 2, ",": 1, "world": 1, "!": 1, "again": 1, ".": 1, "cafe": 1, "naive": 1,
         "東": 1, "京": 1}
-    assert vocab.count_words(texts[2:], vocab.word_splitter(False)) == {
+    assert wordpiece.count_words(texts[2:], wordpiece.word_splitter(False)) == {
         "Café": 1, "NAÏVE": 1, "東": 1, "京": 1}
 
 
@@ -94,10 +96,10 @@ def test_word_splitter_equals_bert_pre_tokenizer_on_every_character(do_lower_cas
     whitespace, controls, punctuation, symbols, combining marks, CJK, final sigma, surrogates."""
     from tokenizers import pre_tokenizers
 
-    from pipelines.tokenization import bert_normalizer
+    from common.tokenization import bert_normalizer
 
     normalizer, pre_tokenizer = bert_normalizer(do_lower_case), pre_tokenizers.BertPreTokenizer()
-    split = vocab.word_splitter(do_lower_case)
+    split = wordpiece.word_splitter(do_lower_case)
     chars = [chr(c) for c in [*range(0x3100), *range(0xFE00, 0x10000), 0x1F600, 0x20000]
              if not 0xD800 <= c < 0xE000]
     texts = [f"Ab{c}cΣ {c}x{c}{c}Y1 {c}" for c in chars]
@@ -108,8 +110,8 @@ def test_word_splitter_equals_bert_pre_tokenizer_on_every_character(do_lower_cas
 
 
 def test_alphabet_ties_go_to_lower_code_point():
-    assert vocab.choose_alphabet({"ab": 2, "ba": 1, "c": 3}, 2) == ["a", "b"]
-    words = vocab.select_training_words({"ab": 2, "ca": 1, "x" * 201: 5, "bb": 1}, 2)
+    assert wordpiece.choose_alphabet({"ab": 2, "ba": 1, "c": 3}, 2) == ["a", "b"]
+    words = wordpiece.select_training_words({"ab": 2, "ca": 1, "x" * 201: 5, "bb": 1}, 2)
     assert words.alphabet == ["a", "b"]
     assert words.counts == {"ab": 2, "bb": 1}
     assert words.outside_alphabet == {"ca": 1}
@@ -118,19 +120,19 @@ def test_alphabet_ties_go_to_lower_code_point():
 
 def test_repeat_words_hands_the_trainer_exact_counts():
     counts = {"the": 5, "a": 1, "##": 3}
-    strings = list(vocab.repeat_words(counts, chunk=2))
-    assert len(strings) == vocab.num_repeat_strings(counts, chunk=2) == 6
+    strings = list(wordpiece.repeat_words(counts, chunk=2))
+    assert len(strings) == wordpiece.num_repeat_strings(counts, chunk=2) == 6
     assert collections.Counter(" ".join(strings).split()) == counts
 
 
 def test_small_corpus_is_padded_with_unused_to_exact_size():
     counts = {"hello": 3, "world": 2, "held": 2}
-    result = vocab.train_vocab(counts, vocab.VocabConfig(vocab_size=300, min_frequency=1))
+    result = wordpiece.train_vocab(counts, wordpiece.VocabConfig(vocab_size=300, min_frequency=1))
     tokens = result.tokens
     learned = result.stats["num_learned_tokens"]
     assert len(tokens) == 300 and len(set(tokens)) == 300
     assert result.stats["num_unused_tokens"] == 300 - 5 - learned
-    assert tokens[:300 - learned] == vocab.reserved_tokens(300 - 5 - learned)
+    assert tokens[:300 - learned] == wordpiece.reserved_tokens(300 - 5 - learned)
     # characters (sorted), then "##" characters (sorted), then merges
     assert tokens[300 - learned:][:11] == ["d", "e", "h", "l", "o", "r", "w",
                                            "##d", "##e", "##l", "##o"]
@@ -141,7 +143,7 @@ def test_small_corpus_is_padded_with_unused_to_exact_size():
 def test_min_frequency_stops_merges_below_it(min_frequency, merges):
     # pair counts: (a, ##b) 3 + 1 = 4; (c, ##d), (##b, ##c), (##c, ##d) 1 each
     counts = {"ab": 3, "cd": 1, "abcd": 1}
-    result = vocab.train_vocab(counts, vocab.VocabConfig(vocab_size=200,
+    result = wordpiece.train_vocab(counts, wordpiece.VocabConfig(vocab_size=200,
                                                          min_frequency=min_frequency))
     learned = result.tokens[200 - result.stats["num_learned_tokens"]:]
     assert learned == ["a", "b", "c", "d", "##b", "##c", "##d", *merges]
@@ -150,8 +152,8 @@ def test_min_frequency_stops_merges_below_it(min_frequency, merges):
 
 
 def test_tokenization_stats_are_weighted_by_word_counts():
-    tokens = vocab.reserved_tokens(99) + ["a", "b", "##b", "ab"]
-    stats = vocab.tokenization_stats(tokens, {"ab": 2, "abb": 1, "c": 1}, do_lower_case=True)
+    tokens = wordpiece.reserved_tokens(99) + ["a", "b", "##b", "ab"]
+    stats = wordpiece.tokenization_stats(tokens, {"ab": 2, "abb": 1, "c": 1}, do_lower_case=True)
     # ab -> [ab] x2, abb -> [ab, ##b], c -> [UNK]: 5 pieces for 4 words
     assert stats == {"tokens_per_word": 1.25, "unk_word_fraction": 0.25,
                      "whole_word_fraction": 0.5}
@@ -329,7 +331,7 @@ def test_empty_input_is_a_clear_error_naming_it(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "blank.txt").write_text("\n  \n")
     out = tmp_path / "out"
-    with pytest.raises(jobs.NoOutputError, match=(
+    with pytest.raises(errors.NoOutputError, match=(
             rf"^0 words \(1 file\(s\): .*empty/blank\.txt\) from --input .*empty: 0 bad "
             rf"record\(s\) set aside in {out}/dead_letter/dead_letter-00000-of-00001.jsonl; "
             "no manifest written$")):

@@ -1,4 +1,4 @@
-"""Wikitext cleaning (pipelines/wikitext.py): exact outputs on small cases, then the real dump."""
+"""Wikitext cleaning (pipelines/wikipedia/wikitext.py): exact outputs on small cases, then the real dump."""
 from __future__ import annotations
 
 import collections
@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from pipelines.wiki_dump import Page, iter_pages, plan_splits
-from pipelines.wikitext import (
+from pipelines.wikipedia.dump import Page, iter_pages, plan_splits
+from pipelines.wikipedia.wikitext import (
     clean_wikitext,
     extract_passages,
     is_disambiguation,

@@ -9,7 +9,7 @@ Overrides, applied in order after the preset:
   the run's phases, each merged into the preset's phase of its name (`_merge_phases`).
 - `--set key=value` (repeatable): dotted keys, `zero_stage=2`, `phases.0.steps=300` or by phase
   name, `phase1.learning_rate=5e-4`. Each value is converted to its field's type by
-  `pipelines.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
+  `common.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
   float, `true`/`false` a bool, text as given).
 """
 from __future__ import annotations
@@ -25,9 +25,10 @@ from typing import Any
 
 import yaml
 
+from common import settings
+from common.masking import MaskingConfig, MaskSplit
+from common.settings import SettingError, convert_setting
 from model.bert import PRESETS as MODEL_PRESETS
-from pipelines import settings
-from pipelines.settings import SettingError, convert_setting
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,7 @@ PRECISIONS = ("fp32", "bf16", "fp16", "auto")
 OBJECTIVES = ("mlm", "ltr")
 SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
 """Model shape settings that override the preset's (0 = the preset's value)."""
-MASKING_FIELDS = ("masked_lm_prob", "mask_fraction", "same_fraction", "random_fraction",
-                  "do_whole_word_mask")
+MASKING_FIELDS = ("masked_lm_prob", *(f.name for f in dataclasses.fields(MaskSplit)))
 """Settings of dynamic masking (`dynamic_masking=true`)."""
 DEVICES = ("auto", "cuda")
 OPTIMIZERS = ("adamw", "lamb")
@@ -89,8 +89,9 @@ class PhaseConfig:
 
 
 @dataclass(frozen=True)
-class PretrainConfig:
-    """A whole pre-training run."""
+class PretrainConfig(MaskSplit):
+    """A whole pre-training run. The MASK/SAME/RND split and `do_whole_word_mask` (from
+    `common.masking.MaskSplit`) act with `dynamic_masking=true` only."""
     model: str = "bert_tiny"
     """Model preset in model.bert (bert_tiny, bert_mini, bert_base, bert_large); the shape
     fields below override its shape (paper Table 6). "" with `init_from`: the checkpoint's shape
@@ -149,14 +150,6 @@ class PretrainConfig:
     masked_lm_prob: float = 0.0
     """Dynamic masking's share of each instance's tokens to predict, capped at the shards'
     max_predictions_per_seq (0 = as many per row as the shards' masks)."""
-    mask_fraction: float = 0.8
-    """Dynamic masking: share of predicted positions shown as [MASK] (Table 8's MASK)."""
-    same_fraction: float = 0.1
-    """Dynamic masking: share of predicted positions left unchanged (Table 8's SAME)."""
-    random_fraction: float = 0.1
-    """Dynamic masking: share shown as a random token (Table 8's RND); the three sum to 1."""
-    do_whole_word_mask: bool = False
-    """Dynamic masking: predict all WordPiece pieces of a word together."""
     shuffle_buffer: int = 2000
     """Rows in the loader's shuffle buffer (0 = no shuffling)."""
     num_workers: int = 1
@@ -240,19 +233,16 @@ class PretrainConfig:
                              "attention_probs_dropout_prob": self.dropout,
                              "is_decoder": self.objective == "ltr", **changes})
 
-    def masking(self, max_predictions_per_seq: int):
-        """Dynamic masking's `pipelines.masking.MaskingConfig`, capped as the shards are."""
-        from pipelines.masking import MaskingConfig
+    def masking(self, max_predictions_per_seq: int) -> MaskingConfig:
+        """Dynamic masking's `common.masking.MaskingConfig`, capped as the shards are."""
+        split = {f.name: getattr(self, f.name) for f in dataclasses.fields(MaskSplit)}
         return MaskingConfig(masked_lm_prob=self.masked_lm_prob or 0.15,
-                             max_predictions_per_seq=max_predictions_per_seq,
-                             mask_fraction=self.mask_fraction, same_fraction=self.same_fraction,
-                             random_fraction=self.random_fraction,
-                             do_whole_word_mask=self.do_whole_word_mask)
+                             max_predictions_per_seq=max_predictions_per_seq, **split)
 
     def _check_masking(self) -> None:
         _check(0 <= self.masked_lm_prob < 1, "masked_lm_prob", "in [0, 1) (0 = the shards' count)")
         try:
-            self.masking(max_predictions_per_seq=1)
+            self.check_split()
         except SettingError as e:
             raise SettingError(e.setting, e.message, "--set {setting}: {message}") from None
         changed = [f for f in MASKING_FIELDS
@@ -325,7 +315,7 @@ def _paper_phases(train_128: str = "", train_512: str = "", total_steps: int = 1
 
 def tiny() -> PretrainConfig:
     """bert_tiny on CPU for tests and the demo: 600 steps at 128 tokens, 60 at 256 (the tiny
-    shards' phase-2 length, pipelines/shard_batches.py), phase 2's warmup a tenth of its steps."""
+    shards' phase-2 length, pipelines/shards/batches.py), phase 2's warmup a tenth of its steps."""
     phases = (
         PhaseConfig(name="phase1", max_seq_length=128, micro_batch_size=32, global_batch_size=32,
                     steps=600, warmup_steps=60, learning_rate=1e-3),
@@ -459,18 +449,27 @@ def resolve(preset: str = "tiny", config_file: str | None = None,
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r}: expected one of {sorted(PRESETS)}")
     config = PRESETS[preset]()
-    named = {a.partition("=")[0].strip() for a in assignments}
+    given = {**(settings.load_file(config_file) if config_file else {}),
+             **settings.parse_assignments(assignments)}
+    shape = checkpoint_decides_shape(given)
+    if shape:
+        config = settings.apply(config, {**shape, "init_from": given["init_from"]}, label="--set")
     if config_file:
-        named |= set(settings.load_file(config_file))
         config = load_file(config_file, config)
-    config = apply_overrides(config, assignments)
-    if config.init_from and "model" not in named:  # the checkpoint's shape, not the preset's
-        return dataclasses.replace(config, model="")
-    return config
+    return apply_overrides(config, assignments)
+
+
+def checkpoint_decides_shape(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`{"model": ""}` where `overrides` (of a PretrainConfig) name `init_from` and not `model`:
+    the checkpoint then decides the shape (training/init_from.py), not the preset's model. The
+    caller applies it with the overrides, before validation, so that a shape setting beside
+    `init_from` is checked against the checkpoint, not the preset (`bert-pretrain --set` and the
+    flow's `pretrain.*` alike)."""
+    return {"model": ""} if overrides.get("init_from") and "model" not in overrides else {}
 
 
 def save(config: PretrainConfig, path: str) -> None:
-    from pipelines import storage
+    from common import storage
     storage.atomic_write_json(path, to_dict(config))
 
 

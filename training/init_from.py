@@ -18,10 +18,10 @@ import logging
 
 from torch import nn
 
+from common import storage
 from model.bert import PRESETS as MODEL_PRESETS
 from model.bert import BertConfig
 from model.hf import StartingPoint, find_starting_point, read_starting_weights
-from pipelines import storage
 from training.config import SHAPE_FIELDS, PretrainConfig
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
                          f"vocab_size {shape.vocab_size}: make the shards with the checkpoint's "
                          "vocab.txt")
     if config.vocab_dir:
-        from pipelines.tokenization import read_vocab
+        from common.tokenization import read_vocab
         tokens = len(read_vocab(config.vocab_dir))
         if tokens != shape.vocab_size:
             raise ValueError(f"--set vocab_dir={config.vocab_dir} holds {tokens} tokens, but "
@@ -116,7 +116,7 @@ def checkpoint_do_lower_case(start: StartingPoint) -> bool:
     """Whether the checkpoint's tokenizer lower-cases: its `tokenizer_config.json`'s
     `do_lower_case`, else BERT's convention by the folder's name ("...-cased": False, else
     True)."""
-    from pipelines.tokenization import recorded_lower_case
+    from common.tokenization import recorded_lower_case
     recorded = recorded_lower_case(start.folder)
     if recorded is not None:
         return recorded

@@ -15,7 +15,7 @@ how many are cut is logged once per epoch (a warning above `CUT_WARN_FRACTION`) 
 `ShardLoader.rows_cut`, which training/pretrain.py writes into its metrics.
 
 A slot's stream: its shards in order -> tar members -> `.rows.npz` blocks decoded with
-`pipelines.shard_format.decode_block` -> rows -> shuffle buffer (seeded by epoch and slot) ->
+`common.shard_format.decode_block` -> rows -> shuffle buffer (seeded by epoch and slot) ->
 the first `rows_per_slot` rows -> optional dynamic re-masking -> micro-batches. A DataLoader with
 W workers runs the rank's W slots and interleaves their batches round-robin, which is a fixed
 order; so the position in the stream is one number per rank, `batch_in_epoch`, and resuming
@@ -42,23 +42,21 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from model.attention import BatchLayout, batch_layout, instance_ids
-from pipelines import shard_format
-from pipelines.masking import (
+from common import shard_format
+from common.masking import (
     MaskingConfig,
     num_to_predict,
     replace_tokens,
     take_word_groups,
     word_groups,
 )
-from pipelines.shard_format import Row
+from common.shard_format import Row
+from common.storage import MANIFEST_NAME
+from model.attention import PADDING_SEQUENCE_ID, BatchLayout, batch_layout, instance_ids
+from model.heads import IGNORE_INDEX
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
-"""Label padding of `masked_lm_ids` and `next_sentence_label` (the model ignores labels < 0)."""
-PAD_SEQUENCE_ID = -1
-MANIFEST = "manifest.json"
 CUT_WARN_FRACTION = 0.01
 """Above this share of an epoch's rows cut to equalise the slots, the loader warns."""
 
@@ -90,7 +88,7 @@ def _location(source: str, name: str) -> str:
 
 def read_shard_manifest(source: str) -> dict:
     """The `manifest.json` of a shard location (local, URL or `{name}` template)."""
-    url = _location(source, MANIFEST)
+    url = _location(source, MANIFEST_NAME)
     try:
         if os.path.exists(url):
             with open(url, "rb") as f:
@@ -123,10 +121,10 @@ def _manifest_entries(manifest: dict, url: str) -> list[dict]:
 def list_shards(source: str, split: str = "train") -> tuple[list[ShardInfo], dict]:
     """The `split` shards of a location with their row counts, and the manifest."""
     manifest = read_shard_manifest(source)
-    entries = [e for e in _manifest_entries(manifest, _location(source, MANIFEST))
+    entries = [e for e in _manifest_entries(manifest, _location(source, MANIFEST_NAME))
                if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
     if not entries:
-        raise FileNotFoundError(f"{_location(source, MANIFEST)}: no {split}-*.tar shards listed")
+        raise FileNotFoundError(f"{_location(source, MANIFEST_NAME)}: no {split}-*.tar shards listed")
     shards = [ShardInfo(e["name"], _location(source, e["name"]), int(e["num_rows"]), i,
                         int(e["bytes"]) if "bytes" in e else None)
               for i, e in enumerate(sorted(entries, key=lambda e: e["name"]))]
@@ -184,7 +182,7 @@ def _unreadable_shard(exn: Exception) -> bool:
 def shard_set_digest(manifest: dict, url: str, split: str = "train") -> str:
     """A hash of the `split` shards a manifest lists (names, row counts, sha256): the identity of
     a shard set wherever it is stored."""
-    from pipelines import storage
+    from common import storage
     entries = [(e["name"], int(e["num_rows"]), e.get("sha256", ""))
                for e in _manifest_entries(manifest, url)
                if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
@@ -269,11 +267,11 @@ def block_rows(sample: dict, max_seq_length: int) -> list[KeyedRow]:
 @dataclass(frozen=True)
 class Remasker:
     """Dynamic masking (RoBERTa section 4.1): new masks for every row each epoch, drawn with
-    `pipelines.masking` (the MASK/SAME/RND split and whole-word groups make_shards uses).
+    `common.masking` (the MASK/SAME/RND split and whole-word groups make_shards uses).
 
     Candidates are all non-special tokens. Each row keeps its number of predicted positions,
     unless `recount` is set: then each instance of the row gets
-    `pipelines.masking.num_to_predict` of its own tokens.
+    `common.masking.num_to_predict` of its own tokens.
     """
     mask_id: int
     """Id of `[MASK]`."""
@@ -293,7 +291,7 @@ class Remasker:
     @classmethod
     def from_vocab(cls, vocab_dir: str, seed: int, masking: MaskingConfig | None = None,
                    recount: bool = False) -> Remasker:
-        from pipelines.tokenization import CLS, MASK, PAD, SEP, read_vocab
+        from common.tokenization import CLS, MASK, PAD, SEP, read_vocab
         tokens = read_vocab(vocab_dir)
         ids = {t: i for i, t in enumerate(tokens)}
         masking = masking or MaskingConfig()
@@ -368,7 +366,7 @@ def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
     input_ids = np.zeros((b, t), np.int64)
     token_type_ids = np.zeros((b, t), np.int64)
     attention_mask = np.zeros((b, t), np.int64)
-    sequence_ids = np.full((b, t), PAD_SEQUENCE_ID, np.int64)
+    sequence_ids = np.full((b, t), PADDING_SEQUENCE_ID, np.int64)
     position_ids = np.zeros((b, t), np.int64)
     positions = np.zeros((b, m), np.int64)
     labels = np.full((b, m), IGNORE_INDEX, np.int64)
@@ -510,7 +508,7 @@ class ShardLoader:
         self.shards, self.manifest = list_shards(config.source, config.split)
         seq = self.manifest.get("max_seq_length")
         if seq is not None and int(seq) != config.max_seq_length:
-            raise ValueError(f"{_location(config.source, MANIFEST)}: shards have max_seq_length "
+            raise ValueError(f"{_location(config.source, MANIFEST_NAME)}: shards have max_seq_length "
                              f"{seq}, the phase wants {config.max_seq_length}")
         self.epoch = 0
         self.batch_in_epoch = 0
@@ -533,7 +531,7 @@ class ShardLoader:
 
     def shard_set_digest(self) -> str:
         """`shard_set_digest` of the shards this loader reads."""
-        return shard_set_digest(self.manifest, _location(self.config.source, MANIFEST),
+        return shard_set_digest(self.manifest, _location(self.config.source, MANIFEST_NAME),
                                 self.config.split)
 
     def _report_cut(self, plan: EpochPlan) -> None:
@@ -615,7 +613,7 @@ def _without_worker_traceback(error: Exception) -> Exception:
     not read as the one line our checks write). An error raised inside a library (the worker
     traceback's innermost frame not in our packages) is returned as it is: it is a bug, and
     its traceback is what shows where."""
-    from pipelines.jobs import is_our_file
+    from common.errors import is_our_file
 
     lines = str(error).splitlines()
     frames = [i for i, line in enumerate(lines) if _TRACEBACK_FRAME.match(line)]

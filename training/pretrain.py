@@ -57,7 +57,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pipelines import storage
+from common import storage
 from training import config as cfg
 from training.config import PhaseConfig, PretrainConfig
 from training.loader import LoaderConfig, Remasker, ShardLoader, validation_batches
@@ -150,7 +150,7 @@ def on_all_ranks(dist: Dist, check: Callable[[], Any], agree: str | None = None)
     others an `OtherRankError` (a user error there) or a RuntimeError naming it. With `agree`
     (what the result says), results that differ between ranks are an error too. Returns rank
     0's result."""
-    from pipelines.jobs import is_user_error
+    from common.errors import is_user_error
 
     error = None
     try:
@@ -182,12 +182,12 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
     the file's sha256 against `vocab_dir`'s: same-size vocabularies with other tokens would
     train silently on ids the tokenizer does not mean), complete local shard files. Across
     phases: one vocabulary, and NSP in all or none."""
-    from pipelines import storage
+    from common import storage
     from training.loader import check_shard_files, list_shards
 
     vocab_file, vocab_sha, vocab_size = None, None, None
     if config.vocab_dir:
-        from pipelines.tokenization import read_vocab
+        from common.tokenization import read_vocab
         vocab_file = config.vocab_dir if config.vocab_dir.endswith(".txt") else \
             storage.join(config.vocab_dir, "vocab.txt")
         vocab_size, vocab_sha = len(read_vocab(config.vocab_dir)), storage.sha256_file(vocab_file)
@@ -232,8 +232,8 @@ def same_tokens(recorded_path: str | None, recorded_sha: str, vocab_dir: str) ->
     """Whether the vocabulary file a manifest names is still the one it hashed and holds the
     same tokens as `vocab_dir`'s: a copy with other line endings hashes differently but is the
     same vocabulary. (A file rewritten in place since is not: its hash no longer matches.)"""
-    from pipelines import storage
-    from pipelines.tokenization import read_vocab
+    from common import storage
+    from common.tokenization import read_vocab
     try:
         return bool(recorded_path) and storage.sha256_file(recorded_path) == recorded_sha and \
             read_vocab(recorded_path) == read_vocab(vocab_dir)
@@ -273,7 +273,7 @@ def model_config(config: PretrainConfig, manifest: dict):
         return checkpoint_model_config(config, manifest)
     vocab_size = int(manifest.get("vocab_size") or 0)
     if config.vocab_dir:
-        from pipelines.tokenization import read_vocab
+        from common.tokenization import read_vocab
         tokens = len(read_vocab(config.vocab_dir))
         if vocab_size and tokens != vocab_size:
             raise ValueError(f"--set vocab_dir={config.vocab_dir}: {tokens} tokens, but the shards "
@@ -303,7 +303,7 @@ def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
                  validation: bool = False) -> LoaderConfig:
     remasker = None
     if config.dynamic_masking and not validation:
-        from pipelines.masking import MaskingConfig
+        from common.masking import MaskingConfig
         cap = int(shard_manifest(phase).get("max_predictions_per_seq") or 0) \
             if config.masked_lm_prob else MaskingConfig.max_predictions_per_seq  # unused
         if not cap:
@@ -769,8 +769,8 @@ def with_checkpoint_vocab(config: PretrainConfig) -> PretrainConfig:
     given as well must hold the checkpoint's tokens, in its order."""
     if not config.init_from:
         return config
+    from common.tokenization import read_vocab
     from model.hf import find_starting_point
-    from pipelines.tokenization import read_vocab
     from training.init_from import checkpoint_vocab_dir
     own = checkpoint_vocab_dir(find_starting_point(config.init_from))
     if own is None:
@@ -941,7 +941,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """`bert-pretrain`: our checks' errors (a bad setting, a missing or mismatched input) print
     one line and exit 2; anything else, or BERT_DEBUG=1, keeps its traceback."""
-    from pipelines.jobs import USER_ERRORS, debug_requested, is_user_error
+    from common.errors import USER_ERRORS, debug_requested, is_user_error
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -15,9 +15,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common import storage
+from common.errors import debug_requested, is_user_error
 from finetune.features import extract
-from pipelines import storage
-from pipelines.jobs import debug_requested, is_user_error
 
 log = logging.getLogger("bert-features")
 

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from common.errors import BadRecord
 from finetune.glue.tasks import SplitSpec, TaskSpec
-from pipelines.jobs import BadRecord
 
 MAX_SEQ_LENGTH = 128  # the paper's fine-tuning length
 

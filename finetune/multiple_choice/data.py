@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pipelines import storage
-from pipelines.jobs import BadRecord
+from common import storage
+from common.errors import BadRecord
 
 MAX_SEQ_LENGTH = 128  # the paper's SWAG recipe
 

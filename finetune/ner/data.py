@@ -22,7 +22,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from pipelines.jobs import BadRecord
+from common.errors import BadRecord
 
 DOCSTART = "-DOCSTART-"
 OUTSIDE = "O"

@@ -22,7 +22,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from pipelines.jobs import BadRecord
+from common.errors import BadRecord
 
 
 class SquadFormatError(ValueError):

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from tokenizers import Tokenizer
 
+from common.errors import BadRecord
 from finetune.squad.data import SquadExample
-from pipelines.jobs import BadRecord
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines import jobs, storage
-from pipelines.books import BookConfig, control_fraction
-from pipelines.tokenization import encode_like_reference
+from common import errors, storage
+from common.tokenization import encode_like_reference
+from pipelines.books.cleaning import BookConfig, control_fraction
 
 logger = logging.getLogger("make_shards")
 
@@ -74,7 +74,7 @@ def tokenize_documents(tokenizer, documents: list[list[str]]) -> list[tuple[np.n
     return out
 
 
-def parse_reference_text(data: bytes, file: str) -> tuple[list[list[str]], list[jobs.BadRecord]]:
+def parse_reference_text(data: bytes, file: str) -> tuple[list[list[str]], list[errors.BadRecord]]:
     """Documents (lists of lines) from the reference text format, and notes on bad lines.
 
     Lines split on "\\n" only and are stripped, as the reference reads them; a blank line ends a
@@ -83,13 +83,13 @@ def parse_reference_text(data: bytes, file: str) -> tuple[list[list[str]], list[
     """
     check_text(data, file)
     docs: list[list[str]] = [[]]
-    bad: list[jobs.BadRecord] = []
+    bad: list[errors.BadRecord] = []
     for number, raw in enumerate(data.split(b"\n"), 1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             line = raw.decode("utf-8", "ignore")
-            bad.append(jobs.BadRecord(file, f"line {number}",
+            bad.append(errors.BadRecord(file, f"line {number}",
                                       f"invalid UTF-8 ({e.reason}); the bytes were dropped"))
         line = line.strip()
         if line:

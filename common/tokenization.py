@@ -29,7 +29,7 @@ MAX_INPUT_CHARS_PER_WORD = 200
 
 def read_vocab(path: str) -> list[str]:
     """Vocabulary tokens in file order from a `vocab.txt` or a folder holding one."""
-    from pipelines import storage
+    from common import storage
 
     if is_vocab_folder(path):
         path = storage.join(path.rstrip("/"), "vocab.txt")
@@ -48,7 +48,7 @@ def read_vocab(path: str) -> list[str]:
 def is_vocab_folder(path: str) -> bool:
     """A vocabulary folder rather than a vocab.txt: a local folder, or a remote path that ends
     with "/" or does not name a .txt file (`gs://bucket/vocab`)."""
-    from pipelines import storage
+    from common import storage
 
     if storage.is_remote(path):
         return path.endswith("/") or not path.endswith(".txt")
@@ -64,7 +64,7 @@ def recorded_lower_case(vocab_path: str) -> bool | None:
     The same rule as `model.hf.vocab_do_lower_case`, which decides the exported tokenizer: shards
     and export must agree.
     """
-    from pipelines import storage
+    from common import storage
 
     if is_vocab_folder(vocab_path):
         folder = vocab_path.rstrip("/")
@@ -83,7 +83,7 @@ def recorded_lower_case(vocab_path: str) -> bool | None:
 
 def _parent(path: str) -> str:
     """The folder holding file `path` (local or remote)."""
-    from pipelines import storage
+    from common import storage
 
     if storage.is_remote(path):
         return path.rpartition("/")[0]
@@ -155,7 +155,7 @@ def encode_like_reference(tokenizer: Tokenizer, texts: Sequence[str]) -> list[li
 
 def save_tokenizer_folder(vocab: Sequence[str], folder: str, do_lower_case: bool = True) -> None:
     """Write `vocab.txt`, `tokenizer.json` and the configs `transformers` needs to load the folder."""
-    from pipelines import storage
+    from common import storage
 
     tokenizer = build_tokenizer(vocab, do_lower_case)
     storage.makedirs(folder)

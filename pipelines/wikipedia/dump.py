@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-from pipelines import storage
-from pipelines.jobs import BadRecord
+from common import storage
+from common.errors import BadRecord
 
 CHUNK_BYTES = 1 << 20
 # A bz2 stream starts byte-aligned with "BZh" + block size digit + the block magic (pi in BCD).

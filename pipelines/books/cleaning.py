@@ -21,6 +21,8 @@ import codecs
 import re
 from dataclasses import dataclass, field
 
+from common.settings import check
+
 # Bytes that never occur in a text file: C0 controls except \t \n \v \f \r, and ESC/SUB are rare
 # but legal in old DOS texts, so only the clearly binary ones count.
 _CONTROL_BYTES = bytes([*range(0x09), *range(0x0E, 0x1A), *range(0x1C, 0x20)])
@@ -149,18 +151,17 @@ class Paragraph:
 class BookConfig:
     """Limits that decide when input is bad rather than text."""
     max_passage_chars: int = 50_000
-    """--max_passage_chars: a paragraph longer than this is set aside as a dead letter (lost line
-    breaks or a non-text file); the longest paragraph in the shared books has under 15,000."""
+    """A paragraph longer than this is set aside as a dead letter (lost line breaks or a
+    non-text file); the longest paragraph in the shared books has under 15,000."""
     max_control_fraction: float = 0.01
-    """--max_control_fraction: a file with more than this share of binary control bytes (NUL etc.)
-    is not text and is set aside whole."""
+    """A file with more than this share of binary control bytes (NUL etc.) is not text and is
+    set aside whole."""
 
     def __post_init__(self):
-        if not 1 <= self.max_passage_chars <= MAX_UNWRAP_CHARS:
-            raise ValueError(f"--max_passage_chars must be in [1, {MAX_UNWRAP_CHARS}], "
-                             f"got {self.max_passage_chars}")
-        if not 0.0 <= self.max_control_fraction <= 1.0:
-            raise ValueError(f"--max_control_fraction must be in [0, 1], got {self.max_control_fraction}")
+        check(1 <= self.max_passage_chars <= MAX_UNWRAP_CHARS, "max_passage_chars",
+              f"must be in [1, {MAX_UNWRAP_CHARS}], got {self.max_passage_chars}")
+        check(0.0 <= self.max_control_fraction <= 1.0, "max_control_fraction",
+              f"must be in [0, 1], got {self.max_control_fraction}")
 
 
 @dataclass(frozen=True)

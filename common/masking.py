@@ -2,7 +2,7 @@
 appendix C.2, Table 8).
 
 One implementation, used by every path that masks:
-- `pipelines/instances.py` scalable mode (make_shards on Beam) and reference mode (BERT's exact
+- `pipelines/shards/instances.py` scalable mode (make_shards on Beam) and reference mode (BERT's exact
   `create_pretraining_data.py` draw order, `reference_replacement`);
 - `training/loader.py` dynamic re-masking (RoBERTa section 4.1).
 
@@ -17,37 +17,51 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.settings import check
+from common.settings import check
 
 SPLIT_TOLERANCE = 1e-6
 """How far the three fractions may sum from 1 (decimal settings such as 0.7/0.2/0.1)."""
 
 
 @dataclass(frozen=True)
-class MaskingConfig:
-    """How many positions to mask and what to put there."""
-    masked_lm_prob: float = 0.15
-    """Share of an instance's tokens, special tokens included in the count, to predict."""
-    max_predictions_per_seq: int = 20
-    """Cap on predicted positions per instance."""
+class MaskSplit:
+    """What a predicted position shows the model: the MASK/SAME/RND split of Table 8 and
+    whole-word selection. Declared once here; every config that masks derives from it
+    (`MaskingConfig`, make_shards' `InstanceConfig`, pre-training's dynamic re-masking)."""
     mask_fraction: float = 0.8
     """Share of predicted positions replaced by `[MASK]` (Table 8's MASK column)."""
     same_fraction: float = 0.1
     """Share of predicted positions left unchanged (Table 8's SAME column)."""
     random_fraction: float = 0.1
-    """Share of predicted positions replaced by a random vocabulary token (Table 8's RND)."""
+    """Share of predicted positions replaced by a random vocabulary token (Table 8's RND); the
+    three sum to 1."""
     do_whole_word_mask: bool = False
     """Choose whole words: a `##` piece is predicted together with the pieces before it."""
+
+    def __post_init__(self):
+        self.check_split()
+
+    def check_split(self) -> None:
+        split = (self.mask_fraction, self.same_fraction, self.random_fraction)
+        check(all(0.0 <= f <= 1.0 for f in split) and abs(sum(split) - 1.0) <= SPLIT_TOLERANCE,
+              "mask_fraction", "with same_fraction and random_fraction (the MASK/SAME/RND "
+              f"split): each must be in [0, 1] and the three sum to 1, got {split}")
+
+
+@dataclass(frozen=True)
+class MaskingConfig(MaskSplit):
+    """How many positions to mask and what to put there."""
+    masked_lm_prob: float = 0.15
+    """Share of an instance's tokens, special tokens included in the count, to predict."""
+    max_predictions_per_seq: int = 20
+    """Cap on predicted positions per instance."""
 
     def __post_init__(self):
         check(0.0 < self.masked_lm_prob < 1.0, "masked_lm_prob",
               f"must be in (0, 1), got {self.masked_lm_prob}")
         check(self.max_predictions_per_seq >= 1, "max_predictions_per_seq",
               f"must be >= 1, got {self.max_predictions_per_seq}")
-        split = (self.mask_fraction, self.same_fraction, self.random_fraction)
-        check(all(0.0 <= f <= 1.0 for f in split) and abs(sum(split) - 1.0) <= SPLIT_TOLERANCE,
-              "mask_fraction", "with same_fraction and random_fraction (the MASK/SAME/RND "
-              f"split): each must be in [0, 1] and the three sum to 1, got {split}")
+        self.check_split()
 
 
 def num_to_predict(num_tokens, cfg: MaskingConfig):

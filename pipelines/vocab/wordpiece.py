@@ -34,8 +34,8 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 
-from pipelines.settings import check
-from pipelines.tokenization import (
+from common.settings import check
+from common.tokenization import (
     CLS,
     MASK,
     MAX_INPUT_CHARS_PER_WORD,

@@ -21,23 +21,22 @@ follows A (as in the reference and Hugging Face's `next_sentence_label`); -1 = M
 """
 from __future__ import annotations
 
-import functools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines.masking import (
+from common.masking import (
     MaskingConfig,
+    num_to_predict,
     reference_replacement,
     replace_tokens,
     take_word_groups,
     word_groups,
 )
-from pipelines.masking import num_to_predict as _num_to_predict
-from pipelines.settings import check
-from pipelines.tokenization import (
+from common.settings import check
+from common.tokenization import (
     CLS,
     MASK,
     SEP,
@@ -56,53 +55,31 @@ _RANDOM_DOC_TRIES = 10  # tries to draw a document other than the current one (t
 # ----------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class InstanceConfig:
-    """Options of instance creation, with the reference generator's names and defaults."""
+class InstanceConfig(MaskingConfig):
+    """Options of instance creation, with the reference generator's names and defaults; the
+    masking options (`masked_lm_prob`, `max_predictions_per_seq`, the MASK/SAME/RND split,
+    `do_whole_word_mask`) are `common.masking.MaskingConfig`'s."""
     max_seq_length: int = 128
     """Tokens per instance including [CLS] and the [SEP]s."""
-    max_predictions_per_seq: int = 20
-    """Cap on masked positions per instance."""
-    masked_lm_prob: float = 0.15
-    """Share of tokens, special tokens included in the count, to mask."""
     short_seq_prob: float = 0.1
     """Probability that a document pass uses a random shorter target length."""
     dupe_factor: int = 10
     """Passes over the corpus, each with different splits and masks."""
     random_seed: int = 12345
     """Seed of every random draw."""
-    do_whole_word_mask: bool = False
-    """Mask whole words: a `##` piece is chosen with the pieces before it."""
     next_sentence: bool = True
     """False = MLM-only: [CLS] A [SEP], no next-sentence pair, label -1 (--no_next_sentence)."""
-    mask_fraction: float = 0.8
-    """Share of predicted positions shown as [MASK] (Table 8's MASK)."""
-    same_fraction: float = 0.1
-    """Share of predicted positions left unchanged (Table 8's SAME)."""
-    random_fraction: float = 0.1
-    """Share of predicted positions shown as a random token (Table 8's RND)."""
 
     def __post_init__(self):
-        self.masking  # noqa: B018 (checks the MASK/SAME/RND split, naming its field)
+        MaskingConfig.__post_init__(self)
         # [CLS] A [SEP] B [SEP] with A and B non-empty, and target lengths randint(2, max - 3);
         # the shard format stores positions as uint16
         check(5 <= self.max_seq_length <= 65535, "max_seq_length",
               f"must be in [5, 65535], got {self.max_seq_length}")
-        check(self.max_predictions_per_seq >= 1, "max_predictions_per_seq",
-              f"must be >= 1, got {self.max_predictions_per_seq}")
-        check(0.0 < self.masked_lm_prob < 1.0, "masked_lm_prob",
-              f"must be in (0, 1), got {self.masked_lm_prob}")
         check(0.0 <= self.short_seq_prob <= 1.0, "short_seq_prob",
               f"must be in [0, 1], got {self.short_seq_prob}")
         check(self.dupe_factor >= 1, "dupe_factor", f"must be >= 1, got {self.dupe_factor}")
         check(self.random_seed >= 0, "random_seed", f"must be >= 0, got {self.random_seed}")
-
-    @functools.cached_property
-    def masking(self) -> MaskingConfig:
-        """The masking settings (`pipelines.masking`), shared with the loader's re-masking."""
-        return MaskingConfig(
-            masked_lm_prob=self.masked_lm_prob, max_predictions_per_seq=self.max_predictions_per_seq,
-            mask_fraction=self.mask_fraction, same_fraction=self.same_fraction,
-            random_fraction=self.random_fraction, do_whole_word_mask=self.do_whole_word_mask)
 
     @property
     def max_num_tokens(self) -> int:
@@ -154,16 +131,6 @@ class Instance:
     """(M,) int32: the original ids at those positions."""
     next_sentence_label: int
     """1 = B is random, 0 = B is the actual next, -1 = MLM-only."""
-
-
-def num_to_predict(num_tokens: int, cfg: InstanceConfig) -> int:
-    """Masked positions of an instance of `num_tokens` tokens, specials included (the reference)."""
-    return _num_to_predict(num_tokens, cfg.masking)
-
-
-def num_to_predict_array(num_tokens: np.ndarray, cfg: InstanceConfig) -> np.ndarray:
-    """`num_to_predict` for (N,) token counts."""
-    return _num_to_predict(num_tokens, cfg.masking)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,7 +202,7 @@ def read_reference_text(lines: Iterable[str], tokenizer, batch_size: int = 4096)
 
     Each line is stripped; an empty line starts a new document; a line with tokens is one segment
     of the current document; empty documents are dropped. `tokenizer` is a `tokenizers.Tokenizer`
-    (`pipelines.tokenization.load_tokenizer(..., split_special_tokens=True)`; without the flag a
+    (`common.tokenization.load_tokenizer(..., split_special_tokens=True)`; without the flag a
     copy with it is made once), used through `encode_like_reference`. Pass the lines of all input files in order (a file
     boundary does not end a document in the reference), split on "\\n" only as the reference
     does: read with `open(..., newline="\\n")`, not `str.splitlines` (which also splits on
@@ -327,7 +294,7 @@ def _reference_truncate(tokens_a: list[int], tokens_b: list[int], max_num_tokens
 
 
 def _word_groups(tokens: list[int], vocab: Vocab) -> list[list[int]]:
-    """Maskable positions grouped by word (`pipelines.masking.word_groups`): as in the
+    """Maskable positions grouped by word (`common.masking.word_groups`): as in the
     reference, a `##` piece joins the last group even across a [SEP] (the specials are skipped
     before the check), and a `##` piece with no group before it starts one."""
     ids = np.asarray(tokens)
@@ -348,7 +315,7 @@ def _reference_mask(tokens: list[int], len_segment_0: int, label: int, vocab: Vo
     n = num_to_predict(len(tokens), cfg)
     output = list(tokens)
     chosen: list[int] = []
-    masking, mask_id, replacements = cfg.masking, vocab.mask_id, vocab.replacement_ids
+    masking, mask_id, replacements = cfg, vocab.mask_id, vocab.replacement_ids
     for group in groups:
         if len(chosen) >= n:
             break
@@ -573,7 +540,7 @@ def finalize_instance(plan: InstancePlan, vocab: Vocab, cfg: InstanceConfig) -> 
     positions = candidates.astype(np.int32)
     masked_ids = tokens[positions]
     replace_tokens(tokens, positions, u[cuts + num_tokens:cuts + num_tokens + len(positions)],
-                   cfg.masking, vocab.mask_id, vocab.replacement_ids)
+                   cfg, vocab.mask_id, vocab.replacement_ids)
     return Instance(input_ids=tokens, segment_ids=segment_ids, masked_lm_positions=positions,
                     masked_lm_ids=masked_ids, next_sentence_label=plan.next_sentence_label)
 
@@ -592,7 +559,7 @@ def finalize_instances(plans: Sequence[InstancePlan], vocab: Vocab,
     so the result does not depend on how plans are batched: its first numbers pick front or
     back for each truncated token (< 0.5 = front), the next T are sort keys that shuffle the
     mask candidates (the n smallest are masked), and one number per masked position picks
-    [MASK], unchanged or a random token (`pipelines.masking.replace_tokens`; at 80/10/10 the
+    [MASK], unchanged or a random token (`common.masking.replace_tokens`; at 80/10/10 the
     reference's split per wordpiece).
     """
     n_plans = len(plans)
@@ -608,7 +575,7 @@ def finalize_instances(plans: Sequence[InstancePlan], vocab: Vocab,
     cut_a, cut_b = _removals(len_a, len_b, cfg.max_num_tokens)
     keep_a, keep_b = len_a - cut_a, len_b - cut_b
     num_tokens = keep_a + keep_b + (3 if nsp else 2)  # (N,) T
-    n_pred = num_to_predict_array(num_tokens, cfg)
+    n_pred = num_to_predict(num_tokens, cfg)
 
     cuts = cut_a + cut_b
     counts = cuts + num_tokens + n_pred
@@ -635,7 +602,7 @@ def finalize_instances(plans: Sequence[InstancePlan], vocab: Vocab,
     masked_ids = tokens[flat]
     draw_index = (np.repeat(key_start + num_tokens - masked_start, num_masked)
                   + np.arange(len(flat)))
-    replace_tokens(tokens, flat, u[draw_index], cfg.masking, vocab.mask_id, vocab.replacement_ids)
+    replace_tokens(tokens, flat, u[draw_index], cfg, vocab.mask_id, vocab.replacement_ids)
 
     out = []
     for i, plan in enumerate(plans):
@@ -699,7 +666,7 @@ def _choose_positions(tokens, row_start, num_tokens, u, key_start, n_pred,
 
 def _choose_whole_words(tokens, row_start, num_tokens, u, key_start, n_pred,
                         vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
-    """Whole-word masking: word groups (`pipelines.masking.word_groups`) in the order of their sort keys,
+    """Whole-word masking: word groups (`common.masking.word_groups`) in the order of their sort keys,
     skipping a group that would exceed n_pred, as the reference's scan. One row at a time."""
     positions, counts = [], []
     for r, t, k, n in zip(row_start, num_tokens, key_start, n_pred):

@@ -5,7 +5,7 @@ goes to shard `r % num_shards` at position `r // num_shards`: round robin after 
 gives every shard the same number of rows to within one, so data-parallel ranks and loader
 workers get equal work, and a shard's rows are as random as the global order.
 
-A shard is an uncompressed tar of `.rows.npz` block members (`pipelines/shard_format.py`),
+A shard is an uncompressed tar of `.rows.npz` block members (`common/shard_format.py`),
 written through `storage.atomic_open` with fixed tar headers (mtime 0, fixed owner, mode
 0444) so the same rows always give the same bytes and the same sha256.
 """
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from pipelines import shard_format, storage
+from common import shard_format, storage
 
 SPLITS = ("train", "validation")
 HISTOGRAM_BINS = 16

@@ -3,10 +3,10 @@
 Every shuffle of the job moves a few columnar batches per key, never one object per instance,
 pickled in the workers (`to_bytes`): documents' plans to the random-next join (`PlanBatch`),
 instances to their pack bucket (`WireBatch`, with their `LengthBatch` counted ahead), and a
-bucket's rows to their shard (`ShardPart`). `pack_rows` lays a bucket out as rows and
+bucket's rows to their shard (`ShardPart`). `bucket_rows` lays a bucket out as rows and
 `assign_to_shards` deals them out by global rank (both: `pack_and_assign`); `write_group` writes
-a shard. The job's options (`ShardJobConfig`) live here because these functions read them;
-`pipelines/make_shards.py` parses them and wires the functions into Beam.
+a shard. `pipelines/make_shards.py` wires them into Beam; the options they read are
+`pipelines/shards/config.py`'s.
 """
 from __future__ import annotations
 
@@ -18,92 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines import packing, shards
-from pipelines.instances import InstanceConfig, InstancePlan
-from pipelines.settings import check
-
-
-@dataclass(frozen=True)
-class ShardJobConfig:
-    """How instances become files (the instance options live in `InstanceConfig`)."""
-    mode: str = "scalable"
-    """`scalable` (Beam, any number of workers) or `reference` (one stream, exact)."""
-    pack: bool = False
-    """Pack several short instances into one max_seq_length row."""
-    target_shard_mb: float = 64.0
-    """Approximate shard size; sets the shard count."""
-    num_shards: int = 0
-    """Shards per split; 0 = from the target size."""
-    rows_per_block: int = 128
-    """Rows per `.rows.npz` tar member."""
-    format: str = "shards"
-    """`shards` (WebDataset .tar) or `jsonl` (one instance per line, for inspection)."""
-    validation_fraction: float = 0.0
-    """Share of documents held out as the validation split, by a hash of doc_id."""
-    do_lower_case: bool | None = None
-    """Lower-case and strip accents before WordPiece; unset (None): as the vocabulary folder
-    records (true for a bare vocab.txt). make_shards refuses a value that contradicts the folder
-    (`make_shards.resolve_do_lower_case`)."""
-    join_buckets: int = 0
-    """Groups of the random-next join; 0 = one per ~`INSTANCES_PER_JOIN_BUCKET` estimated
-    instances, at least `MIN_BUCKETS`; more = less memory per group."""
-    read_part_kb: int = 256
-    """Input KiB per read work unit: large files are read and tokenized in parts, so that
-    workers share them."""
-    instances_per_pack_bucket: int = 16_384
-    """Instances sorted and packed together in one group, at least `MIN_BUCKETS` groups
-   ."""
-
-    def __post_init__(self):
-        check(self.mode in ("scalable", "reference"), "mode",
-              f"must be scalable or reference, got {self.mode!r}")
-        check(self.format in ("shards", "jsonl"), "format",
-              f"must be shards or jsonl, got {self.format!r}")
-        check(not (self.format == "jsonl" and self.pack), "pack",
-              "cannot be combined with format=jsonl, which writes one instance per line")
-        check(self.target_shard_mb > 0, "target_shard_mb",
-              f"must be > 0, got {self.target_shard_mb}")
-        check(self.num_shards >= 0, "num_shards", f"must be >= 0, got {self.num_shards}")
-        check(1 <= self.rows_per_block <= 65535, "rows_per_block",
-              f"must be in [1, 65535], got {self.rows_per_block}")
-        check(0.0 <= self.validation_fraction < 1.0, "validation_fraction",
-              f"must be in [0, 1), got {self.validation_fraction}")
-        check(self.join_buckets >= 0, "join_buckets",
-              f"must be >= 0 (0 = auto), got {self.join_buckets}")
-        check(self.read_part_kb >= 1, "read_part_kb", f"must be >= 1, got {self.read_part_kb}")
-        check(self.instances_per_pack_bucket >= 1, "instances_per_pack_bucket",
-              f"must be >= 1, got {self.instances_per_pack_bucket}")
-
-
-@dataclass(frozen=True)
-class ShardsConfig(ShardJobConfig, InstanceConfig):
-    """make_shards' whole config: the instances' options (`InstanceConfig`, the reference
-    generator's) and how they become files (`ShardJobConfig`), one flat set of fields as the
-    job's flags and the flow's `shards.phase1.*` / `shards.phase2.*` settings are. The Beam code
-    takes it where it needs either part."""
-
-    def __post_init__(self):
-        InstanceConfig.__post_init__(self)
-        ShardJobConfig.__post_init__(self)
-
-
-def tiny(phase: int) -> ShardsConfig:
-    """The demo's shards of the bundled sample: 2 passes, 128 then 256 tokens, 1 MB shards,
-    a fifth of the documents held out (the sample is small)."""
-    length, predictions = {1: (128, 20), 2: (256, 40)}[phase]
-    return ShardsConfig(max_seq_length=length, max_predictions_per_seq=predictions,
-                        dupe_factor=2, target_shard_mb=1.0, validation_fraction=0.2)
-
-
-def base(phase: int) -> ShardsConfig:
-    """BERT's: 10 passes, 128 tokens (20 predictions) then 512 (80); rows packed (attention
-    runs per instance, so packing only removes padding); 1% of the documents held out."""
-    length, predictions = {1: (128, 20), 2: (512, 80)}[phase]
-    return ShardsConfig(max_seq_length=length, max_predictions_per_seq=predictions,
-                        dupe_factor=10, pack=True, validation_fraction=0.01)
-
-
-large = base
+from pipelines.shards import packing, shard_files
+from pipelines.shards.config import ShardJobConfig
+from pipelines.shards.instances import InstanceConfig, InstancePlan
 
 
 def to_bytes(value) -> bytes:
@@ -299,7 +216,7 @@ class ShardPart:
 
 def bucket_totals(parts: Iterable[LengthBatch], cfg: InstanceConfig, pack: bool
                  ) -> tuple[int, int, int, int]:
-    """(rows, instances, tokens, masked) of one pack bucket, as `pack_rows` will lay it out."""
+    """(rows, instances, tokens, masked) of one pack bucket, as `bucket_rows` will lay it out."""
     parts = list(parts)
 
     def cat(name):
@@ -340,17 +257,17 @@ class RowGroup:
         return (len(self.row_sizes), len(self.batch), int(self.batch.lengths.sum()),
                 int(self.batch.num_masked.sum()))
 
-    def shard_stats(self, max_seq_length: int) -> shards.ShardStats:
-        """The same numbers as `shards.row_stats` on the rows, from the columns at once."""
+    def shard_stats(self, max_seq_length: int) -> shard_files.ShardStats:
+        """The same numbers as `shard_files.row_stats` on the rows, from the columns at once."""
         b = self.batch
         labels = b.next_sentence_labels
-        bins = np.minimum(b.lengths.astype(np.int64) * shards.HISTOGRAM_BINS
-                          // (max_seq_length + 1), shards.HISTOGRAM_BINS - 1)
-        return shards.ShardStats(
+        bins = np.minimum(b.lengths.astype(np.int64) * shard_files.HISTOGRAM_BINS
+                          // (max_seq_length + 1), shard_files.HISTOGRAM_BINS - 1)
+        return shard_files.ShardStats(
             num_rows=len(self.row_sizes), num_instances=len(b), num_tokens=int(b.lengths.sum()),
             num_masked=int(b.num_masked.sum()), num_random_next=int((labels == 1).sum()),
             num_nsp=int((labels >= 0).sum()),
-            length_histogram=np.bincount(bins, minlength=shards.HISTOGRAM_BINS).tolist())
+            length_histogram=np.bincount(bins, minlength=shard_files.HISTOGRAM_BINS).tolist())
 
     def take_rows(self, rows: np.ndarray) -> RowGroup:
         first = np.concatenate([[0], np.cumsum(self.row_sizes)])[:-1]
@@ -364,7 +281,7 @@ def pack_and_assign(key: tuple[str, int], parts: Iterable[WireBatch],
                     vocab_size: int) -> Iterator[tuple[tuple[str, int], ShardPart]]:
     """A pack bucket's instances -> its rows -> (split, shard) parts (`assign_to_shards`)."""
     split, bucket = key
-    group = pack_rows(packing.InstanceBatch.concat([from_bytes(p).unpack() for p in parts]), cfg,
+    group = bucket_rows(packing.InstanceBatch.concat([from_bytes(p).unpack() for p in parts]), cfg,
                       job.pack)
     if group.stats() != tuple(bucket_stats[key]):
         # The global ranks come from `bucket_totals` on the LengthBatches: a mismatch would
@@ -377,7 +294,7 @@ def pack_and_assign(key: tuple[str, int], parts: Iterable[WireBatch],
                                             part.positions))
 
 
-def pack_rows(batch: packing.InstanceBatch, cfg: InstanceConfig, pack: bool) -> RowGroup:
+def bucket_rows(batch: packing.InstanceBatch, cfg: InstanceConfig, pack: bool) -> RowGroup:
     """Shuffle a bucket by key, then lay instances out as rows (packed or one per row)."""
     batch = batch.shuffled()
     if not pack:
@@ -393,7 +310,7 @@ def assign_to_shards(split: str, bucket: int, group: RowGroup, bucket_stats: dic
     mine = {b: s for (sp, b), s in bucket_stats.items() if sp == split}
     offset = sum(mine[b][0] for b in mine if b < bucket)
     num_shards = split_num_shards(mine.values(), job, vocab_size)
-    shard, position = shards.assign_round_robin(offset + np.arange(len(group.row_sizes)),
+    shard, position = shard_files.assign_round_robin(offset + np.arange(len(group.row_sizes)),
                                                 num_shards)
     for s in np.unique(shard).tolist():
         rows = np.flatnonzero(shard == s)
@@ -406,17 +323,17 @@ def split_num_shards(bucket_stats: Iterable[tuple[int, int, int, int]], job: Sha
     """Shards of a split from its (rows, instances, tokens, masked) per pack bucket."""
     totals = [sum(column) for column in zip(*bucket_stats)] or [0, 0, 0, 0]
     rows, instances, tokens, masked = totals
-    est = shards.estimated_bytes(rows, instances, tokens, masked, vocab_size)
-    return shards.choose_num_shards(rows, est, int(job.target_shard_mb * 2 ** 20), job.num_shards)
+    est = shard_files.estimated_bytes(rows, instances, tokens, masked, vocab_size)
+    return shard_files.choose_num_shards(rows, est, int(job.target_shard_mb * 2 ** 20), job.num_shards)
 
 
 def write_group(output: str, split: str, index: int, group: RowGroup, cfg: InstanceConfig,
-                job: ShardJobConfig, vocab_tokens: list[str]) -> shards.ShardInfo:
+                job: ShardJobConfig, vocab_tokens: list[str]) -> shard_files.ShardInfo:
     stats = group.shard_stats(cfg.max_seq_length)
     if job.format == "jsonl":
-        return shards.write_jsonl_shard(output, split, index,
+        return shard_files.write_jsonl_shard(output, split, index,
                                         packing.to_rows(group.batch, group.row_sizes),
                                         vocab_tokens, cfg.max_seq_length, stats)
     blocks = packing.encode_blocks(group.batch, group.row_sizes, job.rows_per_block,
                                    len(vocab_tokens))
-    return shards.write_tar(output, split, index, blocks, stats)
+    return shard_files.write_tar(output, split, index, blocks, stats)

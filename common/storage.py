@@ -171,7 +171,7 @@ def read_manifest(output_dir: str) -> dict | None:
 
 SIDE_OUTPUT_DIRS = frozenset({"dead_letter", "duplicates"})
 """Folders our jobs write next to their outputs (set-aside records, removed duplicates): never
-inputs of a later stage, so a folder --input does not descend into them (jobs.DEAD_LETTER_DIR,
+inputs of a later stage, so a folder --input does not descend into them (errors.DEAD_LETTER_DIR,
 build_corpus.DUPLICATES_FILE)."""
 _SKIPPED_DIRS = SIDE_OUTPUT_DIRS | {"_temporary"}
 """...and the folder Hadoop/Spark output committers stage unfinished task output in."""
@@ -253,11 +253,6 @@ def _below(folder: str, listed: list[tuple[str, int]]) -> list[InputFile]:
     return sorted((InputFile(path, size, path[len(prefix):] if path.startswith(prefix)
                              else os.path.basename(path)) for path, size in listed),
                   key=lambda f: f.path)
-
-
-def folder_files(folder: str) -> list[str]:
-    """The paths of `folder_input_files(folder)`."""
-    return [f.path for f in folder_input_files(folder)]
 
 
 def folder_input_files(folder: str) -> list[InputFile]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipelines import shard_format
+from common import shard_format
 
 _U64 = np.uint64
 _MIX1, _MIX2, _GOLDEN = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB), _U64(0x9E3779B97F4A7C15)
@@ -98,7 +98,7 @@ class InstanceBatch:
     @classmethod
     def from_instances(cls, instances: Sequence, keys, doc_index, pass_index,
                        instance_index) -> InstanceBatch:
-        """Columnar form of `pipelines.instances.Instance` objects and their provenance."""
+        """Columnar form of `pipelines.shards.instances.Instance` objects and their provenance."""
         def cat(arrays, dtype=None):
             if not arrays:
                 return np.zeros(0, dtype or np.uint16)

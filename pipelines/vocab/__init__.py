@@ -1,0 +1,2 @@
+"""WordPiece vocabulary training's pure functions (`wordpiece`). `pipelines/train_vocab.py`
+wires them into Beam."""
