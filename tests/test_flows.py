@@ -828,7 +828,7 @@ def test_glue_fan_out_sets_bad_rows_aside_in_the_dead_letter_file(shared_data, m
     """finetune.skip_bad_rows: the flow writes the rows set aside (file, line, reason, text) to
     finetune/dead_letter/ as bert-glue does; without it the run fails naming the file and
     line."""
-    from glue_fixtures import glue_slice
+    from tests.support.glue_fixtures import glue_slice
 
     data = glue_slice(shared_data, tmp_path / "glue", {"RTE/train.tsv": 8, "RTE/dev.tsv": 4})
     train = (data / "RTE" / "train.tsv").read_text(encoding="utf-8").split("\n")
@@ -858,7 +858,7 @@ def test_glue_fan_out_sets_bad_rows_aside_in_the_dead_letter_file(shared_data, m
 def test_glue_fan_out_checks_the_tokenizer_against_the_model(shared_data, minilm_dir, tmp_path):
     """A model folder whose vocabulary has ids the model cannot embed fails before training
     with the check bert-glue runs, not with an IndexError deep in torch."""
-    from glue_fixtures import glue_slice
+    from tests.support.glue_fixtures import glue_slice
 
     model_dir = tmp_path / "model"
     model_dir.mkdir()

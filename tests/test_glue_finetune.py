@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from glue_fixtures import glue_slice
 
 from finetune import checkpoint, loop
 from finetune.family import Prepared
@@ -23,6 +22,7 @@ from finetune.glue.cli import main as glue_main
 from finetune.glue.family import FAMILY
 from finetune.glue.tasks import SUBMISSION_FILES, TASKS
 from finetune.report import write_report
+from tests.support.glue_fixtures import glue_slice
 from training.optim import LinearWarmupDecay
 
 PADDED = dataclasses.replace(FAMILY, pack_sequences=False)  # one example per row, padded

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import tomllib
 import yaml
-from conftest import skip_or_fail
+
+from tests.conftest import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[1]
 INFRA = REPO / "infra"

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from shard_fixtures import book_shards, write_shards
 
 from pipelines import shard_format
+from tests.support.shard_fixtures import book_shards, write_shards
 from training.loader import (
     IGNORE_INDEX,
     LoaderConfig,

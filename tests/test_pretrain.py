@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from shard_fixtures import book_shards, write_shards
 
+from tests.support.shard_fixtures import book_shards, write_shards
 from training import config as cfg
 from training import pretrain
 from training.config import PhaseConfig
@@ -599,7 +599,7 @@ def test_a_resumed_run_redoes_the_evaluation_a_kill_skipped(data, tmp_path):
 
 
 def pretrain_rows(data) -> list:
-    from shard_fixtures import read_rows
+    from tests.support.shard_fixtures import read_rows
     return read_rows(data["uneven"])
 
 
