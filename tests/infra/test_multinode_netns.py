@@ -172,7 +172,7 @@ def write_config(config: cfg.PretrainConfig, path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def shards(shared_data, tmp_path_factory):
-    """The books' shards (tests/support/shard_fixtures.py), shared with tests/test_pretrain.py."""
+    """The books' shards (tests/support/shard_fixtures.py), shared with tests/training/."""
     return book_shards(shared_data / "books", tmp_path_factory.getbasetemp() / "book_shards")
 
 

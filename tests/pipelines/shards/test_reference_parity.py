@@ -5,8 +5,8 @@ PyPI package `bert-tensorflow` 1.0.4 behind a stand-in for its TensorFlow file I
 flags). Nothing of ours is replaced: the peer reads the file and tokenizes with its own tokenizer.
 
 That package's masking predates `--do_whole_word_mask`; for whole words the step-by-step test in
-test_instances.py is the check. Without whole words its random stream is the 2020 revision's
-(the same shuffle of candidates, one group per position).
+test_reference_instances.py is the check. Without whole words its random stream is the 2020
+revision's (the same shuffle of candidates, one group per position).
 """
 from __future__ import annotations
 

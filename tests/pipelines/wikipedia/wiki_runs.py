@@ -27,7 +27,7 @@ ARTICLES = [
 ]
 
 
-NUM_PASSAGES = 1185  # as tests/test_wikitext.py counts them on the same dump
+NUM_PASSAGES = 1185  # as test_wikitext.py counts them on the same dump
 
 
 RESIDUE = re.compile(r"\[\[|\]\]|\{\{|\}\}|\{\||\|\}|'''|==|<!--|-->|</?[A-Za-z][^<>]*>"
