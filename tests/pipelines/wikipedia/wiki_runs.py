@@ -67,7 +67,6 @@ def without_source(rows: list[dict]) -> list[dict]:
                   key=lambda row: row["doc_id"])
 
 
-
 def build_multistream(xml: bytes, folder: Path, pages_per_stream: int = 5) -> Path:
     """A pages-articles-multistream.xml.bz2 as Wikimedia builds it: header, N pages, footer."""
     starts = [m.start() for m in re.finditer(rb"<page>", xml)]
