@@ -4,7 +4,7 @@ Ours in scalable mode (plan_document + fill_random_next + finalize_instances in 
 one-at-a-time finalize_instance), ours in reference mode, and BERT's reference generator (the
 peer, `pip install --no-deps bert-tensorflow==1.0.4`) on the same documents in this process,
 at 128 / 20 and 512 / 76. Input: shared books as documents of 8 paragraphs, one sentence
-(pipelines.corpus.sentences) per segment, as in tests/test_instances.py.
+(pipelines.corpus.sentences) per segment, as in tests/pipelines/shards/conftest.py.
 Timings are CPU time of this process (the machine is shared); ratios are ours / peer.
 
     .venv/bin/python benchmarks/bench_instances.py [--dupe_factor 1] [--books N]

@@ -4,7 +4,8 @@ Data: Cosmos QA's validation file (the only Cosmos QA file here) split by passag
 fixed rule of `finetune.multiple_choice.data.split_by_group` (every 5th passage to dev: 2,379
 train / 606 dev questions), then fixed random subsets of --max_train_examples and
 --max_eval_examples (the loop's `subset`, seed 0). Both sides get the same token ids (our
-encoding, equal to the transformers tokenizer's: tests/test_multiple_choice_data.py).
+encoding, equal to the transformers tokenizer's:
+tests/finetune/multiple_choice/test_multiple_choice_data.py).
 
 First a parity check: a fresh head on MiniLM, exported, and AutoModelForMultipleChoice loading
 it give the same per-choice scores (torch.testing.assert_close) on dev questions.

@@ -1,11 +1,11 @@
 """NER fine-tuning, ours (the one loop + finetune.ner) vs `transformers`' Trainer with
 AutoModelForTokenClassification, on the same MiniLM checkpoint, data slice and recipe.
 
-Both train on the same units (our encoding: the first sub-token of each word labelled, the
-rest -100, exactly transformers' run_ner alignment: tests/test_ner_finetune.py) with the same
-hyper-parameters (batch 32, AdamW lr / eps 1e-6 / weight decay 0.01, linear warmup 10% then
-decay, clipping 1.0, max_seq_length 128) and seed; both are scored by the same seqeval entity
-F1 (`FAMILY.score`). Timed: training + dev prediction. Prints F1 per seed, the mean
+Both train on the same units (our encoding: the first sub-token of each word labelled, the rest
+-100, exactly transformers' run_ner alignment: tests/finetune/ner/test_ner_finetune.py) with
+the same hyper-parameters (batch 32, AdamW lr / eps 1e-6 / weight decay 0.01, linear warmup 10%
+then decay, clipping 1.0, max_seq_length 128) and seed; both are scored by the same seqeval
+entity F1 (`FAMILY.score`). Timed: training + dev prediction. Prints F1 per seed, the mean
 difference with a 95% t interval over seeds, and the wall-time ratio.
 
     .venv/bin/python benchmarks/bench_ner.py --max_train 400 --max_dev 200 --seeds 1,2,3

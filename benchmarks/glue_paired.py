@@ -21,8 +21,9 @@ luck. The peer of bench_glue.py (transformers' Trainer) differs from us in these
   stock_dropout  our CPU fast paths (integer dropout masks, our attention dropout, per-example
                  attention on packed rows) against torch's stock ops on padded batches
                  (F.dropout, SDPA's dropout, row masks): the configuration that equals the
-                 Trainer draw for draw (tests/test_glue_finetune.py). Same distribution, other
-                 random numbers, so a systematic difference would show as a mean shift.
+                 Trainer draw for draw (tests/finetune/glue/test_glue_trainer_parity.py).
+                 Same distribution, other random numbers, so a systematic difference would
+                 show as a mean shift.
 
     .venv/bin/python benchmarks/glue_paired.py --vary stock_dropout --tasks mrpc --seeds 1,2
 """

@@ -6,7 +6,7 @@ answers, counted. The tests check slices; this counts every question of a file.
 
 Windows (training mode, each question's first answer): token ids, max-context flags and answer
 positions per window. Answers: both post-processors on the same noisy logits (gold bump + noise,
-tests/squad_fixtures.noisy_logits, N(0, 2) noise and a bump of 5 by default), counted as identical, equal once whitespace is collapsed
+tests/support/squad_fixtures.noisy_logits, N(0, 2) noise and a bump of 5 by default), counted as identical, equal once whitespace is collapsed
 (the passage's own line breaks, which the reference joins with spaces), or different (shown).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from finetune.squad import postprocess
 from finetune.squad.features import WindowConfig, cut_windows
 from peers import bert_squad
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from squad_fixtures import noisy_logits
 
 

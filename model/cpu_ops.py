@@ -161,7 +161,7 @@ def attend_with_dropout(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
     (Tq x Tk): the same product, a pass over the largest tensor fewer in forward and backward.
 
     bf16 scores would double the output error of attention (1.0% vs SDPA's 0.5% here at
-    512 tokens, tests/test_model.py). fp32 ones cost a fp32 matmul in the forward, and the
+    512 tokens, tests/model/test_dropout.py). fp32 ones cost a fp32 matmul in the forward, and the
     scores and probabilities (N, A, Tq, Tk) are held in fp32 for the backward: twice the
     memory of that, the largest activation, in bf16.
     """

@@ -6,7 +6,7 @@ stand-in `tensorflow.compat.v1` holding only what its import and its reading cod
 `gfile.GFile`, absl's `logging`, and `flags` bound to a private absl `FlagValues` (the peer
 defines flags such as `max_seq_length` that the generator defines too; two definitions on
 absl's global FLAGS would clash). `tensorflow.contrib.layers` is an empty stand-in: only the
-peer's model code, never called here, uses it. Used by tests/test_features.py.
+peer's model code, never called here, uses it. Used by tests/finetune/features/test_features.py.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ need TensorFlow only for file reading, logging and flags, so `load()` imports th
 stand-in `tensorflow.compat.v1` with exactly those three: `gfile.GFile` = `open` (text, UTF-8,
 lines split on "\\n" only, as TensorFlow's GFile) and absl's `logging` and `flags` (what TF1
 wraps). Nothing of ours replaces any of the peer's own logic: it reads and tokenizes itself.
-Used by tests/test_reference_parity.py and benchmarks/bench_instances.py.
+Used by tests/pipelines/shards/test_reference_parity.py and benchmarks/bench_instances.py.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The random draws of transformers' Trainer fine-tuning BertForSequenceClassification, as
 benchmarks/bench_glue.py runs it (`set_seed(seed)`, `data_seed=seed`), for our `finetune.train`
 to replay: with torch's stock dropout ops the replayed run is the Trainer's run, loss for loss
-(tests/test_glue_finetune.py), so its score differs from ours only through the draws.
+(tests/finetune/glue/test_glue_trainer_parity.py), so its score differs from ours only through the
+draws.
 
 What the Trainer draws (transformers 5.x, accelerate 1.x):
 - the new head: N(0, initializer_range) from the process's generator, first thing after

@@ -4,8 +4,9 @@ A predicted entity counts as correct only when a gold entity has the same type, 
 last word (Tjong Kim Sang & De Meulder 2003). Precision = correct / predicted entities, recall =
 correct / gold entities, F1 their harmonic mean, micro-averaged over all types; tokens are
 decoded as `conlleval` does (an `I-` tag after `O` or another type starts an entity, so IOB1 and
-IOB2 both score). `seqeval`'s default mode is that decoding; tests/test_ner_metrics.py checks
-it against a `conlleval`-style count on real tags and on the edge cases. Values are fractions.
+IOB2 both score). `seqeval`'s default mode is that decoding;
+tests/finetune/ner/test_ner_metrics.py checks it against a `conlleval`-style count on real tags
+and on the edge cases. Values are fractions.
 """
 from __future__ import annotations
 

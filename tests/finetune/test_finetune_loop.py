@@ -1,0 +1,144 @@
+"""The one fine-tuning loop (finetune/loop.py): GLUE through it gives the numbers the GLUE-only
+loop gave; a toy family shows the contract (unit order restored, prediction files written,
+seeds per task size)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from finetune import checkpoint, loop
+from finetune.family import Recipe
+from finetune.glue import FAMILY
+from finetune.report import write_report
+from tests.support.toy_family import FAMILY as TOY
+from tests.support.toy_family import toy_encoder
+
+SAMPLE_ROWS = {"RTE": (24, 16, 8), "STS-B": (16, 24, 20)}
+"""(train, dev, test) rows cut from data/sample/glue for the recorded runs."""
+
+# Recorded with the GLUE-only loop of finetune/glue/finetune.py at 5672e50 (finetune_task, the
+# same slices, config and seeds, torch threads 1), before the loop became finetune/loop.py:
+# (learning rate, seed, dev metrics, final loss) of every run, the chosen rate, and the test
+# predictions of the best run.
+OLD_RUNS = {
+    "RTE": [(1e-4, 1, {"accuracy": 0.4375}, 0.6956624984741211),
+            (1e-4, 2, {"accuracy": 0.4375}, 0.6957352161407471),
+            (3e-5, 1, {"accuracy": 0.4375}, 0.6876726150512695),
+            (3e-5, 2, {"accuracy": 0.375}, 0.7012092471122742)],
+    "STS-B": [(1e-4, 1, {"pearson": 0.12414892762899399, "spearman": 0.2771129690773825},
+               8.126952171325684),
+              (1e-4, 2, {"pearson": 0.13937494158744812, "spearman": 0.12219154541994816},
+               8.000744819641113),
+              (3e-5, 1, {"pearson": 0.1641019582748413, "spearman": 0.31158844082086784},
+               8.126952171325684),
+              (3e-5, 2, {"pearson": 0.17156317830085754, "spearman": 0.25398385512289223},
+               8.000744819641113)],
+}
+OLD_BEST_LR = {"RTE": 1e-4, "STS-B": 3e-5}
+OLD_TEST = {
+    "RTE": ["not_entailment"] * 8,
+    "STS-B": ["0.000", "0.000", "0.026", "0.032", "0.027", "0.005", "0.056", "0.000", "0.000",
+              "0.000", "0.000", "0.018", "0.005", "0.021", "0.014", "0.021", "0.045", "0.014",
+              "0.000", "0.025"],
+}
+
+
+@pytest.fixture
+def one_thread():
+    """The recording's thread count: float sums then add up in the same order."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def sample_slice(root, task: str) -> str:
+    from flows.config import SAMPLE
+
+    folder = root / task
+    folder.mkdir(parents=True)
+    for name, rows in zip(("train.tsv", "dev.tsv", "test.tsv"), SAMPLE_ROWS[task]):
+        lines = (SAMPLE / "glue" / task / name).read_text(encoding="utf-8").splitlines(True)
+        (folder / name).write_text("".join(lines[:1 + rows]), encoding="utf-8")
+    return str(root)
+
+
+@pytest.mark.parametrize("task", ["RTE", "STS-B"])
+def test_glue_through_the_loop_gives_the_old_loops_numbers(minilm_dir, tmp_path, one_thread,
+                                                          task):
+    """Two rates x two seeds on real sample rows: every run's dev metrics and loss, the chosen
+    rate and the best run's test predictions are those the GLUE-only loop recorded."""
+    encoder = checkpoint.load_encoder(str(minilm_dir))
+    tokenizer = checkpoint.load_tokenizer(str(minilm_dir))
+    cfg = loop.FinetuneConfig(learning_rates=(1e-4, 3e-5), seeds=(1, 2), epochs=1.0,
+                              batch_size=8, eval_batch_size=8, progress=False)
+    prepared = FAMILY.prepare(task, sample_slice(tmp_path, task), tokenizer, 128, None, None,
+                              False)
+    result = loop.finetune_task(FAMILY, encoder, prepared, cfg)
+    got = [(r.learning_rate, r.seed, r.metrics, r.final_loss) for r in result.runs]
+    for (lr, seed, metrics, loss), old in zip(got, OLD_RUNS[task], strict=True):
+        assert (lr, seed) == old[:2]
+        assert metrics == pytest.approx(old[2], abs=1e-6)
+        assert loss == pytest.approx(old[3], abs=1e-5)
+    assert result.best_learning_rate == OLD_BEST_LR[task]
+    (predictions,) = result.test_predictions
+    assert predictions.predictions == OLD_TEST[task]
+    assert result.seeds == (1, 2) and result.family == "glue"
+
+
+# ---------------------------------------------------------------------------------------------
+# A toy family (tests/support/toy_family.py): the contract alone
+# ---------------------------------------------------------------------------------------------
+
+def test_predict_restores_unit_order():
+    """Evaluation batches units sorted by length; the outputs come back in unit order."""
+    prepared = TOY.prepare("small", "", None, 16, None, None, False)
+    model = loop.build_model(TOY, toy_encoder(), "small", seed=1)
+    cfg = loop.for_recipe(TOY.recipe("small"), eval_batch_size=3, progress=False)
+    assert list(np.argsort(prepared.dev["dev"].lengths, kind="stable")) != list(range(10))
+    outputs = loop.predict(TOY, model, prepared.dev["dev"], cfg)
+    assert outputs["unit"].tolist() == list(range(10))
+    first = [int(x[0]) for x in prepared.dev["dev"].input_ids]
+    assert outputs["first_token"].tolist() == first
+    assert outputs["value"].dtype == np.float32 and outputs["value"].shape == (10,)
+
+
+def test_small_tasks_run_every_seed_and_the_best_runs_files_are_written(tmp_path):
+    """`is_small` picks the seeds; the best run's `Scored.files` land in <output>/<task>/."""
+    encoder = toy_encoder()
+    cfg = loop.for_recipe(TOY.recipe("x"), seeds=(1, 2), progress=False, device="cpu")
+    results = []
+    for task in ("small", "large"):
+        prepared = TOY.prepare(task, "", None, 16, None, None, False)
+        results.append(loop.finetune_task(TOY, encoder, prepared, cfg))
+    small, large = results
+    assert small.seeds == (1, 2) and large.seeds == (1,)
+    assert [r.steps for r in small.runs] == [3, 3]  # ceil(10 / 4) steps of one epoch
+    best = loop.select_best(small.runs).best_run
+    assert small.files == best.files == {"predictions.json": json.dumps(list(range(10)))}
+    paths = write_report(loop.FinetuneResult(tuple(results), "<toy>", cfg), str(tmp_path))
+    assert json.loads((tmp_path / "small" / "predictions.json").read_text()) == list(range(10))
+    assert paths["files_small"] == str(tmp_path / "small")
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["glue_score"] is None and "submission_missing" not in summary
+    assert summary["tasks"][0]["files"] == ["predictions.json"]
+    assert "| small | accuracy" in (tmp_path / "results.md").read_text()
+    assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_bf16_follows_the_device_unless_set():
+    cfg = loop.FinetuneConfig()
+    assert loop.uses_bf16(cfg, torch.device("cuda")) and not loop.uses_bf16(cfg, torch.device("cpu"))
+    assert loop.uses_bf16(loop.FinetuneConfig(bf16=True), torch.device("cpu"))
+    assert not loop.uses_bf16(loop.FinetuneConfig(bf16=False), torch.device("cuda"))
+
+
+def test_recipe_fields_come_from_the_family_and_flags_override():
+    recipe = Recipe(max_seq_length=384, batch_size=32, epochs=2.0, learning_rates=(5e-5,))
+    cfg = loop.for_recipe(recipe, epochs=1.0, seeds=(7,))
+    assert (cfg.max_seq_length, cfg.batch_size, cfg.epochs, cfg.learning_rates, cfg.seeds) == \
+        (384, 32, 1.0, (5e-5,), (7,))
+    assert loop.RECIPE_FIELDS == ("max_seq_length", "batch_size", "epochs", "learning_rates")
