@@ -10,7 +10,7 @@ import pytest
 
 import common
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COMMON_MODULES = sorted(f"common.{m.name}" for m in pkgutil.iter_modules(common.__path__))
 
 
