@@ -69,6 +69,9 @@ class InstanceConfig(MaskingConfig):
     """Seed of every random draw."""
     next_sentence: bool = True
     """False = MLM-only: [CLS] A [SEP], no next-sentence pair, label -1 (--no_next_sentence)."""
+    random_next_prob: float = 0.5
+    """Probability that B is drawn from another document when A's chunk has two or more
+    segments (the reference's coin is 0.5; a one-segment chunk always takes a random B)."""
 
     def __post_init__(self):
         MaskingConfig.__post_init__(self)
@@ -80,6 +83,8 @@ class InstanceConfig(MaskingConfig):
               f"must be in [0, 1], got {self.short_seq_prob}")
         check(self.dupe_factor >= 1, "dupe_factor", f"must be >= 1, got {self.dupe_factor}")
         check(self.random_seed >= 0, "random_seed", f"must be >= 0, got {self.random_seed}")
+        check(0.0 <= self.random_next_prob <= 1.0, "random_next_prob",
+              f"must be in [0, 1], got {self.random_next_prob}")
 
     @property
     def max_num_tokens(self) -> int:
@@ -167,7 +172,7 @@ def _walk_document(segment_lengths: list[int], doc_index: int, num_docs: int,
                 yield _Chunk(start, i + 1, i + 1, None, target)
             else:
                 a_end = start + (rng.randint(1, size - 1) if size >= 2 else 1)
-                if size == 1 or rng.random() < 0.5:
+                if size == 1 or rng.random() < cfg.random_next_prob:
                     random_doc = doc_index
                     for _ in range(_RANDOM_DOC_TRIES):
                         random_doc = rng.randint(0, num_docs - 1)
@@ -422,7 +427,8 @@ class InstancePlan:
     b_segments: tuple[int, int] | None = None
     """Segments [start, end) of B: of this document (actual next) or of the random document."""
     chunk_segments: int = 0
-    """Segments of the chunk A came from (1 forces a random next: P(random) = 0.5 + 0.5 * f1)."""
+    """Segments of the chunk A came from (1 forces a random next: P(random) = p + (1 - p) * f1
+    with p = random_next_prob)."""
 
 
 def plan_document(doc: Document, doc_index: int, num_docs: int, pass_index: int,

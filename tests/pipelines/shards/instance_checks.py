@@ -114,22 +114,23 @@ def assert_whole_words(instances, vocab: Vocab, cfg: InstanceConfig) -> int:
     return multi
 
 
-def assert_random_next_share(plans, docs) -> float:
-    """Invariant 5: every one-segment chunk is random next, the others are by a fair coin, so
-    P(random) = 0.5 + 0.5 * f1. Random documents come from the whole corpus. Returns f1."""
-    single = [p for p in plans if p.chunk_segments == 1]
-    multi = [p for p in plans if p.chunk_segments > 1]
+def assert_random_next_share(plans, docs, p: float = 0.5) -> float:
+    """Invariant 5: every one-segment chunk is random next, the others by a coin of p (the
+    reference's is fair), so P(random) = p + (1 - p) * f1. Random documents come from the whole
+    corpus. Returns f1."""
+    single = [plan for plan in plans if plan.chunk_segments == 1]
+    multi = [plan for plan in plans if plan.chunk_segments > 1]
     f1 = len(single) / len(plans)
-    assert all(p.next_sentence_label == RANDOM_NEXT for p in single)
-    random_multi = sum(p.next_sentence_label == RANDOM_NEXT for p in multi)
-    assert within(random_multi, len(multi), 0.5), (random_multi, len(multi))
-    share = sum(p.next_sentence_label == RANDOM_NEXT for p in plans) / len(plans)
-    tolerance = SIGMAS * math.sqrt(0.25 * len(multi)) / len(plans)
-    assert abs(share - (0.5 + 0.5 * f1)) <= tolerance
-    randoms = [p for p in plans if p.next_sentence_label == RANDOM_NEXT]
+    assert all(plan.next_sentence_label == RANDOM_NEXT for plan in single)
+    random_multi = sum(plan.next_sentence_label == RANDOM_NEXT for plan in multi)
+    assert within(random_multi, len(multi), p), (random_multi, len(multi))
+    share = sum(plan.next_sentence_label == RANDOM_NEXT for plan in plans) / len(plans)
+    tolerance = SIGMAS * math.sqrt(p * (1 - p) * len(multi)) / len(plans)
+    assert abs(share - (p + (1 - p) * f1)) <= tolerance
+    randoms = [plan for plan in plans if plan.next_sentence_label == RANDOM_NEXT]
     # never the document itself: all 10 tries failing has probability (1 / len(docs)) ** 10
-    assert all(p.random_doc_index != p.doc_index for p in randoms)
-    upper_half = sum(p.random_doc_index >= len(docs) // 2 for p in randoms)
+    assert all(plan.random_doc_index != plan.doc_index for plan in randoms)
+    upper_half = sum(plan.random_doc_index >= len(docs) // 2 for plan in randoms)
     assert within(upper_half, len(randoms), 1 - (len(docs) // 2) / len(docs))
     return f1
 
