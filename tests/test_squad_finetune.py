@@ -174,15 +174,15 @@ def test_packed_windows_give_the_padded_logits_and_loss(shared_data, encoder, to
     from finetune.squad.features import WindowConfig, cut_windows
 
     path = squad_slice(shared_data / "squad" / "dev-v2.0-normans-rhine.json",
-                       tmp_path / "dev.json", {0: [0, 1, 2, 3], 1: [0, 1]})
+                       tmp_path / "dev.json", {0: [0, 2, 4, 5, 11]})
     examples = squad_data.read_squad(str(path), training=True, version_2=True).examples
-    # 160-token windows: long passages slide, short ones share rows
-    windows, _ = cut_windows(examples, tokenizer, WindowConfig(160), training=True)
-    assert len(windows) > len(examples) and (windows.start_positions > 0).any()
-    indices = list(range(len(windows)))[::-1][:24]
+    # the paper's 384-token windows: paragraph 11 slides, the short ones share rows
+    windows, _ = cut_windows(examples, tokenizer, WindowConfig(384), training=True)
+    assert (len(examples), len(windows)) == (28, 35) and (windows.start_positions > 0).any()
+    indices = list(range(len(windows)))[::-1]
     packed_family, padded_family = SquadFamily(), SquadFamily(pack_sequences=False)
-    packed = packed_family.make_batch(windows, indices, 160, train=True)
-    padded = padded_family.make_batch(windows, indices, 160, train=True)
+    packed = packed_family.make_batch(windows, indices, 384, train=True)
+    padded = padded_family.make_batch(windows, indices, 384, train=True)
     assert packed.input_ids.shape[0] < len(indices) <= padded.input_ids.shape[0]
     assert int((packed.sequence_ids >= 0).sum()) == int(padded.attention_mask.sum())
     torch.manual_seed(0)
@@ -191,7 +191,10 @@ def test_packed_windows_give_the_padded_logits_and_loss(shared_data, encoder, to
         ours, theirs = (f.outputs(model, b) for f, b in ((packed_family, packed),
                                                          (padded_family, padded)))
         for name in ("start_logits", "end_logits"):
-            assert ours[name].shape == theirs[name].shape == (24, 160)
-            torch.testing.assert_close(ours[name], theirs[name], rtol=1e-4, atol=1e-4)
+            assert ours[name].shape == theirs[name].shape == (len(windows), 384)
+            real = packed.token_mask  # the padded layout leaves its pad positions unmasked
+            torch.testing.assert_close(ours[name][real], theirs[name][real], rtol=1e-4,
+                                       atol=1e-4)
+            assert (ours[name][~real] == torch.finfo(torch.float32).min).all()
         torch.testing.assert_close(packed_family.loss(model, packed),
                                    padded_family.loss(model, padded), rtol=1e-5, atol=1e-5)
