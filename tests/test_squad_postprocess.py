@@ -3,6 +3,8 @@
 where the offsets give the passage's own characters (counted and shown)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import skip_or_fail
@@ -163,3 +165,27 @@ def test_null_odds_file_is_strict_json_when_a_question_has_no_valid_span(shared_
     threshold = json.loads(scored.files["squad2_threshold.json"])
     assert official["best_f1"] == pytest.approx(100 * threshold["best_f1"], rel=1e-13)
     assert official["best_f1_thresh"] == threshold["null_score_diff_threshold"]
+
+
+def test_when_answering_none_is_best_tau_nulls_every_question(shared_data, minilm_dir,
+                                                              tmp_path):
+    from finetune.squad.family import score_split
+
+    path = squad_slice(shared_data / "squad" / "dev-v2.0-normans-rhine.json",
+                       tmp_path / "dev.json", {0: list(range(3))})
+    examples = squad_data.read_squad(str(path), training=False, version_2=True).examples
+    windows, _ = cut_windows(examples, load_tokenizer(str(minilm_dir)), WindowConfig(),
+                             training=False)
+    # every window sure of its second passage token, a wrong answer everywhere: odds -30
+    start = [np.zeros(len(ids), np.float32) for ids in windows.input_ids]
+    for n, logits in enumerate(start):
+        logits[0], logits[windows.passage_start[n] + 1] = -10.0, 5.0
+    scored = score_split(examples, windows, start, start, version_2=True)
+    no_answer = sum(e.is_impossible for e in examples)
+    assert 0 < no_answer < len(examples)
+    # the official scorer's walk reports threshold 0.0 here (it starts there); the answers
+    # written are all "" so that the F1 is the best F1 the walk found
+    assert json.loads(scored.files["squad2_threshold.json"])["best_f1"] == pytest.approx(
+        no_answer / len(examples))
+    assert scored.metrics["f1"] == pytest.approx(no_answer / len(examples))
+    assert set(json.loads(scored.files["predictions.json"]).values()) == {""}

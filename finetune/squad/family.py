@@ -187,6 +187,12 @@ def score_split(examples: Sequence[squad_data.SquadExample], windows: Windows,
     tau = search["best_f1_thresh"]
     answers = postprocess.answers(examples, spans, tau)
     result = metrics.squad_v2_metrics(examples, answers)
+    if result["f1"] < search["best_f1"] - 1e-12:
+        # Answering none is best: the scorer then reports threshold 0.0, which still answers
+        # every question with negative odds; tau goes below all odds instead.
+        tau = min(odds.values()) - 1.0
+        answers = postprocess.answers(examples, spans, tau)
+        result = metrics.squad_v2_metrics(examples, answers)
     fractions = {k: v for k, v in result.items() if not k.endswith("total")}
     threshold = {"null_score_diff_threshold": tau, "best_f1": search["best_f1"],
                  "best_exact": search["best_exact"],
