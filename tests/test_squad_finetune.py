@@ -198,3 +198,12 @@ def test_packed_windows_give_the_padded_logits_and_loss(shared_data, encoder, to
             assert (ours[name][~real] == torch.finfo(torch.float32).min).all()
         torch.testing.assert_close(packed_family.loss(model, packed),
                                    padded_family.loss(model, padded), rtol=1e-5, atol=1e-5)
+
+
+def test_no_packing_flag_reaches_the_squad_family():
+    from finetune.cli import build_parser, with_options
+
+    base = ["--model", "m", "--data", "d", "--output", "o", "--tasks", "squad1"]
+    assert with_options(FAMILY, build_parser().parse_args(base)).pack_sequences
+    padded = with_options(FAMILY, build_parser().parse_args([*base, "--no_packing"]))
+    assert not padded.pack_sequences and padded.name == "squad" and padded.doc_stride == 128

@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -62,21 +63,21 @@ def _check_task(task: str) -> None:
         raise ValueError(f"unknown SQuAD task {task!r}; expected one of {list(TASKS)}")
 
 
+@dataclass(frozen=True)
 class SquadFamily:
     """Span prediction over windows; `name` "squad"."""
 
-    name = "squad"
-
-    def __init__(self, doc_stride: int = 128, max_query_length: int = 64,
-                 post: postprocess.PostprocessConfig = postprocess.DEFAULT,
-                 pack_sequences: bool = True):
-        self.doc_stride = doc_stride
-        self.max_query_length = max_query_length
-        self.post = post
-        # Pack a batch's windows into shared max_seq_length rows (each window attends to and
-        # is scored over its own tokens only) rather than one per padded row: the same
-        # logits and loss, less padding work.
-        self.pack_sequences = pack_sequences
+    name: ClassVar[str] = "squad"
+    doc_stride: int = 128
+    """Passage tokens between the starts of consecutive windows."""
+    max_query_length: int = 64
+    """Question tokens kept."""
+    post: postprocess.PostprocessConfig = postprocess.DEFAULT
+    """How spans are chosen (n-best, longest answer)."""
+    pack_sequences: bool = True
+    """Pack a batch's windows into shared max_seq_length rows (each window attends to and is
+    scored over its own tokens only) rather than one per padded row: the same logits and loss,
+    less padding work (`--no_packing` turns it off)."""
 
     def recipe(self, task: str) -> Recipe:
         _check_task(task)
