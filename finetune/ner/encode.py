@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from finetune.ner.data import Sentence
+from finetune.packing import lay_out, one_per_row, pack_rows
 
 
 @dataclass(frozen=True)
@@ -212,29 +213,21 @@ class NerBatch:
 
 def make_batch(encoded: EncodedNer, indices: Sequence[int], max_seq_length: int,
                pack: bool = True) -> NerBatch:
-    """The units at `indices` packed first-fit-decreasing into rows of `max_seq_length` tokens
-    (`pack=False`: one unit per row, padded to the longest). W = max_seq_length, so that the
+    """The units at `indices` packed into rows of `max_seq_length` tokens (`finetune.packing`;
+    `pack=False`: one unit per row, padded to the longest). W = max_seq_length, so that the
     per-word outputs of every batch have one shape."""
-    from finetune.glue.family import pack_rows
-
-    lengths = [len(encoded.input_ids[i]) for i in indices]
-    layout = pack_rows(lengths, max_seq_length) if pack else [[j] for j in range(len(indices))]
-    width = max(sum(lengths[j] for j in row) for row in layout)
-    input_ids = np.zeros((len(layout), width), np.int64)  # (R, T)
-    sequence_ids = np.full((len(layout), width), -1, np.int64)  # (R, T)
+    ids = [encoded.input_ids[i] for i in indices]
+    layout = (pack_rows([len(x) for x in ids], max_seq_length) if pack
+              else one_per_row(len(ids)))
+    out = lay_out(ids, None, layout)
+    first = out.first_token()  # (B,)
     word_index = np.zeros((len(indices), max_seq_length), np.int64)  # (B, W)
     word_mask = np.zeros((len(indices), max_seq_length), bool)  # (B, W)
-    for r, row in enumerate(layout):
-        start = 0
-        for k, j in enumerate(row):
-            i, n = indices[j], lengths[j]
-            input_ids[r, start:start + n] = encoded.input_ids[i]
-            sequence_ids[r, start:start + n] = k
-            pos = encoded.word_positions[i] + start
-            word_index[j, :len(pos)] = r * width + pos
-            word_mask[j, :len(pos)] = True
-            start += n
+    for j, i in enumerate(indices):
+        pos = encoded.word_positions[i]
+        word_index[j, :len(pos)] = first[j] + pos
+        word_mask[j, :len(pos)] = True
     label_index = word_index[word_mask]  # (L,) units in batch order, words in order
     labels = np.concatenate([encoded.word_labels[i] for i in indices])  # (L,)
-    return NerBatch(*(torch.from_numpy(a) for a in (input_ids, sequence_ids, label_index, labels,
-                                                     word_index, word_mask)))
+    return NerBatch(*(torch.from_numpy(a) for a in (out.input_ids, out.sequence_ids, label_index,
+                                                     labels, word_index, word_mask)))

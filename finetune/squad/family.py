@@ -1,7 +1,9 @@
 """SQuAD v1.1 and v2.0 as a task family of the one fine-tuning loop (`finetune.family`).
 
 Units are windows (one question x one passage span, `features.Windows`); a recipe's batch size
-counts windows, as BERT's `train_batch_size` does. Subsets (`max_train_examples`,
+counts windows, as BERT's `train_batch_size` does. A batch's windows are packed into shared
+max_seq_length rows (`features.pack_windows`); each window's start/end softmax runs over its own
+tokens, so logits and loss are those of one window per padded row. Subsets (`max_train_examples`,
 `max_eval_examples`) are drawn by question before windows are cut, so a question's windows
 stay together. Training answers that are not where their `answer_start` says are set aside
 (dead letter) whatever `skip_bad_records` says, as BERT's reader skips them: a few such
@@ -14,6 +16,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -22,9 +25,17 @@ from torch import Tensor, nn
 from finetune.family import Prepared, Recipe, Scored
 from finetune.squad import data as squad_data
 from finetune.squad import metrics, postprocess
-from finetune.squad.features import SpanBatch, WindowConfig, Windows, collate_windows, cut_windows
+from finetune.squad.features import (
+    PackedSpanBatch,
+    SpanBatch,
+    WindowConfig,
+    Windows,
+    collate_windows,
+    cut_windows,
+    pack_windows,
+)
 from model.bert import BertModel
-from model.heads import BertForQuestionAnswering
+from model.heads import BertForQuestionAnswering, span_loss
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +63,21 @@ def _check_task(task: str) -> None:
         raise ValueError(f"unknown SQuAD task {task!r}; expected one of {list(TASKS)}")
 
 
+@dataclass(frozen=True)
 class SquadFamily:
     """Span prediction over windows; `name` "squad"."""
 
-    name = "squad"
-
-    def __init__(self, doc_stride: int = 128, max_query_length: int = 64,
-                 post: postprocess.PostprocessConfig = postprocess.DEFAULT):
-        self.doc_stride = doc_stride
-        self.max_query_length = max_query_length
-        self.post = post
+    name: ClassVar[str] = "squad"
+    doc_stride: int = 128
+    """Passage tokens between the starts of consecutive windows."""
+    max_query_length: int = 64
+    """Question tokens kept."""
+    post: postprocess.PostprocessConfig = postprocess.DEFAULT
+    """How spans are chosen (n-best, longest answer)."""
+    pack_sequences: bool = True
+    """Pack a batch's windows into shared max_seq_length rows (each window attends to and is
+    scored over its own tokens only) rather than one per padded row: the same logits and loss,
+    less padding work (`--no_packing` turns it off)."""
 
     def recipe(self, task: str) -> Recipe:
         _check_task(task)
@@ -113,18 +129,37 @@ class SquadFamily:
         return BertForQuestionAnswering.from_encoder(encoder)
 
     def make_batch(self, encoded: Windows, indices: Sequence[int], max_seq_length: int,
-                   train: bool) -> SpanBatch:
+                   train: bool) -> SpanBatch | PackedSpanBatch:
+        if self.pack_sequences:
+            return pack_windows(encoded, indices, max_seq_length)
         return collate_windows(encoded, indices, max_seq_length)
 
-    def loss(self, model: nn.Module, batch: SpanBatch) -> Tensor:
+    def _logits(self, model: nn.Module, batch: PackedSpanBatch) -> tuple[Tensor, Tensor]:
+        """(B, W) start and end logits of packed windows, each over its own tokens."""
+        hidden = model.bert(batch.input_ids, batch.token_type_ids,
+                            sequence_ids=batch.sequence_ids)  # (R, T, H)
+        flat = hidden.flatten(0, 1)[batch.token_index]  # (B, W, H)
+        start, end = model.qa_outputs(flat).unbind(dim=-1)  # 2 x (B, W)
+        return start, end
+
+    def loss(self, model: nn.Module, batch: SpanBatch | PackedSpanBatch) -> Tensor:
+        if isinstance(batch, PackedSpanBatch):
+            start, end = self._logits(model, batch)
+            return span_loss(start, end, batch.start_positions, batch.end_positions,
+                             batch.token_mask)
         return model(batch.input_ids, batch.token_type_ids, batch.attention_mask,
                      batch.start_positions, batch.end_positions).loss
 
-    def outputs(self, model: nn.Module, batch: SpanBatch) -> dict[str, Tensor]:
+    def outputs(self, model: nn.Module, batch: SpanBatch | PackedSpanBatch
+                ) -> dict[str, Tensor]:
         """(B, seq_length) float32 start and end logits, padding set to the lowest float."""
+        lowest = torch.finfo(torch.float32).min
+        if isinstance(batch, PackedSpanBatch):
+            start, end = self._logits(model, batch)
+            return {name: logits.float().masked_fill(~batch.token_mask, lowest)
+                    for name, logits in (("start_logits", start), ("end_logits", end))}
         out = model(batch.input_ids, batch.token_type_ids, batch.attention_mask)
         pad = batch.seq_length - out.start_logits.shape[1]
-        lowest = torch.finfo(torch.float32).min
         return {name: nn.functional.pad(logits.float(), (0, pad), value=lowest)
                 for name, logits in (("start_logits", out.start_logits),
                                      ("end_logits", out.end_logits))}
@@ -153,6 +188,12 @@ def score_split(examples: Sequence[squad_data.SquadExample], windows: Windows,
     tau = search["best_f1_thresh"]
     answers = postprocess.answers(examples, spans, tau)
     result = metrics.squad_v2_metrics(examples, answers)
+    if result["f1"] < search["best_f1"] - 1e-12:
+        # Answering none is best: the scorer then reports threshold 0.0, which still answers
+        # every question with negative odds; tau goes below all odds instead.
+        tau = min(odds.values()) - 1.0
+        answers = postprocess.answers(examples, spans, tau)
+        result = metrics.squad_v2_metrics(examples, answers)
     fractions = {k: v for k, v in result.items() if not k.endswith("total")}
     threshold = {"null_score_diff_threshold": tau, "best_f1": search["best_f1"],
                  "best_exact": search["best_exact"],

@@ -22,6 +22,7 @@ import torch
 from tokenizers import Tokenizer
 
 from common.errors import BadRecord
+from finetune.packing import lay_out, pack_rows
 from finetune.squad.data import SquadExample
 
 
@@ -202,3 +203,49 @@ def collate_windows(windows: Windows, indices: Sequence[int], seq_length: int,
                      torch.from_numpy(attention_mask),
                      torch.from_numpy(windows.start_positions[idx]),
                      torch.from_numpy(windows.end_positions[idx]), max(seq_length, width))
+
+
+@dataclass(frozen=True)
+class PackedSpanBatch:
+    """Windows packed into R shared rows of T tokens (`finetune.packing`), B windows of at most
+    W tokens each: every window's start/end softmax runs over its own W tokens."""
+
+    input_ids: torch.Tensor
+    """(R, T) token ids, 0 after a row's last window."""
+    token_type_ids: torch.Tensor
+    """(R, T) 0 for [CLS] question [SEP], 1 for the passage and its [SEP]."""
+    sequence_ids: torch.Tensor
+    """(R, T) slot of the window each token belongs to, -1 for padding."""
+    token_index: torch.Tensor
+    """(B, W) flat index (row * T + position) of window b's token w, 0 past its end."""
+    token_mask: torch.Tensor
+    """(B, W) True at a window's real tokens."""
+    start_positions: torch.Tensor
+    """(B,) answer start per window (0 = [CLS])."""
+    end_positions: torch.Tensor
+    """(B,) answer end per window."""
+
+    @property
+    def seq_length(self) -> int:
+        return self.token_index.shape[1]
+
+    def to(self, device: torch.device) -> PackedSpanBatch:
+        return PackedSpanBatch(*(getattr(self, f.name).to(device)
+                                 for f in dataclasses.fields(self)))
+
+
+def pack_windows(windows: Windows, indices: Sequence[int], seq_length: int) -> PackedSpanBatch:
+    """The windows at `indices` packed into rows of <= seq_length tokens; W = seq_length, so
+    that the logits of every batch have one width."""
+    ids = [windows.input_ids[i] for i in indices]
+    types = [np.arange(len(windows.input_ids[i])) >= windows.passage_start[i] for i in indices]
+    lengths = [len(x) for x in ids]
+    out = lay_out(ids, types, pack_rows(lengths, seq_length))
+    first = out.first_token()  # (B,)
+    positions = np.arange(seq_length)  # (W,)
+    token_mask = positions[None, :] < np.asarray(lengths)[:, None]  # (B, W)
+    token_index = np.where(token_mask, first[:, None] + positions[None, :], 0)  # (B, W)
+    idx = np.asarray(indices, dtype=np.int64)
+    return PackedSpanBatch(*(torch.from_numpy(a) for a in (
+        out.input_ids, out.token_type_ids, out.sequence_ids, token_index, token_mask,
+        windows.start_positions[idx], windows.end_positions[idx])))

@@ -10,7 +10,10 @@ token's first to the end token's last (the tokenizer's offsets), never a detoken
 SQuAD v2.0: the null answer is the span at [CLS]; its score is the lowest start[0] + end[0]
 over the question's windows. A span is predicted when best span score > null score + tau,
 i.e. when `null_odds` = null score - best span score <= tau (the reference's
-`null_score_diff_threshold`); tau is chosen on dev (`metrics.best_threshold`).
+`null_score_diff_threshold`); tau is chosen on dev (`metrics.best_threshold`). A question
+none of whose windows has a valid span has infinite odds; `null_odds.json` holds the largest
+finite float for it instead (JSON has no infinity: strict parsers refuse Python's `Infinity`),
+which still ranks above every real odds in the scorer's threshold search.
 """
 from __future__ import annotations
 
@@ -40,6 +43,8 @@ class PostprocessConfig:
 
 
 DEFAULT = PostprocessConfig()
+NO_SPAN_ODDS = float(np.finfo(np.float64).max)
+"""`null_odds.json`'s value for a question without any valid span (its odds are +inf)."""
 
 
 @dataclass(frozen=True)
@@ -135,5 +140,7 @@ def answers(examples: Sequence[SquadExample], spans: Sequence[SpanPrediction],
 
 def null_odds(examples: Sequence[SquadExample], spans: Sequence[SpanPrediction]
               ) -> dict[str, float]:
-    """{qid: null score - best span score}, the `null_odds.json` the official scorer reads."""
-    return {e.qid: float(p.null_odds) for e, p in zip(examples, spans)}
+    """{qid: null score - best span score}, the `null_odds.json` the official scorer reads;
+    `NO_SPAN_ODDS` where no window has a valid span, so every value is finite JSON."""
+    return {e.qid: float(p.null_odds) if np.isfinite(p.null_odds) else NO_SPAN_ODDS
+            for e, p in zip(examples, spans)}

@@ -8,19 +8,18 @@ reorder, slice and concatenate without a Python loop over tokens.
 Packing (Krell et al. 2021, "Efficient Sequence Packing without Cross-contamination"): several
 short instances share one `max_seq_length` row; each keeps its own `sequence_ids` value, its
 positions restart at 0 (`shard_format.position_ids`) and its next-sentence label stays its own.
-The packer is best-fit decreasing over a histogram of free space per open row: the idea of
-the paper's shortest-pack-first histogram packing (SPFHP), here per instance and without its
-cap on sequences per row (only the uint8 `sequence_ids` limit of 255).
+The packer (`common.bin_packing`, shared with fine-tuning) is best-fit decreasing over a
+histogram of free space per open row.
 """
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from common import shard_format
+from common.bin_packing import pack_lengths, padding_share, unpacked_rows  # noqa: F401 (this module's API)
 
 _U64 = np.uint64
 _MIX1, _MIX2, _GOLDEN = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB), _U64(0x9E3779B97F4A7C15)
@@ -156,49 +155,6 @@ class InstanceBatch:
         return self.take(order)
 
 
-def pack_lengths(lengths: Sequence[int], max_seq_length: int) -> list[list[int]]:
-    """Group instance indices into rows of at most `max_seq_length` tokens.
-
-    Best-fit decreasing: instances longest first (stable, so equal lengths keep their input
-    order); each goes to the open row whose free space fits it most tightly, else a new row.
-    Rows come back ordered by their first (longest) instance's input position, and instances
-    inside a row in input order, so a shuffled input gives shuffled rows.
-    """
-    lengths = np.asarray(lengths, np.int64)
-    if len(lengths) and (lengths.max() > max_seq_length or lengths.min() < 1):
-        raise ValueError(f"instance lengths must be in [1, {max_seq_length}]")
-    # free_rows[s]: the open rows with exactly s free tokens, oldest first.
-    free_rows: list[deque[int]] = [deque() for _ in range(max_seq_length + 1)]
-    has_free = np.zeros(max_seq_length + 1, bool)
-    rows: list[list[int]] = []
-    space: list[int] = []
-    for i in np.argsort(-lengths, kind="stable").tolist():
-        need = int(lengths[i])
-        fits = np.flatnonzero(has_free[need:])
-        if len(fits):
-            s = need + int(fits[0])
-            r = free_rows[s].popleft()
-            has_free[s] = bool(free_rows[s])
-        else:
-            r, s = len(rows), max_seq_length
-            rows.append([])
-            space.append(s)
-        rows[r].append(i)
-        s -= need
-        space[r] = s
-        if s > 0 and len(rows[r]) < 255:  # sequence_ids are uint8
-            free_rows[s].append(r)
-            has_free[s] = True
-    for row in rows:
-        row.sort()
-    rows.sort(key=lambda row: row[0])
-    return rows
-
-
-def unpacked_rows(n: int) -> list[list[int]]:
-    return [[i] for i in range(n)]
-
-
 def rows_order(rows: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     """(instance order, instances per row) that lay the rows out contiguously."""
     order = np.array([i for row in rows for i in row], np.int64)
@@ -264,10 +220,3 @@ def encode_blocks(batch: InstanceBatch, row_sizes: np.ndarray, rows_per_block: i
             "num_instances": row_sizes[r0:r1],
             "next_sentence_labels": batch.next_sentence_labels[i0:i1],
         }, vocab_size)
-
-
-def padding_share(lengths: Sequence[int], rows: list[list[int]], max_seq_length: int) -> float:
-    """Share of padding tokens when each row is padded to `max_seq_length`."""
-    if not rows:
-        return 0.0
-    return 1.0 - float(np.sum(lengths)) / (len(rows) * max_seq_length)

@@ -166,3 +166,44 @@ def test_bert_finetune_runs_squad_split_by_article(task, train, dev, steps, shar
     odds = json.loads((out / task / "null_odds.json").read_text())
     assert all((predictions[q] == "") == (odds[q] > threshold["null_score_diff_threshold"])
                for q in odds)
+
+
+def test_packed_windows_give_the_padded_logits_and_loss(shared_data, encoder, tokenizer,
+                                                        tmp_path):
+    from finetune.squad.family import SquadFamily
+    from finetune.squad.features import WindowConfig, cut_windows
+
+    path = squad_slice(shared_data / "squad" / "dev-v2.0-normans-rhine.json",
+                       tmp_path / "dev.json", {0: [0, 2, 4, 5, 11]})
+    examples = squad_data.read_squad(str(path), training=True, version_2=True).examples
+    # the paper's 384-token windows: paragraph 11 slides, the short ones share rows
+    windows, _ = cut_windows(examples, tokenizer, WindowConfig(384), training=True)
+    assert (len(examples), len(windows)) == (28, 35) and (windows.start_positions > 0).any()
+    indices = list(range(len(windows)))[::-1]
+    packed_family, padded_family = SquadFamily(), SquadFamily(pack_sequences=False)
+    packed = packed_family.make_batch(windows, indices, 384, train=True)
+    padded = padded_family.make_batch(windows, indices, 384, train=True)
+    assert packed.input_ids.shape[0] < len(indices) <= padded.input_ids.shape[0]
+    assert int((packed.sequence_ids >= 0).sum()) == int(padded.attention_mask.sum())
+    torch.manual_seed(0)
+    model = FAMILY.build_head(encoder, "squad2").eval()
+    with torch.no_grad():
+        ours, theirs = (f.outputs(model, b) for f, b in ((packed_family, packed),
+                                                         (padded_family, padded)))
+        for name in ("start_logits", "end_logits"):
+            assert ours[name].shape == theirs[name].shape == (len(windows), 384)
+            real = packed.token_mask  # the padded layout leaves its pad positions unmasked
+            torch.testing.assert_close(ours[name][real], theirs[name][real], rtol=1e-4,
+                                       atol=1e-4)
+            assert (ours[name][~real] == torch.finfo(torch.float32).min).all()
+        torch.testing.assert_close(packed_family.loss(model, packed),
+                                   padded_family.loss(model, padded), rtol=1e-5, atol=1e-5)
+
+
+def test_no_packing_flag_reaches_the_squad_family():
+    from finetune.cli import build_parser, with_options
+
+    base = ["--model", "m", "--data", "d", "--output", "o", "--tasks", "squad1"]
+    assert with_options(FAMILY, build_parser().parse_args(base)).pack_sequences
+    padded = with_options(FAMILY, build_parser().parse_args([*base, "--no_packing"]))
+    assert not padded.pack_sequences and padded.name == "squad" and padded.doc_stride == 128

@@ -3,6 +3,8 @@
 where the offsets give the passage's own characters (counted and shown)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -120,3 +122,70 @@ def test_a_question_without_valid_span_gets_the_empty_answer():
     example = squad_data.SquadExample("q", "?", "x", ())
     spans = postprocess.predict_spans([example], windows, [np.zeros(5)], [np.zeros(5)])
     assert spans[0].text == "" and spans[0].score == -np.inf and spans[0].null_score == 0.0
+
+
+def test_null_odds_file_is_strict_json_when_a_question_has_no_valid_span(shared_data,
+                                                                           minilm_dir, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from finetune.squad.family import score_split
+
+    scorer = shared_data.parent / "peers" / "squad" / "evaluate-v2.0.py"
+    if not scorer.is_file():
+        skip_or_fail(f"needs the official SQuAD scorer {scorer}")
+    path = squad_slice(shared_data / "squad" / "dev-v2.0-normans-rhine.json",
+                       tmp_path / "dev.json", {0: list(range(3))})
+    examples = squad_data.read_squad(str(path), training=False, version_2=True).examples
+    windows, _ = cut_windows(examples, load_tokenizer(str(minilm_dir)), WindowConfig(),
+                             training=True)
+    start, end = noisy_logits(windows, seed=3)
+    # question 0 (one window): the 20 best starts all lie after the 20 best ends
+    assert list(windows.example_index).count(0) == 1 and len(windows.input_ids[0]) > 40
+    start[0] = np.arange(len(start[0]), dtype=np.float32)
+    end[0] = -np.arange(len(end[0]), dtype=np.float32)
+    scored = score_split(examples, windows, np.array(start, dtype=object),
+                         np.array(end, dtype=object), version_2=True)
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    odds = json.loads(scored.files["null_odds.json"], parse_constant=refuse)
+    qid = examples[0].qid
+    assert odds[qid] == postprocess.NO_SPAN_ODDS
+    assert max(v for q, v in odds.items() if q != qid) < 1e3
+    assert json.loads(scored.files["predictions.json"])[qid] == ""
+    (tmp_path / "pred.json").write_text(scored.files["predictions.json"], encoding="utf-8")
+    (tmp_path / "odds.json").write_text(scored.files["null_odds.json"], encoding="utf-8")
+    done = subprocess.run([sys.executable, str(scorer), str(path), str(tmp_path / "pred.json"),
+                           "--na-prob-file", str(tmp_path / "odds.json")],
+                          capture_output=True, text=True, check=True, timeout=120)
+    official = json.loads(done.stdout)
+    threshold = json.loads(scored.files["squad2_threshold.json"])
+    assert official["best_f1"] == pytest.approx(100 * threshold["best_f1"], rel=1e-13)
+    assert official["best_f1_thresh"] == threshold["null_score_diff_threshold"]
+
+
+def test_when_answering_none_is_best_tau_nulls_every_question(shared_data, minilm_dir,
+                                                              tmp_path):
+    from finetune.squad.family import score_split
+
+    path = squad_slice(shared_data / "squad" / "dev-v2.0-normans-rhine.json",
+                       tmp_path / "dev.json", {0: list(range(3))})
+    examples = squad_data.read_squad(str(path), training=False, version_2=True).examples
+    windows, _ = cut_windows(examples, load_tokenizer(str(minilm_dir)), WindowConfig(),
+                             training=False)
+    # every window sure of its second passage token, a wrong answer everywhere: odds -30
+    start = [np.zeros(len(ids), np.float32) for ids in windows.input_ids]
+    for n, logits in enumerate(start):
+        logits[0], logits[windows.passage_start[n] + 1] = -10.0, 5.0
+    scored = score_split(examples, windows, start, start, version_2=True)
+    no_answer = sum(e.is_impossible for e in examples)
+    assert 0 < no_answer < len(examples)
+    # the official scorer's walk reports threshold 0.0 here (it starts there); the answers
+    # written are all "" so that the F1 is the best F1 the walk found
+    assert json.loads(scored.files["squad2_threshold.json"])["best_f1"] == pytest.approx(
+        no_answer / len(examples))
+    assert scored.metrics["f1"] == pytest.approx(no_answer / len(examples))
+    assert set(json.loads(scored.files["predictions.json"]).values()) == {""}
