@@ -15,8 +15,11 @@ $(VENV)/.installed: pyproject.toml scripts/setup.sh
 demo: setup
 	$(PY) -m flows.demo $(ARGS)
 
+# Two test processes, a test file each at a time (fixtures built once per file): the suite's
+# subprocess, Beam and single-threaded stretches leave a core idle when run one test at a time.
+TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/pytest $(ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check common pipelines model finetune training flows tests benchmarks
