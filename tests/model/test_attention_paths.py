@@ -3,12 +3,10 @@ backward of loader-made batches, the one-call variable-length attention equal to
 masked computation, and an encoder layer that torch.compile traces without graph breaks."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from common import shard_format
 from model.attention import (
     attend_instances,
     attend_varlen,
@@ -18,21 +16,9 @@ from model.attention import (
 )
 from model.bert import bert_tiny
 from model.heads import BertForPreTraining
+from tests.model.tiny_models import VOCAB, shard_row
 from training.loader import collate
 from training.sync_check import SyncCounter
-
-VOCAB = 1000
-
-def row(lengths: list[int], seed: int) -> shard_format.Row:
-    """A shard row holding instances of `lengths` tokens, two masked positions."""
-    g = np.random.default_rng(seed)
-    n = sum(lengths)
-    return shard_format.Row(
-        input_ids=g.integers(5, VOCAB, n), segment_ids=np.zeros(n, np.uint8),
-        sequence_ids=np.repeat(np.arange(len(lengths)), lengths).astype(np.uint8),
-        masked_lm_positions=np.array([1, n - 2]), masked_lm_ids=g.integers(5, VOCAB, 2),
-        next_sentence_labels=np.zeros(len(lengths), np.int8))
-
 
 BATCHES = {  # what the shard loader's collate makes of padded and of packed rows
     "padded": [[20], [13], [37]],
@@ -59,7 +45,7 @@ def test_a_training_step_makes_no_host_device_sync(kind):
     comes from the host-made plan (`BatchLayout`), so on a GPU the step never waits."""
     torch.manual_seed(0)
     model = BertForPreTraining(bert_tiny(vocab_size=VOCAB)).train()
-    batch = collate([row(lengths, seed) for seed, lengths in enumerate(BATCHES[kind])])
+    batch = collate([shard_row(lengths, seed) for seed, lengths in enumerate(BATCHES[kind])])
     assert (batch["layout"].plan is not None) == (kind != "dense")
     with SyncCounter() as counter:
         out = model(**batch)
@@ -125,7 +111,7 @@ def test_an_encoder_layer_compiles_without_graph_breaks():
     torch.manual_seed(0)
     model = BertForPreTraining(bert_tiny(vocab_size=VOCAB)).train()
     for kind, lengths in BATCHES.items():
-        batch = collate([row(n, seed) for seed, n in enumerate(lengths)])
+        batch = collate([shard_row(n, seed) for seed, n in enumerate(lengths)])
         torch._dynamo.reset()
         x = torch.randn(*batch["input_ids"].shape, 128)
         explained = torch._dynamo.explain(model.bert.layers[0])(x, batch["layout"].plan, None)

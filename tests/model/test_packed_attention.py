@@ -16,7 +16,7 @@ from model.attention import (
     packed_position_ids,
     split_heads,
 )
-from tests.model.tiny_models import VOCAB, instance, pack, pretraining_model
+from tests.model.tiny_models import instance, pack, pretraining_model, shard_row
 
 
 def test_packed_position_ids_match_the_shard_format():
@@ -150,18 +150,9 @@ def test_the_loaders_batch_layout_gives_the_forward_it_would_make_itself():
     equals the forward that makes its own, also after the layout's move to a device."""
     from training.loader import collate
 
-    def row(lengths: list[int], seed: int) -> shard_format.Row:
-        g = np.random.default_rng(seed)
-        n = sum(lengths)
-        return shard_format.Row(
-            input_ids=g.integers(5, VOCAB, n), segment_ids=np.zeros(n, np.uint8),
-            sequence_ids=np.repeat(np.arange(len(lengths)), lengths).astype(np.uint8),
-            masked_lm_positions=np.array([1, n - 2]), masked_lm_ids=g.integers(5, VOCAB, 2),
-            next_sentence_labels=np.zeros(len(lengths), np.int8))
-
     model = pretraining_model()
-    packed = collate([row([9, 12], seed=1), row([7], seed=2)])
-    dense = collate([row([16], seed=3), row([16], seed=4)])
+    packed = collate([shard_row([9, 12], seed=1), shard_row([7], seed=2)])
+    dense = collate([shard_row([16], seed=3), shard_row([16], seed=4)])
     assert packed["layout"].masked and len(packed["layout"].plan.groups) == 1
     assert not dense["layout"].masked and dense["layout"].plan is None
     for batch in (packed, dense):

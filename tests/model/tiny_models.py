@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from common import shard_format
 from model.bert import BertConfig, bert_tiny
 from model.heads import BertForPreTraining
 
@@ -49,3 +51,14 @@ def pack(instances: list[dict], length: int) -> dict[str, torch.Tensor]:
         row["sequence_ids"][start:start + n] = k
         start += n
     return row
+
+
+def shard_row(lengths: list[int], seed: int) -> shard_format.Row:
+    """A shard row holding instances of `lengths` tokens, two masked positions."""
+    g = np.random.default_rng(seed)
+    n = sum(lengths)
+    return shard_format.Row(
+        input_ids=g.integers(5, VOCAB, n), segment_ids=np.zeros(n, np.uint8),
+        sequence_ids=np.repeat(np.arange(len(lengths)), lengths).astype(np.uint8),
+        masked_lm_positions=np.array([1, n - 2]), masked_lm_ids=g.integers(5, VOCAB, 2),
+        next_sentence_labels=np.zeros(len(lengths), np.int8))
