@@ -25,8 +25,9 @@ def imported_after(module: str) -> set[str]:
 
 
 def test_common_holds_the_shared_library():
-    assert COMMON_MODULES == ["common.errors", "common.masking", "common.settings",
-                              "common.shard_format", "common.storage", "common.tokenization"]
+    assert COMMON_MODULES == ["common.bin_packing", "common.errors", "common.masking",
+                              "common.settings", "common.shard_format", "common.storage",
+                              "common.tokenization"]
 
 
 @pytest.mark.parametrize("module", COMMON_MODULES)
@@ -37,7 +38,9 @@ def test_common_imports_neither_beam_nor_a_job(module):
 
 
 @pytest.mark.parametrize("module", ["model", "training.config", "training.loader",
-                                    "finetune.loop"])
+                                    "finetune.loop", "finetune.packing", "finetune.glue.family",
+                                    "finetune.squad.family", "finetune.multiple_choice.family",
+                                    "finetune.ner.family"])
 def test_model_training_and_finetuning_import_no_beam(module):
     loaded = imported_after(module)
     assert module.split(".")[0] in loaded
