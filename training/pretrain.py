@@ -93,7 +93,8 @@ class CheckpointState:
     zero_stage: int
     loader: dict
     train_shards: str = ""
-    """`loader.shard_set_digest` of the phase's train shards (empty in older checkpoints)."""
+    """`loader.shard_set_digest` of the phase's train shards; empty where a checkpoint does not
+    record it, and then not checked."""
 
 
 # ---------------------------------------------------------------- setup
