@@ -98,8 +98,8 @@ def test_set_flags_take_each_fields_type(flag, section, name, expected):
 
 
 def test_typed_seeds_and_rates_reach_fine_tuning():
-    """The reviewer's case: `finetune.seeds=1,2` used to stay ('1', '2') and fail in
-    fine-tuning."""
+    """`finetune.seeds=1,2` becomes the ints (1, 2), not the strings ('1', '2') that would fail
+    in fine-tuning."""
     from finetune.tasks import get_task
 
     cfg = resolve("tiny", parse_set_flags(["finetune.seeds=1,2",

@@ -244,8 +244,8 @@ def test_set_rejects_values_of_the_wrong_type_naming_them(assignment, message):
 
 
 def test_a_config_files_phases_merge_into_the_presets_phases_by_name(tmp_path, caplog):
-    """`{name: phase2, ...}` alone keeps phase 2's 512 tokens and learning rate (it used to
-    inherit phase 1's by position), and leaving phase 1 out is said, not silent."""
+    """`{name: phase2, ...}` alone keeps phase 2's 512 tokens and learning rate (phases merge
+    by name, not by position), and leaving phase 1 out is said, not silent."""
     path = tmp_path / "run.yaml"
     path.write_text("phases:\n  - {name: phase2, steps: 50, warmup_steps: 5}\n")
     base = cfg.base()

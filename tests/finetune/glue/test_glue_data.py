@@ -246,7 +246,7 @@ def test_task_table():
 
 
 # ---------------------------------------------------------------------------------------------
-# Bad input found early and reported with its place (a user's-eye review, issue: bert-glue)
+# Bad input found early and reported with its place (bert-glue)
 # ---------------------------------------------------------------------------------------------
 
 
