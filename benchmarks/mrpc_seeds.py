@@ -6,7 +6,7 @@ per-seed differences.
 Two kinds of rows:
 - `bench_glue`: our fine-tuning vs transformers' Trainer (bench_glue.py), each with its own
   code and its own random draws;
-- `glue_paired_trainer_draws`: our code twice (glue_paired.py --vary trainer_draws --sides both),
+- `glue_paired_trainer_draws`: our code twice (paired_draws.py --vary trainer_draws --sides both),
   once with our draws and once replaying the Trainer's. The second equals the Trainer's own run
   at that seed (RESULTS 7i), so the pair isolates the draw schemes, with every line of code
   shared.
@@ -25,7 +25,7 @@ from scipy import stats
 
 HERE = Path(__file__).resolve().parent
 RUNS = {"bench_glue": "ours vs the Trainer (bench_glue)",
-        "glue_paired_trainer_draws": "our code, our draws vs the Trainer's (glue_paired)"}
+        "glue_paired_trainer_draws": "our code, our draws vs the Trainer's (paired_draws)"}
 
 
 def read_seeds(path: Path) -> list[dict]:

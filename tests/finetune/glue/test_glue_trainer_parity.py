@@ -168,7 +168,7 @@ def test_the_trainers_own_draws_replayed_by_our_run_give_its_run(minilm_dir, enc
                                                                  shared_data, tmp_path):
     """bench_glue's Trainer draws its head, data order and dropout itself. Replaying those
     draws (peers/trainer_draws.py) in our run with stock ops gives its run loss for loss, over
-    fractional epochs with a partial last batch. So benchmarks/glue_paired.py
+    fractional epochs with a partial last batch. So benchmarks/paired_draws.py
     `--vary trainer_draws` computes the Trainer's own runs with our code, at full scale."""
     from model.cpu_ops import stock_ops
     from peers import trainer_draws
