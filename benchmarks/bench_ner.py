@@ -11,6 +11,10 @@ difference with a 95% t interval over seeds, and the wall-time ratio.
 
     .venv/bin/python benchmarks/bench_ner.py --max_train 400 --max_dev 200 --seeds 1,2,3
 
+`--head_init normal` starts our head from the Trainer's distribution (untruncated N(0, 0.02));
+the default is BERT's reference (truncated, 1.137x narrower), which learns more slowly on short
+runs (RESULTS.md section 13, 8d).
+
 Targets: F1 within 1.0 point of the Trainer's; our wall time <= 0.8x its. Recorded in
 benchmarks/RESULTS.md ("NER").
 """
@@ -58,7 +62,7 @@ class _Rows(torch.utils.data.Dataset):
 def run_ours(encoder, prepared: Prepared, lr: float, seed: int,
              cfg: loop.FinetuneConfig) -> Outcome:
     clock = Clock()
-    model = loop.build_model(FAMILY, encoder, prepared.task, seed)
+    model = loop.build_model(FAMILY, encoder, prepared.task, seed, head_init=cfg.head_init)
     loop.train(FAMILY, model, prepared.train, lr, seed, cfg, desc="ours")
     scored = loop.evaluate(FAMILY, model, prepared, cfg)["dev"]
     return Outcome(scored.score, *clock.lap())
@@ -103,6 +107,8 @@ def main() -> None:
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--max_train", type=int, default=400)
     p.add_argument("--max_dev", type=int, default=200)
+    p.add_argument("--head_init", default="truncated_normal", choices=loop.HEAD_INITS,
+                   help="our new head's initial weights (normal: the Trainer's distribution)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1: on the loaded shared machine 2 ran far slower)")
     args = p.parse_args()
@@ -112,7 +118,8 @@ def main() -> None:
     model_dir = args.model or default_model_dir()
     seeds = [int(s) for s in args.seeds.split(",")]
     cfg = loop.FinetuneConfig(epochs=args.epochs, learning_rates=(args.learning_rate,),
-                              seeds=tuple(seeds), progress=False, bf16=False, device="cpu")
+                              seeds=tuple(seeds), progress=False, bf16=False, device="cpu",
+                              head_init=args.head_init)
     encoder = checkpoint.load_encoder(model_dir)
     prepared = FAMILY.prepare(args.task, os.path.join(args.data, NER_TASKS[args.task].folder),
                               checkpoint.load_tokenizer(model_dir), cfg.max_seq_length,
@@ -120,7 +127,7 @@ def main() -> None:
     print(f"{args.task}: {len(prepared.train)} train / {len(prepared.dev['dev'])} dev units, "
           f"{loop.num_training_steps(len(prepared.train), cfg)} steps, "
           f"lr {args.learning_rate:g}, {args.epochs:g} epochs, batch {cfg.batch_size}, "
-          f"threads {torch.get_num_threads()}", flush=True)
+          f"threads {torch.get_num_threads()}, our head {args.head_init}", flush=True)
     with tempfile.TemporaryDirectory() as workdir:
         rows = interleaved(
             seeds, lambda seed: run_ours(encoder, prepared, args.learning_rate, seed, cfg),

@@ -43,6 +43,7 @@ from training.optim import LinearWarmupDecay, param_groups
 log = logging.getLogger(__name__)
 
 PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
+HEAD_INITS = ("truncated_normal", "normal")
 RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
 """The settings a family's recipe gives: max_seq_length, batch_size, epochs, learning_rates."""
 
@@ -79,6 +80,11 @@ class LoopOptions:
     device: str = "auto"
     """Where to fine-tune: auto (the GPU when torch sees one, else the CPU), cpu, cuda or
     cuda:N."""
+    head_init: str = "truncated_normal"
+    """The new head's initial weights: truncated_normal (N(0, 0.02) cut at 2 std, std 0.0176:
+    BERT's reference run_classifier.py / run_squad.py) or normal (N(0, 0.02) uncut, 1.137x
+    wider: transformers' heads). On short runs the wider head learns measurably faster (NER,
+    benchmarks/RESULTS.md section 13, 8d)."""
 
     def __post_init__(self) -> None:
         check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), "seeds",
@@ -93,6 +99,8 @@ class LoopOptions:
         for name in ("max_train_examples", "max_eval_examples"):
             value = getattr(self, name)
             check(value is None or value >= 1, name, f"must be >= 1, got {value}")
+        check(self.head_init in HEAD_INITS, "head_init",
+              f"must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
         if self.device != "auto":
             try:
                 torch.device(self.device)
@@ -288,10 +296,11 @@ _SEEDING = threading.Lock()
 
 
 def build_model(family: Family, encoder: BertModel, task: str, seed: int,
-                device: torch.device | str = "cpu") -> nn.Module:
+                device: torch.device | str = "cpu",
+                head_init: str = "truncated_normal") -> nn.Module:
     """The family's task model over a copy of `encoder`'s weights on `device`; the new head
-    initialised from `seed` on the CPU (the same head on any device), the device's dropout
-    stream seeded.
+    initialised from `seed` on the CPU (the same head on any device) as `head_init` says
+    (`LoopOptions.head_init`), the device's dropout stream seeded.
 
     Only this run's generators are seeded: `torch.manual_seed` would reseed every GPU, under
     runs that the flow trains on other GPUs from other threads at the same time.
@@ -300,10 +309,21 @@ def build_model(family: Family, encoder: BertModel, task: str, seed: int,
     with _SEEDING:  # the CPU generator is the process's: one run seeds and draws at a time
         torch.random.default_generator.manual_seed(seed)
         model = family.build_head(encoder, task)
+        if head_init == "normal":
+            redraw_head_normal(model, encoder.config.initializer_range)
     if device.type == "cuda":
         with torch.cuda.device(device):
             torch.cuda.manual_seed(seed)
     return model.to(device)
+
+
+def redraw_head_normal(model: nn.Module, std: float) -> None:
+    """The new head's weight matrices (every linear layer outside the pre-trained `bert`) drawn
+    again from the untruncated N(0, std), as transformers initialises its task heads."""
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear) and not name.startswith("bert."):
+                module.weight.normal_(0.0, std)
 
 
 def build_optimizer(model: nn.Module, learning_rate: float,
@@ -450,7 +470,7 @@ def run_one(family: Family, encoder: BertModel, prepared: Prepared, learning_rat
             seed: int, cfg: FinetuneConfig) -> tuple[RunResult, nn.Module]:
     """Fine-tune a fresh task model for one (rate, seed) and score it on dev."""
     task = prepared.task
-    model = build_model(family, encoder, task, seed, resolve_device(cfg.device))
+    model = build_model(family, encoder, task, seed, resolve_device(cfg.device), cfg.head_init)
     start = time.perf_counter()
     losses = train(family, model, prepared.train, learning_rate, seed, cfg,
                    desc=f"{task} lr={learning_rate:g} seed={seed}")
@@ -560,7 +580,7 @@ def finetune_task(family: Family, encoder: BertModel, prepared: Prepared,
     if predicts_test:
         assert kept is not None and kept[0] is select_best(runs).best_run
         model = build_model(family, encoder, prepared.task, kept[0].seed,
-                            resolve_device(cfg.device))
+                            resolve_device(cfg.device), cfg.head_init)
         model.load_state_dict(kept[1])
         predictions = predict_test_sets(family, model, prepared, cfg)
     return summarise_task(prepared.task, runs, prepared.num_train_examples,

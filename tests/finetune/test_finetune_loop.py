@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.settings import SettingError
 from finetune import checkpoint, loop
 from finetune.family import Recipe
 from finetune.glue import FAMILY
@@ -142,3 +143,32 @@ def test_recipe_fields_come_from_the_family_and_flags_override():
     assert (cfg.max_seq_length, cfg.batch_size, cfg.epochs, cfg.learning_rates, cfg.seeds) == \
         (384, 32, 1.0, (5e-5,), (7,))
     assert loop.RECIPE_FIELDS == ("max_seq_length", "batch_size", "epochs", "learning_rates")
+
+
+def test_head_init_normal_redraws_only_the_new_head(minilm_dir):
+    """`head_init=normal` draws the new head as transformers does (N(0, 0.02), uncut, 1.137x
+    the reference's truncated spread) and leaves every pre-trained weight, the pooler
+    included, as the checkpoint has it."""
+    from finetune.ner import FAMILY as NER
+
+    encoder = checkpoint.load_encoder(str(minilm_dir))
+    for family, task in ((NER, "conll2003"), (FAMILY, "MRPC")):
+        cut = loop.build_model(family, encoder, task, seed=5)
+        uncut = loop.build_model(family, encoder, task, seed=5, head_init="normal")
+        truncated, normal = cut.classifier.weight, uncut.classifier.weight  # (C, 384)
+        # 3456 (NER) / 768 (MRPC) draws: the std estimates sit within ~4 standard errors
+        tolerance = 4 * 0.02 / (2 * truncated.numel()) ** 0.5
+        assert abs(truncated.std().item() - 0.02 / 1.137) < tolerance
+        assert abs(normal.std().item() - 0.02) < tolerance
+        assert truncated.abs().max() <= 0.04 < normal.abs().max()
+        assert torch.equal(uncut.classifier.bias, torch.zeros_like(uncut.classifier.bias))
+        for name, value in uncut.bert.state_dict().items():
+            assert torch.equal(value, encoder.state_dict()[name]), name
+    # the seed decides the head: the same seed draws it again, another seed another head
+    first = loop.build_model(NER, encoder, "conll2003", seed=5, head_init="normal")
+    again = loop.build_model(NER, encoder, "conll2003", seed=5, head_init="normal")
+    other = loop.build_model(NER, encoder, "conll2003", seed=6, head_init="normal")
+    assert torch.equal(again.classifier.weight, first.classifier.weight)
+    assert not torch.equal(other.classifier.weight, first.classifier.weight)
+    with pytest.raises(SettingError, match="--head_init must be one of truncated_normal, normal, got .xavier."):
+        loop.FinetuneConfig(head_init="xavier")
