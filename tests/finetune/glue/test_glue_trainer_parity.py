@@ -14,6 +14,7 @@ from finetune.glue import data as glue_data
 from finetune.glue import family as gf
 from finetune.glue.family import FAMILY
 from finetune.glue.tasks import TASKS
+from tests.support.dropout import without_dropout
 
 PADDED = dataclasses.replace(FAMILY, pack_sequences=False)  # one example per row, padded
 
@@ -27,7 +28,7 @@ def test_training_gradients_match_transformers(shared_data, minilm_dir, encoder,
     split = glue_data.read_split(str(shared_data / "glue"), task, task.dev[0])
     encoded = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
         task.name, "dev", split.path, split.examples[:16]), task)
-    ours = _without_dropout(loop.build_model(FAMILY, encoder, "STS-B", seed=1)).train()
+    ours = without_dropout(loop.build_model(FAMILY, encoder, "STS-B", seed=1)).train()
     peer = HfClassifier.from_pretrained(str(minilm_dir), num_labels=1, hidden_dropout_prob=0.0,
                                         attention_probs_dropout_prob=0.0).train()
     with torch.no_grad():
@@ -46,15 +47,6 @@ def test_training_gradients_match_transformers(shared_data, minilm_dir, encoder,
     grads = dict(ours.named_parameters())
     for name, peer_param in pairs.items():
         torch.testing.assert_close(grads[name].grad, peer_param.grad, atol=1e-5, rtol=1e-4)
-
-
-def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    for layer in model.bert.layers:
-        layer.attention.dropout_p = 0.0
-    return model
 
 
 def _trainer_run(minilm_dir, encoded, order: list[int] | None, cfg: loop.FinetuneConfig,
@@ -120,7 +112,7 @@ def test_training_run_matches_transformers_trainer(minilm_dir, encoder, mrpc_96,
     clipping, loss), so their losses agree step by step and the trained weights match."""
     cfg = loop.FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
                             progress=False)
-    ours = _without_dropout(loop.build_model(FAMILY, encoder, "MRPC", seed=3))
+    ours = without_dropout(loop.build_model(FAMILY, encoder, "MRPC", seed=3))
     peer_losses, peer = _trainer_run(minilm_dir, mrpc_96, _epochs_order(96, 16, 2, 3), cfg, 1e-4,
                                      3, ours.classifier, tmp_path, hidden_dropout_prob=0.0,
                                      attention_probs_dropout_prob=0.0)

@@ -10,21 +10,13 @@ import torch
 
 from finetune import checkpoint, loop
 from finetune.ner import FAMILY
+from tests.support.dropout import without_dropout
 
 
 @pytest.fixture(scope="module")
 def conll_192(shared_data, minilm_dir):
     return FAMILY.prepare("conll2003", str(shared_data / "conll2003"),
                           checkpoint.load_tokenizer(str(minilm_dir)), 128, 192, 8, False).train
-
-
-def _without_dropout(model: torch.nn.Module) -> torch.nn.Module:
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-    for layer in model.bert.layers:
-        layer.attention.dropout_p = 0.0
-    return model
 
 
 def _rows(encoded, order: list[int]) -> list[dict]:
@@ -48,7 +40,7 @@ def test_training_run_matches_transformers_trainer(minilm_dir, conll_192, tmp_pa
     cfg = loop.FinetuneConfig(epochs=1.0, learning_rates=(1e-4,), seeds=(1,), progress=False,
                               bf16=False, device="cpu")
     encoder = checkpoint.load_encoder(str(minilm_dir))
-    ours = _without_dropout(loop.build_model(FAMILY, encoder, "conll2003", seed=1))
+    ours = without_dropout(loop.build_model(FAMILY, encoder, "conll2003", seed=1))
     order = [i for batch in loop.batch_indices(len(conll_192), cfg.batch_size,
                                                torch.Generator().manual_seed(1)) for i in batch]
     peer = transformers.BertForTokenClassification.from_pretrained(
