@@ -109,19 +109,14 @@ def run(family: Family, encoder: BertModel, prepared: Prepared, lr: float, seed:
         redraw_head(model.classifier.weight, variant.head_draws, seed,
                     encoder.config.initializer_range)
     with stock_ops() if variant.stock_dropout else contextlib.nullcontext():
-        if variant.trainer_order:
-            torch.manual_seed(seed)
-            loop.train(family, model, prepared.train, lr, seed, cfg,
-                       epoch_batches=trainer_draws.epoch_batches(len(prepared.train),
-                                                                 cfg.batch_size, seed))
-        elif not variant.trainer_draws:
-            loop.train(family, model, prepared.train, lr, seed, cfg)
-        else:
+        epoch_batches = None
+        if variant.trainer_draws:
             trainer_draws.head_(model.classifier.weight, seed, encoder.config.initializer_range)
+        if variant.trainer_draws or variant.trainer_order:
             torch.manual_seed(seed)  # the Trainer's constructor seeds the process again
-            loop.train(family, model, prepared.train, lr, seed, cfg,
-                       epoch_batches=trainer_draws.epoch_batches(len(prepared.train),
-                                                                 cfg.batch_size, seed))
+            epoch_batches = trainer_draws.epoch_batches(len(prepared.train), cfg.batch_size,
+                                                        seed)
+        loop.train(family, model, prepared.train, lr, seed, cfg, epoch_batches=epoch_batches)
         return 100 * loop.merge_scored(loop.evaluate(family, model, prepared, cfg))[1]
 
 
