@@ -26,8 +26,9 @@ _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 def convert_setting(label: str, value: Any, hint: Any) -> Any:
     """`value` (a `--set` string or a JSON value) as the field's declared type.
 
-    Tuples take a JSON list or a comma-separated string; bools take true/false/1/0/yes/no.
-    A value that does not fit is a ValueError starting `{label}={value!r}: `.
+    Tuples take a JSON list or a comma-separated string; bools take true/false/1/0/yes/no; a
+    `Literal[...]` field takes one of its values. A value that does not fit is a ValueError
+    starting `{label}={value!r}: `.
     """
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (types.UnionType, typing.Union):  # `str | None`: None means "not set yet"
@@ -36,6 +37,11 @@ def convert_setting(label: str, value: Any, hint: Any) -> Any:
         (hint,) = [a for a in args if a is not type(None)]
         return convert_setting(label, value, hint)
     try:
+        if origin is typing.Literal:
+            chosen = _SCALARS[type(args[0])](value)
+            if chosen not in args:
+                raise ValueError(f"must be one of {choice_list(args)}")
+            return chosen
         if origin is tuple:
             return tuple(_SCALARS[args[0]](item) for item in _as_list(value))
         return _SCALARS[hint](value)
@@ -131,6 +137,30 @@ def check(ok: bool, setting: str, message: str) -> None:
     """Raise SettingError(setting, message) unless `ok`: the one-line form of a field check."""
     if not ok:
         raise SettingError(setting, message)
+
+
+def choices(hint: Any) -> tuple | None:
+    """The values a `Literal[...]` field allows (None for any other type)."""
+    return typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else None
+
+
+def choice_list(values: Sequence[Any]) -> str:
+    """`a, b or c`: how errors and help list a field's choices."""
+    names = [str(v) for v in values]
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def check_choices(config: Any, template: str = "--{setting} {message}") -> None:
+    """Each `Literal[...]` field of the dataclass `config` holds one of its values: the check
+    of a config built in code (`apply` and the flags convert through `convert_setting`, which
+    refuses the same values). Configs call it in `__post_init__`; `template` as SettingError's."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        allowed = choices(hints[f.name])
+        value = getattr(config, f.name)
+        if allowed is not None and value not in allowed:
+            raise SettingError(f.name, f"must be one of {choice_list(allowed)}, got {value!r}",
+                               template)
 
 
 # ---------------------------------------------------------------- overrides of nested configs
@@ -291,7 +321,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type,
     Flags default to "not given" (None), so the config's own default (or a preset's) holds
     unless the flag is given; `config_from_flags` converts each given value with
     `convert_setting`. A bool flag alone means true (`--pack`), or takes a value
-    (`--pack=false`)."""
+    (`--pack=false`); a `Literal[...]` flag shows its choices (`{fp32,bf16}`)."""
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -302,6 +332,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type,
         if _is_bool(kind):
             parser.add_argument(f"--{f.name}", nargs="?", const="true", default=None,
                                 metavar="BOOL", help=help_text)
+        elif choices(kind) is not None:
+            parser.add_argument(f"--{f.name}", default=None, help=help_text,
+                                metavar="{" + ",".join(map(str, choices(kind))) + "}")
         else:
             parser.add_argument(f"--{f.name}", default=None, help=help_text)
 

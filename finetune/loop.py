@@ -28,14 +28,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 import torch
 from torch import nn
 
 from common.errors import BadRecord
-from common.settings import SettingError, check
+from common.settings import SettingError, check, check_choices
 from finetune.family import Encoded, Family, Prepared, Recipe, Scored
 from model.bert import BertModel
 from training.optim import LinearWarmupDecay, param_groups
@@ -43,7 +43,8 @@ from training.optim import LinearWarmupDecay, param_groups
 log = logging.getLogger(__name__)
 
 PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
-HEAD_INITS = ("truncated_normal", "normal")
+HeadInit = Literal["truncated_normal", "normal"]
+HEAD_INITS = get_args(HeadInit)
 RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
 """The settings a family's recipe gives: max_seq_length, batch_size, epochs, learning_rates."""
 
@@ -80,13 +81,14 @@ class LoopOptions:
     device: str = "auto"
     """Where to fine-tune: auto (the GPU when torch sees one, else the CPU), cpu, cuda or
     cuda:N."""
-    head_init: str = "truncated_normal"
+    head_init: HeadInit = "truncated_normal"
     """The new head's initial weights: truncated_normal (N(0, 0.02) cut at 2 std, std 0.0176:
     BERT's reference run_classifier.py / run_squad.py) or normal (N(0, 0.02) uncut, 1.137x
     wider: transformers' heads). On short runs the wider head learns measurably faster (NER,
     benchmarks/RESULTS.md section 13, 8d)."""
 
     def __post_init__(self) -> None:
+        check_choices(self)
         check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), "seeds",
               f"must be distinct and non-empty, got {self.seeds}")
         check(self.eval_batch_size >= 1, "eval_batch_size",
@@ -99,8 +101,6 @@ class LoopOptions:
         for name in ("max_train_examples", "max_eval_examples"):
             value = getattr(self, name)
             check(value is None or value >= 1, name, f"must be >= 1, got {value}")
-        check(self.head_init in HEAD_INITS, "head_init",
-              f"must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}")
         if self.device != "auto":
             try:
                 torch.device(self.device)

@@ -25,7 +25,7 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from common import settings
 from finetune.config import TasksConfig
@@ -64,7 +64,7 @@ class ShardPhases:
 @dataclass(frozen=True)
 class LaunchConfig:
     """How the pre-training stage starts its ranks (flows/steps.py `launch_command`)."""
-    launcher: str = "python"
+    launcher: Literal["python", "deepspeed", "torchrun"] = "python"
     """python (one process), deepspeed (uses hostfile) or torchrun."""
     nproc_per_node: int = 1
     """Processes per node for the deepspeed/torchrun launchers."""
@@ -75,8 +75,7 @@ class LaunchConfig:
     the `pretrain.*` settings."""
 
     def __post_init__(self):
-        settings.check(self.launcher in ("python", "deepspeed", "torchrun"), "launcher",
-                       f"must be python, deepspeed or torchrun, got {self.launcher!r}")
+        settings.check_choices(self)
         settings.check(self.nproc_per_node >= 1, "nproc_per_node",
                        f"must be >= 1, got {self.nproc_per_node}")
         owned = [a for a in self.extra_args if a.split("=")[0] in ("--set", "--config", "--preset")]

@@ -21,7 +21,7 @@ import os
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -32,14 +32,10 @@ from model.bert import PRESETS as MODEL_PRESETS
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("fp32", "bf16", "fp16", "auto")
-OBJECTIVES = ("mlm", "ltr")
 SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
 """Model shape settings that override the preset's (0 = the preset's value)."""
 MASKING_FIELDS = ("masked_lm_prob", *(f.name for f in dataclasses.fields(MaskSplit)))
 """Settings of dynamic masking (`dynamic_masking=true`)."""
-DEVICES = ("auto", "cuda")
-OPTIMIZERS = ("adamw", "lamb")
 
 
 def _check(ok: bool, flag: str, expected: str) -> None:
@@ -111,7 +107,7 @@ class PretrainConfig(MaskSplit):
     """Attention heads A (0 = the preset's)."""
     intermediate_size: int = 0
     """Feed-forward width (0 = the preset's; the presets use 4H)."""
-    objective: str = "mlm"
+    objective: Literal["mlm", "ltr"] = "mlm"
     """mlm: BERT's masked LM (+ NSP, see next_sentence); ltr: the left-to-right LM baseline of
     Table 5 ("LTR & No NSP"): causal attention, next-token prediction, never NSP."""
     next_sentence: bool = True
@@ -125,13 +121,13 @@ class PretrainConfig(MaskSplit):
     """Hidden and attention dropout of the model (0 makes runs comparable across rank counts)."""
     phases: tuple[PhaseConfig, ...] = (PhaseConfig(),)
     """The phases, run in order; each continues from the previous one's weights."""
-    zero_stage: int = 0
+    zero_stage: Literal[0, 1, 2, 3] = 0
     """DeepSpeed ZeRO stage 0-3 (bf16 and fp16 need >= 1, see LOW_PRECISION_ZERO0_MESSAGE)."""
-    precision: str = "fp32"
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     """fp32, bf16 (CPU and GPU) or fp16 (GPU only, dynamic loss scaling); bf16/fp16 need
     zero_stage >= 1. auto: bf16 where the hardware multiplies in bf16 and the run allows it
     (ZeRO >= 1, AdamW), else fp32 (see `concrete_precision`)."""
-    optimizer: str = "adamw"
+    optimizer: Literal["adamw", "lamb"] = "adamw"
     """adamw, or lamb (large batches, GPU, ZeRO stage 0 only, so fp32)."""
     adam_beta1: float = 0.9
     """First-moment decay."""
@@ -166,7 +162,7 @@ class PretrainConfig(MaskSplit):
     """Checkpoints kept (the oldest are deleted after a new one is complete)."""
     export_hf: bool = True
     """Export a consolidated fp32 Hugging Face folder to <output_dir>/hf at the end."""
-    device: str = "auto"
+    device: Literal["auto", "cuda"] = "auto"
     """auto (CUDA GPUs when torch sees one, else CPU ranks over gloo) or cuda (GPUs required:
     where torch has no usable CUDA the run stops before any rank starts, see
     training/launch.py `refuse_cpu_fallback`, instead of training on the CPU)."""
@@ -175,6 +171,7 @@ class PretrainConfig(MaskSplit):
     runs stay eager, where compiling measured slower (benchmarks/RESULTS.md 4.0, 4.3)."""
 
     def __post_init__(self):
+        settings.check_choices(self, "--set {setting}: {message}")
         _check(self.model in MODEL_PRESETS or (self.model == "" and bool(self.init_from)),
                "model", f"one of {sorted(MODEL_PRESETS)} (or empty with init_from)")
         for flag in SHAPE_FIELDS:
@@ -185,11 +182,7 @@ class PretrainConfig(MaskSplit):
             _check(shape["hidden_size"] % shape["num_attention_heads"] == 0, "hidden_size",
                    f"a multiple of num_attention_heads (got hidden_size={shape['hidden_size']}, "
                    f"num_attention_heads={shape['num_attention_heads']}, model={self.model})")
-        _check(self.objective in OBJECTIVES, "objective", f"one of {OBJECTIVES}")
         self._check_masking()
-        _check(self.zero_stage in (0, 1, 2, 3), "zero_stage", "0, 1, 2 or 3")
-        _check(self.precision in PRECISIONS, "precision", f"one of {PRECISIONS}")
-        _check(self.optimizer in OPTIMIZERS, "optimizer", f"one of {OPTIMIZERS}")
         _check(len(self.phases) > 0, "phases", "at least one phase")
         _check(0 <= self.dropout < 1, "dropout", "in [0, 1)")
         names = [p.name for p in self.phases]
@@ -205,7 +198,6 @@ class PretrainConfig(MaskSplit):
         for flag in ("eval_every", "eval_batches", "checkpoint_every"):
             _check(getattr(self, flag) >= 0, flag, ">= 0")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", ">= 1")
-        _check(self.device in DEVICES, "device", f"one of {DEVICES}")
         if self.optimizer == "lamb" and self.zero_stage >= 1:
             raise ValueError(LAMB_ZERO_MESSAGE.format(stage=self.zero_stage))
         if self.optimizer == "lamb" and self.precision not in ("fp32", "auto"):

@@ -5,15 +5,16 @@ masking options of `common.masking.MaskingConfig`) and how they become files
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
-from common.settings import check
+from common.settings import check, check_choices
 from pipelines.shards.instances import InstanceConfig
 
 
 @dataclass(frozen=True)
 class ShardJobConfig:
     """How instances become files (the instance options live in `InstanceConfig`)."""
-    mode: str = "scalable"
+    mode: Literal["scalable", "reference"] = "scalable"
     """`scalable` (Beam, any number of workers) or `reference` (one stream, exact)."""
     pack: bool = False
     """Pack several short instances into one max_seq_length row."""
@@ -23,7 +24,7 @@ class ShardJobConfig:
     """Shards per split; 0 = from the target size."""
     rows_per_block: int = 128
     """Rows per `.rows.npz` tar member."""
-    format: str = "shards"
+    format: Literal["shards", "jsonl"] = "shards"
     """`shards` (WebDataset .tar) or `jsonl` (one instance per line, for inspection)."""
     validation_fraction: float = 0.0
     """Share of documents held out as the validation split, by a hash of doc_id."""
@@ -41,10 +42,7 @@ class ShardJobConfig:
     """Instances sorted and packed together in one group (at least `batches.MIN_BUCKETS` groups)."""
 
     def __post_init__(self):
-        check(self.mode in ("scalable", "reference"), "mode",
-              f"must be scalable or reference, got {self.mode!r}")
-        check(self.format in ("shards", "jsonl"), "format",
-              f"must be shards or jsonl, got {self.format!r}")
+        check_choices(self)
         check(not (self.format == "jsonl" and self.pack), "pack",
               "cannot be combined with format=jsonl, which writes one instance per line")
         check(self.target_shard_mb > 0, "target_shard_mb",

@@ -79,6 +79,33 @@ def test_a_job_flags_error_names_the_flag_and_the_flow_names_the_setting():
     assert str(direct.value) == "--max_seq_length must be in [5, 65535], got 4"
 
 
+def test_a_literal_setting_takes_only_its_choices_and_its_flag_lists_them():
+    """`Literal[...]` fields: the flag's help shows the choices, every entry point refuses
+    another value with the same list, and an int choice converts from text (`zero_stage=2`)."""
+    help_text = make_shards.build_parser().format_help()
+    assert "--mode {scalable,reference}" in help_text
+    assert "--format {shards,jsonl}" in help_text
+    assert _shards(["--mode", "reference"]).mode == "reference"
+    with pytest.raises(ValueError) as flag:
+        _shards(["--mode", "fast"])
+    assert str(flag.value) == "--mode='fast': must be one of scalable or reference"
+    with pytest.raises(ValueError) as direct:
+        ShardsConfig(format="parquet")
+    assert str(direct.value) == "--format must be one of shards or jsonl, got 'parquet'"
+    with pytest.raises(ValueError) as flow:
+        resolve("tiny", parse_set_flags(["shards.phase1.mode=fast"]))
+    assert str(flow.value) == "setting shards.phase1.mode='fast': must be one of scalable or reference"
+
+    tiny = training.tiny()
+    assert training.apply_overrides(tiny, ["zero_stage=2"]).zero_stage == 2
+    with pytest.raises(ValueError) as stage:
+        training.apply_overrides(tiny, ["zero_stage=4"])
+    assert str(stage.value) == "--set zero_stage='4': must be one of 0, 1, 2 or 3"
+    with pytest.raises(ValueError) as built:
+        dataclasses.replace(tiny, precision="fp8")
+    assert str(built.value) == "--set precision: must be one of fp32, bf16, fp16 or auto, got 'fp8'"
+
+
 def test_train_vocab_flags():
     args, _ = train_vocab.build_parser().parse_known_args(
         ["--input", "i", "--output", "o", "--vocab_size", "8000", "--cased",

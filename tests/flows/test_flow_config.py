@@ -28,7 +28,7 @@ def test_overrides_are_typed_and_unknown_keys_fail():
         resolve("tiny", {"pretrain": {"phase1_stepz": 1}})
     with pytest.raises(ValueError, match=r"^setting shards.dupe_facter: unknown field"):
         resolve("tiny", {"shards": {"dupe_facter": 1}})
-    with pytest.raises(ValueError, match="launch.launcher"):
+    with pytest.raises(ValueError, match="^setting launch.launcher='mpirun': must be one of python, deepspeed or torchrun$"):
         resolve("tiny", {"launch": {"launcher": "mpirun"}})
 
 
@@ -147,7 +147,7 @@ def test_bad_override_values_name_the_setting_and_value(overrides, message):
 
 @pytest.mark.parametrize(("flag", "message"), [
     # each refused by the stage's own config, which would only run hours later
-    ("pretrain.precision=bf17", "setting pretrain.precision: must be one of ('fp32', 'bf16', 'fp16', 'auto')"),
+    ("pretrain.precision=bf17", "setting pretrain.precision='bf17': must be one of fp32, bf16, fp16 or auto"),
     ("pretrain.model=bert_huge", ("setting pretrain.model: must be one of ['bert_base', "
                                   "'bert_large', 'bert_mini', 'bert_tiny'] (or empty with init_from)")),
     ("pretrain.phase2.steps=0", "setting pretrain.phases.1.steps: must be positive"),

@@ -149,7 +149,7 @@ def test_bad_settings_and_inputs_are_one_line_errors_not_tracebacks(tmp_path):
     command = [sys.executable, "-m", "training.pretrain", "--preset", "tiny",
                "--set", f"output_dir={tmp_path / 'run'}", "--set", "export_hf=false"]
     cases = [
-        (["--set", "zero_stage=4"], "bert-pretrain: error: --set zero_stage: must be 0, 1, 2 or 3"),
+        (["--set", "zero_stage=4"], "bert-pretrain: error: --set zero_stage='4': must be one of 0, 1, 2 or 3"),
         (["--set", f"phase1.train_shards={tmp_path / 'nowhere'}"],
          (f"bert-pretrain: error: {tmp_path / 'nowhere' / 'manifest.json'}: cannot read the "
           "shard manifest")),

@@ -81,7 +81,7 @@ def test_config_overrides_file_and_validation(tmp_path):
     assert cfg.from_dict(cfg.to_dict(base)) == base
     with pytest.raises(ValueError, match="--set phases.0.warmup_steps: must be in"):
         cfg.apply_overrides(config, ["phase1.warmup_steps=50"])
-    with pytest.raises(ValueError, match="--set zero_stage: must be 0, 1, 2 or 3"):
+    with pytest.raises(ValueError, match="--set zero_stage='4': must be one of 0, 1, 2 or 3$"):
         cfg.apply_overrides(config, ["zero_stage=4"])
     with pytest.raises(ValueError, match="unknown field"):
         cfg.apply_overrides(config, ["learning_rate=1"])
