@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from finetune.loop import RECIPE_FIELDS, FinetuneConfig, LoopOptions, check_recipe, for_recipe
+from finetune.family import check_recipe
+from finetune.loop import RECIPE_FIELDS, FinetuneConfig, LoopOptions, for_recipe
 
 GLUE_TASKS = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")
 

@@ -24,21 +24,46 @@ import torch
 from torch import Tensor, nn
 
 from common.errors import BadRecord
+from common.settings import check
 from model.bert import BertModel
+
+PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """A family's fine-tuning defaults, as the paper gives them (section 4 / appendix A.3)."""
+    """A family's fine-tuning defaults, as the paper gives them (section 4 / appendix A.3); a
+    field a family leaves out keeps the paper's GLUE value."""
 
-    max_seq_length: int
+    max_seq_length: int = 128
     """Tokens per sequence (SQuAD: per window)."""
-    batch_size: int
+    batch_size: int = 32
     """Units per optimizer step."""
-    epochs: float
+    epochs: float = 3.0
     """Passes over the training units."""
-    learning_rates: tuple[float, ...]
+    learning_rates: tuple[float, ...] = PAPER_LEARNING_RATES
     """Peak learning rates tried; the best mean dev score is kept."""
+
+    def __post_init__(self) -> None:
+        check_recipe(self)
+
+
+def check_recipe(values: Any, unset_allowed: bool = False) -> None:
+    """The checks of the `Recipe` fields of `values`; with `unset_allowed`, an unset one (None,
+    or () for the rates: the family's value) passes."""
+    def given(name: str) -> bool:
+        return not (unset_allowed and getattr(values, name) in (None, ()))
+
+    if given("max_seq_length"):
+        check(2 <= values.max_seq_length <= 512, "max_seq_length",
+              f"must be in 2..512, got {values.max_seq_length}")
+    if given("batch_size"):
+        check(values.batch_size >= 1, "batch_size", f"must be >= 1, got {values.batch_size}")
+    if given("epochs"):
+        check(values.epochs > 0, "epochs", f"must be > 0, got {values.epochs}")
+    if given("learning_rates"):
+        check(bool(values.learning_rates) and all(lr > 0 for lr in values.learning_rates),
+              "learning_rates", f"must be positive, got {values.learning_rates}")
 
 
 @runtime_checkable

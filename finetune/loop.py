@@ -42,7 +42,6 @@ from training.optim import LinearWarmupDecay, param_groups
 
 log = logging.getLogger(__name__)
 
-PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
 HeadInit = Literal["truncated_normal", "normal"]
 HEAD_INITS = get_args(HeadInit)
 RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
@@ -110,40 +109,13 @@ class LoopOptions:
 
 
 @dataclass(frozen=True)
-class FinetuneConfig(LoopOptions):
+class FinetuneConfig(LoopOptions, Recipe):
     """One task's settings as the loop runs them: a family's recipe (defaults: the paper's GLUE
     recipe) and the loop's options."""
 
-    max_seq_length: int = 128
-    """Longest input in tokens (SQuAD: per window)."""
-    batch_size: int = 32
-    """Training units per optimizer step."""
-    epochs: float = 3.0
-    """Passes over the training units."""
-    learning_rates: tuple[float, ...] = PAPER_LEARNING_RATES
-    """Peak learning rates tried; the best mean dev score is kept."""
-
     def __post_init__(self) -> None:
-        super().__post_init__()
-        check_recipe(self)
-
-
-def check_recipe(values, unset_allowed: bool = False) -> None:
-    """The checks of the recipe fields (`RECIPE_FIELDS`) of `values`; with `unset_allowed`, an
-    unset one (None, or () for the rates: the family's value) passes."""
-    def given(name: str) -> bool:
-        return not (unset_allowed and getattr(values, name) in (None, ()))
-
-    if given("max_seq_length"):
-        check(2 <= values.max_seq_length <= 512, "max_seq_length",
-              f"must be in 2..512, got {values.max_seq_length}")
-    if given("batch_size"):
-        check(values.batch_size >= 1, "batch_size", f"must be >= 1, got {values.batch_size}")
-    if given("epochs"):
-        check(values.epochs > 0, "epochs", f"must be > 0, got {values.epochs}")
-    if given("learning_rates"):
-        check(bool(values.learning_rates) and all(lr > 0 for lr in values.learning_rates),
-              "learning_rates", f"must be positive, got {values.learning_rates}")
+        LoopOptions.__post_init__(self)
+        Recipe.__post_init__(self)
 
 
 def for_recipe(recipe: Recipe, **changes) -> FinetuneConfig:

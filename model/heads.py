@@ -25,6 +25,7 @@ over the labelled instances, as in the reference `run_pretraining.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Self
 
 import torch
 import torch.nn.functional as F
@@ -257,29 +258,44 @@ class BertForPreTraining(nn.Module):
         return instance_cls_positions(sequence_ids, next_sentence_label.shape[1])
 
 
-class BertForSequenceClassification(nn.Module):
+class FineTuningModel(nn.Module):
+    """What every fine-tuning model holds: its config and the encoder (`bert`). Its new layer
+    comes from `new_head`; `from_encoder` starts the model from a pre-trained encoder."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+
+    def new_head(self, outputs: int) -> nn.Linear:
+        """A Linear(hidden, outputs) drawn as BERT's reference draws a new head: truncated
+        N(0, initializer_range) weights, zero bias."""
+        head = nn.Linear(self.config.hidden_size, outputs)
+        init_bert_weights(head, self.config.initializer_range)
+        return head
+
+    @classmethod
+    def from_encoder(cls, bert: BertModel, *args: int, **kwargs: int) -> Self:
+        """This model on a copy of a pre-trained encoder's weights (its head new); `args` and
+        `kwargs` are the model's own (`num_labels`)."""
+        model = cls(bert.config, *args, **kwargs)
+        model.bert.load_state_dict(bert.state_dict())
+        return model
+
+
+class BertForSequenceClassification(FineTuningModel):
     """BERT + dropout + one linear layer on the pooled `[CLS]` (paper section 4.1).
 
     `num_labels == 1` is regression (STS-B: mean squared error), otherwise classification.
     """
 
     def __init__(self, config: BertConfig, num_labels: int):
-        super().__init__()
         if num_labels < 1:
             raise ValueError(f"num_labels must be >= 1, got {num_labels}")
-        self.config = config
+        super().__init__(config)
         self.num_labels = num_labels
-        self.bert = BertModel(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
-        init_bert_weights(self.classifier, config.initializer_range)
-
-    @classmethod
-    def from_encoder(cls, bert: BertModel, num_labels: int) -> BertForSequenceClassification:
-        """A classifier on a copy of a pre-trained encoder's weights (new head)."""
-        model = cls(bert.config, num_labels)
-        model.bert.load_state_dict(bert.state_dict())
-        return model
+        self.classifier = self.new_head(num_labels)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None,
@@ -297,7 +313,7 @@ class BertForSequenceClassification(nn.Module):
         return out
 
 
-class BertForQuestionAnswering(nn.Module):
+class BertForQuestionAnswering(FineTuningModel):
     """BERT + a start vector S and an end vector E (paper section 4.2): one Linear(H, 2) over
     every token's final state, `qa_outputs` as Hugging Face names it.
 
@@ -307,18 +323,8 @@ class BertForQuestionAnswering(nn.Module):
     """
 
     def __init__(self, config: BertConfig):
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config)
-        self.qa_outputs = nn.Linear(config.hidden_size, 2)
-        init_bert_weights(self.qa_outputs, config.initializer_range)
-
-    @classmethod
-    def from_encoder(cls, bert: BertModel) -> BertForQuestionAnswering:
-        """A span head on a copy of a pre-trained encoder's weights (new head)."""
-        model = cls(bert.config)
-        model.bert.load_state_dict(bert.state_dict())
-        return model
+        super().__init__(config)
+        self.qa_outputs = self.new_head(2)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, start_positions: Tensor | None = None,
@@ -346,7 +352,7 @@ def span_loss(start_logits: Tensor, end_logits: Tensor, start_positions: Tensor,
             F.cross_entropy(end, end_positions.long())) / 2
 
 
-class BertForMultipleChoice(nn.Module):
+class BertForMultipleChoice(FineTuningModel):
     """BERT + dropout + one vector scoring each choice's pooled `[CLS]` (paper section 4.4).
 
     Each choice is its own sequence `[CLS] A [SEP] B_i [SEP]`; the score of choice i is the dot
@@ -356,19 +362,9 @@ class BertForMultipleChoice(nn.Module):
     """
 
     def __init__(self, config: BertConfig):
-        super().__init__()
-        self.config = config
-        self.bert = BertModel(config)
+        super().__init__(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, 1)
-        init_bert_weights(self.classifier, config.initializer_range)
-
-    @classmethod
-    def from_encoder(cls, bert: BertModel) -> BertForMultipleChoice:
-        """A multiple-choice model on a copy of a pre-trained encoder's weights (new head)."""
-        model = cls(bert.config)
-        model.bert.load_state_dict(bert.state_dict())
-        return model
+        self.classifier = self.new_head(1)
 
     def score(self, pooled: Tensor) -> Tensor:
         """Pooled `[CLS]` states (..., H) -> choice scores (...)."""
@@ -402,27 +398,17 @@ class TokenClassifierOutput:
     """Mean cross-entropy over the tokens whose label is not -100; None without labels."""
 
 
-class BertForTokenClassification(nn.Module):
+class BertForTokenClassification(FineTuningModel):
     """BERT + dropout + one linear layer on every token's last hidden state (paper section 4.3
     / 5.3: NER scores each word at its first sub-token; the caller marks the rest -100)."""
 
     def __init__(self, config: BertConfig, num_labels: int):
-        super().__init__()
         if num_labels < 2:
             raise ValueError(f"num_labels must be >= 2, got {num_labels}")
-        self.config = config
+        super().__init__(config)
         self.num_labels = num_labels
-        self.bert = BertModel(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = nn.Linear(config.hidden_size, num_labels)
-        init_bert_weights(self.classifier, config.initializer_range)
-
-    @classmethod
-    def from_encoder(cls, bert: BertModel, num_labels: int) -> BertForTokenClassification:
-        """A token classifier on a copy of a pre-trained encoder's weights (new head)."""
-        model = cls(bert.config, num_labels)
-        model.bert.load_state_dict(bert.state_dict())
-        return model
+        self.classifier = self.new_head(num_labels)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, sequence_ids: Tensor | None = None,

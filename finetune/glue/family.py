@@ -23,7 +23,7 @@ from finetune.family import Prepared, Recipe, Scored
 from finetune.glue import data as glue_data
 from finetune.glue.metrics import compute_metrics, task_score
 from finetune.glue.tasks import TaskSpec, get_task
-from finetune.loop import PAPER_LEARNING_RATES, FinetuneConfig, TestPredictions, for_recipe
+from finetune.loop import FinetuneConfig, TestPredictions, for_recipe
 from finetune.packing import lay_out, pack_rows
 from model.bert import BertModel
 from model.heads import BertForSequenceClassification
@@ -183,8 +183,7 @@ class GlueFamily:
 
     def recipe(self, task: str) -> Recipe:
         get_task(task)  # an unknown name fails here, naming the known ones
-        return Recipe(max_seq_length=128, batch_size=32, epochs=3.0,
-                      learning_rates=PAPER_LEARNING_RATES)
+        return Recipe()  # the paper's GLUE recipe
 
     def is_small(self, task: str) -> bool:
         return get_task(task).small
