@@ -64,8 +64,8 @@ class CommandConfig(TasksConfig):
     """Pack several examples into each row (families that pack: GLUE, multiple choice); false
     pads each example to the batch's longest (--no_packing)."""
     predict_test: bool = True
-    """Predict the test sets (families with leaderboard files: GLUE); false skips them
-    (--no_test)."""
+    """Predict the test sets where present (families with leaderboard files: GLUE, SWAG) into
+    <output>/submission/; false skips them (--no_test)."""
     num_threads: int | None = None
     """Torch CPU threads; unset: torch's (1 is faster on a busy machine)."""
 

@@ -14,7 +14,7 @@ autocast on a GPU by default.
 
 A family's `Recipe` gives the recipe fields (`for_recipe`); everything else is the loop's.
 Optional family capabilities, used when a family has them: `SizedTasks` (which tasks are
-small) and `TestSets` (unlabelled test splits predicted for a leaderboard, GLUE).
+small) and `TestSets` (unlabelled test splits predicted for a leaderboard: GLUE, SWAG).
 """
 from __future__ import annotations
 
@@ -160,14 +160,18 @@ class TestPredictions:
 
     split: str
     submission_file: str
+    """The file's name: `.tsv` is tab-separated (GLUE's `RTE.tsv`), `.csv` comma-separated."""
     guids: list[str]
     predictions: list[str]
-    """Label strings ("entailment", "1") or scores formatted with 3 decimals (STS-B)."""
+    """Label strings ("entailment", "1"), scores formatted with 3 decimals (STS-B) or choice
+    indices (SWAG)."""
+    columns: tuple[str, str] = ("index", "prediction")
+    """The header: GLUE's `index`, `prediction`; SWAG's unnamed row index and `pred`."""
 
 
 @runtime_checkable
 class TestSets(Protocol):
-    """A family with unlabelled test splits to predict with the best run (GLUE)."""
+    """A family with unlabelled test splits to predict with the best run (GLUE, SWAG)."""
 
     def test_splits(self, prepared: Prepared) -> Mapping[str, Encoded]:
         """The test splits read for `prepared`'s task, by name (empty when none)."""

@@ -5,10 +5,11 @@ The table is generic over metric names (GLUE's accuracy/F1/MCC/correlations, SQu
 multiple choice's accuracy, NER's f1); the GLUE score row averages the GLUE tasks present.
 Everything is written atomically (`common.storage`), `results.json` last of the tables.
 The best run's prediction files (`Scored.files`, e.g. SQuAD's predictions.json) go to
-`<output>/<task>/`. Submission files follow the GLUE server's format: one `<TASK>.tsv` per task
-with the header `index\tprediction`, label strings where the task's files use strings
-(`entailment`), `0`/`1` for the binary tasks and the score for STS-B; all zipped flat into
-`submission.zip`. Records set aside with `--skip_bad_rows` go to
+`<output>/<task>/`. Test-set predictions go to `<output>/submission/`, each in its leaderboard's
+format: GLUE's server wants one `<TASK>.tsv` per task with the header `index\tprediction`,
+label strings where the task's files use strings (`entailment`), `0`/`1` for the binary tasks
+and the score for STS-B, all zipped flat into `submission.zip`; SWAG's wants `swag.csv`, the
+test file's row index and the chosen ending (`,pred`). Records set aside with `--skip_bad_rows` go to
 `dead_letter/<family>_bad_rows.jsonl` (one JSON object per record: task, file, line or record,
 reason, raw text), named in `results.json`.
 """
@@ -138,34 +139,43 @@ def plot_results(result: FinetuneResult, path: str) -> None:
     storage.atomic_write_bytes(path, buffer.getvalue())
 
 
-def submission_tsv(predictions: TestPredictions) -> str:
-    lines = ["index\tprediction"] + [f"{g}\t{p}" for g, p in
-                                     zip(predictions.guids, predictions.predictions)]
-    return "\n".join(lines) + "\n"
+def submission_text(predictions: TestPredictions) -> str:
+    """The leaderboard file: its header, then one (id, prediction) line per test example."""
+    delimiter = "\t" if predictions.submission_file.endswith(".tsv") else ","
+    out = io.StringIO()
+    writer = csv.writer(out, delimiter=delimiter, lineterminator="\n")
+    writer.writerow(predictions.columns)
+    writer.writerows(zip(predictions.guids, predictions.predictions))
+    return out.getvalue()
 
 
-def write_submission(result: FinetuneResult, output_dir: str) -> str | None:
-    """`<output>/submission/<TASK>.tsv` and `<output>/submission.zip`; None without test sets.
+def write_submission(result: FinetuneResult, output_dir: str) -> dict[str, str]:
+    """`<output>/submission/<file>` for every test set predicted, and `<output>/submission.zip`
+    of the GLUE tasks' files; {"submission_dir": ..., "submission": the zip} as written.
 
-    The zip holds the files of the tasks run; the GLUE server scores a submission only when it
-    has all of SUBMISSION_FILES (the missing ones are listed in results.json).
+    The zip holds the files of the GLUE tasks run; the GLUE server scores a submission only
+    when it has all of SUBMISSION_FILES (the missing ones are listed in results.json).
     """
     predictions = [p for task in result.tasks for p in task.test_predictions]
     if not predictions:
-        return None
+        return {}
     from finetune.glue.tasks import SUBMISSION_FILES
 
     folder = os.path.join(output_dir, "submission")
-    contents = {p.submission_file: submission_tsv(p) for p in predictions}
+    contents = {p.submission_file: submission_text(p) for p in predictions}
     for name, text in contents.items():
         storage.atomic_write_text(os.path.join(folder, name), text)
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for name in sorted(contents, key=SUBMISSION_FILES.index):
-            archive.writestr(name, contents[name])
-    path = os.path.join(output_dir, "submission.zip")
-    storage.atomic_write_bytes(path, buffer.getvalue())
-    return path
+    paths = {"submission_dir": folder}
+    glue_files = sorted((name for name in contents if name in SUBMISSION_FILES),
+                        key=SUBMISSION_FILES.index)
+    if glue_files:
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            for name in glue_files:
+                archive.writestr(name, contents[name])
+        paths["submission"] = os.path.join(output_dir, "submission.zip")
+        storage.atomic_write_bytes(paths["submission"], buffer.getvalue())
+    return paths
 
 
 def dead_letter_lines(tasks: list[TaskResult]) -> str:
@@ -245,9 +255,7 @@ def write_report(result: FinetuneResult, output_dir: str,
     storage.atomic_write_text(paths["csv"], summary_csv(result))
     storage.atomic_write_text(paths["runs_csv"], runs_csv(result))
     plot_results(result, paths["plot"])
-    submission = write_submission(result, output_dir)
-    if submission:
-        paths["submission"] = submission
+    paths |= write_submission(result, output_dir)
     for task, files in write_task_files(result, output_dir).items():
         paths[f"files_{task}"] = os.path.dirname(files[0])
     dead_letters = write_dead_letters(result, output_dir)

@@ -4,11 +4,12 @@ Data folder (`--data D`), the official file names:
 
 | task     | files | columns |
 |----------|-------|---------|
-| swag     | `D/swag/train.csv`, `D/swag/val.csv` (`test.csv`: no labels) | `,video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0..3,label` |
+| swag     | `D/swag/train.csv`, `D/swag/val.csv`, optional `D/swag/test.csv` (no labels) | `,video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0..3,label` |
 | cosmosqa | `D/cosmosqa/train.csv`, `D/cosmosqa/valid.csv` | `id,context,question,answer0..3,label` |
 
-(The authors' repositories `rowanz/swagaf` `data/` and `wilburOne/cosmosqa` `data/`; Cosmos QA's
-test file is `test.jsonl`, without labels.)
+(The authors' repositories `rowanz/swagaf` `data/` and `wilburOne/cosmosqa` `data/`.) SWAG's
+test file, where present, is predicted for its leaderboard; Cosmos QA's test file is
+`test.jsonl`, without labels, and is not read.
 
 Columns are found by their header names, so a file may hold others or another order. SWAG's
 first column has no name: it is the row index, used as the example id (as the Hugging Face
@@ -70,6 +71,10 @@ class ChoiceTaskSpec:
     """One column per choice."""
     label_column: str = "label"
     """The gold choice's index, 0-based."""
+    test_file: str | None = None
+    """Unlabelled test file (official name) predicted for the leaderboard; None: none read."""
+    submission_file: str | None = None
+    """The leaderboard file of the test predictions (`<output>/submission/<file>`)."""
 
     def __post_init__(self) -> None:
         if len(self.choice_columns) < 2:
@@ -84,8 +89,11 @@ class ChoiceTaskSpec:
         return self.first_columns + self.prefix_columns + self.choice_columns
 
     def path(self, task_dir: str, split: str) -> str:
-        """The file of `split` ("train" or "dev") in the task's folder `task_dir` (D/swag)."""
-        name = {"train": self.train_file, "dev": self.dev_file}[split]
+        """The file of `split` ("train", "dev" or "test") in the task's folder `task_dir`
+        (D/swag)."""
+        name = {"train": self.train_file, "dev": self.dev_file, "test": self.test_file}[split]
+        if name is None:
+            raise ValueError(f"{self.name} has no {split} file")
         return os.path.join(task_dir, name)
 
 
@@ -93,7 +101,8 @@ SPECS: dict[str, ChoiceTaskSpec] = {
     "swag": ChoiceTaskSpec(
         name="swag", folder="swag", train_file="train.csv", dev_file="val.csv", id_column="",
         first_columns=("sent1",), prefix_columns=("sent2",),
-        choice_columns=("ending0", "ending1", "ending2", "ending3")),
+        choice_columns=("ending0", "ending1", "ending2", "ending3"),
+        test_file="test.csv", submission_file="swag.csv"),
     "cosmosqa": ChoiceTaskSpec(
         name="cosmosqa", folder="cosmosqa", train_file="train.csv", dev_file="valid.csv",
         id_column="id", first_columns=("context", "question"), prefix_columns=(),

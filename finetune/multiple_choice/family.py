@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from finetune.family import Prepared, Recipe, Scored
+from finetune.loop import TestPredictions
 from finetune.multiple_choice import data as mc_data
 from finetune.packing import lay_out, one_per_row, pack_rows
 from model.bert import BertModel
@@ -117,6 +119,9 @@ class MultipleChoiceFamily:
     name: ClassVar[str] = "multiple_choice"
     pack_sequences: bool = True
     """Pack a batch's sequences into shared rows instead of padding each (same scores)."""
+    predict_test: bool = True
+    """Read the task's test file (SWAG's test.csv), where present, for the best run to
+    predict for the leaderboard."""
 
     def spec(self, task: str) -> mc_data.ChoiceTaskSpec:
         if task not in mc_data.SPECS:
@@ -148,8 +153,16 @@ class MultipleChoiceFamily:
         spec = self.spec(task)
         train = mc_data.read_split(data_dir, spec, "train", skip_bad_records)
         dev = mc_data.read_split(data_dir, spec, "dev", skip_bad_records)
+        splits = [train, dev]
+        test = {}
+        if self.predict_test and spec.test_file is not None \
+                and os.path.isfile(spec.path(data_dir, "test")):
+            splits.append(mc_data.read_choice_csv(spec.path(data_dir, "test"), spec,
+                                                  labelled=False,
+                                                  skip_bad_records=skip_bad_records))
+            test = {"test": mc_data.encode_split(tokenizer, splits[-1], max_seq_length)}
         # Subsets keep every bad row of the file: they were read, so they are reported.
-        bad = tuple(train.bad_records) + tuple(dev.bad_records)
+        bad = tuple(b for split in splits for b in split.bad_records)
         train = mc_data.subset(train, max_train_examples)
         dev = mc_data.subset(dev, max_eval_examples)
         return Prepared(
@@ -157,7 +170,7 @@ class MultipleChoiceFamily:
             train=mc_data.encode_split(tokenizer, train, max_seq_length),
             dev={"dev": mc_data.encode_split(tokenizer, dev, max_seq_length)},
             num_train_examples=len(train), num_dev_examples={"dev": len(dev)},
-            bad_records=bad)
+            bad_records=bad, context=test)
 
     def build_head(self, encoder: BertModel, task: str) -> BertForMultipleChoice:
         return BertForMultipleChoice.from_encoder(encoder)
@@ -185,6 +198,20 @@ class MultipleChoiceFamily:
         predictions = dict(zip(encoded.example_ids, chosen))
         return Scored({"accuracy": value}, value,
                       {"predictions.json": json.dumps(predictions, indent=1) + "\n"})
+
+
+    def test_splits(self, prepared: Prepared) -> dict[str, mc_data.EncodedChoices]:
+        """The test file read by `prepare` ({} without one, or with predict_test false)."""
+        return prepared.context or {}
+
+    def test_predictions(self, prepared: Prepared, split: str,
+                         outputs: dict[str, np.ndarray]) -> TestPredictions:
+        """The chosen ending of every test question, by the file's row index (SWAG's
+        leaderboard file: `,pred`)."""
+        encoded: mc_data.EncodedChoices = prepared.context[split]
+        chosen = [str(c) for c in outputs["scores"].argmax(-1)]
+        return TestPredictions(split, self.spec(prepared.task).submission_file,
+                               list(encoded.example_ids), chosen, columns=("", "pred"))
 
 
 FAMILY = MultipleChoiceFamily()

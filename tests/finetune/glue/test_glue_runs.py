@@ -195,7 +195,7 @@ def test_flow_compares_only_learning_rates_with_every_seed():
 def _rte_test_predictions(encoder, prepared, cfg, bias: list[float]) -> list[list[str]]:
     """The RTE submission TSV (as rows) of a classifier whose zeroed weights and `bias` make
     every example the same class."""
-    from finetune.report import submission_tsv
+    from finetune.report import submission_text
 
     model = loop.build_model(FAMILY, encoder, "RTE", seed=1)
     with torch.no_grad():
@@ -203,7 +203,7 @@ def _rte_test_predictions(encoder, prepared, cfg, bias: list[float]) -> list[lis
         model.classifier.bias.copy_(torch.tensor(bias))
     (predictions,) = loop.predict_test_sets(FAMILY, model, prepared, cfg)
     assert (predictions.split, predictions.submission_file) == ("test", "RTE.tsv")
-    return list(csv.reader(io.StringIO(submission_tsv(predictions)), delimiter="\t"))
+    return list(csv.reader(io.StringIO(submission_text(predictions)), delimiter="\t"))
 
 
 def test_test_set_predictions_map_class_ids_to_the_task_labels(shared_data, encoder, tokenizer,

@@ -2,6 +2,8 @@
 packed batches, the family's loss and score, and a short run through `bert-finetune`."""
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 import numpy as np
@@ -221,7 +223,9 @@ def test_bert_finetune_cosmos_qa_slice(shared_data, minilm_dir, tmp_path):
                                             "dev"), 16)
     check_run(out, "cosmosqa", {e.example_id: e.label for e in dev.examples}, steps=2)
     config = json.loads((out / "config.json").read_text())
-    assert config["families"] == {"multiple_choice": {"pack_sequences": True}}
+    assert config["families"] == {"multiple_choice": {"pack_sequences": True,
+                                                      "predict_test": True}}
+    assert not (out / "submission").exists()  # Cosmos QA's test file is not read
 
 
 def test_bert_finetune_swag_rows(shared_data, minilm_dir, tmp_path):
@@ -233,8 +237,27 @@ def test_bert_finetune_swag_rows(shared_data, minilm_dir, tmp_path):
                           swag / "train.csv") == 10
     (swag / "val.csv").write_bytes((shared_data / "swag" / "val-first11.csv").read_bytes())
     labels = {str(i): label for i, label in enumerate([2, 2, 2, 2, 2, 0, 0, 2, 1, 0, 2])}
-    assert finetune(minilm_dir, tmp_path / "data", tmp_path / "out", "swag") == 0
-    check_run(tmp_path / "out", "swag", labels, steps=1)
+    # The official test.csv's layout: val.csv's columns without the label.
+    rows = list(csv.reader(io.StringIO((swag / "val.csv").read_text(encoding="utf-8"),
+                                       newline="")))
+    assert rows[0][-1] == "label"
+    with open(swag / "test.csv", "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(row[:-1] for row in rows)
+    out = tmp_path / "out"
+    assert finetune(minilm_dir, tmp_path / "data", out, "swag") == 0
+    check_run(out, "swag", labels, steps=1)
+
+    # The best run predicts the test file for SWAG's leaderboard (`,pred`, by row index): the
+    # same questions as dev, so the same choices as dev's predictions.json.
+    dev_choices = json.loads((out / "swag" / "predictions.json").read_text())
+    submission = list(csv.reader(io.StringIO((out / "submission" / "swag.csv").read_text())))
+    assert submission == [["", "pred"]] + [[str(i), str(dev_choices[str(i)])]
+                                           for i in range(11)]
+    assert not (out / "submission.zip").exists()  # GLUE's zip only
+    (result,) = json.loads((out / "results.json").read_text())["tasks"]
+    assert result["test_predictions"] == {"swag.csv": 11}
+    assert finetune(minilm_dir, tmp_path / "data", tmp_path / "no_test", "swag", "--no_test") == 0
+    assert not (tmp_path / "no_test" / "submission").exists()
 
 
 def test_no_packing_flag_reaches_the_family():
