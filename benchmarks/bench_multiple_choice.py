@@ -126,6 +126,8 @@ def main() -> None:
     p.add_argument("--max_train_examples", type=int, default=96)
     p.add_argument("--max_eval_examples", type=int, default=64)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--head_init", default="truncated_normal", choices=loop.HEAD_INITS,
+                   help="our new head's draw (normal: the Trainer's distribution)")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING)
@@ -136,11 +138,11 @@ def main() -> None:
     cfg = loop.for_recipe(mc.RECIPE, epochs=args.epochs, learning_rates=(args.learning_rate,),
                           seeds=tuple(seeds), max_train_examples=args.max_train_examples,
                           max_eval_examples=args.max_eval_examples, bf16=False, progress=False,
-                          device="cpu")
+                          device="cpu", head_init=args.head_init)
     print(f"model {model_dir}\ndata {args.valid_csv} (passage split: every 5th to dev)\n"
           f"lr {args.learning_rate:g} epochs {args.epochs:g} batch {cfg.batch_size} "
-          f"max_seq_length {cfg.max_seq_length} seeds {seeds} threads {torch.get_num_threads()}",
-          flush=True)
+          f"max_seq_length {cfg.max_seq_length} seeds {seeds} threads {torch.get_num_threads()} "
+          f"our head {args.head_init}", flush=True)
     encoder = load_encoder(model_dir)
     tokenizer = load_tokenizer(model_dir)
     with tempfile.TemporaryDirectory() as workdir:

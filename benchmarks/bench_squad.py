@@ -102,7 +102,7 @@ def scored(prepared, version_2: bool, start_logits, end_logits, scorer: Path, go
 def run_ours(encoder, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int,
              version_2: bool, scorer: Path, gold: Path) -> Outcome:
     clock = Clock()
-    model = loop.build_model(FAMILY, encoder, prepared.task, seed)
+    model = loop.build_model(FAMILY, encoder, prepared.task, seed, head_init=cfg.head_init)
     loop.train(FAMILY, model, prepared.train, lr, seed, cfg, desc=f"ours seed {seed}")
     outputs = loop.predict(FAMILY, model, prepared.dev["dev"], cfg)
     return scored(prepared, version_2, outputs["start_logits"], outputs["end_logits"], scorer,
@@ -187,6 +187,8 @@ def main() -> None:
     p.add_argument("--learning_rate", type=float, default=5e-5)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--head_init", default="truncated_normal", choices=loop.HEAD_INITS,
+                   help="our new head's draw (normal: the Trainer's distribution)")
     p.add_argument("--no_progress", action="store_true")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -203,7 +205,7 @@ def main() -> None:
     cfg = loop.FinetuneConfig(max_seq_length=args.max_seq_length, batch_size=args.batch_size,
                               epochs=args.epochs, learning_rates=(args.learning_rate,),
                               seeds=tuple(seeds), bf16=False, progress=not args.no_progress,
-                              device="cpu", eval_batch_size=64)
+                              device="cpu", eval_batch_size=64, head_init=args.head_init)
     impossible = sum(e.is_impossible for e in train.examples)
     print(f"model {model_dir}\n{args.task}: train {len(train)} questions ({impossible} "
           f"unanswerable), {len(prepared.train)} windows, "
@@ -211,7 +213,8 @@ def main() -> None:
           f"questions ({sum(e.is_impossible for e in dev.examples)} unanswerable), "
           f"{len(prepared.dev['dev'])} windows\nmax_seq_length {args.max_seq_length} doc_stride "
           f"128 max_query_length 64 batch {args.batch_size} epochs {args.epochs:g} lr "
-          f"{args.learning_rate:g} seeds {seeds} threads {torch.get_num_threads()}", flush=True)
+          f"{args.learning_rate:g} seeds {seeds} threads {torch.get_num_threads()} our head "
+          f"{args.head_init}", flush=True)
     encoder = load_encoder(model_dir)
     with tempfile.TemporaryDirectory() as tmp:
         gold = question_file(dev_source, {e.qid for e in dev.examples}, Path(tmp) / "eval.json")
