@@ -190,6 +190,9 @@ def main() -> None:
     p.add_argument("--head_init", default="truncated_normal", choices=loop.HEAD_INITS,
                    help="our new head's draw (normal: the Trainer's distribution)")
     p.add_argument("--no_progress", action="store_true")
+    p.add_argument("--ours_only", action="store_true",
+                   help="our runs alone (the Trainer's are deterministic per seed: a paired "
+                        "change of ours reuses them)")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING)
@@ -218,6 +221,13 @@ def main() -> None:
     encoder = load_encoder(model_dir)
     with tempfile.TemporaryDirectory() as tmp:
         gold = question_file(dev_source, {e.qid for e in dev.examples}, Path(tmp) / "eval.json")
+        if args.ours_only:
+            for seed in seeds:
+                mine = run_ours(encoder, prepared, cfg, args.learning_rate, seed, version_2,
+                                scorer, gold)
+                print(f"seed {seed}: ours F1 {100 * mine.score:.2f} EM "
+                      f"{100 * mine.extra['EM']:.2f} in {mine.seconds:.1f}s", flush=True)
+            return
         rows = interleaved(
             seeds,
             lambda seed: run_ours(encoder, prepared, cfg, args.learning_rate, seed, version_2,
