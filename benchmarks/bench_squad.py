@@ -52,6 +52,7 @@ from finetune.checkpoint import load_encoder, load_tokenizer
 from finetune.squad import FAMILY
 from finetune.squad import data as squad_data
 from finetune.squad.family import score_split
+from model.heads import span_loss
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SCORERS = {"squad1": "evaluate-v1.1.py", "squad2": "evaluate-v2.0.py"}
@@ -130,15 +131,29 @@ class _Windows(torch.utils.data.Dataset):
 
 
 def run_peer(model_dir: str, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int,
-             workdir: str, version_2: bool, scorer: Path, gold: Path) -> Outcome:
+             workdir: str, version_2: bool, scorer: Path, gold: Path,
+             masked_loss: bool = False) -> Outcome:
     import transformers
     from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, Trainer
+
+    class MaskedLoss(Trainer):
+        """The span loss without the batch's padding (ours); the stock loss softmaxes over the
+        padded positions too."""
+
+        def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+            outputs = model(input_ids=inputs["input_ids"],
+                            token_type_ids=inputs["token_type_ids"],
+                            attention_mask=inputs["attention_mask"])
+            loss = span_loss(outputs.start_logits, outputs.end_logits,
+                             inputs["start_positions"], inputs["end_positions"],
+                             inputs["attention_mask"])
+            return (loss, outputs) if return_outputs else loss
 
     clock = Clock()
     transformers.set_seed(seed)
     model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    trainer = Trainer(model=model, args=trainer_arguments(cfg, lr, seed, workdir),
+    trainer = (MaskedLoss if masked_loss else Trainer)(model=model, args=trainer_arguments(cfg, lr, seed, workdir),
                       train_dataset=_Windows(prepared.train, True),
                       data_collator=DataCollatorWithPadding(tokenizer))
     trainer.train()
@@ -190,6 +205,9 @@ def main() -> None:
     p.add_argument("--head_init", default="truncated_normal", choices=loop.HEAD_INITS,
                    help="our new head's draw (normal: the Trainer's distribution)")
     p.add_argument("--no_progress", action="store_true")
+    p.add_argument("--peer_loss", default="stock", choices=("stock", "masked"),
+                   help="the Trainer's span loss: stock (softmax over its batch's padding too) "
+                        "or masked (over each window's own tokens, as ours)")
     p.add_argument("--ours_only", action="store_true",
                    help="our runs alone (the Trainer's are deterministic per seed: a paired "
                         "change of ours reuses them)")
@@ -233,7 +251,7 @@ def main() -> None:
             lambda seed: run_ours(encoder, prepared, cfg, args.learning_rate, seed, version_2,
                                   scorer, gold),
             lambda seed: run_peer(model_dir, prepared, cfg, args.learning_rate, seed, tmp,
-                                  version_2, scorer, gold))
+                                  version_2, scorer, gold, args.peer_loss == "masked"))
     print_seed_table(rows, "F1")
 
 
