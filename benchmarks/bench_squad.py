@@ -208,9 +208,9 @@ def main() -> None:
     p.add_argument("--peer_loss", default="stock", choices=("stock", "masked"),
                    help="the Trainer's span loss: stock (softmax over its batch's padding too) "
                         "or masked (over each window's own tokens, as ours)")
-    p.add_argument("--ours_only", action="store_true",
-                   help="our runs alone (the Trainer's are deterministic per seed: a paired "
-                        "change of ours reuses them)")
+    p.add_argument("--only", choices=("ours", "trainer"), default=None,
+                   help="one side's runs alone (each side's runs are deterministic per seed: "
+                        "a paired change of one side reuses the other's)")
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING)
@@ -239,12 +239,14 @@ def main() -> None:
     encoder = load_encoder(model_dir)
     with tempfile.TemporaryDirectory() as tmp:
         gold = question_file(dev_source, {e.qid for e in dev.examples}, Path(tmp) / "eval.json")
-        if args.ours_only:
+        if args.only:
             for seed in seeds:
-                mine = run_ours(encoder, prepared, cfg, args.learning_rate, seed, version_2,
-                                scorer, gold)
-                print(f"seed {seed}: ours F1 {100 * mine.score:.2f} EM "
-                      f"{100 * mine.extra['EM']:.2f} in {mine.seconds:.1f}s", flush=True)
+                one = (run_ours(encoder, prepared, cfg, args.learning_rate, seed, version_2,
+                                scorer, gold) if args.only == "ours" else
+                       run_peer(model_dir, prepared, cfg, args.learning_rate, seed, tmp,
+                                version_2, scorer, gold, args.peer_loss == "masked"))
+                print(f"seed {seed}: {args.only} F1 {100 * one.score:.2f} EM "
+                      f"{100 * one.extra['EM']:.2f} in {one.seconds:.1f}s", flush=True)
             return
         rows = interleaved(
             seeds,
