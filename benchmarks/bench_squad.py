@@ -52,7 +52,6 @@ from finetune.checkpoint import load_encoder, load_tokenizer
 from finetune.squad import FAMILY
 from finetune.squad import data as squad_data
 from finetune.squad.family import score_split
-from model.heads import span_loss
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SCORERS = {"squad1": "evaluate-v1.1.py", "squad2": "evaluate-v2.0.py"}
@@ -110,54 +109,24 @@ def run_ours(encoder, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int,
                   gold, clock)
 
 
-class _Windows(torch.utils.data.Dataset):
-    """Our windows as the dicts transformers' collator pads."""
-
-    def __init__(self, windows, with_labels: bool):
-        self.windows, self.with_labels = windows, with_labels
-
-    def __len__(self) -> int:
-        return len(self.windows)
-
-    def __getitem__(self, i: int) -> dict:
-        ids = self.windows.input_ids[i].tolist()
-        first = int(self.windows.passage_start[i])
-        row = {"input_ids": ids, "attention_mask": [1] * len(ids),
-               "token_type_ids": [0] * first + [1] * (len(ids) - first)}
-        if self.with_labels:
-            row["start_positions"] = int(self.windows.start_positions[i])
-            row["end_positions"] = int(self.windows.end_positions[i])
-        return row
-
-
 def run_peer(model_dir: str, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int,
              workdir: str, version_2: bool, scorer: Path, gold: Path,
              masked_loss: bool = False) -> Outcome:
     import transformers
     from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding, Trainer
 
-    class MaskedLoss(Trainer):
-        """The span loss without the batch's padding (ours); the stock loss softmaxes over the
-        padded positions too."""
-
-        def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
-            outputs = model(input_ids=inputs["input_ids"],
-                            token_type_ids=inputs["token_type_ids"],
-                            attention_mask=inputs["attention_mask"])
-            loss = span_loss(outputs.start_logits, outputs.end_logits,
-                             inputs["start_positions"], inputs["end_positions"],
-                             inputs["attention_mask"])
-            return (loss, outputs) if return_outputs else loss
+    from peers.trainer_runs import MaskedSpanLoss, SquadWindows
 
     clock = Clock()
     transformers.set_seed(seed)
     model = AutoModelForQuestionAnswering.from_pretrained(model_dir)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    trainer = (MaskedLoss if masked_loss else Trainer)(model=model, args=trainer_arguments(cfg, lr, seed, workdir),
-                      train_dataset=_Windows(prepared.train, True),
-                      data_collator=DataCollatorWithPadding(tokenizer))
+    trainer_class = MaskedSpanLoss if masked_loss else Trainer
+    trainer = trainer_class(model=model, args=trainer_arguments(cfg, lr, seed, workdir),
+                            train_dataset=SquadWindows(prepared.train, True),
+                            data_collator=DataCollatorWithPadding(tokenizer))
     trainer.train()
-    start_logits, end_logits = trainer.predict(_Windows(prepared.dev["dev"], False)).predictions
+    start_logits, end_logits = trainer.predict(SquadWindows(prepared.dev["dev"], False)).predictions
     return scored(prepared, version_2, start_logits, end_logits, scorer, gold, clock)
 
 

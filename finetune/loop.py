@@ -273,7 +273,7 @@ _SEEDING = threading.Lock()
 
 def build_model(family: Family, encoder: BertModel, task: str, seed: int,
                 device: torch.device | str = "cpu",
-                head_init: str = "truncated_normal") -> nn.Module:
+                head_init: HeadInit = "truncated_normal") -> nn.Module:
     """The family's task model over a copy of `encoder`'s weights on `device`; the new head
     initialised from `seed` on the CPU (the same head on any device) as `head_init` says
     (`LoopOptions.head_init`), the device's dropout stream seeded.

@@ -37,6 +37,8 @@ def test_training_run_matches_transformers_trainer(minilm_dir, conll_192, tmp_pa
     clipping: loss for loss the Trainer's padded run."""
     import transformers
 
+    from peers import trainer_runs
+
     cfg = loop.FinetuneConfig(epochs=1.0, learning_rates=(1e-4,), seeds=(1,), progress=False,
                               bf16=False, device="cpu")
     encoder = checkpoint.load_encoder(str(minilm_dir))
@@ -50,22 +52,13 @@ def test_training_run_matches_transformers_trainer(minilm_dir, conll_192, tmp_pa
         peer.classifier.weight.copy_(ours.classifier.weight)
         peer.classifier.bias.copy_(ours.classifier.bias)
 
-    class InOrder(transformers.Trainer):
-        def _get_train_sampler(self, train_dataset=None):
-            return torch.utils.data.SequentialSampler(train_dataset or self.train_dataset)
-
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=cfg.batch_size,
-        num_train_epochs=1, learning_rate=1e-4, weight_decay=cfg.weight_decay,
-        adam_epsilon=cfg.adam_epsilon, warmup_steps=cfg.warmup_proportion,
-        lr_scheduler_type="linear", max_grad_norm=cfg.max_grad_norm, seed=1, use_cpu=True,
-        save_strategy="no", eval_strategy="no", logging_strategy="steps", logging_steps=1,
-        report_to=[], disable_tqdm=True, dataloader_num_workers=0)
-    trainer = InOrder(model=peer, args=args, train_dataset=_rows(conll_192, order),
-                      data_collator=transformers.DataCollatorForTokenClassification(
-                          transformers.AutoTokenizer.from_pretrained(str(minilm_dir))))
+    trainer = trainer_runs.in_order(transformers.Trainer)(
+        model=peer, args=trainer_runs.step_arguments(cfg, 1e-4, 1, str(tmp_path)),
+        train_dataset=_rows(conll_192, order),
+        data_collator=transformers.DataCollatorForTokenClassification(
+            transformers.AutoTokenizer.from_pretrained(str(minilm_dir))))
     trainer.train()
-    peer_losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    peer_losses = trainer_runs.step_losses(trainer)
 
     our_losses = loop.train(FAMILY, ours, conll_192, 1e-4, 1, cfg)
     assert len(our_losses) == len(peer_losses) == 6

@@ -14,7 +14,6 @@ import torch
 from finetune import checkpoint, loop
 from finetune.squad import FAMILY
 from finetune.squad import data as squad_data
-from model.heads import span_loss
 from tests.support.dropout import without_dropout
 
 
@@ -34,6 +33,8 @@ def _trainer_losses(minilm_dir, ours, windows, order, cfg, tmp_path, masked: boo
     """Per-step losses and the trained model of the Trainer's run over `order`."""
     import transformers
 
+    from peers import trainer_runs
+
     peer = transformers.BertForQuestionAnswering.from_pretrained(
         str(minilm_dir), attn_implementation="sdpa", hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0)
@@ -41,41 +42,13 @@ def _trainer_losses(minilm_dir, ours, windows, order, cfg, tmp_path, masked: boo
         peer.qa_outputs.weight.copy_(ours.qa_outputs.weight)
         peer.qa_outputs.bias.copy_(ours.qa_outputs.bias)
 
-    class InOrder(transformers.Trainer):
-        def _get_train_sampler(self, train_dataset=None):
-            return torch.utils.data.SequentialSampler(train_dataset or self.train_dataset)
-
-        def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
-            if not masked:
-                return super().compute_loss(model, inputs, return_outputs, **kwargs)
-            outputs = model(input_ids=inputs["input_ids"],
-                            token_type_ids=inputs["token_type_ids"],
-                            attention_mask=inputs["attention_mask"])
-            loss = span_loss(outputs.start_logits, outputs.end_logits,
-                             inputs["start_positions"], inputs["end_positions"],
-                             inputs["attention_mask"])
-            return (loss, outputs) if return_outputs else loss
-
-    rows = []
-    for i in order:
-        ids = windows.input_ids[i].tolist()
-        first = int(windows.passage_start[i])
-        rows.append({"input_ids": ids, "attention_mask": [1] * len(ids),
-                     "token_type_ids": [0] * first + [1] * (len(ids) - first),
-                     "start_positions": int(windows.start_positions[i]),
-                     "end_positions": int(windows.end_positions[i])})
-    args = transformers.TrainingArguments(
-        output_dir=str(tmp_path), per_device_train_batch_size=cfg.batch_size,
-        num_train_epochs=1, learning_rate=1e-4, weight_decay=cfg.weight_decay,
-        adam_epsilon=cfg.adam_epsilon, warmup_steps=cfg.warmup_proportion,
-        lr_scheduler_type="linear", max_grad_norm=cfg.max_grad_norm, seed=1, use_cpu=True,
-        save_strategy="no", eval_strategy="no", logging_strategy="steps", logging_steps=1,
-        report_to=[], disable_tqdm=True, dataloader_num_workers=0)
-    trainer = InOrder(model=peer, args=args, train_dataset=rows,
-                      data_collator=transformers.DataCollatorWithPadding(
-                          transformers.AutoTokenizer.from_pretrained(str(minilm_dir))))
+    trainer_class = trainer_runs.MaskedSpanLoss if masked else transformers.Trainer
+    trainer = trainer_runs.in_order(trainer_class)(
+        model=peer, args=trainer_runs.step_arguments(cfg, 1e-4, 1, str(tmp_path)),
+        train_dataset=trainer_runs.SquadWindows(windows, True, order), data_collator=transformers.DataCollatorWithPadding(
+            transformers.AutoTokenizer.from_pretrained(str(minilm_dir))))
     trainer.train()
-    return [e["loss"] for e in trainer.state.log_history if "loss" in e], peer
+    return trainer_runs.step_losses(trainer), peer
 
 
 def test_training_run_matches_the_trainer_once_its_loss_leaves_out_padding(
