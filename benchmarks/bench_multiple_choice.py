@@ -31,6 +31,7 @@ import torch
 from finetune_parity import (
     Clock,
     Outcome,
+    add_device_flags,
     default_model_dir,
     interleaved,
     print_seed_table,
@@ -128,6 +129,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--head_init", default="truncated_normal", choices=loop.HEAD_INITS,
                    help="our new head's draw (normal: the Trainer's distribution)")
+    add_device_flags(p)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING)
@@ -137,8 +139,8 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     cfg = loop.for_recipe(mc.RECIPE, epochs=args.epochs, learning_rates=(args.learning_rate,),
                           seeds=tuple(seeds), max_train_examples=args.max_train_examples,
-                          max_eval_examples=args.max_eval_examples, bf16=False, progress=False,
-                          device="cpu", head_init=args.head_init)
+                          max_eval_examples=args.max_eval_examples, bf16=args.bf16, progress=False,
+                          device=args.device, head_init=args.head_init)
     print(f"model {model_dir}\ndata {args.valid_csv} (passage split: every 5th to dev)\n"
           f"lr {args.learning_rate:g} epochs {args.epochs:g} batch {cfg.batch_size} "
           f"max_seq_length {cfg.max_seq_length} seeds {seeds} threads {torch.get_num_threads()} "

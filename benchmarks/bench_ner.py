@@ -30,6 +30,7 @@ import torch
 from finetune_parity import (
     Clock,
     Outcome,
+    add_device_flags,
     default_model_dir,
     interleaved,
     print_seed_table,
@@ -62,7 +63,8 @@ class _Rows(torch.utils.data.Dataset):
 def run_ours(encoder, prepared: Prepared, lr: float, seed: int,
              cfg: loop.FinetuneConfig) -> Outcome:
     clock = Clock()
-    model = loop.build_model(FAMILY, encoder, prepared.task, seed, head_init=cfg.head_init)
+    model = loop.build_model(FAMILY, encoder, prepared.task, seed, loop.resolve_device(cfg.device),
+                             cfg.head_init)
     loop.train(FAMILY, model, prepared.train, lr, seed, cfg, desc="ours")
     scored = loop.evaluate(FAMILY, model, prepared, cfg)["dev"]
     return Outcome(scored.score, *clock.lap())
@@ -111,6 +113,7 @@ def main() -> None:
                    help="our new head's initial weights (normal: the Trainer's distribution)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1: on the loaded shared machine 2 ran far slower)")
+    add_device_flags(p)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING)
@@ -118,7 +121,7 @@ def main() -> None:
     model_dir = args.model or default_model_dir()
     seeds = [int(s) for s in args.seeds.split(",")]
     cfg = loop.FinetuneConfig(epochs=args.epochs, learning_rates=(args.learning_rate,),
-                              seeds=tuple(seeds), progress=False, bf16=False, device="cpu",
+                              seeds=tuple(seeds), progress=False, bf16=args.bf16, device=args.device,
                               head_init=args.head_init)
     encoder = checkpoint.load_encoder(model_dir)
     prepared = FAMILY.prepare(args.task, os.path.join(args.data, NER_TASKS[args.task].folder),

@@ -41,6 +41,7 @@ import torch
 from finetune_parity import (
     Clock,
     Outcome,
+    add_device_flags,
     default_model_dir,
     interleaved,
     print_seed_table,
@@ -102,7 +103,8 @@ def scored(prepared, version_2: bool, start_logits, end_logits, scorer: Path, go
 def run_ours(encoder, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int,
              version_2: bool, scorer: Path, gold: Path) -> Outcome:
     clock = Clock()
-    model = loop.build_model(FAMILY, encoder, prepared.task, seed, head_init=cfg.head_init)
+    model = loop.build_model(FAMILY, encoder, prepared.task, seed, loop.resolve_device(cfg.device),
+                             cfg.head_init)
     loop.train(FAMILY, model, prepared.train, lr, seed, cfg, desc=f"ours seed {seed}")
     outputs = loop.predict(FAMILY, model, prepared.dev["dev"], cfg)
     return scored(prepared, version_2, outputs["start_logits"], outputs["end_logits"], scorer,
@@ -180,6 +182,7 @@ def main() -> None:
     p.add_argument("--only", choices=("ours", "trainer"), default=None,
                    help="one side's runs alone (each side's runs are deterministic per seed: "
                         "a paired change of one side reuses the other's)")
+    add_device_flags(p)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     logging.basicConfig(level=logging.WARNING)
@@ -194,8 +197,8 @@ def main() -> None:
                                      args.max_seq_length)
     cfg = loop.FinetuneConfig(max_seq_length=args.max_seq_length, batch_size=args.batch_size,
                               epochs=args.epochs, learning_rates=(args.learning_rate,),
-                              seeds=tuple(seeds), bf16=False, progress=not args.no_progress,
-                              device="cpu", eval_batch_size=64, head_init=args.head_init)
+                              seeds=tuple(seeds), bf16=args.bf16, progress=not args.no_progress,
+                              device=args.device, eval_batch_size=64, head_init=args.head_init)
     impossible = sum(e.is_impossible for e in train.examples)
     print(f"model {model_dir}\n{args.task}: train {len(train)} questions ({impossible} "
           f"unanswerable), {len(prepared.train)} windows, "

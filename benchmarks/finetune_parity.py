@@ -50,10 +50,18 @@ class Outcome:
     """Other metrics (fractions) printed beside the score, e.g. SQuAD's exact match."""
 
 
+def add_device_flags(p) -> None:
+    """`--device` and `--bf16`, the same for both sides (the Trainer's `use_cpu` and `bf16`)."""
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                   help="where both sides train (cuda: the first GPU)")
+    p.add_argument("--bf16", action="store_true",
+                   help="bfloat16 autocast on both sides (the Trainer's bf16=True)")
+
+
 def trainer_arguments(cfg: loop.FinetuneConfig, learning_rate: float, seed: int, workdir: str):
     """`TrainingArguments` of our recipe: batch sizes, epochs, AdamW lr / eps / weight decay,
-    linear warmup (a float < 1 is a proportion, as ours) then decay, clipping, seed; CPU, no
-    saving, logging or evaluation during training."""
+    linear warmup (a float < 1 is a proportion, as ours) then decay, clipping, seed; our
+    device and autocast; no saving, logging or evaluation during training."""
     from transformers import TrainingArguments
 
     return TrainingArguments(
@@ -62,7 +70,7 @@ def trainer_arguments(cfg: loop.FinetuneConfig, learning_rate: float, seed: int,
         learning_rate=learning_rate, weight_decay=cfg.weight_decay,
         adam_epsilon=cfg.adam_epsilon, warmup_steps=cfg.warmup_proportion,
         lr_scheduler_type="linear", max_grad_norm=cfg.max_grad_norm, seed=seed, data_seed=seed,
-        bf16=bool(cfg.bf16), use_cpu=True, save_strategy="no", eval_strategy="no",
+        bf16=bool(cfg.bf16), use_cpu=cfg.device == "cpu", save_strategy="no", eval_strategy="no",
         logging_strategy="no", report_to=[], disable_tqdm=not cfg.progress,
         dataloader_num_workers=0)
 

@@ -2,11 +2,13 @@
 
     python benchmarks/gpu_check.py                    # CUDA: tiny, then BERT-base and -large
     python benchmarks/gpu_check.py --device cpu       # the same checks on the tiny shapes
+    python benchmarks/gpu_check.py --models bert_base --seq_lens 128 --profile
+                                                      # + the profiler's busiest operators
 
 For each model and sequence length (128, 512) it runs a short real pre-training: synthetic rows
 (random tokens; at 512 packed as the shards pack them, ~1.15 instances per row) through the
-real loader collate (`training.loader.collate`, so the host-made attention plan), the
-pre-training model with its padded vocabulary, bf16 autocast, fused AdamW, gradient clipping
+real loader collate (`training.loader.collate`; on a GPU attention over whole rows under the
+instance mask), the pre-training model with its padded vocabulary, bf16 autocast, fused AdamW, gradient clipping
 and, on a GPU, compiled layers. It checks, and stops with a clear line if one fails:
 
 - no SDPA math-kernel fallback: the steps run under `sdpa_kernel` restricted to the flash,
@@ -108,12 +110,46 @@ def autocast(device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: bool) -> dict:
+def train_step(model, optimizer, batch: dict, device: torch.device) -> None:
+    with autocast(device):
+        out = model(**batch)
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def print_profile(label: str, device: torch.device, step, steps: int = 3, rows: int = 15) -> None:
+    """torch.profiler's busiest operators over `steps` more steps: by host (self CPU) time, and
+    on a GPU by device time, with the step's wall time beside the device's busy time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
+                                           else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    events = prof.key_averages()
+    print(f"--- profile {label}: {steps} steps", flush=True)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=rows))
+    if device.type == "cuda":
+        print(events.table(sort_by="self_device_time_total", row_limit=rows))
+        busy = sum(e.self_device_time_total for e in events) / steps / 1e3
+        print(f"device busy {busy:.1f} ms per step", flush=True)
+
+
+def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: bool,
+                      profile: bool = False) -> dict:
     """Train `steps` steps on one batch; the timed ones after the warm-up steps."""
     config: BertConfig = PRESETS[shape.model](vocab_size=VOCAB, vocab_multiple=64)
     torch.manual_seed(0)
     model = BertForPreTraining(config).to(device).train()
     if compile_:
+        # a fresh cache per shape: the models share BertLayer.forward's code object, and their
+        # entries together pass dynamo's recompile limit, which fullgraph=True makes an error
+        torch._dynamo.reset()
         compile_layers(model.bert)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4 if shape.model != "bert_tiny"
                                   else 1e-3, fused=device.type == "cuda")
@@ -144,6 +180,9 @@ def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: 
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
+    if profile:
+        print_profile(f"{shape.model} T={shape.seq_len}", device, lambda: train_step(
+            model, optimizer, batch, device))
     losses = [x.item() for x in losses]
     if counter.ops:
         raise CheckFailed(f"{shape}: host-device syncs in the step: {sorted(set(counter.ops))}")
@@ -198,6 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 10, CPU 3)")
     p.add_argument("--no-compile", action="store_true", help="eager layers on the GPU too")
     p.add_argument("--seq_lens", default="128,512", help="sequence lengths to train at")
+    p.add_argument("--profile", action="store_true",
+                   help="print torch.profiler's busiest operators for each shape")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -214,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
           f"torch {torch.__version__}; compile {compile_}; {steps} timed steps")
     try:
         for shape in shapes(device, models, [int(n) for n in args.seq_lens.split(",")]):
-            r = pretraining_check(shape, device, steps, compile_)
+            r = pretraining_check(shape, device, steps, compile_, args.profile)
             line = (f"{shape.model:10s} T={shape.seq_len:3d} B={shape.micro_batch_size:2d}: "
                     f"{r['rows_per_s']:8.1f} rows/s/GPU, {r['instances_per_s']:8.1f} "
                     f"instances/s/GPU; loss {r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}; "

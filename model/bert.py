@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from model.attention import (
     AttentionPlan,
     BatchLayout,
-    attend_planned,
+    attend_instances,
     batch_layout,
     causal_attention_mask,
     instance_ids,
@@ -195,7 +195,7 @@ class BertSelfAttention(nn.Module):
         dropout_p = self.dropout_p if self.training else 0.0
         qkv = self.qkv(x)  # (B, T, 3H)
         if plan is not None and query_index is None:
-            return self.out(attend_planned(qkv, plan, self.num_heads, dropout_p))
+            return self.out(attend_instances(qkv, plan, self.num_heads, dropout_p))
         q, k, v = split_heads(qkv, self.num_heads)  # 3 x (B, A, T, D)
         if query_index is not None:
             index = query_index[:, None, :, None].expand(-1, self.num_heads, -1, q.shape[-1])
@@ -325,8 +325,11 @@ class BertModel(nn.Module):
         ids = instance_ids(attention_mask, sequence_ids, input_ids)
         if self.config.is_decoder:  # whole rows under a causal mask (per instance in packed rows)
             layout = BatchLayout(None, masked=True)
-        if layout is None:  # worked out here: on a GPU a copy to the host and back (a sync)
-            layout = batch_layout(ids).to(input_ids.device)
+        if layout is None:  # worked out here
+            # on the CPU the per-instance plan, from a look at the ids; elsewhere whole rows under
+            # the mask whenever there are ids (a look would wait for the device)
+            layout = (batch_layout(ids) if input_ids.device.type == "cpu"
+                      else BatchLayout(None, masked=ids is not None))
         # torch's stock ops draw dropout masks over whole rows, as transformers' BERT does
         plan = None if stock_ops_enabled() else layout.plan
         whole_rows = plan is None and layout.masked  # instances not in single runs, or stock
@@ -389,16 +392,29 @@ def last_positions(sequence_ids: Tensor | None, length: int, rows: int, instance
     return torch.where(is_k, index, -1).amax(-1).clamp(min=0)  # (B, K)
 
 
-def compile_layers(bert: BertModel) -> BertModel:
+LAYER_RECOMPILE_LIMIT = 64
+"""Compiled variants a layer may have (dynamo's `recompile_limit`, 8 by default). One code object,
+`BertLayer.forward`, serves every layer in several forms: all tokens or only the masked
+positions (the last layer in pre-training), training or evaluation, with or without grad, and
+each first with static then with symbolic sizes as T, B and the masked positions change. A
+phase 1, its validation, a phase 2 of another micro-batch and its validation make 10
+(tests/model/test_attention_paths.py), past 8: with fullgraph=True the 9th is an error, which
+stopped phase 2 of a GPU run (RESULTS 16)."""
+
+
+def compile_layers(bert: BertModel, backend: str = "inductor") -> BertModel:
     """`torch.compile` every encoder layer in place (`fullgraph=True`: a graph break is an
     error, not a silent slowdown), so bias + GELU, dropout + residual and LayerNorm fuse into
-    a few kernels; parameter names and the state dict stay as they are.
+    a few kernels; parameter names and the state dict stay as they are. `backend`: inductor;
+    tests trace with aot_eager, which checks the same graphs and guards without code generation.
 
-    A layer has no data-dependent shape inside it: the attention plan's indices and run
-    offsets come from the host, so a new batch shape at most recompiles (sizes become symbolic
+    A layer has no data-dependent shape inside it: the attention plan's indices (CPU) and the
+    row masks (GPU) come ready, so a new batch shape at most recompiles (sizes become symbolic
     after the second one), never breaks the graph. Embeddings and heads stay eager.
     """
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               LAYER_RECOMPILE_LIMIT)
     for layer in bert.layers:
-        layer.compile(fullgraph=True)
+        layer.compile(fullgraph=True, backend=backend)
     return bert
 

@@ -58,6 +58,8 @@ def init_process_env() -> None:
         env.setdefault("MASTER_PORT", str(free_port()))
     env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     use_own_ninja(env)
+    if "TORCH_CUDA_ARCH_LIST" in env:
+        env["TORCH_CUDA_ARCH_LIST"] = deepspeed_arch_list(env["TORCH_CUDA_ARCH_LIST"])
     import torch
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
@@ -80,6 +82,21 @@ def use_own_ninja(env) -> None:
     path = env.get("PATH", "")
     if (Path(bindir) / "ninja").is_file() and path.split(os.pathsep)[0] != bindir:
         env["PATH"] = bindir + (os.pathsep + path if path else "")
+
+
+def deepspeed_arch_list(value: str) -> str:
+    """TORCH_CUDA_ARCH_LIST as DeepSpeed 0.19.8's JIT op builder reads it.
+
+    Hopper and Blackwell images often list arch-specific targets ("9.0a", "10.0f"), which torch's
+    extension builder accepts but DeepSpeed's does not: building FusedAdam on the first step
+    stops with `invalid literal for int() with base 10: '0a'` (seen on an H200 whose image sets
+    such a list). FusedAdam uses no arch-specific instructions, so the plain target ("9.0")
+    builds the same op. "+PTX" and the separators (";" or spaces) stay as they are.
+    """
+    def plain(arch: str) -> str:
+        number, plus, ptx = arch.partition("+")
+        return number.rstrip("abcdefghijklmnopqrstuvwxyz") + plus + ptx
+    return ";".join(dict.fromkeys(plain(a) for a in value.replace(" ", ";").split(";") if a))
 
 
 MALLOC_ENV = "BERT_MALLOC"

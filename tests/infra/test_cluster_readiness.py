@@ -21,7 +21,13 @@ import yaml
 
 from training import config as cfg
 from training.ds_config import REDUCE_BUCKET_SIZE, build_ds_config
-from training.launch import free_port, gpu_request, refuse_cpu_fallback, use_own_ninja
+from training.launch import (
+    deepspeed_arch_list,
+    free_port,
+    gpu_request,
+    refuse_cpu_fallback,
+    use_own_ninja,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 NO_CUDA = torch.version.cuda is None or not torch.cuda.is_available()
@@ -291,3 +297,21 @@ def test_deepspeeds_ops_are_built_by_the_virtualenvs_ninja():
     before = env["PATH"]
     use_own_ninja(env)
     assert env["PATH"] == before
+
+
+def test_an_arch_specific_cuda_arch_list_still_builds_deepspeeds_fused_adam(monkeypatch):
+    """An H200 image's TORCH_CUDA_ARCH_LIST=9.0a stopped FusedAdam's JIT build on the first
+    step (DeepSpeed 0.19.8 parses each entry as numbers); the launch environment's plain form
+    goes through DeepSpeed's own parser."""
+    from deepspeed.ops.op_builder.fused_adam import FusedAdamBuilder
+
+    assert deepspeed_arch_list("9.0a") == "9.0"
+    assert deepspeed_arch_list("8.0 9.0a 10.0f+PTX") == "8.0;9.0;10.0+PTX"
+    assert deepspeed_arch_list("8.0;8.6;9.0+PTX") == "8.0;8.6;9.0+PTX"
+    builder = FusedAdamBuilder()
+    builder.jit_mode = True
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    with pytest.raises(ValueError, match="'0a'"):
+        builder.compute_capability_args()
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", deepspeed_arch_list("8.0;9.0a;10.0f+PTX"))
+    builder.compute_capability_args()
