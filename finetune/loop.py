@@ -32,7 +32,7 @@ from typing import Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from common.errors import BadRecord
 from common.settings import SettingError, check, check_choices
@@ -344,8 +344,9 @@ def _device(model: nn.Module) -> torch.device:
 
 
 def train_step(family: Family, model: nn.Module, batch, optimizer: torch.optim.Optimizer,
-               scheduler: LinearWarmupDecay, cfg: FinetuneConfig) -> float:
-    """One optimizer step on one batch (moved to the model's device); returns the loss."""
+               scheduler: LinearWarmupDecay, cfg: FinetuneConfig) -> Tensor:
+    """One optimizer step on one batch (moved to the model's device); returns the loss, a 0-d
+    tensor on that device (reading it would wait for the step)."""
     device = _device(model)
     batch = batch.to(device)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(cfg, device)):
@@ -356,7 +357,13 @@ def train_step(family: Family, model: nn.Module, batch, optimizer: torch.optim.O
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(loss.detach())
+    return loss.detach()
+
+
+LOSS_READ_EVERY = 32
+"""Steps between reads of the losses from the device. A read waits for the device to finish the
+step, so reading every step would keep the host from queueing the next step's kernels while the
+device runs this one's (on the CPU a read costs nothing)."""
 
 
 def train(family: Family, model: nn.Module, encoded: Encoded, learning_rate: float, seed: int,
@@ -377,20 +384,33 @@ def train(family: Family, model: nn.Module, encoded: Encoded, learning_rate: flo
             return batch_indices(len(encoded), cfg.batch_size, generator)
     model.train()
     losses: list[float] = []
-    epoch = 0
+    pending: list[Tensor] = []  # losses still on the device
+
+    def read_losses() -> None:
+        values = torch.stack(pending).float().tolist()  # one wait for the lot
+        for i, value in enumerate(values):
+            if not math.isfinite(value):
+                raise FloatingPointError(f"{desc or 'fine-tuning'}: loss {value} at step "
+                                         f"{len(losses) + i + 1}; lower the learning rate")
+        losses.extend(values)
+        pending.clear()
+        bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+
+    steps, epoch = 0, 0
     with _progress(total, desc, cfg.progress) as bar:
-        while len(losses) < total:
+        while steps < total:
             batches, epoch = epoch_batches(epoch), epoch + 1
             for indices in batches:
-                if len(losses) == total:  # a fractional last epoch stops mid-way
+                if steps == total:  # a fractional last epoch stops mid-way
                     break
                 batch = family.make_batch(encoded, indices, cfg.max_seq_length, train=True)
-                losses.append(train_step(family, model, batch, optimizer, scheduler, cfg))
-                if not math.isfinite(losses[-1]):
-                    raise FloatingPointError(f"{desc or 'fine-tuning'}: loss {losses[-1]} at "
-                                             f"step {len(losses)}; lower the learning rate")
+                pending.append(train_step(family, model, batch, optimizer, scheduler, cfg))
+                steps += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+                if len(pending) == LOSS_READ_EVERY:
+                    read_losses()
+        if pending:
+            read_losses()
     return losses
 
 

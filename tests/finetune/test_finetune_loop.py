@@ -172,3 +172,26 @@ def test_head_init_normal_redraws_only_the_new_head(minilm_dir):
     assert not torch.equal(other.classifier.weight, first.classifier.weight)
     with pytest.raises(SettingError, match="^--head_init must be one of truncated_normal or normal, got 'xavier'$"):
         loop.FinetuneConfig(head_init="xavier")
+
+
+def test_a_diverged_loss_is_named_with_its_step(monkeypatch):
+    """Losses are read from the device in blocks (`LOSS_READ_EVERY`), and a non-finite one
+    still stops the run with the step it came from."""
+    real_step, calls = loop.train_step, []
+
+    def step_nan_at_5(*args):
+        loss = real_step(*args)
+        calls.append(1)
+        return torch.tensor(float("nan")) if len(calls) == 5 else loss
+
+    monkeypatch.setattr(loop, "train_step", step_nan_at_5)
+    prepared = TOY.prepare("small", "", None, 16, None, None, False)
+    model = loop.build_model(TOY, toy_encoder(), "small", seed=1)
+    cfg = loop.for_recipe(TOY.recipe("small"), epochs=3.0, progress=False, device="cpu")
+    with pytest.raises(FloatingPointError, match="toy: loss nan at step 5; lower the learning"):
+        loop.train(TOY, model, prepared.train, 1e-3, 1, cfg, desc="toy")
+    assert len(calls) == 9  # ceil(10 / 4) steps x 3 epochs, read once at the end
+    monkeypatch.setattr(loop, "train_step", real_step)
+    losses = loop.train(TOY, loop.build_model(TOY, toy_encoder(), "small", seed=1),
+                        prepared.train, 1e-3, 1, cfg)
+    assert len(losses) == 9 and all(isinstance(x, float) and np.isfinite(x) for x in losses)
