@@ -217,8 +217,9 @@ def main() -> None:
                                 scorer, gold) if args.only == "ours" else
                        run_peer(model_dir, prepared, cfg, args.learning_rate, seed, tmp,
                                 version_2, scorer, gold, args.peer_loss == "masked"))
-                print(f"seed {seed}: {args.only} F1 {100 * one.score:.2f} EM "
-                      f"{100 * one.extra['EM']:.2f} in {one.seconds:.1f}s", flush=True)
+                extra = " ".join(f"{k} {100 * v:.2f}" for k, v in one.extra.items())
+                print(f"seed {seed}: {args.only} F1 {100 * one.score:.2f} {extra} in "
+                      f"{one.seconds:.1f}s (CPU {one.cpu_seconds:.1f}s)", flush=True)
             return
         rows = interleaved(
             seeds,
