@@ -8,8 +8,8 @@
 For each model and sequence length (128, 512) it runs a short real pre-training: synthetic rows
 (random tokens; at 512 packed as the shards pack them, ~1.15 instances per row) through the
 real loader collate (`training.loader.collate`; on a GPU attention over whole rows under the
-instance mask), the pre-training model with its padded vocabulary, bf16 autocast, fused AdamW, gradient clipping
-and, on a GPU, compiled layers. It checks, and stops with a clear line if one fails:
+instance mask), the pre-training model with its padded vocabulary, bf16 autocast, fused
+AdamW, gradient clipping and, on a GPU, compiled layers. It checks, and stops with a clear line if one fails:
 
 - no SDPA math-kernel fallback: the steps run under `sdpa_kernel` restricted to the flash,
   memory-efficient and cuDNN kernels (a math fallback is then an error), on CUDA;
@@ -109,15 +109,6 @@ def autocast(device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-def train_step(model, optimizer, batch: dict, device: torch.device) -> None:
-    with autocast(device):
-        out = model(**batch)
-    out.loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-
-
 def print_profile(label: str, device: torch.device, step, steps: int = 3, rows: int = 15) -> None:
     """torch.profiler's busiest operators over `steps` more steps: by host (self CPU) time, and
     on a GPU by device time, with the step's wall time beside the device's busy time."""
@@ -158,13 +149,8 @@ def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: 
     losses, counter = [], SyncCounter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    warmup = 2 if device.type == "cuda" else 1  # CUDA: compiling, autotuning, allocator
-    for step in range(warmup + steps):
-        if step == warmup:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start = time.perf_counter()
-        strict = step >= 1  # the first step compiles (and may sync while it does)
+
+    def train_step(strict: bool) -> torch.Tensor:
         with strict_step(device, counter) if strict else contextlib.nullcontext():
             with autocast(device):
                 out = model(**batch)
@@ -175,13 +161,20 @@ def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: 
         with strict_step(device, None) if strict else contextlib.nullcontext():
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        losses.append(out.loss.detach())
+        return out.loss.detach()
+
+    warmup = 2 if device.type == "cuda" else 1  # CUDA: compiling, autotuning, allocator
+    for step in range(warmup + steps):
+        if step == warmup:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+        losses.append(train_step(strict=step >= 1))  # the first step compiles (and may sync)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     if profile:
-        print_profile(f"{shape.model} T={shape.seq_len}", device, lambda: train_step(
-            model, optimizer, batch, device))
+        print_profile(f"{shape.model} T={shape.seq_len}", device, lambda: train_step(False))
     losses = [x.item() for x in losses]
     if counter.ops:
         raise CheckFailed(f"{shape}: host-device syncs in the step: {sorted(set(counter.ops))}")

@@ -211,8 +211,9 @@ class BatchLayout:
         return self._map(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> BatchLayout:
-        """Page-locked copies (what a DataLoader with pin_memory=True asks of batch items)."""
-        return self._map(Tensor.pin_memory)
+        """What a DataLoader with pin_memory=True asks of batch items, for a copy to a GPU:
+        there attention takes whole rows (`to`), so the plan is left behind, not pinned."""
+        return BatchLayout(None, self.masked)
 
     def _map(self, fn: Callable[[Tensor], Tensor]) -> BatchLayout:
         if self.plan is None:

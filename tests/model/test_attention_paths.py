@@ -44,6 +44,7 @@ def gpu_layout(layout: BatchLayout) -> BatchLayout:
     """What `BatchLayout.to` gives for a GPU: whole rows, masked where the host saw it."""
     moved = layout.to("meta")  # any device but the CPU
     assert moved.plan is None and moved.masked == layout.masked
+    assert layout.pin_memory() == moved  # pinned only for a GPU: the plan is not pinned
     return moved
 
 
