@@ -15,9 +15,10 @@ paper reports: "accuracy", "f1", "exact", "mcc", "HasAns_f1", ...
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
@@ -66,12 +67,28 @@ def check_recipe(values: Any, unset_allowed: bool = False) -> None:
               "learning_rates", f"must be positive, got {values.learning_rates}")
 
 
-@runtime_checkable
-class Batch(Protocol):
-    """Tensors of one batch; the family's own frozen dataclass."""
+Batch = Any
+"""Tensors of one batch: the family's own frozen dataclass, made on the host (`to_device` moves
+its tensor fields)."""
 
-    def to(self, device: torch.device) -> Batch:
-        """The batch on `device`."""
+BatchT = TypeVar("BatchT")
+
+
+def to_device(batch: BatchT, device: torch.device) -> BatchT:
+    """`batch` (a dataclass) with its host tensors on `device`; itself when none has to move.
+
+    To a GPU they go through page-locked memory without waiting: a copy from pageable memory
+    waits until the device has run all the work queued before it, so the host could not queue
+    the next step while the device runs this one.
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return batch
+    pinned = device.type == "cuda"
+    moved = {f.name: (value.pin_memory() if pinned else value).to(device, non_blocking=pinned)
+             for f in dataclasses.fields(batch)
+             if isinstance(value := getattr(batch, f.name), Tensor) and value.device.type == "cpu"}
+    return dataclasses.replace(batch, **moved) if moved else batch
 
 
 @runtime_checkable

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from common.errors import BadRecord
 from common.settings import SettingError, check, check_choices
-from finetune.family import Encoded, Family, Prepared, Recipe, Scored
+from finetune.family import Encoded, Family, Prepared, Recipe, Scored, to_device
 from model.bert import BertModel
 from training.optim import LinearWarmupDecay, param_groups
 
@@ -348,7 +348,7 @@ def train_step(family: Family, model: nn.Module, batch, optimizer: torch.optim.O
     """One optimizer step on one batch (moved to the model's device); returns the loss, a 0-d
     tensor on that device (reading it would wait for the step)."""
     device = _device(model)
-    batch = batch.to(device)
+    batch = to_device(batch, device)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(cfg, device)):
         loss = family.loss(model, batch)
     loss.backward()
@@ -429,17 +429,18 @@ def predict(family: Family, model: nn.Module, encoded: Encoded,
     device = _device(model)
     # Batches of similar length (sorted) waste the least; outputs do not depend on the order.
     order = np.argsort(encoded.lengths, kind="stable")
-    parts: dict[str, list[np.ndarray]] = {}
+    parts: dict[str, list[Tensor]] = {}  # on the device: one copy to the host at the end
     for start in range(0, len(order), cfg.eval_batch_size):
         indices = order[start:start + cfg.eval_batch_size].tolist()
-        batch = family.make_batch(encoded, indices, cfg.max_seq_length, train=False).to(device)
+        batch = to_device(family.make_batch(encoded, indices, cfg.max_seq_length, train=False),
+                          device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=uses_bf16(cfg, device)):
             outputs = family.outputs(model, batch)
         for name, value in outputs.items():
-            parts.setdefault(name, []).append(_numpy(value))
+            parts.setdefault(name, []).append(value)
     restore = np.empty_like(order)
     restore[order] = np.arange(len(order))  # position of unit i in the sorted order
-    return {name: np.concatenate(values)[restore] for name, values in parts.items()}
+    return {name: _numpy(torch.cat(values))[restore] for name, values in parts.items()}
 
 
 def evaluate(family: Family, model: nn.Module, prepared: Prepared,

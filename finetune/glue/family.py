@@ -8,7 +8,6 @@ example is the same as alone; only the pad tokens' work is saved.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -62,11 +61,6 @@ class PackedBatch:
     """(B,) slot of example b within its row."""
     labels: Tensor
     """(B,) class ids or scores."""
-
-    def to(self, device: torch.device) -> PackedBatch:
-        """The batch on `device` (itself when it is there already)."""
-        return PackedBatch(*(getattr(self, f.name).to(device)
-                             for f in dataclasses.fields(self)))
 
 
 def pack_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],

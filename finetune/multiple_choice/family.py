@@ -11,7 +11,6 @@ sequence on its own, so scores are those of the padded layout, without the pad t
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -56,10 +55,6 @@ class ChoiceBatch:
     """(B, C) slot of choice c of example b within its row."""
     labels: Tensor
     """(B,) gold choice, -1 where unlabelled."""
-
-    def to(self, device: torch.device) -> ChoiceBatch:
-        """The batch on `device`."""
-        return ChoiceBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
 def _sequences(encoded: mc_data.EncodedChoices, indices: Sequence[int]

@@ -204,12 +204,6 @@ class NerBatch:
     word_mask: Tensor
     """(B, W) True at a unit's real words."""
 
-    def to(self, device: torch.device) -> NerBatch:
-        """The batch on `device`."""
-        return NerBatch(*(t.to(device) for t in (self.input_ids, self.sequence_ids,
-                                                 self.label_index, self.labels, self.word_index,
-                                                 self.word_mask)))
-
 
 def make_batch(encoded: EncodedNer, indices: Sequence[int], max_seq_length: int,
                pack: bool = True) -> NerBatch:

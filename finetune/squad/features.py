@@ -181,10 +181,6 @@ class SpanBatch:
     seq_length: int = 0
     """Width the batch's logits are padded to in `outputs`, so batches concatenate."""
 
-    def to(self, device: torch.device) -> SpanBatch:
-        return SpanBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)
-                           if f.name != "seq_length"), seq_length=self.seq_length)
-
 
 def collate_windows(windows: Windows, indices: Sequence[int], seq_length: int,
                     pad_id: int = 0) -> SpanBatch:
@@ -228,10 +224,6 @@ class PackedSpanBatch:
     @property
     def seq_length(self) -> int:
         return self.token_index.shape[1]
-
-    def to(self, device: torch.device) -> PackedSpanBatch:
-        return PackedSpanBatch(*(getattr(self, f.name).to(device)
-                                 for f in dataclasses.fields(self)))
 
 
 def pack_windows(windows: Windows, indices: Sequence[int], seq_length: int) -> PackedSpanBatch:

@@ -195,3 +195,23 @@ def test_a_diverged_loss_is_named_with_its_step(monkeypatch):
     losses = loop.train(TOY, loop.build_model(TOY, toy_encoder(), "small", seed=1),
                         prepared.train, 1e-3, 1, cfg)
     assert len(losses) == 9 and all(isinstance(x, float) and np.isfinite(x) for x in losses)
+
+
+def test_to_device_moves_every_host_tensor_and_keeps_the_rest():
+    """One move serves every family's batch: tensor fields go to the device ("meta" stands in
+    for a GPU here), other fields stay, and a batch already there is returned as it is."""
+    from finetune.family import to_device
+    from finetune.squad.features import SpanBatch
+
+    ids = torch.tensor([[101, 7, 102]])
+    batch = SpanBatch(ids, torch.zeros_like(ids), torch.ones_like(ids), torch.tensor([1]),
+                      torch.tensor([1]), seq_length=384)
+    moved = to_device(batch, torch.device("meta"))
+    assert type(moved) is SpanBatch and moved.seq_length == 384
+    assert {f: getattr(moved, f).device.type for f in
+            ("input_ids", "token_type_ids", "attention_mask", "start_positions",
+             "end_positions")} == dict.fromkeys(
+        ("input_ids", "token_type_ids", "attention_mask", "start_positions", "end_positions"),
+        "meta")
+    assert to_device(moved, torch.device("meta")) is moved
+    assert to_device(batch, torch.device("cpu")) is batch

@@ -38,9 +38,6 @@ class ToyBatch:
     units: Tensor
     """(B,) the units' indices: the outputs carry them, to check the order comes back."""
 
-    def to(self, device: torch.device) -> ToyBatch:
-        return ToyBatch(self.input_ids.to(device), self.units.to(device))
-
 
 class ToyHead(nn.Module):
     def __init__(self, encoder: BertModel):
