@@ -230,12 +230,14 @@ class BatchLayout:
         return BatchLayout(plan, self.masked)
 
 
-def batch_layout(ids: Tensor | None) -> BatchLayout:
-    """The `BatchLayout` of instance ids (B, T) (`instance_ids`), on the host."""
+def batch_layout(ids: Tensor | None, plan: bool = True) -> BatchLayout:
+    """The `BatchLayout` of instance ids (B, T) (`instance_ids`), on the host; `plan=False`
+    leaves out the per-instance plan, which only the CPU's attention uses."""
     if ids is None:
         return BatchLayout(None, masked=False)
     ids = ids.cpu()
-    return BatchLayout(attention_plan(ids), masked=not one_instance_per_row(ids))
+    return BatchLayout(attention_plan(ids) if plan else None,
+                       masked=not one_instance_per_row(ids))
 
 
 def attend_instances(qkv: Tensor, plan: AttentionPlan, num_heads: int,

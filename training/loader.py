@@ -349,9 +349,11 @@ class Remasker:
 # ---------------------------------------------------------------- collate
 
 def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
-            max_seq_length: int | None = None) -> dict[str, torch.Tensor | BatchLayout]:
+            max_seq_length: int | None = None,
+            attention_plan: bool = True) -> dict[str, torch.Tensor | BatchLayout]:
     """Rows -> the padded batch `model.heads.BertForPreTraining` takes (see its docstring),
-    with its `layout` (`model.attention.BatchLayout`) worked out here on the host.
+    with its `layout` (`model.attention.BatchLayout`) worked out here on the host, with the
+    per-instance attention plan if `attention_plan` (`LoaderConfig.attention_plan`).
 
     T = longest row rounded up to `pad_to_multiple_of` (at most `max_seq_length`); M = most
     masked positions; K = most instances per row. `next_sentence_label` is (B,) for unpacked rows,
@@ -396,7 +398,8 @@ def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
     tensors = {name: torch.from_numpy(a) for name, a in batch.items()}
     # The attention plan is host work: done here, in the loader's workers, not in the forward.
     tensors["layout"] = batch_layout(instance_ids(
-        tensors["attention_mask"], tensors["sequence_ids"], tensors["input_ids"]))
+        tensors["attention_mask"], tensors["sequence_ids"], tensors["input_ids"]),
+        plan=attention_plan)
     return tensors
 
 
@@ -428,6 +431,9 @@ class LoaderConfig:
     pin_memory: bool = False
     """Batches in page-locked memory (GPU training: their copies to the device then overlap
     with compute)."""
+    attention_plan: bool = True
+    """Work out each batch's per-instance attention plan (`model.attention.attention_plan`):
+    the CPU's attention uses it; a GPU attends over whole rows under a mask and never does."""
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world_size:
@@ -493,7 +499,8 @@ class _EpochDataset(IterableDataset):
         rows = slot_rows(self.config, self.plan.slots[slot_index], self.epoch, slot_index,
                          done * b, self.plan.rows_per_slot)
         while batch := list(itertools.islice(rows, b)):
-            yield collate(batch, max_seq_length=self.config.max_seq_length)
+            yield collate(batch, max_seq_length=self.config.max_seq_length,
+                          attention_plan=self.config.attention_plan)
 
 
 class ShardLoader:
@@ -643,4 +650,4 @@ def validation_batches(config: LoaderConfig, max_batches: int) -> Iterator[dict[
     mine = itertools.islice(rows, config.rank, None, config.world_size)
     for _ in range(count):
         yield collate(list(itertools.islice(mine, config.batch_size)),
-                      max_seq_length=config.max_seq_length)
+                      max_seq_length=config.max_seq_length, attention_plan=config.attention_plan)

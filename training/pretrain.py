@@ -318,7 +318,7 @@ def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
         world_size=dist.world_size, num_workers=0 if validation else config.num_workers,
         seed=config.seed, shuffle_buffer=config.shuffle_buffer,
         split="validation" if validation else "train", remasker=remasker,
-        pin_memory=dist.on_gpu and not validation)
+        pin_memory=dist.on_gpu and not validation, attention_plan=not dist.on_gpu)
 
 
 # ---------------------------------------------------------------- steps

@@ -78,6 +78,10 @@ def test_collate_pads_packed_rows():
         [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 6], [16, 17, 18, 16, 16, 16]],
         [[True] * 6, [True] * 5 + [False], [True] * 3 + [False] * 3])],
         [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 16, 17, 18])
+    # For a GPU the same batch without the plan: it attends over whole rows under a mask.
+    gpu = collate([packed, single], attention_plan=False)
+    assert (gpu["layout"].plan, gpu["layout"].masked) == (None, True)
+    assert all(torch.equal(gpu[name], batch[name]) for name in batch)
 
 
 def test_corrupt_member_names_the_shard_and_member(books, tmp_path):

@@ -186,12 +186,15 @@ def test_deepspeed_launcher_with_a_hostfile_matches_one_rank(data, tmp_path):
                                rtol=0, atol=1e-5)
 
 
-def test_gpu_runs_pin_their_training_batches(data, tmp_path):
+def test_gpu_runs_pin_their_training_batches_and_make_no_attention_plan(data, tmp_path):
     """On GPUs the training loader pins its batches (so `to(device, non_blocking=True)` copies
-    overlap with compute); on CPU nothing is pinned."""
+    overlap with compute) and leaves out the per-instance attention plan (a GPU attends over
+    whole rows); on CPU nothing is pinned and every loader makes the plan."""
     config = make_config(data, tmp_path / "run")
     phase = config.phases[0]
     for on_gpu in (False, True):
         dist = pretrain.Dist(rank=0, world_size=1, on_gpu=on_gpu)
-        assert pretrain.build_loader(config, phase, dist).pin_memory is on_gpu
-        assert pretrain.build_loader(config, phase, dist, validation=True).pin_memory is False
+        train = pretrain.build_loader(config, phase, dist)
+        validation = pretrain.build_loader(config, phase, dist, validation=True)
+        assert (train.pin_memory, validation.pin_memory) == (on_gpu, False)
+        assert (train.attention_plan, validation.attention_plan) == (not on_gpu, not on_gpu)
