@@ -182,7 +182,7 @@ def main() -> None:
             list(prepared),
             lambda task: run_ours(encoder, prepared[task], args.learning_rate, args.seed, cfg),
             lambda task: run_peer(model_dir, prepared[task], args.learning_rate, args.seed, cfg,
-                                  workdir), label="task")
+                                  workdir), label="task", device=cfg.device)
     print_tables(rows)
 
 

@@ -163,7 +163,8 @@ def main() -> None:
               f"(assert_close; max |diff| {diff:.2e})", flush=True)
         rows = interleaved(
             seeds, lambda seed: run_ours(encoder, prepared, args.learning_rate, seed, cfg),
-            lambda seed: run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir))
+            lambda seed: run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir),
+            device=cfg.device)
     print_seed_table(rows, "accuracy")
 
 

@@ -134,7 +134,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         rows = interleaved(
             seeds, lambda seed: run_ours(encoder, prepared, args.learning_rate, seed, cfg),
-            lambda seed: run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir))
+            lambda seed: run_peer(model_dir, prepared, args.learning_rate, seed, cfg, workdir),
+            device=cfg.device)
     print_seed_table(rows, "F1")
 
 

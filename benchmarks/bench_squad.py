@@ -226,7 +226,8 @@ def main() -> None:
             lambda seed: run_ours(encoder, prepared, cfg, args.learning_rate, seed, version_2,
                                   scorer, gold),
             lambda seed: run_peer(model_dir, prepared, cfg, args.learning_rate, seed, tmp,
-                                  version_2, scorer, gold, args.peer_loss == "masked"))
+                                  version_2, scorer, gold, args.peer_loss == "masked"),
+            device=cfg.device)
     print_seed_table(rows, "F1")
 
 

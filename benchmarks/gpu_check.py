@@ -144,7 +144,8 @@ def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4 if shape.model != "bert_tiny"
                                   else 1e-3, fused=device.type == "cuda")
     rows = synthetic_rows(shape.micro_batch_size, shape.seq_len, seed=shape.seq_len)
-    batch = to_device(collate(rows, max_seq_length=shape.seq_len), device)
+    batch = to_device(collate(rows, max_seq_length=shape.seq_len,
+                                attention_plan=device.type == "cpu"), device)
     instances = sum(len(r.next_sentence_labels) for r in rows)
     losses, counter = [], SyncCounter()
     if device.type == "cuda":
