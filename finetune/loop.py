@@ -160,7 +160,8 @@ class TestPredictions:
 
     split: str
     submission_file: str
-    """The file's name: `.tsv` is tab-separated (GLUE's `RTE.tsv`), `.csv` comma-separated."""
+    """The file's name: `.tsv` is tab-separated (GLUE's `RTE.tsv`), `.csv` comma-separated,
+    `.lst` the predictions alone, one per line (Cosmos QA's)."""
     guids: list[str]
     predictions: list[str]
     """Label strings ("entailment", "1"), scores formatted with 3 decimals (STS-B) or choice

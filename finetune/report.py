@@ -140,7 +140,11 @@ def plot_results(result: FinetuneResult, path: str) -> None:
 
 
 def submission_text(predictions: TestPredictions) -> str:
-    """The leaderboard file: its header, then one (id, prediction) line per test example."""
+    """The leaderboard file: its header, then one (id, prediction) line per test example; a
+    `.lst` file (Cosmos QA's) holds only the predictions, one per line, in the test file's
+    order."""
+    if predictions.submission_file.endswith(".lst"):
+        return "".join(f"{p}\n" for p in predictions.predictions)
     delimiter = "\t" if predictions.submission_file.endswith(".tsv") else ","
     out = io.StringIO()
     writer = csv.writer(out, delimiter=delimiter, lineterminator="\n")

@@ -5,11 +5,11 @@ Data folder (`--data D`), the official file names:
 | task     | files | columns |
 |----------|-------|---------|
 | swag     | `D/swag/train.csv`, `D/swag/val.csv`, optional `D/swag/test.csv` (no labels) | `,video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0..3,label` |
-| cosmosqa | `D/cosmosqa/train.csv`, `D/cosmosqa/valid.csv` | `id,context,question,answer0..3,label` |
+| cosmosqa | `D/cosmosqa/train.csv`, `D/cosmosqa/valid.csv`, optional `D/cosmosqa/test.jsonl` (no labels) | `id,context,question,answer0..3,label`; test.jsonl: one JSON object per line with those keys but `label` |
 
-(The authors' repositories `rowanz/swagaf` `data/` and `wilburOne/cosmosqa` `data/`.) SWAG's
-test file, where present, is predicted for its leaderboard; Cosmos QA's test file is
-`test.jsonl`, without labels, and is not read.
+(The authors' repositories `rowanz/swagaf` `data/` and `wilburOne/cosmosqa` `data/`.) The
+test file, where present, is predicted for the task's leaderboard: SWAG's `swag.csv`
+(`,pred` by row index), Cosmos QA's `cosmosqa.lst` (one label per line, in the file's order).
 
 Columns are found by their header names, so a file may hold others or another order. SWAG's
 first column has no name: it is the row index, used as the example id (as the Hugging Face
@@ -24,15 +24,17 @@ longest-first to max_seq_length:
   every answer is read against; the answer alone is what differs).
 
 Bad input: a file that is not UTF-8, a CSV quoting error, a header without the task's columns,
-a row with another number of fields, a label outside 0..3 or a repeated id raise
-`MultipleChoiceFormatError` naming the file and line (and the id where there is one); with
-`skip_bad_records` the rows are set aside as `BadRecord`s instead (counted, never lost), and
-only file-level problems (encoding, header) still raise.
+a row with another number of fields, a JSON line that is not an object or lacks a key, a label
+outside 0..3 or a repeated id raise `MultipleChoiceFormatError` naming the file and line (and
+the id where there is one); with `skip_bad_records` the rows are set aside as `BadRecord`s
+instead (counted, never lost), and only file-level problems (encoding, CSV quoting, header)
+still raise.
 """
 from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -106,7 +108,8 @@ SPECS: dict[str, ChoiceTaskSpec] = {
     "cosmosqa": ChoiceTaskSpec(
         name="cosmosqa", folder="cosmosqa", train_file="train.csv", dev_file="valid.csv",
         id_column="id", first_columns=("context", "question"), prefix_columns=(),
-        choice_columns=("answer0", "answer1", "answer2", "answer3")),
+        choice_columns=("answer0", "answer1", "answer2", "answer3"),
+        test_file="test.jsonl", submission_file="cosmosqa.lst"),
 }
 
 
@@ -224,12 +227,68 @@ def read_choice_csv(path: str, spec: ChoiceTaskSpec, labelled: bool = True,
         raise MultipleChoiceFormatError(f"{path}: empty file, expected a header row")
     header = first[1]
     index = _header_index(path, spec, header, labelled)
+    return _read_records(path, spec, index, len(header),
+                         ((line, fields, None) for line, fields in records), labelled,
+                         skip_bad_records)
+
+
+Record = tuple[int, list[str], str | None]
+"""(line where it starts, its fields, why it is no record of the task or None)."""
+
+
+def jsonl_records(path: str, spec: ChoiceTaskSpec) -> tuple[dict[str, int], Iterator[Record]]:
+    """(column index, records) of a JSON-lines file (Cosmos QA's test.jsonl): each non-blank
+    line's object as the fields of the task's columns (a missing key as "")."""
+    columns = ([spec.id_column] if spec.id_column else []) + [*spec.text_columns,
+                                                              spec.label_column]
+    lines = _decode(path).splitlines()
+
+    def records() -> Iterator[Record]:
+        for number, text in enumerate(lines, 1):
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                yield number, [], f"not JSON ({e.msg}, column {e.colno})"
+                continue
+            if not isinstance(record, dict):
+                yield number, [], f"a JSON {type(record).__name__}, expected an object"
+                continue
+            fields = [str(record.get(c, "")) for c in columns]
+            missing = [c for c in columns[:-1] if c not in record]  # the label may be absent
+            yield number, fields, f"lacks the {spec.name} keys {missing}" if missing else None
+
+    return {c: i for i, c in enumerate(columns)}, records()
+
+
+def read_choice_jsonl(path: str, spec: ChoiceTaskSpec, labelled: bool = True,
+                      skip_bad_records: bool = False) -> ChoiceSplit:
+    """The examples of one JSON-lines file of `spec`'s task, in file order (the label as in
+    `read_choice_csv`)."""
+    index, records = jsonl_records(path, spec)
+    return _read_records(path, spec, index, len(index), records, labelled, skip_bad_records)
+
+
+def read_choice_file(path: str, spec: ChoiceTaskSpec, labelled: bool = True,
+                     skip_bad_records: bool = False) -> ChoiceSplit:
+    """`read_choice_jsonl` for a `.jsonl` file, else `read_choice_csv`."""
+    read = read_choice_jsonl if path.endswith(".jsonl") else read_choice_csv
+    return read(path, spec, labelled, skip_bad_records)
+
+
+def _read_records(path: str, spec: ChoiceTaskSpec, index: dict[str, int], width: int,
+                  records: Iterator[Record], labelled: bool,
+                  skip_bad_records: bool) -> ChoiceSplit:
+    """The examples of `records`, each checked; bad ones raise or are set aside."""
     examples: list[ChoiceExample] = []
     bad: list[BadRecord] = []
     seen: dict[str, int] = {}
-    for row, (line, fields) in enumerate(records):
+    for row, (line, fields, problem) in enumerate(records):
         try:
-            example = _example(spec, index, fields, len(header), line, row, labelled)
+            if problem is not None:
+                raise ValueError(problem)
+            example = _example(spec, index, fields, width, line, row, labelled)
             if example.example_id in seen:
                 raise ValueError(f"id {example.example_id!r} repeats line "
                                  f"{seen[example.example_id]}")

@@ -115,8 +115,8 @@ class MultipleChoiceFamily:
     pack_sequences: bool = True
     """Pack a batch's sequences into shared rows instead of padding each (same scores)."""
     predict_test: bool = True
-    """Read the task's test file (SWAG's test.csv), where present, for the best run to
-    predict for the leaderboard."""
+    """Read the task's test file (SWAG's test.csv, Cosmos QA's test.jsonl), where present, for
+    the best run to predict for the leaderboard."""
 
     def spec(self, task: str) -> mc_data.ChoiceTaskSpec:
         if task not in mc_data.SPECS:
@@ -152,9 +152,9 @@ class MultipleChoiceFamily:
         test = {}
         if self.predict_test and spec.test_file is not None \
                 and os.path.isfile(spec.path(data_dir, "test")):
-            splits.append(mc_data.read_choice_csv(spec.path(data_dir, "test"), spec,
-                                                  labelled=False,
-                                                  skip_bad_records=skip_bad_records))
+            splits.append(mc_data.read_choice_file(spec.path(data_dir, "test"), spec,
+                                                   labelled=False,
+                                                   skip_bad_records=skip_bad_records))
             test = {"test": mc_data.encode_split(tokenizer, splits[-1], max_seq_length)}
         # Subsets keep every bad row of the file: they were read, so they are reported.
         bad = tuple(b for split in splits for b in split.bad_records)
@@ -201,8 +201,8 @@ class MultipleChoiceFamily:
 
     def test_predictions(self, prepared: Prepared, split: str,
                          outputs: dict[str, np.ndarray]) -> TestPredictions:
-        """The chosen ending of every test question, by the file's row index (SWAG's
-        leaderboard file: `,pred`)."""
+        """The chosen choice of every test question, in the file's order: SWAG's leaderboard
+        file `,pred` by row index, Cosmos QA's one label per line (`.lst`)."""
         encoded: mc_data.EncodedChoices = prepared.context[split]
         chosen = [str(c) for c in outputs["scores"].argmax(-1)]
         return TestPredictions(split, self.spec(prepared.task).submission_file,

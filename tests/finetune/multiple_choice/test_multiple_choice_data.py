@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from collections import Counter
 
 import pytest
@@ -62,6 +63,52 @@ def test_swag_test_file_without_labels(swag_val, tmp_path):
     with pytest.raises(mc_data.MultipleChoiceFormatError,
                        match=r"test\.csv:1: header lacks the swag columns \['label'\]"):
         mc_data.read_choice_csv(str(test), SWAG)
+
+
+def jsonl_rows(cosmos_valid, count: int) -> list[dict]:
+    """The first `count` rows of valid.csv as test.jsonl's objects: its keys, no label."""
+    with open(cosmos_valid, encoding="utf-8", newline="") as f:
+        rows = [row for _, row in zip(range(count), csv.DictReader(f))]
+    return [{k: v for k, v in row.items() if k != "label"} for row in rows]
+
+
+def test_cosmos_qa_test_jsonl_reads_as_the_csv_without_labels(cosmos, cosmos_valid, tmp_path):
+    """Cosmos QA's test.jsonl: one object per line with valid.csv's keys but the label; a
+    blank line is no record."""
+    path = tmp_path / "test.jsonl"
+    lines = [json.dumps(row) for row in jsonl_rows(cosmos_valid, 5)]
+    path.write_text("\n".join(lines[:3] + [""] + lines[3:]) + "\n", encoding="utf-8")
+    split = mc_data.read_choice_file(str(path), COSMOS, labelled=False)
+    assert [e.line for e in split.examples] == [1, 2, 3, 5, 6]
+    assert [(e.example_id, e.first, e.choices) for e in split.examples] == \
+        [(e.example_id, e.first, e.choices) for e in cosmos.examples[:5]]
+    assert {e.label for e in split.examples} == {None}
+    with pytest.raises(mc_data.MultipleChoiceFormatError,
+                       match=r"test\.jsonl:1 \(id 3BFF0DJK8XA7YNK4QYIGCOG1A95STE##.*\): "
+                             r"label is empty"):
+        mc_data.read_choice_file(str(path), COSMOS)  # as a labelled file
+
+
+@pytest.mark.parametrize("line, message", [
+    ("{not json", r"bad\.jsonl:2: not JSON \(Expecting property name"),
+    ('["q2"]', r"bad\.jsonl:2: a JSON list, expected an object"),
+    ('{"id": "q2", "context": "c", "question": "q", "answer0": "a", "answer1": "b", '
+     '"answer2": "c"}', r"bad\.jsonl:2 \(id q2\): lacks the cosmosqa keys \['answer3'\]"),
+    ('{"id": "q2", "context": "c", "question": "q", "answer0": "a", "answer1": "b", '
+     '"answer2": "c", "answer3": "d", "label": 7}',
+     r"bad\.jsonl:2 \(id q2\): label '7' is not a choice index 0\.\.3"),
+    ('{"id": "q1", "context": "c", "question": "q", "answer0": "a", "answer1": "b", '
+     '"answer2": "c", "answer3": "d"}', r"bad\.jsonl:2 \(id q1\): id 'q1' repeats line 1"),
+])
+def test_a_malformed_json_line_is_named_by_file_line_and_id(tmp_path, line, message):
+    good = ('{"id": "%s", "context": "c", "question": "q", "answer0": "a", "answer1": "b", '
+            '"answer2": "c", "answer3": "d"}')
+    path = write(tmp_path, "\n".join([good % "q1", line, good % "q3"]) + "\n", "bad.jsonl")
+    with pytest.raises(mc_data.MultipleChoiceFormatError, match=message):
+        mc_data.read_choice_file(path, COSMOS, labelled=False)
+    split = mc_data.read_choice_file(path, COSMOS, labelled=False, skip_bad_records=True)
+    assert [e.example_id for e in split.examples] == ["q1", "q3"]
+    assert [(b.file, b.record[:6]) for b in split.bad_records] == [(path, "line 2")]
 
 
 def test_cosmos_qa_validation_file(cosmos, cosmos_valid):

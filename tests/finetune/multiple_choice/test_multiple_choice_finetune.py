@@ -210,22 +210,35 @@ def check_run(out, task, labels: dict[str, int], steps: int):
 
 
 def test_bert_finetune_cosmos_qa_slice(shared_data, minilm_dir, tmp_path):
-    """32 training questions of the passage split (2 steps of 16), 16 dev questions."""
+    """32 training questions of the passage split (2 steps of 16), 16 dev questions; the
+    test.jsonl of the official layout holds those 16 dev questions without their labels."""
     data = tmp_path / "data"
     (data / "cosmosqa").mkdir(parents=True)
     mc_data.split_by_group(str(shared_data / "multiple_choice" / "cosmosqa" / "valid.csv"),
                            "context", 5, str(data / "cosmosqa" / "train.csv"),
                            str(data / "cosmosqa" / "valid.csv"))
+    dev = mc_data.subset(mc_data.read_split(str(data / "cosmosqa"), mc_data.SPECS["cosmosqa"],
+                                            "dev"), 16)
+    ids = [e.example_id for e in dev.examples]
+    with open(data / "cosmosqa" / "valid.csv", encoding="utf-8", newline="") as f:
+        rows = {row["id"]: row for row in csv.DictReader(f)}
+    (data / "cosmosqa" / "test.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in rows[i].items() if k != "label"}) + "\n" for i in ids),
+        encoding="utf-8")
     out = tmp_path / "out"
     assert finetune(minilm_dir, data, out, "cosmosqa", "--max_train_examples", "32",
                     "--max_eval_examples", "16") == 0
-    dev = mc_data.subset(mc_data.read_split(str(data / "cosmosqa"), mc_data.SPECS["cosmosqa"],
-                                            "dev"), 16)
     check_run(out, "cosmosqa", {e.example_id: e.label for e in dev.examples}, steps=2)
     config = json.loads((out / "config.json").read_text())
     assert config["families"] == {"multiple_choice": {"pack_sequences": True,
                                                       "predict_test": True}}
-    assert not (out / "submission").exists()  # Cosmos QA's test file is not read
+    # The leaderboard's file: one label per line in test.jsonl's order; the same questions as
+    # dev, so the same choices as dev's predictions.json.
+    dev_choices = json.loads((out / "cosmosqa" / "predictions.json").read_text())
+    assert (out / "submission" / "cosmosqa.lst").read_text().splitlines() == \
+        [str(dev_choices[i]) for i in ids]
+    (result,) = json.loads((out / "results.json").read_text())["tasks"]
+    assert result["test_predictions"] == {"cosmosqa.lst": 16}
 
 
 def test_bert_finetune_swag_rows(shared_data, minilm_dir, tmp_path):
