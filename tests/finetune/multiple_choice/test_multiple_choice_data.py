@@ -89,21 +89,24 @@ def test_cosmos_qa_test_jsonl_reads_as_the_csv_without_labels(cosmos, cosmos_val
         mc_data.read_choice_file(str(path), COSMOS)  # as a labelled file
 
 
+def cosmos_line(example_id: str, **changes) -> str:
+    """One test.jsonl line; `changes` replace keys (None drops one)."""
+    record = {"id": example_id, "context": "c", "question": "q", "answer0": "a",
+              "answer1": "b", "answer2": "c", "answer3": "d", **changes}
+    return json.dumps({k: v for k, v in record.items() if v is not None})
+
+
 @pytest.mark.parametrize("line, message", [
     ("{not json", r"bad\.jsonl:2: not JSON \(Expecting property name"),
     ('["q2"]', r"bad\.jsonl:2: a JSON list, expected an object"),
-    ('{"id": "q2", "context": "c", "question": "q", "answer0": "a", "answer1": "b", '
-     '"answer2": "c"}', r"bad\.jsonl:2 \(id q2\): lacks the cosmosqa keys \['answer3'\]"),
-    ('{"id": "q2", "context": "c", "question": "q", "answer0": "a", "answer1": "b", '
-     '"answer2": "c", "answer3": "d", "label": 7}',
-     r"bad\.jsonl:2 \(id q2\): label '7' is not a choice index 0\.\.3"),
-    ('{"id": "q1", "context": "c", "question": "q", "answer0": "a", "answer1": "b", '
-     '"answer2": "c", "answer3": "d"}', r"bad\.jsonl:2 \(id q1\): id 'q1' repeats line 1"),
+    (cosmos_line("q2", answer3=None),
+     r"bad\.jsonl:2 \(id q2\): lacks the cosmosqa keys \['answer3'\]"),
+    (cosmos_line("q2", label=7), r"bad\.jsonl:2 \(id q2\): label '7' is not a choice index 0\.\.3"),
+    (cosmos_line("q1"), r"bad\.jsonl:2 \(id q1\): id 'q1' repeats line 1"),
 ])
 def test_a_malformed_json_line_is_named_by_file_line_and_id(tmp_path, line, message):
-    good = ('{"id": "%s", "context": "c", "question": "q", "answer0": "a", "answer1": "b", '
-            '"answer2": "c", "answer3": "d"}')
-    path = write(tmp_path, "\n".join([good % "q1", line, good % "q3"]) + "\n", "bad.jsonl")
+    path = write(tmp_path, "\n".join([cosmos_line("q1"), line, cosmos_line("q3")]) + "\n",
+                 "bad.jsonl")
     with pytest.raises(mc_data.MultipleChoiceFormatError, match=message):
         mc_data.read_choice_file(path, COSMOS, labelled=False)
     split = mc_data.read_choice_file(path, COSMOS, labelled=False, skip_bad_records=True)
