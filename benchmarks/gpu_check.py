@@ -41,6 +41,7 @@ from model.bert import PRESETS, BertConfig, compile_layers
 from model.heads import BertForPreTraining, BertForSequenceClassification
 from training import memory
 from training.loader import collate
+from training.pretrain import to_device
 from training.sync_check import SyncCounter
 
 NVIDIA_PER_GPU = {128: 4591 / 8, 512: 1657 / 8}
@@ -81,10 +82,6 @@ def synthetic_rows(count: int, seq_len: int, seed: int) -> list[shard_format.Row
             masked_lm_positions=positions, masked_lm_ids=g.integers(1000, VOCAB, len(positions)),
             next_sentence_labels=g.integers(0, 2, len(lengths)).astype(np.int8)))
     return rows
-
-
-def to_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
 @contextlib.contextmanager

@@ -241,7 +241,9 @@ def jsonl_records(path: str, spec: ChoiceTaskSpec) -> tuple[dict[str, int], Iter
     line's object as the fields of the task's columns (a missing key as "")."""
     columns = ([spec.id_column] if spec.id_column else []) + [*spec.text_columns,
                                                               spec.label_column]
-    lines = _decode(path).splitlines()
+    # Lines end at \n only: str.splitlines would also split at U+2028 and U+2029, which JSON
+    # strings may hold unescaped (web text does).
+    lines = [line.removesuffix("\r") for line in _decode(path).split("\n")]
 
     def records() -> Iterator[Record]:
         for number, text in enumerate(lines, 1):

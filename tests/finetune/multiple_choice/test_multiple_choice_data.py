@@ -83,6 +83,14 @@ def test_cosmos_qa_test_jsonl_reads_as_the_csv_without_labels(cosmos, cosmos_val
     assert [(e.example_id, e.first, e.choices) for e in split.examples] == \
         [(e.example_id, e.first, e.choices) for e in cosmos.examples[:5]]
     assert {e.label for e in split.examples} == {None}
+    # A line separator inside a JSON string (valid JSON, seen in web text) ends no line.
+    separated = tmp_path / "separated.jsonl"
+    separated.write_text(cosmos_line("q1", context="one\u2028two") + "\r\n"
+                         + cosmos_line("q2") + "\r\n", encoding="utf-8")
+    assert "\u2028" in separated.read_text(encoding="utf-8")  # raw, not escaped
+    split = mc_data.read_choice_file(str(separated), COSMOS, labelled=False)
+    assert [(e.example_id, e.line) for e in split.examples] == [("q1", 1), ("q2", 2)]
+    assert split.examples[0].first == "one\u2028two q"
     with pytest.raises(mc_data.MultipleChoiceFormatError,
                        match=r"test\.jsonl:1 \(id 3BFF0DJK8XA7YNK4QYIGCOG1A95STE##.*\): "
                              r"label is empty"):
@@ -93,7 +101,7 @@ def cosmos_line(example_id: str, **changes) -> str:
     """One test.jsonl line; `changes` replace keys (None drops one)."""
     record = {"id": example_id, "context": "c", "question": "q", "answer0": "a",
               "answer1": "b", "answer2": "c", "answer3": "d", **changes}
-    return json.dumps({k: v for k, v in record.items() if v is not None})
+    return json.dumps({k: v for k, v in record.items() if v is not None}, ensure_ascii=False)
 
 
 @pytest.mark.parametrize("line, message", [
