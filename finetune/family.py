@@ -158,8 +158,9 @@ class Family(Protocol):
         """A fresh task model over a copy of `encoder` (the loop seeds the draw)."""
 
     def make_batch(self, encoded: Encoded, indices: Sequence[int], max_seq_length: int,
-                   train: bool) -> Batch:
-        """The units at `indices` as one batch (packed where the family allows it)."""
+                   train: bool, row_length: int | None = None) -> Batch:
+        """The units at `indices` as one batch, packed where the family allows it into rows of
+        `row_length` tokens (None: max_seq_length); per-unit outputs keep max_seq_length."""
 
     def loss(self, model: nn.Module, batch: Batch) -> Tensor:
         """Forward and the scalar training loss (computed in float32)."""

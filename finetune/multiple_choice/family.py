@@ -171,9 +171,10 @@ class MultipleChoiceFamily:
         return BertForMultipleChoice.from_encoder(encoder)
 
     def make_batch(self, encoded: mc_data.EncodedChoices, indices: Sequence[int],
-                   max_seq_length: int, train: bool) -> ChoiceBatch:
+                   max_seq_length: int, train: bool,
+                   row_length: int | None = None) -> ChoiceBatch:
         if self.pack_sequences:
-            return pack_choices(encoded, indices, max_seq_length)
+            return pack_choices(encoded, indices, row_length or max_seq_length)
         return pad_choices(encoded, indices)
 
     def loss(self, model: BertForMultipleChoice, batch: ChoiceBatch) -> Tensor:

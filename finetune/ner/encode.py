@@ -206,12 +206,12 @@ class NerBatch:
 
 
 def make_batch(encoded: EncodedNer, indices: Sequence[int], max_seq_length: int,
-               pack: bool = True) -> NerBatch:
-    """The units at `indices` packed into rows of `max_seq_length` tokens (`finetune.packing`;
-    `pack=False`: one unit per row, padded to the longest). W = max_seq_length, so that the
-    per-word outputs of every batch have one shape."""
+               pack: bool = True, row_length: int | None = None) -> NerBatch:
+    """The units at `indices` packed into rows of `row_length` tokens (None: max_seq_length;
+    `finetune.packing`; `pack=False`: one unit per row, padded to the longest).
+    W = max_seq_length, so that the per-word outputs of every batch have one shape."""
     ids = [encoded.input_ids[i] for i in indices]
-    layout = (pack_rows([len(x) for x in ids], max_seq_length) if pack
+    layout = (pack_rows([len(x) for x in ids], row_length or max_seq_length) if pack
               else one_per_row(len(ids)))
     out = lay_out(ids, None, layout)
     first = out.first_token()  # (B,)

@@ -131,8 +131,9 @@ class NerFamily:
         return BertForTokenClassification.from_encoder(encoder, len(task_spec(task).labels))
 
     def make_batch(self, encoded: EncodedNer, indices: Sequence[int], max_seq_length: int,
-                   train: bool) -> NerBatch:
-        return pack_units(encoded, indices, max_seq_length, pack=self.pack_sequences)
+                   train: bool, row_length: int | None = None) -> NerBatch:
+        return pack_units(encoded, indices, max_seq_length, pack=self.pack_sequences,
+                          row_length=row_length)
 
     def loss(self, model: BertForTokenClassification, batch: NerBatch) -> Tensor:
         # Only first sub-tokens are scored: gather them before the classifier (the same

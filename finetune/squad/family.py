@@ -129,9 +129,9 @@ class SquadFamily:
         return BertForQuestionAnswering.from_encoder(encoder)
 
     def make_batch(self, encoded: Windows, indices: Sequence[int], max_seq_length: int,
-                   train: bool) -> SpanBatch | PackedSpanBatch:
+                   train: bool, row_length: int | None = None) -> SpanBatch | PackedSpanBatch:
         if self.pack_sequences:
-            return pack_windows(encoded, indices, max_seq_length)
+            return pack_windows(encoded, indices, max_seq_length, row_length)
         return collate_windows(encoded, indices, max_seq_length)
 
     def _logits(self, model: nn.Module, batch: PackedSpanBatch) -> tuple[Tensor, Tensor]:

@@ -226,13 +226,14 @@ class PackedSpanBatch:
         return self.token_index.shape[1]
 
 
-def pack_windows(windows: Windows, indices: Sequence[int], seq_length: int) -> PackedSpanBatch:
-    """The windows at `indices` packed into rows of <= seq_length tokens; W = seq_length, so
-    that the logits of every batch have one width."""
+def pack_windows(windows: Windows, indices: Sequence[int], seq_length: int,
+                 row_length: int | None = None) -> PackedSpanBatch:
+    """The windows at `indices` packed into rows of <= row_length tokens (None: seq_length);
+    W = seq_length, so that the logits of every batch have one width."""
     ids = [windows.input_ids[i] for i in indices]
     types = [np.arange(len(windows.input_ids[i])) >= windows.passage_start[i] for i in indices]
     lengths = [len(x) for x in ids]
-    out = lay_out(ids, types, pack_rows(lengths, seq_length))
+    out = lay_out(ids, types, pack_rows(lengths, row_length or seq_length))
     first = out.first_token()  # (B,)
     positions = np.arange(seq_length)  # (W,)
     token_mask = positions[None, :] < np.asarray(lengths)[:, None]  # (B, W)

@@ -3,6 +3,7 @@ loop gave; a toy family shows the contract (unit order restored, prediction file
 seeds per task size)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -14,8 +15,9 @@ from finetune import checkpoint, loop
 from finetune.family import Recipe
 from finetune.glue import FAMILY
 from finetune.report import write_report
+from model.bert import BertModel, bert_tiny
 from tests.support.toy_family import FAMILY as TOY
-from tests.support.toy_family import toy_encoder
+from tests.support.toy_family import ToyFamily, toy_encoder
 
 SAMPLE_ROWS = {"RTE": (24, 16, 8), "STS-B": (16, 24, 20)}
 """(train, dev, test) rows cut from data/sample/glue for the recorded runs."""
@@ -74,8 +76,9 @@ def test_glue_through_the_loop_gives_the_old_loops_numbers(minilm_dir, tmp_path,
     rate and the best run's test predictions are those the GLUE-only loop recorded."""
     encoder = checkpoint.load_encoder(str(minilm_dir))
     tokenizer = checkpoint.load_tokenizer(str(minilm_dir))
+    # rows of max_seq_length, as that loop packed them: the dropout masks follow the layout
     cfg = loop.FinetuneConfig(learning_rates=(1e-4, 3e-5), seeds=(1, 2), epochs=1.0,
-                              batch_size=8, eval_batch_size=8, progress=False)
+                              batch_size=8, eval_batch_size=8, progress=False, row_length=128)
     prepared = FAMILY.prepare(task, sample_slice(tmp_path, task), tokenizer, 128, None, None,
                               False)
     result = loop.finetune_task(FAMILY, encoder, prepared, cfg)
@@ -215,3 +218,53 @@ def test_to_device_moves_every_host_tensor_and_keeps_the_rest():
         "meta")
     assert to_device(moved, torch.device("meta")) is moved
     assert to_device(batch, torch.device("cpu")) is batch
+
+
+def test_rows_are_long_on_the_cpu_and_max_seq_length_elsewhere():
+    """`row_length`: on the CPU min(512, max_position_embeddings), never below max_seq_length;
+    on any other device max_seq_length (attention over whole rows there); a set value wins."""
+    cfg = loop.for_recipe(TOY.recipe("small"), progress=False)  # max_seq_length 16
+    toy = loop.build_model(TOY, toy_encoder(), "small", seed=1)  # max_position_embeddings 32
+    assert loop.row_length(cfg, toy) == 32
+    assert loop.row_length(dataclasses.replace(cfg, row_length=24), toy) == 24
+    assert loop.row_length(cfg, toy.to("meta")) == 16
+    wide = TOY.build_head(BertModel(bert_tiny(vocab_size=64, max_position_embeddings=2048)), "x")
+    assert loop.row_length(cfg, wide) == loop.CPU_ROW_LENGTH == 512
+    assert loop.row_length(dataclasses.replace(cfg, max_seq_length=16, row_length=1024),
+                           wide) == 1024
+
+
+class RowRecordingToy(ToyFamily):
+    """The toy family, keeping the row length of every batch the loop asks for."""
+
+    def __init__(self):
+        super().__init__()
+        object.__setattr__(self, "asked", [])
+
+    def make_batch(self, encoded, indices, max_seq_length, train, row_length=None):
+        self.asked.append((train, max_seq_length, row_length))
+        return super().make_batch(encoded, indices, max_seq_length, train, row_length)
+
+
+def test_the_loop_asks_the_family_for_its_row_length():
+    family = RowRecordingToy()
+    prepared = family.prepare("small", "", None, 16, None, None, False)
+    cfg = loop.for_recipe(family.recipe("small"), seeds=(1,), progress=False, device="cpu")
+    loop.finetune_task(family, toy_encoder(), prepared, cfg)
+    # 3 training batches of 4 (10 units), one evaluation batch of 256
+    assert family.asked == [(True, 16, 32)] * 3 + [(False, 16, 32)]
+    family.asked.clear()
+    loop.finetune_task(family, toy_encoder(), prepared, dataclasses.replace(cfg, row_length=20))
+    assert {rows for _, _, rows in family.asked} == {20}
+
+
+def test_a_row_length_outside_the_model_or_below_max_seq_length_is_refused():
+    with pytest.raises(SettingError, match="--row_length must be >= max_seq_length 128, got 64"):
+        loop.FinetuneConfig(row_length=64)
+    with pytest.raises(SettingError, match="--row_length must be >= 1, got 0"):
+        loop.LoopOptions(row_length=0)
+    prepared = TOY.prepare("small", "", None, 16, None, None, False)
+    cfg = loop.for_recipe(TOY.recipe("small"), row_length=64, progress=False, device="cpu")
+    with pytest.raises(SettingError, match="--row_length must be <= the model's "
+                                           "max_position_embeddings 32, got 64"):
+        loop.finetune_task(TOY, toy_encoder(), prepared, cfg)

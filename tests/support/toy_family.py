@@ -74,7 +74,7 @@ class ToyFamily:
         return ToyHead(encoder)
 
     def make_batch(self, encoded: ToyUnits, indices: Sequence[int], max_seq_length: int,
-                   train: bool) -> ToyBatch:
+                   train: bool, row_length: int | None = None) -> ToyBatch:
         width = max(len(encoded.input_ids[i]) for i in indices)
         ids = np.zeros((len(indices), width), np.int64)  # (B, T)
         for row, i in enumerate(indices):

@@ -81,6 +81,8 @@ def test_scores_equal_transformers_multiple_choice(exported, cosmos12):
         packed = mc.choice_scores(ours, mc.pack_choices(encoded, indices, 128))
         padded = mc.choice_scores(ours, mc.pad_choices(encoded, indices))
         family_loss = FAMILY.loss(ours, FAMILY.make_batch(encoded, indices, 128, train=True))
+        long = FAMILY.make_batch(encoded, indices, 128, train=True, row_length=512)
+        long_scores, long_loss = mc.choice_scores(ours, long), FAMILY.loss(ours, long)
     assert expected.logits.shape == (12, 4)
     assert any(len(s) == 128 for x in encoded.input_ids for s in x)  # truncation is covered
     torch.testing.assert_close(plain.logits, expected.logits)
@@ -88,6 +90,9 @@ def test_scores_equal_transformers_multiple_choice(exported, cosmos12):
     torch.testing.assert_close(padded, expected.logits)
     torch.testing.assert_close(plain.loss, expected.loss)
     torch.testing.assert_close(family_loss, expected.loss)
+    assert long.input_ids.shape == (11, 512)  # 48 choices of ~99 tokens, 4-5 to a row
+    torch.testing.assert_close(long_scores, expected.logits)
+    torch.testing.assert_close(long_loss, expected.loss)
 
 
 def test_packing_shares_rows_and_keeps_each_choice_in_place(cosmos12):

@@ -131,13 +131,17 @@ def test_token_classifier_equals_transformers(token_model, tokenizer, conll_dev,
         assert torch.equal(p, q), name
 
 
-def test_packed_outputs_equal_one_sentence_at_a_time(token_model, tokenizer, conll_dev):
+@pytest.mark.parametrize("row_length, rows", [(None, 4), (512, 1)])
+def test_packed_outputs_equal_one_sentence_at_a_time(token_model, tokenizer, conll_dev,
+                                                     row_length, rows):
     labels = NER_TASKS["conll2003"].labels
     sentences = conll_dev.sentences[:12]
     enc = encode_sentences(tokenizer, sentences, labels, 128)
     indices = list(range(12))[::-1]
-    batch = make_batch(enc, indices, 128)
-    assert batch.input_ids.shape[0] < 12  # packed: fewer rows than sentences
+    batch = make_batch(enc, indices, 128, row_length=row_length)
+    # packed: fewer rows than sentences; per-word outputs W = max_seq_length whatever the rows
+    assert batch.input_ids.shape[0] == rows and batch.input_ids.shape[1] <= (row_length or 128)
+    assert batch.word_index.shape == (12, 128)
     with torch.no_grad():
         logits = FAMILY.outputs(token_model, batch)["logits"]  # (B, W, C)
         loss = FAMILY.loss(token_model, batch)

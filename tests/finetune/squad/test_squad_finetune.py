@@ -182,22 +182,28 @@ def test_packed_windows_give_the_padded_logits_and_loss(shared_data, encoder, to
     indices = list(range(len(windows)))[::-1]
     packed_family, padded_family = SquadFamily(), SquadFamily(pack_sequences=False)
     packed = packed_family.make_batch(windows, indices, 384, train=True)
+    # rows longer than the windows (the CPU's default, finetune.loop.row_length): W stays 384
+    long = packed_family.make_batch(windows, indices, 384, train=True, row_length=512)
     padded = padded_family.make_batch(windows, indices, 384, train=True)
-    assert packed.input_ids.shape[0] < len(indices) <= padded.input_ids.shape[0]
-    assert int((packed.sequence_ids >= 0).sum()) == int(padded.attention_mask.sum())
+    assert (long.input_ids.shape[0], packed.input_ids.shape[0], len(indices),
+            padded.input_ids.shape[0]) == (17, 21, 35, 35)
+    assert 384 < long.input_ids.shape[1] <= 512
+    assert (int((packed.sequence_ids >= 0).sum()) == int((long.sequence_ids >= 0).sum())
+            == int(padded.attention_mask.sum()))
     torch.manual_seed(0)
     model = FAMILY.build_head(encoder, "squad2").eval()
     with torch.no_grad():
-        ours, theirs = (f.outputs(model, b) for f, b in ((packed_family, packed),
-                                                         (padded_family, padded)))
-        for name in ("start_logits", "end_logits"):
-            assert ours[name].shape == theirs[name].shape == (len(windows), 384)
-            real = packed.token_mask  # the padded layout leaves its pad positions unmasked
-            torch.testing.assert_close(ours[name][real], theirs[name][real], rtol=1e-4,
-                                       atol=1e-4)
-            assert (ours[name][~real] == torch.finfo(torch.float32).min).all()
-        torch.testing.assert_close(packed_family.loss(model, packed),
-                                   padded_family.loss(model, padded), rtol=1e-5, atol=1e-5)
+        theirs = padded_family.outputs(model, padded)
+        for batch in (packed, long):
+            ours = packed_family.outputs(model, batch)
+            for name in ("start_logits", "end_logits"):
+                assert ours[name].shape == theirs[name].shape == (len(windows), 384)
+                real = batch.token_mask  # the padded layout leaves its pad positions unmasked
+                torch.testing.assert_close(ours[name][real], theirs[name][real], rtol=1e-4,
+                                           atol=1e-4)
+                assert (ours[name][~real] == torch.finfo(torch.float32).min).all()
+            torch.testing.assert_close(packed_family.loss(model, batch),
+                                       padded_family.loss(model, padded), rtol=1e-5, atol=1e-5)
 
 
 def test_no_packing_flag_reaches_the_squad_family():
