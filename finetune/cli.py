@@ -61,8 +61,8 @@ class CommandConfig(TasksConfig):
     output: str | None = None
     """Folder for tables, plot and prediction files."""
     pack_sequences: bool = True
-    """Pack several examples into each row (families that pack: GLUE, multiple choice); false
-    pads each example to the batch's longest (--no_packing)."""
+    """Pack several examples into each row of `row_length` tokens (every family: GLUE, SQuAD,
+    multiple choice, NER); false pads each example to the batch's longest (--no_packing)."""
     predict_test: bool = True
     """Predict the test sets where present (families with leaderboard files: GLUE, SWAG) into
     <output>/submission/; false skips them (--no_test)."""

@@ -359,7 +359,8 @@ CPU_ROW_LENGTH = 512
 
 
 def row_length(cfg: FinetuneConfig, model: nn.Module) -> int:
-    """Tokens per packed row for `model` where it is (`LoopOptions.row_length`)."""
+    """Tokens per packed row for `model` where it is (`LoopOptions.row_length`). A task model
+    keeps its encoder as `bert` (model/heads.py), whose positions bound a row."""
     if cfg.row_length is not None:
         return cfg.row_length
     if _device(model).type != "cpu":
