@@ -6,7 +6,9 @@ record it cannot use as a `BadRecord` to `<output>/dead_letter/`. No Beam, no to
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from dataclasses import dataclass
 
 DEAD_LETTER_DIR = "dead_letter"
@@ -31,8 +33,71 @@ class NoOutputError(ValueError):
     ValueError: the input's values are what is wrong."""
 
 
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(OSError):
+    """No space left where a stage writes: one line naming the path being written, with the
+    space it needed (where known) and what the device has left. An OSError, so a caller that
+    cleans up on OSError still does."""
+
+    def __init__(self, path: str, needed: int | None = None):
+        self.path = path
+        left = free_bytes(path)
+        message = f"no space left on the device writing {path}"
+        if needed is not None:
+            message += f": it needs {human_bytes(needed)}"
+        if left is not None:
+            message += f"{',' if needed is not None else ':'} {human_bytes(left)} left there"
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def free_bytes(path: str) -> int | None:
+    """Free bytes on the filesystem holding `path` (its nearest existing folder); None for a
+    remote path or where the system cannot tell."""
+    if "://" in path and not path.startswith("file://"):
+        return None
+    folder = os.path.abspath(path)
+    while folder and not os.path.isdir(folder):
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return None
+
+
+def human_bytes(count: int) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(count) < 1000 or unit == "TB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1000
+    raise AssertionError("unreachable")
+
+
+def disk_full(error: BaseException, path: str | None = None,
+              needed: int | None = None) -> DiskFullError | None:
+    """`error` as a DiskFullError when it, or an error it was raised from or while handling, is
+    ENOSPC or EDQUOT (a library's write deep in torch, Beam or DeepSpeed); None otherwise. The
+    path is the one given, else the failing call's own filename, else "its output"."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, DiskFullError):
+            return error
+        if isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS:
+            return DiskFullError(path or error.filename or "its output", needed)
+        error = error.__cause__ or error.__context__
+    return None
+
+
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
-               PermissionError, NoOutputError)
+               PermissionError, NoOutputError, DiskFullError)
 """What a user's options or inputs cause: reported in one line, not as a traceback."""
 DEBUG_ENV = "BERT_DEBUG"
 OUR_PACKAGES = ("common", "pipelines", "training", "model", "finetune", "flows", "peers")
@@ -51,7 +116,7 @@ def is_user_error(error: BaseException, kinds: tuple[type[BaseException], ...] =
     if not isinstance(error, kinds):
         return False
     tb = error.__traceback__
-    if tb is None or isinstance(error, NoOutputError):
+    if tb is None or isinstance(error, (NoOutputError, DiskFullError)):
         return True
     while tb.tb_next is not None:
         tb = tb.tb_next

@@ -16,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from common.errors import disk_full
+
 MANIFEST_NAME = "manifest.json"
 # mkstemp creates 0600 files; outputs get the mode a plain open() would give (0666 & ~umask).
 # Read once at import, when no other thread can race the set-and-restore.
@@ -84,9 +86,12 @@ def atomic_open(path: str, mode: str = "wb") -> Iterator[Any]:
             os.fsync(f.fileno())
         os.chmod(tmp, _FILE_MODE)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        full = disk_full(e, path)
+        if full is not None and full is not e:
+            raise full from None
         raise
 
 
