@@ -87,6 +87,16 @@ def test_dockerfile_stages_and_pins():
     assert "--no-build-isolation" in stages["gpu-builder"]
 
 
+def test_the_dataflow_image_runs_as_a_non_root_user():
+    text = (INFRA / "dataflow" / "Dockerfile").read_text()
+    final = text.split("\nFROM ")[-1]  # the image Dataflow starts; the launcher stage is a source
+    users = re.findall(r"^USER (.*)$", final, flags=re.MULTILINE)
+    assert users and users[-1] == "1000:1000", users
+    assert re.search(r"useradd [^\n]*--uid 1000 [^\n]*beam", final)
+    assert final.index("USER 1000:1000") > max(m.start() for m in re.finditer(r"^RUN ", final,
+                                                                                flags=re.MULTILINE))
+
+
 def test_pyproject_requirements_script_prints_pyprojects_lists(tmp_path):
     script = INFRA / "docker" / "pyproject_requirements.py"
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
