@@ -31,8 +31,10 @@ import argparse
 import os
 import socket
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 DEFAULT_MASTER_PORT = 29500
 """The rendezvous port of a multi-node launch without one (torch's and DeepSpeed's default)."""
@@ -194,6 +196,26 @@ def refuse_cpu_fallback_in_rank(device: str) -> None:
     own is checked by the launch scripts (`check-gpus`) and the flow before any rank starts."""
     refuse_cpu_fallback(device, {k: v for k, v in os.environ.items()
                                  if k != "CUDA_VISIBLE_DEVICES"})
+
+
+REPORTER_WAIT_S = 120.0
+"""How long a rank that refuses to start, but does not report it, waits for the launcher."""
+
+
+def exit_refused(message: str, prog: str = "bert-pretrain") -> NoReturn:
+    """Stop a rank that refuses to start, which every rank of the launch does, with `message`
+    printed once per node: by local rank 0, then exit 2.
+
+    A launcher (torchrun, DeepSpeed's) ends the other ranks as soon as one exits. So the other
+    ranks do not exit first: they wait for the launcher to end them when the reporting rank
+    has printed and exited. Had one exited first, the launcher could end the reporter before
+    it printed, and the user would see no line at all (seen under load with 2 ranks)."""
+    local_rank = os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))
+    if local_rank == "0":
+        print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    else:
+        time.sleep(REPORTER_WAIT_S)  # a bound, should local rank 0 never get this far
+    raise SystemExit(2)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -953,13 +953,11 @@ def main(argv: list[str] | None = None) -> None:
         if debug_requested() or not is_user_error(e):
             raise
         parser.error(str(e))
-    from training.launch import refuse_cpu_fallback_in_rank
+    from training.launch import exit_refused, refuse_cpu_fallback_in_rank
     try:  # the launch scripts checked before starting the ranks; `torchrun` by hand did not
         refuse_cpu_fallback_in_rank(config.device)
     except ValueError as e:
-        if os.environ.get("RANK", "0") == "0":  # one line, not one per rank
-            print(f"bert-pretrain: error: {e}", file=sys.stderr, flush=True)
-        raise SystemExit(2) from None
+        exit_refused(str(e))
     try:
         result = run(config, args.stop_after_steps)
     except USER_ERRORS as e:

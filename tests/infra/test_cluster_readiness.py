@@ -206,6 +206,23 @@ def test_a_gpu_launch_without_cuda_stops_in_one_line_before_any_rank_starts():
     assert "(device: cuda, as the base and large presets set)" in errors[0]
 
 
+@pytest.mark.skipif(not NO_CUDA, reason="torch sees a GPU here: nothing to refuse")
+def test_the_refusal_reaches_the_user_when_another_rank_refuses_first(tmp_path):
+    """Rank 0 starts 5 s after rank 1 (as under load): rank 1 refuses first, and the launcher
+    ends the other ranks when one exits, yet the user still gets the one line."""
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('RANK') == '0':\n    time.sleep(5)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE"))}
+    env.update(PYTHONPATH=f"{tmp_path}{os.pathsep}{REPO}")
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          "--master_port", str(free_port()), "-m", "training.pretrain",
+                          "--preset", "large"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=300, check=False)
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("bert-pretrain: error")]
+    assert out.returncode != 0 and len(errors) == 1, out.stderr[-3000:]
+    assert "(device: cuda, as the base and large presets set)" in errors[0]
+
+
 # --- communication overlap -------------------------------------------------------------------
 
 def test_gpu_presets_overlap_the_reduction_and_accumulate_in_fp32():
