@@ -51,13 +51,32 @@ def extensions_dir() -> str:
     return str(Path(sys.prefix) / "torch_extensions")
 
 
+def loopback_interface() -> str | None:
+    """The name of this machine's loopback interface ("lo" on Linux, "lo0" on macOS)."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((name for name in ("lo", "lo0") if name in names), None)
+
+
+def launched() -> bool:
+    """Whether a launcher (torchrun, DeepSpeed's, mpirun) started this process as a rank."""
+    return "RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ
+
+
 def init_process_env() -> None:
-    """Defaults for a process not started by a launcher, and the CPU settings (idempotent)."""
+    """Defaults for a process not started by a launcher, and the CPU settings (idempotent).
+
+    A process not started by a launcher is the whole job: its collectives' sockets (gloo's,
+    NCCL's bootstrap) are bound to the loopback interface, so it listens on nothing another
+    machine can reach (`init_process_group` gives it no TCP store either)."""
     env = os.environ
-    if "RANK" not in env and "OMPI_COMM_WORLD_RANK" not in env:
+    if not launched():
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         env.setdefault("MASTER_PORT", str(free_port()))
+        loopback = loopback_interface()
+        if loopback is not None:
+            env.setdefault("GLOO_SOCKET_IFNAME", loopback)
+            env.setdefault("NCCL_SOCKET_IFNAME", loopback)
     env.setdefault("TORCH_EXTENSIONS_DIR", extensions_dir())
     use_own_ninja(env)
     if "TORCH_CUDA_ARCH_LIST" in env:
@@ -72,6 +91,18 @@ def init_process_env() -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     if not torch.cuda.is_available() and env.get(MALLOC_ENV, "keep") != "default":
         keep_freed_memory()
+
+
+def init_process_group(backend: str) -> None:
+    """torch.distributed for a job of one process, which DeepSpeed's `init_distributed` then
+    takes as it is: an in-memory store instead of the TCP store `env://` would start (torch's
+    TCPStore listens on every interface, with no setting for its address). A launched rank
+    keeps `env://`: its peers must reach the store, bound to the interfaces the launcher
+    names (MASTER_ADDR, GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME; infra/README.md)."""
+    import torch.distributed as dist
+    if dist.is_initialized() or os.environ.get("WORLD_SIZE") != "1":
+        return  # mpirun's ranks set WORLD_SIZE later, in DeepSpeed's MPI discovery
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 def use_own_ninja(env) -> None:

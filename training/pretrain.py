@@ -23,8 +23,11 @@ Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 `loss_curve.png`, `checkpoints/<tag>/` (DeepSpeed files + `training_state.json` + per-rank
 `rng_rank*.pt` + `config.json`), `checkpoints/latest`, `hf/` (consolidated fp32 export).
 
-Checkpoints are written to `checkpoints/.tmp-<tag>`, renamed to `<tag>` when every rank is done,
-and only then is `latest` replaced (atomically); the oldest beyond `keep_checkpoints` are deleted.
+Checkpoints (training/checkpoint.py) are written to `checkpoints/.tmp-<tag>`, renamed to `<tag>`
+when every rank is done, and only then is `latest` replaced (atomically); the oldest beyond
+`keep_checkpoints` are deleted. Every checkpoint file is checked before DeepSpeed or torch reads
+it (loadable with weights_only=True, and as its checksums.json records): a planted pickle is
+refused in one line naming it, and runs no code.
 
 Resuming on a different number of ranks: when the optimizer state is partitioned by rank
 (zero_stage >= 1, which bf16 and fp16 require) the checkpoint is converted once with DeepSpeed's
@@ -45,56 +48,34 @@ import functools
 import json
 import logging
 import os
-import random
-import shutil
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from common import storage
 from training import config as cfg
+from training.checkpoint import (
+    CHECKPOINTS,
+    CheckpointState,
+    consolidated_state_dict,
+    has_partitioned_state,
+    load_checkpoint,
+    read_latest,
+    save_checkpoint,
+    shared_consolidated_state_dict,
+    to_universal,
+)
 from training.config import PhaseConfig, PretrainConfig
 from training.loader import LoaderConfig, Remasker, ShardLoader, validation_batches
+from training.ranks import Dist, on_all_ranks
 
 log = logging.getLogger("training.pretrain")
-CHECKPOINTS = "checkpoints"
-LATEST = "latest"
-STATE_FILE = "training_state.json"
 METRIC_KEYS = ("loss", "mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct",
                "nsp_count", "tokens", "samples", "micro_batches")
-
-
-@dataclass(frozen=True)
-class Dist:
-    """This process's place in the job."""
-    rank: int
-    world_size: int
-    on_gpu: bool
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-@dataclass(frozen=True)
-class CheckpointState:
-    """What `training_state.json` in a checkpoint records."""
-    tag: str
-    phase_index: int
-    phase: str
-    step: int
-    world_size: int
-    zero_stage: int
-    loader: dict
-    train_shards: str = ""
-    """`loader.shard_set_digest` of the phase's train shards; empty where a checkpoint does not
-    record it, and then not checked."""
 
 
 # ---------------------------------------------------------------- setup
@@ -123,8 +104,9 @@ def init_distributed() -> Dist:
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 
-    from training.launch import init_process_env
+    from training.launch import init_process_env, init_process_group
     init_process_env()
+    init_process_group(get_accelerator().communication_backend_name())
     deepspeed.init_distributed()  # gloo on the CPU accelerator, nccl on GPUs
     on_gpu = get_accelerator().device_name() == "cuda"
     if on_gpu:
@@ -140,51 +122,17 @@ def shard_manifest(phase: PhaseConfig) -> dict:
     return read_shard_manifest(phase.train_shards)
 
 
-class OtherRankError(ValueError):
-    """A start-of-run check failed on another rank with a user error (its message says which)."""
-
-
-def on_all_ranks(dist: Dist, check: Callable[[], Any], agree: str | None = None) -> Any:
-    """Run a start-of-run check on every rank and make the ranks act as one. If the check
-    raises on any rank (each reads its own filesystem: one node's copy may differ), every rank
-    raises, so none waits forever at the next collective: the failing rank its own error, the
-    others an `OtherRankError` (a user error there) or a RuntimeError naming it. With `agree`
-    (what the result says), results that differ between ranks are an error too. Returns rank
-    0's result."""
-    from common.errors import is_user_error
-
-    error = None
-    try:
-        outcome = (check(), None)
-    except Exception as e:  # noqa: BLE001 (every rank must reach the gather below, whatever failed)
-        error = e
-        outcome = (None, (type(e).__name__, str(e), is_user_error(e)))
-    outcomes: list = [None] * dist.world_size
-    torch.distributed.all_gather_object(outcomes, outcome)
-    if error is not None:
-        raise error
-    for rank, (_, failure) in enumerate(outcomes):
-        if failure is not None:
-            name, message, user = failure
-            if user:
-                raise OtherRankError(f"on rank {rank}: {message}")
-            raise RuntimeError(f"on rank {rank}: {name}: {message}")
-    results = [result for result, _ in outcomes]
-    if agree and any(r != results[0] for r in results):
-        raise ValueError(f"the ranks disagree on {agree} ({results}, by rank): give every "
-                         "node the same files")
-    return results[0]
-
-
 def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
     """The shards of every phase from `first_phase` on (earlier ones are done: their shards may
     be gone), before the first step: a mistake in phase 2's inputs must not surface after
     phase 1's hours. Per phase: the manifest, the sequence length, the vocabulary (size, and
     the file's sha256 against `vocab_dir`'s: same-size vocabularies with other tokens would
-    train silently on ids the tokenizer does not mean), complete local shard files. Across
+    train silently on ids the tokenizer does not mean), complete local shard files, each with
+    the manifest's sha256 and only regular, relatively named members (`verify_shard_files`;
+    above `FULL_CHECK_MAX_BYTES` the loader checks each shard as it reads it instead). Across
     phases: one vocabulary, and NSP in all or none."""
     from common import storage
-    from training.loader import check_shard_files, list_shards
+    from training.loader import check_shard_files, list_shards, verify_shard_files
 
     vocab_file, vocab_sha, vocab_size = None, None, None
     if config.vocab_dir:
@@ -226,7 +174,9 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
                 raise ValueError(f"{where}: shards with {key} {value}, but {first[0]}'s have "
                                  f"{first[1]}: every phase must train one model on one "
                                  "vocabulary, with next-sentence pairs in all phases or none")
-        check_shard_files(list_shards(phase.train_shards, "train")[0])
+        shards = list_shards(phase.train_shards, "train")[0]
+        check_shard_files(shards)
+        verify_shard_files(shards)
 
 
 def same_tokens(recorded_path: str | None, recorded_sha: str, vocab_dir: str) -> bool:
@@ -409,170 +359,6 @@ def summarize(sums: dict[str, float], elapsed: float | None) -> dict[str, float]
     if elapsed:
         out.update(tokens_per_s=sums["tokens"] / elapsed, samples_per_s=sums["samples"] / elapsed)
     return out
-
-
-# ---------------------------------------------------------------- checkpoints
-
-def checkpoint_tag(phase_index: int, phase: PhaseConfig, step: int) -> str:
-    return f"{phase_index:02d}-{phase.name}-step{step:08d}"
-
-
-def read_latest(ckpt_dir: str) -> CheckpointState | None:
-    """The state of the checkpoint `latest` names, or None for a fresh run."""
-    latest = os.path.join(ckpt_dir, LATEST)
-    if not os.path.exists(latest):
-        return None
-    with open(latest, encoding="utf-8") as f:
-        tag = f.read().strip()
-    with open(os.path.join(ckpt_dir, tag, STATE_FILE), encoding="utf-8") as f:
-        state = json.load(f)
-    return CheckpointState(tag=tag, **state)
-
-
-def save_checkpoint(engine, config: PretrainConfig, phase_index: int, phase: PhaseConfig,
-                    step: int, loader: ShardLoader, dist: Dist) -> str:
-    """Write checkpoint `<tag>` atomically (temp dir, rename, then `latest`); keep the last K."""
-    ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
-    tag = checkpoint_tag(phase_index, phase, step)
-    tmp = f".tmp-{tag}"
-    if dist.is_main:
-        shutil.rmtree(os.path.join(ckpt_dir, tmp), ignore_errors=True)  # a crashed attempt
-    torch.distributed.barrier()
-    state = {"phase_index": phase_index, "phase": phase.name, "step": step,
-             "world_size": dist.world_size, "zero_stage": config.zero_stage,
-             "loader": loader.state_dict(), "train_shards": loader.shard_set_digest()}
-    engine.save_checkpoint(ckpt_dir, tag=tmp, client_state={**state, **universal_info()},
-                           save_latest=False)
-    torch.save(rng_state(), os.path.join(ckpt_dir, tmp, f"rng_rank{dist.rank:03d}.pt"))
-    torch.distributed.barrier()
-    if dist.is_main:
-        storage.atomic_write_json(os.path.join(ckpt_dir, tmp, STATE_FILE), state)
-        cfg.save(config, os.path.join(ckpt_dir, tmp, "config.json"))
-        final = os.path.join(ckpt_dir, tag)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(os.path.join(ckpt_dir, tmp), final)
-        storage.atomic_write_text(os.path.join(ckpt_dir, LATEST), tag)
-        prune_checkpoints(ckpt_dir, config.keep_checkpoints, keep=tag)
-    torch.distributed.barrier()
-    return tag
-
-
-def universal_info() -> dict:
-    """What ds_to_universal needs to find in a checkpoint: data parallelism only, so no tensor-
-    or pipeline-parallel merge patterns, just the format version."""
-    from deepspeed.checkpoint.constants import (
-        UNIVERSAL_CHECKPOINT_INFO,
-        UNIVERSAL_CHECKPOINT_VERSION_KEY,
-        UNIVERSAL_CHECKPOINT_VERSION_VALUE,
-    )
-    return {UNIVERSAL_CHECKPOINT_INFO: {
-        UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
-
-
-def prune_checkpoints(ckpt_dir: str, count: int, keep: str) -> None:
-    tags = sorted(t for t in os.listdir(ckpt_dir)
-                  if not t.startswith(".") and os.path.isfile(os.path.join(ckpt_dir, t, STATE_FILE)))
-    for tag in tags[:-count]:
-        if tag != keep:
-            shutil.rmtree(os.path.join(ckpt_dir, tag), ignore_errors=True)
-            shutil.rmtree(os.path.join(ckpt_dir, f"{tag}-universal"), ignore_errors=True)
-
-
-def load_checkpoint(engine, config: PretrainConfig, state: CheckpointState, loader: ShardLoader,
-                    dist: Dist, universal: bool) -> int:
-    """Restore engine (weights, optimizer, scheduler), RNG and loader; returns the step."""
-    ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
-    tag = f"{state.tag}-universal" if universal else state.tag
-    path, _ = engine.load_checkpoint(ckpt_dir, tag=tag, load_optimizer_states=True,
-                                     load_lr_scheduler_states=True)
-    if path is None:
-        raise FileNotFoundError(f"{ckpt_dir}/{tag}: DeepSpeed found no checkpoint to load")
-    loader.load_state_dict(state.loader)
-    rng_file = os.path.join(ckpt_dir, state.tag, f"rng_rank{dist.rank:03d}.pt")
-    if os.path.exists(rng_file) and state.world_size == dist.world_size:
-        set_rng_state(torch.load(rng_file, weights_only=True))
-    return state.step
-
-
-def has_partitioned_state(ckpt_dir: str, tag: str) -> bool:
-    """Whether optimizer state is split by rank (ZeRO >= 1: per-rank `*optim_states.pt` files)."""
-    return any("optim_states" in name for name in os.listdir(os.path.join(ckpt_dir, tag)))
-
-
-def to_universal(ckpt_dir: str, tag: str, dist: Dist) -> None:
-    """Convert `<tag>` once to `<tag>-universal` with DeepSpeed's ds_to_universal (rank 0)."""
-    out = os.path.join(ckpt_dir, f"{tag}-universal")
-    if dist.is_main and not os.path.isdir(out):
-        tmp = os.path.join(ckpt_dir, f".tmp-{tag}-universal")
-        shutil.rmtree(tmp, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                        "--input_folder", os.path.join(ckpt_dir, tag), "--output_folder", tmp,
-                        "--num_extract_workers", "1", "--num_merge_workers", "1"], check=True)
-        os.replace(tmp, out)
-    torch.distributed.barrier()
-
-
-def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
-    """fp32 weights of a checkpoint of any ZeRO stage, in our model's keys."""
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-    zero_files = [f for f in os.listdir(os.path.join(ckpt_dir, tag)) if "optim_states" in f]
-    if zero_files:
-        state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
-    else:  # zero_stage 0, fp32 only (config.py refuses bf16/fp16 there): full-precision module
-        module = torch.load(os.path.join(ckpt_dir, tag, "mp_rank_00_model_states.pt"),
-                            map_location="cpu", weights_only=True)["module"]
-        low = sorted({str(v.dtype) for v in module.values()
-                      if v.is_floating_point() and v.dtype != torch.float32})
-        if low:
-            raise ValueError(f"{ckpt_dir}/{tag}: a ZeRO stage-0 checkpoint with {low} weights; "
-                             "its fp32 master weights are not in the module states "
-                             "(see training/config.py LOW_PRECISION_ZERO0_MESSAGE)")
-        state = module
-    return {k: v.float().contiguous() for k, v in state.items()}
-
-
-def shared_consolidated_state_dict(ckpt_dir: str, tag: str, dist: Dist) -> dict[str, Tensor]:
-    """`consolidated_state_dict` of `tag` on every rank, consolidated once: rank 0 reads the
-    ZeRO shards (all ranks' optimizer-state files: BERT-large's 8 ranks hold ~4.7 GB) and writes
-    the fp32 weights to `<ckpt_dir>/.fp32-<tag>.pt` (atomically), every rank loads that file
-    (1.3 GB for BERT-large, from the page cache), and rank 0 removes it. Every rank consolidating
-    would read all shards once per rank and hold them in host memory at the same time. The
-    checkpoint folder is already on storage every node shares (every rank writes its shard into
-    it), so the file is too. Errors on rank 0 reach every rank (`on_all_ranks`), so none waits."""
-    if dist.world_size == 1:
-        return consolidated_state_dict(ckpt_dir, tag)
-    path = os.path.join(ckpt_dir, f".fp32-{tag}.pt")
-
-    def consolidate() -> None:
-        if dist.is_main:
-            log.info("consolidating %s once, on rank 0, for %d ranks", tag, dist.world_size)
-            with storage.atomic_open(path, "wb") as f:
-                torch.save(consolidated_state_dict(ckpt_dir, tag), f)
-
-    on_all_ranks(dist, consolidate)
-    loaded: dict[str, dict[str, Tensor]] = {}
-
-    def load() -> None:
-        loaded["state"] = torch.load(path, map_location="cpu", weights_only=True)
-
-    on_all_ranks(dist, load)  # every rank has read the file before rank 0 removes it
-    if dist.is_main:
-        os.unlink(path)
-    return loaded["state"]
-
-
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
 
 
 # ---------------------------------------------------------------- metrics
