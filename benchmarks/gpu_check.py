@@ -17,7 +17,8 @@ AdamW, gradient clipping and, on a GPU, compiled layers. It checks, and stops wi
   on CUDA, `training.sync_check.SyncCounter` on CPU;
 - a finite loss that falls over the steps on one repeated batch (it learns).
 
-It prints rows/s and instances/s per GPU at 128 and 512, BERT-large's ratio to NVIDIA's per-GPU
+It prints rows/s and instances/s per GPU at 128 and 512, the model FLOPs utilisation (MFU:
+`model_flops_per_row` x rows/s over the chip's dense bf16 peak, `PEAK_TFLOPS`), BERT-large's ratio to NVIDIA's per-GPU
 figures (8x A100, DeepLearningExamples: 4,591 seq/s at 128 and 1,657 at 512, i.e. ~574 and ~207
 per GPU), the peak memory against `training.memory.estimate`, and one fine-tuning step
 (sequence classification) in bf16.
@@ -47,6 +48,14 @@ from training.sync_check import SyncCounter
 NVIDIA_PER_GPU = {128: 4591 / 8, 512: 1657 / 8}
 """BERT-large pre-training seq/s per A100 (NVIDIA DeepLearningExamples, 8x A100 80GB, bf16)."""
 VOCAB = 30522
+PEAK_TFLOPS = (("H200 NVL", 835.0), ("H200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0),
+               ("H100", 989.0), ("A100", 312.0))
+"""Dense bf16 peak (TF/s) by the name the driver gives (first match; SXM parts unless named)."""
+
+
+def peak_tflops(chip: str) -> float | None:
+    """The dense bf16 peak of `chip` (torch.cuda.get_device_name), or None if not in the table."""
+    return next((tflops for name, tflops in PEAK_TFLOPS if name in chip), None)
 
 
 class CheckFailed(RuntimeError):
@@ -60,7 +69,19 @@ class Shape:
     micro_batch_size: int
 
 
-def synthetic_rows(count: int, seq_len: int, seed: int) -> list[shard_format.Row]:
+def model_flops_per_row(config: BertConfig, seq_len: int, predictions: float) -> float:
+    """Training FLOPs of one row (forward and backward, 3x the forward's multiply-adds x 2):
+    the encoder's projections and feed-forward, attention's two T x T products, and the MLM
+    head (transform and decoder) at the `predictions` masked positions:
+    6 L (4 H^2 + 2 H FF) T + 12 L T^2 H + 6 (H^2 + V H) P."""
+    layers, hidden = config.num_hidden_layers, config.hidden_size
+    return (6 * layers * (4 * hidden ** 2 + 2 * hidden * config.intermediate_size) * seq_len
+            + 12 * layers * seq_len ** 2 * hidden
+            + 6 * (hidden ** 2 + config.vocab_size * hidden) * predictions)
+
+
+def synthetic_rows(count: int, seq_len: int, seed: int,
+                   vocab_size: int = VOCAB) -> list[shard_format.Row]:
     """Rows as make_shards writes them: at 128 one instance per row (90% long, 10% short, as
     `short_seq_prob`), at 512 packed (a second instance where >= 64 tokens are left)."""
     g = np.random.default_rng(seed)
@@ -77,9 +98,9 @@ def synthetic_rows(count: int, seq_len: int, seed: int) -> list[shard_format.Row
         positions = np.concatenate([s + np.sort(g.choice(np.arange(1, k), p, replace=False))
                                     for s, k, p in zip(starts, lengths, predictions)])
         rows.append(shard_format.Row(
-            input_ids=g.integers(1000, VOCAB, n), segment_ids=np.zeros(n, np.uint8),
+            input_ids=g.integers(1000, vocab_size, n), segment_ids=np.zeros(n, np.uint8),
             sequence_ids=np.repeat(np.arange(len(lengths)), lengths).astype(np.uint8),
-            masked_lm_positions=positions, masked_lm_ids=g.integers(1000, VOCAB, len(positions)),
+            masked_lm_positions=positions, masked_lm_ids=g.integers(1000, vocab_size, len(positions)),
             next_sentence_labels=g.integers(0, 2, len(lengths)).astype(np.int8)))
     return rows
 
@@ -180,7 +201,9 @@ def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: 
         raise CheckFailed(f"{shape}: the loss does not fall on a repeated batch: {losses}")
     estimate = memory.estimate(config, shape.seq_len, shape.micro_batch_size, ranks=1)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    predictions = sum(len(r.masked_lm_positions) for r in rows) / len(rows)
     return {"rows_per_s": shape.micro_batch_size * steps / seconds,
+            "flops_per_row": model_flops_per_row(config, shape.seq_len, predictions),
             "instances_per_s": instances * steps / seconds, "losses": losses,
             "peak": peak, "estimate": estimate.total, "tokens": int(batch["input_ids"].numel())}
 
@@ -250,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['rows_per_s']:8.1f} rows/s/GPU, {r['instances_per_s']:8.1f} "
                     f"instances/s/GPU; loss {r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}; "
                     f"no math SDPA, no sync")
+            peak = peak_tflops(torch.cuda.get_device_name(device)) if device.type == "cuda" \
+                else None
+            if peak:
+                line += f"; MFU {r['rows_per_s'] * r['flops_per_row'] / (peak * 1e12):.1%}"
             if shape.model == "bert_large":
                 nvidia = NVIDIA_PER_GPU[shape.seq_len]
                 line += f"; vs NVIDIA {nvidia:.0f} seq/s/GPU: {r['rows_per_s'] / nvidia:.2f}x"
