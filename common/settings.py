@@ -196,7 +196,7 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
         current = getattr(config, key)
         if dataclasses.is_dataclass(current):
             changes[key] = apply(current, _mapping(value, path, label), f"{path}.", label)
-        elif key in items:  # `phases.1.steps`
+        elif key in items and isinstance(value, Mapping):  # `phases.1.steps`
             for name, entry in _mapping(value, path, label).items():
                 index = _item_index(items[key], str(name))
                 if index is None:
@@ -206,6 +206,8 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
                 items[key][index] = apply(items[key][index], _mapping(entry, f"{path}.{name}",
                                                                       label),
                                           f"{path}.{index}.", label)
+        elif _item_class(hints[key]) is not None:  # a whole list: `sources: [{...}, ...]`
+            changes[key] = build_items(_item_class(hints[key]), value, f"{path}.", label)
         else:
             name = _template(label).format(setting=path, message="").removesuffix(": ")
             changes[key] = convert_setting(name, value, hints[key])
@@ -219,6 +221,48 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
         if not prefix:
             raise
         raise ValueError(f"{label} {prefix.rstrip('.')}: {error}") from None
+
+
+def _item_class(hint: Any) -> type | None:
+    """The dataclass of a `tuple[SomeConfig, ...]` field, else None."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and args and dataclasses.is_dataclass(args[0]):
+        return args[0]
+    return None
+
+
+def build_items(cls: type, value: Any, prefix: str, label: str = "setting") -> tuple:
+    """A tuple field of dataclasses set whole: `value` is a list (or JSON list text) of
+    mappings, each item built from its fields (`build`); an error names `prefix` + index."""
+    try:
+        entries = _as_list(value)
+    except (TypeError, ValueError) as e:
+        raise SettingError(prefix.rstrip("."), f"takes a list of mappings ({e})",
+                           _template(label)) from None
+    return tuple(build(cls, _mapping(entry, f"{prefix}{i}", label), f"{prefix}{i}.", label)
+                 for i, entry in enumerate(entries))
+
+
+def build(cls: type, values: Mapping[str, Any], prefix: str = "", label: str = "setting") -> Any:
+    """A dataclass `cls` made from a mapping of its fields (required ones included), each
+    value converted to its field's type; errors name the setting (`prefix` + field)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    needed = [name for name, f in fields.items()
+              if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    unknown = [str(k) for k in values if str(k) not in fields]
+    for key in unknown or [name for name in needed if name not in values][:1]:
+        message = ("unknown field" if key in unknown else "is required") + \
+            f" (fields: {list(fields)})"
+        raise SettingError(f"{prefix}{key}", message, _template(label))
+    hints = typing.get_type_hints(cls)
+    required = {name: convert_setting(
+        _template(label).format(setting=prefix + name, message="").removesuffix(": "),
+        values[name], hints[name]) for name in needed}
+    try:
+        item = cls(**required)
+    except SettingError as error:
+        raise error.within(prefix, _template(label)) from None
+    return apply(item, {k: v for k, v in values.items() if k not in required}, prefix, label)
 
 
 def _template(label: str) -> str:

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -93,6 +94,18 @@ def atomic_open(path: str, mode: str = "wb") -> Iterator[Any]:
         if full is not None and full is not e:
             raise full from None
         raise
+
+
+_TEMPORARY_NAME = re.compile(r"^\.(?P<target>.+)\.[a-z0-9_]{8}\.tmp$")
+"""`atomic_open`'s temporaries: mkstemp's `.<name>.<8 random characters>.tmp` beside <name>."""
+
+
+def temporary_target(name: str) -> str | None:
+    """The file name an `atomic_open` temporary called `name` was written for, else None. A
+    process killed mid-write (kill -9, out of memory) leaves its temporary behind; a re-run
+    of the same job removes the ones of the names it writes (`pipelines.jobs`)."""
+    match = _TEMPORARY_NAME.match(name)
+    return match.group("target") if match else None
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:

@@ -5,7 +5,9 @@ config is a flow setting at once: `vocab` is train_vocab's `VocabConfig`, `shard
 `shards.phase2` are make_shards' `ShardsConfig` (one per pre-training phase), `pretrain` is the
 training entry point's `PretrainConfig` (its phases by name: `pretrain.phase1.steps`), and
 `finetune` fine-tuning's `TasksConfig` (finetune/config.py, whose fields are also
-`bert-finetune`'s flags). Each preset is composed of the stages' presets of its
+`bert-finetune`'s flags). `data.sources` is a list of `SourceConfig`s (a user's own text,
+pipelines/documents/source.py), set whole from a settings file's list or one field by name
+(`--set data.sources.poems.weight=2`). Each preset is composed of the stages' presets of its
 name. Paths may be local folders or URLs (`gs://...`).
 
 Overrides come as a nested mapping (`{"pretrain": {"phase1": {"steps": 20}}}`) from deployment
@@ -29,6 +31,7 @@ from typing import Any, Literal
 
 from common import settings
 from finetune.config import TasksConfig
+from pipelines.documents.source import SourceConfig
 from pipelines.shards import config as shards_config
 from pipelines.shards.config import ShardsConfig
 from pipelines.vocab import wordpiece
@@ -46,8 +49,34 @@ class DataConfig:
     """MediaWiki pages-articles dump(s): a file, glob or folder; "" skips Wikipedia; None: unset."""
     books: str | None = None
     """Book text files (one book per file): a file, glob or folder; "" skips books; None: unset."""
+    sources: tuple[SourceConfig, ...] = ()
+    """Your own text: a list of sources (name, kind, path, text_field, id_field, title_field,
+    split, weight, licence; pipelines/documents/source.py, README "Your own corpus").
+    `wikipedia` and `books` above are shorthands for sources of those kinds."""
     beam_args: tuple[str, ...] = ()
     """Beam pipeline options for every data job, e.g. ("--runner=DataflowRunner", "--project=p")."""
+
+    def __post_init__(self):
+        names = [s.name for s in self.all_sources()]
+        settings.check(len(set(names)) == len(names), "sources",
+                       f"source names repeat (data.wikipedia and data.books are the sources "
+                       f"named wikipedia and books): {names}")
+
+    def all_sources(self) -> tuple[SourceConfig, ...]:
+        """Every source of the run: the shorthands' (weight 1), then `sources`."""
+        shorthands = tuple(SourceConfig(name=kind, kind=kind, path=path)
+                           for kind, path in (("wikipedia", self.wikipedia), ("books", self.books))
+                           if path)
+        return shorthands + self.sources
+
+    def path_of(self, kind: str) -> str:
+        """The input of the wikipedia or books source ("" when there is none)."""
+        return next((s.path for s in self.all_sources() if s.kind == kind), "")
+
+    def input_paths(self) -> list[tuple[str, str]]:
+        """(setting, path pattern) of every source, for the checks that look at inputs."""
+        given = [(f"data.{kind}", getattr(self, kind)) for kind in ("wikipedia", "books")]
+        return given + [(f"data.sources.{s.name}.path", s.path) for s in self.sources]
 
 
 @dataclass(frozen=True)
@@ -148,7 +177,11 @@ def tiny() -> DagConfig:
     return DagConfig(
         name="tiny",
         output=str(REPO / "runs" / "tiny"),
-        data=DataConfig(wikipedia=str(SAMPLE / "wiki"), books=str(SAMPLE / "books")),
+        data=DataConfig(wikipedia=str(SAMPLE / "wiki"), books=str(SAMPLE / "books"), sources=(
+            # a user's own corpus: JSONL records with an id, a title and the text
+            SourceConfig(name="poems", kind="jsonl", path=str(SAMPLE / "jsonl"),
+                         id_field="id", title_field="title",
+                         licence="public domain (Project Gutenberg)"),)),
         vocab=wordpiece.tiny(),
         shards=ShardPhases(shards_config.tiny(1), shards_config.tiny(2)),
         pretrain=training.tiny(),
@@ -297,7 +330,7 @@ def check_output(cfg: DagConfig, data_only: bool) -> None:
             f"data.beam_args run Beam on Dataflow, whose workers cannot write to {cfg.output} "
             "on this machine: set output to a gs:// folder and run the data stages alone "
             "(--data_only)")
-    for key, value in (("data.wikipedia", cfg.data.wikipedia), ("data.books", cfg.data.books)):
+    for key, value in cfg.data.input_paths():
         local = [path for path in (value or "").split(",") if path and "://" not in path]
         if local:
             raise ValueError(f"setting {key}={value!r}: Dataflow's workers cannot read {local[0]} "
@@ -318,8 +351,7 @@ def check_inputs_exist(cfg: DagConfig, data_only: bool = False) -> None:
     paths name) before the first stage: a missing fine-tuning folder must not surface
     only after pre-training. Remote inputs are checked by the jobs that read them; a data-only
     run reads no fine-tuning data."""
-    local = [("data.wikipedia", cfg.data.wikipedia), ("data.books", cfg.data.books),
-             ("pretrain.init_from", cfg.pretrain.init_from)]
+    local = [*cfg.data.input_paths(), ("pretrain.init_from", cfg.pretrain.init_from)]
     local += [] if data_only else [("finetune.data", cfg.finetune.data)]
     for key, value in local:
         for path in (value or "").split(","):
@@ -347,7 +379,8 @@ INPUT_PATHS = ("data.wikipedia", "data.books", "finetune.data")
 
 
 def unset_settings(cfg: DagConfig) -> list[str]:
-    """The input paths still None."""
+    """The input paths still None (a run on `data.sources` alone sets data.wikipedia and
+    data.books to "")."""
     return [key for key in INPUT_PATHS
             if getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1]) is None]
 

@@ -1,8 +1,9 @@
 """The `pretrain-bert` flow: the whole BERT DAG, each task one library call.
 
     extract Wikipedia ┐
-                      ├> build corpus -> train vocab -> shards 128 ┐
-    extract books ────┘                            └-> shards 512 ┴> pretrain (phase 1 -> 2)
+    extract books ────┼> build corpus -> train vocab -> shards 128 ┐
+    extract documents ┘  (mixture)                 └-> shards 512 ┴> pretrain (phase 1 -> 2)
+      (one per source of data.sources: your own text)
                        (pretrain.init_from: the checkpoint's vocabulary instead of train vocab)
         -> export Hugging Face folder -> fine-tune (tasks x learning rates x seeds) -> best
         -> report
@@ -24,6 +25,7 @@ from flows import finetune_runs, steps
 from flows import report as reporting
 from flows.config import DagConfig, check_inputs_exist, resolve
 from flows.stages import StageResult
+from pipelines.documents.source import SourceConfig
 
 # Stage outputs are content-addressed on disk; Prefect's own result caching stays off.
 IO_TASK = {"retries": 2, "retry_delay_seconds": 5, "cache_policy": NO_CACHE}
@@ -38,6 +40,11 @@ def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
 @task(name="extract-books", **IO_TASK)
 def extract_books(cfg: DagConfig) -> StageResult | None:
     return steps.extract_books(cfg)
+
+
+@task(name="extract-documents", **IO_TASK)
+def extract_documents(cfg: DagConfig, source: SourceConfig) -> StageResult:
+    return steps.extract_documents(cfg, source)
 
 
 @task(name="build-corpus", **IO_TASK)
@@ -120,7 +127,9 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     # it), taken first: a wrong init_from fails before the data stages' hours.
     own_vocab = checkpoint_vocab(cfg) if cfg.pretrain.init_from else None
     wiki, books = extract_wikipedia.submit(cfg), extract_books.submit(cfg)
-    sources = [s for s in (wiki.result(), books.result()) if s is not None]
+    own = [extract_documents.submit(cfg, s) for s in cfg.data.all_sources() if s.generic]
+    sources = [s for s in (wiki.result(), books.result(), *(f.result() for f in own))
+               if s is not None]
     corpus = build_corpus(cfg, sources)
     vocab = own_vocab or train_vocab(cfg, corpus)
     shards = [make_shards.submit(cfg, corpus, vocab, phase) for phase in (1, 2)]

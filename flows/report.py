@@ -1,5 +1,6 @@
-"""The run's Markdown report: stage timings, data statistics, the loss curve and the
-fine-tuning table."""
+"""The run's Markdown report: stage timings, data statistics, the mixture ledger (per source:
+what was read, dropped, repeated and kept, and its share of the corpus), the loss curve and
+the fine-tuning table."""
 from __future__ import annotations
 
 import os
@@ -25,6 +26,10 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
     lines += [f"| {r['stage']} | {'yes' if r['cached'] else 'no'} | {r['seconds']} | "
               f"`{r['output']}` |" for r in rows]
     lines += ["", "## Data", ""] + [f"- {k}: {v}" for k, v in stats.items()]
+    corpus = next((s for s in stages if s.stage == "corpus"), None)
+    ledger = corpus.manifest.get("ledger", {}) if corpus else {}
+    if ledger:
+        lines += ["", "## Mixture (per source)", "", *ledger_table(ledger)]
     if pretrain:
         lines += ["", "## Pre-training", ""]
         for split, record in pretrain.manifest.get("final_metrics", {}).items():
@@ -39,7 +44,30 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
     path = storage.join(folder or cfg.output, filename)
     storage.atomic_write_text(path, text)
     return {"markdown": text, "path": path, "stages": rows, "loss_curve": loss_curve,
-            "finetune_table": finetune["table"] if finetune else "", "statistics": stats}
+            "finetune_table": finetune["table"] if finetune else "", "statistics": stats,
+            "ledger": ledger}
+
+
+LEDGER_COLUMNS = (
+    ("weight", "weight"), ("licence", "licence"), ("records_read", "records read"),
+    ("input_bytes", "input bytes"), ("bad_records", "bad"), ("documents_in", "documents in"),
+    ("duplicates_removed", "duplicates"), ("doc_id_conflicts", "id conflicts"),
+    ("without_sentences", "no sentence"), ("sampled_out", "sampled out"),
+    ("repeats_added", "repeats"), ("documents_out", "documents out"),
+    ("bytes_in", "bytes in"), ("bytes_out", "bytes out"), ("sentences_in", "sentences in"),
+    ("sentences_out", "sentences out"), ("words_in", "words in"), ("words_out", "words out"),
+    ("share_documents", "share (documents)"), ("share_bytes", "share (bytes)"))
+"""The ledger's columns (build_corpus's manifest `ledger`), with their headings."""
+
+
+def ledger_table(ledger: dict[str, dict]) -> list[str]:
+    """The mixture ledger as Markdown table lines, one row per source (unknown: -)."""
+    lines = ["| source | " + " | ".join(h for _, h in LEDGER_COLUMNS) + " |",
+             "|---|" + "---:|" * len(LEDGER_COLUMNS)]
+    for name, row in ledger.items():
+        cells = ["-" if row.get(key) in (None, "") else str(row[key]) for key, _ in LEDGER_COLUMNS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _data_statistics(stages: list[StageResult]) -> dict[str, Any]:

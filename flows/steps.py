@@ -20,6 +20,7 @@ from common import storage
 from flows.config import DagConfig
 from flows.launch import run_subprocess
 from flows.stages import StageResult, run_stage
+from pipelines.documents.source import SourceConfig
 from training import config as training
 from training.config import PretrainConfig
 
@@ -33,7 +34,7 @@ def describe(cfg: DagConfig) -> str:
 def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
     from pipelines import extract_wikipedia as job
 
-    pattern = cfg.data.wikipedia
+    pattern = cfg.data.path_of("wikipedia")
     if not pattern:
         return None
     config = job.WikipediaConfig()
@@ -46,12 +47,25 @@ def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
 def extract_books(cfg: DagConfig) -> StageResult | None:
     from pipelines import extract_books as job
 
-    pattern = cfg.data.books
+    pattern = cfg.data.path_of("books")
     if not pattern:
         return None
     key = extract_stage_config(pattern, _inputs_fingerprint(pattern), job.OUTPUT_VERSION)
     return run_stage(cfg.output, "books", key, lambda out: job.run(
         job.ExtractBooksConfig(input=pattern, output=out), cfg.data.beam_args))
+
+
+def extract_documents(cfg: DagConfig, source: SourceConfig) -> StageResult:
+    """One of the user's own sources (a generic kind) -> its documents folder, stage
+    `documents-<name>`. Its weight is the corpus stage's (applied after deduplication), so a
+    new weight reuses this folder."""
+    from pipelines import extract_documents as job
+
+    source = dataclasses.replace(source, weight=1.0)
+    key = {**extract_stage_config(source.path, _inputs_fingerprint(source.path),
+                                  job.OUTPUT_VERSION), "source": dataclasses.asdict(source)}
+    return run_stage(cfg.output, f"documents-{source.name}", key, lambda out: job.run(
+        job.ExtractDocumentsConfig(sources=(source,), output=out), cfg.data.beam_args))
 
 
 def extract_stage_config(pattern: str, fingerprint: str, output_version: int) -> dict[str, Any]:
@@ -63,10 +77,13 @@ def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
     from pipelines import build_corpus as job
 
     if not sources:
-        raise ValueError("no data sources: set data.wikipedia and/or data.books")
+        raise ValueError("no data sources: set data.wikipedia, data.books and/or data.sources")
     inputs = ",".join(s.path for s in sources)
-    return run_stage(cfg.output, "corpus", {}, lambda out: job.run(
-        job.BuildCorpusConfig(input=inputs, output=out), cfg.data.beam_args),
+    mixture = cfg.data.all_sources()
+    key = {"mixture": [{"name": s.name, "weight": s.weight, "licence": s.licence}
+                       for s in mixture]}
+    return run_stage(cfg.output, "corpus", key, lambda out: job.run(
+        job.BuildCorpusConfig(input=inputs, output=out, sources=mixture), cfg.data.beam_args),
         upstream=tuple(sources))
 
 

@@ -14,8 +14,21 @@ shard. `--text_output` also writes `corpus-....txt` next to each shard in the re
 
 Bad records go to `<output>/dead_letter/` and are counted: a document with no sentence, and a
 doc_id that two inputs use for different texts (the one from the smaller source_file is kept).
-`manifest.json` is written last: config + hash, counts, inputs (with each input folder's
-config_hash), outputs with sha256.
+
+The mixture: after deduplication and sentence splitting, each document is kept, dropped or
+repeated by its source's weight (`--sources`, pipelines/documents/source.py: a sampling factor,
+0.5 keeps about half the documents by a hash of (source, doc_id), 3 keeps each three times,
+the copies named `<doc_id>#r1`, `#r2`); a source not listed has weight 1. Applied after the
+exact deduplication because copies are duplicates by design: before it, they would be removed
+again. The manifest's `ledger` has a row per source (the documents' `source`): what its
+extraction job read (records, input bytes, bad records, from that folder's manifest), then here
+documents, text bytes (UTF-8 of the passages), sentences and words (whitespace-separated) in
+and out, what each step dropped (duplicates, doc_id conflicts, no sentence, sampled out),
+repeats added, and its share of the final corpus (of documents and of text bytes); with the
+source's weight and licence label.
+
+`manifest.json` is written last: config + hash, counts, the ledger, inputs (with each input
+folder's config_hash), outputs with sha256.
 """
 from __future__ import annotations
 
@@ -36,12 +49,19 @@ from common.settings import check
 from pipelines import jobs, parquet_io
 from pipelines.corpus import sentences
 from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
+from pipelines.documents import source as mixture
+from pipelines.documents.source import SourceConfig
 
 NAMESPACE = "build_corpus"
 PREFIX = "corpus"
 DUPLICATES_FILE = "duplicates/duplicates-00000-of-00001.jsonl"
 COUNTERS = ("input_files", "documents_read", "duplicates_removed", "doc_id_conflicts",
             "documents_without_sentences", "bad_records", "documents", "passages", "sentences")
+LEDGER_NAMESPACE = "build_corpus.sources"
+"""Per-source counters, named `<source>/<counter>`."""
+LEDGER_COUNTS = ("documents_in", "bytes_in", "duplicates_removed", "doc_id_conflicts",
+                 "without_sentences", "sentences_in", "words_in", "sampled_out", "repeats_added",
+                 "documents_out", "bytes_out", "sentences_out", "words_out")
 log = logging.getLogger(__name__)
 
 
@@ -57,10 +77,36 @@ class BuildCorpusConfig:
     text_output: bool = False
     """Also write each shard in the reference text format (one sentence per line, a blank
     line between documents) next to it (.txt)."""
+    sources: tuple[SourceConfig, ...] = ()
+    """The mixture: each source's weight and licence, by name (a JSON list of sources, as
+    extract_documents takes them); a source not listed has weight 1."""
 
     def __post_init__(self):
         check(self.num_shards >= 0, "num_shards",
               f"must be >= 0 (0 = automatic), got {self.num_shards}")
+        names = [s.name for s in self.sources]
+        check(len(set(names)) == len(names), "sources", f"source names repeat: {names}")
+
+    def weights(self) -> dict[str, float]:
+        return {s.name: s.weight for s in self.sources}
+
+
+def _count(source: str, name: str, value: int = 1) -> None:
+    beam.metrics.Metrics.counter(LEDGER_NAMESPACE, f"{source}/{name}").inc(value)
+
+
+def text_bytes(passages: Iterable[str]) -> int:
+    return sum(len(p.encode("utf-8")) for p in passages)
+
+
+def words(sentences_: Iterable[str]) -> int:
+    return sum(len(s.split()) for s in sentences_)
+
+
+def weighted(row: dict, weight: float) -> list[dict]:
+    """A corpus row's copies under its source's weight (pipelines/documents/source.py)."""
+    return [{**row, "doc_id": doc_id}
+            for doc_id in mixture.copy_ids(row["source"], row["doc_id"], weight)]
 
 
 def normalized_text(passages: Iterable[str]) -> str:
@@ -104,6 +150,7 @@ class DedupeFn(beam.DoFn):
         kept, removed = keep_first(records)
         for other in removed:
             self.removed.inc()
+            _count(other["source"], "duplicates_removed")
             yield pvalue.TaggedOutput("duplicates", _duplicate_line(other, kept))
         yield kept
 
@@ -126,6 +173,7 @@ class UniqueIdFn(beam.DoFn):
         kept, others = keep_first(records)
         for other in others:
             self.conflicts.inc()
+            _count(other["source"], "doc_id_conflicts")
             self.bad.inc()
             reason = f"doc_id also used by {kept['source_file']} for a different text (kept that one)"
             yield pvalue.TaggedOutput("dead_letter",
@@ -142,15 +190,38 @@ class SplitSentencesFn(beam.DoFn):
     def process(self, record: dict):
         row = corpus_record(record)
         if not row["sentences"]:
+            _count(record["source"], "without_sentences")
             self.counters["documents_without_sentences"].inc()
             self.counters["bad_records"].inc()
             yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(
                 record["source_file"], record["doc_id"], "document has no sentence").to_json())
             return
-        self.counters["documents"].inc()
-        self.counters["passages"].inc(len(row["passages"]))
-        self.counters["sentences"].inc(len(row["sentences"]))
+        _count(row["source"], "sentences_in", len(row["sentences"]))
+        _count(row["source"], "words_in", words(row["sentences"]))
         yield row
+
+
+class MixFn(beam.DoFn):
+    """corpus row -> its copies under its source's weight (none: sampled out)."""
+
+    def __init__(self, weights: dict[str, float]):
+        self.weights = weights
+        self.counters = {name: beam.metrics.Metrics.counter(NAMESPACE, name) for name in COUNTERS}
+
+    def process(self, row: dict):
+        kept = weighted(row, self.weights.get(row["source"], 1.0))
+        source, size = row["source"], text_bytes(row["passages"])
+        if not kept:
+            _count(source, "sampled_out")
+        _count(source, "repeats_added", max(len(kept) - 1, 0))
+        for name, value in (("documents_out", 1), ("bytes_out", size),
+                            ("sentences_out", len(row["sentences"])),
+                            ("words_out", words(row["sentences"]))):
+            _count(source, name, value * len(kept))
+        self.counters["documents"].inc(len(kept))
+        self.counters["passages"].inc(len(row["passages"]) * len(kept))
+        self.counters["sentences"].inc(len(row["sentences"]) * len(kept))
+        yield from kept
 
 
 class ReadDocumentsFn(beam.DoFn):
@@ -171,6 +242,8 @@ class ReadDocumentsFn(beam.DoFn):
             for row in parquet_io.parquet_rows(path, list(DOCUMENT_SCHEMA.names)):
                 rows += 1
                 self.read.inc()
+                _count(row["source"], "documents_in")
+                _count(row["source"], "bytes_in", text_bytes(row["passages"]))
                 yield row
         except (pa.ArrowException, OSError) as e:
             self.bad.inc()
@@ -180,8 +253,13 @@ class ReadDocumentsFn(beam.DoFn):
 
 
 class BuildCorpus(beam.PTransform):
-    """Composite: documents rows -> unique corpus rows (main), plus `duplicates` and
+    """Composite: documents rows -> unique corpus rows, each repeated or sampled by its
+    source's weight (`weights`, by source; 1 when absent) (main), plus `duplicates` and
     `dead_letter` JSON lines."""
+
+    def __init__(self, weights: dict[str, float] | None = None):
+        super().__init__()
+        self.weights = weights or {}
 
     def expand(self, documents):
         deduped = (documents
@@ -195,8 +273,9 @@ class BuildCorpus(beam.PTransform):
         split = (unique.unique
                  | "Sentences" >> beam.ParDo(SplitSentencesFn()).with_outputs("dead_letter",
                                                                                 main="corpus"))
+        mixed = split.corpus | "Mix" >> beam.ParDo(MixFn(self.weights))
         dead = (unique.dead_letter, split.dead_letter) | "DeadLetters" >> beam.Flatten()
-        return {"corpus": split.corpus, "duplicates": deduped.duplicates, "dead_letter": dead}
+        return {"corpus": mixed, "duplicates": deduped.duplicates, "dead_letter": dead}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -249,12 +328,13 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
         storage.makedirs(config.output)
         parquet_io.clear_previous_output(config.output, PREFIX, [duplicates_path(config.output)])
 
-    with beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline:
+    with (jobs.disk_full_reported(config.output),
+          beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline):
         read = (pipeline
                 | "Files" >> beam.Create(files)
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(ReadDocumentsFn()).with_outputs("dead_letter", main="rows"))
-        built = read.rows | "Build" >> BuildCorpus()
+        built = read.rows | "Build" >> BuildCorpus(config.weights())
         dead_letters = ((read.dead_letter, built["dead_letter"])
                         | "AllDeadLetters" >> beam.Flatten())
         _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
@@ -266,7 +346,67 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
     if dry_run:
         return jobs.dry_run_summary(NAMESPACE, pipeline)
     counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
-    return finish(config, files, folders, sizes, num_shards, text_column, counts)
+    ledger = build_ledger(config.sources, extraction_counts(folders),
+                          source_counts(pipeline.result))
+    return finish(config, files, folders, sizes, num_shards, text_column, counts, ledger)
+
+
+def source_counts(result) -> dict[str, dict[str, int]]:
+    """{source: {counter: value}} of a finished pipeline's per-source counters."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    found: dict[str, dict[str, int]] = {}
+    query = result.metrics().query(MetricsFilter().with_namespace(LEDGER_NAMESPACE))
+    for counter in query["counters"]:
+        source, _, name = counter.key.metric.name.rpartition("/")
+        entry = found.setdefault(source, dict.fromkeys(LEDGER_COUNTS, 0))
+        entry[name] = entry.get(name, 0) + (counter.committed or 0)
+    return found
+
+
+def extraction_counts(folders: dict[str, str]) -> dict[str, dict]:
+    """What each source's extraction job read, from the input folders' manifests: records read,
+    bad records, input bytes (and licence where declared), by source name."""
+    found: dict[str, dict] = {}
+    for folder in folders:
+        manifest = storage.read_manifest(folder) or {}
+        counts = manifest.get("counts", {})
+        inputs = sum(i.get("bytes", i.get("size_bytes", 0)) for i in manifest.get("inputs", []))
+        if manifest.get("stage") == "extract_documents":
+            for name, entry in manifest.get("sources", {}).items():
+                found[name] = {k: entry[k] for k in ("records_read", "bad_records",
+                                                     "input_bytes", "licence")}
+        elif manifest.get("stage") == "extract_books":
+            found["books"] = {"records_read": counts.get("files_read", 0),
+                              "bad_records": counts.get("bad_records", 0), "input_bytes": inputs}
+        elif manifest.get("stage") == "extract_wikipedia":
+            found["wikipedia"] = {"records_read": counts.get("pages_read", 0),
+                                  "bad_records": counts.get("bad_records", 0),
+                                  "input_bytes": inputs}
+    return found
+
+
+def build_ledger(sources: Sequence[SourceConfig], extracted: dict[str, dict],
+                 counts: dict[str, dict[str, int]]) -> dict[str, dict]:
+    """The mixture ledger: per source, its declaration, what its extraction read, what this job
+    took in, dropped, repeated and wrote, and its share of the corpus."""
+    declared = {s.name: s for s in sources}
+    total_docs = sum(c["documents_out"] for c in counts.values()) or 1
+    total_bytes = sum(c["bytes_out"] for c in counts.values()) or 1
+    ledger = {}
+    for name in sorted(counts.keys() | declared.keys()):
+        row = counts.get(name, dict.fromkeys(LEDGER_COUNTS, 0))
+        source = declared.get(name)
+        read = extracted.get(name, {})
+        ledger[name] = {
+            "weight": source.weight if source else 1.0,
+            "licence": (source.licence if source else "") or read.get("licence", ""),
+            "records_read": read.get("records_read"), "bad_records": read.get("bad_records"),
+            "input_bytes": read.get("input_bytes"),
+            **row,
+            "share_documents": round(row["documents_out"] / total_docs, 4),
+            "share_bytes": round(row["bytes_out"] / total_bytes, 4)}
+    return ledger
 
 
 def duplicates_path(output: str) -> str:
@@ -275,7 +415,7 @@ def duplicates_path(output: str) -> str:
 
 def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
            sizes: dict[str, int], num_shards: int, text_column: str | None,
-           counts: dict[str, int]) -> dict:
+           counts: dict[str, int], ledger: dict[str, dict] | None = None) -> dict:
     """After the pipeline: complete the shard set, check counts against rows, write manifest."""
     shards = parquet_io.finish_shards(config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
     dead_letters = parquet_io.finish_dead_letters(config.output, counts["bad_records"] > 0)
@@ -295,6 +435,7 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
                                                 "inputs": sorted(folders.values())}),
         "num_shards": num_shards,
         "counts": counts,
+        "ledger": ledger or {},
         "inputs": [{"path": f, "bytes": sizes[f]} for f in files],
         "input_config_hashes": folders,
         "outputs": parquet_io.outputs_entry(config.output, [*shards, dead_letters, duplicates]),

@@ -187,7 +187,8 @@ def run(config: ExtractBooksConfig, beam_args: Sequence[str] = ()) -> dict:
         storage.makedirs(config.output)
         parquet_io.clear_previous_output(config.output, PREFIX)
 
-    with beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline:
+    with (jobs.disk_full_reported(config.output),
+          beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline):
         results = (pipeline
                    | "Files" >> beam.Create(files)
                    | "Spread" >> beam.Reshuffle()

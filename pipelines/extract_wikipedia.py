@@ -12,6 +12,9 @@ bytes, whatever the runner or number of workers. Files are written under a tempo
 renamed. Pages that cannot be read go to `dead_letter/`; `manifest.json` (config, hash, counts,
 inputs, outputs with sha256) is written last. A run that keeps no article at all (e.g. its input
 is not a MediaWiki dump) writes no manifest and fails naming the input and its dead letters.
+A full disk ends the job with one line naming the file being written and the space left (the
+space needed is not known before the pages are extracted) and no manifest; a run removes on
+start the temporaries a killed run of this job left (`parquet_io.clear_previous_output`).
 """
 from __future__ import annotations
 
@@ -281,7 +284,8 @@ def run(config: WikipediaConfig, input: str, output: str, beam_args: Sequence[st
     LOG.info("%d input files -> %d splits", len(files), len(splits))
     output_dir, num_splits = output, len(splits)
 
-    with beam.Pipeline(runner=local_runner(options), options=options) as pipeline:
+    with (jobs.disk_full_reported(output),
+          beam.Pipeline(runner=local_runner(options), options=options) as pipeline):
         _ = (
             pipeline
             | "Splits" >> beam.Create(splits)

@@ -5,16 +5,38 @@ and a thin `main(argv)`: its flags come from its config dataclass (`config_parse
 job's parser does not know are handed to Beam's `PipelineOptions`, so the standard options
 (`--runner`, `--direct_num_workers`, `--project`, `--region`, `--temp_location`, `--setup_file`,
 `--sdk_container_image`, ...) work on every job.
+
+What a run leaves when it fails or is killed:
+- a full disk: the job ends with one line, `<job>: error: no space left on the device writing
+  <path>: <space> left there` (exit 2), and writes no manifest (`disk_full_reported`);
+- a kill -9: the `atomic_open` temporaries it was writing and its Beam file sinks'
+  `beam-temp-*` folders stay; the next run of the same job into the same folder removes them
+  on start (`remove_stale_temporaries`), never any other file;
+- Beam's worker processes (`--direct_running_mode=multi_processing`) end with the process that
+  started them, the job or the flow that runs it, even when it is killed (`local_runner`,
+  `pipelines/beam_worker.py`).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import re
+import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
-from common.errors import USER_ERRORS, NoOutputError, debug_requested, is_user_error
+from common import storage
+from common.errors import (
+    DISK_FULL_ERRNOS,
+    USER_ERRORS,
+    DiskFullError,
+    NoOutputError,
+    debug_requested,
+    disk_full,
+    is_user_error,
+)
 
 
 def job_parser(description: str) -> argparse.ArgumentParser:
@@ -82,12 +104,24 @@ def local_runner(beam_options):
     The default DirectRunner first tries to download the Prism runner (a serial ~0.3 s that
     fails offline) and then falls back to the FnApiRunner anyway; naming it directly keeps
     --direct_num_workers / --direct_running_mode meaning the same on every machine.
+
+    With `--direct_running_mode=multi_processing` the worker processes start through
+    `pipelines/beam_worker.py`, which has Linux end each one when its parent dies (a kill -9
+    of the job, or of the flow that runs it in-process, leaves Beam's own workers running,
+    ~165 MB each). The runner takes the worker command as its documented `default_environment`;
+    the running mode is then cleared from the options, because the FnApiRunner replaces its
+    environment with its own command when it reads `multi_processing` there.
     """
-    from apache_beam.options.pipeline_options import StandardOptions
+    from apache_beam.options.pipeline_options import DirectOptions, StandardOptions
     if beam_options.view_as(StandardOptions).runner is not None:
         return None
     from apache_beam.runners.portability.fn_api_runner import FnApiRunner
-    return FnApiRunner()
+    direct = beam_options.view_as(DirectOptions)
+    if direct.direct_running_mode != "multi_processing":
+        return FnApiRunner()
+    from pipelines import beam_worker
+    direct.direct_running_mode = None
+    return FnApiRunner(default_environment=beam_worker.environment())
 
 
 def is_dry_run(beam_options) -> bool:
@@ -188,6 +222,13 @@ def configure_logging() -> None:
     # Beam logs a root-logger warning at import; force our format over it.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         force=True)
+    if not (_KEEP_BEAM_TRACEBACKS or debug_requested()):
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_DISK_FULL_FILTER)
+
+
+_KEEP_BEAM_TRACEBACKS = False
+"""Set by `main` for `--debug`: Beam's logged tracebacks of a full disk are kept."""
 
 
 def nothing_produced(what: str, input_arg: str, num_bad: int, dead_letter_path: str
@@ -227,12 +268,134 @@ def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | Non
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or debug_requested()
     argv = [a for a in argv if a != "--debug"]
+    global _KEEP_BEAM_TRACEBACKS
+    _KEEP_BEAM_TRACEBACKS = debug
     try:
         run(argv)
-    except USER_ERRORS as e:
-        if debug or not is_user_error(e):
+    except Exception as e:  # a full disk is found in whatever error Beam raises
+        error = e if isinstance(e, USER_ERRORS) else beam_disk_full(e)
+        if debug or error is None or not is_user_error(error):
             raise
-        message = str(e).strip() or type(e).__name__
+        message = str(error).strip() or type(error).__name__
         print(f"{job}: error: {message}", file=sys.stderr)
-        return 1 if isinstance(e, NoOutputError) else 2
+        return 1 if isinstance(error, NoOutputError) else 2
     return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# A full disk
+# ----------------------------------------------------------------------------------------------
+
+# A worker's error reaches the runner as text when the worker is another process (Beam's Fn
+# API sends `ProcessBundleResponse.error`, a formatted traceback, and the runner raises
+# `RuntimeError(that text)`), so the ENOSPC of a multi-processing run is found in the text:
+# our DiskFullError's line (its path), else Python's `[Errno 28] <strerror>: '<path>'` (pyarrow
+# writes `[errno 28]`). In-process, Beam re-raises it as a RuntimeError whose context is the
+# original error, which `disk_full` finds.
+_DISK_FULL_LINE = re.compile(
+    r"DiskFullError: no space left on the device writing (?P<path>.+?)"
+    r"(?:: it needs (?P<needed>[\d.]+ [KMGT]?B))?(?:[:,] [\d.]+ [KMGT]?B left there)?"
+    r"(?: \[while running '[^\n]*'\])*$", re.MULTILINE)
+_ERRNO_TEXT = re.compile(r"\[errno (?P<errno>\d+)\][^:'\n]*(?:: '(?P<path>[^'\n]+)')?",
+                         re.IGNORECASE)
+_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+
+
+def beam_disk_full(error: BaseException, path: str | None = None) -> DiskFullError | None:
+    """`error` (anything a Beam run raises) as a DiskFullError naming the file being written
+    when a full disk (ENOSPC, EDQUOT) caused it, else None. `path`: where the job writes, named
+    when the error does not say which file."""
+    found = disk_full(error)
+    if found is not None:
+        return found if found.path != "its output" or path is None else DiskFullError(path)
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        found = disk_full_in_text(str(error), path)
+        if found is not None:
+            return found
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def disk_full_in_text(text: str, path: str | None = None) -> DiskFullError | None:
+    """The DiskFullError a traceback or error message `text` tells of, else None."""
+    match = _DISK_FULL_LINE.search(text)
+    if match:
+        needed = match.group("needed")
+        number, unit = needed.split() if needed else (None, None)
+        return DiskFullError(match.group("path"),
+                             int(float(number) * _UNITS[unit]) if number else None)
+    for match in _ERRNO_TEXT.finditer(text):
+        if int(match.group("errno")) in DISK_FULL_ERRNOS:
+            return DiskFullError(match.group("path") or path or "its output")
+    return None
+
+
+@contextlib.contextmanager
+def disk_full_reported(output: str) -> Iterator[None]:
+    """Around a pipeline run: a full disk in any of its writes (ours, Beam's sinks, in a worker
+    process or not) is raised as one DiskFullError naming the file (else `output`), so the job
+    and the flow that runs it report one line; the job writes no manifest after it."""
+    try:
+        yield
+    except Exception as e:
+        full = None if isinstance(e, DiskFullError) else beam_disk_full(e, output)
+        if full is None:
+            raise
+        raise full from None
+
+
+class _DiskFullLogFilter(logging.Filter):
+    """Drops Beam's ERROR records of a full disk (a worker's traceback, logged once by the
+    worker and once more by the runner): the job's one-line error says it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR or not record.name.startswith("apache_beam"):
+            return True
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += "\n" + str(record.exc_info[1])
+        return disk_full_in_text(text, None) is None
+
+
+_DISK_FULL_FILTER = _DiskFullLogFilter()
+
+
+# ----------------------------------------------------------------------------------------------
+# What a killed run leaves
+# ----------------------------------------------------------------------------------------------
+
+_BEAM_TEMP_DIR = re.compile(r"^beam-temp-(?P<prefix>.+)-[0-9a-f]{32}$")
+"""A Beam file sink's temporary folder beside its output (`FileBasedSink._create_temp_dir`)."""
+
+
+def remove_stale_temporaries(output: str, written: str, beam_sinks: Sequence[str] = ()
+                             ) -> list[str]:
+    """Before a run into `output` (local; an object store has no temporaries to leave): remove
+    what a killed run of the same job left, and return their paths below `output`:
+    `atomic_open` temporaries of the files it writes (`written`: a regex of their paths below
+    `output`, "/"-separated) and the `beam-temp-*` folders of its Beam file sinks (`beam_sinks`:
+    their file name prefixes below `output`). Nothing else is touched."""
+    if storage.is_remote(output) or not os.path.isdir(output):
+        return []
+    ours = re.compile(written)
+    removed = []
+    for root, dirs, files in os.walk(output):
+        below = os.path.relpath(root, output)
+        prefix = "" if below == "." else below.replace(os.sep, "/") + "/"
+        for name in files:
+            target = storage.temporary_target(name)
+            if target is not None and ours.fullmatch(prefix + target):
+                os.unlink(os.path.join(root, name))
+                removed.append(prefix + name)
+        for name in list(dirs):
+            match = _BEAM_TEMP_DIR.match(name)
+            if match and prefix + match.group("prefix") in beam_sinks:
+                shutil.rmtree(os.path.join(root, name))
+                dirs.remove(name)
+                removed.append(prefix + name)
+    if removed:
+        logging.getLogger("pipelines").info("removed %d temporary file(s) left by a killed run in "
+                                            "%s: %s", len(removed), output, ", ".join(removed))
+    return removed

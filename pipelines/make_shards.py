@@ -49,7 +49,11 @@ On Dataflow the same code runs with the standard Beam options, e.g. `--runner=Da
 `--sdk_container_image` built from infra/dataflow/Dockerfile) and gs:// paths for `--input`,
 `--vocab` and `--output`. Output: `{split}-{index:06d}.tar` shards (`common/shard_format.py`;
 `next_sentence_label` 1 = random next), `dead_letter/make_shards.jsonl` and, written last,
-`manifest.json`; `python -m pipelines.verify_shards <output>` checks them. A binary text input is
+`manifest.json`; `python -m pipelines.verify_shards <output>` checks them, and names any other
+file in the folder. A full disk ends the job with one line naming the shard being written, its
+estimated size and the space left (exit 2), and no manifest. A run removes on start the
+temporaries (`.<shard>.<random>.tmp`, `dead_letter/beam-temp-make_shards-*`) a killed run of
+this job left in its output folder. A binary text input is
 one dead letter; a run that makes no instance writes no manifest and fails (`errors.NoOutputError`).
 Casing follows the vocabulary folder (`--do_lower_case` defaults to what it records).
 """
@@ -116,6 +120,10 @@ logger = logging.getLogger("make_shards")
 DEAD = "dead_letter"
 _SHARD_FILE = re.compile(r"^(train|validation)-\d{6}\.(tar|jsonl)$")
 _SHARD_INFOS = ".make_shards-shard-infos.jsonl"
+DEAD_LETTERS = shard_files.DEAD_LETTERS
+WRITTEN = (rf"(train|validation)-\d{{6}}\.(tar|jsonl)|{re.escape(_SHARD_INFOS)}"
+           rf"|{storage.MANIFEST_NAME}|{DEAD_LETTERS}\.jsonl")
+"""The files this job writes, as paths below its output (`jobs.remove_stale_temporaries`)."""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -510,7 +518,7 @@ def build_scalable_pipeline(p, files: list[storage.InputFile], output: str, voca
                 vocab_path, job.do_lower_case, job.validation_fraction)).with_outputs(
                     DEAD, main="docs"))
     _ = (read[DEAD] | "DeadLetters" >> beam.io.WriteToText(
-        storage.join(output, errors.DEAD_LETTER_DIR, "make_shards"), file_name_suffix=".jsonl",
+        storage.join(output, *DEAD_LETTERS.split("/")), file_name_suffix=".jsonl",
         num_shards=1, shard_name_template=""))
     return (read.docs
             | "CreateInstances" >> CreateInstances(cfg, job, vocab_path)
@@ -626,7 +634,7 @@ def run_reference(files: list[storage.InputFile], output: str, vocab_path: str, 
 
 
 def _write_dead_letters(output: str, bad: list[errors.BadRecord]) -> None:
-    path = storage.join(output, errors.DEAD_LETTER_DIR, "make_shards.jsonl")
+    path = storage.join(output, *f"{DEAD_LETTERS}.jsonl".split("/"))
     storage.atomic_write_text(path, "".join(b.to_json() + "\n" for b in bad))
 
 
@@ -761,11 +769,14 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
         return jobs.dry_run_summary("make_shards", p)
     storage.makedirs(output)
     storage.withdraw_manifest(output)  # a crash must not leave a complete-looking mix
+    jobs.remove_stale_temporaries(output, WRITTEN, beam_sinks=[DEAD_LETTERS])
     start = time.perf_counter()
-    if job.mode == "reference":
-        infos, counters = run_reference(files, output, vocab, cfg, job)
-    else:
-        infos, counters = _run_scalable(files, output, vocab, beam_options, config, vocab_size)
+    with jobs.disk_full_reported(output):
+        if job.mode == "reference":
+            infos, counters = run_reference(files, output, vocab, cfg, job)
+        else:
+            infos, counters = _run_scalable(files, output, vocab, beam_options, config,
+                                            vocab_size)
     stale = _remove_stale(output, infos)
     if stale:
         logger.info("removed %d shard(s) left from an earlier run", len(stale))
@@ -807,12 +818,14 @@ def _run_scalable(files, output, vocab, beam_options, config, vocab_size):
     with beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p:
         _scalable_graph(p, files, output, vocab, config, vocab_size)
     result = p.result
-    with storage.open_read(infos_path) as f:
-        infos = [shard_files.ShardInfo.from_json(line) for line in f if line.strip()]
-    if storage.is_remote(infos_path):
-        beam.io.filesystems.FileSystems.delete([infos_path])
-    else:
-        os.unlink(infos_path)
+    try:
+        with storage.open_read(infos_path) as f:
+            infos = [shard_files.ShardInfo.from_json(line) for line in f if line.strip()]
+    finally:  # a side file of the run, never an output
+        if storage.is_remote(infos_path):
+            beam.io.filesystems.FileSystems.delete([infos_path])
+        else:
+            os.unlink(infos_path)
     return infos, _beam_counters(result)
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import math
 import os
+import re
 from collections.abc import Iterable
 
 import apache_beam as beam
@@ -125,10 +126,16 @@ def finish_shards(output: str, prefix: str, count: int, schema: pa.Schema,
 def clear_previous_output(output: str, prefix: str, extra: Iterable[str] = ()) -> None:
     """Before a run: remove the manifest first (the folder is incomplete until the new one is
     written), then the shards, dead letters and `extra` files of an earlier run, so none can
-    outlive it."""
+    outlive it, and the temporaries of those files that a killed run left."""
     from apache_beam.io.filesystems import FileSystems
 
+    from pipelines import jobs
+
     storage.withdraw_manifest(output)
+    below = [p.removeprefix(storage.join(output, "")) for p in extra]
+    jobs.remove_stale_temporaries(output, "|".join([
+        rf"{re.escape(prefix)}-\d{{5}}-of-\d{{5}}\.(parquet|txt)", re.escape(storage.MANIFEST_NAME),
+        re.escape(f"{errors.DEAD_LETTER_DIR}/{DEAD_LETTER_FILE}"), *map(re.escape, below)]))
     stale = [storage.join(output, f"{prefix}-*-of-*.parquet"),
              storage.join(output, f"{prefix}-*-of-*.txt"), dead_letter_path(output), *extra]
     doomed = [m.path for pattern in stale for m in FileSystems.match([pattern])[0].metadata_list]

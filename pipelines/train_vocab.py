@@ -34,6 +34,9 @@ DEAD = "dead"
 TEXT_COLUMNS = ("sentences", "passages")  # first present wins
 PARQUET_BATCH_ROWS = 256
 WORD_COUNTS_NAME = "word_counts.tsv"
+WRITTEN = (r"vocab\.txt|tokenizer(_config)?\.json|special_tokens_map\.json|word_counts\.tsv"
+           r"|manifest\.json|dead_letter/dead_letter-00000-of-00001\.jsonl")
+"""The files this job writes, as paths below its output (`jobs.remove_stale_temporaries`)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,7 +243,9 @@ def run(config: VocabConfig, input: str, output: str, beam_args: Sequence[str] =
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.withdraw_manifest(output)
-    with beam.Pipeline(runner=jobs.local_runner(options), options=options) as p:
+        jobs.remove_stale_temporaries(output, WRITTEN)
+    with (jobs.disk_full_reported(output),
+          beam.Pipeline(runner=jobs.local_runner(options), options=options) as p):
         read = (p
                 | "Files" >> beam.Create(inputs)
                 | "Spread" >> beam.Reshuffle()

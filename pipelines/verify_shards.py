@@ -3,8 +3,9 @@
     python -m pipelines.verify_shards <folder>
 
 Checks every shard the manifest lists: present, byte size, sha256, decodable to the end, and
-its row, instance, token and masked-token counts; shards in the folder that the manifest does
-not list are reported too. Bad shards are named one per line; the exit code is 1 if any is bad.
+its row, instance, token and masked-token counts; any other file in the folder (besides the
+manifest and `dead_letter/make_shards.jsonl`) is reported too, e.g. a shard of another run or
+a temporary a killed run left. Problems are named one per line; the exit code is 1 if any.
 """
 from __future__ import annotations
 
@@ -31,11 +32,8 @@ def verify_folder(folder: str, progress: bool = True) -> tuple[list[str], shard_
         iterator = tqdm(entries, desc="verify", unit="shard", file=sys.stderr)
     for entry in iterator:
         problems += shard_files.verify_shard(folder, entry, max_seq_length)
-    listed = {e["file"] for e in entries}
     if not storage.is_remote(folder):
-        for name in sorted(os.listdir(folder)):
-            if name.endswith((".tar", ".jsonl")) and name not in listed:
-                problems.append(f"{name}: not in the manifest (left from another run?)")
+        problems += unexpected_files(folder, {e["file"] for e in entries})
     totals = manifest_totals(entries)
     for name in ("num_rows", "num_instances", "num_tokens", "num_masked"):
         want = manifest["totals"].get(name)
@@ -43,6 +41,22 @@ def verify_folder(folder: str, progress: bool = True) -> tuple[list[str], shard_
             problems.append(f"{storage.MANIFEST_NAME}: totals.{name} {want} != sum over shards "
                             f"{getattr(totals, name)}")
     return problems, totals
+
+
+def unexpected_files(folder: str, listed: set[str]) -> list[str]:
+    """A problem per file under a local shard folder that is neither a listed shard, the
+    manifest nor the dead letters: a later stage reading the folder must find only those."""
+    expected = listed | {storage.MANIFEST_NAME, f"{shard_files.DEAD_LETTERS}.jsonl"}
+    problems = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.relpath(os.path.join(root, name), folder).replace(os.sep, "/")
+            if path in expected:
+                continue
+            what = ("a temporary left by a killed run" if storage.temporary_target(name)
+                    else "not in the manifest (left from another run?)")
+            problems.append(f"{path}: {what}")
+    return sorted(problems)
 
 
 def manifest_totals(entries: list[dict]) -> shard_files.ShardStats:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.errors import DiskFullError
 from pipelines.shards import packing, shard_files
 from pipelines.shards.config import ShardJobConfig
 from pipelines.shards.instances import InstanceConfig, InstancePlan
@@ -336,4 +337,9 @@ def write_group(output: str, split: str, index: int, group: RowGroup, cfg: Insta
                                         vocab_tokens, cfg.max_seq_length, stats)
     blocks = packing.encode_blocks(group.batch, group.row_sizes, job.rows_per_block,
                                    len(vocab_tokens))
-    return shard_files.write_tar(output, split, index, blocks, stats)
+    try:
+        return shard_files.write_tar(output, split, index, blocks, stats)
+    except DiskFullError as e:  # say how much the shard needs (its blocks encoded once more)
+        sizes = [len(b) for b in packing.encode_blocks(group.batch, group.row_sizes,
+                                                       job.rows_per_block, len(vocab_tokens))]
+        raise DiskFullError(e.path, shard_files.tar_bytes(sizes)) from None

@@ -17,6 +17,7 @@ import numpy as np
 from common import errors, storage
 from common.tokenization import encode_like_reference
 from pipelines.books.cleaning import BookConfig, control_fraction
+from pipelines.documents.source import original_id
 
 logger = logging.getLogger("make_shards")
 
@@ -44,9 +45,12 @@ class TokenizedDoc:
 
 
 def split_of(doc_id: str, validation_fraction: float) -> str:
-    """`validation` for a stable pseudo-random share of documents, by their id alone."""
+    """`validation` for a stable pseudo-random share of documents, by their id alone. A
+    weighted source's copies (`<doc_id>#r1`, build_corpus) go where their original goes: a
+    copy in validation would be a text trained on."""
     if validation_fraction <= 0:
         return "train"
+    doc_id = original_id(doc_id)
     h = int.from_bytes(hashlib.sha256(doc_id.encode()).digest()[:8], "big") / 2.0 ** 64
     return "validation" if h < validation_fraction else "train"
 

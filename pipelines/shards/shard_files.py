@@ -26,6 +26,8 @@ import numpy as np
 from common import shard_format, storage
 
 SPLITS = ("train", "validation")
+DEAD_LETTERS = "dead_letter/make_shards"
+"""make_shards' dead letters below its output, without `.jsonl` (Beam's WriteToText prefix)."""
 HISTOGRAM_BINS = 16
 _MEMBER_NAME = re.compile(r"^\d{6}-\d{6}\." + re.escape(shard_format.MEMBER_SUFFIX) + "$")
 
@@ -169,6 +171,15 @@ def write_tar(folder: str, split: str, index: int, blocks: Iterable[bytes],
             for block, data in enumerate(blocks):
                 tar.addfile(_member_info(member_key(index, block), len(data)), io.BytesIO(data))
     return ShardInfo(name, split, index, stream.size, stream.digest.hexdigest(), stats)
+
+
+def tar_bytes(member_sizes: Iterable[int]) -> int:
+    """The size of `write_tar`'s file for members of these sizes: a 512-byte header and the
+    data padded to 512 bytes each, two zero blocks, all padded to tarfile's 10240-byte
+    records."""
+    block, record = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
+    size = sum(block + -(-n // block) * block for n in member_sizes) + 2 * block
+    return -(-size // record) * record
 
 
 def _member_info(key: str, size: int) -> tarfile.TarInfo:

@@ -14,7 +14,8 @@ from flows.config import check_inputs_exist, parse_set_flags, resolve, runs_on_d
 REPO = Path(__file__).resolve().parents[2]
 
 
-CLUSTER_DATA = {"data": {"wikipedia": "gs://b/enwiki.xml.bz2", "books": "gs://b/books/"},
+CLUSTER_DATA = {"data": {"wikipedia": "gs://b/enwiki.xml.bz2", "books": "gs://b/books/",
+                         "sources": []},
                 "finetune": {"data": "/data/finetune"}}
 
 

@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import build_corpus, extract_books, extract_wikipedia, make_shards, train_vocab
+from pipelines import (
+    build_corpus,
+    extract_books,
+    extract_documents,
+    extract_wikipedia,
+    make_shards,
+    train_vocab,
+)
 
 pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient",
                     reason="needs the gcp extra: pip install 'apache-beam[gcp]==2.77.0'")
@@ -51,6 +58,14 @@ def test_extract_books_graph_builds(corpus, tmp_path):
     summary = extract_books.main(["--input", str(corpus["books"]),
                                  "--output", str(tmp_path / "out"), *DATAFLOW])
     _check(summary, "extract_books", {"Files", "Extract", "WriteDocuments", "WriteDeadLetters"},
+           tmp_path / "out")
+
+
+def test_extract_documents_graph_builds(tmp_path):
+    notes = REPO / "data" / "sample" / "jsonl"
+    summary = extract_documents.main(["--input", str(notes), "--kind", "jsonl", "--name", "poems",
+                                      "--output", str(tmp_path / "out"), *DATAFLOW])
+    _check(summary, "extract_documents", {"Files", "Read", "WriteDocuments", "WriteDeadLetters"},
            tmp_path / "out")
 
 
