@@ -13,7 +13,7 @@ ssh; the images have no ssh) runs across the same two namespaces too: an sshd in
 made for the test, `pdsh` from node 0 to both.
 
 The runs have both phases, so they also check that phase 2's starting weights, consolidated once
-on rank 0 and shared through a file (`pretrain.shared_consolidated_state_dict`), are the weights
+on rank 0 and shared through a file (`checkpoint.shared_consolidated_state_dict`), are the weights
 each rank would consolidate on its own: phase 2's losses equal the 1-rank run's.
 """
 from __future__ import annotations
@@ -33,8 +33,8 @@ import torch
 import yaml
 
 from tests.support.shard_fixtures import book_shards
+from training import checkpoint, pretrain
 from training import config as cfg
-from training import pretrain
 from training.config import PhaseConfig
 from training.launch import torchrun_command
 
@@ -151,7 +151,7 @@ def losses(output: Path) -> dict[str, list[float]]:
 
 def final_weights(output: Path) -> dict[str, torch.Tensor]:
     ckpt = output / "checkpoints"
-    return pretrain.consolidated_state_dict(str(ckpt), (ckpt / "latest").read_text().strip())
+    return checkpoint.consolidated_state_dict(str(ckpt), (ckpt / "latest").read_text().strip())
 
 
 def assert_same_run(output: Path, reference: Path, atol: float) -> None:

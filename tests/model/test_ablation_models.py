@@ -16,8 +16,8 @@ from safetensors import safe_open
 from model.bert import bert_tiny
 from model.heads import BertForPreTraining, BertForSequenceClassification
 from tests.support.shard_fixtures import book_shards
+from training import checkpoint, pretrain
 from training import config as cfg
-from training import pretrain
 from training.config import PhaseConfig
 from training.loader import LoaderConfig, ShardLoader
 
@@ -97,7 +97,7 @@ def test_mlm_only_custom_shape_trains_exports_and_loads_in_transformers(data, ba
     with safe_open(str(tmp_path / "hf" / "model.safetensors"), "pt") as f:
         assert not [k for k in f.keys() if "seq_relationship" in k]  # noqa: SIM118
     ours = pretrain.build_model(config, {"vocab_size": data["vocab_size"], "nsp": True},
-                                pretrain.consolidated_state_dict(
+                                checkpoint.consolidated_state_dict(
                                     str(tmp_path / "checkpoints"),
                                     (tmp_path / "checkpoints" / "latest").read_text().strip()))
     assert ours.nsp is None

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
+from training import checkpoint, pretrain
 from training import config as cfg
-from training import pretrain
 from training.config import PhaseConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +32,7 @@ def train_losses(output: Path) -> list[float]:
 
 def final_weights(output: Path) -> dict[str, torch.Tensor]:
     ckpt = output / "checkpoints"
-    return pretrain.consolidated_state_dict(str(ckpt), (ckpt / "latest").read_text().strip())
+    return checkpoint.consolidated_state_dict(str(ckpt), (ckpt / "latest").read_text().strip())
 
 
 def checkpoint_dirs(output: Path) -> list[str]:

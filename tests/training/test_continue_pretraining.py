@@ -25,8 +25,8 @@ from model.hf import (
     save_checkpoint,
 )
 from tests.support.shard_fixtures import book_corpus
+from training import checkpoint, pretrain
 from training import config as cfg
-from training import pretrain
 from training.config import PhaseConfig
 
 FRESH_HEADS = ["mlm.bias", "mlm.dense.weight", "mlm.dense.bias", "mlm.norm.weight",
@@ -261,7 +261,7 @@ def test_the_flow_takes_the_checkpoints_vocabulary_and_casing(minilm_dir, corpus
 
 def final_weights(output: Path) -> dict[str, torch.Tensor]:
     ckpt = output / "checkpoints"
-    return pretrain.consolidated_state_dict(str(ckpt), (ckpt / "latest").read_text().strip())
+    return checkpoint.consolidated_state_dict(str(ckpt), (ckpt / "latest").read_text().strip())
 
 
 def test_zero3_starts_from_the_checkpoint_and_a_restart_resumes_its_own(minilm_dir,

@@ -15,8 +15,8 @@ from tests.training.pretrain_runs import (
     REPO,
     make_config,
 )
+from training import checkpoint, pretrain
 from training import config as cfg
-from training import pretrain
 from training.ds_config import build_ds_config
 from training.optim import LinearWarmupDecay, param_groups
 
@@ -171,7 +171,7 @@ def test_bf16_needs_zero_1_and_exports_the_fp32_masters_with_a_cased_vocab(data,
     batches = iter(loader)
     for _ in range(3):
         pretrain.train_step(engine, batches)
-    tag = pretrain.save_checkpoint(engine, config, 0, config.phases[0], 3, loader, dist)
+    tag = checkpoint.save_checkpoint(engine, config, 0, config.phases[0], 3, loader, dist)
     masters = {name: safe_get_full_fp32_param(p).detach().clone()
                for name, p in engine.module.named_parameters()}
     engine.destroy()

@@ -26,8 +26,8 @@ from tests.training.pretrain_runs import (
     timeless_metrics,
     train_losses,
 )
+from training import checkpoint, pretrain
 from training import config as cfg
-from training import pretrain
 from training.launch import torchrun_command
 
 
@@ -159,7 +159,7 @@ def test_a_checkpoint_whose_config_is_no_longer_accepted_is_named(tmp_path):
     old = {**cfg.to_dict(cfg.tiny()), "precision": "bf16", "zero_stage": 0}
     (tmp_path / "step-10").mkdir()
     (tmp_path / "step-10" / "config.json").write_text(json.dumps(old))
-    state = pretrain.CheckpointState("step-10", 0, "phase1", 10, 1, 0, {})
+    state = checkpoint.CheckpointState("step-10", 0, "phase1", 10, 1, 0, {})
     with pytest.raises(ValueError, match=r"step-10/config\.json: this checkpoint's config is no "
                                          r"longer accepted \(precision=bf16 cannot"):
         pretrain.check_resume(cfg.tiny(), str(tmp_path), state)
