@@ -15,8 +15,13 @@ and where this run reads and writes); `--config FILE` (YAML or JSON) and `--set 
 set the same fields, flags winning over `--set`, `--set` over the file.
 
 Every task's files, the checkpoint and its tokenizer are checked before the first task trains
-(a missing family folder is named then); the results (`summary.md`, `results.json`,
-`<task>/` prediction files, the dead-letter file) are rewritten after each finished task. A bad
+(a missing family folder is named then). Each (task, rate, seed) run is kept in
+`<output>/runs/` as it finishes, under a hash of everything that decides it (finetune/run_store.py):
+a re-run with the same settings, after a kill or a failure, reuses those and trains only the
+runs missing. A run whose loss diverges is recorded as diverged and the others go on. The
+results (`summary.md`, `results.json`, `config.json`, `<task>/` prediction files, the
+dead-letter file) are rewritten as one set after each finished task, so a run that fails (a
+full disk, every rate diverging) leaves an existing results folder's files as they were. A bad
 input prints `bert-finetune: error: <message>` and exits 2 (`--debug` or BERT_DEBUG=1 shows the
 traceback).
 """
@@ -40,6 +45,7 @@ from finetune.config import TasksConfig
 from finetune.family import Family, Recipe
 from finetune.loop import FinetuneConfig, FinetuneResult, LoopOptions, TaskJob
 from finetune.report import markdown_table, write_report
+from finetune.run_store import RUNS_DIR
 
 log = logging.getLogger("bert-finetune")
 
@@ -237,19 +243,20 @@ def run(config: CommandConfig, jobs_: list[TaskJob], finished: list[str],
              json.dumps(resolved, indent=2))
     if os.path.exists(config.output) and not os.path.isdir(config.output):
         raise NotADirectoryError(f"--output {config.output}: exists and is not a folder")
-    storage.makedirs(config.output)
-    storage.atomic_write_json(storage.join(config.output, "config.json"),
-                              resolved | {"config_hash": storage.config_hash(resolved)})
+    # config.json is written with the report, as one set: a run that fails before its first
+    # task finishes leaves an existing results folder's files as they are.
+    resolved |= {"config_hash": storage.config_hash(resolved)}
 
     def write_finished(partial: FinetuneResult) -> None:
         if partial.pending_tasks:  # the last task's report is written (and logged) below
-            _write(partial, config.output, markdown_name)
+            _write(partial, config.output, markdown_name, resolved)
             finished.append(partial.tasks[-1].task)
             log.info("%s done; results so far in %s", partial.tasks[-1].task, config.output)
 
     result = loop.run_tasks(config.model, jobs_, jobs_[0].config, config.data,
-                            vocab_dir=config.vocab, on_task_done=write_finished)
-    paths = _write(result, config.output, markdown_name)
+                            vocab_dir=config.vocab, on_task_done=write_finished,
+                            runs_dir=storage.join(config.output, RUNS_DIR))
+    paths = _write(result, config.output, markdown_name, resolved)
     sys.stdout.write(markdown_table(result))
     for kind, path in paths.items():
         log.info("wrote %s: %s", kind, path)
@@ -260,10 +267,11 @@ def _family_settings(family: Family) -> dict:
     return dataclasses.asdict(family) if dataclasses.is_dataclass(family) else {}
 
 
-def _write(result: FinetuneResult, output_dir: str, markdown_name: str) -> dict[str, str]:
-    """The report of `result`; a warning names the dead-letter files when records were set
-    aside."""
-    paths = write_report(result, output_dir, markdown_name)
+def _write(result: FinetuneResult, output_dir: str, markdown_name: str,
+           resolved: dict) -> dict[str, str]:
+    """The report of `result` with the resolved settings (`config.json`); a warning names the
+    dead-letter files when records were set aside."""
+    paths = write_report(result, output_dir, markdown_name, config=resolved)
     bad_rows = sum(t.bad_rows for t in result.tasks)
     if bad_rows:
         log.warning("%d malformed row(s) set aside (--skip_bad_rows) in %s", bad_rows,

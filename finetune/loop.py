@@ -12,13 +12,16 @@ autocast on a GPU by default.
     prepared = FAMILY.prepare("rte", data_dir, tokenizer, 128, None, None, False)
     result = loop.finetune_task(FAMILY, encoder, prepared, loop.FinetuneConfig())
 
+A run whose loss turns NaN or infinite is recorded as diverged (`RunResult.status`) and the grid
+goes on; the best rate is chosen among the finished runs. `run_tasks` keeps every finished run
+in a `finetune.run_store.RunStore` and reuses it on a re-run with the same settings.
+
 A family's `Recipe` gives the recipe fields (`for_recipe`); everything else is the loop's.
 Optional family capabilities, used when a family has them: `SizedTasks` (which tasks are
 small) and `TestSets` (unlabelled test splits predicted for a leaderboard: GLUE, SWAG).
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import math
@@ -26,9 +29,10 @@ import os
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 import torch
@@ -40,10 +44,14 @@ from finetune.family import Encoded, Family, Prepared, Recipe, Scored, to_device
 from model.bert import BertModel
 from training.optim import LinearWarmupDecay, param_groups
 
+if TYPE_CHECKING:
+    from finetune.run_store import RunStore
+
 log = logging.getLogger(__name__)
 
 HeadInit = Literal["truncated_normal", "normal"]
 HEAD_INITS = get_args(HeadInit)
+RunStatus = Literal["finished", "diverged"]
 RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
 """The settings a family's recipe gives: max_seq_length, batch_size, epochs, learning_rates."""
 
@@ -231,6 +239,30 @@ class RunResult:
     eval_seconds: float
     files: dict[str, str] = field(default_factory=dict)
     """Prediction files of the dev splits (`Scored.files`), name -> text."""
+    status: RunStatus = "finished"
+    """"diverged": the loss left the finite numbers at step `steps` (`final_loss` is that
+    loss); such a run has no metrics, its score is NaN, and `select_best` passes it over."""
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What a run leaves behind: its dev result and its test-set predictions (empty when the
+    family predicts none, or the run diverged). `finetune.run_store` keeps one per file."""
+
+    result: RunResult
+    predictions: tuple[TestPredictions, ...] = ()
+
+
+class Diverged(FloatingPointError):
+    """A non-finite training loss: the step it came at and the loss."""
+
+    def __init__(self, desc: str, loss: float, step: int):
+        super().__init__(f"{desc}: loss {loss} at step {step}; lower the learning rate")
+        self.loss, self.step = loss, step
 
 
 @dataclass(frozen=True)
@@ -417,8 +449,7 @@ def train(family: Family, model: nn.Module, encoded: Encoded, learning_rate: flo
         values = torch.stack(pending).float().tolist()  # one wait for the lot
         for i, value in enumerate(values):
             if not math.isfinite(value):
-                raise FloatingPointError(f"{desc or 'fine-tuning'}: loss {value} at step "
-                                         f"{len(losses) + i + 1}; lower the learning rate")
+                raise Diverged(desc or "fine-tuning", value, len(losses) + i + 1)
         losses.extend(values)
         pending.clear()
         bar.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
@@ -520,10 +551,6 @@ def predict_test_sets(family: Family, model: nn.Module, prepared: Prepared,
                  for split, encoded in family.test_splits(prepared).items())
 
 
-def has_test_sets(family: Family, prepared: Prepared) -> bool:
-    return isinstance(family, TestSets) and bool(family.test_splits(prepared))
-
-
 # ---------------------------------------------------------------------------------------------
 # The learning-rate x seed grid
 # ---------------------------------------------------------------------------------------------
@@ -541,16 +568,21 @@ class BestRuns:
 
 
 def select_best(runs: Sequence[RunResult]) -> BestRuns:
-    """The best learning rate by mean dev score over seeds, and its best seed.
+    """The best learning rate by mean dev score over seeds, and its best seed, among the
+    finished runs.
 
     The one rule of both paths (`finetune_task` here and the flow's fan-out), so the reported
     rate, its mean, the prediction files and the test-set predictions always come from the
-    same runs; the best single run of another rate (a lucky seed) never predicts.
+    same runs; the best single run of another rate (a lucky seed) never predicts. A rate that
+    lost seeds (diverged) is not judged on the seeds it has left: only the rates with the most
+    finished runs compete.
     """
-    if not runs:
-        raise ValueError("select_best: no runs")
-    rates = list(dict.fromkeys(r.learning_rate for r in runs))
-    by_rate = {lr: [r for r in runs if r.learning_rate == lr] for lr in rates}
+    finished = [r for r in runs if r.finished]
+    if not finished:
+        raise ValueError("select_best: no runs finished")
+    counts = Counter(r.learning_rate for r in finished)
+    rates = [lr for lr in counts if counts[lr] == max(counts.values())]  # in run order
+    by_rate = {lr: [r for r in finished if r.learning_rate == lr] for lr in rates}
     best_lr = max(rates, key=lambda lr: statistics.fmean(r.score for r in by_rate[lr]))
     chosen = by_rate[best_lr]
     return BestRuns(best_lr, tuple(chosen), max(chosen, key=lambda r: r.score))
@@ -581,42 +613,67 @@ def summarise_task(task: str, runs: Sequence[RunResult], num_train_examples: int
 
 
 def finetune_task(family: Family, encoder: BertModel, prepared: Prepared,
-                  cfg: FinetuneConfig) -> TaskResult:
+                  cfg: FinetuneConfig, store: RunStore | None = None) -> TaskResult:
     """The learning-rate grid x seeds for one task; the rate with the best mean dev score wins,
-    and its best seed predicts the test sets (`select_best`)."""
+    and its best seed's test-set predictions are the task's (`select_best`).
+
+    A run whose loss diverges is recorded as diverged and the grid goes on; FloatingPointError
+    when every run diverged. With a `store` (finetune/run_store.py), each run is kept there as
+    it finishes and a run it holds is reused, not trained: a re-run after a crash trains only
+    the runs missing.
+    """
     limit = encoder.config.max_position_embeddings
     if cfg.row_length is not None and cfg.row_length > limit:
         raise SettingError("row_length", f"must be <= the model's max_position_embeddings "
                            f"{limit}, got {cfg.row_length}")
     seeds = seeds_for(family, prepared.task, cfg)
-    predicts_test = has_test_sets(family, prepared)
     start = time.perf_counter()
-    runs: list[RunResult] = []
-    # The weights of the best seed at the best rate so far: a rate's mean is known once its
-    # seeds are done, and a rate that is not best then never becomes the overall best later
-    # (select_best keeps the first rate on ties), so one kept copy (+ the current rate's) does.
-    kept: tuple[RunResult, dict] | None = None
-    for learning_rate in cfg.learning_rates:
-        rate_best: tuple[RunResult, dict] | None = None
-        for seed in seeds:
-            result, model = run_one(family, encoder, prepared, learning_rate, seed, cfg)
-            runs.append(result)
-            if predicts_test and (rate_best is None or result.score > rate_best[0].score):
-                rate_best = (result, copy.deepcopy(model.state_dict()))
-            del model
-        if rate_best is not None and select_best(runs).best_run is rate_best[0]:
-            kept = rate_best
-    predictions: tuple[TestPredictions, ...] = ()
-    if predicts_test:
-        assert kept is not None and kept[0] is select_best(runs).best_run
-        model = build_model(family, encoder, prepared.task, kept[0].seed,
-                            resolve_device(cfg.device), cfg.head_init)
-        model.load_state_dict(kept[1])
-        predictions = predict_test_sets(family, model, prepared, cfg)
+    records = [stored_run(family, encoder, prepared, learning_rate, seed, cfg, store)
+               for learning_rate in cfg.learning_rates for seed in seeds]
+    runs = [record.result for record in records]
+    if not any(run.finished for run in runs):
+        raise FloatingPointError(
+            f"{prepared.task}: every run diverged (learning rates "
+            f"{', '.join(f'{lr:g}' for lr in cfg.learning_rates)}; seeds "
+            f"{', '.join(map(str, seeds))}); lower the learning rates")
+    best = select_best(runs).best_run
+    predictions = next(record.predictions for record in records if record.result is best)
     return summarise_task(prepared.task, runs, prepared.num_train_examples,
                           dict(prepared.num_dev_examples), len(prepared.bad_records),
                           time.perf_counter() - start, predictions, prepared.bad_records,
                           family.name)
+
+
+def stored_run(family: Family, encoder: BertModel, prepared: Prepared, learning_rate: float,
+               seed: int, cfg: FinetuneConfig, store: RunStore | None) -> RunRecord:
+    """The run of (`learning_rate`, `seed`) from `store` when it holds it, else trained by
+    `finish_run` and kept in `store`."""
+    if store is not None:
+        record = store.load(learning_rate, seed)
+        if record is not None:
+            log.info("%s lr=%g seed=%d: reused (%s) from %s", prepared.task, learning_rate,
+                     seed, record.result.status, store.path(learning_rate, seed))
+            return record
+    record = finish_run(family, encoder, prepared, learning_rate, seed, cfg)
+    if store is not None:
+        store.save(record, learning_rate, seed)
+    return record
+
+
+def finish_run(family: Family, encoder: BertModel, prepared: Prepared, learning_rate: float,
+               seed: int, cfg: FinetuneConfig) -> RunRecord:
+    """One (rate, seed) run to its end: trained, scored on dev, its test sets predicted (every
+    run's: a reused run's weights are not kept); a loss that diverges ends it as a diverged
+    record."""
+    start = time.perf_counter()
+    try:
+        result, model = run_one(family, encoder, prepared, learning_rate, seed, cfg)
+    except Diverged as error:
+        log.warning("%s: the run is recorded as diverged", error)
+        return RunRecord(RunResult(prepared.task, learning_rate, seed, {}, math.nan, error.step,
+                                   error.loss, time.perf_counter() - start, 0.0,
+                                   status="diverged"))
+    return RunRecord(result, predict_test_sets(family, model, prepared, cfg))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -656,16 +713,20 @@ def check_task_files(tasks: Sequence[tuple[Family, str, str]], data_label: str) 
 
 def run_tasks(model_dir: str, jobs: Sequence[TaskJob], config: FinetuneConfig,
               data_label: str, vocab_dir: str | None = None,
-              on_task_done: Callable[[FinetuneResult], None] | None = None) -> FinetuneResult:
+              on_task_done: Callable[[FinetuneResult], None] | None = None,
+              runs_dir: str | None = None) -> FinetuneResult:
     """Fine-tune the checkpoint in `model_dir` on each job's task, one after the other.
 
     The tokenizer is the one in `vocab_dir` if given, else the checkpoint folder's. Every data
     file, the checkpoint and the tokenizer are checked before the first task trains; after each
     task, `on_task_done` gets the result so far (the finished tasks, the others pending), so a
-    later failure loses no finished work. `config` is recorded as the settings all tasks share;
+    later failure loses no finished work. With `runs_dir`, every (task, rate, seed) run is kept
+    there as it finishes and reused by a re-run with the same settings (`RunStore`), so a
+    crash loses only the run in flight. `config` is recorded as the settings all tasks share;
     `data_label` names the data in errors (the --data flag's value).
     """
     from finetune.checkpoint import check_model_fits, load_encoder, load_tokenizer
+    from finetune.run_store import RunStore, model_identity
 
     if not jobs:
         raise ValueError("--tasks: no task given")
@@ -683,6 +744,7 @@ def run_tasks(model_dir: str, jobs: Sequence[TaskJob], config: FinetuneConfig,
     for job in jobs:
         if isinstance(job.family, ModelChecks):
             job.family.check_model(encoder, job.task, model_dir)
+    identity = model_identity(model_dir, tokenizer_dir) if runs_dir is not None else None
     results: list[TaskResult] = []
     configs: dict[str, FinetuneConfig] = {}
     for i, job in enumerate(jobs):
@@ -690,7 +752,8 @@ def run_tasks(model_dir: str, jobs: Sequence[TaskJob], config: FinetuneConfig,
         prepared = job.family.prepare(job.task, job.data_dir, tokenizer, cfg.max_seq_length,
                                       cfg.max_train_examples, cfg.max_eval_examples,
                                       cfg.skip_bad_rows)
-        results.append(finetune_task(job.family, encoder, prepared, cfg))
+        store = None if identity is None else RunStore.for_job(runs_dir, identity, job)
+        results.append(finetune_task(job.family, encoder, prepared, cfg, store))
         configs[prepared.task] = cfg
         combined = FinetuneResult(tuple(results), model_dir, config,
                                   time.perf_counter() - start,

@@ -3,7 +3,10 @@ each task's prediction files and GLUE's leaderboard zip.
 
 The table is generic over metric names (GLUE's accuracy/F1/MCC/correlations, SQuAD's exact/f1,
 multiple choice's accuracy, NER's f1); the GLUE score row averages the GLUE tasks present.
-Everything is written atomically (`common.storage`), `results.json` last of the tables.
+Everything is written as one set (`write_together`): every file to a temporary name first,
+then all renamed, `results.json` last, so a failure part-way (a full disk) leaves the folder as
+it was. A diverged run is a row of `runs.csv` with status `diverged` (and in `results.json`, its
+score and loss null), and a line under the table.
 The best run's prediction files (`Scored.files`, e.g. SQuAD's predictions.json) go to
 `<output>/<task>/`. Test-set predictions go to `<output>/submission/`, each in its leaderboard's
 format: GLUE's server wants one `<TASK>.tsv` per task with the header `index\tprediction`,
@@ -15,15 +18,17 @@ reason, raw text), named in `results.json`.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
 import json
+import math
 import os
 import zipfile
 
 from common import storage
-from common.errors import DEAD_LETTER_DIR
+from common.errors import DEAD_LETTER_DIR, DiskFullError
 from finetune.loop import FinetuneResult, TaskResult, TestPredictions
 
 GLUE = "glue"
@@ -72,11 +77,27 @@ def table_rows(result: FinetuneResult) -> list[dict[str, str]]:
 
 
 def markdown_table(result: FinetuneResult) -> str:
+    """The table, then a line per task with diverged runs."""
     rows = table_rows(result)
     lines = ["| " + " | ".join(TABLE_COLUMNS) + " |",
              "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"]
     lines += ["| " + " | ".join(row[c] for c in TABLE_COLUMNS) + " |" for row in rows]
+    notes = [diverged_note(task) for task in result.tasks]
+    if any(notes):
+        lines += ["", *(note for note in notes if note)]
     return "\n".join(lines) + "\n"
+
+
+def diverged_note(result: TaskResult) -> str:
+    """"RTE: 1 of 2 runs diverged (lr 10000 seed 1: loss nan at step 5); best_lr is chosen
+    among the finished runs", or "" when none did."""
+    diverged = [run for run in result.runs if not run.finished]
+    if not diverged:
+        return ""
+    listed = "; ".join(f"lr {run.learning_rate:g} seed {run.seed}: loss {run.final_loss} at "
+                       f"step {run.steps}" for run in diverged)
+    return (f"{result.task}: {len(diverged)} of {len(result.runs)} runs diverged ({listed}); "
+            "best_lr is chosen among the finished runs")
 
 
 def summary_csv(result: FinetuneResult) -> str:
@@ -94,21 +115,23 @@ def runs_csv(result: FinetuneResult) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     metric_names = sorted({m for r in result.tasks for m in r.metrics})
     writer.writerow(["task", "learning_rate", "seed", "score", *metric_names, "steps",
-                     "final_loss", "train_seconds", "eval_seconds", "chosen_lr"])
+                     "final_loss", "train_seconds", "eval_seconds", "chosen_lr", "status"])
     for task in result.tasks:
         for run in task.runs:
-            writer.writerow([run.task, f"{run.learning_rate:g}", run.seed, f"{run.score:.6f}",
+            writer.writerow([run.task, f"{run.learning_rate:g}", run.seed,
+                             f"{run.score:.6f}" if run.finished else "",
                              *(f"{run.metrics[m]:.6f}" if m in run.metrics else ""
                                for m in metric_names),
                              run.steps, f"{run.final_loss:.6f}", f"{run.train_seconds:.2f}",
                              f"{run.eval_seconds:.2f}",
-                             int(run.learning_rate == task.best_learning_rate)])
+                             int(run.finished and run.learning_rate == task.best_learning_rate),
+                             run.status])
     return buffer.getvalue()
 
 
-def plot_results(result: FinetuneResult, path: str) -> None:
+def plot_png(result: FinetuneResult) -> bytes:
     """Left: each task's dev score at its chosen rate (mean, bar = spread over seeds).
-    Right: dev score per learning rate (mean over seeds), one line per task."""
+    Right: dev score per learning rate (mean over its finished seeds), one line per task."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers and CI
@@ -125,7 +148,8 @@ def plot_results(result: FinetuneResult, path: str) -> None:
     rates = sorted({r.learning_rate for t in result.tasks for r in t.runs}, reverse=True)
     for task in result.tasks:
         means = [100 * sum(s) / len(s) if s else float("nan") for s in
-                 ([r.score for r in task.runs if r.learning_rate == lr] for lr in rates)]
+                 ([r.score for r in task.runs if r.learning_rate == lr and r.finished]
+                  for lr in rates)]
         lines.plot([f"{lr:g}" for lr in rates], means, marker="o", label=task.task)
     lines.set_xlabel("peak learning rate")
     lines.set_title("dev score per learning rate (mean over seeds)")
@@ -136,7 +160,7 @@ def plot_results(result: FinetuneResult, path: str) -> None:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)
-    storage.atomic_write_bytes(path, buffer.getvalue())
+    return buffer.getvalue()
 
 
 def submission_text(predictions: TestPredictions) -> str:
@@ -153,9 +177,11 @@ def submission_text(predictions: TestPredictions) -> str:
     return out.getvalue()
 
 
-def write_submission(result: FinetuneResult, output_dir: str) -> dict[str, str]:
+def submission_files(result: FinetuneResult, output_dir: str,
+                     files: dict[str, bytes]) -> dict[str, str]:
     """`<output>/submission/<file>` for every test set predicted, and `<output>/submission.zip`
-    of the GLUE tasks' files; {"submission_dir": ..., "submission": the zip} as written.
+    of the GLUE tasks' files, added to `files` (path -> contents); returns
+    {"submission_dir": ..., "submission": the zip}.
 
     The zip holds the files of the GLUE tasks run; the GLUE server scores a submission only
     when it has all of SUBMISSION_FILES (the missing ones are listed in results.json).
@@ -167,8 +193,7 @@ def write_submission(result: FinetuneResult, output_dir: str) -> dict[str, str]:
 
     folder = os.path.join(output_dir, "submission")
     contents = {p.submission_file: submission_text(p) for p in predictions}
-    for name, text in contents.items():
-        storage.atomic_write_text(os.path.join(folder, name), text)
+    files |= {os.path.join(folder, name): text.encode() for name, text in contents.items()}
     paths = {"submission_dir": folder}
     glue_files = sorted((name for name in contents if name in SUBMISSION_FILES),
                         key=SUBMISSION_FILES.index)
@@ -178,7 +203,7 @@ def write_submission(result: FinetuneResult, output_dir: str) -> dict[str, str]:
             for name in glue_files:
                 archive.writestr(name, contents[name])
         paths["submission"] = os.path.join(output_dir, "submission.zip")
-        storage.atomic_write_bytes(paths["submission"], buffer.getvalue())
+        files[paths["submission"]] = buffer.getvalue()
     return paths
 
 
@@ -189,25 +214,46 @@ def dead_letter_lines(tasks: list[TaskResult]) -> str:
                    for task in tasks for bad in task.bad_records)
 
 
-def write_dead_letters(result: FinetuneResult, output_dir: str) -> dict[str, str]:
-    """`<output>/dead_letter/<family>_bad_rows.jsonl` per family that set records aside."""
+def dead_letter_files(result: FinetuneResult, output_dir: str,
+                      files: dict[str, bytes]) -> dict[str, str]:
+    """`<output>/dead_letter/<family>_bad_rows.jsonl` per family that set records aside, added
+    to `files`; returns family -> path."""
     paths = {}
     for family in dict.fromkeys(t.family for t in result.tasks):
         text = dead_letter_lines([t for t in result.tasks if t.family == family])
         if text:
             paths[family] = os.path.join(output_dir, DEAD_LETTER_DIR, f"{family}_bad_rows.jsonl")
-            storage.atomic_write_text(paths[family], text)
+            files[paths[family]] = text.encode()
     return paths
 
 
-def write_task_files(result: FinetuneResult, output_dir: str) -> dict[str, list[str]]:
-    """Each task's best-run prediction files under `<output>/<task>/`; task -> paths."""
-    written = {}
+def task_files(result: FinetuneResult, output_dir: str,
+               files: dict[str, bytes]) -> dict[str, str]:
+    """Each task's best-run prediction files under `<output>/<task>/`, added to `files`;
+    returns task -> its folder, for the tasks with files."""
+    folders = {}
     for task in result.tasks:
-        written[task.task] = [os.path.join(output_dir, task.task, name) for name in task.files]
-        for path, text in zip(written[task.task], task.files.values()):
-            storage.atomic_write_text(path, text)
-    return {task: paths for task, paths in written.items() if paths}
+        for name, text in task.files.items():
+            folders[task.task] = os.path.join(output_dir, task.task)
+            files[os.path.join(folders[task.task], name)] = text.encode()
+    return folders
+
+
+def write_together(files: dict[str, bytes]) -> None:
+    """Every file of `files` to a temporary sibling (`storage.atomic_open`), all renamed into
+    place only once every one is written and synced: a failure on any of them leaves every file
+    as it was. The renames run last file first, so the first one in `files` lands last. A full
+    disk is a DiskFullError naming the file it failed on and the space the whole set needs."""
+    try:
+        with contextlib.ExitStack() as stack:
+            for path, data in files.items():
+                f = stack.enter_context(storage.atomic_open(path, "wb"))
+                f.write(data)
+                f.flush()  # a full disk shows here, before any file is renamed
+                if not storage.is_remote(path):
+                    os.fsync(f.fileno())
+    except DiskFullError as error:  # every temporary file is gone: the space left is all free
+        raise DiskFullError(error.path, needed=sum(map(len, files.values()))) from None
 
 
 def results_dict(result: FinetuneResult, dead_letters: dict[str, str] | None = None) -> dict:
@@ -223,6 +269,9 @@ def results_dict(result: FinetuneResult, dead_letters: dict[str, str] | None = N
         entry["files"] = sorted(task.files)
         for run in entry["runs"]:
             del run["files"]  # the best run's are the task's; the others are not kept
+            # a diverged run's score and loss are NaN or infinite: null in standard JSON
+            run.update({k: None for k, v in run.items()
+                        if isinstance(v, float) and not math.isfinite(v)})
         tasks.append(entry)
     summary = {
         "glue_score": glue_score(result), "model_dir": result.model_dir,
@@ -243,29 +292,50 @@ def results_dict(result: FinetuneResult, dead_letters: dict[str, str] | None = N
     return summary
 
 
-def write_report(result: FinetuneResult, output_dir: str,
-                 markdown_name: str = "results.md") -> dict[str, str]:
-    """Write every output of a run into `output_dir`; returns {kind: path} (a dead-letter
-    file's kind is "dead_letter" for one family, "dead_letter_<family>" for several)."""
-    storage.makedirs(output_dir)
+def write_report(result: FinetuneResult, output_dir: str, markdown_name: str = "results.md",
+                 config: dict | None = None) -> dict[str, str]:
+    """Write every output of a run into `output_dir`, with `config` as `config.json` when
+    given; returns {kind: path} (a dead-letter file's kind is "dead_letter" for one family,
+    "dead_letter_<family>" for several).
+
+    The files are written as one set (`write_together`), `results.json` renamed last: a
+    failure part-way, a full disk, leaves the folder's files as they were, never a new table
+    beside an old or absent `results.json`.
+    """
     paths = {
+        "json": os.path.join(output_dir, "results.json"),
         "markdown": os.path.join(output_dir, markdown_name),
         "csv": os.path.join(output_dir, "results.csv"),
         "runs_csv": os.path.join(output_dir, "runs.csv"),
         "plot": os.path.join(output_dir, "dev_scores.png"),
-        "json": os.path.join(output_dir, "results.json"),
     }
-    storage.atomic_write_text(paths["markdown"], markdown_table(result))
-    storage.atomic_write_text(paths["csv"], summary_csv(result))
-    storage.atomic_write_text(paths["runs_csv"], runs_csv(result))
-    plot_results(result, paths["plot"])
-    paths |= write_submission(result, output_dir)
-    for task, files in write_task_files(result, output_dir).items():
-        paths[f"files_{task}"] = os.path.dirname(files[0])
-    dead_letters = write_dead_letters(result, output_dir)
+    files = {paths["json"]: b"",  # first in the set: renamed last (its contents come below)
+             paths["markdown"]: markdown_table(result).encode(),
+             paths["csv"]: summary_csv(result).encode(),
+             paths["runs_csv"]: runs_csv(result).encode(),
+             paths["plot"]: plot_png(result)}
+    if config is not None:
+        paths["config"] = os.path.join(output_dir, "config.json")
+        files[paths["config"]] = _json_bytes(config)
+    paths |= submission_files(result, output_dir, files)
+    paths |= {f"files_{task}": folder
+              for task, folder in task_files(result, output_dir, files).items()}
+    dead_letters = dead_letter_files(result, output_dir, files)
     if len(dead_letters) == 1:
         paths["dead_letter"] = next(iter(dead_letters.values()))
     else:
         paths |= {f"dead_letter_{family}": path for family, path in dead_letters.items()}
-    storage.atomic_write_json(paths["json"], results_dict(result, dead_letters))
+    files[paths["json"]] = _json_bytes(results_dict(result, dead_letters))
+    write_together(files)
     return paths
+
+
+def _json_bytes(obj: dict) -> bytes:
+    """`obj` as `storage.atomic_write_json` writes it."""
+    return (json.dumps(obj, indent=2, sort_keys=True, default=_plain) + "\n").encode()
+
+
+def _plain(obj):
+    if hasattr(obj, "tolist"):  # a numpy scalar or array in a family's metrics
+        return obj.tolist()
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import logging
+import pickle
 import re
 from dataclasses import dataclass
 
@@ -138,7 +139,12 @@ def read_hf_weights(folder: str) -> tuple[dict[str, Tensor], str]:
                 data = f.read()
             if name.endswith(".safetensors"):
                 return load_safetensors_bytes(data), path
-            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), path
+            try:
+                return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True), path
+            except (pickle.UnpicklingError, EOFError):  # torch's message: a page of advice
+                raise ValueError(f"{path}: not a plain state dict of tensors, refused by "
+                                 "torch.load(weights_only=True) (unpickling more could run "
+                                 "code); save the weights as model.safetensors") from None
     raise FileNotFoundError(f"{folder}: no {' or '.join(HF_WEIGHT_FILES)}")
 
 
@@ -150,6 +156,9 @@ def load_hf_checkpoint(folder: str, next_sentence: bool = True) -> BertForPreTra
     """
     config_path = storage.join(folder, "config.json")
     values = storage.read_json(config_path)
+    if values.get("model_type", "bert") != "bert":  # configs before transformers 2 have none
+        raise ValueError(f"{config_path}: model_type {values['model_type']!r}, not a BERT "
+                         "checkpoint")
     if values.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(f"{config_path}: position_embedding_type "
                          f"{values['position_embedding_type']!r}; this BERT has absolute positions")

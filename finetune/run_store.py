@@ -1,0 +1,117 @@
+"""Finished fine-tuning runs kept on disk: one small JSON file per (task, learning rate, seed)
+under `<output>/runs/`, so a re-run with the same settings trains only the runs missing and a
+crash (kill -9, a full disk, a diverging task after hours of others) loses only the run in
+flight.
+
+A run's file is named by a content hash (`common.storage.config_hash`, as the flow's stages)
+of everything that decides the run:
+
+- the checkpoint and tokenizer: the sha256 of each file loading reads (`bert_config.json` or
+  `config.json`, the weights file, `tokenizer.json`/`vocab.txt`/`tokenizer_config.json`);
+- the data: the family folder's files by relative path, size and modification time (a
+  rewritten or touched file trains again; hashing GLUE's gigabyte per start would not pay);
+- the task, its family and the family's settings (`pack_sequences`, `predict_test`);
+- the loop's settings for the task (recipe and options) but the grid (`learning_rates`,
+  `seeds`) and `progress`, plus the run's own learning rate and seed.
+
+A diverged run is kept as diverged (the same settings diverge again). Each file is written
+atomically; a file that cannot be read back (another version's) is trained again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from common import storage
+from finetune.loop import RunRecord, RunResult, TaskJob, TestPredictions
+
+log = logging.getLogger(__name__)
+
+RUNS_DIR = "runs"
+"""The folder of the run files under a results folder."""
+MODEL_FILES = ("bert_config.json", "bert.safetensors", "config.json", "model.safetensors",
+               "pytorch_model.bin")
+"""The checkpoint files `finetune.checkpoint.load_encoder` may read (model/hf.py's names)."""
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
+"""The files `finetune.checkpoint.load_tokenizer` may read."""
+NOT_IN_KEY = ("learning_rates", "seeds", "progress")
+"""Loop settings that do not shape one run: the grid (each run keys its own rate and seed)
+and the progress bars."""
+
+
+def model_identity(model_dir: str, tokenizer_dir: str) -> dict[str, dict[str, str]]:
+    """{"model": {file: sha256}, "tokenizer": {file: sha256}} of the files present."""
+    def hashes(folder: str, names: tuple[str, ...]) -> dict[str, str]:
+        paths = {name: storage.join(folder, name) for name in names}
+        return {name: storage.sha256_file(path) for name, path in paths.items()
+                if storage.exists(path)}
+
+    return {"model": hashes(model_dir, MODEL_FILES),
+            "tokenizer": hashes(tokenizer_dir, TOKENIZER_FILES)}
+
+
+def data_identity(data_dir: str) -> list[tuple[str, int, int]]:
+    """(path below `data_dir`, size, mtime in ns) of every file under it, hidden ones aside."""
+    listed = []
+    for folder, dirs, files in os.walk(data_dir):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(f for f in files if not f.startswith(".")):
+            path = os.path.join(folder, name)
+            stat = os.stat(path)
+            listed.append((os.path.relpath(path, data_dir), stat.st_size, stat.st_mtime_ns))
+    return listed
+
+
+@dataclass(frozen=True)
+class RunStore:
+    """The run files of one task: `folder`/<task>-lr<rate>-seed<seed>-<hash>.json."""
+
+    folder: str
+    key: dict[str, Any]
+    """What decides every run of the task but its learning rate and seed."""
+
+    @classmethod
+    def for_job(cls, folder: str, identity: dict, job: TaskJob) -> RunStore:
+        """The store of `job`'s runs in `folder`; `identity` is `model_identity`'s."""
+        family = (dataclasses.asdict(job.family) if dataclasses.is_dataclass(job.family)
+                  else {})
+        config = {k: v for k, v in dataclasses.asdict(job.config).items() if k not in NOT_IN_KEY}
+        key = {"checkpoint": identity, "data": data_identity(job.data_dir), "task": job.task,
+               "family": job.family.name, "family_settings": family, "config": config}
+        return cls(folder, key)
+
+    def path(self, learning_rate: float, seed: int) -> str:
+        digest = storage.config_hash(self.run_key(learning_rate, seed))
+        return storage.join(self.folder,
+                            f"{self.key['task']}-lr{learning_rate:g}-seed{seed}-{digest}.json")
+
+    def run_key(self, learning_rate: float, seed: int) -> dict[str, Any]:
+        return {**self.key, "learning_rate": learning_rate, "seed": seed}
+
+    def load(self, learning_rate: float, seed: int) -> RunRecord | None:
+        """The finished run of (`learning_rate`, `seed`), or None when there is none."""
+        path = self.path(learning_rate, seed)
+        if not storage.exists(path):
+            return None
+        try:
+            saved = storage.read_json(path)
+            predictions = tuple(TestPredictions(**p | {"columns": tuple(p["columns"])})
+                                for p in saved["predictions"])
+            return RunRecord(RunResult(**saved["result"]), predictions)
+        except (ValueError, TypeError, KeyError) as error:  # JSON or fields of another version
+            log.warning("%s: unreadable (%s: %s); the run trains again", path,
+                        type(error).__name__, error)
+            return None
+
+    def save(self, record: RunRecord, learning_rate: float, seed: int) -> str:
+        """Keep `record` (atomically); returns its file."""
+        path = self.path(learning_rate, seed)
+        storage.atomic_write_text(path, json.dumps({
+            "key": self.run_key(learning_rate, seed),
+            "result": dataclasses.asdict(record.result),
+            "predictions": [dataclasses.asdict(p) for p in record.predictions]}) + "\n")
+        return path
