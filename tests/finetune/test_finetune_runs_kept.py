@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import torch
 
 from finetune.cli import main
 from tests.conftest import REPO
+from tests.support.disks import small_tmpfs
 
 ERROR = "bert-finetune: error:"
 
@@ -253,16 +253,8 @@ DISK = 32 * 1024
 @pytest.fixture
 def small_disk(tmp_path) -> Path:
     """A 32 KiB tmpfs mounted for the test (unmounted after it)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs to fill needs root")
-    mount = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(mount)],
-                          check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+    with small_tmpfs(tmp_path, f"{DISK // 1024}k") as mount:
+        yield mount
 
 
 def test_a_full_disk_is_one_line_and_leaves_no_report(minilm_dir, rte_data, small_disk,

@@ -11,13 +11,13 @@ import re
 import shutil
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
 
 from common.errors import human_bytes
 from tests.conftest import REPO
+from tests.support.disks import small_tmpfs
 
 DUMP = "wiki/enwiki-dbpedia-minidump-pages-articles.xml.bz2"
 MULTI_PROCESSING = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
@@ -27,16 +27,8 @@ DISK = 64 * 1024  # a tmpfs this small fills on the first shard of either job's 
 @pytest.fixture
 def full_disk(tmp_path) -> Path:
     """A 64 KiB tmpfs mounted for the test (unmounted after it)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs to fill needs root")
-    mount = tmp_path / f"disk-{uuid.uuid4().hex[:6]}"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(mount)],
-                          check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", str(mount)], check=True)
+    with small_tmpfs(tmp_path, f"{DISK // 1024}k") as mount:
+        yield mount
 
 
 def run_job(job: str, *args: str) -> subprocess.CompletedProcess:

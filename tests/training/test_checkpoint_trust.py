@@ -5,7 +5,6 @@ of 4) is trained once and copied by each test."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 import torch
 import yaml
 
+from tests.support.disks import small_tmpfs
 from tests.training.pretrain_runs import REPO, make_config, subprocess_env
 from training import checkpoint, pretrain
 from training import config as cfg
@@ -162,16 +162,8 @@ def test_a_checkpoint_written_here_verifies_converts_and_resumes(data, run_copy,
 @pytest.fixture
 def small_disk(tmp_path):
     """A 16 MB tmpfs: room for one checkpoint of the tiny ZeRO-1 run (12 MB), not two."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs to fill needs root")
-    folder = tmp_path / "disk"
-    folder.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)],
-                             capture_output=True, text=True, check=False)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    yield folder
-    subprocess.run(["umount", str(folder)], check=True)
+    with small_tmpfs(tmp_path, "16m") as folder:
+        yield folder
 
 
 def test_a_full_disk_during_a_checkpoint_leaves_latest_on_the_previous_one(data, trained,
