@@ -4,12 +4,18 @@
     python benchmarks/gpu_check.py --device cpu       # the same checks on the tiny shapes
     python benchmarks/gpu_check.py --models bert_base --seq_lens 128 --profile
                                                       # + the profiler's busiest operators
+    python benchmarks/gpu_check.py --paths dynamic,static
+                                                      # each shape also with static shapes and
+                                                      # the whole model compiled, side by side
 
 For each model and sequence length (128, 512) it runs a short real pre-training: synthetic rows
 (random tokens; at 512 packed as the shards pack them, ~1.15 instances per row) through the
 real loader collate (`training.loader.collate`; on a GPU attention over whole rows under the
 instance mask), the pre-training model with its padded vocabulary, bf16 autocast, fused
-AdamW, gradient clipping and, on a GPU, compiled layers. It checks, and stops with a clear line if one fails:
+AdamW, gradient clipping and, on a GPU, compiled layers; with `--paths static` the batch padded to
+the phase's static shapes (`training.loader.StaticShapes`) and, on a GPU, the whole model compiled
+as one graph (`model.bert.compile_model`; `--compile-mode reduce-overhead` adds CUDA graphs). It
+checks, and stops with a clear line if one fails:
 
 - no SDPA math-kernel fallback: the steps run under `sdpa_kernel` restricted to the flash,
   memory-efficient and cuDNN kernels (a math fallback is then an error), on CUDA;
@@ -38,10 +44,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import shard_format
-from model.bert import PRESETS, BertConfig, compile_layers
+from model.bert import PRESETS, BertConfig, compile_layers, compile_model
 from model.heads import BertForPreTraining, BertForSequenceClassification
 from training import memory
-from training.loader import collate
+from training.loader import StaticShapes, collate, static_shapes_for
 from training.pretrain import to_device
 from training.sync_check import SyncCounter
 
@@ -148,9 +154,19 @@ def print_profile(label: str, device: torch.device, step, steps: int = 3, rows: 
         print(f"device busy {busy:.1f} ms per step", flush=True)
 
 
+def static_shapes(seq_len: int) -> StaticShapes:
+    """The static shapes pre-training takes for `synthetic_rows` (packed at 512) as for shards
+    of theirs (`training.loader.static_shapes_for`)."""
+    return static_shapes_for({"max_predictions_per_seq": memory.max_predictions(seq_len),
+                              "packed": seq_len >= 512}, seq_len)
+
+
 def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: bool,
-                      profile: bool = False) -> dict:
-    """Train `steps` steps on one batch; the timed ones after the warm-up steps."""
+                      profile: bool = False, static: bool = False,
+                      compile_mode: str | None = None) -> dict:
+    """Train `steps` steps on one batch; the timed ones after the warm-up steps. `static`: the
+    batch padded to the phase's static shapes and, if `compile_`, the whole model compiled
+    (`compile_model`, with torch.compile's `compile_mode`) instead of each layer."""
     config: BertConfig = PRESETS[shape.model](vocab_size=VOCAB, vocab_multiple=64)
     torch.manual_seed(0)
     model = BertForPreTraining(config).to(device).train()
@@ -158,12 +174,17 @@ def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: 
         # a fresh cache per shape: the models share BertLayer.forward's code object, and their
         # entries together pass dynamo's recompile limit, which fullgraph=True makes an error
         torch._dynamo.reset()
-        compile_layers(model.bert)
+        if static:
+            compile_model(model, mode=compile_mode)
+        else:
+            compile_layers(model.bert)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4 if shape.model != "bert_tiny"
                                   else 1e-3, fused=device.type == "cuda")
     rows = synthetic_rows(shape.micro_batch_size, shape.seq_len, seed=shape.seq_len)
     batch = to_device(collate(rows, max_seq_length=shape.seq_len,
-                                attention_plan=device.type == "cpu"), device)
+                              attention_plan=device.type == "cpu",
+                              static=static_shapes(shape.seq_len) if static else None,
+                              batch_size=shape.micro_batch_size), device)
     instances = sum(len(r.next_sentence_labels) for r in rows)
     losses, counter = [], SyncCounter()
     if device.type == "cuda":
@@ -252,6 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq_lens", default="128,512", help="sequence lengths to train at")
     p.add_argument("--profile", action="store_true",
                    help="print torch.profiler's busiest operators for each shape")
+    p.add_argument("--paths", default="dynamic", help="comma-separated: dynamic (batches as "
+                   "small as their rows, compiled layers), static (static shapes, the whole "
+                   "model compiled); dynamic,static runs each shape both ways, side by side")
+    p.add_argument("--compile-mode", default=None,
+                   help="torch.compile mode of the static path's whole model, e.g. "
+                        "reduce-overhead (CUDA graphs); default: torch's")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -266,10 +293,17 @@ def main(argv: list[str] | None = None) -> int:
     compile_ = device.type == "cuda" and not args.no_compile
     print(f"device {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
           f"torch {torch.__version__}; compile {compile_}; {steps} timed steps")
+    paths = args.paths.split(",")
+    if not set(paths) <= {"dynamic", "static"}:
+        p.error(f"--paths {args.paths}: expected dynamic, static or dynamic,static")
     try:
-        for shape in shapes(device, models, [int(n) for n in args.seq_lens.split(",")]):
-            r = pretraining_check(shape, device, steps, compile_, args.profile)
-            line = (f"{shape.model:10s} T={shape.seq_len:3d} B={shape.micro_batch_size:2d}: "
+        for shape, path in ((s, path) for s in shapes(device, models, [
+                int(n) for n in args.seq_lens.split(",")]) for path in paths):
+            r = pretraining_check(shape, device, steps, compile_, args.profile,
+                                  static=path == "static", compile_mode=args.compile_mode)
+            label = " static" if path == "static" else ""
+            line = (f"{shape.model:10s} T={shape.seq_len:3d} B={shape.micro_batch_size:2d}"
+                    f"{label}: "
                     f"{r['rows_per_s']:8.1f} rows/s/GPU, {r['instances_per_s']:8.1f} "
                     f"instances/s/GPU; loss {r['losses'][0]:.3f} -> {r['losses'][-1]:.3f}; "
                     f"no math SDPA, no sync")

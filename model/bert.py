@@ -19,6 +19,9 @@ A token attends only to the tokens of its own instance (model/attention.py: the 
 plan of packed and padded rows, made on the host). In training on CPU, dropout draws a cheaper
 mask of the same distribution (model/cpu_ops.py).
 
+On a GPU, `compile_layers` compiles each layer for batches whose shape changes; `compile_model`
+compiles a whole model as one graph for batches of one shape (`training.loader.StaticShapes`).
+
 The field names of `BertConfig` are those of the reference `bert_config.json` (and of
 `transformers.BertConfig`), so a Hugging Face `config.json` reads directly.
 """
@@ -325,13 +328,17 @@ class BertModel(nn.Module):
         ids = instance_ids(attention_mask, sequence_ids, input_ids)
         if self.config.is_decoder:  # whole rows under a causal mask (per instance in packed rows)
             layout = BatchLayout(None, masked=True)
+        compiled = torch.compiler.is_compiling()  # inside a whole-model graph (`compile_model`)
         if layout is None:  # worked out here
             # on the CPU the per-instance plan, from a look at the ids; elsewhere whole rows under
-            # the mask whenever there are ids (a look would wait for the device)
-            layout = (batch_layout(ids) if input_ids.device.type == "cpu"
+            # the mask whenever there are ids (a look would wait for the device, and in a
+            # compiled graph it is host work: a graph break)
+            layout = (batch_layout(ids) if input_ids.device.type == "cpu" and not compiled
                       else BatchLayout(None, masked=ids is not None))
-        # torch's stock ops draw dropout masks over whole rows, as transformers' BERT does
-        plan = None if stock_ops_enabled() else layout.plan
+        # torch's stock ops draw dropout masks over whole rows, as transformers' BERT does; a
+        # compiled graph takes whole rows too: a plan's group sizes change with every batch,
+        # and each new size would compile the graph again
+        plan = None if stock_ops_enabled() or compiled else layout.plan
         whole_rows = plan is None and layout.masked  # instances not in single runs, or stock
         mask = self._row_mask(ids, None, input_ids) if whole_rows else None
         x = self.embeddings(input_ids, token_type_ids, position_ids)
@@ -417,4 +424,35 @@ def compile_layers(bert: BertModel, backend: str = "inductor") -> BertModel:
     for layer in bert.layers:
         layer.compile(fullgraph=True, backend=backend)
     return bert
+
+
+MODEL_RECOMPILE_LIMIT = 16
+"""Compiled variants of a whole pre-training model (`compile_model`): per phase a training and
+an evaluation graph, each static (`dynamic=False`), and one more for a rare batch past the
+static shapes (`training.loader.StaticShapes.fit`); two phases make 4 to 8."""
+
+
+def compile_model(model: nn.Module, backend: str = "inductor", mode: str | None = None) -> nn.Module:
+    """`torch.compile` a whole model in place, as one graph: for pre-training the embeddings,
+    every layer, the heads and the losses, so that a step is a few kernel launches from one
+    host call rather than a compiled call per layer with eager ops between them.
+
+    For batches of one shape (`training.loader.StaticShapes`): `dynamic=False` specialises the
+    graph to it (symbolic sizes would cost kernel choices and rule out CUDA graphs), and
+    `fullgraph=True` makes any graph break an error. Attention takes whole rows under the
+    instance mask inside the graph (the CPU's per-instance plan is host work with batch-dependent
+    sizes; `BertModel.forward`). `mode`: torch.compile's (None, "reduce-overhead" for CUDA
+    graphs, "max-autotune-no-cudagraphs"); `backend` as in `compile_layers`. Parameter names
+    and the state dict stay as they are. For batches of changing shape use `compile_layers`.
+
+    The model's `forward` is compiled, not its `__call__` (`nn.Module.compile`): hooks others
+    hang on the model stay outside the graph. DeepSpeed's engine adds a forward pre-hook that
+    reads its step counter; traced, it is a guard that fails at every step (a recompile per
+    step, tests/training/test_static_shapes.py).
+    """
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                               MODEL_RECOMPILE_LIMIT)
+    model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False, backend=backend,
+                                  mode=mode)
+    return model
 

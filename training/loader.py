@@ -24,6 +24,12 @@ replays each slot's stream (reading, not training) to exactly where it stopped.
 With 1 rank x 2 workers and 2 ranks x 1 worker the slots, and so the global batches, are the
 same: a 1-rank run with 2 accumulation steps sees the rows a 2-rank run sees.
 
+Static shapes (`LoaderConfig.static_shapes`, `StaticShapes`): every batch of a phase is
+[batch_size, max_seq_length] with the same masked positions and instances per row, padded with
+`IGNORE_INDEX` labels, so a compiled step is captured once rather than once per shape. A slot
+yields whole micro-batches only (`plan_epoch`), and a batch of fewer rows would be padded to
+`batch_size` all the same, so neither the end of an epoch nor validation changes the shape.
+
 Trust: a shard is read whole before any of its rows enters a slot's stream, hashed against the
 manifest's sha256 and its tar members listed (`check_shard_bytes`): a corrupt shard, or one with
 a `../`, absolute-path or link member, stops the loader with one line naming the shard and the
@@ -496,8 +502,9 @@ class Remasker:
 # ---------------------------------------------------------------- collate
 
 def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
-            max_seq_length: int | None = None,
-            attention_plan: bool = True) -> dict[str, torch.Tensor | BatchLayout]:
+            max_seq_length: int | None = None, attention_plan: bool = True,
+            static: StaticShapes | None = None,
+            batch_size: int | None = None) -> dict[str, torch.Tensor | BatchLayout]:
     """Rows -> the padded batch `model.heads.BertForPreTraining` takes (see its docstring),
     with its `layout` (`model.attention.BatchLayout`) worked out here on the host, with the
     per-instance attention plan if `attention_plan` (`LoaderConfig.attention_plan`).
@@ -505,6 +512,10 @@ def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
     T = longest row rounded up to `pad_to_multiple_of` (at most `max_seq_length`); M = most
     masked positions; K = most instances per row. `next_sentence_label` is (B,) for unpacked rows,
     else (B, K) with `cls_positions` (B, K).
+
+    `static` (`StaticShapes`): B = `batch_size` (rows past the given ones are padding: no
+    token, no label), T = `max_seq_length`, M and K from `static.fit`, and the layout always
+    masked, so every batch of a phase has one shape and one graph.
     """
     b = len(rows)
     longest = max(len(r.input_ids) for r in rows)
@@ -512,6 +523,11 @@ def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
     t = min(t, max_seq_length) if max_seq_length else t
     m = max(1, max(len(r.masked_lm_positions) for r in rows))
     k = max(len(r.next_sentence_labels) for r in rows)
+    if static is not None:
+        if not max_seq_length or not batch_size or batch_size < b:
+            raise ValueError(f"static shapes need max_seq_length and a batch_size >= the {b} "
+                             f"rows, got {max_seq_length} and {batch_size}")
+        b, t, (m, k) = batch_size, max_seq_length, static.fit(m, k)
     input_ids = np.zeros((b, t), np.int64)
     token_type_ids = np.zeros((b, t), np.int64)
     attention_mask = np.zeros((b, t), np.int64)
@@ -544,10 +560,68 @@ def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
         batch["cls_positions"] = cls_positions
     tensors = {name: torch.from_numpy(a) for name, a in batch.items()}
     # The attention plan is host work: done here, in the loader's workers, not in the forward.
-    tensors["layout"] = batch_layout(instance_ids(
+    layout = batch_layout(instance_ids(
         tensors["attention_mask"], tensors["sequence_ids"], tensors["input_ids"]),
         plan=attention_plan)
+    # static: always masked, or a batch without padding would take a second, unmasked graph
+    tensors["layout"] = BatchLayout(layout.plan, masked=True) if static is not None else layout
     return tensors
+
+
+@dataclass(frozen=True)
+class StaticShapes:
+    """The sizes that make every batch of a phase one shape [B, T] (B = the loader's
+    `batch_size`, T = its `max_seq_length`), so that a compiled step is captured once
+    (`model.bert.compile_model`). Padding positions have label `IGNORE_INDEX`: the losses
+    are those of the unpadded batch."""
+    predictions: int
+    """M: masked positions per row (`masked_lm_positions` (B, M), padding at position 0)."""
+    instances: int
+    """K: instances per row; 1 = unpacked rows (`next_sentence_label` (B,)), else (B, K) with
+    `cls_positions` (B, K)."""
+
+    def __post_init__(self):
+        if self.predictions < 1 or self.instances < 1:
+            raise ValueError(f"static shapes need predictions and instances >= 1, got "
+                             f"{self.predictions} and {self.instances}")
+
+    def fit(self, predictions: int, instances: int) -> tuple[int, int]:
+        """(M, K) for a batch whose rows need up to `predictions` and `instances`: the static
+        sizes; a batch past them (a packed row of unusually many short instances) takes the
+        next multiple of 8 masked positions / of `instances`, which a compiled step compiles
+        once more, rather than losing a label or stopping the run."""
+        m, k = self.predictions, self.instances
+        if predictions > m:
+            m = -(-predictions // 8) * 8
+        if instances > k:
+            k = -(-instances // k) * k
+        if (m, k) != (self.predictions, self.instances):
+            log.warning("a batch needs %d masked positions and %d instances per row, past the "
+                        "static shapes' %d and %d: it takes M=%d, K=%d (a compiled step "
+                        "compiles once more)", predictions, instances, self.predictions,
+                        self.instances, m, k)
+        return m, k
+
+
+STATIC_INSTANCE_TOKENS = 32
+"""Packed rows under static shapes hold up to max_seq_length / this instances (16 at 512 tokens;
+the books' packed shards hold at most 11 in a row, Wikipedia's 1.15 on average). Each unused
+slot costs one more query through the last layer and the NSP head: little."""
+
+
+def static_shapes_for(manifest: dict, max_seq_length: int) -> StaticShapes:
+    """The `StaticShapes` of a phase's shards, from their manifest. Unpacked rows (`packed`:
+    false) hold one instance with at most `max_predictions_per_seq` masked positions. A packed
+    row's instances each round their share of it up, by at most one position each, so
+    M = max_predictions_per_seq + K covers them (the books' packed rows at 512 tokens reach 78
+    with max_predictions_per_seq 76)."""
+    from training.memory import max_predictions
+
+    predictions = int(manifest.get("max_predictions_per_seq") or max_predictions(max_seq_length))
+    if manifest.get("packed") is False:
+        return StaticShapes(predictions, 1)
+    instances = max(2, max_seq_length // STATIC_INSTANCE_TOKENS)
+    return StaticShapes(predictions + instances, instances)
 
 
 # ---------------------------------------------------------------- streams
@@ -581,6 +655,9 @@ class LoaderConfig:
     attention_plan: bool = True
     """Work out each batch's per-instance attention plan (`model.attention.attention_plan`):
     the CPU's attention uses it; a GPU attends over whole rows under a mask and never does."""
+    static_shapes: StaticShapes | None = None
+    """Pad every batch to [batch_size, max_seq_length] and these masked positions and instances
+    per row (`StaticShapes`); None: each batch only as large as its rows need."""
 
     def __post_init__(self):
         if not 0 <= self.rank < self.world_size:
@@ -673,7 +750,8 @@ class _EpochDataset(IterableDataset):
                          done * b, self.plan.rows_per_slot)
         while batch := list(itertools.islice(rows, b)):
             yield collate(batch, max_seq_length=self.config.max_seq_length,
-                          attention_plan=self.config.attention_plan)
+                          attention_plan=self.config.attention_plan,
+                          static=self.config.static_shapes, batch_size=b)
 
 
 class ShardLoader:
@@ -823,4 +901,5 @@ def validation_batches(config: LoaderConfig, max_batches: int) -> Iterator[dict[
     mine = itertools.islice(rows, config.rank, None, config.world_size)
     for _ in range(count):
         yield collate(list(itertools.islice(mine, config.batch_size)),
-                      max_seq_length=config.max_seq_length, attention_plan=config.attention_plan)
+                      max_seq_length=config.max_seq_length, attention_plan=config.attention_plan,
+                      static=config.static_shapes, batch_size=config.batch_size)

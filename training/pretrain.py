@@ -70,7 +70,13 @@ from training.checkpoint import (
     to_universal,
 )
 from training.config import PhaseConfig, PretrainConfig
-from training.loader import LoaderConfig, Remasker, ShardLoader, validation_batches
+from training.loader import (
+    LoaderConfig,
+    Remasker,
+    ShardLoader,
+    static_shapes_for,
+    validation_batches,
+)
 from training.ranks import Dist, on_all_ranks
 
 log = logging.getLogger("training.pretrain")
@@ -268,7 +274,9 @@ def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
         world_size=dist.world_size, num_workers=0 if validation else config.num_workers,
         seed=config.seed, shuffle_buffer=config.shuffle_buffer,
         split="validation" if validation else "train", remasker=remasker,
-        pin_memory=dist.on_gpu and not validation, attention_plan=not dist.on_gpu)
+        pin_memory=dist.on_gpu and not validation, attention_plan=not dist.on_gpu,
+        static_shapes=static_shapes_for(shard_manifest(phase), phase.max_seq_length)
+        if config.uses_static_shapes(dist.on_gpu) else None)
 
 
 # ---------------------------------------------------------------- steps
@@ -659,8 +667,13 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     from_init = bool(config.init_from) and resume is None and previous_tag is None
     model = build_model(config, shard_manifest(phase), initial, initial=from_init)
     if config.compile and dist.on_gpu:
-        from model.bert import compile_layers
-        compile_layers(model.bert)
+        # the whole model as one graph where every batch has one shape, but not under ZeRO-3,
+        # whose hooks gather each module's parameters inside the forward; else per layer
+        from model.bert import compile_layers, compile_model
+        if config.uses_static_shapes(dist.on_gpu) and config.zero_stage < 3:
+            compile_model(model)
+        else:
+            compile_layers(model.bert)
     universal = (resume is not None and resume.world_size != dist.world_size
                  and has_partitioned_state(ckpt_dir, resume.tag))
     if universal:
