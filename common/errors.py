@@ -42,7 +42,7 @@ class DiskFullError(OSError):
     cleans up on OSError still does."""
 
     def __init__(self, path: str, needed: int | None = None):
-        self.path = path
+        self.path, self.needed = path, needed
         left = free_bytes(path)
         message = f"no space left on the device writing {path}"
         if needed is not None:
@@ -53,6 +53,9 @@ class DiskFullError(OSError):
 
     def __str__(self) -> str:
         return self.strerror
+
+    def __reduce__(self):  # across processes (Beam workers, Prefect results) as it was raised
+        return DiskFullError, (self.path, self.needed)
 
 
 def free_bytes(path: str) -> int | None:

@@ -542,6 +542,10 @@ def run_one(family: Family, encoder: BertModel, prepared: Prepared, learning_rat
     return result, model
 
 
+def has_test_sets(family: Family, prepared: Prepared) -> bool:
+    return isinstance(family, TestSets) and bool(family.test_splits(prepared))
+
+
 def predict_test_sets(family: Family, model: nn.Module, prepared: Prepared,
                       cfg: FinetuneConfig) -> tuple[TestPredictions, ...]:
     """Leaderboard predictions for every test split the family read (none for most)."""
@@ -621,15 +625,42 @@ def finetune_task(family: Family, encoder: BertModel, prepared: Prepared,
     when every run diverged. With a `store` (finetune/run_store.py), each run is kept there as
     it finishes and a run it holds is reused, not trained: a re-run after a crash trains only
     the runs missing.
+
+    Test sets are predicted once a rate (all its seeds) is done and its best seed is the best
+    run so far, and kept with that run: a rate not best then never becomes the overall best
+    later (`select_best` keeps the first rate on ties), so the final best run always has its
+    predictions, after at most one prediction per rate. The weights of the current rate's best
+    seed are kept in memory until then; a reused run has none, and is trained again (the same
+    seed gives the same run) only if its rate becomes the best.
     """
     limit = encoder.config.max_position_embeddings
     if cfg.row_length is not None and cfg.row_length > limit:
         raise SettingError("row_length", f"must be <= the model's max_position_embeddings "
                            f"{limit}, got {cfg.row_length}")
     seeds = seeds_for(family, prepared.task, cfg)
+    predicts_test = has_test_sets(family, prepared)
     start = time.perf_counter()
-    records = [stored_run(family, encoder, prepared, learning_rate, seed, cfg, store)
-               for learning_rate in cfg.learning_rates for seed in seeds]
+    records: list[RunRecord] = []
+    for learning_rate in cfg.learning_rates:
+        best_index, best_weights = None, None  # the rate's best seed so far
+        for last, seed in enumerate(seeds, start=1 - len(seeds)):
+            record, model, trained = stored_run(family, encoder, prepared, learning_rate, seed,
+                                                cfg, store)
+            records.append(record)
+            unsaved = {len(records) - 1} if trained else set()
+            if predicts_test and record.result.finished and (
+                    best_index is None or record.result.score > records[best_index].result.score):
+                best_index, best_weights = len(records) - 1, None if model is None else \
+                    {k: v.detach().clone() for k, v in model.state_dict().items()}
+            del model
+            finished = [r.result for r in records if r.result.finished]
+            if last == 0 and best_index is not None and not records[best_index].predictions \
+                    and select_best(finished).best_run is records[best_index].result:
+                records[best_index] = with_test_predictions(family, encoder, prepared, cfg,
+                                                            records[best_index], best_weights)
+                unsaved.add(best_index)
+            for index in sorted(unsaved) if store is not None else ():
+                store.save(records[index], learning_rate, records[index].result.seed)
     runs = [record.result for record in records]
     if not any(run.finished for run in runs):
         raise FloatingPointError(
@@ -644,27 +675,42 @@ def finetune_task(family: Family, encoder: BertModel, prepared: Prepared,
                           family.name)
 
 
+def with_test_predictions(family: Family, encoder: BertModel, prepared: Prepared,
+                          cfg: FinetuneConfig, record: RunRecord,
+                          weights: dict | None) -> RunRecord:
+    """`record` with its run's test-set predictions: from its kept `weights`, or, for a run
+    reused from the store, from the run trained again."""
+    run = record.result
+    if weights is None:
+        log.info("%s lr=%g seed=%d: trained again to predict the test sets", prepared.task,
+                 run.learning_rate, run.seed)
+        _, model = run_one(family, encoder, prepared, run.learning_rate, run.seed, cfg)
+    else:
+        model = build_model(family, encoder, prepared.task, run.seed,
+                            resolve_device(cfg.device), cfg.head_init)
+        model.load_state_dict(weights)
+    return RunRecord(run, predict_test_sets(family, model, prepared, cfg))
+
+
 def stored_run(family: Family, encoder: BertModel, prepared: Prepared, learning_rate: float,
-               seed: int, cfg: FinetuneConfig, store: RunStore | None) -> RunRecord:
-    """The run of (`learning_rate`, `seed`) from `store` when it holds it, else trained by
-    `finish_run` and kept in `store`."""
+               seed: int, cfg: FinetuneConfig, store: RunStore | None
+               ) -> tuple[RunRecord, nn.Module | None, bool]:
+    """The run of (`learning_rate`, `seed`) from `store` when it holds it (no model), else
+    trained by `finish_run` (with its model; None if it diverged), for the caller to keep;
+    and whether it was trained here."""
     if store is not None:
         record = store.load(learning_rate, seed)
         if record is not None:
             log.info("%s lr=%g seed=%d: reused (%s) from %s", prepared.task, learning_rate,
                      seed, record.result.status, store.path(learning_rate, seed))
-            return record
-    record = finish_run(family, encoder, prepared, learning_rate, seed, cfg)
-    if store is not None:
-        store.save(record, learning_rate, seed)
-    return record
+            return record, None, False
+    return (*finish_run(family, encoder, prepared, learning_rate, seed, cfg), True)
 
 
 def finish_run(family: Family, encoder: BertModel, prepared: Prepared, learning_rate: float,
-               seed: int, cfg: FinetuneConfig) -> RunRecord:
-    """One (rate, seed) run to its end: trained, scored on dev, its test sets predicted (every
-    run's: a reused run's weights are not kept); a loss that diverges ends it as a diverged
-    record."""
+               seed: int, cfg: FinetuneConfig) -> tuple[RunRecord, nn.Module | None]:
+    """One (rate, seed) run to its end: trained and scored on dev, with its model; a loss that
+    diverges ends it as a diverged record (no model)."""
     start = time.perf_counter()
     try:
         result, model = run_one(family, encoder, prepared, learning_rate, seed, cfg)
@@ -672,8 +718,8 @@ def finish_run(family: Family, encoder: BertModel, prepared: Prepared, learning_
         log.warning("%s: the run is recorded as diverged", error)
         return RunRecord(RunResult(prepared.task, learning_rate, seed, {}, math.nan, error.step,
                                    error.loss, time.perf_counter() - start, 0.0,
-                                   status="diverged"))
-    return RunRecord(result, predict_test_sets(family, model, prepared, cfg))
+                                   status="diverged")), None
+    return RunRecord(result), model
 
 
 # ---------------------------------------------------------------------------------------------

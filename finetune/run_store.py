@@ -12,7 +12,10 @@ of everything that decides the run:
   rewritten or touched file trains again; hashing GLUE's gigabyte per start would not pay);
 - the task, its family and the family's settings (`pack_sequences`, `predict_test`);
 - the loop's settings for the task (recipe and options) but the grid (`learning_rates`,
-  `seeds`) and `progress`, plus the run's own learning rate and seed.
+  `seeds`) and `progress`, what its "auto" settings resolve to on this machine (the device
+  type and bf16; the row length follows from the device), plus the run's own learning rate
+  and seed;
+- `RUN_FORMAT`, the version of what a run computes.
 
 A diverged run is kept as diverged (the same settings diverge again). Each file is written
 atomically; a file that cannot be read back (another version's) is trained again.
@@ -27,15 +30,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from common import storage
-from finetune.loop import RunRecord, RunResult, TaskJob, TestPredictions
+from finetune.loop import RunRecord, RunResult, TaskJob, TestPredictions, resolve_device, uses_bf16
+from model import hf
 
 log = logging.getLogger(__name__)
 
 RUNS_DIR = "runs"
 """The folder of the run files under a results folder."""
-MODEL_FILES = ("bert_config.json", "bert.safetensors", "config.json", "model.safetensors",
-               "pytorch_model.bin")
+MODEL_FILES = (hf.CHECKPOINT_CONFIG, hf.CHECKPOINT_WEIGHTS, "config.json", *hf.HF_WEIGHT_FILES)
 """The checkpoint files `finetune.checkpoint.load_encoder` may read (model/hf.py's names)."""
+RUN_FORMAT = 1
+"""The version of what a run computes: raised when a change to the loop or a family changes a
+run's result, so that runs kept before it train again."""
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
 """The files `finetune.checkpoint.load_tokenizer` may read."""
 NOT_IN_KEY = ("learning_rates", "seeds", "progress")
@@ -80,8 +86,13 @@ class RunStore:
         family = (dataclasses.asdict(job.family) if dataclasses.is_dataclass(job.family)
                   else {})
         config = {k: v for k, v in dataclasses.asdict(job.config).items() if k not in NOT_IN_KEY}
-        key = {"checkpoint": identity, "data": data_identity(job.data_dir), "task": job.task,
-               "family": job.family.name, "family_settings": family, "config": config}
+        device = resolve_device(job.config.device)
+        # what "auto" settings resolve to here: a CPU run (fp32, rows of 512) and a GPU run
+        # (bf16, rows of max_seq_length) of the same settings are different runs
+        resolved = {"device": device.type, "bf16": uses_bf16(job.config, device)}
+        key = {"format": RUN_FORMAT, "checkpoint": identity, "data": data_identity(job.data_dir),
+               "task": job.task, "family": job.family.name, "family_settings": family,
+               "config": config, "resolved": resolved}
         return cls(folder, key)
 
     def path(self, learning_rate: float, seed: int) -> str:

@@ -65,7 +65,8 @@ LATEST = "latest"
 STATE_FILE = "training_state.json"
 CHECKSUMS = "checksums.json"
 FORCE_WEIGHTS_ONLY = "TORCH_FORCE_WEIGHTS_ONLY_LOAD"
-REFUSED = 2  # the exit status of `python -m training.checkpoint` refusing a file
+REFUSED = 3
+"""The exit status of `python -m training.checkpoint` refusing a file (argparse takes 2)."""
 FULL_BELOW = 1 << 20
 """Free bytes under which a failed torch write counts as a full disk: torch's zip writer reports
 ENOSPC as a RuntimeError without the errno, after filling the device to its last blocks."""
@@ -91,6 +92,10 @@ class CheckpointState:
     record it, and then not checked."""
 
 
+TAG = re.compile(r"\d{2}-[^/\\\x00]+-step\d{8}")
+"""What `checkpoint_tag` writes: one folder name below the checkpoints folder."""
+
+
 def checkpoint_tag(phase_index: int, phase: PhaseConfig, step: int) -> str:
     return f"{phase_index:02d}-{phase.name}-step{step:08d}"
 
@@ -102,6 +107,9 @@ def read_latest(ckpt_dir: str) -> CheckpointState | None:
         return None
     with open(latest, encoding="utf-8") as f:
         tag = f.read().strip()
+    if not TAG.fullmatch(tag):  # a planted `latest` must not lead outside the folder
+        raise UntrustedCheckpointError(f"{latest}: refused: {tag[:80]!r} is no checkpoint tag "
+                                       "of this run (NN-<phase>-stepNNNNNNNN)")
     with open(os.path.join(ckpt_dir, tag, STATE_FILE), encoding="utf-8") as f:
         state = json.load(f)
     return CheckpointState(tag=tag, **state)

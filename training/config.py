@@ -173,7 +173,8 @@ class PretrainConfig(MaskSplit):
     compiling measured slower (benchmarks/RESULTS.md 4.0, 4.3)."""
     static_shapes: Literal["auto", "on", "off"] = "auto"
     """Pad every batch of a phase to one shape (`training.loader.StaticShapes`), so that the whole
-    step compiles once (`compile`); auto: on a GPU only (`uses_static_shapes`)."""
+    step compiles once (`compile`); auto: where the whole step compiles, a compiled GPU run
+    below ZeRO-3 (`uses_static_shapes`)."""
 
     def __post_init__(self):
         settings.check_choices(self, "--set {setting}: {message}")
@@ -221,13 +222,20 @@ class PretrainConfig(MaskSplit):
 
     def uses_static_shapes(self, on_gpu: bool) -> bool:
         """Whether the loader pads every batch of a phase to one shape: `static_shapes`, with
-        auto on a GPU only. There a step is bound by launches and host time more than by FLOPs,
+        auto where the whole step compiles (`compiles_whole_model`). There a step is bound by launches and host time more than by FLOPs,
         and one shape lets the whole step compile once. A CPU run stays eager (compiling
         measured slower there), so padding buys it nothing and costs its compute: on the books'
         shards, eager fp32, bert_tiny 6% slower a step packed at 512 tokens (batch 8: 16
         instance and 92 masked slots for 1-3 and 76-77 used), bert_mini 1%, and no change at
         128 tokens, where those rows fill the row."""
-        return self.static_shapes == "on" or (self.static_shapes == "auto" and on_gpu)
+        return self.static_shapes == "on" or (self.static_shapes == "auto"
+                                               and self.compiles_whole_model(on_gpu))
+
+    def compiles_whole_model(self, on_gpu: bool) -> bool:
+        """Whether the step can be one compiled graph: compiled, on a GPU, and outside ZeRO-3,
+        whose hooks gather each module's parameters inside the forward (per-layer graphs
+        there). `static_shapes=auto` pads exactly where this holds."""
+        return self.compile and on_gpu and self.zero_stage < 3
 
     def model_config(self, vocab_size: int, **changes: Any):
         """The `model.bert.BertConfig` of the preset with this run's shape, dropout and

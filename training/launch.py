@@ -241,11 +241,25 @@ def exit_refused(message: str, prog: str = "bert-pretrain") -> NoReturn:
     ranks do not exit first: they wait for the launcher to end them when the reporting rank
     has printed and exited. Had one exited first, the launcher could end the reporter before
     it printed, and the user would see no line at all (seen under load with 2 ranks)."""
-    local_rank = os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))
-    if local_rank == "0":
+    if local_rank() == "0":
         print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
-    else:
-        time.sleep(REPORTER_WAIT_S)  # a bound, should local rank 0 never get this far
+        raise SystemExit(2)
+    wait_for_launcher()
+
+
+def local_rank() -> str:
+    """This process's rank on its node, as torchrun, DeepSpeed, Open MPI or Slurm set it."""
+    for name in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "RANK"):
+        if name in os.environ:
+            return os.environ[name]
+    return "0"
+
+
+def wait_for_launcher() -> NoReturn:
+    """Exit 2 without a word, after waiting for the launcher to end this rank: another rank
+    reports the error, and this rank exiting first could have the launcher end that one
+    before it prints. The wait is a bound, should the reporting rank never get that far."""
+    time.sleep(REPORTER_WAIT_S)
     raise SystemExit(2)
 
 

@@ -77,7 +77,7 @@ from training.loader import (
     static_shapes_for,
     validation_batches,
 )
-from training.ranks import Dist, on_all_ranks
+from training.ranks import Dist, OtherRankError, on_all_ranks
 
 log = logging.getLogger("training.pretrain")
 METRIC_KEYS = ("loss", "mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct",
@@ -670,7 +670,7 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
         # the whole model as one graph where every batch has one shape, but not under ZeRO-3,
         # whose hooks gather each module's parameters inside the forward; else per layer
         from model.bert import compile_layers, compile_model
-        if config.uses_static_shapes(dist.on_gpu) and config.zero_stage < 3:
+        if config.uses_static_shapes(dist.on_gpu) and config.compiles_whole_model(dist.on_gpu):
             compile_model(model)
         else:
             compile_layers(model.bert)
@@ -752,7 +752,7 @@ def main(argv: list[str] | None = None) -> None:
         if debug_requested() or not is_user_error(e):
             raise
         parser.error(str(e))
-    from training.launch import exit_refused, refuse_cpu_fallback_in_rank
+    from training.launch import exit_refused, refuse_cpu_fallback_in_rank, wait_for_launcher
     try:  # the launch scripts checked before starting the ranks; `torchrun` by hand did not
         refuse_cpu_fallback_in_rank(config.device)
     except ValueError as e:
@@ -762,6 +762,8 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as e:
         if debug_requested() or not is_user_error(e):
             raise
+        if isinstance(e, OtherRankError):  # the failing rank reports it: one line in all
+            wait_for_launcher()
         rank = os.environ.get("RANK", "0")
         print(f"bert-pretrain: error{f' (rank {rank})' if rank != '0' else ''}: {e}",
               file=sys.stderr, flush=True)

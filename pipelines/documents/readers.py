@@ -76,10 +76,16 @@ def read_jsonl(stream: IO[bytes], name: str, source: SourceConfig) -> Iterator[R
         yield Raw(location, fields)
 
 
+MAX_FIELD_CHARS = 2**31 - 1
+"""The longest CSV/TSV field read (csv.field_size_limit's most, a C long on every platform)."""
+
+
 def _read_delimited(stream: IO[bytes], delimiter: str) -> Iterator[Record]:
     # surrogateescape keeps a bad byte as a lone surrogate: the row it is in is set aside,
     # the rows around it are read.
     text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape", newline="")
+    # csv's default field limit (128 KiB) would end the file at the first long document
+    csv.field_size_limit(MAX_FIELD_CHARS)
     rows = csv.reader(text, delimiter=delimiter)
     try:
         header = next(rows)

@@ -278,3 +278,30 @@ def test_a_full_disk_is_one_line_and_leaves_no_report(minilm_dir, rte_data, smal
     assert any(m.startswith("RTE lr=5e-05 seed=1: reused (finished)") for m in caplog.messages)
     assert {"results.json", "summary.md", "runs.csv", "config.json"} <= \
         {p.name for p in out.iterdir()}
+
+
+def test_test_sets_are_predicted_once_per_rate_at_most_and_by_the_best_run(
+        minilm_dir, rte_data, tmp_path, monkeypatch):
+    """2 rates x 2 seeds: the test sets are predicted when a rate's seeds are done and its best
+    seed is the best run so far (once or twice here, never per run), and the submission is the
+    best run's, as an uninterrupted run with a single kept copy of the weights would give."""
+    from finetune import loop
+    calls = []
+    predict = loop.predict_test_sets
+    monkeypatch.setattr(loop, "predict_test_sets",
+                        lambda *a, **k: calls.append(1) or predict(*a, **k))
+    out = tmp_path / "grid"
+    args = [*argv(minilm_dir, rte_data, out, "5e-5,1e-5")]
+    args[args.index("--seeds") + 1] = "1,2"
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    (task,) = results["tasks"]
+    assert len(task["runs"]) == 4 and 1 <= len(calls) <= 2
+    kept = [json.loads(p.read_text()) for p in run_files(out)]
+    predicted = [k["result"] for k in kept if k["predictions"]]
+    assert len(predicted) == len(calls)
+    best = max((r for r in task["runs"] if r["learning_rate"] == task["best_learning_rate"]),
+               key=lambda r: r["score"])
+    assert (best["learning_rate"], best["seed"]) in {(r["learning_rate"], r["seed"])
+                                                    for r in predicted}
+    assert (out / "submission" / "RTE.tsv").exists()

@@ -208,7 +208,8 @@ variants:
     overrides: {pretrain.phase1.learning_rate: 3e-4}
 """
 
-DATA_STAGES = ("wikipedia", "books", "corpus", "vocab", "shards128", "shards256")
+DATA_STAGES = ("wikipedia", "books", "documents-poems", "corpus", "vocab", "shards128",
+               "shards256")
 
 
 def _bert_dag(args: list[str], prefect_home: Path) -> subprocess.CompletedProcess:

@@ -182,3 +182,14 @@ def test_a_full_disk_during_a_checkpoint_leaves_latest_on_the_previous_one(data,
     assert (ckpt / "latest").read_text() == TAG
     assert sorted(p.name for p in ckpt.iterdir() if p.is_dir()) == [TAG]
     checkpoint.verify_checkpoint(str(ckpt / TAG))
+
+
+def test_a_planted_latest_cannot_lead_outside_the_checkpoints_folder(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    for planted in ("/etc", "../elsewhere", "00-x/../../elsewhere-step00000001"):
+        (ckpt / "latest").write_text(planted)
+        with pytest.raises(checkpoint.UntrustedCheckpointError,
+                           match=r"latest: refused: .* is no checkpoint tag of this run"):
+            checkpoint.read_latest(str(ckpt))

@@ -214,8 +214,9 @@ def test_a_compiled_model_takes_whole_rows_with_a_plan_or_without_a_layout(data,
 
 
 def test_a_gpu_run_pads_to_static_shapes_and_a_cpu_run_does_not(data):
-    """`static_shapes=auto` (every preset): on a GPU the phase's loaders, training and
-    validation, pad to the shards' static shapes; on the CPU, only with `on`."""
+    """`static_shapes=auto` (every preset): where the whole step compiles (a GPU, `compile`,
+    ZeRO 0-2: base and large) the phase's loaders, training and validation, pad to the shards'
+    static shapes; not tiny's (no compile), ZeRO-3 or the CPU; `on` forces it."""
     from training import config as cfg
     from training.pretrain import build_loader
     from training.ranks import Dist
@@ -224,12 +225,17 @@ def test_a_gpu_run_pads_to_static_shapes_and_a_cpu_run_does_not(data):
                             micro_batch_size=4, global_batch_size=4, steps=1, warmup_steps=0)
     gpu, cpu = Dist(0, 1, on_gpu=True), Dist(0, 1, on_gpu=False)
     static = StaticShapes(92, 16)
-    for preset in ("tiny", "base", "large"):
+    for preset in ("base", "large"):
         run = cfg.PRESETS[preset]()
         assert run.static_shapes == "auto"
         assert [build_loader(run, phase, gpu, validation=v).static_shapes
                 for v in (False, True)] == [static, static]
         assert build_loader(run, phase, cpu).static_shapes is None
+        zero3 = cfg.apply_overrides(run, ["zero_stage=3"])
+        assert build_loader(zero3, phase, gpu).static_shapes is None
+    assert build_loader(cfg.tiny(), phase, gpu).static_shapes is None
+    compiled = cfg.apply_overrides(cfg.tiny(), ["compile=true"])
+    assert build_loader(compiled, phase, gpu).static_shapes == static
     forced = cfg.apply_overrides(cfg.tiny(), ["static_shapes=on"])
     assert build_loader(forced, phase, cpu).static_shapes == static
     off = cfg.apply_overrides(cfg.large(), ["static_shapes=off"])

@@ -266,3 +266,16 @@ def test_sources_are_set_from_a_settings_list(tmp_path):
         settings.apply(cfg, {"sources": [{"name": "a", "kind": "text"}]})
     with pytest.raises(settings.SettingError, match=r"^setting sources.0.name: 'books' is the "):
         settings.apply(cfg, {"sources": '[{"name": "books", "kind": "text", "path": "p"}]'})
+
+
+def test_a_csv_document_longer_than_csvs_default_field_limit_is_read_with_the_rest():
+    """csv's default limit (131,072 characters) would end the file at a long document."""
+    import io
+
+    from pipelines.documents import readers
+    from pipelines.documents.source import SourceConfig
+    source = SourceConfig(name="long", kind="csv", path="x.csv")
+    data = ("id,text\n1," + "word " * 40_000 + "\n2,a short one\n").encode()
+    rows = list(readers.read_csv(io.BytesIO(data), "x.csv", source))
+    assert [type(r).__name__ for r in rows] == ["Raw", "Raw"]
+    assert [len(r.fields["text"]) for r in rows] == [200_000, 11]
