@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -178,11 +179,16 @@ def run_steps(device: str, out: Path, budget_s: float,
         with open(log, "w", encoding="utf-8") as sink:
             sink.write("$ " + " ".join(step.command) + "\n")
             sink.flush()
+            # a session of its own: a step stopped at its time takes its children (loader
+            # workers, a benchmark's processes) with it, and frees the GPU for the next
+            process = subprocess.Popen(step.command, cwd=REPO, env=env, stdout=sink,
+                                       stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                done = subprocess.run(step.command, cwd=REPO, env=env, stdout=sink,
-                                      stderr=subprocess.STDOUT, timeout=allowed, check=False)
-                step.status = "ok" if done.returncode == 0 else f"failed (exit {done.returncode})"
+                code = process.wait(timeout=allowed)
+                step.status = "ok" if code == 0 else f"failed (exit {code})"
             except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
                 step.status = f"stopped at its {allowed:.0f} s"
         step.seconds = time.monotonic() - began
         banked = max(0.0, allowed - step.seconds)

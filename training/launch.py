@@ -240,7 +240,7 @@ def exit_refused(message: str, prog: str = "bert-pretrain") -> NoReturn:
     A launcher (torchrun, DeepSpeed's) ends the other ranks as soon as one exits. So the other
     ranks do not exit first: they wait for the launcher to end them when the reporting rank
     has printed and exited. Had one exited first, the launcher could end the reporter before
-    it printed, and the user would see no line at all (seen under load with 2 ranks)."""
+    it printed, and the user would see no line at all."""
     if local_rank() == "0":
         print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
         raise SystemExit(2)

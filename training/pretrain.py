@@ -65,6 +65,7 @@ from training.checkpoint import (
     has_partitioned_state,
     load_checkpoint,
     read_latest,
+    remove_stale_files,
     save_checkpoint,
     shared_consolidated_state_dict,
     to_universal,
@@ -520,6 +521,7 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     resume, validate, redo = preflight(config, dist, ckpt_dir)
     if dist.is_main:
         print(cfg.describe(config, dist.world_size), flush=True)
+        remove_stale_files(ckpt_dir)
         os.makedirs(ckpt_dir, exist_ok=True)
         cfg.save(config, os.path.join(config.output_dir, "config.json"))
     torch.distributed.barrier()

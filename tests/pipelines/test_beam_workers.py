@@ -60,6 +60,7 @@ def test_kill_9_leaves_no_beam_worker(shared_data, minilm_dir, tmp_path, how):
             workers = workers_of(job.pid)
         assert len(workers) == 2, f"the job started {len(workers)} worker(s)"
         time.sleep(1)  # the workers are at work
+        assert job.poll() is None, "the job ended before the kill: nothing was tested"
         job.send_signal(signal.SIGKILL)
         job.wait()
         deadline = time.monotonic() + 5

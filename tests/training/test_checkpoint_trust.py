@@ -82,7 +82,7 @@ def test_a_planted_model_states_pickle_runs_no_code_on_resume(data, run_copy, tm
 
 def test_the_export_refuses_a_planted_optimizer_state_file(run_copy, tmp_path):
     """The fp32 consolidation (export, phase 2's start) of a ZeRO-1 checkpoint, its optimizer
-    states planted, in an older checkpoint without checksums.json: the scan alone refuses it."""
+    states planted, in a checkpoint without checksums.json: the scan alone refuses it."""
     marker = tmp_path / "marker"
     folder = run_copy / "checkpoints" / TAG
     (folder / "checksums.json").unlink()
@@ -177,7 +177,7 @@ def test_a_full_disk_during_a_checkpoint_leaves_latest_on_the_previous_one(data,
     assert done.returncode == 2, done.stderr[-3000:]
     [line] = error_lines(done.stderr)
     assert line.startswith(f"bert-pretrain: error: no space left on the device writing "
-                           f"{ckpt}/.tmp-00-phase1-step00000003: it needs 12.2 MB, ")
+                           f"{ckpt}/00-phase1-step00000003: it needs 12.2 MB, ")
     assert line.endswith(" left there") and "Traceback" not in done.stderr
     assert (ckpt / "latest").read_text() == TAG
     assert sorted(p.name for p in ckpt.iterdir() if p.is_dir()) == [TAG]
@@ -193,3 +193,19 @@ def test_a_planted_latest_cannot_lead_outside_the_checkpoints_folder(tmp_path):
         with pytest.raises(checkpoint.UntrustedCheckpointError,
                            match=r"latest: refused: .* is no checkpoint tag of this run"):
             checkpoint.read_latest(str(ckpt))
+
+
+def test_a_killed_runs_temporaries_are_removed_and_nothing_else(tmp_path):
+    ckpt = tmp_path / "checkpoints"
+    for folder in (".tmp-00-phase1-step00000003", ".tmp-00-phase1-step00000002-universal",
+                   "00-phase1-step00000002", ".cache"):
+        (ckpt / folder).mkdir(parents=True)
+        (ckpt / folder / "x.pt").write_bytes(b"x")
+    for name in (".fp32-00-phase1-step00000002.pt", "latest", ".fp32-notes.txt"):
+        (ckpt / name).write_text("x")
+    assert checkpoint.remove_stale_files(str(ckpt)) == [
+        ".fp32-00-phase1-step00000002.pt", ".tmp-00-phase1-step00000002-universal",
+        ".tmp-00-phase1-step00000003"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        ".cache", ".fp32-notes.txt", "00-phase1-step00000002", "latest"]
+    assert checkpoint.remove_stale_files(str(tmp_path / "none")) == []

@@ -31,19 +31,20 @@ def test_a_single_process_run_listens_on_loopback_only(data, tmp_path):
     config = make_config(data, tmp_path / "run", steps=100_000)
     config_file = tmp_path / "config.json"
     cfg.save(config, str(config_file))
+    log = tmp_path / "stderr.log"  # a file, not a pipe nobody reads while the run goes on
     run = subprocess.Popen([sys.executable, "-m", "training.pretrain", "--config",
                             str(config_file)], cwd=REPO, env=subprocess_env(),
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                           stdout=subprocess.DEVNULL, stderr=log.open("w"))
     try:
         metrics = tmp_path / "run" / "metrics.jsonl"
         deadline = time.monotonic() + 240
         while not (metrics.exists() and metrics.stat().st_size) and run.poll() is None:
             assert time.monotonic() < deadline, "no training step within 240 s"
             time.sleep(0.5)
-        assert run.poll() is None, run.stderr.read()[-3000:]  # training: process group is up
+        assert run.poll() is None, log.read_text()[-3000:]  # training: process group is up
         addresses = listening_addresses(run.pid)
     finally:
         run.kill()
-        run.communicate()
+        run.wait()
     assert addresses, "the process group's sockets were not found"
     assert all(ipaddress.ip_address(ip).is_loopback for ip, _ in addresses), addresses
