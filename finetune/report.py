@@ -243,7 +243,10 @@ def write_together(files: dict[str, bytes]) -> None:
     """Every file of `files` to a temporary sibling (`storage.atomic_open`), all renamed into
     place only once every one is written and synced: a failure on any of them leaves every file
     as it was. The renames run last file first, so the first one in `files` lands last. A full
-    disk is a DiskFullError naming the file it failed on and the space the whole set needs."""
+    disk is a DiskFullError naming the file it failed on and the space the whole set needs.
+    On an object store (gs://) each file is an object that appears when its upload completes,
+    one after the other: the set is not written as one there, but `results.json`, written
+    last, still appears only after the others."""
     try:
         with contextlib.ExitStack() as stack:
             for path, data in files.items():
