@@ -15,6 +15,7 @@ import dataclasses
 import itertools
 import json
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -173,7 +174,10 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
     `phases`) takes items by name or index (`{"phase2": {"steps": 10}}`, `{"1": {...}}`); every
     other value is converted to its field's type. Each dataclass is built once, after all of
     its changes, so its checks see the final values whatever their order. An error names the
-    setting by its full path (`prefix` + key), `label` first ("setting", "--set", "config key").
+    setting by its full path as the user wrote it (`prefix` + key, `phase1` not `phases.0`),
+    `label` first ("setting", "--set", "config key"). A config with a `follow_changes(changes)
+    -> changes` method derives the settings left unset from those given (a shortened phase's
+    warmup, training/config.py `PhaseConfig.follow_changes`).
     """
     fields = {f.name for f in dataclasses.fields(config)}
     hints = typing.get_type_hints(type(config))
@@ -191,7 +195,7 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
         if owner is not None and key not in fields:  # `phase2` for `phases.1`
             index = _item_index(items[owner], key)
             items[owner][index] = apply(items[owner][index], _mapping(value, path, label),
-                                        f"{prefix}{owner}.{index}.", label)
+                                        f"{path}.", label)  # named as the user wrote it
             continue
         current = getattr(config, key)
         if dataclasses.is_dataclass(current):
@@ -205,7 +209,7 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
                                        _template(label))
                 items[key][index] = apply(items[key][index], _mapping(entry, f"{path}.{name}",
                                                                       label),
-                                          f"{path}.{index}.", label)
+                                          f"{path}.{name}.", label)
         elif _item_class(hints[key]) is not None:  # a whole list: `sources: [{...}, ...]`
             changes[key] = build_items(_item_class(hints[key]), value, f"{path}.", label)
         else:
@@ -213,6 +217,9 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
             changes[key] = convert_setting(name, value, hints[key])
     changes.update({name: tuple(entries) for name, entries in items.items()
                     if tuple(entries) != getattr(config, name)})
+    follow = getattr(config, "follow_changes", None)  # settings that follow the ones given
+    if follow is not None:
+        changes = follow(changes)
     try:
         return dataclasses.replace(config, **changes)
     except SettingError as error:
@@ -394,3 +401,38 @@ def _is_bool(hint: Any) -> bool:
     return hint is bool or (typing.get_origin(hint) in (types.UnionType, typing.Union)
                             and bool in typing.get_args(hint))
 
+
+
+def settings_help(config: Any, one_line: bool = False, prefix: str = "") -> list[str]:
+    """Help lines for every setting of `config` (a dataclass), as `--set` names them:
+    `name = default` and its docstring (`field_docs`), the full text wrapped below or, with
+    `one_line`, its first sentence beside it. Sections (nested dataclasses) get a header line
+    and their settings indented; a tuple of named items (a run's `phases`) lists each item by
+    name (`phase1.steps`)."""
+    import textwrap
+
+    docs = field_docs(type(config))
+    lines: list[str] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            lines += ["", f"{prefix}{f.name}:"]
+            lines += [("  " + line).rstrip()
+                      for line in settings_help(value, one_line, f"{prefix}{f.name}.")]
+            continue
+        if _named_items(value):
+            for i, item in enumerate(value):
+                name = getattr(item, "name", i)
+                lines += settings_help(item, one_line, f"{prefix}{f.name}.{name}."
+                                       if isinstance(name, int) else f"{prefix}{name}.")
+            continue
+        doc = docs.get(f.name, "")
+        head = f"{prefix}{f.name} = {value!r}"
+        if one_line:
+            sentence = re.split(r"\.\s+(?=[A-Z`\"(])", doc)[0].rstrip(".")
+            lines.append(f"{head}  ({sentence})" if sentence else head)
+        else:
+            lines.append(head)
+            lines += textwrap.wrap(doc, width=88, initial_indent="    ",
+                                   subsequent_indent="    ")
+    return lines

@@ -1,7 +1,7 @@
 """`bert-finetune`: fine-tune a checkpoint on the paper's downstream tasks, every family with
 one loop, and print one results table.
 
-    bert-finetune --model <checkpoint folder> --data <data folder> \
+    bert-finetune --model <checkpoint folder> --data <data folder> \\
         --tasks squad1,squad2,swag,conll2003,rte --output runs/finetune
 
 `--data` holds one folder per family or task: `glue/` (a `download_glue_data.py` or Hugging

@@ -135,6 +135,9 @@ class Scored:
     files: dict[str, str] = field(default_factory=dict)
     """Files to write under `<output>/<task>/`, name -> text (SQuAD: predictions.json,
     null_odds.json)."""
+    selects: bool = True
+    """Whether `score` takes part in picking the rate; False for a labelled test split
+    reported beside dev (CoNLL-2003's test F1, the paper's number), never tuned on."""
 
 
 class Family(Protocol):

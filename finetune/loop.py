@@ -513,14 +513,15 @@ def evaluate(family: Family, model: nn.Module, prepared: Prepared,
 def merge_scored(scored: Mapping[str, Scored]) -> tuple[dict[str, float], float, dict[str, str]]:
     """(metrics, score, files) of a run from its dev splits: the splits' metrics side by side
     (a family names them apart, MNLI "accuracy_m"/"accuracy_mm"), the mean of their scores, and
-    their files (a name two splits both write is prefixed with the split)."""
+    their files (a name two splits both write is prefixed with the split). Splits that do not
+    select (`Scored.selects`: a labelled test split) are reported, not averaged."""
     metrics: dict[str, float] = {}
     files: dict[str, str] = {}
     for split, one in scored.items():
         metrics.update(one.metrics)
         for name, text in one.files.items():
             files[f"{split}_{name}" if len(scored) > 1 and name in files else name] = text
-    return metrics, statistics.fmean(s.score for s in scored.values()), files
+    return metrics, statistics.fmean(s.score for s in scored.values() if s.selects), files
 
 
 def run_one(family: Family, encoder: BertModel, prepared: Prepared, learning_rate: float,

@@ -31,7 +31,10 @@ from flows.config import PRESETS, parse_set_flags, resolve
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bert-dag", description=__doc__,
+    epilog = ("settings by section (--set SECTION.NAME=VALUE or a --config file; defaults: the "
+              "tiny preset's, flows/config.py):\n"
+              + "\n".join(settings.settings_help(PRESETS["tiny"](), one_line=True)))
+    parser = argparse.ArgumentParser(prog="bert-dag", description=__doc__, epilog=epilog,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", choices=sorted(PRESETS),
                         help="the preset (default tiny; with --sweep, the file's)")

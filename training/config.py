@@ -11,6 +11,10 @@ Overrides, applied in order after the preset:
   name, `phase1.learning_rate=5e-4`. Each value is converted to its field's type by
   `common.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
   float, `true`/`false` a bool, text as given).
+
+A phase shortened without its `warmup_steps` keeps the preset's warmup share (tiny:
+`phase1.steps=30` -> warmup 60 x 30/600 = 3, logged); a warmup set beside it is kept, and one
+longer than the phase is an error naming the setting as written, with both values.
 """
 from __future__ import annotations
 
@@ -62,7 +66,8 @@ class PhaseConfig:
     """Optimizer steps in this phase."""
     warmup_steps: int = 10_000
     """Linear warmup steps from 0 to `learning_rate` (0 = start at the peak), then linear decay
-    to 0 at `steps`; exactly as given (training/optim.py `LinearWarmupDecay`)."""
+    to 0 at `steps` (training/optim.py `LinearWarmupDecay`). Left unset while `steps` is
+    shortened, it shrinks in proportion (`PhaseConfig.follow_changes`)."""
     learning_rate: float = 1e-4
     """Peak learning rate."""
 
@@ -70,10 +75,25 @@ class PhaseConfig:
         _check(bool(self.name) and "/" not in self.name, "name", "a non-empty name without '/'")
         for flag in ("max_seq_length", "micro_batch_size", "global_batch_size", "steps"):
             _check(getattr(self, flag) > 0, flag, "positive")
-        _check(0 <= self.warmup_steps <= self.steps, "warmup_steps", "in [0, steps]")
+        _check(0 <= self.warmup_steps <= self.steps, "warmup_steps",
+               f"in [0, steps={self.steps}], got {self.warmup_steps}")
         _check(self.learning_rate > 0, "learning_rate", "positive")
         _check(self.global_batch_size % self.micro_batch_size == 0, "global_batch_size",
                f"a multiple of micro_batch_size={self.micro_batch_size}")
+
+    def follow_changes(self, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """`changes` (of this phase) plus the warmup scaled with a shortened `steps` where
+        `changes` leave `warmup_steps` unset: a short run of a preset keeps its warmup share
+        (tiny: 600 steps / 60 warmup, `phase1.steps=30` -> 3), which `common.settings.apply`
+        and config files (`_merge_phases`) apply alike."""
+        steps = changes.get("steps", self.steps)
+        if "warmup_steps" in changes or not 0 < steps < self.steps:
+            return dict(changes)
+        warmup = min(steps, max(0, round(self.warmup_steps * steps / self.steps)))
+        if warmup != self.warmup_steps:
+            log.info("%s.steps=%d: warmup_steps scaled with it, %d -> %d", self.name, steps,
+                     self.warmup_steps, warmup)
+        return {**changes, "warmup_steps": warmup}
 
     def gradient_accumulation_steps(self, world_size: int) -> int:
         """Micro-batches per rank per optimizer step for `world_size` ranks."""
@@ -412,9 +432,10 @@ def _merge_phases(base: list[dict], entries: Any, warn: bool) -> list[dict]:
             phase = dict(by_name.get(str(entry["name"]), dataclasses.asdict(PhaseConfig())))
         else:
             phase = dict(base[i]) if i < len(base) else dataclasses.asdict(PhaseConfig())
+        given: dict[str, Any] = {}
         for name, v in entry.items():
-            _assign(phase, PhaseConfig, name, v, f"phases.{i}.{name}", origin="config key")
-        phases.append(phase)
+            _assign(given, PhaseConfig, name, v, f"phases.{i}.{name}", origin="config key")
+        phases.append({**phase, **PhaseConfig(**phase).follow_changes(given)})
     dropped = [name for name in by_name if name not in {p["name"] for p in phases}]
     if dropped and warn:
         log.warning("the config file's phases %s leave out the preset's %s: not run",

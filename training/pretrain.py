@@ -726,7 +726,12 @@ def export_do_lower_case(manifest: dict, vocab_dir: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from common.settings import settings_help
+
+    epilog = ("settings (--set KEY=VALUE or a --config file; defaults: the tiny preset's, "
+              "training/config.py):\n" + "\n".join(settings_help(cfg.tiny())))
     parser = argparse.ArgumentParser(prog="bert-pretrain", description=__doc__.split("\n\n")[0],
+                                     epilog=epilog,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="tiny", choices=sorted(cfg.PRESETS),
                         help="starting configuration (training/config.py)")

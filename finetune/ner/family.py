@@ -7,6 +7,9 @@ A token classifier (dropout + linear) on every first sub-token; the loss is the 
 cross-entropy over those, as transformers' `BertForTokenClassification` computes it. Dev is
 scored as the CoNLL scorer does (entity F1; `finetune.ner.metrics`), and the predictions are
 written as `predictions_<split>.txt` in conlleval's input layout (word gold predicted).
+The labelled test file, where present (CoNLL-2003's `test.txt`: the paper reports test F1), is
+scored the same way as the "test" split, reported as `test_f1`/`test_precision`/`test_recall`
+beside dev's metrics and never used to pick the learning rate (`Scored.selects`).
 """
 from __future__ import annotations
 
@@ -29,6 +32,9 @@ from model.bert import BertModel
 from model.heads import BertForTokenClassification
 
 log = logging.getLogger(__name__)
+
+TEST_METRICS = ("f1", "precision", "recall")
+"""Test-split metrics reported (as `test_<name>`) beside dev's."""
 
 PAPER_RECIPE = Recipe()
 """The paper gives NER no recipe of its own: appendix A.3's grid, as GLUE's."""
@@ -76,6 +82,16 @@ def word_predictions(encoded: EncodedNer, sentences: Sequence[data.Sentence],
     return predicted  # type: ignore[return-value]
 
 
+def _read_split(path: str, spec: NerTask, labels: tuple[str, ...],
+                skip_bad_records: bool) -> data.NerSplit:
+    """One labelled file, its tags checked against the task table; an empty one is an error."""
+    split = data.read_conll(path, spec.format, skip_bad_records)
+    data.check_labels(split, labels, f"the {spec.name} task table (finetune/ner/tasks.py)")
+    if not split.sentences:
+        raise data.NerFormatError(f"{split.path}: no sentences")
+    return split
+
+
 @dataclass(frozen=True)
 class NerFamily:
     """Named-entity recognition: one label per word at its first sub-token."""
@@ -104,28 +120,29 @@ class NerFamily:
                 skip_bad_records: bool) -> Prepared:
         spec = task_spec(task)
         paths = split_paths(task, data_dir)
-        train = data.read_conll(paths["train"], spec.format, skip_bad_records)
-        dev = data.read_conll(paths["dev"], spec.format, skip_bad_records)
         labels = spec.labels
-        data.check_labels(train, labels, f"the {task} task table (finetune/ner/tasks.py)")
-        data.check_labels(dev, labels, f"the {task} task table (finetune/ner/tasks.py)")
-        for split in (train, dev):
-            if not split.sentences:
-                raise data.NerFormatError(f"{split.path}: no sentences")
-        train_part = data.subset(train, max_train_examples)
-        dev_part = data.subset(dev, max_eval_examples)
+        read = {name: _read_split(paths[name], spec, labels, skip_bad_records)
+                for name in ("train", "dev", "test")
+                if name != "test" or os.path.isfile(paths[name])}
+        parts = {name: data.subset(split, max_train_examples if name == "train"
+                                   else max_eval_examples)
+                 for name, split in read.items()}
         encoded = {name: encode_sentences(tokenizer, part.sentences, labels, max_seq_length,
                                           self.document_context)
-                   for name, part in (("train", train_part), ("dev", dev_part))}
+                   for name, part in parts.items()}
         for name, enc in encoded.items():
             log.info("%s %s: %d sentences -> %d units (%d split into windows), %d words as "
                      "[UNK], %d words truncated", task, name, enc.num_sentences, len(enc),
                      enc.split_sentences, enc.unknown_words, enc.truncated_words)
-        context = NerContext(labels, {"dev": dev_part.sentences}, {"dev": encoded["dev"]})
-        return Prepared(task=task, train=encoded["train"], dev={"dev": encoded["dev"]},
-                        num_train_examples=len(train_part),
-                        num_dev_examples={"dev": len(dev_part)},
-                        bad_records=tuple(train.bad_records + dev.bad_records), context=context)
+        evals = [name for name in parts if name != "train"]
+        context = NerContext(labels, {name: parts[name].sentences for name in evals},
+                             {name: encoded[name] for name in evals})
+        return Prepared(task=task, train=encoded["train"],
+                        dev={name: encoded[name] for name in evals},
+                        num_train_examples=len(parts["train"]),
+                        num_dev_examples={name: len(parts[name]) for name in evals},
+                        bad_records=tuple(r for split in read.values() for r in split.bad_records),
+                        context=context)
 
     def build_head(self, encoder: BertModel, task: str) -> BertForTokenClassification:
         return BertForTokenClassification.from_encoder(encoder, len(task_spec(task).labels))
@@ -155,8 +172,11 @@ class NerFamily:
         predicted = word_predictions(context.encoded[split], sentences, outputs["logits"],
                                      context.labels)
         metrics = entity_scores([list(s.tags) for s in sentences], predicted)
-        return Scored(metrics=metrics, score=metrics["f1"],
-                      files={f"predictions_{split}.txt": conll_predictions(sentences, predicted)})
+        files = {f"predictions_{split}.txt": conll_predictions(sentences, predicted)}
+        if split == "test":  # reported beside dev, never tuned on
+            return Scored(metrics={f"test_{name}": metrics[name] for name in TEST_METRICS},
+                          score=metrics["f1"], files=files, selects=False)
+        return Scored(metrics=metrics, score=metrics["f1"], files=files)
 
 
 FAMILY = NerFamily()

@@ -24,7 +24,9 @@ class NerTask:
     dev: str
     """Development file name (the learning rate is chosen on it)."""
     test: str
-    """Test file name (scored as the "test" split when `--eval_test` is asked for)."""
+    """Test file name: scored beside dev when the file is present (`test_f1` in the report
+    row and results.json; `max_eval_examples` slices it as it slices dev), never used to pick
+    the learning rate."""
     format: NerFormat
     """Columns and delimiter of the files."""
     entity_types: tuple[str, ...]

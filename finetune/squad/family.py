@@ -9,9 +9,13 @@ stay together. Training answers that are not where their `answer_start` says are
 (dead letter) whatever `skip_bad_records` says, as BERT's reader skips them: a few such
 answers are expected in real SQuAD files. Scoring writes the official `predictions.json`
 (and for v2.0 `null_odds.json` and `squad2_threshold.json`, the tau chosen on this split).
+A dev set sliced by `max_eval_examples` gives a partial `predictions.json`: a warning says so
+and `PARTIAL.txt` beside it ("partial (N of M questions): not for submission"); the file
+itself stays the official scorer's input, a mapping of question id to answer.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Sequence
@@ -56,6 +60,8 @@ class SquadContext:
     examples: dict[str, list[squad_data.SquadExample]]
     """Evaluation split -> its questions in unit order (`Windows.example_index` indexes it)."""
     postprocess: postprocess.PostprocessConfig
+    totals: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Evaluation split -> its questions in the file, before `max_eval_examples` slices it."""
 
 
 def _check_task(task: str) -> None:
@@ -106,6 +112,7 @@ class SquadFamily:
                        max_eval_examples: int | None = None) -> Prepared:
         """`prepare` on splits already read (a split by article of one file, in tests)."""
         train = squad_data.subset(train, max_train_examples)
+        total = len(dev.examples)
         dev = squad_data.subset(dev, max_eval_examples)
         for split, name in ((train, "training"), (dev, "evaluation")):
             if not split.examples:
@@ -119,7 +126,8 @@ class SquadFamily:
         if bad:
             log.warning("%s: set aside %d training answers not found where the file says "
                         "(written to the dead-letter file)", task, len(bad))
-        context = SquadContext(task == "squad2", {"dev": dev.examples}, self.post)
+        context = SquadContext(task == "squad2", {"dev": dev.examples}, self.post,
+                               {"dev": total})
         return Prepared(task, train_windows, {"dev": dev_windows},
                         num_train_examples=len(train.examples) - len(uncovered),
                         num_dev_examples={"dev": len(dev.examples)}, bad_records=bad,
@@ -166,9 +174,25 @@ class SquadFamily:
 
     def score(self, prepared: Prepared, split: str, outputs: dict[str, np.ndarray]) -> Scored:
         context: SquadContext = prepared.context
-        return score_split(context.examples[split], prepared.dev[split],
-                           outputs["start_logits"], outputs["end_logits"], context.version_2,
-                           context.postprocess)
+        scored = score_split(context.examples[split], prepared.dev[split],
+                             outputs["start_logits"], outputs["end_logits"], context.version_2,
+                             context.postprocess)
+        note = partial_note(len(context.examples[split]), context.totals.get(split, 0))
+        if not note:
+            return scored
+        log.warning("%s %s predictions.json: %s", prepared.task, split, note)
+        return dataclasses.replace(scored, files={**scored.files, PARTIAL_FILE: note + "\n"})
+
+
+PARTIAL_FILE = "PARTIAL.txt"
+"""Written beside a sliced dev set's predictions.json, saying it is partial."""
+
+
+def partial_note(scored: int, total: int) -> str:
+    """"partial (N of M questions): not for submission" where `scored` < `total`, else ""."""
+    if scored >= total:
+        return ""
+    return f"partial ({scored} of {total} questions): not for submission"
 
 
 def score_split(examples: Sequence[squad_data.SquadExample], windows: Windows,

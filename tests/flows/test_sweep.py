@@ -77,15 +77,15 @@ variants:
 
 @pytest.mark.parametrize(("text", "message"), [
     (VARIANTS + "  - name: b\n    overrides: {pretrain.phase1.learning_rat: 3e-4}\n",
-     "{path}: variant 'b': setting pretrain.phases.0.learning_rat: unknown field (known: "),
+     "{path}: variant 'b': setting pretrain.phase1.learning_rat: unknown field (known: "),
     (VARIANTS + "  - name: a\n    overrides: {pretrain.phase1.learning_rate: 3e-4}\n",
      "{path}: variant 'a' (variants[1]) repeats the name of variants[0]"),
     (VARIANTS + "  - name: b\n    overrides: {pretrain.phase1.learning_rate: 0.001}\n",
      "{path}: variant 'b': its settings come out the same as variant 'a''s"),
     (VARIANTS + "  - name: b\n    overrides: {pretrain.phase1.learning_rate: fast}\n",
-     "{path}: variant 'b': setting pretrain.phases.0.learning_rate='fast': 'fast' is not a"),
+     "{path}: variant 'b': setting pretrain.phase1.learning_rate='fast': 'fast' is not a"),
     (VARIANTS + "  - name: b\n    overrides: {pretrain.phase2.steps: 0}\n",
-     "{path}: variant 'b': setting pretrain.phases.1.steps: must be positive"),
+     "{path}: variant 'b': setting pretrain.phase2.steps: must be positive"),
     (VARIANTS + "  - name: b\n    overrides: {output: /elsewhere}\n",
      "{path}: variant 'b': sets output, which every variant shares"),
     (VARIANTS + "  - name: b\n    overrides:\n      pretrain.model: bert_mini\n"

@@ -79,7 +79,7 @@ def test_config_overrides_file_and_validation(tmp_path):
     assert [(q.max_seq_length, q.steps, q.global_batch_size) for q in base.phases] == \
         [(128, 900_000, 256), (512, 100_000, 256)]
     assert cfg.from_dict(cfg.to_dict(base)) == base
-    with pytest.raises(ValueError, match="--set phases.0.warmup_steps: must be in"):
+    with pytest.raises(ValueError, match="--set phase1.warmup_steps: must be in"):
         cfg.apply_overrides(config, ["phase1.warmup_steps=50"])
     with pytest.raises(ValueError, match="--set zero_stage='4': must be one of 0, 1, 2 or 3$"):
         cfg.apply_overrides(config, ["zero_stage=4"])
@@ -233,8 +233,8 @@ def test_set_converts_text_with_the_flows_converter(assignment, field, expected)
 @pytest.mark.parametrize(("assignment", "message"), [
     ("seed=1.5", "--set seed='1.5': '1.5' is not an int"),
     ("export_hf=maybe", "--set export_hf='maybe': 'maybe' is not a bool"),
-    ("phase1.learning_rate=fast", "--set phases.0.learning_rate='fast': 'fast' is not a number"),
-    ("phase1.steps=inf", "--set phases.0.steps='inf': 'inf' is not an int"),
+    ("phase1.learning_rate=fast", "--set phase1.learning_rate='fast': 'fast' is not a number"),
+    ("phase1.steps=inf", "--set phase1.steps='inf': 'inf' is not an int"),
     ("seed=7.0", "--set seed='7.0': '7.0' is not an int"),
 ])
 def test_set_rejects_values_of_the_wrong_type_naming_them(assignment, message):

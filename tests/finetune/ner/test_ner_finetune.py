@@ -166,7 +166,8 @@ def test_prepare_and_score_real_wnut(shared_data, tokenizer, token_model):
     prepared = FAMILY.prepare("wnut17", str(shared_data / "wnut17"), tokenizer, 128, 200, 100,
                               False)
     assert (prepared.num_train_examples, prepared.num_dev_examples["dev"]) == (200, 100)
-    assert len(prepared.train) == 200 and list(prepared.dev) == ["dev"]
+    assert len(prepared.train) == 200 and list(prepared.dev) == ["dev", "test"]
+    assert prepared.num_dev_examples["test"] == 100  # emerging.test.annotated, sliced as dev
     encoded = prepared.dev["dev"]
     sentences = prepared.context.sentences["dev"]
     labels = NER_TASKS["wnut17"].labels
@@ -203,7 +204,8 @@ def test_bert_finetune_end_to_end_on_wnut17(shared_data, minilm_dir, tmp_path):
     assert code == 0
     task = json.loads((out / "results.json").read_text())["tasks"][0]
     assert (task["family"], task["task"], task["num_train_examples"]) == ("ner", "wnut17", 64)
-    assert task["num_dev_examples"] == {"dev": 32}
+    assert task["num_dev_examples"] == {"dev": 32, "test": 32}
+    assert set(task["metrics"]) >= {"f1", "test_f1", "test_precision", "test_recall"}
     lines = (out / "wnut17" / "predictions_dev.txt").read_text().split("\n\n")[:-1]
     rows = [[line.split(" ") for line in block.splitlines()] for block in lines]
     assert len(rows) == 32
