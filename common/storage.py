@@ -118,8 +118,14 @@ def atomic_write_text(path: str, text: str) -> None:
         f.write(text)
 
 
+def json_text(obj: Any) -> str:
+    """`obj` as every JSON file of this project is written: indented, keys sorted, dataclasses,
+    paths and numpy values as plain JSON."""
+    return json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n"
+
+
 def atomic_write_json(path: str, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+    atomic_write_text(path, json_text(obj))
 
 
 def read_json(path: str) -> Any:

@@ -319,7 +319,7 @@ def write_report(result: FinetuneResult, output_dir: str, markdown_name: str = "
              paths["plot"]: plot_png(result)}
     if config is not None:
         paths["config"] = os.path.join(output_dir, "config.json")
-        files[paths["config"]] = _json_bytes(config)
+        files[paths["config"]] = storage.json_text(config).encode()
     paths |= submission_files(result, output_dir, files)
     paths |= {f"files_{task}": folder
               for task, folder in task_files(result, output_dir, files).items()}
@@ -328,17 +328,8 @@ def write_report(result: FinetuneResult, output_dir: str, markdown_name: str = "
         paths["dead_letter"] = next(iter(dead_letters.values()))
     else:
         paths |= {f"dead_letter_{family}": path for family, path in dead_letters.items()}
-    files[paths["json"]] = _json_bytes(results_dict(result, dead_letters))
+    files[paths["json"]] = storage.json_text(results_dict(result, dead_letters)).encode()
     write_together(files)
     return paths
 
 
-def _json_bytes(obj: dict) -> bytes:
-    """`obj` as `storage.atomic_write_json` writes it."""
-    return (json.dumps(obj, indent=2, sort_keys=True, default=_plain) + "\n").encode()
-
-
-def _plain(obj):
-    if hasattr(obj, "tolist"):  # a numpy scalar or array in a family's metrics
-        return obj.tolist()
-    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")

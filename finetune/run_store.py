@@ -23,7 +23,6 @@ atomically; a file that cannot be read back (another version's) is trained again
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -121,8 +120,7 @@ class RunStore:
     def save(self, record: RunRecord, learning_rate: float, seed: int) -> str:
         """Keep `record` (atomically); returns its file."""
         path = self.path(learning_rate, seed)
-        storage.atomic_write_text(path, json.dumps({
-            "key": self.run_key(learning_rate, seed),
-            "result": dataclasses.asdict(record.result),
-            "predictions": [dataclasses.asdict(p) for p in record.predictions]}) + "\n")
+        storage.atomic_write_json(path, {
+            "key": self.run_key(learning_rate, seed), "result": record.result,
+            "predictions": list(record.predictions)})
         return path

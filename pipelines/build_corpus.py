@@ -347,21 +347,9 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
         return jobs.dry_run_summary(NAMESPACE, pipeline)
     counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
     ledger = build_ledger(config.sources, extraction_counts(folders),
-                          source_counts(pipeline.result))
+                          parquet_io.query_counters_by_source(
+                              pipeline.result, LEDGER_NAMESPACE, LEDGER_COUNTS))
     return finish(config, files, folders, sizes, num_shards, text_column, counts, ledger)
-
-
-def source_counts(result) -> dict[str, dict[str, int]]:
-    """{source: {counter: value}} of a finished pipeline's per-source counters."""
-    from apache_beam.metrics.metric import MetricsFilter
-
-    found: dict[str, dict[str, int]] = {}
-    query = result.metrics().query(MetricsFilter().with_namespace(LEDGER_NAMESPACE))
-    for counter in query["counters"]:
-        source, _, name = counter.key.metric.name.rpartition("/")
-        entry = found.setdefault(source, dict.fromkeys(LEDGER_COUNTS, 0))
-        entry[name] = entry.get(name, 0) + (counter.committed or 0)
-    return found
 
 
 def extraction_counts(folders: dict[str, str]) -> dict[str, dict]:

@@ -31,7 +31,6 @@ skipped files, outputs with sha256).
 from __future__ import annotations
 
 import argparse
-import collections
 import csv
 import dataclasses
 import logging
@@ -221,18 +220,8 @@ def run(config: ExtractDocumentsConfig, beam_args: Sequence[str] = ()) -> dict:
             parquet_io.dead_letter_path(config.output))
     if dry_run:
         return jobs.dry_run_summary(NAMESPACE, pipeline)
-    return finish(config, selected, num_shards, source_counts(pipeline.result))
-
-
-def source_counts(result) -> dict[str, dict[str, int]]:
-    """{source: {counter: committed value}} of a finished pipeline's per-source counters."""
-    from apache_beam.metrics.metric import MetricsFilter
-
-    counts: dict[str, dict[str, int]] = collections.defaultdict(dict)
-    for counter in result.metrics().query(MetricsFilter().with_namespace(NAMESPACE))["counters"]:
-        source, _, name = counter.key.metric.name.rpartition("/")
-        counts[source][name] = counts[source].get(name, 0) + (counter.committed or 0)
-    return counts
+    counts = parquet_io.query_counters_by_source(pipeline.result, NAMESPACE)
+    return finish(config, selected, num_shards, counts)
 
 
 def source_entry(source: SourceConfig, files: SourceFiles, counts: dict[str, int]) -> dict:

@@ -176,6 +176,20 @@ def query_counters(result, namespace: str, names: Iterable[str]) -> dict[str, in
     return found
 
 
+def query_counters_by_source(result, namespace: str,
+                             names: Iterable[str] = ()) -> dict[str, dict[str, int]]:
+    """{source: {counter: committed value}} of a finished pipeline's `<source>/<counter>`
+    counters, each source starting from 0 for every one of `names`."""
+    from apache_beam.metrics.metric import MetricsFilter
+
+    found: dict[str, dict[str, int]] = {}
+    for counter in result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]:
+        source, _, name = counter.key.metric.name.rpartition("/")
+        entry = found.setdefault(source, dict.fromkeys(names, 0))
+        entry[name] = entry.get(name, 0) + (counter.committed or 0)
+    return found
+
+
 class WriteParquetShards(beam.PTransform):
     """Records (dicts with `doc_id`) -> `num_shards` sorted Parquet files; outputs their paths."""
 

@@ -280,8 +280,14 @@ def check_shard_bytes(data: bytes, shard: ShardInfo, where: str) -> None:
     members (`check_members`). Raises a one-line ValueError naming the shard (and member)."""
     if shard.sha256 and hashlib.sha256(data).hexdigest() != shard.sha256:
         raise corruption(data, where, shard.sha256)
+    check_tar(where, fileobj=io.BytesIO(data))
+
+
+def check_tar(where: str, **source: object) -> None:
+    """`check_members` of the tar at `source` (tarfile.open's `name` or `fileobj`); one that
+    cannot be read is an UnreadableShard naming `where`."""
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
+        with tarfile.open(mode="r:", **source) as tar:
             check_members(tar, where)
     except tarfile.TarError as e:
         raise UnreadableShard(f"{where}: cannot read the shard ({type(e).__name__}: {e}); it "
@@ -295,12 +301,7 @@ def verify_shard_file(shard: ShardInfo) -> None:
     if shard.sha256 and sha256_file(path) != shard.sha256:
         with open(path, "rb") as f:
             raise corruption(f.read(), path, shard.sha256)
-    try:
-        with tarfile.open(path, "r:") as tar:
-            check_members(tar, path)
-    except tarfile.TarError as e:
-        raise UnreadableShard(f"{path}: cannot read the shard ({type(e).__name__}: {e}); it "
-                              f"is truncated or corrupt: {VERIFY_HINT}") from None
+    check_tar(path, name=path)
 
 
 def local_part() -> tuple[int, int]:

@@ -19,12 +19,14 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
 from common import settings
 
-KINDS = ("wikipedia", "books", "text", "jsonl", "parquet", "csv", "tsv", "hf_datasets")
+Kind = Literal["wikipedia", "books", "text", "jsonl", "parquet", "csv", "tsv", "hf_datasets"]
+KINDS: tuple[str, ...] = typing.get_args(Kind)
 GENERIC_KINDS = KINDS[2:]
 """The kinds pipelines/extract_documents.py reads (wikipedia and books have their own jobs)."""
 RESERVED_NAMES = ("wiki", "wikipedia", "books")
@@ -41,7 +43,7 @@ class SourceConfig:
     name: str
     """Its label: the documents' `source` column and doc_id prefix (letters, digits, _ . -);
     a wikipedia source is named wikipedia, a books source books."""
-    kind: Literal["wikipedia", "books", "text", "jsonl", "parquet", "csv", "tsv", "hf_datasets"]
+    kind: Kind
     """How its files are read: wikipedia (MediaWiki dump), books (book cleaner), text (plain
     text files), jsonl, parquet, csv, tsv, hf_datasets (a save_to_disk folder's Arrow files)."""
     path: str
