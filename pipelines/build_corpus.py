@@ -46,7 +46,7 @@ from apache_beam import pvalue
 
 from common import errors, storage
 from common.settings import check
-from pipelines import jobs, parquet_io
+from pipelines import jobs, parquet_io, waves
 from pipelines.corpus import sentences
 from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
 from pipelines.documents import source as mixture
@@ -55,6 +55,9 @@ from pipelines.documents.source import SourceConfig
 NAMESPACE = "build_corpus"
 PREFIX = "corpus"
 DUPLICATES_FILE = "duplicates/duplicates-00000-of-00001.jsonl"
+LOCAL_WAVE_MB = 32.0
+"""Input MB per wave on Beam's local runner when `wave_mb` is unset (documents Parquet; a wave
+peaks near 1 GB, benchmarks/bench_local_memory.py)."""
 COUNTERS = ("input_files", "documents_read", "duplicates_removed", "doc_id_conflicts",
             "documents_without_sentences", "bad_records", "documents", "passages", "sentences")
 LEDGER_NAMESPACE = "build_corpus.sources"
@@ -80,10 +83,18 @@ class BuildCorpusConfig:
     sources: tuple[SourceConfig, ...] = ()
     """The mixture: each source's weight and licence, by name (a JSON list of sources, as
     extract_documents takes them); a source not listed has weight 1."""
+    wave_mb: float | None = None
+    """Input MB per wave: above it, the job runs as waves of bounded pipelines (documents
+    scattered by content, then by doc_id, to scratch files; pipelines/waves.py), so a local
+    run's memory follows the wave, not the corpus; one corpus shard per id wave. The output is
+    that of one pipeline with as many shards. 0 = one pipeline. Unset: `LOCAL_WAVE_MB` on
+    Beam's local runner, 0 on a distributed runner (Dataflow, Flink, Spark)."""
 
     def __post_init__(self):
         check(self.num_shards >= 0, "num_shards",
               f"must be >= 0 (0 = automatic), got {self.num_shards}")
+        check(self.wave_mb is None or self.wave_mb >= 0, "wave_mb",
+              f"must be >= 0 (0 = one pipeline), got {self.wave_mb}")
         names = [s.name for s in self.sources]
         check(len(set(names)) == len(names), "sources", f"source names repeat: {names}")
 
@@ -252,21 +263,30 @@ class ReadDocumentsFn(beam.DoFn):
                 path, f"rows after {rows}", f"unreadable Parquet: {e}").to_json())
 
 
-class BuildCorpus(beam.PTransform):
-    """Composite: documents rows -> unique corpus rows, each repeated or sampled by its
-    source's weight (`weights`, by source; 1 when absent) (main), plus `duplicates` and
-    `dead_letter` JSON lines."""
-
-    def __init__(self, weights: dict[str, float] | None = None):
-        super().__init__()
-        self.weights = weights or {}
+class Dedupe(beam.PTransform):
+    """Documents rows -> {"kept": one row per text (`keep_first`), "duplicates": JSON lines}.
+    Groups by content: every copy of a text must reach it (one pipeline, or one content wave)."""
 
     def expand(self, documents):
         deduped = (documents
                    | "ByContent" >> beam.Map(lambda r: (dedupe_key(r), r))
                    | "GroupContent" >> beam.GroupByKey()
                    | "Dedupe" >> beam.ParDo(DedupeFn()).with_outputs("duplicates", main="kept"))
-        unique = (deduped.kept
+        return {"kept": deduped.kept, "duplicates": deduped.duplicates}
+
+
+class Finish(beam.PTransform):
+    """Rows of distinct texts -> {"corpus": unique doc_ids, split into sentences, repeated or
+    sampled by their source's weight (`weights`, by source; 1 when absent), "dead_letter": JSON
+    lines}. Groups by doc_id: every row of a doc_id must reach it (one pipeline, or one id
+    wave)."""
+
+    def __init__(self, weights: dict[str, float] | None = None):
+        super().__init__()
+        self.weights = weights or {}
+
+    def expand(self, kept):
+        unique = (kept
                   | "ById" >> beam.Map(lambda r: (r["doc_id"], r))
                   | "GroupId" >> beam.GroupByKey()
                   | "UniqueId" >> beam.ParDo(UniqueIdFn()).with_outputs("dead_letter", main="unique"))
@@ -275,7 +295,21 @@ class BuildCorpus(beam.PTransform):
                                                                                 main="corpus"))
         mixed = split.corpus | "Mix" >> beam.ParDo(MixFn(self.weights))
         dead = (unique.dead_letter, split.dead_letter) | "DeadLetters" >> beam.Flatten()
-        return {"corpus": mixed, "duplicates": deduped.duplicates, "dead_letter": dead}
+        return {"corpus": mixed, "dead_letter": dead}
+
+
+class BuildCorpus(beam.PTransform):
+    """Composite: documents rows -> `Dedupe` -> `Finish`: {"corpus": rows, "duplicates" and
+    "dead_letter": JSON lines}."""
+
+    def __init__(self, weights: dict[str, float] | None = None):
+        super().__init__()
+        self.weights = weights or {}
+
+    def expand(self, documents):
+        deduped = documents | "Dedupe" >> Dedupe()
+        finished = deduped["kept"] | "Finish" >> Finish(self.weights)
+        return {**finished, "duplicates": deduped["duplicates"]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -315,25 +349,77 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
     manifest."""
     jobs.configure_logging()
     options = jobs.beam_pipeline_options(beam_args)
+    config = resolve_wave_mb(config, options)
     listed, folders = select_inputs(config.input)
     files = [f.path for f in listed]
     sizes = {f.path: f.size_bytes for f in listed}  # from the listing: no lookup per file
-    num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
+    total = sum(sizes.values())
+    num_waves = waves.wave_count(total, config.wave_mb or 0)
+    num_shards = config.num_shards or max(parquet_io.auto_num_shards(total), num_waves)
+    if num_waves > 1 and num_shards < num_waves:
+        raise ValueError(f"--num_shards {num_shards} is fewer than the {num_waves} waves of "
+                         f"--wave_mb {config.wave_mb:g} (one shard per id wave): raise "
+                         "num_shards or wave_mb, or set num_shards=0 (automatic)")
     text_column = "sentences" if config.text_output else None
-    log.info("build_corpus: %d input files, %d shard(s), config %s",
-             len(files), num_shards, dataclasses.asdict(config))
-    jobs.warn_if_too_large_for_local_runner(log, NAMESPACE, sum(sizes.values()), options)
+    log.info("build_corpus: %d input files, %d shard(s), %d wave(s)", len(files), num_shards,
+             num_waves)
+    log.debug("build_corpus config: %s", dataclasses.asdict(config))
+    jobs.warn_if_too_large_for_local_runner(log, NAMESPACE, total // num_waves, options)
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.makedirs(config.output)
         parquet_io.clear_previous_output(config.output, PREFIX, [duplicates_path(config.output)])
+        waves.clear_scratch(config.output)
+    with jobs.disk_full_reported(config.output):
+        if num_waves == 1:
+            results = [_run_one(config, files, num_shards, text_column, options)]
+        else:
+            results = _run_waves(config, files, num_waves, num_shards, text_column, options)
+    if dry_run:
+        return jobs.dry_run_summary(NAMESPACE, results[0])
+    counts = _summed(parquet_io.query_counters(p.result, NAMESPACE, COUNTERS) for p in results)
+    by_source: dict[str, dict[str, int]] = {}
+    for p in results:
+        for source, values in parquet_io.query_counters_by_source(
+                p.result, LEDGER_NAMESPACE, LEDGER_COUNTS).items():
+            by_source[source] = _summed([by_source.get(source, {}), values])
+    ledger = build_ledger(config.sources, extraction_counts(folders), by_source)
+    return finish(config, files, folders, sizes, num_shards, text_column, counts, ledger,
+                  num_waves)
 
-    with (jobs.disk_full_reported(config.output),
-          beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline):
-        read = (pipeline
-                | "Files" >> beam.Create(files)
-                | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(ReadDocumentsFn()).with_outputs("dead_letter", main="rows"))
+
+def resolve_wave_mb(config: BuildCorpusConfig, options) -> BuildCorpusConfig:
+    """`wave_mb` unset: `LOCAL_WAVE_MB` on Beam's local runner, else one pipeline."""
+    if config.wave_mb is not None:
+        return config
+    return dataclasses.replace(
+        config, wave_mb=LOCAL_WAVE_MB if jobs.runs_locally(options) else 0.0)
+
+
+def _summed(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for d in dicts:
+        for name, value in d.items():
+            total[name] = total.get(name, 0) + value
+    return total
+
+
+def _read(pipeline, files: list[str]):
+    return (pipeline
+            | "Files" >> beam.Create(files)
+            | "Spread" >> beam.Reshuffle()
+            | "Read" >> beam.ParDo(ReadDocumentsFn()).with_outputs("dead_letter", main="rows"))
+
+
+def _pipeline(options):
+    return beam.Pipeline(runner=jobs.local_runner(options), options=options)
+
+
+def _run_one(config: BuildCorpusConfig, files: list[str], num_shards: int,
+             text_column: str | None, options):
+    """The whole job as one pipeline; returns it (run)."""
+    with _pipeline(options) as pipeline:
+        read = _read(pipeline, files)
         built = read.rows | "Build" >> BuildCorpus(config.weights())
         dead_letters = ((read.dead_letter, built["dead_letter"])
                         | "AllDeadLetters" >> beam.Flatten())
@@ -343,13 +429,52 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
             parquet_io.dead_letter_path(config.output))
         _ = built["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
             duplicates_path(config.output))
-    if dry_run:
-        return jobs.dry_run_summary(NAMESPACE, pipeline)
-    counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
-    ledger = build_ledger(config.sources, extraction_counts(folders),
-                          parquet_io.query_counters_by_source(
-                              pipeline.result, LEDGER_NAMESPACE, LEDGER_COUNTS))
-    return finish(config, files, folders, sizes, num_shards, text_column, counts, ledger)
+    return pipeline
+
+
+def _run_waves(config: BuildCorpusConfig, files: list[str], num_waves: int, num_shards: int,
+               text_column: str | None, options) -> list:
+    """The job as bounded pipelines (pipelines/waves.py): scatter the documents by content;
+    per content wave, `Dedupe` and scatter the kept rows by doc_id (by the corpus shard they
+    go to); per id wave, `Finish` and write that shard. The dead letters and duplicates of
+    every pipeline are merged, sorted, at the end. Returns the pipelines (run)."""
+    from tqdm import tqdm
+
+    scratch = waves.scratch_folder(config.output)
+    lines = os.path.join(scratch, "lines")
+    ran = []
+    with _pipeline(options) as pipeline:
+        read = _read(pipeline, files)
+        _ = read.rows | "Scatter" >> waves.Scatter(scratch, "content", num_waves, dedupe_key)
+        _ = read.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
+            os.path.join(lines, "dead_letter-read.jsonl"))
+    ran.append(pipeline)
+    for wave in tqdm(range(num_waves), desc="build_corpus content waves", unit="wave"):
+        with _pipeline(options) as pipeline:
+            deduped = (pipeline | "Read" >> waves.ReadScratch(scratch, "content", wave)
+                       | "Dedupe" >> Dedupe())
+            _ = deduped["kept"] | "Scatter" >> waves.Scatter(scratch, "ids", num_shards,
+                                                             lambda r: r["doc_id"])
+            _ = deduped["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
+                os.path.join(lines, f"duplicates-{wave:05d}.jsonl"))
+        ran.append(pipeline)
+    for shard in tqdm(range(num_shards), desc="build_corpus id waves", unit="wave"):
+        with _pipeline(options) as pipeline:
+            finished = (pipeline | "Read" >> waves.ReadScratch(scratch, "ids", shard)
+                        | "Finish" >> Finish(config.weights()))
+            _ = finished["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
+                config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
+            _ = finished["dead_letter"] | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
+                os.path.join(lines, f"dead_letter-{shard:05d}.jsonl"))
+        ran.append(pipeline)
+    names = sorted(os.listdir(lines)) if os.path.isdir(lines) else []
+    for prefix, target in (("dead_letter-", parquet_io.dead_letter_path(config.output)),
+                           ("duplicates-", duplicates_path(config.output))):
+        parts = [os.path.join(lines, n) for n in names if n.startswith(prefix)]
+        if parts:
+            waves.merge_sorted_files(parts, target)
+    waves.clear_scratch(config.output)
+    return ran
 
 
 def extraction_counts(folders: dict[str, str]) -> dict[str, dict]:
@@ -403,7 +528,8 @@ def duplicates_path(output: str) -> str:
 
 def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
            sizes: dict[str, int], num_shards: int, text_column: str | None,
-           counts: dict[str, int], ledger: dict[str, dict] | None = None) -> dict:
+           counts: dict[str, int], ledger: dict[str, dict] | None = None,
+           num_waves: int = 1) -> dict:
     """After the pipeline: complete the shard set, check counts against rows, write manifest."""
     shards = parquet_io.finish_shards(config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
     dead_letters = parquet_io.finish_dead_letters(config.output, counts["bad_records"] > 0)
@@ -422,6 +548,7 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
         "config_hash": parquet_io.content_hash({**dataclasses.asdict(config),
                                                 "inputs": sorted(folders.values())}),
         "num_shards": num_shards,
+        "waves": num_waves,
         "counts": counts,
         "ledger": ledger or {},
         "inputs": [{"path": f, "bytes": sizes[f]} for f in files],

@@ -193,7 +193,7 @@ def warn_if_too_large_for_local_runner(logger: logging.Logger, job: str, input_b
     """Before a local run: warn (and return True) when the input clearly needs more memory than
     there is. The local runner holds grouped data in memory; beyond it, Dataflow or a Flink or
     Spark cluster through Beam's portable runner (README, "Beyond one machine")."""
-    if not _runs_locally(beam_options):
+    if not runs_locally(beam_options):
         return False
     estimate = local_memory_estimate(job, input_bytes, scale)
     if estimate is None:
@@ -211,7 +211,7 @@ def warn_if_too_large_for_local_runner(logger: logging.Logger, job: str, input_b
     return True
 
 
-def _runs_locally(beam_options) -> bool:
+def runs_locally(beam_options) -> bool:
     from apache_beam.options.pipeline_options import StandardOptions
     runner = beam_options.view_as(StandardOptions).runner
     return runner is None or str(runner).split(".")[-1] in (

@@ -63,11 +63,12 @@ import argparse
 import logging
 import os
 import re
+import shutil
 import sys
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 
 import apache_beam as beam
 import numpy as np
@@ -91,7 +92,7 @@ from pipelines.shards.batches import (
     to_bytes,
     write_group,
 )
-from pipelines.shards.config import ShardJobConfig, ShardsConfig
+from pipelines.shards.config import LOCAL_WAVE_MB, ShardJobConfig, ShardsConfig
 from pipelines.shards.instances import (
     InstanceConfig,
     InstancePlan,
@@ -113,6 +114,7 @@ from pipelines.shards.reading import (
     share_bounds,
     split_of,
     tokenize_documents,
+    waves,
 )
 
 logger = logging.getLogger("make_shards")
@@ -418,8 +420,10 @@ class FillRandomNextFn(beam.DoFn):
 class WriteShardFn(beam.DoFn):
     """(split, shard index) and its row parts -> the written shard's ShardInfo (JSON)."""
 
-    def __init__(self, output: str, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str):
+    def __init__(self, output: str, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
+                 first_index: dict[str, int] | None = None):
         self.output, self.cfg, self.job, self.vocab_path = output, cfg, job, vocab_path
+        self.first_index = first_index or {}  # per split: the shards earlier waves wrote
         self.written = beam.metrics.Metrics.counter("make_shards", "shards")
         self.rows = beam.metrics.Metrics.counter("make_shards", "rows")
 
@@ -434,8 +438,8 @@ class WriteShardFn(beam.DoFn):
                          np.concatenate([p.row_sizes for p in parts]),
                          np.concatenate([p.positions for p in parts]))
         group = whole.take_rows(np.argsort(whole.positions, kind="stable"))
-        info = write_group(self.output, split, index, group, self.cfg, self.job,
-                           self.vocab_tokens)
+        info = write_group(self.output, split, self.first_index.get(split, 0) + index, group,
+                           self.cfg, self.job, self.vocab_tokens)
         self.written.inc()
         self.rows.inc(info.stats.num_rows)
         logger.info("wrote %s: %d rows, %d bytes", info.file, info.stats.num_rows, info.bytes)
@@ -482,10 +486,10 @@ class WriteShards(beam.PTransform):
     """
 
     def __init__(self, output: str, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
-                 vocab_size: int):
+                 vocab_size: int, first_index: dict[str, int] | None = None):
         super().__init__()
         self.output, self.cfg, self.job = output, cfg, job
-        self.vocab_path, self.vocab_size = vocab_path, vocab_size
+        self.vocab_path, self.vocab_size, self.first_index = vocab_path, vocab_size, first_index
 
     def expand(self, created):
         cfg, job, vocab_size = self.cfg, self.job, self.vocab_size
@@ -500,29 +504,33 @@ class WriteShards(beam.PTransform):
                     lambda kv, stats: pack_and_assign(kv[0], kv[1], stats, cfg, job, vocab_size),
                     stats)
                 | "GroupByShard" >> beam.GroupByKey()
-                | "Write" >> beam.ParDo(WriteShardFn(self.output, cfg, job, self.vocab_path)))
+                | "Write" >> beam.ParDo(WriteShardFn(self.output, cfg, job, self.vocab_path,
+                                                     self.first_index)))
 
 
-def build_scalable_pipeline(p, files: list[storage.InputFile], output: str, vocab_path: str,
-                            cfg: InstanceConfig, job: ShardJobConfig, vocab_size: int):
-    """Wire the scalable job into pipeline `p`; returns the PCollection of shard infos (JSON)."""
+def build_scalable_pipeline(p, parts: list[ReadPart], output: str, vocab_path: str,
+                            cfg: InstanceConfig, job: ShardJobConfig, vocab_size: int,
+                            wave: Wave | None = None):
+    """Wire the scalable job over `parts` (one wave's read parts, `read_parts`) into pipeline
+    `p`; returns the PCollection of shard infos (JSON)."""
+    wave = wave or Wave()
     read = (p
             # Largest parts first, each under its own key: the FnApiRunner deals a grouped
             # stage's keys out to its workers round robin in arrival order, so the work splits
             # evenly (Create's own reshuffle uses random keys).
-            | "Files" >> beam.Create(list(enumerate(sorted(
-                read_parts(files, job.read_part_kb * 1024), key=lambda u: -u.num_bytes))),
-                reshuffle=False)
+            | "Files" >> beam.Create(list(enumerate(sorted(parts, key=lambda u: -u.num_bytes))),
+                                     reshuffle=False)
             | "SpreadParts" >> beam.GroupByKey()
             | "ReadDocuments" >> beam.ParDo(ReadDocumentsFn(
                 vocab_path, job.do_lower_case, job.validation_fraction)).with_outputs(
                     DEAD, main="docs"))
     _ = (read[DEAD] | "DeadLetters" >> beam.io.WriteToText(
-        storage.join(output, *DEAD_LETTERS.split("/")), file_name_suffix=".jsonl",
+        storage.join(output, *wave.dead_letters.split("/")), file_name_suffix=".jsonl",
         num_shards=1, shard_name_template=""))
     return (read.docs
             | "CreateInstances" >> CreateInstances(cfg, job, vocab_path)
-            | "WriteShards" >> WriteShards(output, cfg, job, vocab_path, vocab_size))
+            | "WriteShards" >> WriteShards(output, cfg, job, vocab_path, vocab_size,
+                                           wave.first_index))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -747,6 +755,8 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
     jobs.configure_logging()
     beam_options = jobs.beam_pipeline_options(beam_args)
     config = replace(config, do_lower_case=resolve_do_lower_case(config.do_lower_case, vocab))
+    if config.mode != "reference":
+        config = resolve_wave_mb(config, beam_options)
     cfg = job = config
     from common.tokenization import read_vocab
     vocab_size = len(read_vocab(vocab))
@@ -765,11 +775,13 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
             raise ValueError("--dry_run builds the Beam job graph: it needs --mode=scalable "
                              "(the reference mode runs no pipeline)")
         with beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p:
-            _scalable_graph(p, files, output, vocab, config, vocab_size)
+            _scalable_graph(p, read_parts(files, config.read_part_kb * 1024), output, vocab,
+                            config, vocab_size)
         return jobs.dry_run_summary("make_shards", p)
     storage.makedirs(output)
     storage.withdraw_manifest(output)  # a crash must not leave a complete-looking mix
     jobs.remove_stale_temporaries(output, WRITTEN, beam_sinks=[DEAD_LETTERS])
+    _remove_wave_dead_letters(output)
     start = time.perf_counter()
     with jobs.disk_full_reported(output):
         if job.mode == "reference":
@@ -803,20 +815,48 @@ def _fields_of(part: type, config: ShardsConfig) -> dict:
     return {f.name: getattr(config, f.name) for f in fields(part)}
 
 
-def _scalable_graph(p, files, output: str, vocab: str, config: ShardsConfig,
-                    vocab_size: int) -> None:
+def _scalable_graph(p, parts: list[ReadPart], output: str, vocab: str, config: ShardsConfig,
+                    vocab_size: int, wave: Wave | None = None) -> None:
     """The scalable mode's pipeline: shards, and their infos saved to one side file."""
     infos_path = storage.join(output, _SHARD_INFOS)
-    infos = build_scalable_pipeline(p, files, output, vocab, config, config, vocab_size)
+    infos = build_scalable_pipeline(p, parts, output, vocab, config, config, vocab_size, wave)
     _ = (infos | "CollectInfos" >> beam.combiners.ToList()
          | "SaveInfos" >> beam.Map(lambda lines: storage.atomic_write_text(
              infos_path, "".join(line + "\n" for line in sorted(lines)))))
 
 
-def _run_scalable(files, output, vocab, beam_options, config, vocab_size):
+def _run_scalable(files, output, vocab, beam_options, config: ShardsConfig, vocab_size):
+    """Every wave in turn (`reading.waves`), each a pipeline; the shards' infos and the summed
+    counters."""
+    from tqdm import tqdm
+
+    planned = waves(read_parts(files, config.read_part_kb * 1024),
+                    int((config.wave_mb or 0) * 2 ** 20))
+    check_wave_shards(config, len(planned))
+    infos: list[shard_files.ShardInfo] = []
+    counters: dict[str, int] = defaultdict(int)
+    first_index = dict.fromkeys(shard_files.SPLITS, 0)
+    for index, parts in enumerate(tqdm(planned, desc="waves", unit="wave", file=sys.stderr,
+                                       disable=len(planned) == 1)):
+        wave = Wave(index, len(planned), dict(first_index))
+        wave_config = replace(config, num_shards=wave_num_shards(config.num_shards, wave))
+        wave_infos, wave_counters = _run_wave(parts, output, vocab, beam_options, wave_config,
+                                              vocab_size, wave)
+        infos += wave_infos
+        for name, value in wave_counters.items():
+            counters[name] += value
+        for info in wave_infos:
+            first_index[info.split] = max(first_index[info.split], info.index + 1)
+    if len(planned) > 1:
+        _join_dead_letters(output, len(planned))
+    counters["waves"] = len(planned)
+    return infos, dict(counters)
+
+
+def _run_wave(parts, output, vocab, beam_options, config, vocab_size, wave: Wave):
     infos_path = storage.join(output, _SHARD_INFOS)
     with beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p:
-        _scalable_graph(p, files, output, vocab, config, vocab_size)
+        _scalable_graph(p, parts, output, vocab, config, vocab_size, wave)
     result = p.result
     try:
         with storage.open_read(infos_path) as f:
@@ -827,6 +867,70 @@ def _run_scalable(files, output, vocab, beam_options, config, vocab_size):
         else:
             os.unlink(infos_path)
     return infos, _beam_counters(result)
+
+
+@dataclass(frozen=True)
+class Wave:
+    """One wave of a run (`reading.waves`): its number, the run's wave count, and per split
+    the index its shards start at (the shards earlier waves wrote)."""
+    index: int = 0
+    count: int = 1
+    first_index: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def dead_letters(self) -> str:
+        """Its dead-letter file (below the output, without .jsonl); a run of several waves
+        joins them into `DEAD_LETTERS` at the end."""
+        return DEAD_LETTERS if self.count == 1 else f"{DEAD_LETTERS}-wave{self.index:05d}"
+
+
+def wave_num_shards(num_shards: int, wave: Wave) -> int:
+    """A wave's share of a fixed `num_shards` per split (0 stays 0: from the target size)."""
+    return (num_shards * (wave.index + 1) // wave.count - num_shards * wave.index // wave.count
+            if num_shards else 0)
+
+
+def check_wave_shards(config: ShardsConfig, count: int) -> None:
+    if config.num_shards and config.num_shards < count:
+        raise ValueError(f"--num_shards {config.num_shards} is fewer than the {count} waves of "
+                         f"--wave_mb {config.wave_mb:g} (each wave writes its own shards): "
+                         "raise num_shards, raise wave_mb, or set num_shards=0 (by "
+                         "target_shard_mb)")
+
+
+def resolve_wave_mb(config: ShardsConfig, beam_options) -> ShardsConfig:
+    """`wave_mb` unset: `LOCAL_WAVE_MB` on Beam's local runner, else one wave."""
+    if config.wave_mb is not None:
+        return config
+    return replace(config, wave_mb=LOCAL_WAVE_MB if jobs.runs_locally(beam_options) else 0.0)
+
+
+_WAVE_DEAD_LETTERS = re.compile(rf"^(beam-temp-)?{re.escape(DEAD_LETTERS.split('/')[-1])}"
+                                r"-wave\d{5}")
+
+
+def _remove_wave_dead_letters(output: str) -> None:
+    """The wave dead-letter files (and their Beam temporaries) a killed run left."""
+    folder = os.path.join(output, *DEAD_LETTERS.split("/")[:-1])
+    if storage.is_remote(output) or not os.path.isdir(folder):
+        return
+    for name in os.listdir(folder):
+        if _WAVE_DEAD_LETTERS.match(name):
+            path = os.path.join(folder, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+
+
+def _join_dead_letters(output: str, count: int) -> None:
+    """The waves' dead-letter files, in wave order, as one `DEAD_LETTERS` file (atomic)."""
+    parts = [storage.join(output, *Wave(w, count).dead_letters.split("/")) + ".jsonl"
+             for w in range(count)]
+    target = storage.join(output, *DEAD_LETTERS.split("/")) + ".jsonl"
+    with storage.atomic_open(target, "wb") as out:
+        for path in parts:
+            with storage.open_read(path, "rb") as f:
+                shutil.copyfileobj(f, out)
+    for path in parts:
+        beam.io.filesystems.FileSystems.delete([path])
 
 
 if __name__ == "__main__":

@@ -10,6 +10,10 @@ from typing import Literal
 from common.settings import check, check_choices
 from pipelines.shards.instances import InstanceConfig
 
+LOCAL_WAVE_MB = 8.0
+"""Input MB per wave on Beam's local runner when `wave_mb` is unset: a wave of the corpus's
+Parquet at the paper's dupe_factor 10 peaks near 1 GB (benchmarks/bench_local_memory.py)."""
+
 
 @dataclass(frozen=True)
 class ShardJobConfig:
@@ -40,6 +44,12 @@ class ShardJobConfig:
     workers share them."""
     instances_per_pack_bucket: int = 16_384
     """Instances sorted and packed together in one group (at least `batches.MIN_BUCKETS` groups)."""
+    wave_mb: float | None = None
+    """Input MB per wave: the input is run in consecutive waves of about this size, each a
+    pipeline of its own, so a local run's memory follows the wave, not the corpus; random nexts
+    are drawn within a wave, as the reference draws within one run's input files (0 = one
+    wave). Unset: `LOCAL_WAVE_MB` on Beam's local runner, 0 on a distributed runner
+    (Dataflow, Flink, Spark), whose shuffles spill to disk."""
 
     def __post_init__(self):
         check_choices(self)
@@ -57,6 +67,8 @@ class ShardJobConfig:
         check(self.read_part_kb >= 1, "read_part_kb", f"must be >= 1, got {self.read_part_kb}")
         check(self.instances_per_pack_bucket >= 1, "instances_per_pack_bucket",
               f"must be >= 1, got {self.instances_per_pack_bucket}")
+        check(self.wave_mb is None or self.wave_mb >= 0, "wave_mb",
+              f"must be >= 0 (0 = one wave), got {self.wave_mb}")
 
 
 @dataclass(frozen=True)

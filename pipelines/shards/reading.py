@@ -197,6 +197,27 @@ def read_parts(files: list[storage.InputFile], part_bytes: int) -> list[ReadPart
     return out
 
 
+def waves(parts: list[ReadPart], wave_bytes: int) -> list[list[ReadPart]]:
+    """`parts` cut, in input order, into consecutive waves of about `wave_bytes` of input each
+    (a wave holds at least one part; `wave_bytes` <= 0: one wave).
+
+    make_shards runs each wave as a pipeline of its own on the local runner, which holds a
+    pipeline's grouped data in memory: its peak then follows the wave, not the corpus. A wave
+    is contiguous input, as one run of the reference generator reads a few input files.
+    """
+    if wave_bytes <= 0 or not parts:
+        return [list(parts)] if parts else []
+    out: list[list[ReadPart]] = [[]]
+    size = 0
+    for part in parts:
+        if out[-1] and size + part.num_bytes > wave_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(part)
+        size += part.num_bytes
+    return out
+
+
 def share_bounds(sizes: list[int], num_parts: int) -> list[int]:
     """num_parts + 1 item indices cutting `sizes` into contiguous shares of about equal sum."""
     cumulative = np.cumsum(sizes)

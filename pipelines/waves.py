@@ -1,0 +1,158 @@
+"""Waves: a job run as several bounded pipelines on Beam's local runner, whose memory then
+follows a wave, not the corpus.
+
+The local runner (the FnApiRunner) holds every grouped collection of a pipeline in memory, so
+a pipeline's peak grows with its input (~20-75 bytes per input byte, benchmarks/
+bench_local_memory.py). A job that groups records by a key (build_corpus: documents by content,
+then by doc_id) runs instead as
+  1. a scatter pipeline, with no grouping: each record is appended to the scratch partition of
+     its key (`ScatterFn`, `partition_of`), and
+  2. one pipeline per partition (a wave) that reads that partition alone (`ReadScratch`):
+     every record of a key is in it, so grouping within the wave is grouping in the whole.
+A wave can scatter again by another key for the next family of waves. Distributed runners
+(Dataflow, Flink, Spark) spill their shuffles to disk and run the job as one pipeline.
+
+Scratch files are JSON lines under `<output>/.waves/` (local only; removed when the job ends and
+when the next run starts). A scatter appends a bundle's records per partition in one write per
+file, so a reader sees whole lines; the local runner fails the job rather than retrying a
+bundle, so no record is appended twice.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import heapq
+import json
+import math
+import os
+import shutil
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator
+
+import apache_beam as beam
+
+from common import storage
+
+SCRATCH = ".waves"
+FLUSH_BYTES = 16 << 20
+"""A scatter writes out what it holds once it holds this many bytes of JSON."""
+
+
+def wave_count(input_bytes: int, wave_mb: float) -> int:
+    """Waves for `input_bytes` of input at `wave_mb` MB each (0: one)."""
+    if wave_mb <= 0:
+        return 1
+    return max(1, math.ceil(input_bytes / (wave_mb * 2 ** 20)))
+
+
+def partition_of(key: str, count: int) -> int:
+    """A key's partition among `count`: a hash that is the same in every process and run."""
+    return int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % count
+
+
+def scratch_folder(output: str) -> str:
+    if storage.is_remote(output):
+        raise ValueError(f"--output {output}: running in waves (wave_mb > 0) needs a local "
+                         "output folder for its scratch partitions; on a distributed runner "
+                         "leave wave_mb unset (one pipeline)")
+    return os.path.join(output, SCRATCH)
+
+
+def clear_scratch(output: str) -> None:
+    """Remove the scratch partitions (of this run when it ends, of a killed run at start)."""
+    if not storage.is_remote(output):
+        shutil.rmtree(os.path.join(output, SCRATCH), ignore_errors=True)
+
+
+def partition_files(scratch: str, name: str, partition: int) -> list[str]:
+    """The files of one partition of scatter `name`, in name order."""
+    folder = os.path.join(scratch, name, f"p{partition:05d}")
+    return sorted(os.path.join(folder, f) for f in os.listdir(folder)) if os.path.isdir(folder) else []
+
+
+class ScatterFn(beam.DoFn):
+    """(partition, JSON-able record) -> appended to `<scratch>/<name>/p<partition>/<writer>.jsonl`.
+
+    Each DoFn instance appends to files of its own, so writers never share a file."""
+
+    def __init__(self, scratch: str, name: str):
+        self.scratch, self.name = scratch, name
+
+    def setup(self):
+        self.writer = uuid.uuid4().hex
+
+    def start_bundle(self):
+        self.pending: dict[int, list[str]] = defaultdict(list)
+        self.size = 0
+
+    def process(self, element: tuple[int, dict]):
+        partition, record = element
+        line = json.dumps(record, ensure_ascii=False)
+        self.pending[partition].append(line)
+        self.size += len(line)
+        if self.size >= FLUSH_BYTES:
+            self._flush()
+
+    def finish_bundle(self):
+        self._flush()
+
+    def _flush(self):
+        for partition, lines in self.pending.items():
+            folder = os.path.join(self.scratch, self.name, f"p{partition:05d}")
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"{self.writer}.jsonl"), "a", encoding="utf-8") as f:
+                f.write("".join(line + "\n" for line in lines))
+        self.pending.clear()
+        self.size = 0
+
+
+class Scatter(beam.PTransform):
+    """Records -> their scratch partitions by `key(record)` (`partition_of`)."""
+
+    def __init__(self, scratch: str, name: str, count: int, key: Callable[[dict], str]):
+        super().__init__()
+        self.scratch, self.name, self.count, self.key = scratch, name, count, key
+
+    def expand(self, records):
+        count, key = self.count, self.key
+        return (records
+                | "Partition" >> beam.Map(lambda r: (partition_of(key(r), count), r))
+                | "Append" >> beam.ParDo(ScatterFn(self.scratch, self.name)))
+
+
+def read_lines(path: str) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            yield json.loads(line)
+
+
+class ReadScratch(beam.PTransform):
+    """One partition of a scatter -> its records (the files spread over the workers)."""
+
+    def __init__(self, scratch: str, name: str, partition: int):
+        super().__init__()
+        self.files = partition_files(scratch, name, partition)
+
+    def expand(self, pbegin):
+        return (pbegin
+                | "Files" >> beam.Create(self.files)
+                | "Spread" >> beam.Reshuffle()
+                | "Read" >> beam.FlatMap(read_lines))
+
+
+def merge_sorted_files(parts: Iterable[str], target: str) -> int:
+    """Sorted line files -> one sorted file at `target` (atomic, streaming); the parts are
+    removed. Returns the line count."""
+    parts = [p for p in parts if os.path.exists(p)]
+    lines = 0
+    storage.makedirs(os.path.dirname(target))
+    with contextlib.ExitStack() as stack:
+        handles = [stack.enter_context(open(p, encoding="utf-8")) for p in parts]
+        with storage.atomic_open(target, "w") as out:
+            for line in heapq.merge(*handles):
+                out.write(line)
+                lines += 1
+    for path in parts:
+        os.unlink(path)
+    return lines
