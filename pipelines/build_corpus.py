@@ -55,9 +55,9 @@ from pipelines.documents.source import SourceConfig
 NAMESPACE = "build_corpus"
 PREFIX = "corpus"
 DUPLICATES_FILE = "duplicates/duplicates-00000-of-00001.jsonl"
-LOCAL_WAVE_MB = 32.0
-"""Input MB per wave on Beam's local runner when `wave_mb` is unset (documents Parquet; a wave
-peaks near 1 GB, benchmarks/bench_local_memory.py)."""
+LOCAL_WAVE_MB = 8.0
+"""Input MB per wave on Beam's local runner when `wave_mb` is unset (documents Parquet): a
+wave's pipeline peaks under 0.5 GB per worker (benchmarks/bench_local_memory.py)."""
 COUNTERS = ("input_files", "documents_read", "duplicates_removed", "doc_id_conflicts",
             "documents_without_sentences", "bad_records", "documents", "passages", "sentences")
 LEDGER_NAMESPACE = "build_corpus.sources"
@@ -354,12 +354,8 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
     files = [f.path for f in listed]
     sizes = {f.path: f.size_bytes for f in listed}  # from the listing: no lookup per file
     total = sum(sizes.values())
-    num_waves = waves.wave_count(total, config.wave_mb or 0)
-    num_shards = config.num_shards or max(parquet_io.auto_num_shards(total), num_waves)
-    if num_waves > 1 and num_shards < num_waves:
-        raise ValueError(f"--num_shards {num_shards} is fewer than the {num_waves} waves of "
-                         f"--wave_mb {config.wave_mb:g} (one shard per id wave): raise "
-                         "num_shards or wave_mb, or set num_shards=0 (automatic)")
+    num_waves, num_shards = waves.shard_plan(total, config.wave_mb, config.num_shards,
+                                             parquet_io.auto_num_shards(total))
     text_column = "sentences" if config.text_output else None
     log.info("build_corpus: %d input files, %d shard(s), %d wave(s)", len(files), num_shards,
              num_waves)
@@ -389,11 +385,7 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
 
 
 def resolve_wave_mb(config: BuildCorpusConfig, options) -> BuildCorpusConfig:
-    """`wave_mb` unset: `LOCAL_WAVE_MB` on Beam's local runner, else one pipeline."""
-    if config.wave_mb is not None:
-        return config
-    return dataclasses.replace(
-        config, wave_mb=LOCAL_WAVE_MB if jobs.runs_locally(options) else 0.0)
+    return waves.resolve_wave_mb(config, options, LOCAL_WAVE_MB)
 
 
 def _summed(dicts: Iterable[dict[str, int]]) -> dict[str, int]:

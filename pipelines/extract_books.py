@@ -38,7 +38,7 @@ from apache_beam import pvalue
 
 from common import errors, storage
 from common.settings import check
-from pipelines import jobs, parquet_io
+from pipelines import jobs, parquet_io, waves
 from pipelines.books import cleaning
 from pipelines.corpus.documents import DOCUMENT_SCHEMA
 
@@ -70,11 +70,19 @@ class ExtractBooksConfig(cleaning.BookConfig):
     manifest); default README*,LICENSE*,LICENCE*,COPYING*,*.md,*.json,*.parquet."""
     num_shards: int = 0
     """Parquet files to write; 0 = one per 256 MB of input."""
+    wave_mb: float | None = None
+    """Input MB per wave: above it, documents go to scratch partitions by shard and each shard
+    is written whole after the pipeline (pipelines/waves.py), so a local run's memory follows
+    a shard, not the input; a shard per wave at least. 0 = one pipeline. Unset:
+    `waves.LOCAL_SHARD_WAVE_MB` on Beam's local runner, 0 on a distributed runner (Dataflow,
+    Flink, Spark)."""
 
     def __post_init__(self):
         cleaning.BookConfig.__post_init__(self)
         check(self.num_shards >= 0, "num_shards",
               f"must be >= 0 (0 = automatic), got {self.num_shards}")
+        check(self.wave_mb is None or self.wave_mb >= 0, "wave_mb",
+              f"must be >= 0 (0 = one pipeline), got {self.wave_mb}")
 
 
 def is_excluded(path: str, patterns: Sequence[str]) -> bool:
@@ -176,16 +184,22 @@ def run(config: ExtractBooksConfig, beam_args: Sequence[str] = ()) -> dict:
     """Extract the books of `config.input` into `config.output`; returns the manifest."""
     jobs.configure_logging()
     options = jobs.beam_pipeline_options(beam_args)
+    config = waves.resolve_wave_mb(config, options, waves.LOCAL_SHARD_WAVE_MB)
     files, excluded = select_inputs(config)
     sizes = {f.path: f.size_bytes for f in files}  # from the listing: no lookup per file
-    num_shards = config.num_shards or parquet_io.auto_num_shards(sum(sizes.values()))
-    log.info("extract_books: %d books (%d excluded), %d shard(s), config %s",
-             len(files), len(excluded), num_shards, dataclasses.asdict(config))
-    jobs.warn_if_too_large_for_local_runner(log, NAMESPACE, sum(sizes.values()), options)
+    total = sum(sizes.values())
+    num_waves, num_shards = waves.shard_plan(total, config.wave_mb, config.num_shards,
+                                             parquet_io.auto_num_shards(total))
+    log.info("extract_books: %d books (%d excluded), %d shard(s), %d wave(s)",
+             len(files), len(excluded), num_shards, num_waves)
+    log.debug("extract_books config: %s", dataclasses.asdict(config))
+    jobs.warn_if_too_large_for_local_runner(log, NAMESPACE, total // num_waves, options)
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.makedirs(config.output)
         parquet_io.clear_previous_output(config.output, PREFIX)
+        waves.clear_scratch(config.output)
+    scratch = waves.scratch_folder(config.output) if num_waves > 1 else None
 
     with (jobs.disk_full_reported(config.output),
           beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline):
@@ -194,12 +208,17 @@ def run(config: ExtractBooksConfig, beam_args: Sequence[str] = ()) -> dict:
                    | "Spread" >> beam.Reshuffle()
                    | "Extract" >> beam.ParDo(ExtractBookFn(config))
                    .with_outputs("dead_letter", main="documents"))
-        _ = results.documents | "WriteDocuments" >> parquet_io.WriteParquetShards(
-            config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
+        _ = results.documents | "WriteDocuments" >> waves.WriteShards(
+            config.output, PREFIX, num_shards, DOCUMENT_SCHEMA, scratch)
         _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             parquet_io.dead_letter_path(config.output))
     if dry_run:
         return jobs.dry_run_summary(NAMESPACE, pipeline)
+    if scratch is not None:
+        with jobs.disk_full_reported(config.output):
+            waves.write_scattered_shards(scratch, config.output, PREFIX, num_shards,
+                                         DOCUMENT_SCHEMA)
+        waves.clear_scratch(config.output)
     counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
     return finish(config, [f.path for f in files], excluded, sizes, num_shards, counts)
 

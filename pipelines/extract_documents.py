@@ -41,7 +41,7 @@ import apache_beam as beam
 from apache_beam import pvalue
 
 from common import errors, settings, storage
-from pipelines import jobs, parquet_io
+from pipelines import jobs, parquet_io, waves
 from pipelines.corpus.documents import DOCUMENT_SCHEMA
 from pipelines.documents import readers
 from pipelines.documents.source import SourceConfig
@@ -67,6 +67,12 @@ class ExtractDocumentsConfig:
     """The documents folder."""
     num_shards: int = 0
     """Parquet files to write; 0 = one per 256 MB of input."""
+    wave_mb: float | None = None
+    """Input MB per wave: above it, documents go to scratch partitions by shard and each shard
+    is written whole after the pipeline (pipelines/waves.py), so a local run's memory follows
+    a shard, not the input; a shard per wave at least. 0 = one pipeline. Unset:
+    `waves.LOCAL_SHARD_WAVE_MB` on Beam's local runner, 0 on a distributed runner (Dataflow,
+    Flink, Spark)."""
 
     def __post_init__(self):
         settings.check(bool(self.sources), "sources", "no source given")
@@ -78,6 +84,8 @@ class ExtractDocumentsConfig:
                            f"{source.kind} has its own job (pipelines/extract_{source.kind}.py)")
         settings.check(self.num_shards >= 0, "num_shards",
                        f"must be >= 0 (0 = automatic), got {self.num_shards}")
+        settings.check(self.wave_mb is None or self.wave_mb >= 0, "wave_mb",
+                       f"must be >= 0 (0 = one pipeline), got {self.wave_mb}")
 
 
 # ---------------------------------------------------------------- reading one file
@@ -164,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     settings.add_config_flags(parser, SourceConfig, skip=("path", "weight"))
     parser.add_argument("--num_shards", default=None,
                         help=settings.field_docs(ExtractDocumentsConfig)["num_shards"])
+    parser.add_argument("--wave_mb", default=None,
+                        help=settings.field_docs(ExtractDocumentsConfig)["wave_mb"])
     parser.add_argument("--config", metavar="FILE",
                         help="the source's fields (YAML or JSON: field: value); flags win")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -183,7 +193,10 @@ def config_from_args(args: argparse.Namespace) -> ExtractDocumentsConfig:
                                     + settings.choice_list(readers.READERS))
     source = settings.build(SourceConfig, values, label="--")
     num_shards = settings.convert_setting("--num_shards", args.num_shards or 0, int)
-    return ExtractDocumentsConfig(sources=(source,), output=args.output, num_shards=num_shards)
+    wave_mb = (None if args.wave_mb is None
+               else settings.convert_setting("--wave_mb", args.wave_mb, float))
+    return ExtractDocumentsConfig(sources=(source,), output=args.output, num_shards=num_shards,
+                                  wave_mb=wave_mb)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -196,16 +209,21 @@ def run(config: ExtractDocumentsConfig, beam_args: Sequence[str] = ()) -> dict:
     """Read `config.sources` into the documents folder `config.output`; returns the manifest."""
     jobs.configure_logging()
     options = jobs.beam_pipeline_options(beam_args)
+    config = waves.resolve_wave_mb(config, options, waves.LOCAL_SHARD_WAVE_MB)
     selected = {s.name: select_inputs(s) for s in config.sources}
     elements = [(i, f) for i, s in enumerate(config.sources) for f in selected[s.name].files]
     total = sum(f.size_bytes for _, f in elements)
-    num_shards = config.num_shards or parquet_io.auto_num_shards(total)
-    log.info("extract_documents: %d source(s), %d file(s), %d shard(s), config %s",
-             len(config.sources), len(elements), num_shards, dataclasses.asdict(config))
+    num_waves, num_shards = waves.shard_plan(total, config.wave_mb, config.num_shards,
+                                             parquet_io.auto_num_shards(total))
+    log.info("extract_documents: %d source(s), %d file(s), %d shard(s), %d wave(s)",
+             len(config.sources), len(elements), num_shards, num_waves)
+    log.debug("extract_documents config: %s", dataclasses.asdict(config))
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.makedirs(config.output)
         parquet_io.clear_previous_output(config.output, PREFIX)
+        waves.clear_scratch(config.output)
+    scratch = waves.scratch_folder(config.output) if num_waves > 1 else None
 
     with (jobs.disk_full_reported(config.output),
           beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline):
@@ -214,12 +232,17 @@ def run(config: ExtractDocumentsConfig, beam_args: Sequence[str] = ()) -> dict:
                    | "Spread" >> beam.Reshuffle()
                    | "Read" >> beam.ParDo(ReadFileFn(config.sources))
                    .with_outputs("dead_letter", main="documents"))
-        _ = results.documents | "WriteDocuments" >> parquet_io.WriteParquetShards(
-            config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
+        _ = results.documents | "WriteDocuments" >> waves.WriteShards(
+            config.output, PREFIX, num_shards, DOCUMENT_SCHEMA, scratch)
         _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             parquet_io.dead_letter_path(config.output))
     if dry_run:
         return jobs.dry_run_summary(NAMESPACE, pipeline)
+    if scratch is not None:
+        with jobs.disk_full_reported(config.output):
+            waves.write_scattered_shards(scratch, config.output, PREFIX, num_shards,
+                                         DOCUMENT_SCHEMA)
+        waves.clear_scratch(config.output)
     counts = parquet_io.query_counters_by_source(pipeline.result, NAMESPACE)
     return finish(config, selected, num_shards, counts)
 

@@ -74,7 +74,7 @@ import apache_beam as beam
 import numpy as np
 
 from common import errors, storage
-from pipelines import jobs
+from pipelines import jobs, waves
 from pipelines.shards import packing, shard_files
 from pipelines.shards.batches import (
     LengthBatch,
@@ -106,6 +106,7 @@ from pipelines.shards.reading import (
     ReadPart,
     TokenizedDoc,
     corpus_parquet,
+    input_waves,
     is_parquet,
     open_ends,
     parse_reference_text,
@@ -114,7 +115,6 @@ from pipelines.shards.reading import (
     share_bounds,
     split_of,
     tokenize_documents,
-    waves,
 )
 
 logger = logging.getLogger("make_shards")
@@ -826,11 +826,11 @@ def _scalable_graph(p, parts: list[ReadPart], output: str, vocab: str, config: S
 
 
 def _run_scalable(files, output, vocab, beam_options, config: ShardsConfig, vocab_size):
-    """Every wave in turn (`reading.waves`), each a pipeline; the shards' infos and the summed
+    """Every wave in turn (`reading.input_waves`), each a pipeline; the shards' infos and the summed
     counters."""
     from tqdm import tqdm
 
-    planned = waves(read_parts(files, config.read_part_kb * 1024),
+    planned = input_waves(read_parts(files, config.read_part_kb * 1024),
                     int((config.wave_mb or 0) * 2 ** 20))
     check_wave_shards(config, len(planned))
     infos: list[shard_files.ShardInfo] = []
@@ -871,7 +871,7 @@ def _run_wave(parts, output, vocab, beam_options, config, vocab_size, wave: Wave
 
 @dataclass(frozen=True)
 class Wave:
-    """One wave of a run (`reading.waves`): its number, the run's wave count, and per split
+    """One wave of a run (`reading.input_waves`): its number, the run's wave count, and per split
     the index its shards start at (the shards earlier waves wrote)."""
     index: int = 0
     count: int = 1
@@ -899,10 +899,7 @@ def check_wave_shards(config: ShardsConfig, count: int) -> None:
 
 
 def resolve_wave_mb(config: ShardsConfig, beam_options) -> ShardsConfig:
-    """`wave_mb` unset: `LOCAL_WAVE_MB` on Beam's local runner, else one wave."""
-    if config.wave_mb is not None:
-        return config
-    return replace(config, wave_mb=LOCAL_WAVE_MB if jobs.runs_locally(beam_options) else 0.0)
+    return waves.resolve_wave_mb(config, beam_options, LOCAL_WAVE_MB)
 
 
 _WAVE_DEAD_LETTERS = re.compile(rf"^(beam-temp-)?{re.escape(DEAD_LETTERS.split('/')[-1])}"

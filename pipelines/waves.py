@@ -35,6 +35,9 @@ import apache_beam as beam
 from common import storage
 
 SCRATCH = ".waves"
+LOCAL_SHARD_WAVE_MB = 64.0
+"""Input MB per wave of the extraction jobs on Beam's local runner when `wave_mb` is unset:
+they only hold the shard being written."""
 FLUSH_BYTES = 16 << 20
 """A scatter writes out what it holds once it holds this many bytes of JSON."""
 
@@ -156,3 +159,65 @@ def merge_sorted_files(parts: Iterable[str], target: str) -> int:
     for path in parts:
         os.unlink(path)
     return lines
+
+
+class WriteShards(beam.PTransform):
+    """Records -> `num_shards` sorted Parquet shards (`parquet_io.WriteParquetShards`); in
+    waves (`scratch` set), to their shard's scratch partition instead, each shard then written
+    whole by `write_scattered_shards` after the pipeline: one shard in memory at a time."""
+
+    def __init__(self, output: str, prefix: str, num_shards: int, schema, scratch: str | None):
+        super().__init__()
+        self.output, self.prefix, self.num_shards = output, prefix, num_shards
+        self.schema, self.scratch = schema, scratch
+
+    def expand(self, records):
+        from pipelines import parquet_io
+
+        if self.scratch is None:
+            return records | "Write" >> parquet_io.WriteParquetShards(
+                self.output, self.prefix, self.num_shards, self.schema)
+        return records | "Scatter" >> Scatter(self.scratch, "shards", self.num_shards,
+                                              lambda r: r["doc_id"])
+
+
+def write_scattered_shards(scratch: str, output: str, prefix: str, num_shards: int,
+                           schema) -> None:
+    """Each shard's scratch partition (`WriteShards` in waves) -> its Parquet shard, sorted as
+    one pipeline writes it; the partitions' shard is the doc_id's (`partition_of` is
+    `parquet_io.stable_shard`)."""
+    from tqdm import tqdm
+
+    from pipelines import parquet_io
+
+    for shard in tqdm(range(num_shards), desc=f"write {prefix} shards", unit="shard",
+                      disable=num_shards < 2):
+        records = [r for path in partition_files(scratch, "shards", shard)
+                   for r in read_lines(path)]
+        if records:
+            parquet_io.write_shard(output, prefix, shard, num_shards, records, schema)
+
+
+def shard_plan(input_bytes: int, wave_mb: float, num_shards: int, automatic: int
+               ) -> tuple[int, int]:
+    """(waves, shards) of a job whose shards are its waves: at least a shard per wave; a set
+    `num_shards` below the wave count is refused."""
+    count = wave_count(input_bytes, wave_mb)
+    shards = num_shards or max(automatic, count)
+    if count > 1 and shards < count:
+        raise ValueError(f"--num_shards {shards} is fewer than the {count} waves of --wave_mb "
+                         f"{wave_mb:g} (a shard per wave at least): raise num_shards or "
+                         "wave_mb, or set num_shards=0 (automatic)")
+    return count, shards
+
+
+def resolve_wave_mb(config, options, local_mb: float):
+    """A job config with `wave_mb` resolved: as set, else `local_mb` on Beam's local runner
+    and 0 (one pipeline) on a distributed runner, whose shuffles spill to disk."""
+    import dataclasses
+
+    from pipelines import jobs
+
+    if config.wave_mb is not None:
+        return config
+    return dataclasses.replace(config, wave_mb=local_mb if jobs.runs_locally(options) else 0.0)

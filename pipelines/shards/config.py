@@ -11,8 +11,8 @@ from common.settings import check, check_choices
 from pipelines.shards.instances import InstanceConfig
 
 LOCAL_WAVE_MB = 8.0
-"""Input MB per wave on Beam's local runner when `wave_mb` is unset: a wave of the corpus's
-Parquet at the paper's dupe_factor 10 peaks near 1 GB (benchmarks/bench_local_memory.py)."""
+"""Input MB per wave on Beam's local runner when `wave_mb` is unset (corpus Parquet): a wave
+at the paper's dupe_factor 10 peaks near 1 GB (benchmarks/bench_local_memory.py)."""
 
 
 @dataclass(frozen=True)

@@ -197,7 +197,7 @@ def read_parts(files: list[storage.InputFile], part_bytes: int) -> list[ReadPart
     return out
 
 
-def waves(parts: list[ReadPart], wave_bytes: int) -> list[list[ReadPart]]:
+def input_waves(parts: list[ReadPart], wave_bytes: int) -> list[list[ReadPart]]:
     """`parts` cut, in input order, into consecutive waves of about `wave_bytes` of input each
     (a wave holds at least one part; `wave_bytes` <= 0: one wave).
 

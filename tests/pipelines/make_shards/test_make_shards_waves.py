@@ -29,10 +29,10 @@ def _part(index: int, num_bytes: int) -> reading.ReadPart:
 
 def test_waves_cut_the_parts_in_input_order():
     parts = [_part(i, n) for i, n in enumerate([5, 5, 5, 12, 1, 1])]
-    cut = reading.waves(parts, 10)
+    cut = reading.input_waves(parts, 10)
     assert [[p.file_index for p in w] for w in cut] == [[0, 1], [2], [3], [4, 5]]
-    assert reading.waves(parts, 0) == [parts]
-    assert reading.waves([], 10) == []
+    assert reading.input_waves(parts, 0) == [parts]
+    assert reading.input_waves([], 10) == []
 
 
 def _key(ids, segments, positions, masked_ids, label) -> tuple:
