@@ -22,10 +22,11 @@ Scalable pipeline (every shuffle moves columnar batches, never one object per in
       shards -> write `{split}-{index:06d}.tar` atomically -> manifest.json (last)
 
 Where the pieces live: this file holds the flags (`build_parser`, from `ShardsConfig`), the
-Beam wiring (the DoFns, `CreateInstances`, `WriteShards`, `build_scalable_pipeline`), reference
-mode, the manifest and `run()`. Its options are `pipelines/shards/config.py`'s `ShardsConfig`.
-The data work is pure code in
-- `pipelines/shards/reading.py`: input files -> read parts -> documents as token ids;
+Beam wiring (the DoFns, `CreateInstances`, `WriteShards`, `build_scalable_pipeline`), the waves,
+the manifest and `run()`. Its one config is `pipelines/shards/config.py`'s `ShardsConfig`,
+passed whole. The data work is pure code in
+- `pipelines/shards/reading.py`: input files -> read parts -> waves -> documents as token ids;
+- `pipelines/shards/reference.py`: the reference mode (one process, one random stream);
 - `pipelines/shards/instances.py`: documents -> plans -> instances (the reference's algorithm);
 - `pipelines/shards/batches.py`: the columnar batches that cross the shuffles, pack and shard
   bucket counts, rows per bucket, shard assignment, writing a shard;
@@ -40,6 +41,12 @@ as uint16 ids and instances without per-token segment ids (`batches.WireBatch`),
 values are pickled in the workers (`batches.to_bytes`), and each grouped stage has enough
 similar groups for the runner to deal out evenly (`reading.read_parts`,
 `batches.MIN_BUCKETS`).
+
+Waves (`--wave_mb`; unset: `LOCAL_WAVE_MB` on the local runner, one wave elsewhere): the read
+parts are cut, in input order, into consecutive waves of about that many input MB, each run as
+a pipeline of its own, so a local run's peak memory follows the wave, not the corpus. Random
+nexts are drawn within a wave, as the reference draws within one run's input files; each wave
+writes its own shards (indices run on), a fixed `--num_shards` is shared out among the waves.
 
 Documents held out for validation (`--validation_fraction`, by a hash of doc_id) form their own
 split with their own document index, so no validation text is drawn as a training random next.
@@ -75,7 +82,7 @@ import numpy as np
 
 from common import errors, storage
 from pipelines import jobs, waves
-from pipelines.shards import packing, shard_files
+from pipelines.shards import packing, reference, shard_files
 from pipelines.shards.batches import (
     LengthBatch,
     PlanBatch,
@@ -88,7 +95,6 @@ from pipelines.shards.batches import (
     narrow_ids,
     pack_and_assign,
     pack_bucket_count,
-    split_num_shards,
     to_bytes,
     write_group,
 )
@@ -97,7 +103,6 @@ from pipelines.shards.instances import (
     InstanceConfig,
     InstancePlan,
     Vocab,
-    create_instances_reference,
     fill_random_next,
     finalize_instances,
     plan_document,
@@ -108,7 +113,6 @@ from pipelines.shards.reading import (
     corpus_parquet,
     input_waves,
     is_parquet,
-    open_ends,
     parse_reference_text,
     read_parts,
     select_inputs,
@@ -311,9 +315,9 @@ class PlanDocumentsFn(beam.DoFn):
     Plans are buffered over the bundle and leave as a few columnar batches per key.
     """
 
-    def __init__(self, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
+    def __init__(self, config: ShardsConfig, vocab_path: str,
                  flush_plans: int = 16_384):
-        self.cfg, self.job, self.vocab_path, self.flush_plans = cfg, job, vocab_path, flush_plans
+        self.config, self.vocab_path, self.flush_plans = config, vocab_path, flush_plans
         self.instances = beam.metrics.Metrics.counter("make_shards", "instances")
         self.requests = beam.metrics.Metrics.counter("make_shards", "random_next_requests")
 
@@ -326,16 +330,16 @@ class PlanDocumentsFn(beam.DoFn):
         self.buffered = 0
 
     def process(self, doc: TokenizedDoc, counts):
-        cfg, job = self.cfg, self.job
+        config = self.config
         idx = _Indexes.cached(self, counts)
         doc_index = idx.offsets[(doc.split, doc.file_index, doc.part)] + doc.local_index
         num_docs = idx.num_docs[doc.split]
-        join_buckets = join_bucket_count(idx.num_tokens[doc.split], cfg, job)
+        join_buckets = join_bucket_count(idx.num_tokens[doc.split], config)
         segments = doc.segments()
-        if cfg.next_sentence:
+        if config.next_sentence:
             yield (doc.split, doc_index % join_buckets), to_bytes((doc_index, doc))
-        for pass_index in range(cfg.dupe_factor):
-            for plan in plan_document(segments, doc_index, num_docs, pass_index, cfg):
+        for pass_index in range(config.dupe_factor):
+            for plan in plan_document(segments, doc_index, num_docs, pass_index, config):
                 source = doc_index if plan.random_doc_index is None else plan.random_doc_index
                 self.pending[(doc.split, source % join_buckets)].append(plan)
                 self.buffered += 1
@@ -347,12 +351,12 @@ class PlanDocumentsFn(beam.DoFn):
         yield from self._flush(_windowed, cache and cache[1])
 
     def _flush(self, wrap, idx: _Indexes | None):
-        if not self.cfg.next_sentence:
+        if not self.config.next_sentence:
             for (split, _), plans in self.pending.items():
-                instances = finalize_instances(plans, self.vocab, self.cfg)
+                instances = finalize_instances(plans, self.vocab, self.config)
                 self.instances.inc(len(instances))
-                buckets = pack_bucket_count(idx.num_tokens[split], self.cfg, self.job)
-                yield from instance_outputs(split, instances, plans, buckets, self.cfg, wrap)
+                buckets = pack_bucket_count(idx.num_tokens[split], self.config)
+                yield from instance_outputs(split, instances, plans, buckets, self.config, wrap)
         else:
             for key, plans in self.pending.items():
                 self.requests.inc(sum(p.random_doc_index is not None for p in plans))
@@ -363,10 +367,10 @@ class PlanDocumentsFn(beam.DoFn):
 
 
 def instance_outputs(split: str, instances: list, plans: list[InstancePlan], buckets: int,
-                     cfg: InstanceConfig, wrap=lambda v: v) -> Iterator[beam.pvalue.TaggedOutput]:
+                     config: InstanceConfig, wrap=lambda v: v) -> Iterator[beam.pvalue.TaggedOutput]:
     """Columnar batches of instances per pack bucket ("instances"), and their `LengthBatch`es
     ("lengths"); `wrap` windows the values when emitted from finish_bundle."""
-    for key, part in bucket_instances(split, instances, plans, buckets, cfg):
+    for key, part in bucket_instances(split, instances, plans, buckets, config):
         yield beam.pvalue.TaggedOutput("instances", wrap((key, to_bytes(WireBatch.of(part)))))
         yield beam.pvalue.TaggedOutput("lengths", wrap((key, LengthBatch.of(part))))
 
@@ -378,9 +382,9 @@ class FillRandomNextFn(beam.DoFn):
     Outputs "instances" and "lengths" (`instance_outputs`).
     """
 
-    def __init__(self, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
+    def __init__(self, config: ShardsConfig, vocab_path: str,
                  chunk: int = 16_384):
-        self.cfg, self.job, self.vocab_path, self.chunk = cfg, job, vocab_path, chunk
+        self.config, self.vocab_path, self.chunk = config, vocab_path, chunk
         self.instances = beam.metrics.Metrics.counter("make_shards", "instances")
 
     def setup(self):
@@ -391,8 +395,7 @@ class FillRandomNextFn(beam.DoFn):
         (split, _), grouped = element
         grouped = [from_bytes(v) for v in grouped]
         docs = {v[0]: v[1] for v in grouped if not isinstance(v, PlanBatch)}
-        buckets = pack_bucket_count(_Indexes.cached(self, counts).num_tokens[split], self.cfg,
-                                    self.job)
+        buckets = pack_bucket_count(_Indexes.cached(self, counts).num_tokens[split], self.config)
         segments: dict[int, list] = {}
 
         def segments_of(doc_index: int) -> list[np.ndarray]:
@@ -406,23 +409,23 @@ class FillRandomNextFn(beam.DoFn):
             for plan in batch.plans(segments_of):
                 r = plan.random_doc_index
                 if r is not None:
-                    filled.append(fill_random_next(plan, segments_of(r), self.cfg))
+                    filled.append(fill_random_next(plan, segments_of(r), self.config))
                 else:
                     filled.append(plan)
                 plans.append(plan)
         for start in range(0, len(plans), self.chunk):
-            instances = finalize_instances(filled[start:start + self.chunk], self.vocab, self.cfg)
+            instances = finalize_instances(filled[start:start + self.chunk], self.vocab, self.config)
             self.instances.inc(len(instances))
             yield from instance_outputs(split, instances, plans[start:start + self.chunk],
-                                        buckets, self.cfg)
+                                        buckets, self.config)
 
 
 class WriteShardFn(beam.DoFn):
     """(split, shard index) and its row parts -> the written shard's ShardInfo (JSON)."""
 
-    def __init__(self, output: str, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
+    def __init__(self, output: str, config: ShardsConfig, vocab_path: str,
                  first_index: dict[str, int] | None = None):
-        self.output, self.cfg, self.job, self.vocab_path = output, cfg, job, vocab_path
+        self.output, self.config, self.vocab_path = output, config, vocab_path
         self.first_index = first_index or {}  # per split: the shards earlier waves wrote
         self.written = beam.metrics.Metrics.counter("make_shards", "shards")
         self.rows = beam.metrics.Metrics.counter("make_shards", "rows")
@@ -439,7 +442,7 @@ class WriteShardFn(beam.DoFn):
                          np.concatenate([p.positions for p in parts]))
         group = whole.take_rows(np.argsort(whole.positions, kind="stable"))
         info = write_group(self.output, split, self.first_index.get(split, 0) + index, group,
-                           self.cfg, self.job, self.vocab_tokens)
+                           self.config, self.vocab_tokens)
         self.written.inc()
         self.rows.inc(info.stats.num_rows)
         logger.info("wrote %s: %d rows, %d bytes", info.file, info.stats.num_rows, info.bytes)
@@ -450,9 +453,9 @@ class CreateInstances(beam.PTransform):
     """Tokenized documents -> {"instances": ((split, pack bucket), InstanceBatch),
     "lengths": ((split, pack bucket), LengthBatch)}, random next drawn from all documents."""
 
-    def __init__(self, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str):
+    def __init__(self, config: ShardsConfig, vocab_path: str):
         super().__init__()
-        self.cfg, self.job, self.vocab_path = cfg, job, vocab_path
+        self.config, self.vocab_path = config, vocab_path
 
     def expand(self, docs):
         counts = (docs
@@ -461,14 +464,14 @@ class CreateInstances(beam.PTransform):
                   | "CountPerFile" >> beam.CombinePerKey(_sum_pairs))
         counts_side = beam.pvalue.AsDict(counts)
         planned = docs | "Plan" >> beam.ParDo(
-            PlanDocumentsFn(self.cfg, self.job, self.vocab_path), counts_side).with_outputs(
+            PlanDocumentsFn(self.config, self.vocab_path), counts_side).with_outputs(
                 "instances", "lengths", main="join")
-        if not self.cfg.next_sentence:
+        if not self.config.next_sentence:
             return {"instances": planned.instances, "lengths": planned.lengths}
         filled = (planned.join
                   | "JoinRandomNext" >> beam.GroupByKey()
                   | "FillRandomNext" >> beam.ParDo(
-                      FillRandomNextFn(self.cfg, self.job, self.vocab_path),
+                      FillRandomNextFn(self.config, self.vocab_path),
                       counts_side).with_outputs("instances", "lengths"))
         return {"instances": filled.instances, "lengths": filled.lengths}
 
@@ -485,31 +488,31 @@ class WriteShards(beam.PTransform):
     the runner twice (to their bucket, to their shard), not three times.
     """
 
-    def __init__(self, output: str, cfg: InstanceConfig, job: ShardJobConfig, vocab_path: str,
+    def __init__(self, output: str, config: ShardsConfig, vocab_path: str,
                  vocab_size: int, first_index: dict[str, int] | None = None):
         super().__init__()
-        self.output, self.cfg, self.job = output, cfg, job
+        self.output, self.config = output, config
         self.vocab_path, self.vocab_size, self.first_index = vocab_path, vocab_size, first_index
 
     def expand(self, created):
-        cfg, job, vocab_size = self.cfg, self.job, self.vocab_size
+        config, vocab_size = self.config, self.vocab_size
         stats = beam.pvalue.AsDict(
             created["lengths"]
             | "GroupLengths" >> beam.GroupByKey()
             | "BucketStats" >> beam.MapTuple(
-                lambda key, parts: (key, bucket_totals(parts, cfg, job.pack))))
+                lambda key, parts: (key, bucket_totals(parts, config, config.pack))))
         return (created["instances"]
                 | "GroupByKeyRange" >> beam.GroupByKey()
                 | "PackAndAssign" >> beam.FlatMap(
-                    lambda kv, stats: pack_and_assign(kv[0], kv[1], stats, cfg, job, vocab_size),
+                    lambda kv, stats: pack_and_assign(kv[0], kv[1], stats, config, vocab_size),
                     stats)
                 | "GroupByShard" >> beam.GroupByKey()
-                | "Write" >> beam.ParDo(WriteShardFn(self.output, cfg, job, self.vocab_path,
+                | "Write" >> beam.ParDo(WriteShardFn(self.output, config, self.vocab_path,
                                                      self.first_index)))
 
 
 def build_scalable_pipeline(p, parts: list[ReadPart], output: str, vocab_path: str,
-                            cfg: InstanceConfig, job: ShardJobConfig, vocab_size: int,
+                            config: ShardsConfig, vocab_size: int,
                             wave: Wave | None = None):
     """Wire the scalable job over `parts` (one wave's read parts, `read_parts`) into pipeline
     `p`; returns the PCollection of shard infos (JSON)."""
@@ -522,148 +525,35 @@ def build_scalable_pipeline(p, parts: list[ReadPart], output: str, vocab_path: s
                                      reshuffle=False)
             | "SpreadParts" >> beam.GroupByKey()
             | "ReadDocuments" >> beam.ParDo(ReadDocumentsFn(
-                vocab_path, job.do_lower_case, job.validation_fraction)).with_outputs(
+                vocab_path, config.do_lower_case, config.validation_fraction)).with_outputs(
                     DEAD, main="docs"))
     _ = (read[DEAD] | "DeadLetters" >> beam.io.WriteToText(
         storage.join(output, *wave.dead_letters.split("/")), file_name_suffix=".jsonl",
         num_shards=1, shard_name_template=""))
     return (read.docs
-            | "CreateInstances" >> CreateInstances(cfg, job, vocab_path)
-            | "WriteShards" >> WriteShards(output, cfg, job, vocab_path, vocab_size,
+            | "CreateInstances" >> CreateInstances(config, vocab_path)
+            | "WriteShards" >> WriteShards(output, config, vocab_path, vocab_size,
                                            wave.first_index))
-
-
-# ----------------------------------------------------------------------------------------------
-# Reference mode
-# ----------------------------------------------------------------------------------------------
-
-def read_all_documents(files: list[storage.InputFile], tokenizer, validation_fraction: float
-                       ) -> tuple[dict[str, list[list[np.ndarray]]], list[errors.BadRecord], int]:
-    """Every document of every file, in input order, split by doc_id hash; and bad records.
-
-    Text files are read as the reference reads them: as one stream of lines, so a document
-    that reaches the end of a file without a blank line goes on in the next one. A text
-    document's id is `<path below the input folder>:<i>` (a top-level file: its bare name).
-    """
-    from tqdm import tqdm
-
-    records: list[tuple[str, list[str]]] = []  # (doc_id, sentences), in input order
-    bad: list[errors.BadRecord] = []
-    continues = False  # the last text file ended inside a document
-    for file in tqdm(files, desc="read", unit="file", file=sys.stderr):
-        path = file.path
-        try:
-            with storage.open_read(path, "rb") as f:
-                if is_parquet(path):
-                    file_records = _parquet_records(corpus_parquet(f, path), path, bad)
-                    continues = False
-                else:
-                    data = f.read()
-                    file_docs, file_bad = parse_reference_text(data, path)
-                    bad += file_bad
-                    name = file.name
-                    file_records = [(f"{name}:{i}", d) for i, d in enumerate(file_docs)]
-                    ends = open_ends(data)
-                    if ends and continues and ends[0]:  # its first document is the last one's end
-                        records[-1] = (records[-1][0], records[-1][1] + file_records.pop(0)[1])
-                    continues = ends[1] if ends else continues
-        except Exception as e:  # noqa: BLE001 - any unreadable file is a dead letter
-            bad.append(errors.BadRecord(path, "file", f"{type(e).__name__}: {e}"))
-            continues = False
-            continue
-        records += file_records
-    docs: dict[str, list] = {"train": [], "validation": []}
-    empty = 0
-    for start in range(0, len(records), 512):  # batched WordPiece, bounded memory
-        chunk = records[start:start + 512]
-        for (doc_id, _), (tokens, lengths) in zip(
-                chunk, tokenize_documents(tokenizer, [s for _, s in chunk])):
-            if len(lengths) == 0:
-                empty += 1
-                continue
-            docs[split_of(doc_id, validation_fraction)].append(
-                np.split(tokens, np.cumsum(lengths)[:-1]))
-    return docs, bad, empty
-
-
-def _parquet_records(parquet, path: str, bad: list[errors.BadRecord]) -> list[tuple[str, list[str]]]:
-    """(doc_id, sentences) of every row of a corpus Parquet file; a null row goes to `bad`."""
-    table = parquet.read(columns=["doc_id", "sentences"])
-    records = []
-    for row, (doc_id, sents) in enumerate(zip(table.column(0).to_pylist(),
-                                              table.column(1).to_pylist())):
-        if doc_id is None or sents is None:
-            bad.append(errors.BadRecord(path, f"row {row}", "null doc_id or sentences"))
-        else:
-            records.append((doc_id, sents))
-    return records
-
-
-def run_reference(files: list[storage.InputFile], output: str, vocab_path: str, cfg: InstanceConfig,
-                  job: ShardJobConfig) -> tuple[list[shard_files.ShardInfo], dict]:
-    """One process, one random stream: `create_instances_reference`, then the same writers."""
-    from tqdm import tqdm
-
-    from common.tokenization import load_tokenizer, read_vocab
-
-    vocab_tokens = read_vocab(vocab_path)
-    vocab = Vocab.from_tokens(vocab_tokens)
-    tokenizer = load_tokenizer(vocab_path, job.do_lower_case, split_special_tokens=True)
-    docs, bad, empty = read_all_documents(files, tokenizer, job.validation_fraction)
-    _write_dead_letters(output, bad)
-    infos = []
-    counters = {"documents": sum(len(d) for d in docs.values()), "empty_documents": empty,
-                "bad_records": len(bad), "instances": 0,
-                **{f"documents_{split}": len(docs[split]) for split in shard_files.SPLITS}}
-    for split in shard_files.SPLITS:
-        if not docs[split]:
-            continue
-        logger.info("%s: creating instances from %d documents (one random stream)", split,
-                    len(docs[split]))
-        instances = create_instances_reference(docs[split], vocab, cfg)
-        counters["instances"] += len(instances)
-        n = len(instances)
-        batch = packing.InstanceBatch.from_instances(
-            instances, np.arange(n, dtype=np.uint64), np.zeros(n), np.zeros(n), np.arange(n))
-        if job.pack:
-            order, sizes = packing.rows_order(packing.pack_lengths(batch.lengths,
-                                                                   cfg.max_seq_length))
-            group = RowGroup(batch.take(order), sizes)
-        else:
-            group = RowGroup(batch, np.ones(n, np.int64))
-        # The reference order is already shuffled (its final rng.shuffle); like the reference
-        # writer, deal it round robin over the output files.
-        num_shards = split_num_shards([group.stats()], job, len(vocab_tokens))
-        shard, _ = shard_files.assign_round_robin(np.arange(len(group.row_sizes)), num_shards)
-        for s in tqdm(range(num_shards), desc=f"write {split}", unit="shard", file=sys.stderr):
-            infos.append(write_group(output, split, s, group.take_rows(np.flatnonzero(shard == s)),
-                                     cfg, job, vocab_tokens))
-    return infos, counters
-
-
-def _write_dead_letters(output: str, bad: list[errors.BadRecord]) -> None:
-    path = storage.join(output, *f"{DEAD_LETTERS}.jsonl".split("/"))
-    storage.atomic_write_text(path, "".join(b.to_json() + "\n" for b in bad))
 
 
 # ----------------------------------------------------------------------------------------------
 # Manifest and run()
 # ----------------------------------------------------------------------------------------------
 
-def output_options(options: dict, job: ShardJobConfig) -> dict:
+def output_options(options: dict, config: ShardsConfig) -> dict:
     """The options the output depends on: the manifest's `config_hash` covers these only.
 
     Work-unit and join group sizes move no instance, and neither does the pack bucket size
     when rows are not packed (rows are in shuffle-key order either way), so tuning them for
     speed keeps the hash of the same shards.
     """
-    neutral = {"join_buckets", "read_part_kb"} | ({"instances_per_pack_bucket"} if not job.pack
+    neutral = {"join_buckets", "read_part_kb"} | ({"instances_per_pack_bucket"} if not config.pack
                                                    else set())
     return {**options, "job": {k: v for k, v in options["job"].items() if k not in neutral}}
 
 
 def build_manifest(infos: list[shard_files.ShardInfo], options: dict, vocab_path: str,
-                   vocab_size: int, cfg: InstanceConfig, job: ShardJobConfig,
+                   vocab_size: int, config: ShardsConfig,
                    counters: dict) -> dict:
     from common.tokenization import is_vocab_folder
 
@@ -682,23 +572,23 @@ def build_manifest(infos: list[shard_files.ShardInfo], options: dict, vocab_path
         splits[split] = {"num_shards": len(mine), "num_rows": s.num_rows,
                          "num_instances": s.num_instances, "num_tokens": s.num_tokens,
                          "min_rows_per_shard": min(per), "max_rows_per_shard": max(per)}
-    L = cfg.max_seq_length
+    L = config.max_seq_length
     edges = [round(b * (L + 1) / shard_files.HISTOGRAM_BINS) for b in range(shard_files.HISTOGRAM_BINS + 1)]
     vocab_file = (storage.join(vocab_path.rstrip("/"), "vocab.txt") if is_vocab_folder(vocab_path)
                   else vocab_path)
     return {
         "stage": "make_shards",
         "options": options,
-        "config_hash": storage.config_hash(output_options(options, job)),
+        "config_hash": storage.config_hash(output_options(options, config)),
         "vocab": {"path": vocab_file, "sha256": storage.sha256_file(vocab_file),
                   "vocab_size": vocab_size},
         "vocab_size": vocab_size,
         "max_seq_length": L,
-        "max_predictions_per_seq": cfg.max_predictions_per_seq,
-        "packed": job.pack,
-        "nsp": cfg.next_sentence,
-        "format": job.format,
-        "mode": job.mode,
+        "max_predictions_per_seq": config.max_predictions_per_seq,
+        "packed": config.pack,
+        "nsp": config.next_sentence,
+        "format": config.format,
+        "mode": config.mode,
         "next_sentence_label": "1 = B is a random segment, 0 = B is the actual next, -1 = no NSP",
         "shards": [i.manifest_entry() for i in infos],
         "splits": splits,
@@ -757,7 +647,6 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
     config = replace(config, do_lower_case=resolve_do_lower_case(config.do_lower_case, vocab))
     if config.mode != "reference":
         config = resolve_wave_mb(config, beam_options)
-    cfg = job = config
     from common.tokenization import read_vocab
     vocab_size = len(read_vocab(vocab))
     files = input_files(input)
@@ -766,12 +655,12 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
                "job": _fields_of(ShardJobConfig, config)}
     logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), output,
                 "\n".join(f"  {k}: {v}" for k, v in asdict(config).items()))
-    if job.mode != "reference":
+    if config.mode != "reference":
         jobs.warn_if_too_large_for_local_runner(
             logger, "make_shards", sum(f.size_bytes for f in files), beam_options,
-            scale=cfg.dupe_factor / jobs.MEASURED_DUPE_FACTOR)
+            scale=config.dupe_factor / jobs.MEASURED_DUPE_FACTOR)
     if jobs.is_dry_run(beam_options):  # the Beam graph only; an earlier output stays as it is
-        if job.mode == "reference":
+        if config.mode == "reference":
             raise ValueError("--dry_run builds the Beam job graph: it needs --mode=scalable "
                              "(the reference mode runs no pipeline)")
         with beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p:
@@ -784,8 +673,8 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
     _remove_wave_dead_letters(output)
     start = time.perf_counter()
     with jobs.disk_full_reported(output):
-        if job.mode == "reference":
-            infos, counters = run_reference(files, output, vocab, cfg, job)
+        if config.mode == "reference":
+            infos, counters = reference.run_reference(files, output, vocab, config)
         else:
             infos, counters = _run_scalable(files, output, vocab, beam_options, config,
                                             vocab_size)
@@ -793,7 +682,7 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
     if stale:
         logger.info("removed %d shard(s) left from an earlier run", len(stale))
     counters["seconds"] = round(time.perf_counter() - start, 3)
-    manifest = build_manifest(infos, options, vocab, vocab_size, cfg, job, counters)
+    manifest = build_manifest(infos, options, vocab, vocab_size, config, counters)
     dead_letters = storage.join(output, errors.DEAD_LETTER_DIR, "make_shards.jsonl")
     num_bad = counters.get("bad_records", 0)
     if manifest["totals"]["num_instances"] == 0:
@@ -819,7 +708,7 @@ def _scalable_graph(p, parts: list[ReadPart], output: str, vocab: str, config: S
                     vocab_size: int, wave: Wave | None = None) -> None:
     """The scalable mode's pipeline: shards, and their infos saved to one side file."""
     infos_path = storage.join(output, _SHARD_INFOS)
-    infos = build_scalable_pipeline(p, parts, output, vocab, config, config, vocab_size, wave)
+    infos = build_scalable_pipeline(p, parts, output, vocab, config, vocab_size, wave)
     _ = (infos | "CollectInfos" >> beam.combiners.ToList()
          | "SaveInfos" >> beam.Map(lambda lines: storage.atomic_write_text(
              infos_path, "".join(line + "\n" for line in sorted(lines)))))

@@ -20,7 +20,7 @@ import numpy as np
 
 from common.errors import DiskFullError
 from pipelines.shards import packing, shard_files
-from pipelines.shards.config import ShardJobConfig
+from pipelines.shards.config import ShardsConfig
 from pipelines.shards.instances import InstanceConfig, InstancePlan
 
 
@@ -113,28 +113,28 @@ INSTANCES_PER_JOIN_BUCKET = 8_192
 """Automatic join groups: about this many instances' plans each."""
 
 
-def _estimated_instances(num_tokens: int, cfg: InstanceConfig) -> float:
-    return num_tokens * cfg.dupe_factor / max(1, cfg.max_num_tokens // 2)
+def _estimated_instances(num_tokens: int, config: InstanceConfig) -> float:
+    return num_tokens * config.dupe_factor / max(1, config.max_num_tokens // 2)
 
 
-def join_bucket_count(num_tokens: int, cfg: InstanceConfig, job: ShardJobConfig) -> int:
+def join_bucket_count(num_tokens: int, config: ShardsConfig) -> int:
     """Groups of the random-next join (--join_buckets, or from the split's token count).
 
     Grouping does not change any instance, so the output does not depend on it.
     """
-    if job.join_buckets:
-        return job.join_buckets
-    return max(MIN_BUCKETS, math.ceil(_estimated_instances(num_tokens, cfg)
+    if config.join_buckets:
+        return config.join_buckets
+    return max(MIN_BUCKETS, math.ceil(_estimated_instances(num_tokens, config)
                                       / INSTANCES_PER_JOIN_BUCKET))
 
 
-def pack_bucket_count(num_tokens: int, cfg: InstanceConfig, job: ShardJobConfig) -> int:
+def pack_bucket_count(num_tokens: int, config: ShardsConfig) -> int:
     """Groups of instances packed and sorted together, from the split's token count.
 
     Depends on the corpus alone (not on workers), so the output does not either.
     """
-    return max(MIN_BUCKETS, math.ceil(_estimated_instances(num_tokens, cfg)
-                                      / job.instances_per_pack_bucket))
+    return max(MIN_BUCKETS, math.ceil(_estimated_instances(num_tokens, config)
+                                      / config.instances_per_pack_bucket))
 
 
 def key_bucket(keys: np.ndarray, num_buckets: int) -> np.ndarray:
@@ -215,7 +215,7 @@ class ShardPart:
     """(R,) position of each row within its shard."""
 
 
-def bucket_totals(parts: Iterable[LengthBatch], cfg: InstanceConfig, pack: bool
+def bucket_totals(parts: Iterable[LengthBatch], config: InstanceConfig, pack: bool
                  ) -> tuple[int, int, int, int]:
     """(rows, instances, tokens, masked) of one pack bucket, as `bucket_rows` will lay it out."""
     parts = list(parts)
@@ -227,18 +227,18 @@ def bucket_totals(parts: Iterable[LengthBatch], cfg: InstanceConfig, pack: bool
     if not pack:
         return len(lengths), len(lengths), int(lengths.sum()), masked
     order = np.lexsort((cat("instance_index"), cat("pass_index"), cat("doc_index"), cat("keys")))
-    rows = len(packing.pack_lengths(lengths[order], cfg.max_seq_length))
+    rows = len(packing.pack_lengths(lengths[order], config.max_seq_length))
     return rows, len(lengths), int(lengths.sum()), masked
 
 
 def bucket_instances(split: str, instances: list, plans: list[InstancePlan], buckets: int,
-                     cfg: InstanceConfig) -> Iterator[tuple[tuple[str, int], packing.InstanceBatch]]:
+                     config: InstanceConfig) -> Iterator[tuple[tuple[str, int], packing.InstanceBatch]]:
     """Columnar batches of instances, one per shuffle-key range (pack bucket)."""
     doc = [p.doc_index for p in plans]
     pas = [p.pass_index for p in plans]
     ins = [p.instance_index for p in plans]
     batch = packing.InstanceBatch.from_instances(
-        instances, packing.shuffle_keys(cfg.random_seed, doc, pas, ins), doc, pas, ins)
+        instances, packing.shuffle_keys(config.random_seed, doc, pas, ins), doc, pas, ins)
     bucket = key_bucket(batch.keys, buckets)
     for b in np.unique(bucket).tolist():
         yield (split, b), batch.take(np.flatnonzero(bucket == b))
@@ -278,39 +278,39 @@ class RowGroup:
 
 
 def pack_and_assign(key: tuple[str, int], parts: Iterable[WireBatch],
-                    bucket_stats: dict, cfg: InstanceConfig, job: ShardJobConfig,
+                    bucket_stats: dict, config: ShardsConfig,
                     vocab_size: int) -> Iterator[tuple[tuple[str, int], ShardPart]]:
     """A pack bucket's instances -> its rows -> (split, shard) parts (`assign_to_shards`)."""
     split, bucket = key
-    group = bucket_rows(packing.InstanceBatch.concat([from_bytes(p).unpack() for p in parts]), cfg,
-                      job.pack)
+    group = bucket_rows(packing.InstanceBatch.concat([from_bytes(p).unpack() for p in parts]),
+                        config, config.pack)
     if group.stats() != tuple(bucket_stats[key]):
         # The global ranks come from `bucket_totals` on the LengthBatches: a mismatch would
         # misplace rows silently, so it stops the job.
         raise RuntimeError(f"pack bucket {key}: rows {group.stats()} differ from the "
                            f"counted {tuple(bucket_stats[key])}")
-    for shard_key, part in assign_to_shards(split, bucket, group, bucket_stats, cfg, job,
+    for shard_key, part in assign_to_shards(split, bucket, group, bucket_stats, config,
                                             vocab_size):
         yield shard_key, to_bytes(ShardPart(WireBatch.of(part.batch), part.row_sizes,
                                             part.positions))
 
 
-def bucket_rows(batch: packing.InstanceBatch, cfg: InstanceConfig, pack: bool) -> RowGroup:
+def bucket_rows(batch: packing.InstanceBatch, config: InstanceConfig, pack: bool) -> RowGroup:
     """Shuffle a bucket by key, then lay instances out as rows (packed or one per row)."""
     batch = batch.shuffled()
     if not pack:
         return RowGroup(batch, np.ones(len(batch), np.int64))
-    order, sizes = packing.rows_order(packing.pack_lengths(batch.lengths, cfg.max_seq_length))
+    order, sizes = packing.rows_order(packing.pack_lengths(batch.lengths, config.max_seq_length))
     return RowGroup(batch.take(order), sizes)
 
 
 def assign_to_shards(split: str, bucket: int, group: RowGroup, bucket_stats: dict,
-                     cfg: InstanceConfig, job: ShardJobConfig, vocab_size: int
+                     config: ShardsConfig, vocab_size: int
                      ) -> Iterator[tuple[tuple[str, int], RowGroup]]:
     """Rows of one bucket -> (split, shard) parts, by global rank round robin."""
     mine = {b: s for (sp, b), s in bucket_stats.items() if sp == split}
     offset = sum(mine[b][0] for b in mine if b < bucket)
-    num_shards = split_num_shards(mine.values(), job, vocab_size)
+    num_shards = split_num_shards(mine.values(), config, vocab_size)
     shard, position = shard_files.assign_round_robin(offset + np.arange(len(group.row_sizes)),
                                                 num_shards)
     for s in np.unique(shard).tolist():
@@ -319,27 +319,28 @@ def assign_to_shards(split: str, bucket: int, group: RowGroup, bucket_stats: dic
         yield (split, s), RowGroup(part.batch, part.row_sizes, position[rows])
 
 
-def split_num_shards(bucket_stats: Iterable[tuple[int, int, int, int]], job: ShardJobConfig,
+def split_num_shards(bucket_stats: Iterable[tuple[int, int, int, int]], config: ShardsConfig,
                      vocab_size: int) -> int:
     """Shards of a split from its (rows, instances, tokens, masked) per pack bucket."""
     totals = [sum(column) for column in zip(*bucket_stats)] or [0, 0, 0, 0]
     rows, instances, tokens, masked = totals
     est = shard_files.estimated_bytes(rows, instances, tokens, masked, vocab_size)
-    return shard_files.choose_num_shards(rows, est, int(job.target_shard_mb * 2 ** 20), job.num_shards)
+    return shard_files.choose_num_shards(rows, est, int(config.target_shard_mb * 2 ** 20),
+                                         config.num_shards)
 
 
-def write_group(output: str, split: str, index: int, group: RowGroup, cfg: InstanceConfig,
-                job: ShardJobConfig, vocab_tokens: list[str]) -> shard_files.ShardInfo:
-    stats = group.shard_stats(cfg.max_seq_length)
-    if job.format == "jsonl":
+def write_group(output: str, split: str, index: int, group: RowGroup, config: ShardsConfig,
+                vocab_tokens: list[str]) -> shard_files.ShardInfo:
+    stats = group.shard_stats(config.max_seq_length)
+    if config.format == "jsonl":
         return shard_files.write_jsonl_shard(output, split, index,
                                         packing.to_rows(group.batch, group.row_sizes),
-                                        vocab_tokens, cfg.max_seq_length, stats)
-    blocks = packing.encode_blocks(group.batch, group.row_sizes, job.rows_per_block,
+                                        vocab_tokens, config.max_seq_length, stats)
+    blocks = packing.encode_blocks(group.batch, group.row_sizes, config.rows_per_block,
                                    len(vocab_tokens))
     try:
         return shard_files.write_tar(output, split, index, blocks, stats)
     except DiskFullError as e:  # say how much the shard needs (its blocks encoded once more)
         sizes = [len(b) for b in packing.encode_blocks(group.batch, group.row_sizes,
-                                                       job.rows_per_block, len(vocab_tokens))]
+                                                       config.rows_per_block, len(vocab_tokens))]
         raise DiskFullError(e.path, shard_files.tar_bytes(sizes)) from None

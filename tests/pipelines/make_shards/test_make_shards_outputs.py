@@ -93,7 +93,7 @@ def test_two_workers_and_rerun_give_identical_shards(one_worker, corpus, minilm_
     config = jobs.config_from_args(make_shards.build_parser().parse_args([
         "--input", "x", "--output", "y", "--vocab", "v", "--dupe_factor", "2",
         "--instances_per_pack_bucket", "300"]), shards_config.ShardsConfig())
-    assert shard_batches.pack_bucket_count(manifest["counters"]["tokens"], config, config) >= 3
+    assert shard_batches.pack_bucket_count(manifest["counters"]["tokens"], config) >= 3
     # Unpacked rows are in shuffle-key order whatever the grouping: other join and pack
     # bucket counts give the same bytes.
     regrouped = _run(corpus["text"], tmp_path / "regrouped", minilm_dir, "--join_buckets", "1",
