@@ -84,11 +84,12 @@ class BuildCorpusConfig:
     """The mixture: each source's weight and licence, by name (a JSON list of sources, as
     extract_documents takes them); a source not listed has weight 1."""
     wave_mb: float | None = None
-    """Input MB per wave: above it, the job runs as waves of bounded pipelines (documents
-    scattered by content, then by doc_id, to scratch files; pipelines/waves.py), so a local
-    run's memory follows the wave, not the corpus; one corpus shard per id wave. The output is
-    that of one pipeline with as many shards. 0 = one pipeline. Unset: `LOCAL_WAVE_MB` on
-    Beam's local runner, 0 on a distributed runner (Dataflow, Flink, Spark)."""
+    """Input MB per wave (Parquet counted uncompressed): above it, the job runs as waves of
+    bounded pipelines (documents scattered by content, then by doc_id, to scratch files;
+    pipelines/waves.py), so a local run's memory follows the wave, not the corpus; one corpus
+    shard per id wave. The output is that of one pipeline with as many shards. 0 = one
+    pipeline. Unset: `LOCAL_WAVE_MB` on Beam's local runner, 0 on a distributed runner
+    (Dataflow, Flink, Spark)."""
 
     def __post_init__(self):
         check(self.num_shards >= 0, "num_shards",
@@ -354,8 +355,9 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
     files = [f.path for f in listed]
     sizes = {f.path: f.size_bytes for f in listed}  # from the listing: no lookup per file
     total = sum(sizes.values())
-    num_waves, num_shards = waves.shard_plan(total, config.wave_mb, config.num_shards,
-                                             parquet_io.auto_num_shards(total))
+    num_waves, num_shards = waves.shard_plan(
+        sum(f.size_bytes for f in parquet_io.with_uncompressed_sizes(listed)) if config.wave_mb
+        else total, config.wave_mb, config.num_shards, parquet_io.auto_num_shards(total))
     text_column = "sentences" if config.text_output else None
     log.info("build_corpus: %d input files, %d shard(s), %d wave(s)", len(files), num_shards,
              num_waves)

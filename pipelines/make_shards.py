@@ -43,7 +43,8 @@ similar groups for the runner to deal out evenly (`reading.read_parts`,
 `batches.MIN_BUCKETS`).
 
 Waves (`--wave_mb`; unset: `LOCAL_WAVE_MB` on the local runner, one wave elsewhere): the read
-parts are cut, in input order, into consecutive waves of about that many input MB, each run as
+parts are cut, in input order, into consecutive waves of about that many input MB (a Parquet
+file counted uncompressed, `parquet_io.uncompressed_bytes`), each run as
 a pipeline of its own, so a local run's peak memory follows the wave, not the corpus. Random
 nexts are drawn within a wave, as the reference draws within one run's input files; each wave
 writes its own shards (indices run on), a fixed `--num_shards` is shared out among the waves.
@@ -81,7 +82,7 @@ import apache_beam as beam
 import numpy as np
 
 from common import errors, storage
-from pipelines import jobs, waves
+from pipelines import jobs, parquet_io, waves
 from pipelines.shards import packing, reference, shard_files
 from pipelines.shards.batches import (
     LengthBatch,
@@ -719,8 +720,9 @@ def _run_scalable(files, output, vocab, beam_options, config: ShardsConfig, voca
     counters."""
     from tqdm import tqdm
 
-    planned = input_waves(read_parts(files, config.read_part_kb * 1024),
-                    int((config.wave_mb or 0) * 2 ** 20))
+    planned = input_waves(read_parts(parquet_io.with_uncompressed_sizes(files),
+                                     config.read_part_kb * 1024),
+                          int((config.wave_mb or 0) * 2 ** 20))
     check_wave_shards(config, len(planned))
     infos: list[shard_files.ShardInfo] = []
     counters: dict[str, int] = defaultdict(int)

@@ -250,6 +250,30 @@ def count_rows(path: str) -> int:
         return pq.ParquetFile(f).metadata.num_rows
 
 
+def uncompressed_bytes(path: str) -> int:
+    """A Parquet file's data size before compression, from its footer (one read): what its
+    rows take once read, where the file's own size can be several times smaller."""
+    import pyarrow.parquet as pq
+    with storage.open_read(path, "rb") as f:
+        meta = pq.ParquetFile(f).metadata
+        return sum(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+
+
+def with_uncompressed_sizes(files: list[storage.InputFile]) -> list[storage.InputFile]:
+    """`files` with each Parquet file's size as `uncompressed_bytes` (waves are planned by
+    what the rows take, not by how well they compressed); an unreadable file keeps its size
+    (its reader reports it)."""
+    out = []
+    for f in files:
+        if f.path.endswith(".parquet"):
+            try:
+                f = dataclasses.replace(f, size_bytes=uncompressed_bytes(f.path))
+            except (OSError, ValueError, pa.ArrowException):
+                pass
+        out.append(f)
+    return out
+
+
 def parquet_rows(path: str, columns: list[str] | None = None) -> Iterable[dict]:
     """Rows of one Parquet file as dicts, one row group at a time (memory: one row group)."""
     import pyarrow.parquet as pq

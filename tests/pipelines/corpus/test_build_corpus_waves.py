@@ -48,8 +48,8 @@ def test_waves_give_the_bytes_of_one_pipeline(inputs, tmp_path):
     one = build_corpus.main(["--input", inputs, "--output", str(tmp_path / "one"),
                              "--text_output", "--num_shards", "5", "--wave_mb", "0"])
     many = build_corpus.main(["--input", inputs, "--output", str(tmp_path / "many"),
-                              "--text_output", "--num_shards", "5", "--wave_mb", "0.1"])
-    assert (one["waves"], many["waves"]) == (1, 4)
+                              "--text_output", "--num_shards", "5", "--wave_mb", "0.2"])
+    assert (one["waves"], many["waves"]) == (1, 5)
     assert _outputs(tmp_path / "many") == _outputs(tmp_path / "one")
     assert many["counts"] == one["counts"]
     assert (one["counts"]["duplicates_removed"], one["counts"]["doc_id_conflicts"],
@@ -65,23 +65,23 @@ def test_waves_give_the_bytes_of_one_pipeline(inputs, tmp_path):
 
 def test_waves_on_two_workers_and_a_killed_runs_scratch(inputs, tmp_path):
     first = build_corpus.main(["--input", inputs, "--output", str(tmp_path / "a"),
-                               "--wave_mb", "0.1"])
+                               "--wave_mb", "0.2"])
     stale = tmp_path / "b" / waves.SCRATCH / "ids" / "p00000" / "left.jsonl"
     stale.parent.mkdir(parents=True)
     stale.write_text(json.dumps(_doc("books/ghost", ["A ghost."], "ghost.txt")) + "\n")
     second = build_corpus.main(["--input", inputs, "--output", str(tmp_path / "b"),
-                                "--wave_mb", "0.1", "--direct_num_workers=2",
+                                "--wave_mb", "0.2", "--direct_num_workers=2",
                                 "--direct_running_mode=multi_processing"])
-    assert first["num_shards"] == first["waves"] == 4  # automatic: a shard per wave
+    assert first["num_shards"] == first["waves"] == 5  # automatic: a shard per wave
     assert _outputs(tmp_path / "b") == _outputs(tmp_path / "a")
     assert second["counts"] == first["counts"]
 
 
 def test_fewer_shards_than_waves_is_refused(inputs, tmp_path):
-    with pytest.raises(ValueError, match=r"--num_shards 2 is fewer than the 4 waves of "
-                                         r"--wave_mb 0.1"):
+    with pytest.raises(ValueError, match=r"--num_shards 2 is fewer than the 5 waves of "
+                                         r"--wave_mb 0.2"):
         build_corpus.main(["--input", inputs, "--output", str(tmp_path / "x"),
-                           "--num_shards", "2", "--wave_mb", "0.1"])
+                           "--num_shards", "2", "--wave_mb", "0.2"])
 
 
 def test_unset_wave_size_follows_the_runner():
