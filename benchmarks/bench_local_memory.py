@@ -3,7 +3,7 @@ throughput on Beam's local runner as its input grows, in waves (the default) and
 throughput baseline, as one pipeline (`--wave_mb 0`).
 
     nice -n 5 .venv/bin/python benchmarks/bench_local_memory.py \\
-        [--scales 4,16,64] [--seq 128,512] [--dupe_factor 10] [--baseline_scale 4] [--out DIR]
+        [--scales 4,16,64] [--seq 128,512] [--dupe_factor 10] [--baseline_scale 16] [--out DIR]
 
 Input: the shared Wikipedia minidump (shared/data/wiki), extracted once; its documents are then
 replicated (1x = `COPIES_PER_1X` copies) (each copy's doc ids and first passage differ, so build_corpus's duplicate removal
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scales", default="4,16,64")
     parser.add_argument("--seq", default="128,512", help="make_shards sequence lengths")
     parser.add_argument("--dupe_factor", type=int, default=10)
-    parser.add_argument("--baseline_scale", type=int, default=4,
+    parser.add_argument("--baseline_scale", type=int, default=16,
                         help="scale at which one pipeline and 2 workers also run")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "local_memory"))
     args = parser.parse_args(argv)

@@ -55,9 +55,9 @@ from pipelines.documents.source import SourceConfig
 NAMESPACE = "build_corpus"
 PREFIX = "corpus"
 DUPLICATES_FILE = "duplicates/duplicates-00000-of-00001.jsonl"
-LOCAL_WAVE_MB = 8.0
+LOCAL_WAVE_MB = 16.0
 """Input MB per wave on Beam's local runner when `wave_mb` is unset (documents Parquet): a
-wave's pipeline peaks under 0.5 GB per worker (benchmarks/bench_local_memory.py)."""
+wave's pipeline peaks near 0.5 GB with one worker (benchmarks/bench_local_memory.py)."""
 COUNTERS = ("input_files", "documents_read", "duplicates_removed", "doc_id_conflicts",
             "documents_without_sentences", "bad_records", "documents", "passages", "sentences")
 LEDGER_NAMESPACE = "build_corpus.sources"
@@ -452,6 +452,7 @@ def _run_waves(config: BuildCorpusConfig, files: list[str], num_waves: int, num_
             _ = deduped["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
                 os.path.join(lines, f"duplicates-{wave:05d}.jsonl"))
         ran.append(pipeline)
+        waves.release_memory()
     for shard in tqdm(range(num_shards), desc="build_corpus id waves", unit="wave"):
         with _pipeline(options) as pipeline:
             finished = (pipeline | "Read" >> waves.ReadScratch(scratch, "ids", shard)
@@ -461,6 +462,7 @@ def _run_waves(config: BuildCorpusConfig, files: list[str], num_waves: int, num_
             _ = finished["dead_letter"] | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
                 os.path.join(lines, f"dead_letter-{shard:05d}.jsonl"))
         ran.append(pipeline)
+        waves.release_memory()
     names = sorted(os.listdir(lines)) if os.path.isdir(lines) else []
     for prefix, target in (("dead_letter-", parquet_io.dead_letter_path(config.output)),
                            ("duplicates-", duplicates_path(config.output))):

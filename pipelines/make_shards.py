@@ -657,9 +657,10 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
     logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), output,
                 "\n".join(f"  {k}: {v}" for k, v in asdict(config).items()))
     if config.mode != "reference":
-        jobs.warn_if_too_large_for_local_runner(
-            logger, "make_shards", sum(f.size_bytes for f in files), beam_options,
-            scale=config.dupe_factor / jobs.MEASURED_DUPE_FACTOR)
+        total = sum(f.size_bytes for f in files)
+        jobs.warn_if_too_large_for_local_runner(  # a wave at a time is in memory
+            logger, "make_shards", min(total, int(config.wave_mb * 2 ** 20)) if config.wave_mb
+            else total, beam_options, scale=config.dupe_factor / jobs.MEASURED_DUPE_FACTOR)
     if jobs.is_dry_run(beam_options):  # the Beam graph only; an earlier output stays as it is
         if config.mode == "reference":
             raise ValueError("--dry_run builds the Beam job graph: it needs --mode=scalable "
@@ -733,6 +734,7 @@ def _run_scalable(files, output, vocab, beam_options, config: ShardsConfig, voca
         wave_config = replace(config, num_shards=wave_num_shards(config.num_shards, wave))
         wave_infos, wave_counters = _run_wave(parts, output, vocab, beam_options, wave_config,
                                               vocab_size, wave)
+        waves.release_memory()
         infos += wave_infos
         for name, value in wave_counters.items():
             counters[name] += value

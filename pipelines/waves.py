@@ -221,3 +221,20 @@ def resolve_wave_mb(config, options, local_mb: float):
     if config.wave_mb is not None:
         return config
     return dataclasses.replace(config, wave_mb=local_mb if jobs.runs_locally(options) else 0.0)
+
+
+def release_memory() -> None:
+    """Between waves: hand what the last wave freed back to the system (Python's collector,
+    Arrow's pool, glibc's heap), so the next wave starts from the same footprint rather than
+    from the last one's high-water mark."""
+    import ctypes
+    import gc
+
+    import pyarrow as pa
+
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass

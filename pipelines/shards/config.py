@@ -10,9 +10,10 @@ from typing import Literal
 from common.settings import check, check_choices
 from pipelines.shards.instances import InstanceConfig
 
-LOCAL_WAVE_MB = 8.0
-"""Input MB per wave on Beam's local runner when `wave_mb` is unset (corpus Parquet): a wave
-at the paper's dupe_factor 10 peaks near 1 GB (benchmarks/bench_local_memory.py)."""
+LOCAL_WAVE_MB = 2.0
+"""Input MB per wave on Beam's local runner when `wave_mb` is unset (corpus Parquet,
+uncompressed): at the paper's dupe_factor 10 the local runner holds ~300 bytes per such byte,
+so a wave peaks under 1 GB with one worker (benchmarks/bench_local_memory.py)."""
 
 
 @dataclass(frozen=True)
