@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipelines import (
+    audit_contamination,
     build_corpus,
+    decontaminate,
     extract_books,
     extract_documents,
     extract_wikipedia,
@@ -93,3 +95,17 @@ def test_make_shards_graph_builds(corpus, minilm_dir, tmp_path):
     with pytest.raises(ValueError, match="--dry_run .* needs --mode=scalable"):
         make_shards.main(["--input", str(corpus["corpus"]), "--vocab", str(minilm_dir),
                          "--output", str(tmp_path / "out"), "--mode=reference", *DATAFLOW])
+
+
+def test_audit_contamination_and_decontaminate_graphs_build(corpus, tmp_path):
+    audit = ["--eval_data", str(REPO / "data" / "sample"), "--tasks", "rte"]
+    summary = audit_contamination.main(["--input", str(corpus["corpus"]),
+                                        "--output", str(tmp_path / "out"), *audit, *DATAFLOW])
+    _check(summary, "audit_contamination", {"Read", "Audit", "WriteOverlaps", "WritePassages"},
+           tmp_path / "out")
+    audit_contamination.main(["--input", str(corpus["corpus"]),
+                              "--output", str(tmp_path / "audit"), *audit])  # a real audit
+    summary = decontaminate.main(["--input", str(corpus["corpus"]), "--audit",
+                                  str(tmp_path / "audit"), "--output", str(tmp_path / "clean"),
+                                  *DATAFLOW])
+    _check(summary, "decontaminate", {"Read", "Remove", "WriteCorpus"}, tmp_path / "clean")
