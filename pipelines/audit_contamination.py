@@ -48,7 +48,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam import pvalue
 
-from common import errors, storage
+from common import storage
 from common.settings import check
 from pipelines import jobs, parquet_io
 from pipelines.build_corpus import select_inputs
@@ -87,32 +87,6 @@ class AuditConfig:
     def __post_init__(self):
         check(self.ngram >= 1, "ngram", f"must be >= 1, got {self.ngram}")
         check(bool(self.tasks), "tasks", "no task given")
-
-
-class ReadCorpusFn(beam.DoFn):
-    """A corpus Parquet file -> its rows (doc_id, passages), one row group at a time; an
-    unreadable file (or its unreadable rest) is a tagged dead letter."""
-
-    def __init__(self):
-        self.files = beam.metrics.Metrics.counter(NAMESPACE, "input_files")
-        self.documents = beam.metrics.Metrics.counter(NAMESPACE, "documents")
-        self.bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_records")
-
-    def process(self, path: str):
-        import pyarrow as pa
-
-        self.files.inc()
-        rows = 0
-        try:
-            for row in parquet_io.parquet_rows(path, ["doc_id", "passages"]):
-                rows += 1
-                self.documents.inc()
-                yield row
-        except (pa.ArrowException, OSError) as e:
-            self.bad.inc()
-            log.error("dead letter: %s after row %d: %s", path, rows, e)
-            yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(
-                path, f"rows after {rows}", f"unreadable Parquet: {e}").to_json())
 
 
 def passage_overlaps(index: eval_index.EvalIndex, doc_id: str, number: int,
@@ -229,7 +203,8 @@ def _run_pipeline(config: AuditConfig, files: list[str], index_path: str, option
         read = (pipeline
                 | "Files" >> beam.Create(files)
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(ReadCorpusFn()).with_outputs("dead_letter", main="rows"))
+                | "Read" >> beam.ParDo(parquet_io.ReadRowsFn(NAMESPACE, ["doc_id", "passages"], "documents"))
+                .with_outputs("dead_letter", main="rows"))
         found = read.rows | "Audit" >> Audit(index_path)
         for name, lines in (("Overlaps", found["overlaps"]), ("Passages", found["passages"]),
                             ("Ngrams", found["ngrams"]), ("DeadLetters", read.dead_letter)):

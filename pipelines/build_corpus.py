@@ -40,6 +40,7 @@ import os
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam import pvalue
@@ -236,34 +237,6 @@ class MixFn(beam.DoFn):
         yield from kept
 
 
-class ReadDocumentsFn(beam.DoFn):
-    """A documents Parquet file -> its rows, one row group at a time; an unreadable file (or its
-    unreadable rest) is a tagged dead letter."""
-
-    def __init__(self):
-        self.files = beam.metrics.Metrics.counter(NAMESPACE, "input_files")
-        self.read = beam.metrics.Metrics.counter(NAMESPACE, "documents_read")
-        self.bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_records")
-
-    def process(self, path: str):
-        import pyarrow as pa
-
-        self.files.inc()
-        rows = 0
-        try:
-            for row in parquet_io.parquet_rows(path, list(DOCUMENT_SCHEMA.names)):
-                rows += 1
-                self.read.inc()
-                _count(row["source"], "documents_in")
-                _count(row["source"], "bytes_in", text_bytes(row["passages"]))
-                yield row
-        except (pa.ArrowException, OSError) as e:
-            self.bad.inc()
-            log.error("dead letter: %s after row %d: %s", path, rows, e)
-            yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(
-                path, f"rows after {rows}", f"unreadable Parquet: {e}").to_json())
-
-
 class Dedupe(beam.PTransform):
     """Documents rows -> {"kept": one row per text (`keep_first`), "duplicates": JSON lines}.
     Groups by content: every copy of a text must reach it (one pipeline, or one content wave)."""
@@ -398,11 +371,26 @@ def _summed(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
     return total
 
 
-def _read(pipeline, files: list[str]):
-    return (pipeline
+class _Read(NamedTuple):
+    rows: beam.PCollection
+    dead_letter: beam.PCollection
+
+
+def _read(pipeline, files: list[str]) -> _Read:
+    """The documents rows of `files`, counted in per source, and the dead letters."""
+    read = (pipeline
             | "Files" >> beam.Create(files)
             | "Spread" >> beam.Reshuffle()
-            | "Read" >> beam.ParDo(ReadDocumentsFn()).with_outputs("dead_letter", main="rows"))
+            | "Read" >> beam.ParDo(parquet_io.ReadRowsFn(
+                NAMESPACE, DOCUMENT_SCHEMA.names, "documents_read")).with_outputs(
+                    "dead_letter", main="rows"))
+    return _Read(read.rows | "CountIn" >> beam.Map(_counted_in), read.dead_letter)
+
+
+def _counted_in(row: dict) -> dict:
+    _count(row["source"], "documents_in")
+    _count(row["source"], "bytes_in", text_bytes(row["passages"]))
+    return row
 
 
 def _pipeline(options):

@@ -30,9 +30,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import apache_beam as beam
-from apache_beam import pvalue
 
-from common import errors, storage
+from common import storage
 from common.settings import check
 from pipelines import jobs, parquet_io
 from pipelines.audit_contamination import PASSAGES_FILE
@@ -86,30 +85,6 @@ def read_removals(audit: str) -> dict[str, frozenset[int]]:
                 entry = json.loads(line)
                 removals.setdefault(entry["doc_id"], set()).add(int(entry["passage"]))
     return {doc_id: frozenset(numbers) for doc_id, numbers in removals.items()}
-
-
-class ReadCorpusFn(beam.DoFn):
-    """A corpus Parquet file -> its rows, one row group at a time; an unreadable file (or its
-    unreadable rest) is a tagged dead letter."""
-
-    def __init__(self):
-        self.files = beam.metrics.Metrics.counter(NAMESPACE, "input_files")
-        self.bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_records")
-
-    def process(self, path: str):
-        import pyarrow as pa
-
-        self.files.inc()
-        rows = 0
-        try:
-            for row in parquet_io.parquet_rows(path, list(CORPUS_SCHEMA.names)):
-                rows += 1
-                yield row
-        except (pa.ArrowException, OSError) as e:
-            self.bad.inc()
-            log.error("dead letter: %s after row %d: %s", path, rows, e)
-            yield pvalue.TaggedOutput("dead_letter", errors.BadRecord(
-                path, f"rows after {rows}", f"unreadable Parquet: {e}").to_json())
 
 
 class RemovePassagesFn(beam.DoFn):
@@ -194,7 +169,8 @@ def _run_pipeline(config: DecontaminateConfig, files: list[str], num_shards: int
         read = (pipeline
                 | "Files" >> beam.Create(files)
                 | "Spread" >> beam.Reshuffle()
-                | "Read" >> beam.ParDo(ReadCorpusFn()).with_outputs("dead_letter", main="rows"))
+                | "Read" >> beam.ParDo(parquet_io.ReadRowsFn(NAMESPACE, list(CORPUS_SCHEMA.names)))
+                .with_outputs("dead_letter", main="rows"))
         clean = read.rows | "Remove" >> beam.ParDo(RemovePassagesFn(config.audit))
         _ = clean | "WriteCorpus" >> parquet_io.WriteParquetShards(
             config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)

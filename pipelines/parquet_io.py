@@ -190,6 +190,36 @@ def query_counters_by_source(result, namespace: str,
     return found
 
 
+class ReadRowsFn(beam.DoFn):
+    """A Parquet file -> its rows (`columns`), one row group at a time; an unreadable file (or
+    its unreadable rest) is a tagged "dead_letter". Counts `input_files`, `bad_records` and,
+    when named, every row in `rows_counter`, in the job's `namespace`."""
+
+    def __init__(self, namespace: str, columns: list[str], rows_counter: str | None = None):
+        self.columns = list(columns)
+        self.files = beam.metrics.Metrics.counter(namespace, "input_files")
+        self.bad = beam.metrics.Metrics.counter(namespace, "bad_records")
+        self.rows = rows_counter and beam.metrics.Metrics.counter(namespace, rows_counter)
+
+    def process(self, path: str):
+        import logging
+
+        self.files.inc()
+        rows = 0
+        try:
+            for row in parquet_rows(path, self.columns):
+                rows += 1
+                if self.rows:
+                    self.rows.inc()
+                yield row
+        except (pa.ArrowException, OSError) as e:
+            self.bad.inc()
+            logging.getLogger("pipelines").error("dead letter: %s after row %d: %s", path,
+                                                 rows, e)
+            yield beam.pvalue.TaggedOutput("dead_letter", errors.BadRecord(
+                path, f"rows after {rows}", f"unreadable Parquet: {e}").to_json())
+
+
 class WriteParquetShards(beam.PTransform):
     """Records (dicts with `doc_id`) -> `num_shards` sorted Parquet files; outputs their paths."""
 
