@@ -12,7 +12,9 @@ keeps every copy). Each stage runs as its own process on each size, as users run
   - build_corpus on the replicated documents,
   - make_shards at the paper's settings (dupe_factor 10, 128 and 512 tokens) on that corpus,
     MiniLM's vocabulary.
-Peak memory is the largest sum of RSS over the job's process tree (sampled every 0.1 s).
+Peak memory is the largest sum over the job's process tree (sampled every 0.1 s) of RSS and of
+PSS: a wave's process is forked from a fork server (pipelines/waves.py), so the pages they
+share count once per process in RSS and once in all in PSS (the memory the job really takes).
 Throughput is input MB per second per worker process. At the smallest scale the stages also
 run as one pipeline (`--wave_mb 0`: the throughput baseline) and on 2 workers (their output
 files must be byte-identical to 1 worker's). Writes results.json, a Markdown table (printed)
@@ -53,18 +55,19 @@ def run_measured(module: str, args: list[str]) -> dict:
     proc = subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     root = psutil.Process(proc.pid)
-    peak = 0
+    peak = peak_pss = 0
     while proc.poll() is None:
         try:
-            tree = [root, *root.children(recursive=True)]
-            peak = max(peak, sum(p.memory_info().rss for p in tree if p.is_running()))
+            tree = [p for p in [root, *root.children(recursive=True)] if p.is_running()]
+            peak = max(peak, sum(p.memory_info().rss for p in tree))
+            peak_pss = max(peak_pss, sum(p.memory_full_info().pss for p in tree))
         except psutil.Error:
             pass
         time.sleep(0.1)
     seconds = time.monotonic() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{module} failed ({proc.returncode}):\n{proc.stderr.read()[-3000:]}")
-    return {"seconds": round(seconds, 2), "peak_rss_bytes": peak}
+    return {"seconds": round(seconds, 2), "peak_rss_bytes": peak, "peak_pss_bytes": peak_pss}
 
 
 def input_bytes(folder: Path) -> int:
@@ -158,20 +161,21 @@ def measure(work: Path, scales: list[int], vocab: Path, seqs: list[int], dupe_fa
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| stage | scale | variant | input MB | waves | wall s | MB/s per worker | peak RSS MB |",
-             "|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines = [("| stage | scale | variant | input MB | waves | wall s | MB/s per worker "
+              "| peak RSS MB | peak PSS MB |"), "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         if "identical" in r:
             continue
         lines.append(f"| {r['stage']} | {r['scale']}x | {r['variant']} | "
                      f"{r['input_bytes'] / 1e6:.1f} | {r['waves']} | {r['seconds']:.1f} | "
-                     f"{r['mb_per_s_per_worker']:.3f} | {r['peak_rss_bytes'] / 1e6:.0f} |")
+                     f"{r['mb_per_s_per_worker']:.3f} | {r['peak_rss_bytes'] / 1e6:.0f} | "
+                     f"{r['peak_pss_bytes'] / 1e6:.0f} |")
     checks = [r for r in results if "identical" in r]
     if checks:
         lines += ["", "| stage | scale | 1 and 2 workers byte-identical |", "|---|---:|---|"]
         lines += [f"| {r['stage']} | {r['scale']}x | {r['identical']} |" for r in checks]
-    lines += ["", "| stage | peak 16x / 4x | peak at 64x MB |", "|---|---:|---:|"]
-    peaks = {(r["stage"], r["scale"]): r["peak_rss_bytes"] for r in results
+    lines += ["", "| stage | peak PSS 16x / 4x | peak PSS at 64x MB |", "|---|---:|---:|"]
+    peaks = {(r["stage"], r["scale"]): r["peak_pss_bytes"] for r in results
              if r.get("variant") == "waves"}
     for stage in sorted({s for s, _ in peaks}):
         ratio = (peaks[(stage, 16)] / peaks[(stage, 4)]
@@ -192,10 +196,10 @@ def plot(results: list[dict], path: Path) -> None:
     for stage in sorted({r["stage"] for r in rows}):
         mine = sorted((r for r in rows if r["stage"] == stage), key=lambda r: r["scale"])
         x = [r["input_bytes"] / 1e6 for r in mine]
-        mem.plot(x, [r["peak_rss_bytes"] / 1e9 for r in mine], "o-", label=stage)
+        mem.plot(x, [r["peak_pss_bytes"] / 1e9 for r in mine], "o-", label=stage)
         speed.plot(x, [r["mb_per_s_per_worker"] for r in mine], "o-", label=stage)
     mem.axhline(2.0, color="grey", linestyle="--", label="2 GB target")
-    for ax, label in ((mem, "peak RSS of the process tree (GB)"),
+    for ax, label in ((mem, "peak PSS of the process tree (GB)"),
                       (speed, "input MB/s per worker")):
         ax.set_xscale("log")
         ax.set_xlabel("stage input MB (Parquet)")

@@ -198,7 +198,13 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
                                         f"{path}.", label)  # named as the user wrote it
             continue
         current = getattr(config, key)
-        if dataclasses.is_dataclass(current):
+        optional = _optional_section(hints[key])
+        if optional is not None:  # `quality: {...}` or null: a section that may be unset
+            changes[key] = None if value is None else (
+                apply(current, _mapping(value, path, label), f"{path}.", label)
+                if current is not None
+                else build(optional, _mapping(value, path, label), f"{path}.", label))
+        elif dataclasses.is_dataclass(current):
             changes[key] = apply(current, _mapping(value, path, label), f"{path}.", label)
         elif key in items and isinstance(value, Mapping):  # `phases.1.steps`
             for name, entry in _mapping(value, path, label).items():
@@ -228,6 +234,14 @@ def apply(config: Any, overrides: Mapping[str, Any], prefix: str = "",
         if not prefix:
             raise
         raise ValueError(f"{label} {prefix.rstrip('.')}: {error}") from None
+
+
+def _optional_section(hint: Any) -> type | None:
+    """The dataclass of a `SomeConfig | None` field, else None."""
+    if typing.get_origin(hint) not in (types.UnionType, typing.Union):
+        return None
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if len(args) == 1 and dataclasses.is_dataclass(args[0]) else None
 
 
 def _item_class(hint: Any) -> type | None:

@@ -8,7 +8,9 @@ one loop, and print one results table.
 Face `datasets` GLUE folder), `squad/`, `swag/`, `conll2003/`, ... (finetune/tasks.py says which).
 Each task's defaults are its family's recipe from the paper (GLUE: 128 tokens, batch 32, 3
 epochs, rates 5e-5..2e-5; SQuAD v1.1: 384 tokens, batch 32, ...); a flag given overrides it for
-every task. `--tasks` takes task names, family names (`glue` = its nine tasks) or `all`.
+every task. `--tasks` takes task names, family names (`glue` = its nine tasks) or `all`;
+`--tasks_file tasks.yaml` adds your own tasks to them (CSV/TSV/JSONL classification and
+regression, CoNLL tagging, SQuAD-format QA: the file's layout is in finetune/user/__init__.py).
 
 The flags are the fields of `CommandConfig` (the flow's `finetune` settings, finetune/config.py,
 and where this run reads and writes); `--config FILE` (YAML or JSON) and `--set field=value`
@@ -38,7 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common import errors, settings, storage
+from common import errors, logs, settings, storage
 from common.errors import debug_requested, is_user_error
 from finetune import loop
 from finetune.config import TasksConfig
@@ -175,9 +177,7 @@ def with_options(family: Family, options: Any) -> Family:
 def task_jobs(config: CommandConfig) -> list[TaskJob]:
     """One job per task of `tasks`, its data in `data/<folder>`; every missing family folder
     is named at once, before anything is read."""
-    from finetune.tasks import parse_tasks
-
-    entries = parse_tasks(config.task_names())
+    entries = config.task_entries()
     if not os.path.isdir(config.data):
         raise FileNotFoundError(f"--data {config.data}: no such folder")
     missing: dict[str, list[str]] = {}
@@ -201,9 +201,9 @@ def run_main(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
              make_jobs: Callable[[Any], list[TaskJob]], markdown_name: str, base: Any) -> int:
     """Parse `argv` into `base`'s settings, run the jobs `make_jobs` gives, report; bad
     settings and task names are usage errors, other bad inputs end in one line."""
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.add_verbose_flag(parser)
     args = parser.parse_args(argv)
+    logs.setup(args.verbose)
     finished: list[str] = []
     config = base
     try:
@@ -239,8 +239,8 @@ def run(config: CommandConfig, jobs_: list[TaskJob], finished: list[str],
                 "task_configs": {j.task: dataclasses.asdict(j.config) for j in jobs_},
                 "families": {j.family.name: _family_settings(j.family) for j in jobs_},
                 "settings": dataclasses.asdict(config)}
-    log.info("resolved config (hash %s):\n%s", storage.config_hash(resolved),
-             json.dumps(resolved, indent=2))
+    log.info("config hash %s (BERT_LOG_LEVEL=DEBUG prints it)", storage.config_hash(resolved))
+    log.debug("resolved config:\n%s", json.dumps(resolved, indent=2))
     if os.path.exists(config.output) and not os.path.isdir(config.output):
         raise NotADirectoryError(f"--output {config.output}: exists and is not a folder")
     # config.json is written with the report, as one set: a run that fails before its first

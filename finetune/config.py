@@ -27,6 +27,9 @@ class TasksConfig(LoopOptions):
     swag/, conll2003/, ...: finetune/tasks.py); "" skips fine-tuning in the flow; None: unset."""
     tasks: tuple[str, ...] = GLUE_TASKS
     """Tasks to fine-tune: task names (squad1,rte), family names (glue: its nine tasks) or all."""
+    tasks_file: str | None = None
+    """YAML file defining your own tasks (finetune/user: files, columns, labels, metric); their
+    names join the known tasks (user: all of them)."""
     max_seq_length: int | None = None
     """Tokens per sequence (SQuAD: per window); unset: each task's family recipe (GLUE: 128,
     SQuAD: 384)."""
@@ -44,6 +47,15 @@ class TasksConfig(LoopOptions):
 
     def task_names(self) -> str:
         return ",".join(self.tasks)
+
+    def task_entries(self) -> list:
+        """The registry entries of `tasks` (finetune/tasks.py), `tasks_file`'s tasks among the
+        known ones; a bad task file is a ValueError naming the file and the entry."""
+        from finetune.tasks import parse_tasks
+        from finetune.user import use_task_file
+
+        use_task_file(self.tasks_file)
+        return parse_tasks(self.task_names())
 
     def for_task(self, entry, **changes) -> FinetuneConfig:
         """The loop's config for one registry entry (finetune/tasks.py): its family's recipe,

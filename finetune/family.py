@@ -134,10 +134,15 @@ class Scored:
     multiple choice: accuracy; NER: entity F1)."""
     files: dict[str, str] = field(default_factory=dict)
     """Files to write under `<output>/<task>/`, name -> text (SQuAD: predictions.json,
-    null_odds.json)."""
+    null_odds.json; `PARTIAL_FILE` where the split was sliced)."""
     selects: bool = True
     """Whether `score` takes part in picking the rate; False for a labelled test split
     reported beside dev (CoNLL-2003's test F1, the paper's number), never tuned on."""
+
+
+PARTIAL_FILE = "PARTIAL.txt"
+"""A `Scored.files` entry of a sliced split's predictions: one line saying they are partial
+("partial (N of M questions): not for submission"); the report marks the task's row with it."""
 
 
 class Family(Protocol):

@@ -378,9 +378,9 @@ def batch_indices(num_units: int, batch_size: int,
 # ---------------------------------------------------------------------------------------------
 
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+    from common.logs import progress
 
-    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+    return progress(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
 
 
 def _device(model: nn.Module) -> torch.device:

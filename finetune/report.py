@@ -6,7 +6,10 @@ multiple choice's accuracy, NER's f1); the GLUE score row averages the GLUE task
 Everything is written as one set (`write_together`): every file to a temporary name first,
 then all renamed, `results.json` last, so a failure part-way (a full disk) leaves the folder as
 it was. A diverged run is a row of `runs.csv` with status `diverged` (and in `results.json`, its
-score and loss null), and a line under the table.
+score and loss null), and a line under the table. A task scored on a sliced split
+(`max_eval_examples`; its family's `PARTIAL_FILE`) has "(partial)" in its row's dev_examples,
+a line under the table (printed with it on the console) and its note as `partial` in
+`results.json`.
 The best run's prediction files (`Scored.files`, e.g. SQuAD's predictions.json) go to
 `<output>/<task>/`. Test-set predictions go to `<output>/submission/`, each in its leaderboard's
 format: GLUE's server wants one `<TASK>.tsv` per task with the header `index\tprediction`,
@@ -29,6 +32,7 @@ import zipfile
 
 from common import storage
 from common.errors import DEAD_LETTER_DIR, DiskFullError
+from finetune.family import PARTIAL_FILE
 from finetune.loop import FinetuneResult, TaskResult, TestPredictions
 
 GLUE = "glue"
@@ -65,7 +69,8 @@ def table_rows(result: FinetuneResult) -> list[dict[str, str]]:
         "best_lr": f"{r.best_learning_rate:g}",
         "seeds": ",".join(str(s) for s in r.seeds),
         "train_examples": str(r.num_train_examples),
-        "dev_examples": "/".join(str(n) for n in r.num_dev_examples.values()),
+        "dev_examples": "/".join(str(n) for n in r.num_dev_examples.values())
+        + (" (partial)" if partial_note(r) else ""),
         "minutes": f"{r.seconds / 60:.1f}",
     } for r in result.tasks]
     glue = glue_score(result)
@@ -77,15 +82,22 @@ def table_rows(result: FinetuneResult) -> list[dict[str, str]]:
 
 
 def markdown_table(result: FinetuneResult) -> str:
-    """The table, then a line per task with diverged runs."""
+    """The table, then a line per task with diverged runs or partial predictions."""
     rows = table_rows(result)
     lines = ["| " + " | ".join(TABLE_COLUMNS) + " |",
              "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"]
     lines += ["| " + " | ".join(row[c] for c in TABLE_COLUMNS) + " |" for row in rows]
-    notes = [diverged_note(task) for task in result.tasks]
+    notes = [note for task in result.tasks for note in (diverged_note(task), partial_note(task))]
     if any(notes):
         lines += ["", *(note for note in notes if note)]
     return "\n".join(lines) + "\n"
+
+
+def partial_note(result: TaskResult) -> str:
+    """"squad1: predictions are partial (5 of 10570 questions): not for submission" where the
+    best run's predictions are of a sliced split (its `PARTIAL_FILE`), else ""."""
+    text = result.files.get(PARTIAL_FILE, "").strip()
+    return f"{result.task}: predictions are {text}" if text else ""
 
 
 def diverged_note(result: TaskResult) -> str:
@@ -270,6 +282,7 @@ def results_dict(result: FinetuneResult, dead_letters: dict[str, str] | None = N
                                      for p in task.test_predictions}
         del entry["bad_records"]  # counted in bad_rows, listed in the dead-letter file
         entry["files"] = sorted(task.files)
+        entry["partial"] = task.files.get(PARTIAL_FILE, "").strip() or None
         for run in entry["runs"]:
             del run["files"]  # the best run's are the task's; the others are not kept
             # a diverged run's score and loss are NaN or infinite: null in standard JSON

@@ -20,6 +20,7 @@ FAMILIES: Mapping[str, str] = {
     "squad": "finetune.squad",
     "multiple_choice": "finetune.multiple_choice",
     "ner": "finetune.ner",
+    "user": "finetune.user",
 }
 """Family name -> the package exporting FAMILY and TASKS."""
 

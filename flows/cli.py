@@ -4,11 +4,11 @@
     bert-dag --preset base --set data.wikipedia=gs://bucket/enwiki-*.xml.bz2 \\
         --set data.books=gs://bucket/books/ --set finetune.data=/data/finetune
     bert-dag --preset base --data_only --output gs://bucket/runs/base ...the same --set... \\
-        --set data.beam_args='["--runner=DataflowRunner","--project=p","--region=r",
+        --set data.beam_args='["--runner=DataflowRunner","--project=my-project","--region=us-central1",
                                "--temp_location=gs://bucket/tmp","--setup_file=infra/dataflow/setup.py"]'
 
 Dataflow's workers write to Cloud Storage: such a run needs a gs:// output and --data_only
-(pre-training writes to a local or mounted folder; README "On a GPU cluster").
+(pre-training writes to a local or mounted folder; docs/cluster.md "On a GPU cluster").
 
     bert-dag --sweep flows/sweeps/learning_rate.yaml
                                                     # variants of a preset, one table and plot
@@ -19,6 +19,11 @@ shards.phase2.* (shards.<field> sets both), pretrain.* (phases by name: pretrain
 launch.*, finetune.*. Values are converted to each setting's type: lists as a,b,c or a JSON
 list, booleans as true/false/1/0/yes/no. base and large name their inputs (a path, or '' to skip
 one).
+
+The output is the stages' own lines, a progress bar per long stage and Prefect's task lines,
+then the report, ending with what to run next and where it is saved. --verbose (or
+BERT_LOG_LEVEL=DEBUG, which the stages' subprocesses inherit) adds the libraries' INFO lines
+and the resolved config (common/logs.py).
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ import argparse
 import os
 import sys
 
-from common import settings
+from common import logs, settings
 from flows.config import PRESETS, parse_set_flags, resolve
 
 
@@ -51,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the variants a sweep file (YAML/JSON) names and report them "
                              "in one table and plot under <output>/sweeps/<name>/; --set and "
                              "--output apply to every variant")
+    logs.add_verbose_flag(parser)
     return parser
 
 
@@ -82,10 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     except (TypeError, ValueError) as e:
         parser.error(str(e))
     if args.sweep:
-        return run_sweep(os.path.abspath(args.sweep), overrides, args.preset)
+        return run_sweep(os.path.abspath(args.sweep), overrides, args.preset, args.verbose)
     from flows.pretrain_bert import pretrain_bert
     from flows.server import temporary_server
 
+    logs.setup(args.verbose)  # after Prefect's import: its console handler stays the flow's
     # Prefect's own temporary server would outlive a killed flow process: this one dies with it.
     with temporary_server():
         result = pretrain_bert(preset=args.preset or "tiny", overrides=overrides,
@@ -94,13 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_sweep(path: str, overrides: dict, preset: str | None) -> int:
+def run_sweep(path: str, overrides: dict, preset: str | None, verbose: bool = False) -> int:
     from flows.server import temporary_server
     from flows.sweep import pretrain_bert_sweep
 
+    logs.setup(verbose)
     with temporary_server():
         result = pretrain_bert_sweep(sweep=path, overrides=overrides, preset=preset)
     print(result["markdown"])
+    print(f"Sweep report saved to {result['paths']['markdown']}")
     return 0
 
 

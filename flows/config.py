@@ -8,7 +8,10 @@ training entry point's `PretrainConfig` (its phases by name: `pretrain.phase1.st
 `bert-finetune`'s flags). `data.sources` is a list of `SourceConfig`s (a user's own text,
 pipelines/documents/source.py), set whole from a settings file's list or one field by name
 (`--set data.sources.poems.weight=2`). Each preset is composed of the stages' presets of its
-name. Paths may be local folders or URLs (`gs://...`).
+name; `continue` (continued pre-training from `pretrain.init_from`, at a fine-tuning-scale
+learning rate) is `base` with training/init_from.py's `continue_preset()`, and a run from
+`init_from` at a learning rate made for training from scratch logs one warning at resolve.
+Paths may be local folders or URLs (`gs://...`).
 
 Overrides come as a nested mapping (`{"pretrain": {"phase1": {"steps": 20}}}`) from deployment
 parameters, a settings file or the CLI (`--set pretrain.phase1.steps=20`), applied by the one
@@ -54,7 +57,7 @@ class DataConfig:
     split, weight, licence; pipelines/documents/source.py, README "Your own corpus").
     `wikipedia` and `books` above are shorthands for sources of those kinds."""
     beam_args: tuple[str, ...] = ()
-    """Beam pipeline options for every data job, e.g. ("--runner=DataflowRunner", "--project=p")."""
+    """Beam pipeline options for every data job, e.g. ("--runner=DataflowRunner", "--project=my-project")."""
 
     def __post_init__(self):
         names = [s.name for s in self.all_sources()]
@@ -214,7 +217,21 @@ def large() -> DagConfig:
     )
 
 
-PRESETS = {"tiny": tiny, "base": base, "large": large}
+def continue_pretraining() -> DagConfig:
+    """Continued (domain-adaptive) pre-training of a released BERT on your corpus: set
+    `pretrain.init_from` (the checkpoint decides the shape; the vocab stage copies its
+    vocabulary) and the data. Pre-training as `training.init_from.continue_preset()`: 9,000 +
+    1,000 steps of 256 sequences at lr 5e-5 (a fine-tuning-scale rate, not the 1e-4 of training
+    from scratch), 6% warmup, on a GPU when there is one."""
+    from training.init_from import continue_preset
+
+    return DagConfig(name="continue", output=str(REPO / "runs" / "continue"),
+                     pretrain=continue_preset(), finetune=TasksConfig(data=None))
+
+
+PRESETS = {"tiny": tiny, "base": base, "large": large, "continue": continue_pretraining}
+PRESET_NEEDS = {"continue": ("pretrain.init_from",)}
+"""Settings (besides the inputs) that a preset cannot run without."""
 
 
 def resolve(preset: str, overrides: dict[str, Any] | None = None,
@@ -235,6 +252,15 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
         # the pretrain stage is keyed on the setting: one checkpoint, one key, however named
         cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(
             cfg.pretrain, init_from=os.path.abspath(start)))
+    needed = [key for key in PRESET_NEEDS.get(preset, ())
+              if not getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1])]
+    if needed:
+        raise ValueError(f"preset {preset!r} needs {', '.join(needed)}, e.g. --set "
+                         f"{needed[0]}=/models/bert-base-uncased (a BERT folder: config.json, "
+                         "weights, vocab.txt)")
+    from training.init_from import warn_learning_rate
+
+    warn_learning_rate(cfg.pretrain)
     missing = unset_settings(cfg)
     if missing:
         raise ValueError(

@@ -3,7 +3,12 @@
 Runs the `pretrain-bert` flow in this process against Prefect's ephemeral local server (no
 server to start), writing the run under `runs/tiny/` and Prefect's database under
 `runs/.prefect/` (unless PREFECT_HOME is set), and ends by printing the report: stage timings,
-data statistics, the loss curve's path and the fine-tuning table.
+data statistics, the loss curve's path, the fine-tuning table, what to run next and where the
+report is saved.
+
+Its output is our stages' lines, one progress bar per long stage and Prefect's task lines: the
+libraries' INFO lines (HTTP requests, Beam, matplotlib) and the config dumps show with
+`make demo ARGS=--verbose` or BERT_LOG_LEVEL=DEBUG (common/logs.py).
 """
 from __future__ import annotations
 

@@ -55,7 +55,8 @@ def run_subprocess(command: list[str], log: Callable[[str], None] = print,
     try:
         assert proc.stdout is not None
         for line in proc.stdout:
-            log(line.rstrip())
+            if line.strip():  # a progress bar's carriage return reads as an empty line
+                log(line.rstrip())
         code = proc.wait()
     finally:
         _stop(proc)

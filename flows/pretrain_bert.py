@@ -120,7 +120,8 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     if output:
         overrides = {"output": output, **(overrides or {})}
     cfg = resolve(preset, overrides, data_only=data_only)
-    get_run_logger().info("resolved config:\n%s", steps.describe(cfg))
+    get_run_logger().info("run folder %s (preset %s)", cfg.output, cfg.name)
+    get_run_logger().debug("resolved config:\n%s", steps.describe(cfg))  # BERT_LOG_LEVEL=DEBUG
     check_inputs_exist(cfg, data_only)
 
     # Continued pre-training keeps the checkpoint's vocabulary (its embeddings are indexed by

@@ -1,6 +1,7 @@
 """The run's Markdown report: stage timings, data statistics, the mixture ledger (per source:
 what was read, dropped, repeated and kept, and its share of the corpus), the loss curve and
-the fine-tuning table."""
+the fine-tuning table, and last where the report is saved and what to run next (so the end of
+`bert-dag`'s output, which prints it, says both)."""
 from __future__ import annotations
 
 import os
@@ -40,12 +41,34 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
     if finetune:
         lines += ["", "## Fine-tuning (dev)", "", finetune["table"]]
         lines += [f"- FAILED {f['job']}: {f['error']}" for f in finetune["failed"]]
-    text = "\n".join(lines) + "\n"
     path = storage.join(folder or cfg.output, filename)
+    path = path if storage.is_remote(path) else os.path.abspath(path)
+    lines += ["", *next_steps(cfg, stages, path)]
+    text = "\n".join(lines) + "\n"
     storage.atomic_write_text(path, text)
     return {"markdown": text, "path": path, "stages": rows, "loss_curve": loss_curve,
             "finetune_table": finetune["table"] if finetune else "", "statistics": stats,
             "ledger": ledger}
+
+
+def next_steps(cfg: DagConfig, stages: list[StageResult], path: str) -> list[str]:
+    """The report's last lines: where it is saved, and the commands a reader runs next (a
+    data-only run: the full run that reuses its shards; a full run: fine-tuning the exported
+    model on other tasks, or a longer run that reuses the data stages)."""
+    root = cfg.output if storage.is_remote(cfg.output) else os.path.abspath(cfg.output)
+    lines = ["## Next", ""]
+    export = next((s for s in stages if s.stage == "export"), None)
+    if export is None:
+        lines.append(f"- the full run reuses these stages: `bert-dag --preset {cfg.name} "
+                     f"--output {root}` with the same settings, without `--data_only`")
+    else:
+        tasks = ",".join(cfg.finetune.tasks) or "rte,mrpc"
+        lines.append(f"- fine-tune the model on your tasks: `bert-finetune --model {export.path} "
+                     f"--data DATA_FOLDER --tasks {tasks} --output {root}/finetune-more`")
+        lines.append(f"- train longer (the data stages are reused): `bert-dag --preset "
+                     f"{cfg.name} --output {root} --set pretrain.phase1.steps=N` with this run's "
+                     f"other settings")
+    return [*lines, "", f"Report saved to {path} (run folder {root})"]
 
 
 LEDGER_COLUMNS = (

@@ -38,7 +38,7 @@ import hashlib
 import logging
 import os
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -56,7 +56,7 @@ from pipelines.documents.source import SourceConfig
 NAMESPACE = "build_corpus"
 PREFIX = "corpus"
 DUPLICATES_FILE = "duplicates/duplicates-00000-of-00001.jsonl"
-LOCAL_WAVE_MB = 16.0
+LOCAL_WAVE_MB = 8.0
 """Input MB per wave on Beam's local runner when `wave_mb` is unset (documents Parquet): a
 wave's pipeline peaks near 0.5 GB with one worker (benchmarks/bench_local_memory.py)."""
 COUNTERS = ("input_files", "documents_read", "duplicates_removed", "doc_id_conflicts",
@@ -341,18 +341,18 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
         storage.makedirs(config.output)
         parquet_io.clear_previous_output(config.output, PREFIX, [duplicates_path(config.output)])
         waves.clear_scratch(config.output)
-    with jobs.disk_full_reported(config.output):
-        if num_waves == 1:
-            results = [_run_one(config, files, num_shards, text_column, options)]
-        else:
-            results = _run_waves(config, files, num_waves, num_shards, text_column, options)
     if dry_run:
-        return jobs.dry_run_summary(NAMESPACE, results[0])
-    counts = _summed(parquet_io.query_counters(p.result, NAMESPACE, COUNTERS) for p in results)
+        with _pipeline(options) as pipeline:
+            _one_pipeline(pipeline, config, files, num_shards, text_column)
+        return jobs.dry_run_summary(NAMESPACE, pipeline)
+    if num_waves == 1:
+        results = [_run_one(config, files, num_shards, text_column, options)]
+    else:
+        results = _run_waves(config, files, num_waves, num_shards, text_column, options)
+    counts = _summed(c for c, _ in results)
     by_source: dict[str, dict[str, int]] = {}
-    for p in results:
-        for source, values in parquet_io.query_counters_by_source(
-                p.result, LEDGER_NAMESPACE, LEDGER_COUNTS).items():
+    for _, sources in results:
+        for source, values in sources.items():
             by_source[source] = _summed([by_source.get(source, {}), values])
     ledger = build_ledger(config.sources, extraction_counts(folders), by_source)
     return finish(config, files, folders, sizes, num_shards, text_column, counts, ledger,
@@ -397,60 +397,93 @@ def _pipeline(options):
     return beam.Pipeline(runner=jobs.local_runner(options), options=options)
 
 
+Counts = tuple[dict[str, int], dict[str, dict[str, int]]]
+"""A finished pipeline's counters: the job's, and the ledger's by source."""
+
+
+def _run(output: str, options, build: Callable[[beam.Pipeline], None]) -> Counts:
+    """Run the pipeline `build` wires; its counters (`Counts`)."""
+    with jobs.disk_full_reported(output), _pipeline(options) as pipeline:
+        build(pipeline)
+    return (parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS),
+            parquet_io.query_counters_by_source(pipeline.result, LEDGER_NAMESPACE, LEDGER_COUNTS))
+
+
+def _one_pipeline(pipeline, config: BuildCorpusConfig, files: list[str], num_shards: int,
+                  text_column: str | None) -> None:
+    """The whole job wired into one pipeline."""
+    read = _read(pipeline, files)
+    built = read.rows | "Build" >> BuildCorpus(config.weights())
+    dead_letters = (read.dead_letter, built["dead_letter"]) | "AllDeadLetters" >> beam.Flatten()
+    _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
+        config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
+    _ = dead_letters | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
+        parquet_io.dead_letter_path(config.output))
+    _ = built["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
+        duplicates_path(config.output))
+
+
 def _run_one(config: BuildCorpusConfig, files: list[str], num_shards: int,
-             text_column: str | None, options):
-    """The whole job as one pipeline; returns it (run)."""
-    with _pipeline(options) as pipeline:
-        read = _read(pipeline, files)
-        built = read.rows | "Build" >> BuildCorpus(config.weights())
-        dead_letters = ((read.dead_letter, built["dead_letter"])
-                        | "AllDeadLetters" >> beam.Flatten())
-        _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
-            config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
-        _ = dead_letters | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
-            parquet_io.dead_letter_path(config.output))
-        _ = built["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
-            duplicates_path(config.output))
-    return pipeline
+             text_column: str | None, options) -> Counts:
+    return _run(config.output, options, lambda p: _one_pipeline(p, config, files, num_shards,
+                                                                text_column))
 
 
-def _run_waves(config: BuildCorpusConfig, files: list[str], num_waves: int, num_shards: int,
-               text_column: str | None, options) -> list:
-    """The job as bounded pipelines (pipelines/waves.py): scatter the documents by content;
-    per content wave, `Dedupe` and scatter the kept rows by doc_id (by the corpus shard they
-    go to); per id wave, `Finish` and write that shard. The dead letters and duplicates of
-    every pipeline are merged, sorted, at the end. Returns the pipelines (run)."""
-    from tqdm import tqdm
-
+def _scatter(config: BuildCorpusConfig, files: list[str], num_waves: int, options) -> Counts:
+    """Read every document and scatter it to its content partition."""
     scratch = waves.scratch_folder(config.output)
-    lines = os.path.join(scratch, "lines")
-    ran = []
-    with _pipeline(options) as pipeline:
+
+    def build(pipeline):
         read = _read(pipeline, files)
         _ = read.rows | "Scatter" >> waves.Scatter(scratch, "content", num_waves, dedupe_key)
         _ = read.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
-            os.path.join(lines, "dead_letter-read.jsonl"))
-    ran.append(pipeline)
-    for wave in tqdm(range(num_waves), desc="build_corpus content waves", unit="wave"):
-        with _pipeline(options) as pipeline:
-            deduped = (pipeline | "Read" >> waves.ReadScratch(scratch, "content", wave)
-                       | "Dedupe" >> Dedupe())
-            _ = deduped["kept"] | "Scatter" >> waves.Scatter(scratch, "ids", num_shards,
-                                                             lambda r: r["doc_id"])
-            _ = deduped["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
-                os.path.join(lines, f"duplicates-{wave:05d}.jsonl"))
-        ran.append(pipeline)
-        waves.release_memory()
-    for shard in tqdm(range(num_shards), desc="build_corpus id waves", unit="wave"):
-        with _pipeline(options) as pipeline:
-            finished = (pipeline | "Read" >> waves.ReadScratch(scratch, "ids", shard)
-                        | "Finish" >> Finish(config.weights()))
-            _ = finished["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
-                config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
-            _ = finished["dead_letter"] | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
-                os.path.join(lines, f"dead_letter-{shard:05d}.jsonl"))
-        ran.append(pipeline)
-        waves.release_memory()
+            os.path.join(scratch, "lines", "dead_letter-read.jsonl"))
+    return _run(config.output, options, build)
+
+
+def _content_wave(config: BuildCorpusConfig, wave: int, num_shards: int, options) -> Counts:
+    """One content partition: `Dedupe`, the kept rows scattered to their corpus shard."""
+    scratch = waves.scratch_folder(config.output)
+
+    def build(pipeline):
+        deduped = (pipeline | "Read" >> waves.ReadScratch(scratch, "content", wave)
+                   | "Dedupe" >> Dedupe())
+        _ = deduped["kept"] | "Scatter" >> waves.Scatter(scratch, "ids", num_shards,
+                                                         lambda r: r["doc_id"])
+        _ = deduped["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
+            os.path.join(scratch, "lines", f"duplicates-{wave:05d}.jsonl"))
+    return _run(config.output, options, build)
+
+
+def _id_wave(config: BuildCorpusConfig, shard: int, num_shards: int, text_column: str | None,
+             options) -> Counts:
+    """One id partition: `Finish`, written as its corpus shard."""
+    scratch = waves.scratch_folder(config.output)
+
+    def build(pipeline):
+        finished = (pipeline | "Read" >> waves.ReadScratch(scratch, "ids", shard)
+                    | "Finish" >> Finish(config.weights()))
+        _ = finished["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
+            config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
+        _ = finished["dead_letter"] | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
+            os.path.join(scratch, "lines", f"dead_letter-{shard:05d}.jsonl"))
+    return _run(config.output, options, build)
+
+
+def _run_waves(config: BuildCorpusConfig, files: list[str], num_waves: int, num_shards: int,
+               text_column: str | None, options) -> list[Counts]:
+    """The job as bounded pipelines (pipelines/waves.py), each in a process of its own: scatter
+    the documents by content; per content wave, `Dedupe` and scatter the kept rows by doc_id
+    (by the corpus shard they go to); per id wave, `Finish` and write that shard. The dead
+    letters and duplicates of every pipeline are merged, sorted, at the end."""
+    from common.logs import progress
+
+    ran = [waves.run_isolated(_scatter, config, files, num_waves, options)]
+    for wave in progress(range(num_waves), desc="build_corpus content waves", unit="wave"):
+        ran.append(waves.run_isolated(_content_wave, config, wave, num_shards, options))
+    for shard in progress(range(num_shards), desc="build_corpus id waves", unit="wave"):
+        ran.append(waves.run_isolated(_id_wave, config, shard, num_shards, text_column, options))
+    lines = os.path.join(waves.scratch_folder(config.output), "lines")
     names = sorted(os.listdir(lines)) if os.path.isdir(lines) else []
     for prefix, target in (("dead_letter-", parquet_io.dead_letter_path(config.output)),
                            ("duplicates-", duplicates_path(config.output))):

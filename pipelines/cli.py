@@ -5,7 +5,11 @@ calls its `main(argv)` (`run(argv)` for a job without one), so `beam run ...` an
 `python pipelines/<job>.py ...` are the same job.
 A user error (ValueError, FileNotFoundError, ... from the job's options or inputs) prints
 `<job>: error: <message>` and exits 2 (1: the job ran but produced nothing); `--debug` or
-BERT_DEBUG=1 shows the traceback.
+BERT_DEBUG=1 shows the traceback. `beam run pipelines/<job>.py --help` lists the job's settings
+(grouped, each with its docstring and default) under the job's own docstring and its examples;
+`--runner=DataflowRunner` without credentials, `--project`, `--region` or a gs://
+`--temp_location` ends in one line naming what is missing, before Beam starts
+(`pipelines.jobs.dataflow_preflight`).
 """
 from __future__ import annotations
 
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines import jobs
 
     # A user error (bad option, missing input, nothing produced) is one line, not a traceback.
-    return jobs.main(job.__name__.rsplit(".", 1)[-1], command_line, argv[2:])
+    return jobs.main(job.__name__.rsplit(".", 1)[-1], command_line, argv[2:],
+                     prog=f"beam run {args.job}")
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ def extract_path(file: storage.InputFile, config: cleaning.BookConfig, counters:
     if book.passages:
         counters["documents"].inc()
         counters["passages"].inc(len(book.passages))
-        log.info("book %s: %d passages (%s)", os.path.basename(path), len(book.passages), book.encoding)
+        log.debug("book %s: %d passages (%s)", os.path.basename(path), len(book.passages), book.encoding)
         yield book_record(file, book)
 
 

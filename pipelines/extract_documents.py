@@ -169,15 +169,15 @@ def build_parser() -> argparse.ArgumentParser:
     """The job's flags: `--input`, the fields of one source (`SourceConfig`, help from its
     docstring; the weight is build_corpus's), `--num_shards`, `--config`, `--set`."""
     parser = jobs.job_parser(__doc__.splitlines()[0])
-    settings.add_config_flags(parser, SourceConfig, skip=("path", "weight"))
-    parser.add_argument("--num_shards", default=None,
-                        help=settings.field_docs(ExtractDocumentsConfig)["num_shards"])
-    parser.add_argument("--wave_mb", default=None,
-                        help=settings.field_docs(ExtractDocumentsConfig)["wave_mb"])
-    parser.add_argument("--config", metavar="FILE",
-                        help="the source's fields (YAML or JSON: field: value); flags win")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="set a field of the source (repeatable); flags win over it")
+    group = jobs.config_group(parser, SourceConfig, skip=("path", "weight"))
+    group.add_argument("--num_shards", default=None,
+                       help=settings.field_docs(ExtractDocumentsConfig)["num_shards"])
+    group.add_argument("--wave_mb", default=None,
+                       help=settings.field_docs(ExtractDocumentsConfig)["wave_mb"])
+    group.add_argument("--config", metavar="FILE",
+                       help="the source's fields (YAML or JSON: field: value); flags win")
+    group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="set a field of the source (repeatable); flags win over it")
     return parser
 
 

@@ -1,6 +1,6 @@
 """Beam job: MediaWiki pages-articles dumps -> documents of clean passages (Parquet).
 
-    beam run pipelines/extract_wikipedia.py --input 'dumps/enwiki-*.xml.bz2' --output out/wiki \
+    beam run pipelines/extract_wikipedia.py --input 'dumps/enwiki-*.xml.bz2' --output out/wiki \\
         [--split_bytes 67108864] [--runner DataflowRunner ...]
 
 Each input file is cut into splits (byte ranges of .xml, groups of bz2 streams of a multistream
@@ -245,10 +245,10 @@ def select_dumps(pattern: str) -> list[storage.InputFile]:
 
 def _indexed_splits(inputs: list[tuple[str, int]],
                     config: WikipediaConfig) -> list[tuple[int, DumpSplit]]:
-    from tqdm import tqdm
+    from common.logs import progress
 
     # Finding the streams of a bz2 file without an index reads it once: show progress.
-    with tqdm(total=sum(size for _, size in inputs), unit="B", unit_scale=True,
+    with progress(total=sum(size for _, size in inputs), unit="B", unit_scale=True,
               desc="planning splits") as bar:
         splits = [s for path, size in inputs
                   for s in plan_splits(path, config.split_bytes, on_bytes=bar.update, size=size)]
@@ -271,7 +271,7 @@ def run(config: WikipediaConfig, input: str, output: str, beam_args: Sequence[st
     inputs = [(f.path, f.size_bytes) for f in dumps]  # sizes from the listing: no stat per file
     # The output folder is where, not what: it stays out of the config (and its hash).
     resolved = {"input": files, **dataclasses.asdict(config)}
-    LOG.info("%s config: %s -> %s", STAGE, json.dumps(resolved, sort_keys=True), output)
+    LOG.debug("%s config: %s -> %s", STAGE, json.dumps(resolved, sort_keys=True), output)
 
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is

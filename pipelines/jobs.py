@@ -4,7 +4,12 @@ A job module defines `run(config, ...inputs, output, beam_args) -> dict` (return
 and a thin `main(argv)`: its flags come from its config dataclass (`config_parser`). Flags the
 job's parser does not know are handed to Beam's `PipelineOptions`, so the standard options
 (`--runner`, `--direct_num_workers`, `--project`, `--region`, `--temp_location`, `--setup_file`,
-`--sdk_container_image`, ...) work on every job.
+`--sdk_container_image`, ...) work on every job. `--help` (`job_help`) shows the job's
+docstring with its examples as written, then its flags grouped: input and output, then the
+config's settings, each with its docstring and default. With `--runner=DataflowRunner` the
+command line first checks what Dataflow needs (`dataflow_preflight`: Beam's GCP extra,
+`--project`, `--region`, a gs:// `--temp_location`, Google credentials unless `--no_auth`) and
+ends in one line naming what is missing, exit 2, before Beam starts.
 
 What a run leaves when it fails or is killed:
 - a full disk: the job ends with one line, `<job>: error: no space left on the device writing
@@ -42,34 +47,55 @@ from common.errors import (
 def job_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=description,
-        epilog="Any other flag is a standard Apache Beam pipeline option "
-        "(--runner, --direct_num_workers, --project, --region, --temp_location, ...).",
+        epilog="Any other flag is a standard Apache Beam pipeline option (--runner,\n"
+        "--direct_num_workers, --project, --region, --temp_location, ...).",
     )
-    parser.add_argument("--input", required=True,
-                        help="a file, glob or folder (local or any Beam filesystem, e.g. gs://); "
-                             "several separated by commas")
-    parser.add_argument("--output", required=True, help="output folder (local or gs://...)")
+    where = parser.add_argument_group("input and output")
+    where.add_argument("--input", required=True,
+                       help="a file, glob or folder (local or any Beam filesystem, e.g. gs://); "
+                            "several separated by commas")
+    where.add_argument("--output", required=True, help="output folder (local or gs://...)")
     return parser
 
 
 def config_parser(description: str, config_class: type,
                   aliases: Sequence[tuple[str, str, str, str]] = ()) -> argparse.ArgumentParser:
     """A job's parser with a flag per field of its config dataclass (help from the field's
-    docstring), `--config FILE` (YAML or JSON) and `--set KEY=VALUE`, the overrides every entry
-    point takes. `aliases`: (flag, field, value, help) for flags that set a field to a fixed
-    value (`--cased` sets do_lower_case=false). A config with `input` and `output` fields takes
-    them from `--input`/`--output`."""
+    docstring, and its default), `--config FILE` (YAML or JSON) and `--set KEY=VALUE`, the
+    overrides every entry point takes, grouped under the config's name. `aliases`: (flag,
+    field, value, help) for flags that set a field to a fixed value (`--cased` sets
+    do_lower_case=false). A config with `input` and `output` fields takes them from
+    `--input`/`--output`."""
+    parser = job_parser(description)
+    group = config_group(parser, config_class, skip=("input", "output"))
+    for flag, field, value, help_text in aliases:
+        group.add_argument(flag, dest=field, action="store_const", const=value, help=help_text)
+    group.add_argument("--config", metavar="FILE",
+                       help="settings file (YAML or JSON: field: value); flags win over it")
+    group.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a setting (repeatable); flags win over it")
+    return parser
+
+
+def config_group(parser: argparse.ArgumentParser, config_class: type,
+                 skip: Sequence[str] = ()) -> argparse._ArgumentGroup:
+    """An argument group of `parser` titled with `config_class` and holding a flag per field
+    (`common.settings.add_config_flags`), each help ending with the field's default."""
+    import dataclasses
+
     from common.settings import add_config_flags
 
-    parser = job_parser(description)
-    add_config_flags(parser, config_class, skip=("input", "output"))
-    for flag, field, value, help_text in aliases:
-        parser.add_argument(flag, dest=field, action="store_const", const=value, help=help_text)
-    parser.add_argument("--config", metavar="FILE",
-                        help="settings file (YAML or JSON: field: value); flags win over it")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a setting (repeatable); flags win over it")
-    return parser
+    group = parser.add_argument_group(
+        f"settings ({config_class.__name__}, {config_class.__module__.replace('.', '/')}.py)")
+    add_config_flags(group, config_class, skip=skip)
+    defaults = {f.name: f.default if f.default_factory is dataclasses.MISSING
+                else f.default_factory() for f in dataclasses.fields(config_class)}
+    for action in group._group_actions:  # argparse keeps a group's actions only there
+        default = defaults.get(action.dest, dataclasses.MISSING)
+        if default is not dataclasses.MISSING:
+            shown = repr(default).replace("%", "%%")
+            action.help = f"{action.help} (default: {shown})" if action.help else shown
+    return group
 
 
 def config_from_args(args: argparse.Namespace, base):
@@ -219,9 +245,10 @@ def runs_locally(beam_options) -> bool:
 
 
 def configure_logging() -> None:
-    # Beam logs a root-logger warning at import; force our format over it.
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)
+    # One set-up for every command (common/logs.py): Beam's INFO lines only when verbose.
+    from common import logs
+
+    logs.setup(force=True)
     if not (_KEEP_BEAM_TRACEBACKS or debug_requested()):
         for handler in logging.getLogger().handlers:
             handler.addFilter(_DISK_FULL_FILTER)
@@ -260,18 +287,29 @@ def warn_dead_letters(logger: logging.Logger, job: str, num_bad: int, dead_lette
         logger.warning("%s: %d bad record(s) set aside in %s", job, num_bad, dead_letter_path)
 
 
-def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | None = None) -> int:
+def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
+         prog: str | None = None) -> int:
     """A job's command line: `run(argv)` (the job's `main`); a user error prints
     `<job>: error: <message>` and returns 2 (1 when the job ran but produced nothing).
     `--debug` (or BERT_DEBUG=1) re-raises it with its traceback; other exceptions are bugs and
-    always keep theirs."""
+    always keep theirs. `--verbose` (or BERT_LOG_LEVEL=DEBUG) logs Beam's INFO lines too. `-h`/`--help` prints the job's help (`job_help`) as `prog` (default
+    `python -m pipelines.<job>`); `--runner=DataflowRunner` is checked first
+    (`dataflow_preflight`). A `run` that returns an int (verify_shards) exits with it."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or debug_requested()
-    argv = [a for a in argv if a != "--debug"]
+    if "--verbose" in argv:  # Beam's INFO lines and the config dump (common/logs.py)
+        os.environ["BERT_LOG_LEVEL"] = "DEBUG"
+    argv = [a for a in argv if a not in ("--debug", "--verbose")]
     global _KEEP_BEAM_TRACEBACKS
     _KEEP_BEAM_TRACEBACKS = debug
+    help_text = job_help(run, prog or f"python -m pipelines.{job}") if (
+        "-h" in argv or "--help" in argv) else None
+    if help_text is not None:
+        print(help_text, end="")
+        return 0
     try:
-        run(argv)
+        dataflow_preflight(argv)
+        result = run(argv)
     except Exception as e:  # a full disk is found in whatever error Beam raises
         error = e if isinstance(e, USER_ERRORS) else beam_disk_full(e)
         if debug or error is None or not is_user_error(error):
@@ -279,7 +317,23 @@ def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | Non
         message = str(error).strip() or type(error).__name__
         print(f"{job}: error: {message}", file=sys.stderr)
         return 1 if isinstance(error, NoOutputError) else 2
-    return 0
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def job_help(run: Callable, prog: str) -> str | None:
+    """The `--help` of the job whose `main` is `run`: its `build_parser()`'s flags (grouped,
+    each with its docstring and default) under the job module's whole docstring, whose usage
+    examples print as written; None for a module without `build_parser` (its own parser
+    answers)."""
+    module = sys.modules.get(getattr(run, "__module__", ""))
+    build = getattr(module, "build_parser", None)
+    if build is None:
+        return None
+    parser = build()
+    parser.prog = prog
+    parser.description = (module.__doc__ or parser.description or "").strip("\n")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    return parser.format_help()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -399,3 +453,116 @@ def remove_stale_temporaries(output: str, written: str, beam_sinks: Sequence[str
         logging.getLogger("pipelines").info("removed %d temporary file(s) left by a killed run in "
                                             "%s: %s", len(removed), output, ", ".join(removed))
     return removed
+
+
+# ----------------------------------------------------------------------------------------------
+# Dataflow without what it needs
+# ----------------------------------------------------------------------------------------------
+
+CREDENTIALS_TIMEOUT_S = 5.0
+"""How long the credentials lookup may take (google-auth pings the metadata server, up to 3
+tries of 3 s each where nothing answers); past it, no credentials were found."""
+_GCP_EXTRA = "pip install -e '.[gcp]' (or apache-beam[gcp]==2.77.0)"
+
+
+def dataflow_preflight(argv: Sequence[str]) -> None:
+    """Before a `--runner=DataflowRunner` job builds anything: a ValueError naming everything
+    it lacks, in one line (Beam would retry the credentials for about two minutes and then end
+    in a long traceback): Beam's GCP extra, `--project`, `--region` (or CLOUDSDK_COMPUTE_REGION),
+    a `--temp_location` (or `--staging_location`) of the form gs://BUCKET/FOLDER with a bucket
+    name Beam accepts, and Google credentials as google-auth finds them (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default file, the metadata
+    server), unless `--no_auth`. Any other runner: nothing is checked."""
+    options = _dataflow_options(argv)
+    if options is None:
+        return
+    missing = []
+    if not _imports("apache_beam.runners.dataflow.internal.apiclient"):
+        missing.append(f"Beam's GCP extra (apache-beam[gcp]: {_GCP_EXTRA})")
+    if not options.project:
+        missing.append("--project=...")
+    elif not re.fullmatch(r"[a-z][-a-z0-9:.]+[a-z0-9]", options.project):
+        # Beam refuses a project number or description after building the whole graph
+        missing.append(f"--project={options.project} (a project ID such as my-project, not "
+                       "its number or name)")
+    if not (options.region or os.environ.get("CLOUDSDK_COMPUTE_REGION")):
+        missing.append("--region=...")
+    locations = {name: getattr(options, name) for name in ("temp_location", "staging_location")
+                 if getattr(options, name)}
+    bad = [f"--{name}={path} (gs://BUCKET/FOLDER, a bucket name of 3 to 63 characters a-z 0-9 "
+           "- _ .)" for name, path in locations.items() if not _gcs_folder(path)]
+    missing += bad or ([] if locations else ["--temp_location=gs://BUCKET/tmp"])
+    if not options.no_auth:
+        problem = missing_credentials()
+        if problem:
+            missing.append(problem)
+    if missing:
+        raise ValueError(f"--runner=DataflowRunner needs {'; '.join(missing)}")
+
+
+def _dataflow_options(argv: Sequence[str]) -> argparse.Namespace | None:
+    """The Beam options the preflight reads, when `argv` names the Dataflow runner (Beam takes
+    `DataflowRunner`, `dataflow` or a dotted path to the class), else None."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ("runner", "project", "region", "temp_location", "staging_location"):
+        parser.add_argument(f"--{name}")
+    parser.add_argument("--no_auth", action="store_true")
+    options, _ = parser.parse_known_args(list(argv))
+    runner = str(options.runner or "").rsplit(".", 1)[-1].lower()
+    return options if runner in ("dataflowrunner", "dataflow") else None
+
+
+def _gcs_folder(path: str) -> bool:
+    """Whether `path` is a gs:// folder whose bucket name Beam accepts (an invalid one makes it
+    fall back on a default bucket that it then tries to create)."""
+    match = re.fullmatch(r"gs://([^/]+)/(.+)", path)
+    return bool(match) and re.fullmatch(r"[a-z0-9][-_a-z0-9.]{1,61}[a-z0-9]",
+                                        match.group(1)) is not None
+
+
+def _imports(module: str) -> bool:
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
+
+
+def missing_credentials(timeout_s: float = CREDENTIALS_TIMEOUT_S) -> str | None:
+    """None when google-auth finds Google credentials, else what to set up (one phrase)."""
+    key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if key_file and not os.path.isfile(key_file):
+        return (f"Google credentials: GOOGLE_APPLICATION_CREDENTIALS={key_file} is no file "
+                "(a service account's JSON key)")
+    if not _imports("google.auth"):
+        return f"Google credentials, and google-auth to read them ({_GCP_EXTRA})"
+    import threading
+
+    import google.auth
+    import google.auth.exceptions
+
+    found: list[BaseException | None] = []
+
+    def lookup() -> None:
+        try:
+            google.auth.default()
+            found.append(None)
+        except google.auth.exceptions.GoogleAuthError as error:
+            found.append(error)
+
+    # A daemon thread: where the metadata server does not answer, the process ends without
+    # waiting for google-auth's pings.
+    thread = threading.Thread(target=lookup, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if not found:
+        return (f"Google credentials (none found within {timeout_s:g} s: no "
+                "GOOGLE_APPLICATION_CREDENTIALS, no gcloud application-default login, the "
+                "metadata server does not answer)")
+    error = found[0]
+    if error is not None:
+        first = str(error).strip().split(". ")[0].rstrip(".")
+        return (f"Google credentials ({first}: run `gcloud auth application-default login` or "
+                "set GOOGLE_APPLICATION_CREDENTIALS to a service account's JSON key file)")
+    return None

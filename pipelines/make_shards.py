@@ -68,6 +68,7 @@ Casing follows the vocabulary folder (`--do_lower_case` defaults to what it reco
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import re
@@ -229,8 +230,8 @@ class ReadDocumentsFn(beam.DoFn):
                     yield TokenizedDoc(doc_id, split, unit.file_index, unit.part, local[split],
                                        narrow_ids(tokens), lengths)
                     local[split] += 1
-            logger.info("read %s part %d/%d: %d documents", path, unit.part + 1, unit.num_parts,
-                        sum(local.values()))
+            logger.debug("read %s part %d/%d: %d documents", path, unit.part + 1, unit.num_parts,
+                         sum(local.values()))
         except Exception as e:  # noqa: BLE001 - any unreadable file is a dead letter, not a crash
             if not opened and unit.part > 0:
                 return  # the file itself cannot be opened: every part fails alike, part 0 says so
@@ -446,7 +447,7 @@ class WriteShardFn(beam.DoFn):
                            self.config, self.vocab_tokens)
         self.written.inc()
         self.rows.inc(info.stats.num_rows)
-        logger.info("wrote %s: %d rows, %d bytes", info.file, info.stats.num_rows, info.bytes)
+        logger.debug("wrote %s: %d rows, %d bytes", info.file, info.stats.num_rows, info.bytes)
         yield info.to_json()
 
 
@@ -654,8 +655,9 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
     options = {"input": [f.path for f in files], "vocab": vocab,
                "instance": _fields_of(InstanceConfig, config),
                "job": _fields_of(ShardJobConfig, config)}
-    logger.info("make_shards: %d input file(s) -> %s\n%s", len(files), output,
-                "\n".join(f"  {k}: {v}" for k, v in asdict(config).items()))
+    logger.info("make_shards: %d input file(s) -> %s", len(files), output)
+    logger.debug("make_shards config:\n%s",
+                 "\n".join(f"  {k}: {v}" for k, v in asdict(config).items()))
     if config.mode != "reference":
         total = sum(f.size_bytes for f in files)
         jobs.warn_if_too_large_for_local_runner(  # a wave at a time is in memory
@@ -719,7 +721,7 @@ def _scalable_graph(p, parts: list[ReadPart], output: str, vocab: str, config: S
 def _run_scalable(files, output, vocab, beam_options, config: ShardsConfig, vocab_size):
     """Every wave in turn (`reading.input_waves`), each a pipeline; the shards' infos and the summed
     counters."""
-    from tqdm import tqdm
+    from common.logs import progress
 
     planned = input_waves(read_parts(parquet_io.with_uncompressed_sizes(files),
                                      config.read_part_kb * 1024),
@@ -728,13 +730,14 @@ def _run_scalable(files, output, vocab, beam_options, config: ShardsConfig, voca
     infos: list[shard_files.ShardInfo] = []
     counters: dict[str, int] = defaultdict(int)
     first_index = dict.fromkeys(shard_files.SPLITS, 0)
-    for index, parts in enumerate(tqdm(planned, desc="waves", unit="wave", file=sys.stderr,
+    for index, parts in enumerate(progress(planned, desc="waves", unit="wave", file=sys.stderr,
                                        disable=len(planned) == 1)):
         wave = Wave(index, len(planned), dict(first_index))
         wave_config = replace(config, num_shards=wave_num_shards(config.num_shards, wave))
-        wave_infos, wave_counters = _run_wave(parts, output, vocab, beam_options, wave_config,
-                                              vocab_size, wave)
-        waves.release_memory()
+        run = (_run_wave if len(planned) == 1 else
+               functools.partial(waves.run_isolated, _run_wave))  # one process per wave
+        wave_infos, wave_counters = run(parts, output, vocab, beam_options, wave_config,
+                                        vocab_size, wave)
         infos += wave_infos
         for name, value in wave_counters.items():
             counters[name] += value
@@ -748,7 +751,8 @@ def _run_scalable(files, output, vocab, beam_options, config: ShardsConfig, voca
 
 def _run_wave(parts, output, vocab, beam_options, config, vocab_size, wave: Wave):
     infos_path = storage.join(output, _SHARD_INFOS)
-    with beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p:
+    with (jobs.disk_full_reported(output),
+          beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p):
         _scalable_graph(p, parts, output, vocab, config, vocab_size, wave)
     result = p.result
     try:

@@ -238,8 +238,8 @@ def run(config: VocabConfig, input: str, output: str, beam_args: Sequence[str] =
     jobs.configure_logging()
     options = jobs.beam_pipeline_options(beam_args)
     inputs = drop_text_renderings(storage.expand_inputs(input))
-    logger.info("train_vocab: %d input file(s) -> %s; config %s", len(inputs), output,
-                config.resolved())
+    logger.info("train_vocab: %d input file(s) -> %s", len(inputs), output)
+    logger.debug("train_vocab config: %s", config.resolved())
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.withdraw_manifest(output)

@@ -28,8 +28,8 @@ def verify_folder(folder: str, progress: bool = True) -> tuple[list[str], shard_
     entries = manifest["shards"]
     iterator = entries
     if progress:
-        from tqdm import tqdm
-        iterator = tqdm(entries, desc="verify", unit="shard", file=sys.stderr)
+        from common.logs import progress
+        iterator = progress(entries, desc="verify", unit="shard", file=sys.stderr)
     for entry in iterator:
         problems += shard_files.verify_shard(folder, entry, max_seq_length)
     if not storage.is_remote(folder):
@@ -88,12 +88,18 @@ def describe(manifest: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command's flags; its help shows this module's docstring and example as written."""
     parser = argparse.ArgumentParser(prog="python -m pipelines.verify_shards",
-                                     description=__doc__.split("\n\n")[0])
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("folder", help="a make_shards output folder")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         problems, _ = verify_folder(args.folder, progress=not args.quiet)
     except FileNotFoundError as e:

@@ -186,11 +186,10 @@ def write_scattered_shards(scratch: str, output: str, prefix: str, num_shards: i
     """Each shard's scratch partition (`WriteShards` in waves) -> its Parquet shard, sorted as
     one pipeline writes it; the partitions' shard is the doc_id's (`partition_of` is
     `parquet_io.stable_shard`)."""
-    from tqdm import tqdm
-
+    from common.logs import progress
     from pipelines import parquet_io
 
-    for shard in tqdm(range(num_shards), desc=f"write {prefix} shards", unit="shard",
+    for shard in progress(range(num_shards), desc=f"write {prefix} shards", unit="shard",
                       disable=num_shards < 2):
         records = [r for path in partition_files(scratch, "shards", shard)
                    for r in read_lines(path)]
@@ -223,18 +222,39 @@ def resolve_wave_mb(config, options, local_mb: float):
     return dataclasses.replace(config, wave_mb=local_mb if jobs.runs_locally(options) else 0.0)
 
 
-def release_memory() -> None:
-    """Between waves: hand what the last wave freed back to the system (Python's collector,
-    Arrow's pool, glibc's heap), so the next wave starts from the same footprint rather than
-    from the last one's high-water mark."""
-    import ctypes
-    import gc
+PRELOAD = ["apache_beam", "pyarrow.parquet", "tokenizers", "numpy"]
+"""What the fork server imports once, so a wave's process starts without importing them."""
 
-    import pyarrow as pa
 
-    gc.collect()
-    pa.default_memory_pool().release_unused()
+def run_isolated(fn: Callable, *args):
+    """`fn(*args)` in a process of its own, its result returned (it must pickle).
+
+    A wave runs in a fresh process because Beam's local runner, run pipeline after pipeline in
+    one process, keeps what each left behind (its workers' caches, fragmented heaps): the peak
+    would creep up wave after wave. The process is forked from a fork server, which holds no
+    threads and has the heavy modules imported (`PRELOAD`), so it starts in a moment; it dies
+    with its parent (PR_SET_PDEATHSIG)."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(PRELOAD)
+    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(_isolated, fn, args).result()
+
+
+def _isolated(fn: Callable, args: tuple):
+    import pickle
+
+    from pipelines import beam_worker, jobs
+
+    beam_worker.die_with_parent(os.getppid())
+    jobs.configure_logging()
     try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
+        return fn(*args)
+    except Exception as e:
+        try:
+            pickle.dumps(e)
+        except Exception:  # noqa: BLE001 - what cannot cross back crosses as its message
+            raise RuntimeError(f"{type(e).__name__}: {e}") from None
+        raise

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from common import storage
+from common import logs, storage
 from common.errors import DiskFullError, disk_full, free_bytes
 from training import config as cfg
 from training.config import PhaseConfig, PretrainConfig
@@ -412,7 +412,7 @@ def consolidated_state_dict(ckpt_dir: str, tag: str) -> dict[str, torch.Tensor]:
     verify_checkpoint(folder)
     zero_files = [f for f in os.listdir(folder) if "optim_states" in f]
     if zero_files:
-        with weights_only_loads(folder):
+        with weights_only_loads(folder), logs.quiet_output():  # DeepSpeed prints its steps
             state = get_fp32_state_dict_from_zero_checkpoint(ckpt_dir, tag=tag)
     else:  # zero_stage 0, fp32 only (config.py refuses bf16/fp16 there): full-precision module
         module = torch.load(os.path.join(folder, "mp_rank_00_model_states.pt"),

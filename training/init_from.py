@@ -11,9 +11,18 @@ are new) start from BERT's initialisation and are logged.
 The weights are copied into the model before `deepspeed.initialize`, which then partitions them
 (ZeRO-3) or keeps them whole, as for a fresh model. A run that finds its own
 `checkpoints/latest` resumes from it and reads `init_from` for the shape only.
+
+The learning rate: a preset made for training from scratch (tiny: 1e-3; base: 1e-4) moves a
+released model's weights far from what it learned. `continue_preset()` (the flow's
+`--preset continue`, and `training/configs/continue.yaml` for `bert-pretrain`) trains at 5e-5,
+the top of BERT's fine-tuning range (Devlin et al. 2019, appendix A.3), with 6% of each phase's
+steps as warmup (RoBERTa's fine-tuning warmup ratio, Liu et al. 2019, Table 10). A
+run with `init_from` and a phase above `MAX_CONTINUE_LEARNING_RATE` logs one warning when it
+starts (`warn_learning_rate`).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 from torch import nn
@@ -22,6 +31,7 @@ from common import storage
 from model.bert import PRESETS as MODEL_PRESETS
 from model.bert import BertConfig
 from model.hf import StartingPoint, find_starting_point, read_starting_weights
+from training import config as training_config
 from training.config import SHAPE_FIELDS, PretrainConfig
 
 log = logging.getLogger(__name__)
@@ -29,6 +39,49 @@ log = logging.getLogger(__name__)
 CHECKPOINT_SHAPE_FIELDS = (*SHAPE_FIELDS, "vocab_size", "max_position_embeddings",
                            "type_vocab_size")
 """What the weights' shapes fix: a config may restate them, never change them."""
+CONTINUE_LEARNING_RATE = 5e-5
+"""Peak learning rate of continued pre-training (`continue_preset`)."""
+MAX_CONTINUE_LEARNING_RATE = 1e-4
+"""Above it, a run from `init_from` is warned: BERT-base's own pre-training rate from scratch."""
+_WARNED: set[str] = set()
+
+
+def continue_preset() -> PretrainConfig:
+    """Continued pre-training of a released BERT (set `init_from`; the checkpoint decides the
+    shape and vocabulary): base's two phases of 256 sequences per step, 9,000 steps at 128 tokens
+    and 1,000 at 512, each at `CONTINUE_LEARNING_RATE` with 6% warmup; a GPU when there is one
+    (device, precision auto), else the CPU."""
+    base = training_config.base()
+    phases = tuple(dataclasses.replace(p, steps=steps, warmup_steps=steps * 6 // 100,
+                                       learning_rate=CONTINUE_LEARNING_RATE)
+                   for p, steps in zip(base.phases, (9_000, 1_000)))
+    return dataclasses.replace(base, phases=phases, device="auto", precision="auto",
+                               zero_stage=1, compile=False, eval_every=1_000,
+                               checkpoint_every=1_000)
+
+
+def learning_rate_warning(config: PretrainConfig) -> str | None:
+    """The one-line warning of a run from `init_from` whose phases train above
+    `MAX_CONTINUE_LEARNING_RATE`, else None."""
+    high = [f"{p.name}.learning_rate={p.learning_rate:g}" for p in config.phases
+            if p.learning_rate > MAX_CONTINUE_LEARNING_RATE]
+    if not config.init_from or not high:
+        return None
+    return (f"init_from={config.init_from} with {', '.join(high)}: above "
+            f"{MAX_CONTINUE_LEARNING_RATE:g}, a rate for training from scratch, which moves the "
+            f"checkpoint far from what it learned; continued pre-training trains at about "
+            f"{CONTINUE_LEARNING_RATE:g} (bert-dag --preset continue, bert-pretrain --config "
+            "training/configs/continue.yaml)")
+
+
+def warn_learning_rate(config: PretrainConfig) -> str | None:
+    """Log `learning_rate_warning` once per process (the run checks each phase's shape at start
+    and again when the phase builds its model); returns it."""
+    message = learning_rate_warning(config)
+    if message is not None and message not in _WARNED:
+        _WARNED.add(message)
+        log.warning(message)
+    return message
 
 
 def checkpoint_model_config(config: PretrainConfig, manifest: dict,
@@ -38,6 +91,7 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
     (when one is named), the shards' vocabulary, the vocabulary folder or a phase's sequence
     length contradicts the checkpoint."""
     start = start or find_starting_point(config.init_from)
+    warn_learning_rate(config)
     shape = start.config
     where = f"init_from={config.init_from} ({start.config_file})"
     for name in SHAPE_FIELDS:  # the run's shape fields (0 = not set)

@@ -56,7 +56,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from common import storage
+from common import logs, storage
 from training import config as cfg
 from training.checkpoint import (
     CHECKPOINTS,
@@ -114,7 +114,8 @@ def init_distributed() -> Dist:
     from training.launch import init_process_env, init_process_group
     init_process_env()
     init_process_group(get_accelerator().communication_backend_name())
-    deepspeed.init_distributed()  # gloo on the CPU accelerator, nccl on GPUs
+    with logs.quiet_output():  # DeepSpeed prints each op it builds
+        deepspeed.init_distributed()  # gloo on the CPU accelerator, nccl on GPUs
     on_gpu = get_accelerator().device_name() == "cuda"
     if on_gpu:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -448,12 +449,10 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
     """Steps `step`..`stop_at` (<= phase.steps) of one phase; returns the last checkpoint tag
     and the step reached. Stopping early (`stop_at` < phase.steps) saves a checkpoint. A step's
     checkpoint is written before its evaluation, so a failing evaluation loses no training."""
-    from tqdm import tqdm
-
     batches = iter(loader)
     tag = None
     window, started = 0, time.perf_counter()
-    bar = tqdm(total=phase.steps, initial=step, desc=phase.name, disable=not dist.is_main,
+    bar = logs.progress(total=phase.steps, initial=step, desc=phase.name, disable=not dist.is_main,
                dynamic_ncols=True)
     while step < stop_at:
         window = window + train_step(engine, batches)
@@ -520,7 +519,9 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
     resume, validate, redo = preflight(config, dist, ckpt_dir)
     if dist.is_main:
-        print(cfg.describe(config, dist.world_size), flush=True)
+        log.info("config: %s (BERT_LOG_LEVEL=DEBUG prints it)",
+                 os.path.join(config.output_dir, "config.json"))
+        log.debug("resolved config:\n%s", cfg.describe(config, dist.world_size))
         remove_stale_files(ckpt_dir)
         os.makedirs(ckpt_dir, exist_ok=True)
         cfg.save(config, os.path.join(config.output_dir, "config.json"))
@@ -742,6 +743,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop with a checkpoint after N optimizer steps of this invocation "
                              "(preemption drills); run again to resume")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    logs.add_verbose_flag(parser)
     return parser
 
 
@@ -752,7 +754,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(args.verbose)
     try:
         config = cfg.resolve(args.preset, args.config, args.set)
     except USER_ERRORS as e:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common import storage
+from common import logs, storage
 from common.errors import debug_requested, is_user_error
 from finetune.features import extract
 
@@ -87,15 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=int, default=defaults["batch_size"].default)
     p.add_argument("--device", default=defaults["device"].default)
     p.add_argument("--debug", action="store_true", help="show tracebacks")
+    logs.add_verbose_flag(p)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
-                        "%(message)s")
-    options = {k: v for k, v in vars(args).items() if k != "debug"}
+    logs.setup(args.verbose)
+    options = {k: v for k, v in vars(args).items() if k not in ("debug", "verbose")}
     try:
         run(FeaturesConfig(**options))
     except Exception as e:  # a user error prints one line, others re-raise

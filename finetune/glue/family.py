@@ -9,7 +9,8 @@ example is the same as alone; only the pad tokens' work is saved.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,7 +22,7 @@ from torch import Tensor, nn
 from finetune.family import Prepared, Recipe, Scored
 from finetune.glue import data as glue_data
 from finetune.glue.metrics import compute_metrics, task_score
-from finetune.glue.tasks import TaskSpec, get_task
+from finetune.glue.tasks import SplitSpec, TaskSpec, get_task
 from finetune.loop import FinetuneConfig, TestPredictions, for_recipe
 from finetune.packing import lay_out, pack_rows
 from model.bert import BertModel
@@ -125,10 +126,16 @@ def subset(split: glue_data.GlueSplit, limit: int | None, seed: int = 0) -> glue
 
 def prepare_task(task: TaskSpec, data_dir: str, tokenizer, max_seq_length: int,
                  max_train_examples: int | None, max_eval_examples: int | None,
-                 skip_bad_rows: bool, predict_test: bool) -> Prepared:
-    """Read and tokenize the train, dev and (when present and asked for) test files of `task`."""
+                 skip_bad_rows: bool, predict_test: bool,
+                 read: Callable[[SplitSpec], glue_data.GlueSplit] | None = None) -> Prepared:
+    """Read and tokenize the train, dev and (when present and asked for) test files of `task`.
+
+    `read` reads one split in place of the GLUE layouts under `data_dir` (a user's task,
+    finetune/user: its CSV, TSV or JSON lines by column name); a test split is read where
+    `os.path.isfile(split.path)` then."""
     def load(split_spec, limit=None, required=True):
-        split = glue_data.read_split(data_dir, task, split_spec, skip_bad_rows)
+        split = (read or (lambda s: glue_data.read_split(data_dir, task, s, skip_bad_rows)))(
+            split_spec)
         if required and not split.examples:
             # 0 training steps or an empty dev set would still "score" and report a number.
             aside = f" ({len(split.bad_rows)} malformed rows set aside)" if split.bad_rows else ""
@@ -140,8 +147,9 @@ def prepare_task(task: TaskSpec, data_dir: str, tokenizer, max_seq_length: int,
     devs = {s.name: load(s, max_eval_examples) for s in task.dev}
     tests = {}
     if predict_test:
-        tests = {s.name: load(s, required=False) for s in task.test
-                 if glue_data.has_split(data_dir, task, s)}
+        present = (lambda s: os.path.isfile(s.path)) if read else (
+            lambda s: glue_data.has_split(data_dir, task, s))
+        tests = {s.name: load(s, required=False) for s in task.test if present(s)}
     # Subsets keep every bad row of the file: they were read, so they are reported.
     bad_records = tuple(b for s in (train, *devs.values(), *tests.values()) for b in s.bad_rows)
     if bad_records:

@@ -8,7 +8,8 @@ Formats (`NerFormat`, one per task in `finetune.ner.tasks`):
   into 1,001).
 
 The word is the first column and the NER tag the last. Tags are `O`, `B-<type>` or `I-<type>`
-(IOB2 in both shipped sets; IOB1 files read the same way, the scorer decodes either). A line
+(IOB2 in both shipped sets; IOB1 files read the same way, the scorer decodes either; a user's
+BIOES task, finetune/user, also takes `E-`/`S-`: `NerFormat.tag_prefixes`). A line
 with the wrong number of columns or a tag of another shape raises `NerFormatError` naming the
 file and line; with `skip_bad_records` its whole sentence is set aside as a `BadRecord`
 (counted, written to the run's dead-letter file) rather than scored with a word missing. Labels
@@ -42,12 +43,25 @@ class NerFormat:
     delimiter: str
     """What separates the fields: " " (CoNLL-2003) or "\\t" (WNUT-17). Splitting on this alone,
     not on any whitespace, keeps a token holding another space character whole."""
+    tag_prefixes: str = "BI"
+    """Prefixes a tag other than `O` may have: "BI" (IOB1, IOB2), "BIES" (BIOES: a task
+    file's tag set, finetune/user)."""
 
     def __post_init__(self) -> None:
         if self.num_columns < 2:
             raise ValueError(f"num_columns must be >= 2 (word and tag), got {self.num_columns}")
         if not self.delimiter or self.delimiter.strip():
             raise ValueError(f"delimiter must be whitespace, got {self.delimiter!r}")
+
+    def is_tag(self, tag: str) -> bool:
+        """`O`, or one of `tag_prefixes`, a dash and a type without spaces."""
+        return tag == OUTSIDE or (tag[:1] in self.tag_prefixes and TAG_PATTERN.fullmatch(
+            f"B{tag[1:]}") is not None)
+
+    def tag_shapes(self) -> str:
+        """"O, B-<type> or I-<type>": the tags `is_tag` takes, for errors."""
+        shapes = [OUTSIDE, *(f"{p}-<type>" for p in self.tag_prefixes)]
+        return f"{', '.join(shapes[:-1])} or {shapes[-1]}"
 
 
 @dataclass(frozen=True)
@@ -128,8 +142,8 @@ def _parse_line(line: str, fmt: NerFormat) -> tuple[str, str]:
     word, tag = fields[0], fields[-1]
     if not word:
         raise ValueError(f"empty word: {line!r}")
-    if not TAG_PATTERN.fullmatch(tag):
-        raise ValueError(f"tag {tag!r} is not O, B-<type> or I-<type>")
+    if not fmt.is_tag(tag):
+        raise ValueError(f"tag {tag!r} is not {fmt.tag_shapes()}")
     return word, tag
 
 

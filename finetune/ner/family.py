@@ -82,11 +82,12 @@ def word_predictions(encoded: EncodedNer, sentences: Sequence[data.Sentence],
     return predicted  # type: ignore[return-value]
 
 
-def _read_split(path: str, spec: NerTask, labels: tuple[str, ...],
+def _read_split(path: str, fmt: data.NerFormat, labels: tuple[str, ...], source: str,
                 skip_bad_records: bool) -> data.NerSplit:
-    """One labelled file, its tags checked against the task table; an empty one is an error."""
-    split = data.read_conll(path, spec.format, skip_bad_records)
-    data.check_labels(split, labels, f"the {spec.name} task table (finetune/ner/tasks.py)")
+    """One labelled file, its tags checked against `labels` (from `source`: the task table or
+    a task file); an empty one is an error."""
+    split = data.read_conll(path, fmt, skip_bad_records)
+    data.check_labels(split, labels, source)
     if not split.sentences:
         raise data.NerFormatError(f"{split.path}: no sentences")
     return split
@@ -119,11 +120,21 @@ class NerFamily:
                 max_train_examples: int | None, max_eval_examples: int | None,
                 skip_bad_records: bool) -> Prepared:
         spec = task_spec(task)
-        paths = split_paths(task, data_dir)
-        labels = spec.labels
-        read = {name: _read_split(paths[name], spec, labels, skip_bad_records)
+        return self.prepare_files(task, split_paths(task, data_dir), spec.format, spec.labels,
+                                  f"the {spec.name} task table (finetune/ner/tasks.py)",
+                                  tokenizer, max_seq_length, max_train_examples,
+                                  max_eval_examples, skip_bad_records)
+
+    def prepare_files(self, task: str, paths: dict[str, str], fmt: data.NerFormat,
+                      labels: tuple[str, ...], source: str, tokenizer, max_seq_length: int,
+                      max_train_examples: int | None, max_eval_examples: int | None,
+                      skip_bad_records: bool) -> Prepared:
+        """`prepare` of files named in full: train, dev and (when it exists) test, read as
+        `fmt`, their tags `labels` (from `source`, named in errors). A user's task
+        (finetune/user) comes in here."""
+        read = {name: _read_split(paths[name], fmt, labels, source, skip_bad_records)
                 for name in ("train", "dev", "test")
-                if name != "test" or os.path.isfile(paths[name])}
+                if name != "test" or (paths.get("test") and os.path.isfile(paths["test"]))}
         parts = {name: data.subset(split, max_train_examples if name == "train"
                                    else max_eval_examples)
                  for name, split in read.items()}

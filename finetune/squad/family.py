@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from finetune.family import Prepared, Recipe, Scored
+from finetune.family import PARTIAL_FILE, Prepared, Recipe, Scored
 from finetune.squad import data as squad_data
 from finetune.squad import metrics, postprocess
 from finetune.squad.features import (
@@ -182,10 +182,6 @@ class SquadFamily:
             return scored
         log.warning("%s %s predictions.json: %s", prepared.task, split, note)
         return dataclasses.replace(scored, files={**scored.files, PARTIAL_FILE: note + "\n"})
-
-
-PARTIAL_FILE = "PARTIAL.txt"
-"""Written beside a sliced dev set's predictions.json, saying it is partial."""
 
 
 def partial_note(scored: int, total: int) -> str:

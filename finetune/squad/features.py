@@ -38,13 +38,15 @@ class WindowConfig:
     """Question tokens kept (the rest is cut)."""
 
     def __post_init__(self) -> None:
+        # doc_stride and max_query_length are the SQuAD family's settings, no command's flags
         if self.doc_stride < 1:
-            raise ValueError(f"--doc_stride must be >= 1, got {self.doc_stride}")
+            raise ValueError(f"doc_stride must be >= 1, got {self.doc_stride}")
         if self.max_query_length < 1:
-            raise ValueError(f"--max_query_length must be >= 1, got {self.max_query_length}")
+            raise ValueError(f"max_query_length must be >= 1, got {self.max_query_length}")
         if self.max_seq_length < self.max_query_length + 4:
             raise ValueError(f"--max_seq_length {self.max_seq_length} leaves no passage token "
-                             f"after a question of --max_query_length {self.max_query_length}")
+                             f"after a question of up to {self.max_query_length} tokens (the "
+                             "SQuAD family's max_query_length) and 3 special tokens")
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,9 @@ class PostprocessConfig:
 
     def __post_init__(self) -> None:
         if self.n_best_size < 1:
-            raise ValueError(f"--n_best_size must be >= 1, got {self.n_best_size}")
+            raise ValueError(f"n_best_size must be >= 1, got {self.n_best_size}")
         if self.max_answer_length < 1:
-            raise ValueError(f"--max_answer_length must be >= 1, got {self.max_answer_length}")
+            raise ValueError(f"max_answer_length must be >= 1, got {self.max_answer_length}")
 
 
 DEFAULT = PostprocessConfig()

@@ -13,6 +13,13 @@ name, doc_id) falls below the fractional part. So 0.5 keeps about half the docum
 half on every run; 3 keeps each document three times (the copies get the doc_ids `<id>#r1`,
 `<id>#r2`). Applied after deduplication because the copies are exact duplicates by design:
 applied before, deduplication would remove them again.
+
+`quality` opts a source into the quality filters (pipelines/corpus/quality.py): unset (None, the
+default of every source, wikipedia and books included) its documents are not filtered; a
+mapping sets the thresholds, each unset one at the Gopher paper's value and 0 turning one off.
+In a sources JSON list: `{"name": "news", "kind": "jsonl", "path": "...", "quality":
+{"min_words": 50, "languages": ["en"], "min_stop_words": 2}}`; in the flow:
+`--set data.sources.news.quality.languages=en`.
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from common import settings
+from pipelines.corpus.quality import QualityConfig
 
 Kind = Literal["wikipedia", "books", "text", "jsonl", "parquet", "csv", "tsv", "hf_datasets"]
 KINDS: tuple[str, ...] = typing.get_args(Kind)
@@ -61,6 +69,9 @@ class SourceConfig:
     (by a hash of the doc_id), 3 keeps each three times."""
     licence: str = ""
     """Licence or provenance label, carried into the corpus manifest and the report."""
+    quality: QualityConfig | None = None
+    """Quality filters for its documents (pipelines/corpus/quality.py: length bounds, language,
+    the Gopher rules), e.g. {"min_words": 50, "languages": ["en"]}; unset: no filtering."""
 
     def __post_init__(self):
         settings.check_choices(self)

@@ -38,12 +38,12 @@ def read_all_documents(files: list[storage.InputFile], tokenizer, validation_fra
     that reaches the end of a file without a blank line goes on in the next one. A text
     document's id is `<path below the input folder>:<i>` (a top-level file: its bare name).
     """
-    from tqdm import tqdm
+    from common.logs import progress
 
     records: list[tuple[str, list[str]]] = []  # (doc_id, sentences), in input order
     bad: list[errors.BadRecord] = []
     continues = False  # the last text file ended inside a document
-    for file in tqdm(files, desc="read", unit="file", file=sys.stderr):
+    for file in progress(files, desc="read", unit="file", file=sys.stderr):
         path = file.path
         try:
             with storage.open_read(path, "rb") as f:
@@ -95,8 +95,7 @@ def _parquet_records(parquet, path: str, bad: list[errors.BadRecord]) -> list[tu
 def run_reference(files: list[storage.InputFile], output: str, vocab_path: str,
                   config: ShardsConfig) -> tuple[list[shard_files.ShardInfo], dict]:
     """One process, one random stream: `create_instances_reference`, then the same writers."""
-    from tqdm import tqdm
-
+    from common.logs import progress
     from common.tokenization import load_tokenizer, read_vocab
 
     vocab_tokens = read_vocab(vocab_path)
@@ -128,7 +127,7 @@ def run_reference(files: list[storage.InputFile], output: str, vocab_path: str,
         # writer, deal it round robin over the output files.
         num_shards = split_num_shards([group.stats()], config, len(vocab_tokens))
         shard, _ = shard_files.assign_round_robin(np.arange(len(group.row_sizes)), num_shards)
-        for s in tqdm(range(num_shards), desc=f"write {split}", unit="shard", file=sys.stderr):
+        for s in progress(range(num_shards), desc=f"write {split}", unit="shard", file=sys.stderr):
             infos.append(write_group(output, split, s, group.take_rows(np.flatnonzero(shard == s)),
                                      config, vocab_tokens))
     return infos, counters

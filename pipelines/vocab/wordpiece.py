@@ -68,8 +68,8 @@ class VocabConfig:
     vocab_size: int = BERT_VOCAB_SIZE
     """Total entries, special and `[unused*]` tokens included."""
     do_lower_case: bool = True
-    """Lower-case and strip accents as the uncased BERT does; false (`--cased`) keeps case and
-    accents."""
+    """Lower-case and strip accents as the uncased BERT does; false (train_vocab's `--cased`)
+    keeps case and accents."""
     min_frequency: int = 2
     """A pair of pieces seen fewer times than this is never merged."""
     limit_alphabet: int = 1000
@@ -311,13 +311,13 @@ def tokenization_stats(tokens: list[str], word_counts: Mapping[str, int],
                        do_lower_case: bool, batch_size: int = 10000,
                        show_progress: bool = False) -> dict:
     """How the vocabulary tokenizes the corpus words, weighted by their counts."""
-    from tqdm import tqdm
+    from common.logs import progress
 
     tokenizer = build_tokenizer(tokens, do_lower_case)
     unk_id = tokens.index(UNK)
     words = sorted(word_counts)
     pieces = unk_words = whole_words = 0
-    for start in tqdm(range(0, len(words), batch_size), desc="tokenization stats", unit="batch",
+    for start in progress(range(0, len(words), batch_size), desc="tokenization stats", unit="batch",
                       disable=not show_progress):
         batch = words[start:start + batch_size]
         for word, encoding in zip(batch, tokenizer.encode_batch(batch, add_special_tokens=False)):

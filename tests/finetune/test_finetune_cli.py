@@ -31,7 +31,7 @@ def test_unknown_task_is_named_with_the_known_ones(tmp_path, capsys):
     assert exit_.value.code == 2
     assert ("bert-finetune: error: --tasks: unknown task 'squad9'; known: cola, sst-2, mrpc, "
             "sts-b, qqp, mnli, qnli, rte, wnli, squad1, squad2, swag, cosmosqa, conll2003, wnut17 "
-            "(or a family: glue, squad, multiple_choice, ner; or all)"
+            "(or a family: glue, squad, multiple_choice, ner, user; or all)"
             in capsys.readouterr().err)
 
 

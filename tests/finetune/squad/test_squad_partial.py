@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from finetune.checkpoint import load_tokenizer
+from finetune.report import TABLE_COLUMNS
 from finetune.squad import FAMILY
 from finetune.squad import data as squad_data
 from finetune.squad.family import PARTIAL_FILE, partial_note
@@ -47,3 +48,32 @@ def test_whole_dev_set_is_not_partial(tokenizer):
     assert PARTIAL_FILE not in _zero_scored(prepared).files
     assert (partial_note(7, 7), partial_note(3, 7)) == (
         "", "partial (3 of 7 questions): not for submission")
+
+
+def test_a_sliced_run_says_partial_in_its_report_row_and_on_the_console(minilm_dir, tmp_path,
+                                                                         capsys):
+    """A real `bert-finetune` run on a slice of the sample's dev set: the row, the line under
+    the table (summary.md and stdout alike), results.csv and results.json say it is partial."""
+    from finetune.cli import main
+
+    total = len(squad_data.read_squad(squad_data.split_path(SAMPLE, "squad1", "dev"),
+                                      training=False, version_2=False).examples)
+    out = tmp_path / "out"
+    assert main(["--model", str(minilm_dir), "--data", SAMPLE, "--output", str(out),
+                 "--tasks", "squad1", "--learning_rates", "5e-5", "--seeds", "1",
+                 "--epochs", "1", "--batch_size", "4", "--max_seq_length", "128",
+                 "--max_train_examples", "4", "--max_eval_examples", "3", "--no_progress",
+                 "--device", "cpu"]) == 0
+    note = f"partial (3 of {total} questions): not for submission"
+    line = f"squad1: predictions are {note}"
+    table = (out / "summary.md").read_text()
+    (row,) = [r for r in table.splitlines() if r.startswith("| squad1 |")]
+    assert row.split(" | ")[TABLE_COLUMNS.index("dev_examples")] == "3 (partial)"
+    assert table.endswith(f"\n\n{line}\n")
+    assert capsys.readouterr().out == table
+    summary = dict(zip(*[r.split(",") for r in
+                         (out / "results.csv").read_text().splitlines()[:2]]))
+    assert summary["dev_examples"] == "3 (partial)"
+    (result,) = json.loads((out / "results.json").read_text())["tasks"]
+    assert result["partial"] == note
+    assert (out / "squad1" / PARTIAL_FILE).read_text() == note + "\n"

@@ -1,0 +1,131 @@
+"""Logs a person reads (common/logs.py): a real `bert-dag` run, its output counted by kind.
+
+One small full run (Prefect's temporary server, Beam data stages, a DeepSpeed pre-training
+subprocess with its loss curve, one GLUE fine-tuning run, the report) prints no transport
+lines, no matplotlib or Beam INFO lines, no config dump, a few lines per progress bar, and ends
+naming where the report is saved. The same command with BERT_LOG_LEVEL=DEBUG (every stage
+reused) brings the library lines and the config dump back.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+SMALL_RUN = [
+    "--preset", "tiny", "--set", "shards.dupe_factor=1", "--set", "pretrain.precision=fp32",
+    "--set", "pretrain.phase1.steps=6", "--set", "pretrain.phase1.warmup_steps=2",
+    "--set", "pretrain.phase1.global_batch_size=8", "--set", "pretrain.phase1.micro_batch_size=8",
+    "--set", "pretrain.phase2.steps=2", "--set", "pretrain.phase2.warmup_steps=0",
+    "--set", "pretrain.phase2.global_batch_size=4", "--set", "pretrain.phase2.micro_batch_size=4",
+    "--set", "pretrain.log_every=2", "--set", "finetune.tasks=rte",
+    "--set", "finetune.learning_rates=1e-4", "--set", "finetune.epochs=1",
+    "--set", "finetune.max_train_examples=16", "--set", "finetune.max_eval_examples=16",
+]
+
+KINDS = {
+    "transport": re.compile(r"\b(httpx|httpcore|urllib3)\b|HTTP Request:"),
+    "matplotlib": re.compile(r"\bmatplotlib\b|\bPIL\b"),
+    "beam_info": re.compile(r"INFO.{0,40}apache_beam"),
+    # every config dump (the flow's JSON, make_shards' and the trainer's YAML) has this field
+    "config_dump": re.compile(r"mask_fraction|resolved config"),
+}
+PROGRESS = re.compile(r"(?:^|[-|:] )([\w .]+?): +(\d+)%\|")
+"""A tqdm line; group 1 is the bar's description (`phase1:  40%|...`), group 2 its percent."""
+MAX_LINES_PER_BAR = 3  # the first line, the last, and at most one a minute between
+
+
+def bert_dag(args: list[str], prefect_home: Path, **env: str) -> list[str]:
+    """`bert-dag` as a user runs it, its stdout and stderr together, line by line."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_HOME": str(prefect_home),
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "HF_HUB_OFFLINE": "1",
+                "DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false",
+                "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120", **env}
+    for name in ("PREFECT_API_URL", "BERT_LOG_LEVEL"):
+        if name not in env:
+            full_env.pop(name, None)
+    run = subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, env=full_env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         timeout=900, check=False)
+    assert run.returncode == 0, run.stdout[-4000:]
+    return run.stdout.splitlines()
+
+
+def count(lines: list[str]) -> Counter:
+    """Lines by kind (KINDS), and `progress:<bar>` per progress bar."""
+    counts: Counter = Counter()
+    for line in lines:
+        counts.update(kind for kind, pattern in KINDS.items() if pattern.search(line))
+        bar = PROGRESS.search(line)
+        if bar:
+            counts[f"progress:{bar.group(1).strip()}"] += 1
+            counts[f"bars:{bar.group(1).strip()}"] += bar.group(2) == "0"  # a bar starts at 0%
+    return counts
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The small run, then the same run again with BERT_LOG_LEVEL=DEBUG (stages reused)."""
+    tmp = tmp_path_factory.mktemp("quiet_logs")
+    root = tmp / "run"
+    args = [*SMALL_RUN, "--output", str(root)]
+    quiet = bert_dag(args, tmp / "prefect")
+    verbose = bert_dag(args, tmp / "prefect", BERT_LOG_LEVEL="DEBUG")
+    return {"root": root, "quiet": quiet, "verbose": verbose}
+
+
+def test_a_run_prints_no_library_lines_no_config_dump_and_few_progress_lines(runs):
+    lines = runs["quiet"]
+    counts = count(lines)
+    shown = f"{len(lines)} lines, {dict(counts)}:\n" + "\n".join(lines)
+    assert {k: counts[k] for k in KINDS} == dict.fromkeys(KINDS, 0), shown
+    bars = {k.removeprefix("bars:"): v for k, v in counts.items() if k.startswith("bars:")}
+    assert bars["phase1"] == bars["phase2"] == 1, shown  # the trainer's bars reach the output
+    for name, started in bars.items():
+        assert 0 < counts[f"progress:{name}"] <= MAX_LINES_PER_BAR * started, shown
+    assert not [line for line in lines if line.rstrip().endswith(" - ")], shown  # no empty lines
+
+
+def test_a_run_ends_naming_its_report_and_what_to_run_next(runs):
+    root = runs["root"]
+    report = root / "report.md"
+    tail = [line for line in runs["quiet"] if line.strip()][-4:]
+    assert tail[-1] == f"Report saved to {report} (run folder {root})", tail
+    assert tail[0] == "## Next"
+    assert tail[1].startswith(f"- fine-tune the model on your tasks: `bert-finetune --model "
+                              f"{root}/pretrain-"), tail
+    assert tail[1].endswith(f"/hf --data DATA_FOLDER --tasks rte --output {root}/finetune-more`")
+    assert tail[2] == (f"- train longer (the data stages are reused): `bert-dag --preset tiny "
+                       f"--output {root} --set pretrain.phase1.steps=N` with this run's other "
+                       f"settings")
+    saved = report.read_text(encoding="utf-8")
+    assert saved.endswith(f"\n{tail[-1]}\n") and f"\n{tail[1]}\n" in saved
+
+
+def test_bert_log_level_debug_brings_the_library_lines_and_the_config_back(runs):
+    counts = count(runs["verbose"])
+    assert counts["transport"] > 0 and counts["config_dump"] > 0, dict(counts)
+    # every stage was reused: the report says so, and ends the same way
+    assert runs["verbose"][-1] == runs["quiet"][-1]
+
+
+def test_a_data_only_report_ends_with_the_full_run_that_reuses_its_stages(tmp_path):
+    from flows.config import resolve
+    from flows.report import report
+    from flows.stages import StageResult
+
+    cfg = resolve("tiny", {"output": str(tmp_path)}, data_only=True)
+    corpus = StageResult("corpus", str(tmp_path / "corpus-1"), "1", cached=False, seconds=1.0)
+    result = report(cfg, [corpus], None, "report-data.md")
+    assert result["markdown"].endswith(
+        "## Next\n\n- the full run reuses these stages: `bert-dag --preset tiny --output "
+        f"{tmp_path}` with the same settings, without `--data_only`\n\n"
+        f"Report saved to {tmp_path}/report-data.md (run folder {tmp_path})\n")
+    assert (tmp_path / "report-data.md").read_text(encoding="utf-8") == result["markdown"]
