@@ -15,6 +15,12 @@ shard. `--text_output` also writes `corpus-....txt` next to each shard in the re
 Bad records go to `<output>/dead_letter/` and are counted: a document with no sentence, and a
 doc_id that two inputs use for different texts (the one from the smaller source_file is kept).
 
+Quality filters: a source that declares them (`SourceConfig.quality`, pipelines/corpus/quality.py:
+length bounds, language identification, Gopher's repetition and symbol rules; none by default)
+has its documents checked after the exact deduplication; each one dropped is counted per rule
+(`<source>/dropped_<rule>` in the ledger, `quality_dropped` in all) and listed with the rule and
+its figure in `<output>/quality/` (written only when some source declares filters).
+
 The mixture: after deduplication and sentence splitting, each document is kept, dropped or
 repeated by its source's weight (`--sources`, pipelines/documents/source.py: a sampling factor,
 0.5 keeps about half the documents by a hash of (source, doc_id), 3 keeps each three times,
@@ -50,17 +56,22 @@ from common.settings import check
 from pipelines import jobs, parquet_io, waves
 from pipelines.corpus import sentences
 from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
+from pipelines.corpus.filter_quality import FilterQuality
+from pipelines.corpus.quality import QualityConfig
 from pipelines.documents import source as mixture
 from pipelines.documents.source import SourceConfig
 
 NAMESPACE = "build_corpus"
 PREFIX = "corpus"
 DUPLICATES_FILE = "duplicates/duplicates-00000-of-00001.jsonl"
+QUALITY_FILE = "quality/dropped-00000-of-00001.jsonl"
+"""The documents the quality filters dropped (written when a source declares filters)."""
 LOCAL_WAVE_MB = 8.0
 """Input MB per wave on Beam's local runner when `wave_mb` is unset (documents Parquet): a
 wave's pipeline peaks near 0.5 GB with one worker (benchmarks/bench_local_memory.py)."""
 COUNTERS = ("input_files", "documents_read", "duplicates_removed", "doc_id_conflicts",
-            "documents_without_sentences", "bad_records", "documents", "passages", "sentences")
+            "documents_without_sentences", "quality_dropped", "bad_records", "documents",
+            "passages", "sentences")
 LEDGER_NAMESPACE = "build_corpus.sources"
 """Per-source counters, named `<source>/<counter>`."""
 LEDGER_COUNTS = ("documents_in", "bytes_in", "duplicates_removed", "doc_id_conflicts",
@@ -102,6 +113,10 @@ class BuildCorpusConfig:
 
     def weights(self) -> dict[str, float]:
         return {s.name: s.weight for s in self.sources}
+
+    def quality(self) -> dict[str, QualityConfig]:
+        """The quality filters of the sources that declare them, by source name."""
+        return {s.name: s.quality for s in self.sources if s.quality is not None}
 
 
 def _count(source: str, name: str, value: int = 1) -> None:
@@ -250,39 +265,43 @@ class Dedupe(beam.PTransform):
 
 
 class Finish(beam.PTransform):
-    """Rows of distinct texts -> {"corpus": unique doc_ids, split into sentences, repeated or
-    sampled by their source's weight (`weights`, by source; 1 when absent), "dead_letter": JSON
-    lines}. Groups by doc_id: every row of a doc_id must reach it (one pipeline, or one id
-    wave)."""
+    """Rows of distinct texts -> {"corpus": unique doc_ids that pass their source's quality
+    filters (`quality`, by source; none when absent), split into sentences, repeated or
+    sampled by their source's weight (`weights`, by source; 1 when absent), "dead_letter" and
+    "quality_dropped": JSON lines}. Groups by doc_id: every row of a doc_id must reach it (one
+    pipeline, or one id wave)."""
 
-    def __init__(self, weights: dict[str, float] | None = None):
+    def __init__(self, weights: dict[str, float] | None = None,
+                 quality: dict[str, QualityConfig] | None = None):
         super().__init__()
-        self.weights = weights or {}
+        self.weights, self.quality = weights or {}, quality or {}
 
     def expand(self, kept):
         unique = (kept
                   | "ById" >> beam.Map(lambda r: (r["doc_id"], r))
                   | "GroupId" >> beam.GroupByKey()
                   | "UniqueId" >> beam.ParDo(UniqueIdFn()).with_outputs("dead_letter", main="unique"))
-        split = (unique.unique
+        filtered = unique.unique | "Quality" >> FilterQuality(self.quality)
+        split = (filtered["kept"]
                  | "Sentences" >> beam.ParDo(SplitSentencesFn()).with_outputs("dead_letter",
                                                                                 main="corpus"))
         mixed = split.corpus | "Mix" >> beam.ParDo(MixFn(self.weights))
         dead = (unique.dead_letter, split.dead_letter) | "DeadLetters" >> beam.Flatten()
-        return {"corpus": mixed, "dead_letter": dead}
+        return {"corpus": mixed, "dead_letter": dead, "quality_dropped": filtered["dropped"]}
 
 
 class BuildCorpus(beam.PTransform):
     """Composite: documents rows -> `Dedupe` -> `Finish`: {"corpus": rows, "duplicates" and
-    "dead_letter": JSON lines}."""
+    "dead_letter", "quality_dropped": JSON lines}."""
 
-    def __init__(self, weights: dict[str, float] | None = None):
+    def __init__(self, weights: dict[str, float] | None = None,
+                 quality: dict[str, QualityConfig] | None = None):
         super().__init__()
-        self.weights = weights or {}
+        self.weights, self.quality = weights or {}, quality or {}
 
     def expand(self, documents):
         deduped = documents | "Dedupe" >> Dedupe()
-        finished = deduped["kept"] | "Finish" >> Finish(self.weights)
+        finished = deduped["kept"] | "Finish" >> Finish(self.weights, self.quality)
         return {**finished, "duplicates": deduped["duplicates"]}
 
 
@@ -339,7 +358,8 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.makedirs(config.output)
-        parquet_io.clear_previous_output(config.output, PREFIX, [duplicates_path(config.output)])
+        parquet_io.clear_previous_output(config.output, PREFIX, [duplicates_path(config.output),
+                                                                 quality_path(config.output)])
         waves.clear_scratch(config.output)
     if dry_run:
         with _pipeline(options) as pipeline:
@@ -413,7 +433,7 @@ def _one_pipeline(pipeline, config: BuildCorpusConfig, files: list[str], num_sha
                   text_column: str | None) -> None:
     """The whole job wired into one pipeline."""
     read = _read(pipeline, files)
-    built = read.rows | "Build" >> BuildCorpus(config.weights())
+    built = read.rows | "Build" >> BuildCorpus(config.weights(), config.quality())
     dead_letters = (read.dead_letter, built["dead_letter"]) | "AllDeadLetters" >> beam.Flatten()
     _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
         config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
@@ -421,6 +441,9 @@ def _one_pipeline(pipeline, config: BuildCorpusConfig, files: list[str], num_sha
         parquet_io.dead_letter_path(config.output))
     _ = built["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
         duplicates_path(config.output))
+    if config.quality():
+        _ = built["quality_dropped"] | "WriteQualityDropped" >> parquet_io.WriteSortedLines(
+            quality_path(config.output))
 
 
 def _run_one(config: BuildCorpusConfig, files: list[str], num_shards: int,
@@ -462,11 +485,13 @@ def _id_wave(config: BuildCorpusConfig, shard: int, num_shards: int, text_column
 
     def build(pipeline):
         finished = (pipeline | "Read" >> waves.ReadScratch(scratch, "ids", shard)
-                    | "Finish" >> Finish(config.weights()))
+                    | "Finish" >> Finish(config.weights(), config.quality()))
         _ = finished["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
             config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
         _ = finished["dead_letter"] | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             os.path.join(scratch, "lines", f"dead_letter-{shard:05d}.jsonl"))
+        _ = finished["quality_dropped"] | "WriteQualityDropped" >> parquet_io.WriteSortedLines(
+            os.path.join(scratch, "lines", f"quality-{shard:05d}.jsonl"))
     return _run(config.output, options, build)
 
 
@@ -486,7 +511,8 @@ def _run_waves(config: BuildCorpusConfig, files: list[str], num_waves: int, num_
     lines = os.path.join(waves.scratch_folder(config.output), "lines")
     names = sorted(os.listdir(lines)) if os.path.isdir(lines) else []
     for prefix, target in (("dead_letter-", parquet_io.dead_letter_path(config.output)),
-                           ("duplicates-", duplicates_path(config.output))):
+                           ("duplicates-", duplicates_path(config.output)),
+                           ("quality-", quality_path(config.output))):
         parts = [os.path.join(lines, n) for n in names if n.startswith(prefix)]
         if parts:
             waves.merge_sorted_files(parts, target)
@@ -543,6 +569,10 @@ def duplicates_path(output: str) -> str:
     return storage.join(output, *DUPLICATES_FILE.split("/"))
 
 
+def quality_path(output: str) -> str:
+    return storage.join(output, *QUALITY_FILE.split("/"))
+
+
 def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
            sizes: dict[str, int], num_shards: int, text_column: str | None,
            counts: dict[str, int], ledger: dict[str, dict] | None = None,
@@ -552,6 +582,9 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
     dead_letters = parquet_io.finish_dead_letters(config.output, counts["bad_records"] > 0)
     duplicates = parquet_io.finish_lines_file(duplicates_path(config.output),
                                               counts["duplicates_removed"] > 0)
+    dropped = ([parquet_io.finish_lines_file(quality_path(config.output),
+                                             counts["quality_dropped"] > 0)]
+               if config.quality() else [])
     rows = sum(parquet_io.count_rows(p) for p in shards if p.endswith(".parquet"))
     if rows != counts["documents"]:
         raise RuntimeError(f"{config.output}: {rows} rows written but {counts['documents']} "
@@ -570,7 +603,8 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
         "ledger": ledger or {},
         "inputs": [{"path": f, "bytes": sizes[f]} for f in files],
         "input_config_hashes": folders,
-        "outputs": parquet_io.outputs_entry(config.output, [*shards, dead_letters, duplicates]),
+        "outputs": parquet_io.outputs_entry(config.output,
+                                            [*shards, dead_letters, duplicates, *dropped]),
     }
     storage.write_manifest(config.output, manifest)
     manifest = storage.read_manifest(config.output)  # what later stages read (tuples as lists)
