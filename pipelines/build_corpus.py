@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import unicodedata
@@ -54,9 +55,11 @@ from apache_beam import pvalue
 from common import errors, storage
 from common.settings import check
 from pipelines import jobs, parquet_io, waves
+from pipelines.corpus import near_duplicates as near
 from pipelines.corpus import sentences
 from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
 from pipelines.corpus.filter_quality import FilterQuality
+from pipelines.corpus.near_duplicates import NearDuplicateConfig
 from pipelines.corpus.quality import QualityConfig
 from pipelines.documents import source as mixture
 from pipelines.documents.source import SourceConfig
@@ -64,14 +67,16 @@ from pipelines.documents.source import SourceConfig
 NAMESPACE = "build_corpus"
 PREFIX = "corpus"
 DUPLICATES_FILE = "duplicates/duplicates-00000-of-00001.jsonl"
+NEAR_DUPLICATES_FILE = "near_duplicates/near_duplicates-00000-of-00001.jsonl"
+"""The near-duplicates removed, each with the doc_id it duplicates (written when on)."""
 QUALITY_FILE = "quality/dropped-00000-of-00001.jsonl"
 """The documents the quality filters dropped (written when a source declares filters)."""
 LOCAL_WAVE_MB = 8.0
 """Input MB per wave on Beam's local runner when `wave_mb` is unset (documents Parquet): a
 wave's pipeline peaks near 0.5 GB with one worker (benchmarks/bench_local_memory.py)."""
 COUNTERS = ("input_files", "documents_read", "duplicates_removed", "doc_id_conflicts",
-            "documents_without_sentences", "quality_dropped", "bad_records", "documents",
-            "passages", "sentences")
+            "documents_without_sentences", "near_duplicates_removed", "quality_dropped",
+            "bad_records", "documents", "passages", "sentences")
 LEDGER_NAMESPACE = "build_corpus.sources"
 """Per-source counters, named `<source>/<counter>`."""
 LEDGER_COUNTS = ("documents_in", "bytes_in", "duplicates_removed", "doc_id_conflicts",
@@ -95,6 +100,9 @@ class BuildCorpusConfig:
     sources: tuple[SourceConfig, ...] = ()
     """The mixture: each source's weight and licence, by name (a JSON list of sources, as
     extract_documents takes them); a source not listed has weight 1."""
+    near_duplicates: NearDuplicateConfig | None = None
+    """Near-duplicate removal after the exact one (MinHash + LSH, pipelines/corpus/
+    near_duplicates.py: shingle_size, num_perm, bands, threshold, seed); None: off."""
     wave_mb: float | None = None
     """Input MB per wave (Parquet counted uncompressed): above it, the job runs as waves of
     bounded pipelines (documents scattered by content, then by doc_id, to scratch files;
@@ -184,7 +192,6 @@ class DedupeFn(beam.DoFn):
 
 
 def _duplicate_line(removed: dict, kept: dict) -> str:
-    import json
     return json.dumps({"removed": removed["doc_id"], "removed_file": removed["source_file"],
                        "kept": kept["doc_id"], "kept_file": kept["source_file"]}, ensure_ascii=False)
 
@@ -252,6 +259,60 @@ class MixFn(beam.DoFn):
         yield from kept
 
 
+def band_records(row: dict, config: NearDuplicateConfig) -> list[tuple[str, tuple[str, str]]]:
+    """A row's LSH band keys, each with (doc_id, its signature as text); none without words."""
+    sig = near.signature(row["passages"], config)
+    if sig is None:
+        return []
+    text = near.encode(sig)
+    return [(key, (row["doc_id"], text)) for key in near.band_keys(sig, config)]
+
+
+def bucket_pairs(members: Iterable[tuple[str, str]], config: NearDuplicateConfig
+                 ) -> list[tuple[str, str]]:
+    """A band bucket's (removed doc_id, duplicate_of doc_id) pairs (`near.cluster_removals`)."""
+    return near.cluster_removals(((doc_id, near.decode(sig)) for doc_id, sig in members), config)
+
+
+class NearDuplicatePairs(beam.PTransform):
+    """Rows -> (removed doc_id, duplicate_of doc_id) per band bucket that confirms a pair (a
+    document may come several times; `Finish` keeps the smallest duplicate_of). The
+    GroupByKey's values are doc ids and signatures, never whole documents."""
+
+    def __init__(self, config: NearDuplicateConfig):
+        super().__init__()
+        self.config = config
+
+    def expand(self, rows):
+        return (rows
+                | "Bands" >> beam.FlatMap(band_records, self.config)
+                | "GroupBand" >> beam.GroupByKey()
+                | "Confirm" >> beam.FlatMap(lambda kv, c: bucket_pairs(kv[1], c), self.config))
+
+
+class NearDuplicateFn(beam.DoFn):
+    """(doc_id, {"rows", "near"}) -> (doc_id, rows), or a "near_duplicates" line naming the
+    smallest doc_id it duplicates."""
+
+    def __init__(self):
+        self.removed = beam.metrics.Metrics.counter(NAMESPACE, "near_duplicates_removed")
+
+    def process(self, element):
+        doc_id, joined = element
+        rows, kept = list(joined["rows"]), sorted(joined["near"])
+        if not rows:
+            return
+        if not kept:
+            yield doc_id, rows
+            return
+        for row in rows:
+            self.removed.inc()
+            _count(row["source"], "near_duplicates_removed")
+            yield pvalue.TaggedOutput("near_duplicates", json.dumps(
+                {"removed": doc_id, "duplicate_of": kept[0], "source": row["source"],
+                 "source_file": row["source_file"]}, ensure_ascii=False))
+
+
 class Dedupe(beam.PTransform):
     """Documents rows -> {"kept": one row per text (`keep_first`), "duplicates": JSON lines}.
     Groups by content: every copy of a text must reach it (one pipeline, or one content wave)."""
@@ -276,18 +337,28 @@ class Finish(beam.PTransform):
         super().__init__()
         self.weights, self.quality = weights or {}, quality or {}
 
-    def expand(self, kept):
-        unique = (kept
-                  | "ById" >> beam.Map(lambda r: (r["doc_id"], r))
-                  | "GroupId" >> beam.GroupByKey()
-                  | "UniqueId" >> beam.ParDo(UniqueIdFn()).with_outputs("dead_letter", main="unique"))
+    def expand(self, inputs):
+        """`inputs`: the rows, or {"kept": rows, "near": `NearDuplicatePairs`' pairs}."""
+        kept, pairs = (inputs["kept"], inputs["near"]) if isinstance(inputs, dict) else (inputs,
+                                                                                         None)
+        by_id = kept | "ById" >> beam.Map(lambda r: (r["doc_id"], r))
+        if pairs is None:
+            grouped, removed = by_id | "GroupId" >> beam.GroupByKey(), None
+        else:
+            joined = ({"rows": by_id, "near": pairs} | "JoinNear" >> beam.CoGroupByKey()
+                      | "Near" >> beam.ParDo(NearDuplicateFn()).with_outputs(
+                          "near_duplicates", main="grouped"))
+            grouped, removed = joined.grouped, joined.near_duplicates
+        unique = grouped | "UniqueId" >> beam.ParDo(UniqueIdFn()).with_outputs(
+            "dead_letter", main="unique")
         filtered = unique.unique | "Quality" >> FilterQuality(self.quality)
         split = (filtered["kept"]
                  | "Sentences" >> beam.ParDo(SplitSentencesFn()).with_outputs("dead_letter",
                                                                                 main="corpus"))
         mixed = split.corpus | "Mix" >> beam.ParDo(MixFn(self.weights))
         dead = (unique.dead_letter, split.dead_letter) | "DeadLetters" >> beam.Flatten()
-        return {"corpus": mixed, "dead_letter": dead, "quality_dropped": filtered["dropped"]}
+        return {"corpus": mixed, "dead_letter": dead, "quality_dropped": filtered["dropped"],
+                "near_duplicates": removed}
 
 
 class BuildCorpus(beam.PTransform):
@@ -295,13 +366,19 @@ class BuildCorpus(beam.PTransform):
     "dead_letter", "quality_dropped": JSON lines}."""
 
     def __init__(self, weights: dict[str, float] | None = None,
-                 quality: dict[str, QualityConfig] | None = None):
+                 quality: dict[str, QualityConfig] | None = None,
+                 near_duplicates: NearDuplicateConfig | None = None):
         super().__init__()
         self.weights, self.quality = weights or {}, quality or {}
+        self.near_duplicates = near_duplicates
 
     def expand(self, documents):
         deduped = documents | "Dedupe" >> Dedupe()
-        finished = deduped["kept"] | "Finish" >> Finish(self.weights, self.quality)
+        inputs = deduped["kept"]
+        if self.near_duplicates is not None:
+            inputs = {"kept": inputs, "near": deduped["kept"] | "NearDuplicates"
+                      >> NearDuplicatePairs(self.near_duplicates)}
+        finished = inputs | "Finish" >> Finish(self.weights, self.quality)
         return {**finished, "duplicates": deduped["duplicates"]}
 
 
@@ -358,8 +435,9 @@ def run(config: BuildCorpusConfig, beam_args: Sequence[str] = ()) -> dict:
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.makedirs(config.output)
-        parquet_io.clear_previous_output(config.output, PREFIX, [duplicates_path(config.output),
-                                                                 quality_path(config.output)])
+        parquet_io.clear_previous_output(config.output, PREFIX, [
+            duplicates_path(config.output), quality_path(config.output),
+            near_duplicates_path(config.output)])
         waves.clear_scratch(config.output)
     if dry_run:
         with _pipeline(options) as pipeline:
@@ -433,7 +511,8 @@ def _one_pipeline(pipeline, config: BuildCorpusConfig, files: list[str], num_sha
                   text_column: str | None) -> None:
     """The whole job wired into one pipeline."""
     read = _read(pipeline, files)
-    built = read.rows | "Build" >> BuildCorpus(config.weights(), config.quality())
+    built = read.rows | "Build" >> BuildCorpus(config.weights(), config.quality(),
+                                                config.near_duplicates)
     dead_letters = (read.dead_letter, built["dead_letter"]) | "AllDeadLetters" >> beam.Flatten()
     _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
         config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
@@ -444,6 +523,9 @@ def _one_pipeline(pipeline, config: BuildCorpusConfig, files: list[str], num_sha
     if config.quality():
         _ = built["quality_dropped"] | "WriteQualityDropped" >> parquet_io.WriteSortedLines(
             quality_path(config.output))
+    if config.near_duplicates is not None:
+        _ = built["near_duplicates"] | "WriteNearDuplicates" >> parquet_io.WriteSortedLines(
+            near_duplicates_path(config.output))
 
 
 def _run_one(config: BuildCorpusConfig, files: list[str], num_shards: int,
@@ -464,7 +546,8 @@ def _scatter(config: BuildCorpusConfig, files: list[str], num_waves: int, option
     return _run(config.output, options, build)
 
 
-def _content_wave(config: BuildCorpusConfig, wave: int, num_shards: int, options) -> Counts:
+def _content_wave(config: BuildCorpusConfig, wave: int, num_waves: int, num_shards: int,
+                  options) -> Counts:
     """One content partition: `Dedupe`, the kept rows scattered to their corpus shard."""
     scratch = waves.scratch_folder(config.output)
 
@@ -475,6 +558,30 @@ def _content_wave(config: BuildCorpusConfig, wave: int, num_shards: int, options
                                                          lambda r: r["doc_id"])
         _ = deduped["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
             os.path.join(scratch, "lines", f"duplicates-{wave:05d}.jsonl"))
+        if config.near_duplicates is not None:
+            _ = (deduped["kept"]
+                 | "Bands" >> beam.FlatMap(band_records, config.near_duplicates)
+                 | "AsRecords" >> beam.MapTuple(lambda key, v: {"key": key, "id": v[0],
+                                                               "sig": v[1]})
+                 | "ScatterBands" >> waves.Scatter(scratch, "bands", num_waves,
+                                                   lambda r: r["key"]))
+    return _run(config.output, options, build)
+
+
+def _band_wave(config: BuildCorpusConfig, wave: int, num_shards: int, options) -> Counts:
+    """One band partition: its buckets' confirmed pairs, scattered by the removed doc_id (to
+    the id wave of its corpus shard)."""
+    scratch = waves.scratch_folder(config.output)
+
+    def build(pipeline):
+        _ = (pipeline | "Read" >> waves.ReadScratch(scratch, "bands", wave)
+             | "Keyed" >> beam.Map(lambda r: (r["key"], (r["id"], r["sig"])))
+             | "GroupBand" >> beam.GroupByKey()
+             | "Confirm" >> beam.FlatMap(lambda kv, c: bucket_pairs(kv[1], c),
+                                         config.near_duplicates)
+             | "AsRecords" >> beam.MapTuple(lambda removed, kept: {"removed": removed,
+                                                                   "kept": kept})
+             | "Scatter" >> waves.Scatter(scratch, "near", num_shards, lambda r: r["removed"]))
     return _run(config.output, options, build)
 
 
@@ -484,14 +591,21 @@ def _id_wave(config: BuildCorpusConfig, shard: int, num_shards: int, text_column
     scratch = waves.scratch_folder(config.output)
 
     def build(pipeline):
-        finished = (pipeline | "Read" >> waves.ReadScratch(scratch, "ids", shard)
-                    | "Finish" >> Finish(config.weights(), config.quality()))
+        kept = pipeline | "Read" >> waves.ReadScratch(scratch, "ids", shard)
+        if config.near_duplicates is not None:
+            kept = {"kept": kept, "near": (
+                pipeline | "ReadNear" >> waves.ReadScratch(scratch, "near", shard)
+                | "Pairs" >> beam.Map(lambda r: (r["removed"], r["kept"])))}
+        finished = kept | "Finish" >> Finish(config.weights(), config.quality())
         _ = finished["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
             config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
         _ = finished["dead_letter"] | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             os.path.join(scratch, "lines", f"dead_letter-{shard:05d}.jsonl"))
         _ = finished["quality_dropped"] | "WriteQualityDropped" >> parquet_io.WriteSortedLines(
             os.path.join(scratch, "lines", f"quality-{shard:05d}.jsonl"))
+        if config.near_duplicates is not None:
+            _ = finished["near_duplicates"] | "WriteNear" >> parquet_io.WriteSortedLines(
+                os.path.join(scratch, "lines", f"near-{shard:05d}.jsonl"))
     return _run(config.output, options, build)
 
 
@@ -505,14 +619,19 @@ def _run_waves(config: BuildCorpusConfig, files: list[str], num_waves: int, num_
 
     ran = [waves.run_isolated(_scatter, config, files, num_waves, options)]
     for wave in progress(range(num_waves), desc="build_corpus content waves", unit="wave"):
-        ran.append(waves.run_isolated(_content_wave, config, wave, num_shards, options))
+        ran.append(waves.run_isolated(_content_wave, config, wave, num_waves, num_shards,
+                                      options))
+    if config.near_duplicates is not None:
+        for wave in progress(range(num_waves), desc="build_corpus band waves", unit="wave"):
+            ran.append(waves.run_isolated(_band_wave, config, wave, num_shards, options))
     for shard in progress(range(num_shards), desc="build_corpus id waves", unit="wave"):
         ran.append(waves.run_isolated(_id_wave, config, shard, num_shards, text_column, options))
     lines = os.path.join(waves.scratch_folder(config.output), "lines")
     names = sorted(os.listdir(lines)) if os.path.isdir(lines) else []
     for prefix, target in (("dead_letter-", parquet_io.dead_letter_path(config.output)),
                            ("duplicates-", duplicates_path(config.output)),
-                           ("quality-", quality_path(config.output))):
+                           ("quality-", quality_path(config.output)),
+                           ("near-", near_duplicates_path(config.output))):
         parts = [os.path.join(lines, n) for n in names if n.startswith(prefix)]
         if parts:
             waves.merge_sorted_files(parts, target)
@@ -569,6 +688,10 @@ def duplicates_path(output: str) -> str:
     return storage.join(output, *DUPLICATES_FILE.split("/"))
 
 
+def near_duplicates_path(output: str) -> str:
+    return storage.join(output, *NEAR_DUPLICATES_FILE.split("/"))
+
+
 def quality_path(output: str) -> str:
     return storage.join(output, *QUALITY_FILE.split("/"))
 
@@ -585,6 +708,9 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
     dropped = ([parquet_io.finish_lines_file(quality_path(config.output),
                                              counts["quality_dropped"] > 0)]
                if config.quality() else [])
+    if config.near_duplicates is not None:
+        dropped.append(parquet_io.finish_lines_file(near_duplicates_path(config.output),
+                                                    counts["near_duplicates_removed"] > 0))
     rows = sum(parquet_io.count_rows(p) for p in shards if p.endswith(".parquet"))
     if rows != counts["documents"]:
         raise RuntimeError(f"{config.output}: {rows} rows written but {counts['documents']} "

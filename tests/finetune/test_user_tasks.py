@@ -244,3 +244,29 @@ def test_a_tag_outside_the_tag_set_names_the_line_and_the_entry(tmp_path):
     assert str(error.value) == (f"{tmp_path}/dev.txt:3: tag 'S-LOC' is not a label of {path}: "
                                 "tasks[0] (my-conll) labels (O, B-PER, E-PER, I-PER, S-PER)")
     assert FAMILY.tasks == ()  # the module's FAMILY is replaced, never changed in place
+
+
+def test_extractive_qa_from_any_path_writes_the_squad_files(shared_data, minilm_dir, tmp_path):
+    """SQuAD v2.0 files under names the built-in tasks do not read, scored as v2.0."""
+    squad = shared_data / "squad"
+    path = _task_file(tmp_path, f"""\
+tasks:
+  - name: my-qa
+    type: extractive_qa
+    format: squad
+    train: {squad}/train-v2.0-first11.json
+    dev: {squad}/dev-v2.0-normans-rhine.json
+    version_2: true
+    metric: squad
+""")
+    out = tmp_path / "out"
+    task = _run(minilm_dir, tmp_path, out, "my-qa", "--tasks_file", path, "--max_seq_length",
+                "128")
+    assert (task["family"], task["num_train_examples"], task["num_dev_examples"]) == \
+        ("user", 48, {"dev": 24})
+    assert {"exact", "f1", "HasAns_f1", "NoAns_f1"} <= set(task["metrics"])
+    assert task["score"] == task["metrics"]["f1"]
+    predictions = json.loads((out / "my-qa" / "predictions.json").read_text())
+    assert len(predictions) == 24
+    assert sorted(json.loads((out / "my-qa" / "null_odds.json").read_text())) == \
+        sorted(predictions)

@@ -112,8 +112,8 @@ def test_text_output_is_the_reference_format_exactly(tmp_path):
     assert pq.read_schema(out / f"{CORPUS}.parquet") == CORPUS_SCHEMA
     assert manifest["counts"] == {
         "input_files": 1, "documents_read": 3, "duplicates_removed": 0, "doc_id_conflicts": 0,
-        "documents_without_sentences": 0, "quality_dropped": 0, "bad_records": 0, "documents": 3,
-        "passages": 4, "sentences": 6}
+        "documents_without_sentences": 0, "near_duplicates_removed": 0, "quality_dropped": 0,
+        "bad_records": 0, "documents": 3, "passages": 4, "sentences": 6}
     assert manifest["input_config_hashes"] == {str(docs_dir): "0123456789abcdef"}
     assert [o["path"] for o in manifest["outputs"]] == [
         f"{CORPUS}.parquet", f"{CORPUS}.txt", "dead_letter/dead_letter-00000-of-00001.jsonl",
