@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 from common import settings
 from finetune.config import TasksConfig
+from pipelines.corpus.near_duplicates import NearDuplicateConfig
 from pipelines.documents.source import SourceConfig
 from pipelines.shards import config as shards_config
 from pipelines.shards.config import ShardsConfig
@@ -56,6 +57,17 @@ class DataConfig:
     """Your own text: a list of sources (name, kind, path, text_field, id_field, title_field,
     split, weight, licence; pipelines/documents/source.py, README "Your own corpus").
     `wikipedia` and `books` above are shorthands for sources of those kinds."""
+    near_duplicates: NearDuplicateConfig | None = None
+    """Near-duplicate removal in the corpus stage, after the exact one (MinHash + LSH:
+    shingle_size, num_perm, bands, threshold; pipelines/corpus/near_duplicates.py), e.g.
+    `--set data.near_duplicates.threshold=0.8`; None: off."""
+    audit: bool = True
+    """Audit the corpus for overlap with the evaluation sets the flow scores (13-gram, GPT-3's
+    method; pipelines/audit_contamination.py) when fine-tuning tasks are set; the report shows
+    the table."""
+    decontaminate: bool = False
+    """Remove the corpus passages the audit finds in an evaluation set before the vocabulary
+    stage (pipelines/decontaminate.py)."""
     beam_args: tuple[str, ...] = ()
     """Beam pipeline options for every data job, e.g. ("--runner=DataflowRunner", "--project=my-project")."""
 
@@ -327,10 +339,8 @@ def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
 def finetune_tasks(cfg: DagConfig) -> list:
     """The registry entries (finetune/tasks.py) of `finetune.tasks`; an unknown name is an
     error in the setting's terms."""
-    from finetune.tasks import parse_tasks
-
     try:
-        return parse_tasks(cfg.finetune.task_names()) if cfg.finetune.tasks else []
+        return cfg.finetune.task_entries() if cfg.finetune.tasks else []
     except ValueError as e:
         raise ValueError(f"setting finetune.tasks={','.join(cfg.finetune.tasks)}: "
                          f"{str(e).removeprefix('--tasks: ')}") from None

@@ -59,11 +59,16 @@ def finetune_run(cfg: DagConfig, model: StageResult, job: FinetuneJob) -> dict:
     Content-addressed like every stage (the device is not part of the key): a re-run reuses a
     finished fine-tuning run."""
     from finetune.tasks import get_task
+    from finetune.user import use_task_file
+
+    use_task_file(cfg.finetune.tasks_file)  # this process's registry knows the file's tasks
 
     entry = get_task(job.task)
     ft, data = loop_config(cfg, entry), os.path.join(cfg.finetune.data, entry.data_folder)
     recipe = cfg.finetune.recipe(entry)
     config = {"job": dataclasses.asdict(job), "data": data, "recipe": recipe}
+    if job.family == "user":  # an edited task definition is another run
+        config["definition"] = dataclasses.asdict(entry.family)
     name = f"{job.family}-{job.task.lower()}-lr{job.learning_rate:g}-seed{job.seed}"
 
     def build(out: str) -> None:
@@ -178,6 +183,9 @@ def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
     variant its own)."""
     from finetune import loop, report
     from finetune.tasks import get_task
+    from finetune.user import use_task_file
+
+    use_task_file(cfg.finetune.tasks_file)  # this process's registry knows the file's tasks
 
     failed = [o for o in outcomes if "error" in o]
     done = [o for o in outcomes if "error" not in o]

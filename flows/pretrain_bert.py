@@ -52,6 +52,16 @@ def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
     return steps.build_corpus(cfg, sources)
 
 
+@task(name="audit-contamination", **IO_TASK)
+def audit_contamination(cfg: DagConfig, corpus: StageResult) -> StageResult:
+    return steps.audit_contamination(cfg, corpus)
+
+
+@task(name="decontaminate", **IO_TASK)
+def decontaminate(cfg: DagConfig, corpus: StageResult, audit: StageResult) -> StageResult:
+    return steps.decontaminate(cfg, corpus, audit)
+
+
 @task(name="train-vocab", **IO_TASK)
 def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:
     return steps.train_vocab(cfg, corpus)
@@ -132,11 +142,17 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     sources = [s for s in (wiki.result(), books.result(), *(f.result() for f in own))
                if s is not None]
     corpus = build_corpus(cfg, sources)
+    audit = None
+    if cfg.data.audit and cfg.finetune.data and steps.audited_tasks(cfg):
+        audit = audit_contamination(cfg, corpus)
+        if cfg.data.decontaminate:
+            corpus = decontaminate(cfg, corpus, audit)
     vocab = own_vocab or train_vocab(cfg, corpus)
     shards = [make_shards.submit(cfg, corpus, vocab, phase) for phase in (1, 2)]
     shards = [s.result() for s in shards]
     if data_only:
-        return report(cfg, [*sources, corpus, vocab, *shards], None, "report-data.md", report_dir)
+        return report(cfg, [*sources, corpus, *([audit] if audit else []), vocab, *shards],
+                      None, "report-data.md", report_dir)
     run = pretrain(cfg, vocab, shards)
     model = export_hf(cfg, run)
 
@@ -149,5 +165,5 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
         outcomes = [finetune_runs.outcome(job, f.state) for job, f in zip(jobs, futures)]
         out = os.path.join(report_dir, "finetune") if report_dir else None
         finetune = finetune_best(cfg, model, outcomes, out)
-    return report(cfg, [*sources, corpus, vocab, *shards, run, model], finetune,
-                  folder=report_dir)
+    return report(cfg, [*sources, corpus, *([audit] if audit else []), vocab, *shards, run,
+                        model], finetune, folder=report_dir)

@@ -82,9 +82,49 @@ def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
     mixture = cfg.data.all_sources()
     key = {"mixture": [{"name": s.name, "weight": s.weight, "licence": s.licence}
                        for s in mixture]}
+    if any(s.quality for s in mixture):  # absent when unset: unfiltered runs keep their folders
+        key["quality"] = {s.name: dataclasses.asdict(s.quality) for s in mixture if s.quality}
+    if cfg.data.near_duplicates is not None:
+        key["near_duplicates"] = dataclasses.asdict(cfg.data.near_duplicates)
     return run_stage(cfg.output, "corpus", key, lambda out: job.run(
-        job.BuildCorpusConfig(input=inputs, output=out, sources=mixture), cfg.data.beam_args),
+        job.BuildCorpusConfig(input=inputs, output=out, sources=mixture,
+                              near_duplicates=cfg.data.near_duplicates), cfg.data.beam_args),
         upstream=tuple(sources))
+
+
+def audited_tasks(cfg: DagConfig) -> tuple[str, ...]:
+    """The tasks of `finetune.tasks` whose evaluation files are there (a task without them
+    fails its own fine-tuning run; the audit, which serves every task, leaves it out)."""
+    found = []
+    for entry in cfg.finetune.task_entries():
+        try:
+            entry.family.check_files(entry.task, os.path.join(cfg.finetune.data,
+                                                              entry.data_folder))
+        except (OSError, ValueError):
+            continue
+        found.append(entry.task)
+    return tuple(found)
+
+
+def audit_contamination(cfg: DagConfig, corpus: StageResult) -> StageResult:
+    """The corpus's overlap with the evaluation sets of `finetune.tasks` (13-gram)."""
+    from pipelines import audit_contamination as job
+
+    tasks = audited_tasks(cfg)
+    key = {"eval_data": cfg.finetune.data, "tasks": tasks,
+           "eval_sha": _inputs_fingerprint(cfg.finetune.data)}
+    return run_stage(cfg.output, "audit", key, lambda out: job.run(
+        job.AuditConfig(input=corpus.path, output=out, eval_data=cfg.finetune.data, tasks=tasks),
+        cfg.data.beam_args), upstream=(corpus,))
+
+
+def decontaminate(cfg: DagConfig, corpus: StageResult, audit: StageResult) -> StageResult:
+    """The corpus without the passages `audit` found in an evaluation set."""
+    from pipelines import decontaminate as job
+
+    return run_stage(cfg.output, "corpus-clean", {}, lambda out: job.run(
+        job.DecontaminateConfig(input=corpus.path, output=out, audit=audit.path),
+        cfg.data.beam_args), upstream=(corpus, audit))
 
 
 def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:

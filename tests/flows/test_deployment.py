@@ -125,8 +125,8 @@ def test_deployment_run_tiny_then_rerun_reuses_every_stage(prefect_server, tmp_p
     stages_data = {row["stage"]: row["cached"] for row in json.loads(data["stage-timings"])}
     stages_first = {row["stage"]: row["cached"] for row in json.loads(first["stage-timings"])}
     stages_second = {row["stage"]: row["cached"] for row in json.loads(second["stage-timings"])}
-    data_stages = {"wikipedia", "books", "documents-poems", "corpus", "vocab", "shards128",
-                   "shards256"}
+    data_stages = {"wikipedia", "books", "documents-poems", "corpus", "audit", "vocab",
+                   "shards128", "shards256"}
     assert stages_data == dict.fromkeys(data_stages, False)  # data_only builds the data alone
     assert "finetune-results" not in data and "loss-curve" not in data
     assert set(stages_first) == data_stages | {"pretrain", "export"}
