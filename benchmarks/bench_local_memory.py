@@ -6,8 +6,8 @@ throughput baseline, as one pipeline (`--wave_mb 0`).
         [--scales 4,16,64] [--seq 128,512] [--dupe_factor 10] [--baseline_scale 16] [--out DIR]
 
 Input: the shared Wikipedia minidump (shared/data/wiki), extracted once; its documents are then
-replicated (1x = `COPIES_PER_1X` copies) (each copy's doc ids and first passage differ, so build_corpus's duplicate removal
-keeps every copy). Each stage runs as its own process on each size, as users run it
+replicated (1x = `COPIES_PER_1X` copies; each copy's doc ids and sentences differ, `marked`, so
+build_corpus's duplicate removal keeps every copy). Each stage runs as its own process on each size, as users run it
 (`python -m pipelines.<job>`, the FnApiRunner, one worker unless said):
   - build_corpus on the replicated documents,
   - make_shards at the paper's settings (dupe_factor 10, 128 and 512 tokens) on that corpus,
@@ -83,9 +83,16 @@ def output_digest(folder: Path) -> str:
     return h.hexdigest()
 
 
+def marked(passage: str, copy: int) -> str:
+    """The passage with a copy mark opening each of its sentences: no sentence repeats across
+    copies, so neither Parquet's dictionaries nor its compression fold the copies together (as
+    they cannot fold a real corpus), and a wave's size in bytes means what it means there."""
+    return f"C{copy} " + passage.replace(". ", f". C{copy} ")
+
+
 def replicate_documents(sources: list[Path], out: Path, copies: int) -> None:
     """One documents folder holding every source's documents `copies` times, each copy a new
-    document (its own doc_id, its first passage marked with the copy number), a file per copy."""
+    document (its own doc_id, every sentence marked with the copy number), a file per copy."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -96,8 +103,7 @@ def replicate_documents(sources: list[Path], out: Path, copies: int) -> None:
             for r in pq.read_table(f).to_pylist()]
     for copy in range(copies):
         batch = [{**r, "doc_id": f"{r['doc_id']}~{copy}",
-                  "passages": [f"Copy {copy}. {r['passages'][0]}", *r["passages"][1:]]}
-                 for r in rows]
+                  "passages": [marked(p, copy) for p in r["passages"]]} for r in rows]
         pq.write_table(pa.Table.from_pylist(batch, schema=DOCUMENT_SCHEMA),
                        out / f"documents-{copy:05d}-of-{copies:05d}.parquet")
     (out / "manifest.json").write_text(json.dumps({"stage": "bench", "config_hash": "bench"}))

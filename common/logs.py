@@ -144,8 +144,7 @@ def progress(iterable: Any = None, **kwargs: Any) -> Any:
     kwargs.setdefault("file", sys.stderr)
     if interactive(kwargs["file"]):
         return tqdm(iterable, **kwargs)
-    # maxinterval too: tqdm's monitor thread otherwise forces a line every 10 s
-    kwargs.update(mininterval=QUIET_INTERVAL_S, maxinterval=QUIET_INTERVAL_S, dynamic_ncols=False)
+    kwargs.update(mininterval=QUIET_INTERVAL_S, dynamic_ncols=False)
     return _quiet_bar()(iterable, **kwargs)
 
 
@@ -155,6 +154,10 @@ def _quiet_bar() -> type:
 
     class QuietBar(tqdm):
         """A bar whose postfix and description changes do not each print a line."""
+
+        # tqdm's monitor thread redraws a bar idle for `maxinterval` without moving its last
+        # draw's time, so the next update draws again: two lines where one is meant
+        monitor_interval = 0
 
         def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
             super().set_postfix(ordered_dict, refresh=False, **kwargs)

@@ -6,6 +6,7 @@ which skips `atexit`) leaves that server running, re-parented to init. `temporar
 starts the same server itself, under the same death signal the trainers get
 (`launch.EXEC_WITH_PDEATHSIG`: Linux sends it SIGTERM when the flow process dies, however it
 dies), and points Prefect at it; with PREFECT_API_URL set (a real server) it does nothing.
+The server has no UI, so the flow prints no "View at" link to one.
 """
 from __future__ import annotations
 
@@ -90,6 +91,7 @@ def temporary_server() -> Iterator[str | None]:
     from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        PREFECT_UI_URL,
         temporary_settings,
     )
 
@@ -115,7 +117,8 @@ def temporary_server() -> Iterator[str | None]:
     else:
         raise RuntimeError("Prefect's temporary server found no free port in 10 tries")
     try:
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        # the server serves no UI (PREFECT_UI_ENABLED=0): no "View at" line linking to it
+        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_UI_URL: ""}):
             try:
                 yield url
             finally:

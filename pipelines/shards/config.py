@@ -10,10 +10,11 @@ from typing import Literal
 from common.settings import check, check_choices
 from pipelines.shards.instances import InstanceConfig
 
-LOCAL_WAVE_MB = 2.0
+LOCAL_WAVE_MB = 4.0
 """Input MB per wave on Beam's local runner when `wave_mb` is unset (corpus Parquet,
-uncompressed): at the paper's dupe_factor 10 the local runner holds ~300 bytes per such byte,
-so a wave peaks under 1 GB with one worker (benchmarks/bench_local_memory.py)."""
+uncompressed: about 2 MB of text, held as passages and as sentences): at the paper's
+dupe_factor 10 the local runner holds ~250 bytes per such byte, so a wave's process peaks near
+1 GB with one worker (benchmarks/bench_local_memory.py); each wave costs ~2 s to start."""
 
 
 @dataclass(frozen=True)

@@ -93,6 +93,10 @@ def test_a_captured_bar_draws_its_first_and_last_line_only():
     assert draws(captured) == 2
     last = captured.getvalue().split("\r")[-1]
     assert last.startswith("phase1: 100%|") and "50/50" in last and "loss=5.100" in last
+    # no monitor thread: its redraw of an idle bar makes the next update draw again at once
+    bar = logs.progress(total=1, file=io.StringIO())
+    assert (bar.mininterval, bar.monitor, type(bar).monitor_interval) == (60.0, None, 0)
+    bar.close()
 
 
 def test_a_bar_on_a_terminal_redraws_in_place_each_update():

@@ -91,6 +91,7 @@ def test_a_run_prints_no_library_lines_no_config_dump_and_few_progress_lines(run
     for name, started in bars.items():
         assert 0 < counts[f"progress:{name}"] <= MAX_LINES_PER_BAR * started, shown
     assert not [line for line in lines if line.rstrip().endswith(" - ")], shown  # no empty lines
+    assert not [line for line in lines if "View at http" in line], shown  # the server has no UI
 
 
 def test_a_run_ends_naming_its_report_and_what_to_run_next(runs):
