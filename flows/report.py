@@ -31,6 +31,10 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
     ledger = corpus.manifest.get("ledger", {}) if corpus else {}
     if ledger:
         lines += ["", "## Mixture (per source)", "", *ledger_table(ledger)]
+    audit = _audit_report(stages)
+    if audit:
+        lines += ["", f"## Contamination audit ({audit['ngram']}-grams)", "",
+                  *audit_table(audit)]
     if pretrain:
         lines += ["", "## Pre-training", ""]
         for split, record in pretrain.manifest.get("final_metrics", {}).items():
@@ -48,7 +52,35 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
     storage.atomic_write_text(path, text)
     return {"markdown": text, "path": path, "stages": rows, "loss_curve": loss_curve,
             "finetune_table": finetune["table"] if finetune else "", "statistics": stats,
-            "ledger": ledger}
+            "ledger": ledger, "audit": audit}
+
+
+def _audit_report(stages: list[StageResult]) -> dict:
+    """The contamination audit's report.json, when the run has the stage."""
+    import json
+
+    audit = next((s for s in stages if s.stage == "audit"), None)
+    if audit is None:
+        return {}
+    with storage.open_read(storage.join(audit.path, "report.json")) as f:
+        return json.load(f)
+
+
+def audit_table(audit: dict) -> list[str]:
+    """Per task and split: examples, those sharing an n-gram with the corpus, and the share of
+    the task's n-grams found there (pipelines/audit_contamination.py's report.json)."""
+    lines = ["| task | split | examples | overlapping | share | n-grams overlapping |",
+             "|---|---|---:|---:|---:|---:|"]
+    for task, entry in audit.get("tasks", {}).items():
+        for split, row in entry.get("splits", {}).items():
+            lines.append(f"| {task} | {split} | {row['examples']} | "
+                         f"{row['examples_overlapping']} | "
+                         f"{row['examples_overlapping_share']:.2%} | "
+                         f"{row['ngrams_overlapping_share']:.2%} |")
+    corpus = audit.get("corpus", {})
+    lines.append(f"\nCorpus passages with an evaluation n-gram: "
+                 f"{corpus.get('passages_contaminated', 0)} of {corpus.get('passages', 0)}.")
+    return lines
 
 
 def next_steps(cfg: DagConfig, stages: list[StageResult], path: str) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from flows import report as reporting
 from flows import steps
 from flows.config import resolve
 
@@ -35,6 +36,15 @@ def test_audit_and_decontamination_stages(tmp_path):
     audit = steps.audit_contamination(cfg, corpus)
     report = json.loads((Path(audit.path) / "report.json").read_text())
     assert report["corpus"]["passages_contaminated"] == 1
+    result = reporting.report(cfg, [*own, corpus, audit], None, "report-data.md")
+    text = (tmp_path / "run" / "report-data.md").read_text()
+    assert "## Contamination audit (13-grams)" in text
+    squad_dev = report["tasks"]["squad1"]["splits"]["dev"]
+    assert squad_dev["examples_overlapping"] == 5  # every question of the planted context
+    assert (f"| squad1 | dev | {squad_dev['examples']} | 5 | "
+            f"{5 / squad_dev['examples']:.2%} |") in text
+    assert "| rte | dev | 100 | 0 | 0.00% | 0.00% |" in text
+    assert result["audit"]["corpus"]["passages_contaminated"] == 1
     clean = steps.decontaminate(cfg, corpus, audit)
     assert clean.stage == "corpus-clean"
     again = steps.audit_contamination(cfg, clean)
