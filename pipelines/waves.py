@@ -233,28 +233,53 @@ def run_isolated(fn: Callable, *args):
     one process, keeps what each left behind (its workers' caches, fragmented heaps): the peak
     would creep up wave after wave. The process is forked from a fork server, which holds no
     threads and has the heavy modules imported (`PRELOAD`), so it starts in a moment; it dies
-    with its parent (PR_SET_PDEATHSIG)."""
-    import concurrent.futures
+    with its parent (PR_SET_PDEATHSIG), and it ends as soon as its result is sent, whatever
+    threads Beam left running in it."""
     import multiprocessing
 
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(PRELOAD)
-    with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-        return pool.submit(_isolated, fn, args).result()
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=_isolated, args=(fn, args, send))
+    process.start()
+    send.close()
+    try:
+        outcome, value = receive.recv()
+    except EOFError:
+        process.join()
+        raise RuntimeError(f"{fn.__name__}: its process ended without a result (exit code "
+                           f"{process.exitcode})") from None
+    finally:
+        receive.close()
+    process.join()
+    if outcome == "error":
+        raise value
+    return value
 
 
-def _isolated(fn: Callable, args: tuple):
+def _isolated(fn: Callable, args: tuple, send) -> None:
+    import logging
     import pickle
+    import sys
 
     from pipelines import beam_worker, jobs
 
-    beam_worker.die_with_parent(os.getppid())
-    jobs.configure_logging()
+    code = 0
     try:
-        return fn(*args)
-    except Exception as e:
+        beam_worker.die_with_parent(os.getppid())
+        jobs.configure_logging()
         try:
-            pickle.dumps(e)
-        except Exception:  # noqa: BLE001 - what cannot cross back crosses as its message
-            raise RuntimeError(f"{type(e).__name__}: {e}") from None
-        raise
+            outcome = ("ok", fn(*args))
+        except Exception as e:  # noqa: BLE001 - it crosses back to the parent, raised there
+            code = 1
+            try:
+                pickle.dumps(e)
+                outcome = ("error", e)
+            except Exception:  # noqa: BLE001 - what cannot cross back crosses as its message
+                outcome = ("error", RuntimeError(f"{type(e).__name__}: {e}"))
+        send.send(outcome)
+    finally:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # Beam's runner threads may linger: they must not hold the exit
