@@ -10,8 +10,9 @@ books samples (`BYTES_PER_WORD`, `BYTES_PER_TOKEN`): ~18.5 GB of text, ~4.4B tok
 
 Rates (input text MB per second per worker process, Beam's local runner):
   - build_corpus and make_shards (128 and 512, dupe_factor 10): benchmarks/bench_local_memory.py
-    (its results.json, one worker, in waves, 64x replicated Wikipedia), whose 1x holds
-    `TEXT_BYTES_1X` bytes of text;
+    (its results.json, one worker, in waves, the largest scale: 64x replicated Wikipedia),
+    whose 1x holds `TEXT_BYTES_1X` bytes of text (the per-sentence copy marks aside), the
+    waves' start-up included;
   - extract_wikipedia (from .bz2), extract_books and train_vocab: RESULTS.md sections 1, 10, 5.
 Scaling: the local runner moves every shuffled byte through one runner process; with 2
 workers make_shards ran 1.22x faster than with 1 (RESULTS.md 6.0, its profile bounds the
@@ -19,8 +20,10 @@ speed-up at 1.52x on any number of cores), so one machine is forecast at `LOCAL_
 one worker whatever its cores. Dataflow
 is forecast at one worker's rate per vCPU, linear in vCPUs, plus `DATAFLOW_STARTUP_S` per
 job: never measured here (no cloud account), an assumption stated as such.
-Peak memory: the largest peak RSS of each stage in the benchmark (one worker), which waves
-keep from growing with the corpus.
+Peak memory: the largest peak PSS of each stage's processes in the benchmark (one worker),
+which waves keep from growing with the corpus. The benchmark ran on a shared 2-core machine
+under load (other jobs beside it): a quiet core is up to 2x faster (RESULTS.md 6.0: make_shards
+at 128 tokens, 0.48 MB of text/s), so the hours are an upper bound.
 """
 from __future__ import annotations
 
@@ -55,7 +58,8 @@ def benchmark_rates(path: Path) -> tuple[dict[str, float], dict[str, int]]:
     for stage in {r["stage"] for r in rows}:
         top = max((r for r in rows if r["stage"] == stage), key=lambda r: r["scale"])
         rates[stage] = top["scale"] * TEXT_BYTES_1X / 1e6 / top["seconds"]
-        peaks[stage] = max(r["peak_rss_bytes"] for r in rows if r["stage"] == stage)
+        peaks[stage] = max(r.get("peak_pss_bytes", r["peak_rss_bytes"]) for r in rows
+                           if r["stage"] == stage)
     return rates, peaks
 
 
@@ -78,7 +82,7 @@ def forecast(rates: dict[str, float], peaks: dict[str, int], dataflow_workers: i
 
 def table(rows: list[dict], dataflow_workers: int) -> str:
     lines = [(f"| stage | input text GB | MB/s per worker | one machine, hours | Dataflow, "
-              f"{dataflow_workers} x {DATAFLOW_VCPUS_PER_WORKER} vCPU, hours | peak RSS GB "
+              f"{dataflow_workers} x {DATAFLOW_VCPUS_PER_WORKER} vCPU, hours | peak PSS GB "
               "(1 worker) |"), "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         peak = f"{r['peak_gb']:.2f}" if r["peak_gb"] else "-"

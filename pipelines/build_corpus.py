@@ -61,6 +61,7 @@ from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
 from pipelines.corpus.filter_quality import FilterQuality
 from pipelines.corpus.near_duplicates import NearDuplicateConfig
 from pipelines.corpus.quality import QualityConfig
+from pipelines.corpus.remove_near_duplicates import NearDuplicatePairs, removed_line
 from pipelines.documents import source as mixture
 from pipelines.documents.source import SourceConfig
 
@@ -259,37 +260,6 @@ class MixFn(beam.DoFn):
         yield from kept
 
 
-def band_records(row: dict, config: NearDuplicateConfig) -> list[tuple[str, tuple[str, str]]]:
-    """A row's LSH band keys, each with (doc_id, its signature as text); none without words."""
-    sig = near.signature(row["passages"], config)
-    if sig is None:
-        return []
-    text = near.encode(sig)
-    return [(key, (row["doc_id"], text)) for key in near.band_keys(sig, config)]
-
-
-def bucket_pairs(members: Iterable[tuple[str, str]], config: NearDuplicateConfig
-                 ) -> list[tuple[str, str]]:
-    """A band bucket's (removed doc_id, duplicate_of doc_id) pairs (`near.cluster_removals`)."""
-    return near.cluster_removals(((doc_id, near.decode(sig)) for doc_id, sig in members), config)
-
-
-class NearDuplicatePairs(beam.PTransform):
-    """Rows -> (removed doc_id, duplicate_of doc_id) per band bucket that confirms a pair (a
-    document may come several times; `Finish` keeps the smallest duplicate_of). The
-    GroupByKey's values are doc ids and signatures, never whole documents."""
-
-    def __init__(self, config: NearDuplicateConfig):
-        super().__init__()
-        self.config = config
-
-    def expand(self, rows):
-        return (rows
-                | "Bands" >> beam.FlatMap(band_records, self.config)
-                | "GroupBand" >> beam.GroupByKey()
-                | "Confirm" >> beam.FlatMap(lambda kv, c: bucket_pairs(kv[1], c), self.config))
-
-
 class NearDuplicateFn(beam.DoFn):
     """(doc_id, {"rows", "near"}) -> (doc_id, rows), or a "near_duplicates" line naming the
     smallest doc_id it duplicates."""
@@ -308,9 +278,7 @@ class NearDuplicateFn(beam.DoFn):
         for row in rows:
             self.removed.inc()
             _count(row["source"], "near_duplicates_removed")
-            yield pvalue.TaggedOutput("near_duplicates", json.dumps(
-                {"removed": doc_id, "duplicate_of": kept[0], "source": row["source"],
-                 "source_file": row["source_file"]}, ensure_ascii=False))
+            yield pvalue.TaggedOutput("near_duplicates", removed_line(row, kept[0]))
 
 
 class Dedupe(beam.PTransform):
@@ -560,7 +528,7 @@ def _content_wave(config: BuildCorpusConfig, wave: int, num_waves: int, num_shar
             os.path.join(scratch, "lines", f"duplicates-{wave:05d}.jsonl"))
         if config.near_duplicates is not None:
             _ = (deduped["kept"]
-                 | "Bands" >> beam.FlatMap(band_records, config.near_duplicates)
+                 | "Bands" >> beam.FlatMap(near.band_records, config.near_duplicates)
                  | "AsRecords" >> beam.MapTuple(lambda key, v: {"key": key, "id": v[0],
                                                                "sig": v[1]})
                  | "ScatterBands" >> waves.Scatter(scratch, "bands", num_waves,
@@ -577,7 +545,7 @@ def _band_wave(config: BuildCorpusConfig, wave: int, num_shards: int, options) -
         _ = (pipeline | "Read" >> waves.ReadScratch(scratch, "bands", wave)
              | "Keyed" >> beam.Map(lambda r: (r["key"], (r["id"], r["sig"])))
              | "GroupBand" >> beam.GroupByKey()
-             | "Confirm" >> beam.FlatMap(lambda kv, c: bucket_pairs(kv[1], c),
+             | "Confirm" >> beam.FlatMap(lambda kv, c: near.bucket_pairs(kv[1], c),
                                          config.near_duplicates)
              | "AsRecords" >> beam.MapTuple(lambda removed, kept: {"removed": removed,
                                                                    "kept": kept})

@@ -1,20 +1,30 @@
-"""Near-duplicate removal (pipelines/corpus/near_duplicates.py) on real text: MinHash, LSH
-bands, one document kept per cluster; in build_corpus, one pipeline and waves alike."""
+"""Near-duplicate removal (pipelines/corpus/near_duplicates.py, its Beam wiring
+pipelines/corpus/remove_near_duplicates.py) on real text: shingles, MinHash, LSH bands, one
+document kept per cluster; the transforms on Beam's local runner; in build_corpus, one pipeline
+and waves alike."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
+import apache_beam as beam
 import numpy as np
 import pytest
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.testing.util import assert_that, equal_to
 
 from common import storage
 from common.settings import SettingError
 from pipelines import build_corpus, parquet_io
 from pipelines.corpus import near_duplicates as near
+from pipelines.corpus import remove_near_duplicates
 from pipelines.corpus.documents import DOCUMENT_SCHEMA
 from pipelines.corpus.near_duplicates import NearDuplicateConfig
+from pipelines.corpus.remove_near_duplicates import NearDuplicatePairs, RemoveNearDuplicates
 
 SAMPLE = Path(__file__).resolve().parents[3] / "data" / "sample"
 CONFIG = NearDuplicateConfig()
@@ -115,3 +125,160 @@ def test_build_corpus_removes_near_duplicates_in_one_pipeline_and_in_waves(tmp_p
     off = build_corpus.main(["--input", str(folder), "--output", str(tmp_path / "off")])
     assert off["counts"]["near_duplicates_removed"] == 0 and off["counts"]["documents"] == 16
     assert not (tmp_path / "off" / "near_duplicates").exists()
+
+
+# ---------------------------------------------------------------- shingles and signatures
+
+def test_shingles_are_hashed_word_ngrams_of_the_normalised_text():
+    assert len(near.shingles("The  cat sat on the mat", 2)) == 5
+    assert near.shingles("The  cat sat on the mat", 2) == near.shingles("the CAT sat\non the mat", 2)
+    assert near.shingles("the cat", 2) < near.shingles("the cat sat", 2)
+    assert len(near.shingles("too short", 5)) == 1  # fewer words than a shingle: one shingle
+    assert near.shingles("too short", 5) == near.shingles("TOO  short", 5)
+    assert near.shingles(" \n ", 5) == set()
+    assert all(0 <= h < 2 ** 32 for h in near.shingles("one two three four five six", 5))
+
+
+def test_a_signature_is_the_minhash_of_the_shingles():
+    text = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
+    sig = near.minhash(near.shingles(text, 5), CONFIG)
+    assert sig.shape == (128,) and sig.dtype == np.uint32
+    assert np.array_equal(near.signature([text], CONFIG), sig)
+    assert near.minhash(set(), CONFIG) is None
+    assert near.signature(["", " "], CONFIG) is None
+    keys = near.band_keys(sig, CONFIG)
+    assert len(keys) == 16 and [k.split(":")[0] for k in keys] == [str(b) for b in range(16)]
+
+
+def test_signatures_and_band_keys_are_the_same_in_another_process():
+    # Workers are separate processes with their own hash() salt: nothing may depend on it.
+    text = "It is a truth universally acknowledged, that a single man in possession of a good fortune"
+    code = ("from pipelines.corpus import near_duplicates as n; c = n.NearDuplicateConfig(); "
+            f"s = n.signature([{text!r}], c); print(n.encode(s), *n.band_keys(s, c))")
+    repo = Path(__file__).resolve().parents[3]
+    out = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True).stdout.split()
+    sig = near.signature([text], CONFIG)
+    assert out == [near.encode(sig), *near.band_keys(sig, CONFIG)]
+
+
+def test_a_chain_removes_each_member_naming_a_smaller_one():
+    base = np.arange(128, dtype=np.uint32)
+    b = base.copy()
+    b[:20] += 1000  # a ~ b: 108/128 = 0.84
+    c = b.copy()
+    c[20:40] += 1000  # b ~ c: 0.84; a ~ c: 88/128 = 0.69, below 0.8
+    assert near.estimated_jaccard(base, c) == 88 / 128
+    members = [("c", c), ("a", base), ("b", b)]
+    assert near.cluster_removals(members, CONFIG) == [("b", "a"), ("c", "b")]
+    assert near.resolve([("c", "b"), ("b", "a")]) == {"b": "a", "c": "b"}
+
+
+def test_config_errors_name_each_setting():
+    for kwargs, message in [
+            ({"shingle_size": 0}, "--shingle_size must be >= 1, got 0"),
+            ({"num_perm": 0}, "--num_perm must be >= 1, got 0"),
+            ({"num_perm": 100, "bands": 16}, "--bands must divide num_perm (100), got 16"),
+            ({"threshold": 1.5}, "--threshold must be in (0, 1], got 1.5"),
+            ({"seed": -1}, "--seed must be >= 0, got -1")]:
+        with pytest.raises(SettingError) as error:
+            NearDuplicateConfig(**kwargs)
+        assert str(error.value) == message
+
+
+# ---------------------------------------------------------------- the Beam transforms
+
+def shared_paragraphs(shared_data: Path, book: str, count: int, min_words: int = 80) -> list[str]:
+    text = (shared_data / "books" / book).read_text(encoding="utf-8", errors="replace")
+    found = [" ".join(p.split()) for p in text.split("\n\n") if len(p.split()) >= min_words]
+    return found[:count]
+
+
+def span_edited(text: str, share: float, start: float, seed: int) -> str:
+    """`text` with a run of `share` of its words (beginning at `start` of the text) replaced."""
+    rng = random.Random(seed)
+    words = text.split()
+    k = max(1, round(share * len(words)))
+    at = round(start * (len(words) - k))
+    words[at:at + k] = [f"zzxq{rng.randrange(10 ** 6)}" for _ in range(k)]
+    return " ".join(words)
+
+
+def doc(doc_id: str, text: str) -> dict:
+    return {"doc_id": doc_id, "source": doc_id.split("/")[0], "source_file": f"{doc_id}.txt",
+            "title": "", "passages": [text]}
+
+
+def counters(result, namespace: str) -> dict[str, int]:
+    found = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
+    return {c.key.metric.name: c.committed for c in found if c.committed}
+
+
+def assert_pairs(rows: list[dict], expected: list[tuple[str, str]]) -> None:
+    """`NearDuplicatePairs` on `rows` gives exactly `expected` (in any order)."""
+    with beam.Pipeline() as pipeline:
+        pairs = pipeline | beam.Create(rows) | NearDuplicatePairs(CONFIG)
+        assert_that(pairs, equal_to(expected))
+
+
+def test_identical_texts_are_near_duplicates_and_empty_ones_never(shared_data):
+    (text,) = shared_paragraphs(shared_data, "austen-persuasion.txt", 1)
+    rows = [doc("web/b", text), doc("web/a", text.upper()), doc("web/c", "  ".join(text.split())),
+            doc("web/e1", ""), doc("web/e2", " "), doc("web/s1", "short"), doc("web/s2", "Short")]
+    assert_pairs(rows, [("web/b", "web/a"), ("web/c", "web/a"), ("web/s2", "web/s1")])
+
+
+def test_unrelated_paragraphs_are_not_near_duplicates(shared_data):
+    texts = [p for book in ("austen-emma.txt", "melville-moby_dick.txt", "chesterton-brown.txt")
+             for p in shared_paragraphs(shared_data, book, 10)]
+    assert len(texts) == 30
+    assert_pairs([doc(f"books/{i:02d}", t) for i, t in enumerate(texts)], [])
+
+
+def test_an_edited_copy_of_a_real_paragraph_is_removed_naming_the_original(shared_data):
+    original, other = (shared_paragraphs(shared_data, "austen-emma.txt", 1, min_words=200)
+                       + shared_paragraphs(shared_data, "melville-moby_dick.txt", 1))
+    copy = span_edited(original, 0.03, 0.5, seed=1)  # 7 of 217 words, one run
+    rewrite = edited(original, 0.1, seed=2)  # 10% of the words, scattered: far below 0.8
+    assert true_jaccard(original, copy) > 0.9 and true_jaccard(original, rewrite) < 0.5
+    rows = [doc("web/copy", copy), doc("books/emma", original), doc("books/moby", other),
+            doc("web/rewrite", rewrite)]
+    pipeline = beam.Pipeline()
+    out = pipeline | beam.Create(rows) | RemoveNearDuplicates(CONFIG)
+    assert_that(out["kept"], equal_to([rows[1], rows[2], rows[3]]), label="kept")
+    assert_that(out["removed"], equal_to([json.dumps(
+        {"removed": "web/copy", "duplicate_of": "books/emma", "source": "web",
+         "source_file": "web/copy.txt"})]), label="removed")
+    result = pipeline.run()
+    result.wait_until_finish()
+    assert counters(result, "build_corpus") == {"near_duplicates_removed": 1}
+    assert counters(result, "build_corpus.sources") == {"web/near_duplicates_removed": 1}
+
+
+def test_a_chain_of_real_edits_keeps_only_its_smallest_member(shared_data):
+    (a,) = shared_paragraphs(shared_data, "austen-emma.txt", 1, min_words=200)
+    b = span_edited(a, 0.055, 0.1, seed=3)
+    c = span_edited(b, 0.055, 0.9, seed=4)
+    sig = {name: near.signature([t], CONFIG) for name, t in (("a", a), ("b", b), ("c", c))}
+    assert near.estimated_jaccard(sig["a"], sig["b"]) >= 0.8
+    assert near.estimated_jaccard(sig["b"], sig["c"]) >= 0.8
+    assert near.estimated_jaccard(sig["a"], sig["c"]) < 0.8
+    rows = [doc("web/c", c), doc("web/a", a), doc("web/b", b)]
+    assert_pairs(rows, [("web/b", "web/a"), ("web/c", "web/b")])
+
+
+def test_the_result_is_the_same_whatever_the_input_order(shared_data):
+    texts = shared_paragraphs(shared_data, "chesterton-ball.txt", 6, min_words=100)
+    rows = [doc(f"books/{i}", t) for i, t in enumerate(texts)]
+    rows += [doc(f"web/{i}-{j}", span_edited(texts[i], 0.02, j / 4, seed=j))
+             for i in range(3) for j in range(3)]
+    expected = [(f"web/{i}-{j}", f"books/{i}") for i in range(3) for j in range(3)]
+    for seed in (0, 1):
+        shuffled = rows[:]
+        random.Random(seed).shuffle(shuffled)
+        assert_pairs(shuffled, expected)
+
+
+def test_the_transforms_use_build_corpus_counter_namespaces():
+    assert remove_near_duplicates.NAMESPACE == build_corpus.NAMESPACE
+    assert remove_near_duplicates.LEDGER_NAMESPACE == build_corpus.LEDGER_NAMESPACE
