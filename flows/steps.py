@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -168,20 +167,14 @@ def pretrain_config(cfg: DagConfig, vocab: StageResult, shards: list[StageResult
 
 
 def launch_command(cfg: DagConfig, config_file: str) -> list[str]:
-    """The command that starts training: one process, `torchrun`, or `deepspeed` (multi-node).
-    The config file holds the whole run's config; `launch.extra_args` are the entry point's
-    other flags."""
+    """The command that starts training (`training.launch.launch_command`: one process,
+    `torchrun`, or `deepspeed`, multi-node with a hostfile). The config file holds the whole
+    run's config; `launch.extra_args` are the entry point's other flags."""
+    from training.launch import launch_command as command
+
     launch = cfg.launch
-    entry = ["--config", config_file, *launch.extra_args]
-    bindir = os.path.dirname(sys.executable)
-    if launch.launcher == "torchrun":
-        return [os.path.join(bindir, "torchrun"), f"--nproc_per_node={launch.nproc_per_node}",
-                "-m", "training.pretrain", *entry]
-    if launch.launcher == "deepspeed":
-        hostfile = ["--hostfile", launch.hostfile] if launch.hostfile else []
-        return [os.path.join(bindir, "deepspeed"), *hostfile,
-                f"--num_gpus={launch.nproc_per_node}", "--module", "training.pretrain", *entry]
-    return [sys.executable, "-m", "training.pretrain", *entry]
+    return command(launch.launcher, ["--config", config_file, *launch.extra_args],
+                   launch.nproc_per_node, launch.hostfile)
 
 
 def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],

@@ -89,6 +89,53 @@ def causal_attention_mask(ids: Tensor | None, query_index: Tensor | None, length
     return mask if ids is None else mask & query_attention_mask(ids, query_index)
 
 
+@dataclass(frozen=True)
+class AttentionPattern:
+    """Which tokens of its instance a token sees: all of them (BERT), or itself and the
+    earlier ones (`causal`: the left-to-right LM, transformers' `is_decoder`). The encoder asks
+    its pattern, never its objective: the layout attention runs in, the whole-row mask, and
+    which token has seen its whole instance (the one the pooler reads)."""
+
+    causal: bool = False
+
+    def layout(self, layout: BatchLayout | None) -> BatchLayout | None:
+        """Causal attention takes whole rows under `row_mask` (per instance in packed rows):
+        the per-instance plan (`attention_plan`) attends both ways."""
+        return BatchLayout(None, masked=True) if self.causal else layout
+
+    def row_mask(self, ids: Tensor | None, query_index: Tensor | None, length: int,
+                 device: torch.device) -> Tensor:
+        """The boolean mask of whole-row attention (B or 1, 1, P, T)."""
+        if self.causal:
+            return causal_attention_mask(ids, query_index, length, device)
+        return query_attention_mask(ids, query_index)
+
+    def summary_positions(self, cls_positions: Tensor | None, sequence_ids: Tensor | None,
+                          rows: int, length: int, device: torch.device) -> Tensor:
+        """(B, K) where each instance's summary token is: its [CLS] at `cls_positions` (B, K)
+        ((B, 1) zeros when None); under causal attention its last token instead, the only one
+        that has seen the whole instance (as OpenAI GPT classifies), from `sequence_ids`
+        (B, T) (padding -1; None: the row's last position)."""
+        if self.causal:
+            instances = 1 if cls_positions is None else cls_positions.shape[1]
+            return last_positions(sequence_ids, length, rows, instances, device)
+        if cls_positions is None:
+            return torch.zeros(rows, 1, dtype=torch.long, device=device)
+        return cls_positions.long().clamp(min=0)
+
+
+def last_positions(sequence_ids: Tensor | None, length: int, rows: int, instances: int,
+                   device: torch.device) -> Tensor:
+    """Last position of instances 0..K-1 in each row (B, K), from `sequence_ids` (B, T) with
+    padding -1 (None: one instance filling the row); a missing instance gets 0."""
+    if sequence_ids is None:
+        return torch.full((rows, instances), length - 1, dtype=torch.long, device=device)
+    k = torch.arange(instances, device=device)
+    is_k = sequence_ids[:, None, :] == k[None, :, None]  # (B, K, T)
+    index = torch.arange(length, device=device)
+    return torch.where(is_k, index, -1).amax(-1).clamp(min=0)  # (B, K)
+
+
 def split_heads(qkv: Tensor, num_heads: int) -> tuple[Tensor, Tensor, Tensor]:
     """Fused projections (N, T, 3H) -> q, k, v, each (N, A, T, D)."""
     N, T, H3 = qkv.shape

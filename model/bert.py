@@ -19,8 +19,12 @@ A token attends only to the tokens of its own instance (model/attention.py: the 
 plan of packed and padded rows, made on the host). In training on CPU, dropout draws a cheaper
 mask of the same distribution (model/cpu_ops.py).
 
+Attention is bidirectional, or causal with `is_decoder` (`model.attention.AttentionPattern`:
+the mask, and which token `pool` reads); the encoder never asks which objective trains it.
+
 On a GPU, `compile_layers` compiles each layer for batches whose shape changes; `compile_model`
-compiles a whole model as one graph for batches of one shape (`training.loader.StaticShapes`).
+compiles a whole model as one graph for batches of one shape (`training.loader.StaticShapes`);
+both live in model/compiling.py.
 
 The field names of `BertConfig` are those of the reference `bert_config.json` (and of
 `transformers.BertConfig`), so a Hugging Face `config.json` reads directly.
@@ -38,15 +42,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import (
+    AttentionPattern,
     AttentionPlan,
     BatchLayout,
     attend_instances,
     batch_layout,
-    causal_attention_mask,
     instance_ids,
     packed_position_ids,
-    query_attention_mask,
     split_heads,
+)
+from model.compiling import (  # noqa: F401 (their public home is this module)
+    LAYER_RECOMPILE_LIMIT,
+    MODEL_RECOMPILE_LIMIT,
+    compile_layers,
+    compile_model,
 )
 from model.cpu_ops import Dropout, attend, stock_ops_enabled
 
@@ -88,8 +97,8 @@ class BertConfig:
     export holds `vocab_size` rows."""
     is_decoder: bool = False
     """Left-to-right attention: a token sees only itself and the earlier tokens of its instance
-    (the paper's "LTR & No NSP" baseline, Table 5; transformers' name, whose BertModel then
-    masks the same way)."""
+    (`model.attention.AttentionPattern`; the objective asks for it, training/objectives.py;
+    transformers' name, whose BertModel then masks the same way)."""
 
     def __post_init__(self):
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -295,6 +304,7 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(config)
         self.layers = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
         self.pooler = BertPooler(config)
+        self.pattern = AttentionPattern(causal=config.is_decoder)
         self.apply(lambda m: init_bert_weights(m, config.initializer_range))
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
@@ -326,8 +336,7 @@ class BertModel(nn.Module):
                             else torch.arange(input_ids.shape[1], device=input_ids.device)
                             .expand_as(input_ids))
         ids = instance_ids(attention_mask, sequence_ids, input_ids)
-        if self.config.is_decoder:  # whole rows under a causal mask (per instance in packed rows)
-            layout = BatchLayout(None, masked=True)
+        layout = self.pattern.layout(layout)
         compiled = torch.compiler.is_compiling()  # inside a whole-model graph (`compile_model`)
         if layout is None:  # worked out here
             # on the CPU the per-instance plan, from a look at the ids; elsewhere whole rows under
@@ -340,7 +349,8 @@ class BertModel(nn.Module):
         # and each new size would compile the graph again
         plan = None if stock_ops_enabled() or compiled else layout.plan
         whole_rows = plan is None and layout.masked  # instances not in single runs, or stock
-        mask = self._row_mask(ids, None, input_ids) if whole_rows else None
+        length, device = input_ids.shape[1], input_ids.device
+        mask = self.pattern.row_mask(ids, None, length, device) if whole_rows else None
         x = self.embeddings(input_ids, token_type_ids, position_ids)
         if output_hidden_states:
             states = [x]
@@ -354,105 +364,21 @@ class BertModel(nn.Module):
         # The sparse last layer attends from P queries over whole rows: a (B, 1, P, T) mask is
         # small, and per-instance groups would need the queries sorted into them.
         query_index = output_positions.long()
-        query_mask = self._row_mask(ids, query_index, input_ids) if layout.masked else None
+        query_mask = (self.pattern.row_mask(ids, query_index, length, device)
+                      if layout.masked else None)
         return self.layers[-1](x, mask=query_mask, query_index=query_index)
-
-    def _row_mask(self, ids: Tensor | None, query_index: Tensor | None,
-                  input_ids: Tensor) -> Tensor:
-        """The boolean mask of whole-row attention (B or 1, 1, P, T), causal for a decoder."""
-        if self.config.is_decoder:
-            return causal_attention_mask(ids, query_index, input_ids.shape[1], input_ids.device)
-        return query_attention_mask(ids, query_index)
 
     def pool(self, hidden: Tensor, cls_positions: Tensor | None = None,
              sequence_ids: Tensor | None = None) -> Tensor:
-        """Pooled `[CLS]` states: (B, T, H) -> (B, H) at position 0, or (B, K, H) at `cls_positions` (B, K).
-
-        A left-to-right model (`is_decoder`) pools each instance's last token instead: under
-        causal attention the [CLS] sees only itself and the last token the whole instance (as
-        OpenAI GPT classifies). `sequence_ids` (B, T) (padding -1) say where instances end;
-        None: the row's last position.
-        """
-        if self.config.is_decoder:
-            last = last_positions(sequence_ids, hidden.shape[1], hidden.shape[0],
-                                  1 if cls_positions is None else cls_positions.shape[1],
-                                  hidden.device)  # (B, K)
-            pooled = self.pooler(gather_positions(hidden, last))  # (B, K, H)
-            return pooled[:, 0] if cls_positions is None else pooled
-        if cls_positions is None:
-            return self.pooler(hidden[:, 0])
-        return self.pooler(gather_positions(hidden, cls_positions.clamp(min=0)))  # (B, K, H)
+        """Pooled summary states: (B, T, H) -> (B, H) of each row's first instance, or
+        (B, K, H) of the instances at `cls_positions` (B, K). The token read is the attention
+        pattern's (`AttentionPattern.summary_positions`): the [CLS], or under causal attention
+        each instance's last token (`sequence_ids` (B, T), padding -1, say where they end)."""
+        B, T, _ = hidden.shape
+        positions = self.pattern.summary_positions(cls_positions, sequence_ids, B, T,
+                                                   hidden.device)  # (B, K)
+        pooled = self.pooler(gather_positions(hidden, positions))  # (B, K, H)
+        return pooled[:, 0] if cls_positions is None else pooled
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
-
-
-def last_positions(sequence_ids: Tensor | None, length: int, rows: int, instances: int,
-                   device: torch.device) -> Tensor:
-    """Last position of instances 0..K-1 in each row (B, K), from `sequence_ids` (B, T) with
-    padding -1 (None: one instance filling the row); a missing instance gets 0."""
-    if sequence_ids is None:
-        return torch.full((rows, instances), length - 1, dtype=torch.long, device=device)
-    k = torch.arange(instances, device=device)
-    is_k = sequence_ids[:, None, :] == k[None, :, None]  # (B, K, T)
-    index = torch.arange(length, device=device)
-    return torch.where(is_k, index, -1).amax(-1).clamp(min=0)  # (B, K)
-
-
-LAYER_RECOMPILE_LIMIT = 64
-"""Compiled variants a layer may have (dynamo's `recompile_limit`, 8 by default). One code object,
-`BertLayer.forward`, serves every layer in several forms: all tokens or only the masked
-positions (the last layer in pre-training), training or evaluation, with or without grad, and
-each first with static then with symbolic sizes as T, B and the masked positions change. A
-phase 1, its validation, a phase 2 of another micro-batch and its validation make 10
-(tests/model/test_attention_paths.py), past 8: with fullgraph=True the 9th is an error, which
-stopped phase 2 of a GPU run (RESULTS 16)."""
-
-
-def compile_layers(bert: BertModel, backend: str = "inductor") -> BertModel:
-    """`torch.compile` every encoder layer in place (`fullgraph=True`: a graph break is an
-    error, not a silent slowdown), so bias + GELU, dropout + residual and LayerNorm fuse into
-    a few kernels; parameter names and the state dict stay as they are. `backend`: inductor;
-    tests trace with aot_eager, which checks the same graphs and guards without code generation.
-
-    A layer has no data-dependent shape inside it: the attention plan's indices (CPU) and the
-    row masks (GPU) come ready, so a new batch shape at most recompiles (sizes become symbolic
-    after the second one), never breaks the graph. Embeddings and heads stay eager.
-    """
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                               LAYER_RECOMPILE_LIMIT)
-    for layer in bert.layers:
-        layer.compile(fullgraph=True, backend=backend)
-    return bert
-
-
-MODEL_RECOMPILE_LIMIT = 16
-"""Compiled variants of a whole pre-training model (`compile_model`): per phase a training and
-an evaluation graph, each static (`dynamic=False`), and one more for a rare batch past the
-static shapes (`training.loader.StaticShapes.fit`); two phases make 4 to 8."""
-
-
-def compile_model(model: nn.Module, backend: str = "inductor", mode: str | None = None) -> nn.Module:
-    """`torch.compile` a whole model in place, as one graph: for pre-training the embeddings,
-    every layer, the heads and the losses, so that a step is a few kernel launches from one
-    host call rather than a compiled call per layer with eager ops between them.
-
-    For batches of one shape (`training.loader.StaticShapes`): `dynamic=False` specialises the
-    graph to it (symbolic sizes would cost kernel choices and rule out CUDA graphs), and
-    `fullgraph=True` makes any graph break an error. Attention takes whole rows under the
-    instance mask inside the graph (the CPU's per-instance plan is host work with batch-dependent
-    sizes; `BertModel.forward`). `mode`: torch.compile's (None, "reduce-overhead" for CUDA
-    graphs, "max-autotune-no-cudagraphs"); `backend` as in `compile_layers`. Parameter names
-    and the state dict stay as they are. For batches of changing shape use `compile_layers`.
-
-    The model's `forward` is compiled, not its `__call__` (`nn.Module.compile`): hooks others
-    hang on the model stay outside the graph. DeepSpeed's engine adds a forward pre-hook that
-    reads its step counter; traced, it is a guard that fails at every step (a recompile per
-    step, tests/training/test_static_shapes.py).
-    """
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                               MODEL_RECOMPILE_LIMIT)
-    model.forward = torch.compile(model.forward, fullgraph=True, dynamic=False, backend=backend,
-                                  mode=mode)
-    return model
-

@@ -127,9 +127,11 @@ class PretrainConfig(MaskSplit):
     """Attention heads A (0 = the preset's)."""
     intermediate_size: int = 0
     """Feed-forward width (0 = the preset's; the presets use 4H)."""
-    objective: Literal["mlm", "ltr"] = "mlm"
-    """mlm: BERT's masked LM (+ NSP, see next_sentence); ltr: the left-to-right LM baseline of
-    Table 5 ("LTR & No NSP"): causal attention, next-token prediction, never NSP."""
+    objective: str = "mlm"
+    """What the run trains (training/objectives.py): mlm_nsp (masked LM + next sentence), mlm
+    (masked LM, + NSP where next_sentence and the shards have NSP labels), ltr (the
+    left-to-right LM baseline of Table 5, "LTR & No NSP"), or module:attribute naming an
+    Objective defined elsewhere."""
     next_sentence: bool = True
     """Train the next-sentence head and loss where the shards have NSP labels; false: MLM-only
     (no NSP head or loss) on any shards (Table 5's "No NSP")."""
@@ -198,6 +200,7 @@ class PretrainConfig(MaskSplit):
 
     def __post_init__(self):
         settings.check_choices(self, "--set {setting}: {message}")
+        self._check_objective()
         _check(self.model in MODEL_PRESETS or (self.model == "" and bool(self.init_from)),
                "model", f"one of {sorted(MODEL_PRESETS)} (or empty with init_from)")
         for flag in SHAPE_FIELDS:
@@ -258,15 +261,14 @@ class PretrainConfig(MaskSplit):
         return self.compile and on_gpu and self.zero_stage < 3
 
     def model_config(self, vocab_size: int, **changes: Any):
-        """The `model.bert.BertConfig` of the preset with this run's shape, dropout and
-        objective (`is_decoder` for ltr)."""
+        """The `model.bert.BertConfig` of the preset with this run's shape and dropout (the
+        objective sets the attention it asks for, `Objective.build_model`)."""
         from model.bert import BertConfig
         shape = {f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}
         base = MODEL_PRESETS[self.model]().to_dict()
         return BertConfig(**{**base, **shape, "vocab_size": vocab_size,
                              "hidden_dropout_prob": self.dropout,
-                             "attention_probs_dropout_prob": self.dropout,
-                             "is_decoder": self.objective == "ltr", **changes})
+                             "attention_probs_dropout_prob": self.dropout, **changes})
 
     def masking(self, max_predictions_per_seq: int) -> MaskingConfig:
         """Dynamic masking's `common.masking.MaskingConfig`, capped as the shards are."""
@@ -286,10 +288,14 @@ class PretrainConfig(MaskSplit):
             raise SettingError(changed[0], "acts only with dynamic_masking=true (without it the "
                                "shards' masks are used: set it in make_shards instead)",
                                "--set {setting}: {message}")
-        if self.objective == "ltr" and self.dynamic_masking:
-            raise SettingError("objective", "ltr cannot be combined with dynamic_masking=true "
-                               "(the left-to-right LM predicts every next token; it has no "
-                               "masks)", "--set {setting}: {message}")
+
+    def _check_objective(self) -> None:
+        from training import objectives
+        try:
+            objective = objectives.get(self.objective)
+        except ValueError as e:
+            raise SettingError("objective", str(e), "--set {setting}: {message}") from None
+        objective.check(self)
 
     def phase(self, name: str) -> PhaseConfig:
         for p in self.phases:

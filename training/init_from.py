@@ -127,8 +127,7 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
         raise ValueError(f"{where} has type_vocab_size {shape.type_vocab_size}; BERT's inputs "
                          "need 2 token types (sentences A and B)")
     return shape.replace(hidden_dropout_prob=config.dropout,
-                         attention_probs_dropout_prob=config.dropout, vocab_multiple=64,
-                         is_decoder=config.objective == "ltr")
+                         attention_probs_dropout_prob=config.dropout, vocab_multiple=64)
 
 
 def load_starting_weights(model: nn.Module, start: StartingPoint) -> list[str]:

@@ -5,7 +5,8 @@
   RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 and a free MASTER_PORT (without them
   DeepSpeed falls back to MPI discovery and fails).
 - One node, N processes: `torchrun --nproc_per_node N -m training.pretrain ...`
-  (`torchrun_command`).
+  (`torchrun_command`). `launch_command` builds any of these commands from a launcher's name
+  (the flow's pre-training stage starts its ranks with it).
 - Several nodes: `torchrun --nnodes N --rdzv-backend c10d --rdzv-endpoint HOST:PORT ...` run
   once per node (infra/launch/torchrun_rendezvous.sh, which the Slurm script and the Kubernetes
   Job start on every node; no ssh between nodes). Or `deepspeed --hostfile hosts --no_ssh
@@ -263,6 +264,34 @@ def wait_for_launcher() -> NoReturn:
     raise SystemExit(2)
 
 
+PRETRAIN_DESCRIPTION = "BERT pre-training with DeepSpeed: `bert-pretrain` / `python -m training.pretrain`."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`bert-pretrain`'s flags: here, where both the ranks (training/pretrain.py `main`) and the
+    launch scripts' check (`main` below) read them, so neither module imports the other's."""
+    from common import logs
+    from common.settings import settings_help
+    from training import config as cfg
+
+    epilog = ("settings (--set KEY=VALUE or a --config file; defaults: the tiny preset's, "
+              "training/config.py):\n" + "\n".join(settings_help(cfg.tiny())))
+    parser = argparse.ArgumentParser(prog="bert-pretrain", description=PRETRAIN_DESCRIPTION,
+                                     epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="tiny", choices=sorted(cfg.PRESETS),
+                        help="starting configuration (training/config.py)")
+    parser.add_argument("--config", help="YAML or JSON file of overrides")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a field, e.g. zero_stage=2 or phase1.steps=300")
+    parser.add_argument("--stop_after_steps", type=int, default=None,
+                        help="stop with a checkpoint after N optimizer steps of this invocation "
+                             "(preemption drills); run again to resume")
+    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    logs.add_verbose_flag(parser)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`python -m training.launch check-gpus [--nproc-per-node N] -- BERT_PRETRAIN_ARGS`: the
     launch scripts' check before they start any rank; exits 2 with one line on stderr."""
@@ -272,7 +301,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("--nproc-per-node", default="")
     check.add_argument("pretrain_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
-    from training.pretrain import build_parser
     pretrain_args = args.pretrain_args[1:] if args.pretrain_args[:1] == ["--"] \
         else args.pretrain_args
     if {"-h", "--help"} & set(pretrain_args):
@@ -290,6 +318,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def module_args(args: Sequence[str]) -> list[str]:
     return ["-m", "training.pretrain", *args]
+
+
+LAUNCHERS = ("python", "torchrun", "deepspeed")
+"""What `launch_command` starts the ranks with (the flow's `launch.launcher`)."""
+
+
+def launch_command(launcher: str, args: Sequence[str], nproc_per_node: int = 1,
+                   hostfile: str | None = None, python: str = sys.executable) -> list[str]:
+    """The one builder of the command that starts `bert-pretrain ARGS` (the flow's pre-training
+    stage and the tests use it): `python` one process, `torchrun` `nproc_per_node` processes on
+    this node (`torchrun_command`), `deepspeed` `nproc_per_node` per node, on the hostfile's
+    nodes when given (`deepspeed_command`)."""
+    if launcher == "torchrun":
+        return torchrun_command(nproc_per_node, args, python=python)
+    if launcher == "deepspeed":
+        return deepspeed_command(args, hostfile=hostfile or None, num_gpus=nproc_per_node,
+                                 python=python)
+    if launcher != "python":
+        raise ValueError(f"launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+    return [python, *module_args(args)]
 
 
 def torchrun_command(nproc_per_node: int, args: Sequence[str], master_port: int | None = None,

@@ -5,6 +5,12 @@
     torchrun --nproc_per_node 2 -m training.pretrain ...        # N ranks on one node
     deepspeed --hostfile hosts --module training.pretrain ...   # several nodes
 
+What it trains is the objective (`--set objective=mlm_nsp|mlm|ltr|module:attribute`,
+training/objectives.py): its model, loss and metric keys. The run's parts live beside this file:
+training/preflight.py (the start-of-run checks), training/metrics.py (metric sums, summaries,
+metrics.jsonl, loss_curve.png), training/checkpoint.py, and training/launch.py (the flags, the
+process setup and the launch commands; it never imports this module).
+
 The run is its phases in order (phase 2 starts from phase 1's final weights with its own data,
 batch, optimizer and schedule). Steps: `build_model` -> `build_engine` (deepspeed.initialize) ->
 `train_step` x steps (with `evaluate` and `save_checkpoint`) -> `export`. Started again with the
@@ -43,9 +49,6 @@ step's evaluation.
 """
 from __future__ import annotations
 
-import argparse
-import functools
-import json
 import logging
 import os
 import sys
@@ -56,21 +59,22 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from common import logs, storage
+from common import logs
 from training import config as cfg
+from training import objectives
 from training.checkpoint import (
     CHECKPOINTS,
     CheckpointState,
     consolidated_state_dict,
     has_partitioned_state,
     load_checkpoint,
-    read_latest,
     remove_stale_files,
     save_checkpoint,
     shared_consolidated_state_dict,
     to_universal,
 )
 from training.config import PhaseConfig, PretrainConfig
+from training.launch import build_parser
 from training.loader import (
     LoaderConfig,
     Remasker,
@@ -78,11 +82,35 @@ from training.loader import (
     static_shapes_for,
     validation_batches,
 )
+from training.metrics import (
+    METRIC_KEYS,
+    MetricsLog,
+    all_reduce,
+    metric_keys,
+    metric_sums,
+    plot_loss_curve,
+    read_metrics,
+    record,
+    summarize,
+)
+from training.objectives import Objective
+from training.preflight import (
+    check_phase_inputs,
+    check_resume,
+    export_do_lower_case,
+    is_evaluation_step,
+    model_config,
+    preflight,
+    shard_manifest,
+    with_checkpoint_vocab,
+)
 from training.ranks import Dist, OtherRankError, on_all_ranks
 
+__all__ = ["METRIC_KEYS", "ShardLoader", "build_parser", "check_phase_inputs", "check_resume",
+           "export_do_lower_case", "main", "metric_sums", "model_config", "read_metrics", "run",
+           "with_checkpoint_vocab"]  # the names the tests and tools read here
+
 log = logging.getLogger("training.pretrain")
-METRIC_KEYS = ("loss", "mlm_loss", "mlm_correct", "mlm_count", "nsp_loss", "nsp_correct",
-               "nsp_count", "tokens", "samples", "micro_batches")
 
 
 # ---------------------------------------------------------------- setup
@@ -123,95 +151,15 @@ def init_distributed() -> Dist:
     return Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), on_gpu)
 
 
-def shard_manifest(phase: PhaseConfig) -> dict:
-    from training.loader import read_shard_manifest
-    if not phase.train_shards:
-        raise ValueError(f"--set {phase.name}.train_shards=...: the phase has no shards")
-    return read_shard_manifest(phase.train_shards)
-
-
-def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
-    """The shards of every phase from `first_phase` on (earlier ones are done: their shards may
-    be gone), before the first step: a mistake in phase 2's inputs must not surface after
-    phase 1's hours. Per phase: the manifest, the sequence length, the vocabulary (size, and
-    the file's sha256 against `vocab_dir`'s: same-size vocabularies with other tokens would
-    train silently on ids the tokenizer does not mean), complete local shard files, each with
-    the manifest's sha256 and only regular, relatively named members (`verify_shard_files`;
-    above `FULL_CHECK_MAX_BYTES` the loader checks each shard as it reads it instead). Across
-    phases: one vocabulary, and NSP in all or none."""
-    from common import storage
-    from training.loader import check_shard_files, list_shards, verify_shard_files
-
-    vocab_file, vocab_sha, vocab_size = None, None, None
-    if config.vocab_dir:
-        from common.tokenization import read_vocab
-        vocab_file = config.vocab_dir if config.vocab_dir.endswith(".txt") else \
-            storage.join(config.vocab_dir, "vocab.txt")
-        vocab_size, vocab_sha = len(read_vocab(config.vocab_dir)), storage.sha256_file(vocab_file)
-    seen: dict[str, tuple[str, object]] = {}  # manifest key -> (first phase, its value)
-    for phase in config.phases[first_phase:]:
-        manifest = shard_manifest(phase)
-        where = f"{phase.name}.train_shards={phase.train_shards}"
-        seq = manifest.get("max_seq_length")
-        if seq is not None and int(seq) != phase.max_seq_length:
-            raise ValueError(f"{where}: shards of max_seq_length {seq}, but "
-                             f"{phase.name}.max_seq_length is {phase.max_seq_length}")
-        recorded = (manifest.get("vocab") or {}).get("sha256")
-        if vocab_sha and recorded and recorded != vocab_sha and \
-                not same_tokens(manifest["vocab"].get("path"), recorded, config.vocab_dir):
-            if config.init_from:
-                raise ValueError(
-                    f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
-                    f"(sha256 {recorded[:12]}), but init_from={config.init_from} has another "
-                    f"({vocab_file}, sha256 {vocab_sha[:12]}): its embeddings would read token "
-                    "ids it does not know. Make the shards with the checkpoint's vocab.txt")
-            raise ValueError(
-                f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
-                f"(sha256 {recorded[:12]}), but vocab_dir={config.vocab_dir} holds another "
-                f"({vocab_file}, sha256 {vocab_sha[:12]}): the token ids would not mean what "
-                "the exported tokenizer says. Point vocab_dir at the shards' vocabulary")
-        if vocab_size and manifest.get("vocab_size") and int(manifest["vocab_size"]) != vocab_size:
-            raise ValueError(f"{where}: shards made with vocab_size {manifest['vocab_size']}, "
-                             f"but vocab_dir={config.vocab_dir} holds {vocab_size} tokens")
-        for key, value in (("vocab_size", manifest.get("vocab_size")), ("vocab sha256", recorded),
-                           ("nsp", bool(manifest.get("nsp", True)))):
-            if value is None:  # an older manifest without it
-                continue
-            first = seen.setdefault(key, (phase.name, value))
-            if value != first[1]:
-                raise ValueError(f"{where}: shards with {key} {value}, but {first[0]}'s have "
-                                 f"{first[1]}: every phase must train one model on one "
-                                 "vocabulary, with next-sentence pairs in all phases or none")
-        shards = list_shards(phase.train_shards, "train")[0]
-        check_shard_files(shards)
-        verify_shard_files(shards)
-
-
-def same_tokens(recorded_path: str | None, recorded_sha: str, vocab_dir: str) -> bool:
-    """Whether the vocabulary file a manifest names is still the one it hashed and holds the
-    same tokens as `vocab_dir`'s: a copy with other line endings hashes differently but is the
-    same vocabulary. (A file rewritten in place since is not: its hash no longer matches.)"""
-    from common import storage
-    from common.tokenization import read_vocab
-    try:
-        return bool(recorded_path) and storage.sha256_file(recorded_path) == recorded_sha and \
-            read_vocab(recorded_path) == read_vocab(vocab_dir)
-    except (OSError, ValueError):
-        return False
-
-
 def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None,
                 initial: bool = False):
-    """`model.heads.BertForPreTraining` of the preset with the run's shape and objective, sized
-    to the shards' vocabulary, or of `init_from`'s shape (training/init_from.py); the NSP head
-    only where the shards have NSP labels and the run trains NSP (`next_sentence`, never for
-    objective=ltr). `state_dict`: a previous phase's (or a checkpoint's) weights; `initial`:
-    start from `init_from`'s weights instead."""
-    from model.heads import BertForPreTraining
-
-    next_sentence = bool(manifest.get("nsp", True)) and config.next_sentence \
-        and config.objective != "ltr"
-    model = BertForPreTraining(model_config(config, manifest), next_sentence=next_sentence)
+    """The objective's model (`objectives.for_shards`: BERT's `model.heads.BertForPreTraining`,
+    with the NSP head where the shards have NSP labels and the run trains NSP) on the preset
+    with the run's shape, sized to the shards' vocabulary, or on `init_from`'s shape
+    (training/init_from.py). `state_dict`: a previous phase's (or a checkpoint's) weights;
+    `initial`: start from `init_from`'s weights instead."""
+    objective = objectives.for_shards(config.objective, config.next_sentence, manifest)
+    model = objective.build_model(model_config(config, manifest))
     if initial:
         from model.hf import find_starting_point
         from training.init_from import load_starting_weights
@@ -222,25 +170,6 @@ def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None 
         if missing or unexpected:
             raise ValueError(f"previous phase's weights: missing {missing}, unexpected {unexpected}")
     return model
-
-
-def model_config(config: PretrainConfig, manifest: dict):
-    """The run's `model.bert.BertConfig`: `init_from`'s shape, or the preset's (with the run's
-    shape fields) with the shards' vocabulary size."""
-    if config.init_from:
-        from training.init_from import checkpoint_model_config
-        return checkpoint_model_config(config, manifest)
-    vocab_size = int(manifest.get("vocab_size") or 0)
-    if config.vocab_dir:
-        from common.tokenization import read_vocab
-        tokens = len(read_vocab(config.vocab_dir))
-        if vocab_size and tokens != vocab_size:
-            raise ValueError(f"--set vocab_dir={config.vocab_dir}: {tokens} tokens, but the shards "
-                             f"were made with vocab_size {vocab_size}")
-        vocab_size = tokens
-    if not vocab_size:
-        raise ValueError("vocab_size unknown: set vocab_dir or write vocab_size in the manifest")
-    return config.model_config(vocab_size, vocab_multiple=64)
 
 
 def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
@@ -283,16 +212,16 @@ def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
 
 # ---------------------------------------------------------------- steps
 
-def train_step(engine, batches: Iterator[dict]) -> Tensor:
+def train_step(engine, batches: Iterator[dict], keys: tuple[str, ...] = METRIC_KEYS) -> Tensor:
     """One optimizer step: gradient_accumulation_steps micro-batches of forward + backward.
-    Returns the step's summed metrics (`metric_sums`) on the device, not yet read."""
-    sums = torch.zeros(len(METRIC_KEYS), dtype=torch.float64, device=engine.device)
+    Returns the step's summed metrics (`metric_sums` of `keys`) on the device, not yet read."""
+    sums = torch.zeros(len(keys), dtype=torch.float64, device=engine.device)
     for _ in range(engine.gradient_accumulation_steps()):
         batch = to_device(next(batches), engine.device)
         out = engine(**batch)
         engine.backward(out.loss)
         engine.step()
-        sums += metric_sums(out, batch)
+        sums += metric_sums(out, batch, keys)
     return sums
 
 
@@ -300,205 +229,57 @@ def to_device(batch: dict[str, Tensor], device) -> dict[str, Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def metric_sums(out, batch: dict[str, Tensor]) -> Tensor:
-    """One micro-batch's METRIC_KEYS as a float64 vector on the device. Summed there and read
-    (`.tolist()`) once per logging step: an `.item()` per value would stall a GPU's queue
-    seven times per micro-batch."""
-    zero = out.loss.new_zeros((), dtype=torch.float64)  # not the loss's dtype: bf16 counts stop at 256
-    nsp = (out.nsp_loss, out.nsp_correct, out.nsp_count) if out.nsp_loss is not None \
-        else (zero, zero, zero)
-    values = (out.loss, out.mlm_loss, out.mlm_correct, out.mlm_count, *nsp,
-              batch["attention_mask"].sum(), zero + batch["input_ids"].shape[0], zero + 1)
-    return torch.stack([v.detach().to(torch.float64) for v in values])
-
-
 @torch.no_grad()
-def evaluate(engine, config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> dict[str, float]:
+def evaluate(engine, config: PretrainConfig, phase: PhaseConfig, dist: Dist,
+             objective: Objective) -> dict[str, float]:
     """Validation loss and accuracies over `eval_batches` micro-batches per rank."""
     engine.eval()
-    sums = torch.zeros(len(METRIC_KEYS), dtype=torch.float64, device=engine.device)
+    keys = metric_keys(objective.metric_keys)
+    sums = torch.zeros(len(keys), dtype=torch.float64, device=engine.device)
     for batch in validation_batches(build_loader(config, phase, dist, validation=True),
                                     config.eval_batches):
         batch = to_device(batch, engine.device)
-        sums += metric_sums(engine(**batch), batch)
+        sums += metric_sums(engine(**batch), batch, keys)
     engine.train()
-    return summarize(all_reduce(sums), elapsed=None)
-
-
-def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bool:
-    """Whether to validate the phase: eval_batches > 0 and held-out shards exist (else skipped,
-    with a warning). `preflight` asks it for every phase with steps left before the run's first
-    step: shards with fewer rows than one micro-batch per rank raise here, not at the phase's
-    first evaluation (where `validation_batches` would end the run)."""
-    from training.loader import check_shard_files, list_shards
-    if config.eval_batches == 0:
-        return False
-    source = build_loader(config, phase, dist, validation=True).source
-    try:
-        shards, _ = list_shards(source, "validation")
-    except FileNotFoundError as e:
-        if dist.is_main:
-            log.warning("%s: no validation shards, validation skipped (%s)", phase.name, e)
-        return False
-    check_shard_files(shards)
-    rows, needed = sum(s.num_rows for s in shards), dist.world_size * phase.micro_batch_size
-    if rows < needed:
-        raise ValueError(
-            f"{source}: the validation shards hold {rows} rows, fewer than one micro-batch per "
-            f"rank ({dist.world_size} ranks x {phase.name}.micro_batch_size "
-            f"{phase.micro_batch_size} = {needed}); write more validation rows, point --set "
-            f"{phase.name}.validation_shards=... elsewhere, or --set eval_batches=0")
-    return True
-
-
-def all_reduce(sums: Tensor) -> dict[str, float]:
-    """Metric sums over all ranks, read on the host. `sums` stays on the model's device: NCCL,
-    the backend on GPUs, reduces only device tensors."""
-    sums = sums.clone()
-    torch.distributed.all_reduce(sums)
-    return dict(zip(METRIC_KEYS, sums.tolist()))
-
-
-def summarize(sums: dict[str, float], elapsed: float | None) -> dict[str, float]:
-    n = max(sums["micro_batches"], 1)
-    out = {"loss": sums["loss"] / n, "mlm_loss": sums["mlm_loss"] / n,
-           "mlm_accuracy": sums["mlm_correct"] / max(sums["mlm_count"], 1)}
-    if sums["nsp_count"]:
-        out.update(nsp_loss=sums["nsp_loss"] / n,
-                   nsp_accuracy=sums["nsp_correct"] / sums["nsp_count"])
-    if elapsed:
-        out.update(tokens_per_s=sums["tokens"] / elapsed, samples_per_s=sums["samples"] / elapsed)
-    return out
-
-
-# ---------------------------------------------------------------- metrics
-
-class MetricsLog:
-    """metrics.jsonl + TensorBoard on rank 0."""
-
-    def __init__(self, output_dir: str, dist: Dist, resume_from: tuple[int, int] | None):
-        self.path = os.path.join(output_dir, "metrics.jsonl")
-        self.writer = None
-        if not dist.is_main:
-            return
-        if resume_from is not None and os.path.exists(self.path):
-            # Drop lines written after the checkpoint we resume from: they will be redone.
-            kept = [r for r in read_metrics(output_dir)
-                    if (r["phase_index"], r["step"]) <= resume_from]
-            storage.atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-        elif resume_from is None and os.path.exists(self.path):
-            os.unlink(self.path)
-        from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(os.path.join(output_dir, "tensorboard"))
-
-    def write(self, record: dict) -> None:
-        if self.writer is None:
-            return
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        prefix = record["split"]
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and key not in _RECORD_KEYS:
-                self.writer.add_scalar(f"{prefix}/{key}", value, record["global_step"])
-        self.writer.flush()
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
-_RECORD_KEYS = ("phase_index", "step", "global_step")
-
-
-def read_metrics(output_dir: str) -> list[dict]:
-    with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
-
-
-def plot_loss_curve(output_dir: str) -> str:
-    """loss_curve.png: training and validation loss and MLM accuracy over global steps."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = read_metrics(output_dir)
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    for split, style in (("train", "-"), ("validation", "o--")):
-        rows = [r for r in records if r["split"] == split]
-        steps = [r["global_step"] for r in rows]
-        ax_loss.plot(steps, [r["loss"] for r in rows], style, label=f"{split} loss")
-        ax_acc.plot(steps, [r["mlm_accuracy"] for r in rows], style, label=f"{split} MLM acc")
-    for ax, title in ((ax_loss, "loss (MLM + NSP)"), (ax_acc, "masked-LM accuracy")):
-        ax.set_xlabel("optimizer step (all phases)")
-        ax.set_title(title)
-        ax.legend()
-    path = os.path.join(output_dir, "loss_curve.png")
-    with storage.atomic_open(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=100)
-    plt.close(fig)
-    return path
+    return summarize(all_reduce(sums, keys), None, objective.heads)
 
 
 # ---------------------------------------------------------------- the run
 
 def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseConfig,
                 loader: ShardLoader, step: int, step_offset: int, metrics: MetricsLog,
-                dist: Dist, stop_at: int, validate: bool) -> tuple[str | None, int]:
+                dist: Dist, stop_at: int, validate: bool,
+                objective: Objective) -> tuple[str | None, int]:
     """Steps `step`..`stop_at` (<= phase.steps) of one phase; returns the last checkpoint tag
     and the step reached. Stopping early (`stop_at` < phase.steps) saves a checkpoint. A step's
     checkpoint is written before its evaluation, so a failing evaluation loses no training."""
+    keys, head = metric_keys(objective.metric_keys), objective.heads[0]
     batches = iter(loader)
     tag = None
     window, started = 0, time.perf_counter()
     bar = logs.progress(total=phase.steps, initial=step, desc=phase.name, disable=not dist.is_main,
                dynamic_ncols=True)
     while step < stop_at:
-        window = window + train_step(engine, batches)
+        window = window + train_step(engine, batches, keys)
         step += 1
         bar.update(1)
         if step % config.log_every == 0 or step == phase.steps:
-            summary = summarize(all_reduce(window), time.perf_counter() - started)
+            summary = summarize(all_reduce(window, keys), time.perf_counter() - started,
+                                objective.heads)
             summary["lr"] = float(engine.get_lr()[0])  # of the next step
             summary.update(data_epoch=loader.epoch, rows_cut=loader.rows_cut)
-            metrics.write(_record("train", phase_index, phase, step, step_offset, summary))
-            bar.set_postfix(loss=f"{summary['loss']:.3f}", mlm_acc=f"{summary['mlm_accuracy']:.3f}")
+            metrics.write(record("train", phase_index, phase, step, step_offset, summary))
+            bar.set_postfix({"loss": f"{summary['loss']:.3f}",
+                             f"{head}_acc": f"{summary[f'{head}_accuracy']:.3f}"})
             window, started = 0, time.perf_counter()
         if ((config.checkpoint_every and step % config.checkpoint_every == 0)
                 or step in (phase.steps, stop_at)):
             tag = save_checkpoint(engine, config, phase_index, phase, step, loader, dist)
         if validate and is_evaluation_step(config, phase, step):
-            summary = evaluate(engine, config, phase, dist)
-            metrics.write(_record("validation", phase_index, phase, step, step_offset, summary))
+            summary = evaluate(engine, config, phase, dist, objective)
+            metrics.write(record("validation", phase_index, phase, step, step_offset, summary))
     bar.close()
     return tag, step
-
-
-def is_evaluation_step(config: PretrainConfig, phase: PhaseConfig, step: int) -> bool:
-    return bool(config.eval_every and step % config.eval_every == 0) or step == phase.steps
-
-
-def validation_missing(config: PretrainConfig, resume: CheckpointState, dist: Dist) -> bool:
-    """Whether the run was stopped between the resumed step's checkpoint and its evaluation
-    (a kill, a failing validation shard): then that evaluation is redone before training on
-    (if the phase has validation shards). Rank 0 reads metrics.jsonl and tells the others,
-    since evaluation is collective."""
-    missing = [False]
-    if dist.is_main and config.eval_batches and resume.phase_index < len(config.phases) and \
-            is_evaluation_step(config, config.phases[resume.phase_index], resume.step):
-        path = os.path.join(config.output_dir, "metrics.jsonl")
-        records = read_metrics(config.output_dir) if os.path.exists(path) else []
-        missing[0] = not any(r["split"] == "validation" and r["phase_index"] == resume.phase_index
-                             and r["step"] == resume.step for r in records)
-    torch.distributed.broadcast_object_list(missing, src=0)
-    return missing[0]
-
-
-def _record(split: str, phase_index: int, phase: PhaseConfig, step: int, offset: int,
-            summary: dict) -> dict:
-    return {"split": split, "phase_index": phase_index, "phase": phase.name, "step": step,
-            "global_step": offset + step, **summary}
 
 
 def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
@@ -561,99 +342,6 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
 
 
-def with_checkpoint_vocab(config: PretrainConfig) -> PretrainConfig:
-    """With `init_from` and no `vocab_dir`, the checkpoint's vocabulary folder (if it has a
-    vocab.txt): the shards are checked against it and the export carries it. A `vocab_dir`
-    given as well must hold the checkpoint's tokens, in its order."""
-    if not config.init_from:
-        return config
-    from common.tokenization import read_vocab
-    from model.hf import find_starting_point
-    from training.init_from import checkpoint_vocab_dir
-    own = checkpoint_vocab_dir(find_starting_point(config.init_from))
-    if own is None:
-        return config
-    if not config.vocab_dir:
-        return replace(config, vocab_dir=own)
-    if read_vocab(config.vocab_dir) != read_vocab(own):
-        raise ValueError(f"--set vocab_dir={config.vocab_dir} holds other tokens than "
-                         f"init_from={config.init_from}'s vocabulary ({own}/vocab.txt): the "
-                         "checkpoint's embeddings are indexed by its own; leave vocab_dir out")
-    return config
-
-
-def preflight(config: PretrainConfig, dist: Dist,
-              ckpt_dir: str) -> tuple[CheckpointState | None, list[bool], bool]:
-    """The start-of-run checks, agreed by all ranks, before anything is written: the
-    checkpoint to resume (and whether the config may resume it), each phase's validation set,
-    and the inputs of every phase with steps left (earlier phases' shards may be gone), so
-    that phase 2's mistakes cannot wait for phase 1. Returns the checkpoint, whether to
-    validate each phase, and whether the resumed step owes its evaluation (killed between its
-    checkpoint and its evaluation; then the resumed phase's inputs are checked too)."""
-    resume = on_all_ranks(dist, lambda: read_latest(ckpt_dir),
-                          agree="the checkpoint to resume from")
-    if resume:
-        on_all_ranks(dist, lambda: check_resume(config, ckpt_dir, resume))
-
-    def has_validation_on_all_ranks(index: int) -> bool:
-        phase = config.phases[index]
-        return on_all_ranks(dist, functools.partial(has_validation, config, phase, dist),
-                            agree=f"whether {phase.name} has validation shards")
-
-    first = first_unfinished_phase(config, resume)
-    validate = [index >= first and has_validation_on_all_ranks(index)
-                for index in range(len(config.phases))]
-    redo = False
-    if resume is not None and validation_missing(config, resume, dist):
-        if resume.phase_index < first:  # a finished phase that owes its last evaluation
-            validate[resume.phase_index] = has_validation_on_all_ranks(resume.phase_index)
-        redo = validate[resume.phase_index]
-    checked_from = resume.phase_index if redo else first
-    on_all_ranks(dist, lambda: check_phase_inputs(config, checked_from))
-    if config.init_from:  # the shape and the shards' vocabulary against the checkpoint
-        on_all_ranks(dist, lambda: [model_config(config, shard_manifest(phase))
-                                    for phase in config.phases[checked_from:]])
-    if config.export_hf:  # a casing contradiction must stop the run now, not at its export
-        on_all_ranks(dist, lambda: export_do_lower_case(shard_manifest(config.phases[-1]),
-                                                        config.vocab_dir))
-    return resume, validate, redo
-
-
-def first_unfinished_phase(config: PretrainConfig, resume: CheckpointState | None) -> int:
-    """Index of the first phase with steps left (len(phases) when the run is complete)."""
-    if resume is None:
-        return 0
-    if resume.phase_index < len(config.phases) and \
-            resume.step < config.phases[resume.phase_index].steps:
-        return resume.phase_index
-    return min(resume.phase_index + 1, len(config.phases))
-
-
-def check_resume(config: PretrainConfig, ckpt_dir: str, resume: CheckpointState) -> None:
-    """Refuse to resume `resume` under a config or shard set that would change the training."""
-    from training.loader import read_shard_manifest, shard_set_digest
-    saved_path = os.path.join(ckpt_dir, resume.tag, "config.json")
-    try:
-        saved = cfg.load_saved(saved_path)
-    except ValueError as e:  # e.g. bf16 at ZeRO stage 0, refused since this checkpoint was made
-        raise ValueError(f"{saved_path}: this checkpoint's config is no longer accepted ({e}); "
-                         "resume it with the version of this code that wrote it, or start a "
-                         "new output_dir") from None
-    conflicts = cfg.resume_conflicts(saved, config)
-    if resume.train_shards and first_unfinished_phase(config, resume) == resume.phase_index:
-        phase = config.phases[resume.phase_index]  # still to be trained on: same shards
-        manifest = read_shard_manifest(phase.train_shards)
-        if shard_set_digest(manifest, phase.train_shards) != resume.train_shards:
-            conflicts.append(f"phases.{resume.phase_index}.train_shards: {phase.train_shards} "
-                             "lists other shards (names, row counts or sha256) than the run's")
-    if conflicts:
-        raise ValueError(
-            f"{ckpt_dir}/{resume.tag}: cannot resume, the config differs from the checkpoint's "
-            "in fields that shape the training:\n  " + "\n  ".join(conflicts) +
-            "\nPut them back, or start a new output_dir (free to change on resume: "
-            f"{', '.join(cfg.RESUME_FREE_FIELDS)})")
-
-
 def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist,
               metrics: MetricsLog, step_offset: int, resume: CheckpointState | None,
               previous_tag: str | None, budget: int | None,
@@ -668,7 +356,9 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     # The run's own checkpoint (resume) or previous phase wins over init_from: init_from is
     # where a new run starts, read only before its first checkpoint exists.
     from_init = bool(config.init_from) and resume is None and previous_tag is None
-    model = build_model(config, shard_manifest(phase), initial, initial=from_init)
+    manifest = shard_manifest(phase)
+    objective = objectives.for_shards(config.objective, config.next_sentence, manifest)
+    model = build_model(config, manifest, initial, initial=from_init)
     if config.compile and dist.on_gpu:
         # the whole model as one graph where every batch has one shape, but not under ZeRO-3,
         # whose hooks gather each module's parameters inside the forward; else per layer
@@ -688,11 +378,11 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     if resume is not None:
         step = load_checkpoint(engine, config, resume, loader, dist, universal)
         if redo_validation:
-            summary = evaluate(engine, config, phase, dist)
-            metrics.write(_record("validation", index, phase, step, step_offset, summary))
+            summary = evaluate(engine, config, phase, dist, objective)
+            metrics.write(record("validation", index, phase, step, step_offset, summary))
     stop_at = phase.steps if budget is None else min(phase.steps, step + budget)
     tag, reached = train_phase(engine, config, index, phase, loader, step, step_offset, metrics,
-                               dist, stop_at, validate)
+                               dist, stop_at, validate, objective)
     engine.destroy()
     return tag or (resume.tag if resume else previous_tag), reached - step
 
@@ -708,43 +398,6 @@ def export(config: PretrainConfig, ckpt_dir: str, tag: str) -> str:
                      do_lower_case=export_do_lower_case(manifest, config.vocab_dir))
     log.info("exported %s to %s", tag, out)
     return out
-
-
-def export_do_lower_case(manifest: dict, vocab_dir: str) -> bool:
-    """Whether the exported tokenizer lower-cases: as the shards were made (make_shards records
-    --do_lower_case), else as the vocabulary folder says. A cased model must not get a
-    lower-casing tokenizer, whichever of the two knows it; if both know and disagree, refuse."""
-    from model.hf import vocab_do_lower_case
-
-    shards = manifest.get("options", {}).get("job", {}).get("do_lower_case")
-    folder = (vocab_do_lower_case(vocab_dir)
-              if storage.exists(storage.join(vocab_dir, "tokenizer_config.json")) else None)
-    if shards is not None and folder is not None and shards != folder:
-        raise ValueError(f"the shards were made with do_lower_case={shards} but {vocab_dir}/"
-                         f"tokenizer_config.json says do_lower_case={folder}: export would give "
-                         "the model a tokenizer other than the one its data had")
-    return next((v for v in (shards, folder) if v is not None), True)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from common.settings import settings_help
-
-    epilog = ("settings (--set KEY=VALUE or a --config file; defaults: the tiny preset's, "
-              "training/config.py):\n" + "\n".join(settings_help(cfg.tiny())))
-    parser = argparse.ArgumentParser(prog="bert-pretrain", description=__doc__.split("\n\n")[0],
-                                     epilog=epilog,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="tiny", choices=sorted(cfg.PRESETS),
-                        help="starting configuration (training/config.py)")
-    parser.add_argument("--config", help="YAML or JSON file of overrides")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field, e.g. zero_stage=2 or phase1.steps=300")
-    parser.add_argument("--stop_after_steps", type=int, default=None,
-                        help="stop with a checkpoint after N optimizer steps of this invocation "
-                             "(preemption drills); run again to resume")
-    parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
-    logs.add_verbose_flag(parser)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:

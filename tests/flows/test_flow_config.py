@@ -307,19 +307,25 @@ def test_presets_follow_the_paper():
 
 
 def test_launch_commands_for_each_launcher():
+    """The flow starts its ranks with training.launch's builder, the one the tests run."""
+    import sys
     cfg = resolve("tiny")
-    assert steps.launch_command(cfg, "c.json")[1:] == [
-        "-m", "training.pretrain", "--config", "c.json"]
+    assert steps.launch_command(cfg, "c.json") == [
+        sys.executable, "-m", "training.pretrain", "--config", "c.json"]
     torchrun = steps.launch_command(resolve("tiny", {"launch": {"launcher": "torchrun",
                                                                 "nproc_per_node": 2}}), "c.json")
-    assert torchrun[0].endswith("torchrun") and "--nproc_per_node=2" in torchrun
+    assert torchrun[:5] == [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
+                            "2"]
+    assert torchrun[5] == "--master_port" and torchrun[7:] == [
+        "-m", "training.pretrain", "--config", "c.json"]
     ds = steps.launch_command(resolve("large", CLUSTER_DATA), "c.json")
-    assert ds[0].endswith("deepspeed") and ds[1:4] == ["--num_gpus=8", "--module",
-                                                        "training.pretrain"]
+    assert ds[:5] == [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "8"]
+    assert ds[5] == "--master_port" and ds[7:] == [
+        "--no_local_rank", "--module", "training.pretrain", "--config", "c.json"]
     hosts = {**CLUSTER_DATA, "launch": {"hostfile": "/etc/deepspeed/hostfile"}}
     multi = steps.launch_command(resolve("large", hosts), "c.json")
-    assert multi[1:3] == ["--hostfile", "/etc/deepspeed/hostfile"]
-    assert ["--module", "training.pretrain"] == multi[4:6]
+    assert multi[3:7] == ["--hostfile", "/etc/deepspeed/hostfile", "--num_gpus", "8"]
+    assert ["--module", "training.pretrain"] == multi[10:12]
 
 
 def test_glue_task_names_and_local_inputs_are_checked_before_any_stage(tmp_path):

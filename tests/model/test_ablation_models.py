@@ -64,7 +64,8 @@ def test_shape_settings_override_the_preset_and_are_checked():
                                          r"num_attention_heads \(got hidden_size=100, "
                                          r"num_attention_heads=3"):
         cfg.apply_overrides(cfg.tiny(), ["hidden_size=100", "num_attention_heads=3"])
-    with pytest.raises(ValueError, match="--set objective='rtl': must be one of mlm or ltr$"):
+    with pytest.raises(ValueError, match="--set objective: must be one of mlm_nsp, mlm or ltr, "
+                                         ".* got 'rtl'$"):
         cfg.apply_overrides(cfg.tiny(), ["objective=rtl"])
     with pytest.raises(ValueError, match="--set mask_fraction: acts only with dynamic_masking"):
         cfg.apply_overrides(cfg.tiny(), ["mask_fraction=0", "same_fraction=0.2",
