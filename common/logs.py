@@ -26,6 +26,8 @@ import io
 import logging
 import os
 import sys
+import typing
+import weakref
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -80,6 +82,9 @@ def setup(verbose_flag: bool = False, force: bool = False) -> int:
     ours = level()
     os.environ.setdefault(ENV, logging.getLevelName(ours))
     root = logging.getLogger()
+    for handler in root.handlers:  # one left writing to a stream since closed writes nowhere
+        if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
+            handler.setStream(sys.stderr)
     in_flow = any(type(h).__name__ == "PrefectConsoleHandler" for h in root.handlers)
     logging.basicConfig(level=ours, format=FORMAT, force=force and not in_flow)
     root.setLevel(ours)
@@ -156,8 +161,11 @@ def _quiet_bar() -> type:
         """A bar whose postfix and description changes do not each print a line."""
 
         # tqdm's monitor thread redraws a bar idle for `maxinterval` without moving its last
-        # draw's time, so the next update draws again: two lines where one is meant
+        # draw's time, so the next update draws again: two lines where one is meant. Its own
+        # instance set keeps a monitor that plain bars started elsewhere away from these.
         monitor_interval = 0
+        monitor = None
+        _instances: typing.ClassVar[weakref.WeakSet] = weakref.WeakSet()
 
         def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
             super().set_postfix(ordered_dict, refresh=False, **kwargs)

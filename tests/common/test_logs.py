@@ -100,6 +100,9 @@ def test_a_captured_bar_draws_its_first_and_last_line_only():
 
 
 def test_a_bar_on_a_terminal_redraws_in_place_each_update():
+    from tqdm import tqdm
+
+    tqdm._instances.clear()  # bars other tests left open would stack this one below them
     terminal = Terminal()
     run_bar(terminal)
     # the first draw, each of the 50 updates and 50 postfixes, the last: each over the one before

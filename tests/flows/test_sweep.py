@@ -100,7 +100,7 @@ variants:
      "{path}: variants[1]: unknown key 'override'; known: name, overrides"),
     ("varients: []\n", "{path}: unknown key 'varients'; known: name, description, preset"),
     ("variants: []\n", "{path}: 'variants' must be a non-empty list"),
-    ("preset: huge\n" + VARIANTS, "{path}: preset 'huge': choose one of ['base', 'large', "),
+    ("preset: huge\n" + VARIANTS, "{path}: preset 'huge': choose one of ['base', 'continue', 'large', "),
     ("variants:\n  - name: a\n   overrides: {}\n", "{path}: not valid YAML: "),
 ])
 def test_a_bad_sweep_file_is_refused_naming_the_file_and_variant(tmp_path, text, message):
@@ -208,7 +208,7 @@ variants:
     overrides: {pretrain.phase1.learning_rate: 3e-4}
 """
 
-DATA_STAGES = ("wikipedia", "books", "documents-poems", "corpus", "vocab", "shards128",
+DATA_STAGES = ("wikipedia", "books", "documents-poems", "corpus", "audit", "vocab", "shards128",
                "shards256")
 
 
