@@ -85,7 +85,11 @@ def setup(verbose_flag: bool = False, force: bool = False) -> int:
     for handler in root.handlers:  # one left writing to a stream since closed writes nowhere
         if isinstance(handler, logging.StreamHandler) and getattr(handler.stream, "closed", False):
             handler.setStream(sys.stderr)
-    in_flow = any(type(h).__name__ == "PrefectConsoleHandler" for h in root.handlers)
+    # A flow's console handler writes to this process's stderr or stdout; one bound to another
+    # stream is left over (an earlier in-process flow), not this run's.
+    in_flow = any(type(h).__name__ == "PrefectConsoleHandler"
+                  and getattr(h, "stream", None) in (sys.stderr, sys.stdout)
+                  for h in root.handlers)
     logging.basicConfig(level=ours, format=FORMAT, force=force and not in_flow)
     root.setLevel(ours)
     libraries = logging.INFO if ours <= logging.DEBUG else max(ours, logging.WARNING)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import io
 import logging
+import sys
 
 import pytest
 
@@ -121,7 +122,7 @@ def test_a_root_handler_stays_unless_forced_and_prefects_stays_even_then():
     logs.setup(force=True)  # a Beam job: Python's bare handler, from Beam's import, goes
     assert len(root.handlers) == 1 and root.handlers[0] is not mine
     assert root.handlers[0].formatter._fmt == logs.FORMAT
-    flows = PrefectConsoleHandler(stream=io.StringIO())
+    flows = PrefectConsoleHandler(stream=sys.stderr)  # a flow's console, as Prefect makes it
     root.handlers[:] = [flows]
     logs.setup(force=True)  # a job's run() inside a flow keeps the flow's format
     assert root.handlers == [flows]
