@@ -679,13 +679,8 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
     if config.near_duplicates is not None:
         dropped.append(parquet_io.finish_lines_file(near_duplicates_path(config.output),
                                                     counts["near_duplicates_removed"] > 0))
-    rows = sum(parquet_io.count_rows(p) for p in shards if p.endswith(".parquet"))
-    if rows != counts["documents"]:
-        raise RuntimeError(f"{config.output}: {rows} rows written but {counts['documents']} "
-                           "documents counted")
-    if counts["documents"] == 0:
-        raise jobs.nothing_produced(f"documents ({counts['documents_read']} read)", config.input,
-                                    counts["bad_records"], dead_letters)
+    parquet_io.check_documents_written(config.output, config.input, shards, counts,
+                                       dead_letters)
     manifest = {
         "stage": NAMESPACE,
         "config": dataclasses.asdict(config),

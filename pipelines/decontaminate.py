@@ -185,13 +185,8 @@ def finish(config: DecontaminateConfig, folders: dict[str, str], audit_hash: str
     shards = parquet_io.finish_shards(config.output, PREFIX, num_shards, CORPUS_SCHEMA,
                                       text_column)
     dead_letters = parquet_io.finish_dead_letters(config.output, counts["bad_records"] > 0)
-    rows = sum(parquet_io.count_rows(p) for p in shards if p.endswith(".parquet"))
-    if rows != counts["documents"]:
-        raise RuntimeError(f"{config.output}: {rows} rows written but {counts['documents']} "
-                           "documents counted")
-    if counts["documents"] == 0:
-        raise jobs.nothing_produced(f"documents ({counts['documents_read']} read)", config.input,
-                                    counts["bad_records"], dead_letters)
+    parquet_io.check_documents_written(config.output, config.input, shards, counts,
+                                       dead_letters)
     manifest = {
         "stage": NAMESPACE,
         "config": dataclasses.asdict(config),

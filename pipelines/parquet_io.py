@@ -158,6 +158,21 @@ def write_dead_letters(output: str, lines: Iterable[str]) -> str:
     return write_sorted_lines(dead_letter_path(output), lines)
 
 
+def check_documents_written(output: str, input: str, shards: list[str], counts: dict[str, int],
+                            dead_letters: str) -> None:
+    """After a corpus job: its shards hold as many rows as it counted documents, and it wrote
+    some (else `jobs.nothing_produced`, naming the input and the dead letters)."""
+    from pipelines import jobs
+
+    rows = sum(count_rows(p) for p in shards if p.endswith(".parquet"))
+    if rows != counts["documents"]:
+        raise RuntimeError(f"{output}: {rows} rows written but {counts['documents']} "
+                           "documents counted")
+    if counts["documents"] == 0:
+        raise jobs.nothing_produced(f"documents ({counts['documents_read']} read)", input,
+                                    counts["bad_records"], dead_letters)
+
+
 def outputs_entry(output: str, paths: list[str]) -> list[dict]:
     """The manifest's `outputs`: each path relative to the output folder, with its sha256."""
     base = str(output).rstrip("/") + "/"
