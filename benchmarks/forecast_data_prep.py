@@ -6,7 +6,8 @@ every data stage, on one machine and on Dataflow, from the rates measured here.
 
 The size assumed is the paper's (section 3.1): English Wikipedia 2,500M words and BooksCorpus
 800M words, at the bytes per word and per WordPiece token measured on the shared Wikipedia and
-books samples (`BYTES_PER_WORD`, `BYTES_PER_TOKEN`): ~18.5 GB of text, ~4.4B tokens.
+books samples (`BYTES_PER_WORD`, `BYTES_PER_TOKEN`, in training/forecast.py, whose
+`bert-pretrain --plan` forecasts the training from them): ~18.5 GB of text, ~4.4B tokens.
 
 Rates (input text MB per second per worker process, Beam's local runner):
   - build_corpus and make_shards (128 and 512, dupe_factor 10): benchmarks/bench_local_memory.py
@@ -33,10 +34,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from training.forecast import BYTES_PER_TOKEN, BYTES_PER_WORD, TEXT_PER_BZ2_BYTE
+
 WIKI_WORDS, BOOK_WORDS = 2_500e6, 800e6
-BYTES_PER_WORD = 5.61  # shared Wikipedia minidump + Gutenberg books, whitespace words
-BYTES_PER_TOKEN = 4.19  # the same text through bert-base-uncased's WordPiece
-TEXT_PER_BZ2_BYTE = 1.31  # extract_wikipedia's passages per byte of .xml.bz2 (minidump)
 TEXT_BYTES_1X = 4 * 553_640  # bench_local_memory.py's 1x: 4 copies of the minidump's text
 MEASURED = {  # MB of the stage's input text per second, one worker (see the docstring)
     "extract_wikipedia": 8.33 / 3.68 * TEXT_PER_BZ2_BYTE,  # 8.33 MB/s of XML from .bz2 (RESULTS 1)

@@ -47,6 +47,7 @@ from common import shard_format
 from model.bert import PRESETS, BertConfig, compile_layers, compile_model
 from model.heads import BertForPreTraining, BertForSequenceClassification
 from training import memory
+from training.forecast import PEAK_TFLOPS, model_flops_per_row  # with the forecast's profiles
 from training.loader import StaticShapes, collate, static_shapes_for
 from training.pretrain import to_device
 from training.sync_check import SyncCounter
@@ -54,9 +55,6 @@ from training.sync_check import SyncCounter
 NVIDIA_PER_GPU = {128: 4591 / 8, 512: 1657 / 8}
 """BERT-large pre-training seq/s per A100 (NVIDIA DeepLearningExamples, 8x A100 80GB, bf16)."""
 VOCAB = 30522
-PEAK_TFLOPS = (("H200 NVL", 835.0), ("H200", 989.0), ("H100 NVL", 835.0), ("H100 PCIe", 756.0),
-               ("H100", 989.0), ("A100", 312.0))
-"""Dense bf16 peak (TF/s) by the name the driver gives (first match; SXM parts unless named)."""
 
 
 def peak_tflops(chip: str) -> float | None:
@@ -73,17 +71,6 @@ class Shape:
     model: str
     seq_len: int
     micro_batch_size: int
-
-
-def model_flops_per_row(config: BertConfig, seq_len: int, predictions: float) -> float:
-    """Training FLOPs of one row (forward and backward, 3x the forward's multiply-adds x 2):
-    the encoder's projections and feed-forward, attention's two T x T products, and the MLM
-    head (transform and decoder) at the `predictions` masked positions:
-    6 L (4 H^2 + 2 H FF) T + 12 L T^2 H + 6 (H^2 + V H) P."""
-    layers, hidden = config.num_hidden_layers, config.hidden_size
-    return (6 * layers * (4 * hidden ** 2 + 2 * hidden * config.intermediate_size) * seq_len
-            + 12 * layers * seq_len ** 2 * hidden
-            + 6 * (hidden ** 2 + config.vocab_size * hidden) * predictions)
 
 
 def synthetic_rows(count: int, seq_len: int, seed: int,

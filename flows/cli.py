@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the variants a sweep file (YAML/JSON) names and report them "
                              "in one table and plot under <output>/sweeps/<name>/; --set and "
                              "--output apply to every variant")
+    from training.forecast import add_plan_flags
+    add_plan_flags(parser)
     logs.add_verbose_flag(parser)
     return parser
 
@@ -84,9 +86,11 @@ def main(argv: list[str] | None = None) -> int:
             load_sweep(args.sweep, overrides, args.preset)  # the whole file, before Prefect starts
         else:
             # fail fast on a bad setting, before Prefect starts
-            resolve(args.preset or "tiny", overrides, data_only=args.data_only)
+            resolve(args.preset or "tiny", overrides, data_only=args.data_only or args.plan)
     except (TypeError, ValueError) as e:
         parser.error(str(e))
+    if args.plan:
+        return plan(args, overrides)
     if args.sweep:
         return run_sweep(os.path.abspath(args.sweep), overrides, args.preset, args.verbose)
     from flows.pretrain_bert import pretrain_bert
@@ -99,6 +103,19 @@ def main(argv: list[str] | None = None) -> int:
                                data_only=args.data_only)
     print(result["markdown"])
     return 0
+
+
+def plan(args: argparse.Namespace, overrides: dict) -> int:
+    """`bert-dag --plan`: the forecast (flows/plan.py); starts no server, stage or rank. A bad
+    flag or input is one line and exit 2."""
+    from flows.plan import dag_plan
+
+    try:
+        # the forecast covers the data stages and pre-training, whatever the output (gs:// too)
+        return dag_plan(resolve(args.preset or "tiny", overrides, data_only=True), args)
+    except (OSError, ValueError) as e:
+        print(f"bert-dag: error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 def run_sweep(path: str, overrides: dict, preset: str | None, verbose: bool = False) -> int:

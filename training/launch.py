@@ -288,8 +288,22 @@ def build_parser() -> argparse.ArgumentParser:
                         help="stop with a checkpoint after N optimizer steps of this invocation "
                              "(preemption drills); run again to resume")
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    from training.forecast import add_plan_flags
+    add_plan_flags(parser)
     logs.add_verbose_flag(parser)
     return parser
+
+
+def plan(config, args: argparse.Namespace, parser: argparse.ArgumentParser) -> NoReturn:
+    """`bert-pretrain --plan`: the forecast (training/forecast.py), before any rank, DeepSpeed
+    or process group starts; a bad flag is one line and exit 2."""
+    from training.forecast import pretrain_plan
+    try:
+        code = pretrain_plan(config, args)
+    except ValueError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    raise SystemExit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,223 @@
+"""`bert-dag --plan`: the forecast of a whole run (training/forecast.py) before its launch, with
+the data stages' sizes: read from a stage's manifest where the run folder holds it built with
+these settings, else estimated from the sizes of the input files.
+
+No stage runs: no Prefect server, no Beam, no DeepSpeed, no rank. A built stage is the newest
+`<output>/<stage>-<hash>` folder with a manifest whose recorded settings are this run's (the
+shards: the phase's instance and job settings, from a corpus of the run's sources). Input
+bytes: local files, globs and folders as the jobs expand them; a remote (gs://) input is
+"unknown size" unless `--input_bytes` gives the corpus's text bytes. Text per input byte:
+`TEXT_PER_BZ2_BYTE` for a .bz2 Wikipedia dump, 1 otherwise (JSONL keys and XML markup count as
+text: an overestimate). Each source's text counts `weight` times.
+
+The flow writes `forecast.json` into its pre-training stage's folder when the stage starts
+(`write_stage_forecast`: this machine's profile, no calibration), and the report sets it
+beside the run's own figures from `metrics.jsonl` (`forecast_vs_actual`).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import logging
+import os
+
+from common import storage
+from flows.config import DagConfig
+from training import forecast as fc
+from training.forecast import PhaseData
+
+logger = logging.getLogger("flows")
+
+
+def _recorded_match(recorded: dict, wanted: dict) -> bool:
+    """Whether every setting `recorded` (a manifest's) shares with `wanted` has its value
+    (None in `wanted`: decided by the job, not compared)."""
+    wanted = json.loads(json.dumps(wanted, default=str))
+    return all(recorded[k] == v for k, v in wanted.items() if k in recorded and v is not None)
+
+
+def built(root: str, stage: str, accept) -> tuple[str, dict] | None:
+    """The newest `<root>/<stage>-*` folder whose manifest `accept` takes, with the manifest."""
+    if storage.is_remote(root):
+        return None
+    found = []
+    for folder in glob.glob(os.path.join(root, f"{stage}-*")):
+        manifest = storage.read_manifest(folder)
+        if manifest is not None and accept(manifest):
+            found.append((os.path.getmtime(os.path.join(folder, "manifest.json")), folder,
+                          manifest))
+    return max(found, key=lambda f: f[0])[1:] if found else None
+
+
+def _sources_of(cfg: DagConfig) -> list[tuple[str, str]]:
+    return sorted((s.name, s.path) for s in cfg.data.all_sources())
+
+
+def built_corpus(cfg: DagConfig) -> tuple[str, dict] | None:
+    """The corpus stage built from the run's sources (by name and path)."""
+    return built(cfg.output, "corpus", lambda m: sorted(
+        (s["name"], s["path"]) for s in m.get("config", {}).get("sources", [])) == _sources_of(cfg))
+
+
+def built_shards(cfg: DagConfig, phase: int) -> tuple[str, dict] | None:
+    """Phase `phase`'s shards built with its settings from a corpus of the run's sources."""
+    config = dataclasses.asdict(getattr(cfg.shards, f"phase{phase}"))
+    corpus = built_corpus(cfg)
+
+    def accept(manifest: dict) -> bool:
+        options = manifest.get("options", {})
+        inputs = options.get("input") or [""]
+        return (_recorded_match(options.get("instance", {}), config)
+                and _recorded_match(options.get("job", {}), config)
+                and corpus is not None and os.path.dirname(inputs[0]) == corpus[0])
+    return built(cfg.output, f"shards{config['max_seq_length']}", accept)
+
+
+def input_text_bytes(cfg: DagConfig, given: float | None) -> tuple[float | None, list[dict]]:
+    """The corpus's text bytes (`given` wins) and a row per source: its input bytes."""
+    total, rows = 0.0, []
+    for source in cfg.data.all_sources():
+        if storage.is_remote(source.path):
+            rows.append({"stage": f"input {source.name}", "size": "unknown size",
+                         "source": f"{source.path} (remote; --input_bytes gives the text bytes)"})
+            total = None
+            continue
+        files = storage.expand_input_files(source.path)
+        size = sum(f.size_bytes for f in files)
+        text = sum(f.size_bytes * (fc.TEXT_PER_BZ2_BYTE if f.path.endswith(".bz2") else 1.0)
+                   for f in files) * source.weight
+        rows.append({"stage": f"input {source.name}", "size": f"{fc.human_bytes(size)} in "
+                     f"{len(files)} file(s)", "source": source.path})
+        total = None if total is None else total + text
+    return (given if given is not None else total), rows
+
+
+def corpus_stage(cfg: DagConfig, text: float | None) -> tuple[float | None, list[dict]]:
+    """The corpus's text bytes (built: its ledger's bytes out) and its rows: corpus, vocab."""
+    corpus = built_corpus(cfg)
+    ledger = corpus[1].get("ledger", {}) if corpus else {}
+    if ledger:
+        text = float(sum(row.get("bytes_out", 0) for row in ledger.values()))
+        words = sum(row.get("words_out", 0) for row in ledger.values())
+        rows = [{"stage": "corpus", "size": f"{fc.human_bytes(text)} text, {words:,} words",
+                 "source": f"manifest {corpus[0]}"}]
+    else:
+        words = None if text is None else round(text / fc.BYTES_PER_WORD)
+        rows = [{"stage": "corpus", "size": f"{fc.human_bytes(text)} text, "
+                 f"{'unknown' if words is None else f'{words:,}'} words",
+                 "source": f"estimate: inputs' text / {fc.BYTES_PER_WORD} B per word"}]
+    vocab = built(cfg.output, "vocab", lambda m: _recorded_match(
+        m.get("config", {}), dataclasses.asdict(cfg.vocab)))
+    size = vocab[1].get("vocab_size") if vocab else cfg.vocab.vocab_size
+    rows.append({"stage": "vocab", "size": f"{size:,} tokens",
+                 "source": f"manifest {vocab[0]}" if vocab else "the vocab.vocab_size setting"})
+    return text, rows
+
+
+def phase_data(cfg: DagConfig, text: float | None) -> tuple[list[PhaseData | None], list[dict]]:
+    """Each phase's shards (train split): built, or estimated from the corpus's text bytes."""
+    data, rows = [], []
+    for phase in (1, 2):
+        shards = getattr(cfg.shards, f"phase{phase}")
+        found = built_shards(cfg, phase)
+        if found:
+            item = fc.shards_data(found[0])
+        elif text is not None:
+            item = fc.estimate_data(text, shards.max_seq_length, shards.dupe_factor,
+                                    shards.pack, shards.validation_fraction)
+        else:
+            item = None
+        data.append(item)
+        size = "unknown" if item is None else (
+            f"{item.instances:,} instances, {item.rows:,} rows, {item.tokens:,} tokens, "
+            f"{fc.human_bytes(item.bytes)}")
+        rows.append({"stage": f"shards{shards.max_seq_length}", "size": size,
+                     "source": item.source if item else "unknown: the inputs' size is"})
+    return data, rows
+
+
+def launch_gpus(cfg: DagConfig) -> int:
+    """The run's ranks: `launch.nproc_per_node` x the hostfile's nodes (1 without one)."""
+    nodes = 1
+    if cfg.launch.hostfile and os.path.exists(cfg.launch.hostfile):
+        with open(cfg.launch.hostfile, encoding="utf-8") as f:
+            nodes = max(1, sum(1 for line in f if line.strip() and not line.startswith("#")))
+    return cfg.launch.nproc_per_node * nodes
+
+
+def vocab_size(cfg: DagConfig) -> int:
+    vocab = built(cfg.output, "vocab", lambda m: _recorded_match(
+        m.get("config", {}), dataclasses.asdict(cfg.vocab)))
+    return int(vocab[1].get("vocab_size")) if vocab else cfg.vocab.vocab_size
+
+
+def dag_plan(cfg: DagConfig, args: argparse.Namespace) -> int:
+    """`bert-dag --plan`: print the forecast of `cfg` (see the module docstring)."""
+    text, input_rows = input_text_bytes(cfg, args.input_bytes)
+    text, corpus_rows = corpus_stage(cfg, text)
+    data, shard_rows = phase_data(cfg, text)
+    config = dataclasses.replace(cfg.pretrain, output_dir=cfg.output)
+    shape = fc.run_shape(config, vocab_size(cfg))
+    return fc.run_plan(shape, data, args, launch_gpus(cfg),
+                       stages=[*input_rows, *corpus_rows, *shard_rows])
+
+
+def write_stage_forecast(cfg: DagConfig, config, out: str) -> str | None:
+    """The pre-training stage's forecast.json (`config`: the run's PretrainConfig, its shard
+    folders filled in): this machine's profile and the launch's ranks, no calibration. A
+    forecast informs and never stops the training: one that fails is a warning."""
+    try:
+        shape = fc.run_shape(config)
+        data = [fc.shards_data(p.train_shards) for p in shape.phases]
+        hardware = fc.Hardware(fc.this_machine(), launch_gpus(cfg))
+        return fc.write_forecast(out, fc.forecast(shape, data, hardware))
+    except (OSError, ValueError, KeyError) as error:
+        logger.warning("no forecast.json for %s: %s", out, error)
+        return None
+
+
+def actual_phases(run_dir: str) -> dict[str, dict]:
+    """Per phase, from metrics.jsonl: steps, mean rows/s of the logged windows, and the hours
+    of training they imply (steps x global batch / rows/s; evaluation and saving aside)."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return {}
+    phases: dict[str, dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("split") == "train" and "samples_per_s" in record:
+                row = phases.setdefault(record["phase"], {"steps": 0, "rates": []})
+                row["steps"] = max(row["steps"], record["step"])
+                row["rates"].append(record["samples_per_s"])
+    return {name: {"steps": row["steps"], "rows_per_s": sum(row["rates"]) / len(row["rates"])}
+            for name, row in phases.items()}
+
+
+def forecast_vs_actual(run_dir: str) -> list[str]:
+    """Markdown table lines: the run's forecast.json beside its metrics ([] without one)."""
+    path = os.path.join(run_dir, "forecast.json")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        forecast = json.load(f)
+    actual = actual_phases(run_dir)
+    lines = [f"Forecast on {forecast['gpus']} x {forecast['hardware']} (`{path}`).", "",
+             "| phase | steps | forecast rows/s | actual rows/s | forecast hours | actual hours |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for phase in forecast["phases"]:
+        got = actual.get(phase["phase"], {})
+        rate = got.get("rows_per_s")
+        hours = got["steps"] * phase["global_batch_size"] / rate / 3600 if rate else None
+        expected = phase["rows_per_s_per_gpu"]
+        expected = expected * forecast["gpus"] if expected else None
+        lines.append(f"| {phase['phase']} | {got.get('steps', 0)} of {phase['steps']} | "
+                     f"{_cell(expected, 1)} | {_cell(rate, 1)} | {_cell(phase['hours'], 4)} | "
+                     f"{_cell(hours, 4)} |")
+    return lines
+
+
+def _cell(x: float | None, digits: int) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"

@@ -1,0 +1,111 @@
+"""`bert-dag --plan` (flows/plan.py): the data sizes come from the stages' manifests where the
+run folder holds them built, else from the inputs' sizes; the report's "Forecast vs actual"
+table reads the pre-training stage's forecast.json and metrics.jsonl."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flows import steps
+from flows.config import resolve
+from flows.plan import forecast_vs_actual, write_stage_forecast
+from training import config as training
+
+REPO = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu",
+       "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO)}
+TINY = ["--preset", "tiny", "--set", "shards.dupe_factor=1"]
+
+
+def bert_dag(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO, env=ENV,
+                          capture_output=True, text=True, timeout=300, check=False)
+
+
+def train_split(manifest: dict) -> tuple[int, int]:
+    train = [s for s in manifest["shards"] if s["split"] == "train"]
+    return sum(s["num_instances"] for s in train), sum(s["num_rows"] for s in train)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict:
+    """The tiny run's data stages (the bundled sample, dupe_factor 1), built by the flow's own
+    stage functions (Beam's local runner), without Prefect."""
+    root = tmp_path_factory.mktemp("plan") / "run"
+    cfg = resolve("tiny", {"output": str(root), "shards": {"dupe_factor": 1}}, data_only=True)
+    sources = [steps.extract_wikipedia(cfg), steps.extract_books(cfg),
+               *(steps.extract_documents(cfg, s) for s in cfg.data.all_sources() if s.generic)]
+    corpus = steps.build_corpus(cfg, [s for s in sources if s is not None])
+    vocab = steps.train_vocab(cfg, corpus)
+    shards = [steps.make_shards(cfg, corpus, vocab, phase) for phase in (1, 2)]
+    return {"root": root, "cfg": cfg, "vocab": vocab, "shards": shards}
+
+
+def test_plan_reads_the_built_shards_manifests(built):
+    run = bert_dag(*TINY, "--output", str(built["root"]), "--plan", "--json",
+                   "--hardware", "h200")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    for phase, stage in zip(result["phases"], built["shards"]):
+        instances, rows = train_split(stage.manifest)
+        assert (phase["data"]["instances"], phase["data"]["rows"]) == (instances, rows)
+        assert phase["data"]["source"] == f"manifest {stage.path}"
+        assert phase["epochs"] == phase["steps"] * phase["global_batch_size"] / rows
+    assert [s["source"] for s in result["stages"] if s["stage"] == "vocab"] == [
+        f"manifest {built['vocab'].path}"]
+
+
+def test_without_built_stages_the_instances_are_estimated_from_the_input_bytes(built, tmp_path):
+    run = bert_dag(*TINY, "--output", str(tmp_path / "empty"), "--plan", "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    estimated = result["phases"][0]["data"]
+    # the sample: 51,622 B of .xml.bz2 x 1.31 + 804,186 B of books + 5,788 B of JSONL; tiny's
+    # phase-1 shards hold out 20% of the documents for validation
+    text = 51_622 * 1.31 + 804_186 + 5_788
+    assert estimated["tokens"] == round(text / 4.19 * 0.8)
+    assert estimated["instances"] == round(text / 4.19 * 0.8 / (128 * 0.914))
+    actual, _ = train_split(built["shards"][0].manifest)
+    ratio = estimated["instances"] / actual
+    print(f"phase-1 instances: estimate {estimated['instances']}, built {actual}, "
+          f"ratio {ratio:.3f}")
+    assert 0.5 < ratio < 2.0
+
+
+def test_an_unknown_profile_is_one_line_listing_the_profiles():
+    run = bert_dag("--preset", "tiny", "--plan", "--hardware", "nosuch")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        ("bert-dag: error: --hardware 'nosuch': unknown profile (known: h200, h100, a100-80gb, "
+        "a100-40gb, cpu-this-machine)")]
+
+
+def test_the_report_sets_the_forecast_beside_the_run_figures(built, tmp_path):
+    cfg = built["cfg"]
+    config = steps.pretrain_config(cfg, built["vocab"], built["shards"], str(tmp_path))
+    config = training.apply_overrides(config, ["phase1.steps=20", "phase2.steps=4"])
+    write_stage_forecast(cfg, config, str(tmp_path))
+    saved = json.loads((tmp_path / "forecast.json").read_text())
+    assert [p["steps"] for p in saved["phases"]] == [20, 4]
+    records = [{"split": "train", "phase": "phase1", "step": s, "samples_per_s": r}
+               for s, r in ((10, 100.0), (20, 300.0))]
+    records.append({"split": "validation", "phase": "phase1", "step": 20, "loss": 1.0})
+    records.append({"split": "train", "phase": "phase2", "step": 4, "samples_per_s": 50.0})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    lines = forecast_vs_actual(str(tmp_path))
+
+    def forecast(phase: dict) -> str:  # this machine's profile: "-" where it has no figure
+        rate = phase["rows_per_s_per_gpu"]
+        return "- | -" if rate is None else \
+            f"{rate * saved['gpus']:,.1f} | {phase['hours']:,.4f}"
+    one, two = (forecast(p).split(" | ") for p in saved["phases"])
+    assert lines[2:] == [
+        "| phase | steps | forecast rows/s | actual rows/s | forecast hours | actual hours |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| phase1 | 20 of 20 | {one[0]} | 200.0 | {one[1]} | {20 * 32 / 200 / 3600:,.4f} |",
+        f"| phase2 | 4 of 4 | {two[0]} | 50.0 | {two[1]} | {4 * 16 / 50 / 3600:,.4f} |"]
