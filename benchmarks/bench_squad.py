@@ -138,10 +138,10 @@ def read_splits(args) -> tuple[squad_data.SquadSplit, squad_data.SquadSplit, str
         train_articles = [int(a) for a in args.train_articles.split(",")]
         eval_articles = [int(a) for a in args.eval_articles.split(",")]
         split = squad_data.read_squad(args.data, training=True, version_2=False)
-        train = squad_data.SquadSplit(args.data, split.version, [
+        train = squad_data.SquadSplit(args.data, split.version, examples=[
             e for e in split.examples if e.article in train_articles])
         dev_all = squad_data.read_squad(args.data, training=False, version_2=False)
-        dev = squad_data.SquadSplit(args.data, dev_all.version, [
+        dev = squad_data.SquadSplit(args.data, dev_all.version, examples=[
             e for e in dev_all.examples if e.article in eval_articles])
         return train, dev, args.data
     train = squad_data.read_squad(args.train_file, training=True, version_2=True)

@@ -5,17 +5,60 @@ One dataclass serves both entry points: it is the flow's `finetune` section (flo
 `bert-finetune`/`bert-glue` generate their flags from it (finetune/cli.py). Its recipe fields
 replace each family's recipe for every task where set (unset: the family's, the paper's); the
 loop's own options are `finetune.loop.LoopOptions`, inherited as they are, so each setting is
-declared once. `for_task` gives the loop's config of one task (`FinetuneConfig`).
+declared once. `for_task` gives the loop's config of one task (`FinetuneConfig`). Its `probe`
+section (`ProbeConfig`) is the flow's alone: the cheap slices that score pre-training's
+intermediate exports while it trains (flows/probes.py); `bert-finetune` ignores it.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
+from common.settings import check
 from finetune.family import check_recipe
 from finetune.loop import RECIPE_FIELDS, FinetuneConfig, LoopOptions, for_recipe
 
 GLUE_TASKS = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Probes: cheap fine-tuning slices that score pre-training's intermediate exports while it
+    trains (flows/probes.py; the exports are `pretrain.probe_every`'s). One learning rate, one
+    seed, small slices: a trend per task, not a leaderboard score."""
+
+    tasks: tuple[str, ...] = ("sst-2", "mrpc", "rte", "squad1")
+    """Tasks probed on every export (names finetune/tasks.py knows, data in finetune.data);
+    empty: no probes."""
+    max_train_examples: int = 128
+    """Training examples per probe (a fixed random subset)."""
+    max_eval_examples: int = 128
+    """Dev examples scored per probe (a fixed random subset)."""
+    epochs: float = 1.0
+    """Passes over the probe's training examples."""
+    learning_rate: float = 1e-4
+    """The one peak learning rate of every probe."""
+    seed: int = 1
+    """The one seed of every probe."""
+    batch_size: int = 16
+    """Training examples per optimizer step."""
+    max_seq_length: int = 128
+    """Tokens per sequence (SQuAD: per window)."""
+    device: str = "cpu"
+    """Where the probes run: cpu (beside pre-training's GPUs), cuda or cuda:N (a device of
+    their own)."""
+    num_threads: int = 1
+    """Torch CPU threads per probe process (1 leaves the other cores to pre-training)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_train_examples", "max_eval_examples", "batch_size", "num_threads"):
+            check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
+        check(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
+        check(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        check(2 <= self.max_seq_length <= 512, "max_seq_length",
+              f"must be in 2..512, got {self.max_seq_length}")
+        check(self.device == "cpu" or self.device.startswith("cuda"), "device",
+              f"must be cpu, cuda or cuda:N, got {self.device!r}")
 
 
 @dataclass(frozen=True)
@@ -40,6 +83,8 @@ class TasksConfig(LoopOptions):
     learning_rates: tuple[float, ...] = ()
     """Peak learning rates tried, the best on dev kept (comma-separated); empty: each task's
     family grid (GLUE: 5e-5,4e-5,3e-5,2e-5)."""
+    probe: ProbeConfig = dataclasses.field(default_factory=ProbeConfig)
+    """Probes of pre-training's intermediate exports (the flow's; `bert-finetune` ignores it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

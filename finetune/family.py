@@ -10,6 +10,9 @@ Units: the loop batches *units* of an encoded split: a GLUE/NER example, a multi
 example (all its choices), a SQuAD window (one question x one passage span). `batch_size` in a
 recipe counts units, as the paper's recipes do.
 
+A family's split of one file is an `ExampleSplit` (its examples, the records set aside, a fixed
+random `subset`) plus where it came from.
+
 Metrics are fractions in [0, 1] everywhere (the report prints them x100), keyed by the names the
 paper reports: "accuracy", "f1", "exact", "mcc", "HasAns_f1", ...
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, Self, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
@@ -101,6 +104,29 @@ class Encoded(Protocol):
     @property
     def lengths(self) -> np.ndarray:
         """(N,) tokens of each unit; evaluation batches units of similar length together."""
+
+
+ExampleT = TypeVar("ExampleT")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExampleSplit(Generic[ExampleT]):
+    """The examples read from one file and the records set aside from it (a family's split
+    adds where it came from: task, split, path, version)."""
+
+    examples: list[ExampleT]
+    bad_records: list[BadRecord] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def subset(self, limit: int | None, seed: int = 0) -> Self:
+        """A fixed random subset of `limit` examples, in file order (all when limit is None)."""
+        if limit is None or limit >= len(self.examples):
+            return self
+        keep = np.sort(np.random.default_rng(seed).choice(len(self.examples), limit,
+                                                          replace=False))
+        return dataclasses.replace(self, examples=[self.examples[i] for i in keep])
 
 
 @dataclass(frozen=True)

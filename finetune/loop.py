@@ -38,8 +38,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from common import storage
 from common.errors import BadRecord
 from common.settings import SettingError, check, check_choices
+from common.trackers import Trackers, open_trackers
+from common.trackers import check_names as check_trackers
 from finetune.family import Encoded, Family, Prepared, Recipe, Scored, to_device
 from model.bert import BertModel
 from training.optim import LinearWarmupDecay, param_groups
@@ -85,6 +88,9 @@ class LoopOptions:
     stopping at the first."""
     progress: bool = True
     """Show progress bars."""
+    report_to: tuple[str, ...] = ()
+    """Experiment trackers for each (task, rate, seed) run: mlflow, wandb, tensorboard
+    (comma-separated), or none; their files go in the output folder (common/trackers.py)."""
     device: str = "auto"
     """Where to fine-tune: auto (the GPU when torch sees one, else the CPU), cpu, cuda or
     cuda:N."""
@@ -114,6 +120,7 @@ class LoopOptions:
         check(self.adam_epsilon > 0, "adam_epsilon", f"must be > 0, got {self.adam_epsilon}")
         check(self.row_length is None or self.row_length >= 1, "row_length",
               f"must be >= 1, got {self.row_length}")
+        check_trackers(self.report_to)
         for name in ("max_train_examples", "max_eval_examples"):
             value = getattr(self, name)
             check(value is None or value >= 1, name, f"must be >= 1, got {value}")
@@ -525,8 +532,11 @@ def merge_scored(scored: Mapping[str, Scored]) -> tuple[dict[str, float], float,
 
 
 def run_one(family: Family, encoder: BertModel, prepared: Prepared, learning_rate: float,
-            seed: int, cfg: FinetuneConfig) -> tuple[RunResult, nn.Module]:
-    """Fine-tune a fresh task model for one (rate, seed) and score it on dev."""
+            seed: int, cfg: FinetuneConfig, trackers: Trackers | None = None
+            ) -> tuple[RunResult, nn.Module]:
+    """Fine-tune a fresh task model for one (rate, seed) and score it on dev; `trackers` get
+    the loss of every step (`train/loss`) and the dev metrics (`dev/<name>`, at the last
+    step)."""
     task = prepared.task
     model = build_model(family, encoder, task, seed, resolve_device(cfg.device), cfg.head_init)
     start = time.perf_counter()
@@ -540,6 +550,30 @@ def run_one(family: Family, encoder: BertModel, prepared: Prepared, learning_rat
                        files)
     log.info("%s lr=%g seed=%d: %s", task, learning_rate, seed,
              ", ".join(f"{k}={100 * v:.2f}" for k, v in metrics.items()))
+    if trackers:
+        for step, loss in enumerate(losses, start=1):
+            trackers.log_metrics({"train/loss": loss}, step)
+        trackers.log_metrics({f"dev/{k}": v for k, v in metrics.items()}, len(losses))
+    return result, model
+
+
+def run_name(task: str, learning_rate: float, seed: int) -> str:
+    """A run's name in the trackers, as its file in `<output>/runs/` starts."""
+    return f"{task.lower()}-lr{learning_rate:g}-seed{seed}"
+
+
+def tracked_run(family: Family, encoder: BertModel, prepared: Prepared, learning_rate: float,
+                seed: int, cfg: FinetuneConfig, tracker_dir: str,
+                name: str | None = None) -> tuple[RunResult, nn.Module]:
+    """`run_one` as a run of its own in each tracker of `cfg.report_to` (files under
+    `tracker_dir`, named `name` or `run_name`): the loop's config, its metrics, and its
+    results.json and dev prediction files as artifacts."""
+    with open_trackers(cfg.report_to, tracker_dir,
+                       name or run_name(prepared.task, learning_rate, seed),
+                       dataclasses.asdict(cfg)) as trackers:
+        result, model = run_one(family, encoder, prepared, learning_rate, seed, cfg, trackers)
+        trackers.log_files({"results.json": storage.json_text(dataclasses.asdict(result)),
+                            **result.files})
     return result, model
 
 
@@ -705,16 +739,20 @@ def stored_run(family: Family, encoder: BertModel, prepared: Prepared, learning_
             log.info("%s lr=%g seed=%d: reused (%s) from %s", prepared.task, learning_rate,
                      seed, record.result.status, store.path(learning_rate, seed))
             return record, None, False
-    return (*finish_run(family, encoder, prepared, learning_rate, seed, cfg), True)
+    tracker_dir = os.path.dirname(store.folder) if store is not None else "."
+    return (*finish_run(family, encoder, prepared, learning_rate, seed, cfg, tracker_dir), True)
 
 
 def finish_run(family: Family, encoder: BertModel, prepared: Prepared, learning_rate: float,
-               seed: int, cfg: FinetuneConfig) -> tuple[RunRecord, nn.Module | None]:
+               seed: int, cfg: FinetuneConfig, tracker_dir: str = "."
+               ) -> tuple[RunRecord, nn.Module | None]:
     """One (rate, seed) run to its end: trained and scored on dev, with its model; a loss that
-    diverges ends it as a diverged record (no model)."""
+    diverges ends it as a diverged record (no model). The trackers of `cfg.report_to` keep
+    their files under `tracker_dir` (`tracked_run`)."""
     start = time.perf_counter()
     try:
-        result, model = run_one(family, encoder, prepared, learning_rate, seed, cfg)
+        result, model = tracked_run(family, encoder, prepared, learning_rate, seed, cfg,
+                                    tracker_dir)
     except Diverged as error:
         log.warning("%s: the run is recorded as diverged", error)
         return RunRecord(RunResult(prepared.task, learning_rate, seed, {}, math.nan, error.step,

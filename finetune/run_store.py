@@ -12,7 +12,7 @@ of everything that decides the run:
   rewritten or touched file trains again; hashing GLUE's gigabyte per start would not pay);
 - the task, its family and the family's settings (`pack_sequences`, `predict_test`);
 - the loop's settings for the task (recipe and options) but the grid (`learning_rates`,
-  `seeds`) and `progress`, what its "auto" settings resolve to on this machine (the device
+  `seeds`), `progress` and `report_to`, what its "auto" settings resolve to on this machine (the device
   type and bf16; the row length follows from the device), plus the run's own learning rate
   and seed;
 - `RUN_FORMAT`, the version of what a run computes.
@@ -43,9 +43,9 @@ RUN_FORMAT = 1
 run's result, so that runs kept before it train again."""
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")
 """The files `finetune.checkpoint.load_tokenizer` may read."""
-NOT_IN_KEY = ("learning_rates", "seeds", "progress")
-"""Loop settings that do not shape one run: the grid (each run keys its own rate and seed)
-and the progress bars."""
+NOT_IN_KEY = ("learning_rates", "seeds", "progress", "report_to")
+"""Loop settings that do not shape one run: the grid (each run keys its own rate and seed),
+the progress bars and the experiment trackers."""
 
 
 def model_identity(model_dir: str, tokenizer_dir: str) -> dict[str, dict[str, str]]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common import settings
-from finetune.config import TasksConfig
+from finetune.config import ProbeConfig, TasksConfig
 from pipelines.corpus.near_duplicates import NearDuplicateConfig
 from pipelines.documents.source import SourceConfig
 from pipelines.shards import config as shards_config
@@ -199,11 +199,13 @@ def tiny() -> DagConfig:
                          licence="public domain (Project Gutenberg)"),)),
         vocab=wordpiece.tiny(),
         shards=ShardPhases(shards_config.tiny(1), shards_config.tiny(2)),
-        pretrain=training.tiny(),
+        # probes at global steps 200, 400 and 600 (phase 1's end), flows/probes.py
+        pretrain=dataclasses.replace(training.tiny(), probe_every=200),
         # A family's demo task is its name here and its sample folder in data/sample/.
         finetune=TasksConfig(data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
                              learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0,
-                             batch_size=32),
+                             batch_size=32,
+                             probe=ProbeConfig(max_train_examples=64, max_eval_examples=64)),
     )
 
 

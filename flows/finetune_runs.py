@@ -78,7 +78,7 @@ def finetune_run(cfg: DagConfig, model: StageResult, job: FinetuneJob) -> dict:
                                                               data, ft)))
         with device_pool().take() as device:
             result = _finetune_one(entry.family, ready.encoder, ready.prepared, job,
-                                   dataclasses.replace(ft, device=device))
+                                   dataclasses.replace(ft, device=device), cfg.output, name)
         storage.write_manifest(out, result)
 
     stage = run_stage(cfg.output, name, config, build, upstream=(model,))
@@ -157,10 +157,14 @@ def _prepare_one(model: StageResult, family, task: str, data: str, ft):
                                    ft.max_train_examples, ft.max_eval_examples, ft.skip_bad_rows)
 
 
-def _finetune_one(family, encoder, prepared, job: FinetuneJob, ft) -> dict:
+def _finetune_one(family, encoder, prepared, job: FinetuneJob, ft, root: str = ".",
+                  name: str | None = None) -> dict:
+    from common.trackers import local_dir
     from finetune import loop
 
-    result, trained = loop.run_one(family, encoder, prepared, job.learning_rate, job.seed, ft)
+    # the trackers of `finetune.report_to` keep every run of the DAG run under its root
+    result, trained = loop.tracked_run(family, encoder, prepared, job.learning_rate, job.seed,
+                                       ft, local_dir(root), name)
     predictions = loop.predict_test_sets(family, trained, prepared, ft)
     return {"job": dataclasses.asdict(job), "result": dataclasses.asdict(result),
             "predictions": [dataclasses.asdict(p) for p in predictions],

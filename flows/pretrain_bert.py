@@ -7,6 +7,8 @@
                        (pretrain.init_from: the checkpoint's vocabulary instead of train vocab)
         -> export Hugging Face folder -> fine-tune (tasks x learning rates x seeds) -> best
         -> report
+      probes (submitted before pretrain: fine-tune slices of pretrain's exports as they
+      appear, flows/probes.py) ----------------------------------------------> report
 
 Every stage writes to a content-addressed folder (flows/stages.py), so a re-run skips what is
 done and resumes at the stage that failed; pre-training resumes from its last checkpoint.
@@ -21,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
-from flows import finetune_runs, steps
+from flows import finetune_runs, probes, steps
 from flows import report as reporting
 from flows.config import DagConfig, check_inputs_exist, resolve
 from flows.stages import StageResult
@@ -83,6 +85,11 @@ def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult]) -> S
     return steps.pretrain(cfg, vocab, shards, log=get_run_logger().info)
 
 
+@task(name="probes", **COMPUTE_TASK)
+def watch_probes(cfg: DagConfig, run_dir: str) -> dict:
+    return probes.watch(cfg, run_dir, log=get_run_logger().info)
+
+
 @task(name="export-hf", **IO_TASK)
 def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:
     return steps.export_hf(cfg, run)
@@ -133,6 +140,8 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     get_run_logger().info("run folder %s (preset %s)", cfg.output, cfg.name)
     get_run_logger().debug("resolved config:\n%s", steps.describe(cfg))  # BERT_LOG_LEVEL=DEBUG
     check_inputs_exist(cfg, data_only)
+    if not data_only:
+        probes.check(cfg)
 
     # Continued pre-training keeps the checkpoint's vocabulary (its embeddings are indexed by
     # it), taken first: a wrong init_from fails before the data stages' hours.
@@ -153,7 +162,13 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     if data_only:
         return report(cfg, [*sources, corpus, *([audit] if audit else []), vocab, *shards],
                       None, "report-data.md", report_dir)
-    run = pretrain(cfg, vocab, shards)
+    # the probes fine-tune the run's intermediate exports while it trains (flows/probes.py)
+    run_dir = steps.pretrain_dir(cfg, vocab, shards)
+    watcher = watch_probes.submit(cfg, run_dir) if probes.enabled(cfg) else None
+    try:
+        run = pretrain(cfg, vocab, shards)
+    finally:
+        probes.pretraining_ended(run_dir)
     model = export_hf(cfg, run)
 
     finetune = None
@@ -165,5 +180,7 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
         outcomes = [finetune_runs.outcome(job, f.state) for job, f in zip(jobs, futures)]
         out = os.path.join(report_dir, "finetune") if report_dir else None
         finetune = finetune_best(cfg, model, outcomes, out)
+    if watcher is not None:
+        watcher.wait()  # the report charts every probe; a failed watcher fails no stage
     return report(cfg, [*sources, corpus, *([audit] if audit else []), vocab, *shards, run,
                         model], finetune, folder=report_dir)

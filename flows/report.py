@@ -42,6 +42,8 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
             lines.append(f"- last {split}: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
         if os.path.exists(loss_curve):
             lines.append(f"\n![loss curve]({loss_curve})")
+        lines += forecast_section(pretrain.path)
+        lines += probe_section(cfg, pretrain.path, folder or cfg.output)
     if finetune:
         lines += ["", "## Fine-tuning (dev)", "", finetune["table"]]
         lines += [f"- FAILED {f['job']}: {f['error']}" for f in finetune["failed"]]
@@ -50,9 +52,48 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
     lines += ["", *next_steps(cfg, stages, path)]
     text = "\n".join(lines) + "\n"
     storage.atomic_write_text(path, text)
+    log_to_trackers(cfg, [path, loss_curve, *_finetune_files(finetune)])
     return {"markdown": text, "path": path, "stages": rows, "loss_curve": loss_curve,
             "finetune_table": finetune["table"] if finetune else "", "statistics": stats,
             "ledger": ledger, "audit": audit}
+
+
+def log_to_trackers(cfg: DagConfig, paths: list[str]) -> None:
+    """The report and its plots (local files that exist) as artifacts of a tracker run of its
+    own, named after the DAG run's folder, in the trackers pre-training reports to
+    (`pretrain.report_to`) but TensorBoard, which keeps no files."""
+    from common.trackers import local_dir, log_artifacts, open_trackers
+
+    names = [n for n in cfg.pretrain.report_to if n not in ("tensorboard", "none")]
+    local = [p for p in paths if p and not storage.is_remote(p)]
+    if not names or not local:
+        return
+    run_name = f"bert-dag-{cfg.output.rstrip('/').rsplit('/', 1)[-1]}"
+    with open_trackers(names, local_dir(cfg.output), run_name,
+                       {"preset": cfg.name, "output": cfg.output}) as trackers:
+        log_artifacts(trackers, local)
+
+
+def _finetune_files(finetune: dict | None) -> list[str]:
+    """The fine-tuning report's Markdown table and plot, when the run fine-tuned."""
+    files = (finetune or {}).get("files", {})
+    return [files[k] for k in ("markdown", "plot") if k in files]
+
+
+def forecast_section(run_dir: str) -> list[str]:
+    """"Forecast vs actual" where the pre-training stage wrote forecast.json (flows/plan.py)."""
+    from flows.plan import forecast_vs_actual
+
+    table = forecast_vs_actual(run_dir)
+    return ["", "## Forecast vs actual", "", *table] if table else []
+
+
+def probe_section(cfg: DagConfig, run_dir: str, folder: str) -> list[str]:
+    """The probes' scores and the training losses by step and tokens seen: a table and
+    `<folder>/probe_curves.png` (flows/probe_report.py); none where the run has no probes."""
+    from flows.probe_report import probe_section as section
+
+    return section(cfg, run_dir, folder)
 
 
 def _audit_report(stages: list[StageResult]) -> dict:

@@ -18,7 +18,7 @@ from typing import Any
 from common import storage
 from flows.config import DagConfig
 from flows.launch import run_subprocess
-from flows.stages import StageResult, run_stage
+from flows.stages import StageResult, run_stage, stage_dir
 from pipelines.documents.source import SourceConfig
 from training import config as training
 from training.config import PretrainConfig
@@ -180,12 +180,14 @@ def launch_command(cfg: DagConfig, config_file: str) -> list[str]:
 def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
              log: Callable[[str], None] = print) -> StageResult:
     """Run both phases; a re-run after a failure resumes from the last checkpoint."""
-    key = {"pretrain": training.to_dict(cfg.pretrain), "launch": dataclasses.asdict(cfg.launch)}
+    key = pretrain_key(cfg)
 
     def build(out: str) -> None:
         config_file = storage.join(out, "launch_config.json")
         config = pretrain_config(cfg, vocab, shards, out)
         training.save(config, config_file)
+        from flows.plan import write_stage_forecast
+        write_stage_forecast(cfg, config, out)  # the report sets it beside the actual figures
         # a GPU preset where torch has no CUDA: one line now, not N ranks training on the CPU
         from training.launch import refuse_cpu_fallback
         refuse_cpu_fallback(config.device)
@@ -197,6 +199,19 @@ def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
                                      "hf_dir": storage.join(out, "hf"), "final_metrics": metrics})
 
     return run_stage(cfg.output, "pretrain", key, build, upstream=(vocab, *shards))
+
+
+def pretrain_key(cfg: DagConfig) -> dict[str, Any]:
+    """What the pretrain stage's folder is keyed on. `probe_every` is left out: the probes'
+    exports do not change the weights, and a run without probes keeps its folder."""
+    settings = {k: v for k, v in training.to_dict(cfg.pretrain).items() if k != "probe_every"}
+    return {"pretrain": settings, "launch": dataclasses.asdict(cfg.launch)}
+
+
+def pretrain_dir(cfg: DagConfig, vocab: StageResult, shards: list[StageResult]) -> str:
+    """The pretrain stage's folder, known before it is built (run_stage builds in place): where
+    the probes' watcher looks for the exports."""
+    return stage_dir(cfg.output, "pretrain", pretrain_key(cfg), (vocab, *shards))[0]
 
 
 def _last_metrics(out: str) -> dict:

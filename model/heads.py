@@ -25,7 +25,7 @@ over the labelled instances, as in the reference `run_pretraining.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Self
+from typing import ClassVar, Self
 
 import torch
 import torch.nn.functional as F
@@ -283,19 +283,25 @@ class FineTuningModel(nn.Module):
         return model
 
 
-class BertForSequenceClassification(FineTuningModel):
-    """BERT + dropout + one linear layer on the pooled `[CLS]` (paper section 4.1).
+class LabelClassifier(FineTuningModel):
+    """A fine-tuning model whose head is dropout + one linear layer to `num_labels` scores."""
 
-    `num_labels == 1` is regression (STS-B: mean squared error), otherwise classification.
-    """
+    MIN_LABELS: ClassVar[int] = 1
 
     def __init__(self, config: BertConfig, num_labels: int):
-        if num_labels < 1:
-            raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+        if num_labels < self.MIN_LABELS:
+            raise ValueError(f"num_labels must be >= {self.MIN_LABELS}, got {num_labels}")
         super().__init__(config)
         self.num_labels = num_labels
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = self.new_head(num_labels)
+
+
+class BertForSequenceClassification(LabelClassifier):
+    """BERT + dropout + one linear layer on the pooled `[CLS]` (paper section 4.1).
+
+    `num_labels == 1` is regression (STS-B: mean squared error), otherwise classification.
+    """
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None,
@@ -398,17 +404,11 @@ class TokenClassifierOutput:
     """Mean cross-entropy over the tokens whose label is not -100; None without labels."""
 
 
-class BertForTokenClassification(FineTuningModel):
+class BertForTokenClassification(LabelClassifier):
     """BERT + dropout + one linear layer on every token's last hidden state (paper section 4.3
     / 5.3: NER scores each word at its first sub-token; the caller marks the rest -100)."""
 
-    def __init__(self, config: BertConfig, num_labels: int):
-        if num_labels < 2:
-            raise ValueError(f"num_labels must be >= 2, got {num_labels}")
-        super().__init__(config)
-        self.num_labels = num_labels
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
-        self.classifier = self.new_head(num_labels)
+    MIN_LABELS = 2
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, sequence_ids: Tensor | None = None,

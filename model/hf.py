@@ -148,13 +148,9 @@ def read_hf_weights(folder: str) -> tuple[dict[str, Tensor], str]:
     raise FileNotFoundError(f"{folder}: no {' or '.join(HF_WEIGHT_FILES)}")
 
 
-def load_hf_checkpoint(folder: str, next_sentence: bool = True) -> BertForPreTraining:
-    """Our `BertForPreTraining` (its `.config` is the `BertConfig`) from a `transformers` folder.
-
-    Encoder weights must all be present; missing head weights (a `BertModel` checkpoint has no
-    `cls.`) keep BERT's initialisation and are logged.
-    """
-    config_path = storage.join(folder, "config.json")
+def read_bert_config(config_path: str) -> dict:
+    """A `transformers` config.json's values; a model other than BERT, or BERT with other than
+    absolute positions, raises ValueError naming the file."""
     values = storage.read_json(config_path)
     if values.get("model_type", "bert") != "bert":  # configs before transformers 2 have none
         raise ValueError(f"{config_path}: model_type {values['model_type']!r}, not a BERT "
@@ -162,7 +158,17 @@ def load_hf_checkpoint(folder: str, next_sentence: bool = True) -> BertForPreTra
     if values.get("position_embedding_type", "absolute") != "absolute":
         raise ValueError(f"{config_path}: position_embedding_type "
                          f"{values['position_embedding_type']!r}; this BERT has absolute positions")
-    config = _config_from(config_path, values)
+    return values
+
+
+def load_hf_checkpoint(folder: str, next_sentence: bool = True) -> BertForPreTraining:
+    """Our `BertForPreTraining` (its `.config` is the `BertConfig`) from a `transformers` folder.
+
+    Encoder weights must all be present; missing head weights (a `BertModel` checkpoint has no
+    `cls.`) keep BERT's initialisation and are logged.
+    """
+    config_path = storage.join(folder, "config.json")
+    config = _config_from(config_path, read_bert_config(config_path))
     hf_state, path = read_hf_weights(folder)
     state, ignored = hf_to_ours(hf_state)
     model = BertForPreTraining(config, next_sentence=next_sentence)
@@ -364,14 +370,7 @@ def find_starting_point(folder: str) -> StartingPoint:
                              storage.join(folder, CHECKPOINT_WEIGHTS))
     config_path = storage.join(folder, "config.json")
     if storage.exists(config_path):
-        values = storage.read_json(config_path)
-        if values.get("model_type", "bert") != "bert":  # configs before transformers 2 have none
-            raise ValueError(f"{config_path}: model_type {values['model_type']!r}, not a BERT "
-                             "checkpoint")
-        if values.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError(f"{config_path}: position_embedding_type "
-                             f"{values['position_embedding_type']!r}; this BERT has absolute "
-                             "positions")
+        values = read_bert_config(config_path)
         weights = next((storage.join(folder, n) for n in HF_WEIGHT_FILES
                         if storage.exists(storage.join(folder, n))), None)
         if weights is None:

@@ -277,11 +277,9 @@ def finish(config: AuditConfig, splits: list, index: eval_index.EvalIndex,
     storage.atomic_write_json(report_path, report)
     eval_files = {path: storage.sha256_file(path) for s in splits for path in s.files}
     manifest = {
-        "stage": NAMESPACE,
-        "config": dataclasses.asdict(config),
-        "config_hash": parquet_io.content_hash({**dataclasses.asdict(config),
-                                                "inputs": sorted(folders.values()),
-                                                "eval_files": sorted(eval_files.values())}),
+        **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(
+            {**dataclasses.asdict(config), "inputs": sorted(folders.values()),
+             "eval_files": sorted(eval_files.values())})),
         "counts": counts,
         "report": report["tasks"],
         "input_config_hashes": folders,
@@ -290,10 +288,7 @@ def finish(config: AuditConfig, splits: list, index: eval_index.EvalIndex,
             output_path(config.output, INDEX_FILE), *written.values(), dead_letters,
             report_path]),
     }
-    storage.write_manifest(config.output, manifest)
-    log.info("audit_contamination: %s", counts)
-    jobs.warn_dead_letters(log, NAMESPACE, counts["bad_records"], dead_letters)
-    return storage.read_manifest(config.output)
+    return jobs.publish_manifest(log, NAMESPACE, manifest, counts, dead_letters)
 
 
 if __name__ == "__main__":

@@ -86,18 +86,28 @@ LEDGER_COUNTS = ("documents_in", "bytes_in", "duplicates_removed", "doc_id_confl
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class BuildCorpusConfig:
-    """Resolved options of one build_corpus run (saved in the manifest, hashed)."""
-    input: str
-    """Documents folders or Parquet files (local or gs://...), separated by commas."""
-    output: str
-    """The corpus folder."""
+@dataclass(frozen=True, kw_only=True)
+class CorpusOutput:
+    """The output settings of a job that writes a corpus (build_corpus, decontaminate)."""
     num_shards: int = 0
     """Parquet files to write; 0 = one per 256 MB of input Parquet."""
     text_output: bool = False
     """Also write each shard in the reference text format (one sentence per line, a blank
     line between documents) next to it (.txt)."""
+
+    def __post_init__(self):
+        check(self.num_shards >= 0, "num_shards",
+              f"must be >= 0 (0 = automatic), got {self.num_shards}")
+
+
+@dataclass(frozen=True)
+class BuildCorpusConfig(CorpusOutput):
+    """Resolved options of one build_corpus run (saved in the manifest, hashed);
+    `num_shards` and `text_output` are `CorpusOutput`'s."""
+    input: str
+    """Documents folders or Parquet files (local or gs://...), separated by commas."""
+    output: str
+    """The corpus folder."""
     sources: tuple[SourceConfig, ...] = ()
     """The mixture: each source's weight and licence, by name (a JSON list of sources, as
     extract_documents takes them); a source not listed has weight 1."""
@@ -113,8 +123,7 @@ class BuildCorpusConfig:
     (Dataflow, Flink, Spark)."""
 
     def __post_init__(self):
-        check(self.num_shards >= 0, "num_shards",
-              f"must be >= 0 (0 = automatic), got {self.num_shards}")
+        super().__post_init__()
         check(self.wave_mb is None or self.wave_mb >= 0, "wave_mb",
               f"must be >= 0 (0 = one pipeline), got {self.wave_mb}")
         names = [s.name for s in self.sources]
@@ -176,20 +185,36 @@ def corpus_record(record: dict) -> dict:
             "sentences": sentences.split_passages(record["passages"])}
 
 
-class DedupeFn(beam.DoFn):
-    """(content hash, records with that content) -> the kept record; duplicates tagged."""
+class KeepFirstFn(beam.DoFn):
+    """(key, records with that key) -> the record `keep_first` keeps; each other one bumps the
+    `COUNTERS` (the first also per source) and is tagged as `set_aside` makes it."""
+
+    COUNTERS: tuple[str, ...] = ()
 
     def __init__(self):
-        self.removed = beam.metrics.Metrics.counter(NAMESPACE, "duplicates_removed")
+        self.counters = [beam.metrics.Metrics.counter(NAMESPACE, name) for name in self.COUNTERS]
 
     def process(self, element):
-        _, records = element
-        kept, removed = keep_first(records)
-        for other in removed:
-            self.removed.inc()
-            _count(other["source"], "duplicates_removed")
-            yield pvalue.TaggedOutput("duplicates", _duplicate_line(other, kept))
+        key, records = element
+        kept, others = keep_first(records)
+        for other in others:
+            for counter in self.counters:
+                counter.inc()
+            _count(other["source"], self.COUNTERS[0])
+            yield self.set_aside(key, other, kept)
         yield kept
+
+    def set_aside(self, key: str, other: dict, kept: dict) -> pvalue.TaggedOutput:
+        raise NotImplementedError
+
+
+class DedupeFn(KeepFirstFn):
+    """(content hash, records with that content) -> the kept record; duplicates tagged."""
+
+    COUNTERS = ("duplicates_removed",)
+
+    def set_aside(self, key: str, other: dict, kept: dict) -> pvalue.TaggedOutput:
+        return pvalue.TaggedOutput("duplicates", _duplicate_line(other, kept))
 
 
 def _duplicate_line(removed: dict, kept: dict) -> str:
@@ -197,24 +222,15 @@ def _duplicate_line(removed: dict, kept: dict) -> str:
                        "kept": kept["doc_id"], "kept_file": kept["source_file"]}, ensure_ascii=False)
 
 
-class UniqueIdFn(beam.DoFn):
+class UniqueIdFn(KeepFirstFn):
     """(doc_id, records) -> one record; a doc_id used for two different texts is a dead letter."""
 
-    def __init__(self):
-        self.conflicts = beam.metrics.Metrics.counter(NAMESPACE, "doc_id_conflicts")
-        self.bad = beam.metrics.Metrics.counter(NAMESPACE, "bad_records")
+    COUNTERS = ("doc_id_conflicts", "bad_records")
 
-    def process(self, element):
-        doc_id, records = element
-        kept, others = keep_first(records)
-        for other in others:
-            self.conflicts.inc()
-            _count(other["source"], "doc_id_conflicts")
-            self.bad.inc()
-            reason = f"doc_id also used by {kept['source_file']} for a different text (kept that one)"
-            yield pvalue.TaggedOutput("dead_letter",
-                                      errors.BadRecord(other["source_file"], doc_id, reason).to_json())
-        yield kept
+    def set_aside(self, key: str, other: dict, kept: dict) -> pvalue.TaggedOutput:
+        reason = f"doc_id also used by {kept['source_file']} for a different text (kept that one)"
+        return pvalue.TaggedOutput("dead_letter",
+                                   errors.BadRecord(other["source_file"], key, reason).to_json())
 
 
 class SplitSentencesFn(beam.DoFn):
@@ -682,10 +698,8 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
     parquet_io.check_documents_written(config.output, config.input, shards, counts,
                                        dead_letters)
     manifest = {
-        "stage": NAMESPACE,
-        "config": dataclasses.asdict(config),
-        "config_hash": parquet_io.content_hash({**dataclasses.asdict(config),
-                                                "inputs": sorted(folders.values())}),
+        **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(
+            {**dataclasses.asdict(config), "inputs": sorted(folders.values())})),
         "num_shards": num_shards,
         "waves": num_waves,
         "counts": counts,
@@ -695,11 +709,7 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
         "outputs": parquet_io.outputs_entry(config.output,
                                             [*shards, dead_letters, duplicates, *dropped]),
     }
-    storage.write_manifest(config.output, manifest)
-    manifest = storage.read_manifest(config.output)  # what later stages read (tuples as lists)
-    log.info("build_corpus: %s", counts)
-    jobs.warn_dead_letters(log, NAMESPACE, counts["bad_records"], dead_letters)
-    return manifest
+    return jobs.publish_manifest(log, NAMESPACE, manifest, counts, dead_letters)
 
 
 if __name__ == "__main__":

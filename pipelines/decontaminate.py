@@ -35,7 +35,7 @@ from common import storage
 from common.settings import check
 from pipelines import jobs, parquet_io
 from pipelines.audit_contamination import PASSAGES_FILE
-from pipelines.build_corpus import select_inputs
+from pipelines.build_corpus import CorpusOutput, select_inputs
 from pipelines.corpus import sentences
 from pipelines.corpus.documents import CORPUS_SCHEMA
 
@@ -47,23 +47,15 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class DecontaminateConfig:
-    """Resolved options of one decontaminate run (saved in the manifest, hashed)."""
+class DecontaminateConfig(CorpusOutput):
+    """Resolved options of one decontaminate run (saved in the manifest, hashed);
+    `num_shards` and `text_output` are `build_corpus.CorpusOutput`'s."""
     input: str
     """The corpus folder the audit read."""
     output: str
     """The decontaminated corpus folder."""
     audit: str = ""
     """The audit_contamination output folder of that corpus."""
-    num_shards: int = 0
-    """Parquet files to write; 0 = one per 256 MB of input Parquet."""
-    text_output: bool = False
-    """Also write each shard in the reference text format (one sentence per line, a blank
-    line between documents) next to it (.txt)."""
-
-    def __post_init__(self):
-        check(self.num_shards >= 0, "num_shards",
-              f"must be >= 0 (0 = automatic), got {self.num_shards}")
 
 
 def without_passages(row: dict, removed: frozenset[int]) -> dict | None:
@@ -188,21 +180,16 @@ def finish(config: DecontaminateConfig, folders: dict[str, str], audit_hash: str
     parquet_io.check_documents_written(config.output, config.input, shards, counts,
                                        dead_letters)
     manifest = {
-        "stage": NAMESPACE,
-        "config": dataclasses.asdict(config),
-        "config_hash": parquet_io.content_hash({**dataclasses.asdict(config),
-                                                "inputs": sorted(folders.values()),
-                                                "audit": audit_hash}),
+        **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(
+            {**dataclasses.asdict(config), "inputs": sorted(folders.values()),
+             "audit": audit_hash})),
         "num_shards": num_shards,
         "counts": counts,
         "input_config_hashes": folders,
         "audit_config_hash": audit_hash,
         "outputs": parquet_io.outputs_entry(config.output, [*shards, dead_letters]),
     }
-    storage.write_manifest(config.output, manifest)
-    log.info("decontaminate: %s", counts)
-    jobs.warn_dead_letters(log, NAMESPACE, counts["bad_records"], dead_letters)
-    return storage.read_manifest(config.output)
+    return jobs.publish_manifest(log, NAMESPACE, manifest, counts, dead_letters)
 
 
 if __name__ == "__main__":

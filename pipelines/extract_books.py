@@ -37,7 +37,6 @@ import apache_beam as beam
 from apache_beam import pvalue
 
 from common import errors, storage
-from common.settings import check
 from pipelines import jobs, parquet_io, waves
 from pipelines.books import cleaning
 from pipelines.corpus.documents import DOCUMENT_SCHEMA
@@ -58,9 +57,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExtractBooksConfig(cleaning.BookConfig):
+class ExtractBooksConfig(cleaning.BookConfig, waves.ShardedOutput):
     """Resolved options of one extract_books run (saved in the manifest, hashed); the limits
-    of bad input (`max_passage_chars`, `max_control_fraction`) are `cleaning.BookConfig`'s."""
+    of bad input (`max_passage_chars`, `max_control_fraction`) are `cleaning.BookConfig`'s,
+    `num_shards` and `wave_mb` are `waves.ShardedOutput`'s."""
     input: str
     """Book files, a glob or a folder (local or gs://...); several separated by commas."""
     output: str
@@ -68,21 +68,10 @@ class ExtractBooksConfig(cleaning.BookConfig):
     exclude: tuple[str, ...] = tuple(DEFAULT_EXCLUDE.split(","))
     """Comma-separated file-name patterns that are not books (skipped, listed in the
     manifest); default README*,LICENSE*,LICENCE*,COPYING*,*.md,*.json,*.parquet."""
-    num_shards: int = 0
-    """Parquet files to write; 0 = one per 256 MB of input."""
-    wave_mb: float | None = None
-    """Input MB per wave: above it, documents go to scratch partitions by shard and each shard
-    is written whole after the pipeline (pipelines/waves.py), so a local run's memory follows
-    a shard, not the input; a shard per wave at least. 0 = one pipeline. Unset:
-    `waves.LOCAL_SHARD_WAVE_MB` on Beam's local runner, 0 on a distributed runner (Dataflow,
-    Flink, Spark)."""
 
     def __post_init__(self):
         cleaning.BookConfig.__post_init__(self)
-        check(self.num_shards >= 0, "num_shards",
-              f"must be >= 0 (0 = automatic), got {self.num_shards}")
-        check(self.wave_mb is None or self.wave_mb >= 0, "wave_mb",
-              f"must be >= 0 (0 = one pipeline), got {self.wave_mb}")
+        waves.ShardedOutput.__post_init__(self)
 
 
 def is_excluded(path: str, patterns: Sequence[str]) -> bool:
@@ -194,31 +183,11 @@ def run(config: ExtractBooksConfig, beam_args: Sequence[str] = ()) -> dict:
              len(files), len(excluded), num_shards, num_waves)
     log.debug("extract_books config: %s", dataclasses.asdict(config))
     jobs.warn_if_too_large_for_local_runner(log, NAMESPACE, total // num_waves, options)
-    dry_run = jobs.is_dry_run(options)
-    if not dry_run:  # a dry run leaves an earlier output as it is
-        storage.makedirs(config.output)
-        parquet_io.clear_previous_output(config.output, PREFIX)
-        waves.clear_scratch(config.output)
-    scratch = waves.scratch_folder(config.output) if num_waves > 1 else None
-
-    with (jobs.disk_full_reported(config.output),
-          beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline):
-        results = (pipeline
-                   | "Files" >> beam.Create(files)
-                   | "Spread" >> beam.Reshuffle()
-                   | "Extract" >> beam.ParDo(ExtractBookFn(config))
-                   .with_outputs("dead_letter", main="documents"))
-        _ = results.documents | "WriteDocuments" >> waves.WriteShards(
-            config.output, PREFIX, num_shards, DOCUMENT_SCHEMA, scratch)
-        _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
-            parquet_io.dead_letter_path(config.output))
-    if dry_run:
+    pipeline = waves.run_to_shards(options, files, ("Extract", ExtractBookFn(config)),
+                                   config.output, (num_waves, num_shards), PREFIX,
+                                   DOCUMENT_SCHEMA)
+    if jobs.is_dry_run(options):
         return jobs.dry_run_summary(NAMESPACE, pipeline)
-    if scratch is not None:
-        with jobs.disk_full_reported(config.output):
-            waves.write_scattered_shards(scratch, config.output, PREFIX, num_shards,
-                                         DOCUMENT_SCHEMA)
-        waves.clear_scratch(config.output)
     counts = parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS)
     return finish(config, [f.path for f in files], excluded, sizes, num_shards, counts)
 
@@ -228,30 +197,20 @@ def finish(config: ExtractBooksConfig, files: list[str], excluded: list[str],
     """After the pipeline: complete the shard set, check counts against rows, write manifest."""
     shards = parquet_io.finish_shards(config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
     dead_letters = parquet_io.finish_dead_letters(config.output, counts["bad_records"] > 0)
-    rows = sum(parquet_io.count_rows(p) for p in shards)
-    if rows != counts["documents"]:
-        raise RuntimeError(f"{config.output}: {rows} rows written but {counts['documents']} "
-                           "documents counted")
+    parquet_io.check_rows_written(config.output, shards, counts["documents"])
     counts = {**counts, "files_excluded": len(excluded)}
     if counts["documents"] == 0:
         raise jobs.nothing_produced(f"documents ({len(files)} file(s) read)", config.input,
                                     counts["bad_records"], dead_letters)
     manifest = {
-        "stage": NAMESPACE,
-        "output_version": OUTPUT_VERSION,
-        "config": dataclasses.asdict(config),
-        "config_hash": parquet_io.content_hash(config),
+        **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(config), OUTPUT_VERSION),
         "num_shards": num_shards,
         "counts": counts,
         "inputs": [{"path": f, "bytes": sizes[f]} for f in files],
         "excluded_inputs": excluded,
         "outputs": parquet_io.outputs_entry(config.output, [*shards, dead_letters]),
     }
-    storage.write_manifest(config.output, manifest)
-    manifest = storage.read_manifest(config.output)  # what later stages read (tuples as lists)
-    log.info("extract_books: %s", counts)
-    jobs.warn_dead_letters(log, NAMESPACE, counts["bad_records"], dead_letters)
-    return manifest
+    return jobs.publish_manifest(log, NAMESPACE, manifest, counts, dead_letters)
 
 
 if __name__ == "__main__":

@@ -59,22 +59,16 @@ Count = Callable[[str, str], None]
 
 
 @dataclass(frozen=True)
-class ExtractDocumentsConfig:
-    """Resolved options of one extract_documents run (saved in the manifest, hashed)."""
+class ExtractDocumentsConfig(waves.ShardedOutput):
+    """Resolved options of one extract_documents run (saved in the manifest, hashed);
+    `num_shards` and `wave_mb` are `waves.ShardedOutput`'s."""
     sources: tuple[SourceConfig, ...]
     """The sources to read (generic kinds: text, jsonl, parquet, csv, tsv, hf_datasets)."""
     output: str
     """The documents folder."""
-    num_shards: int = 0
-    """Parquet files to write; 0 = one per 256 MB of input."""
-    wave_mb: float | None = None
-    """Input MB per wave: above it, documents go to scratch partitions by shard and each shard
-    is written whole after the pipeline (pipelines/waves.py), so a local run's memory follows
-    a shard, not the input; a shard per wave at least. 0 = one pipeline. Unset:
-    `waves.LOCAL_SHARD_WAVE_MB` on Beam's local runner, 0 on a distributed runner (Dataflow,
-    Flink, Spark)."""
 
     def __post_init__(self):
+        super().__post_init__()
         settings.check(bool(self.sources), "sources", "no source given")
         names = [s.name for s in self.sources]
         settings.check(len(set(names)) == len(names), "sources",
@@ -82,10 +76,6 @@ class ExtractDocumentsConfig:
         for source in self.sources:
             settings.check(source.generic, "kind", f"source {source.name!r}: kind "
                            f"{source.kind} has its own job (pipelines/extract_{source.kind}.py)")
-        settings.check(self.num_shards >= 0, "num_shards",
-                       f"must be >= 0 (0 = automatic), got {self.num_shards}")
-        settings.check(self.wave_mb is None or self.wave_mb >= 0, "wave_mb",
-                       f"must be >= 0 (0 = one pipeline), got {self.wave_mb}")
 
 
 # ---------------------------------------------------------------- reading one file
@@ -218,31 +208,11 @@ def run(config: ExtractDocumentsConfig, beam_args: Sequence[str] = ()) -> dict:
     log.info("extract_documents: %d source(s), %d file(s), %d shard(s), %d wave(s)",
              len(config.sources), len(elements), num_shards, num_waves)
     log.debug("extract_documents config: %s", dataclasses.asdict(config))
-    dry_run = jobs.is_dry_run(options)
-    if not dry_run:  # a dry run leaves an earlier output as it is
-        storage.makedirs(config.output)
-        parquet_io.clear_previous_output(config.output, PREFIX)
-        waves.clear_scratch(config.output)
-    scratch = waves.scratch_folder(config.output) if num_waves > 1 else None
-
-    with (jobs.disk_full_reported(config.output),
-          beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline):
-        results = (pipeline
-                   | "Files" >> beam.Create(elements)
-                   | "Spread" >> beam.Reshuffle()
-                   | "Read" >> beam.ParDo(ReadFileFn(config.sources))
-                   .with_outputs("dead_letter", main="documents"))
-        _ = results.documents | "WriteDocuments" >> waves.WriteShards(
-            config.output, PREFIX, num_shards, DOCUMENT_SCHEMA, scratch)
-        _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
-            parquet_io.dead_letter_path(config.output))
-    if dry_run:
+    pipeline = waves.run_to_shards(options, elements, ("Read", ReadFileFn(config.sources)),
+                                   config.output, (num_waves, num_shards), PREFIX,
+                                   DOCUMENT_SCHEMA)
+    if jobs.is_dry_run(options):
         return jobs.dry_run_summary(NAMESPACE, pipeline)
-    if scratch is not None:
-        with jobs.disk_full_reported(config.output):
-            waves.write_scattered_shards(scratch, config.output, PREFIX, num_shards,
-                                         DOCUMENT_SCHEMA)
-        waves.clear_scratch(config.output)
     counts = parquet_io.query_counters_by_source(pipeline.result, NAMESPACE)
     return finish(config, selected, num_shards, counts)
 
@@ -264,10 +234,7 @@ def finish(config: ExtractDocumentsConfig, selected: dict[str, SourceFiles], num
     shards = parquet_io.finish_shards(config.output, PREFIX, num_shards, DOCUMENT_SCHEMA)
     totals = {name: sum(c.get(name, 0) for c in counts.values()) for name in SOURCE_COUNTS}
     dead_letters = parquet_io.finish_dead_letters(config.output, totals["bad_records"] > 0)
-    rows = sum(parquet_io.count_rows(p) for p in shards)
-    if rows != totals["documents"]:
-        raise RuntimeError(f"{config.output}: {rows} rows written but {totals['documents']} "
-                           "documents counted")
+    parquet_io.check_rows_written(config.output, shards, totals["documents"])
     sources = {s.name: source_entry(s, selected[s.name], counts.get(s.name, {}))
                for s in config.sources}
     for source in config.sources:
@@ -275,10 +242,7 @@ def finish(config: ExtractDocumentsConfig, selected: dict[str, SourceFiles], num
             raise nothing_from(source, sources[source.name], selected[source.name],
                                dead_letters)
     manifest = {
-        "stage": NAMESPACE,
-        "output_version": OUTPUT_VERSION,
-        "config": dataclasses.asdict(config),
-        "config_hash": parquet_io.content_hash(config),
+        **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(config), OUTPUT_VERSION),
         "num_shards": num_shards,
         "counts": totals,
         "sources": sources,
@@ -287,12 +251,9 @@ def finish(config: ExtractDocumentsConfig, selected: dict[str, SourceFiles], num
         "skipped_inputs": [p for s in config.sources for p in selected[s.name].skipped],
         "outputs": parquet_io.outputs_entry(config.output, [*shards, dead_letters]),
     }
-    storage.write_manifest(config.output, manifest)
-    manifest = storage.read_manifest(config.output)  # what later stages read (tuples as lists)
-    log.info("extract_documents: %s", {name: {k: v for k, v in entry.items() if k != "path"}
-                                       for name, entry in sources.items()})
-    jobs.warn_dead_letters(log, NAMESPACE, totals["bad_records"], dead_letters)
-    return manifest
+    summary = {name: {k: v for k, v in entry.items() if k != "path"}
+               for name, entry in sources.items()}
+    return jobs.publish_manifest(log, NAMESPACE, manifest, summary, dead_letters)
 
 
 def nothing_from(source: SourceConfig, entry: dict, files: SourceFiles,

@@ -11,6 +11,9 @@ command line first checks what Dataflow needs (`dataflow_preflight`: Beam's GCP 
 `--project`, `--region`, a gs:// `--temp_location`, Google credentials unless `--no_auth`) and
 ends in one line naming what is missing, exit 2, before Beam starts.
 
+Every job's manifest starts with `manifest_head` (job, output version, config and its hash)
+and is written by `publish_manifest`, last, as it marks the output complete.
+
 What a run leaves when it fails or is killed:
 - a full disk: the job ends with one line, `<job>: error: no space left on the device writing
   <path>: <space> left there` (exit 2), and writes no manifest (`disk_full_reported`);
@@ -285,6 +288,30 @@ def warn_dead_letters(logger: logging.Logger, job: str, num_bad: int, dead_lette
     """The closing warning of a job that set records aside (a success log alone hides them)."""
     if num_bad:
         logger.warning("%s: %d bad record(s) set aside in %s", job, num_bad, dead_letter_path)
+
+
+def manifest_head(job: str, config, config_hash: str, output_version: int | None = None
+                  ) -> dict:
+    """The first entries of a job's manifest: the job, its output version (where it has one),
+    its resolved config and that config's hash (what a flow compares to reuse an output)."""
+    import dataclasses
+
+    version = {} if output_version is None else {"output_version": output_version}
+    return {"stage": job, **version, "config": dataclasses.asdict(config),
+            "config_hash": config_hash}
+
+
+def publish_manifest(logger: logging.Logger, job: str, manifest: dict, summary,
+                     dead_letters: str) -> dict:
+    """Write `manifest` into `manifest["config"]["output"]`, last, as it marks the output
+    complete; log the job's `summary` and warn of its dead letters. Returns the manifest as
+    later stages read it (tuples as lists)."""
+    output = manifest["config"]["output"]
+    storage.write_manifest(output, manifest)
+    manifest = storage.read_manifest(output)
+    logger.info("%s: %s", job, summary)
+    warn_dead_letters(logger, job, manifest["counts"]["bad_records"], dead_letters)
+    return manifest
 
 
 def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | None = None,

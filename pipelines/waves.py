@@ -12,6 +12,11 @@ then by doc_id) runs instead as
 A wave can scatter again by another key for the next family of waves. Distributed runners
 (Dataflow, Flink, Spark) spill their shuffles to disk and run the job as one pipeline.
 
+The extraction jobs (extract_books, extract_documents) share one pipeline, `run_to_shards`:
+their files spread over the workers, a DoFn per job, documents written as shards (in waves when
+the input is larger than `wave_mb`) and dead letters; their `num_shards` and `wave_mb`
+settings are `ShardedOutput`'s.
+
 Scratch files are JSON lines under `<output>/.waves/` (local only; removed when the job ends and
 when the next run starts). A scatter appends a bundle's records per partition in one write per
 file, so a reader sees whole lines; the local runner fails the job rather than retrying a
@@ -29,10 +34,12 @@ import shutil
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 import apache_beam as beam
 
 from common import storage
+from common.settings import check
 
 SCRATCH = ".waves"
 LOCAL_SHARD_WAVE_MB = 64.0
@@ -40,6 +47,25 @@ LOCAL_SHARD_WAVE_MB = 64.0
 they only hold the shard being written."""
 FLUSH_BYTES = 16 << 20
 """A scatter writes out what it holds once it holds this many bytes of JSON."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ShardedOutput:
+    """The output settings of an extraction job whose shards are its waves (`run_to_shards`)."""
+    num_shards: int = 0
+    """Parquet files to write; 0 = one per 256 MB of input."""
+    wave_mb: float | None = None
+    """Input MB per wave: above it, documents go to scratch partitions by shard and each shard
+    is written whole after the pipeline (pipelines/waves.py), so a local run's memory follows
+    a shard, not the input; a shard per wave at least. 0 = one pipeline. Unset:
+    `waves.LOCAL_SHARD_WAVE_MB` on Beam's local runner, 0 on a distributed runner (Dataflow,
+    Flink, Spark)."""
+
+    def __post_init__(self):
+        check(self.num_shards >= 0, "num_shards",
+              f"must be >= 0 (0 = automatic), got {self.num_shards}")
+        check(self.wave_mb is None or self.wave_mb >= 0, "wave_mb",
+              f"must be >= 0 (0 = one pipeline), got {self.wave_mb}")
 
 
 def wave_count(input_bytes: int, wave_mb: float) -> int:
@@ -195,6 +221,40 @@ def write_scattered_shards(scratch: str, output: str, prefix: str, num_shards: i
                    for r in read_lines(path)]
         if records:
             parquet_io.write_shard(output, prefix, shard, num_shards, records, schema)
+
+
+def run_to_shards(options, elements: list, step: tuple[str, beam.DoFn], output: str,
+                  plan: tuple[int, int], prefix: str, schema) -> beam.Pipeline:
+    """An extraction job's pipeline: `elements` spread over the workers, the DoFn of `step`
+    (its label, the DoFn) yielding records and `dead_letter`-tagged lines -> the `plan`'s
+    (waves, shards) Parquet shards of `schema` (`WriteShards`) and the sorted dead letters.
+    An earlier output is cleared first; a dry run leaves it and writes nothing. Returns the
+    pipeline, whose result holds the job's counters."""
+    from pipelines import jobs, parquet_io
+
+    num_waves, num_shards = plan
+    dry_run = jobs.is_dry_run(options)
+    if not dry_run:  # a dry run leaves an earlier output as it is
+        storage.makedirs(output)
+        parquet_io.clear_previous_output(output, prefix)
+        clear_scratch(output)
+    scratch = scratch_folder(output) if num_waves > 1 else None
+    label, fn = step
+    with (jobs.disk_full_reported(output),
+          beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline):
+        results = (pipeline
+                   | "Files" >> beam.Create(elements)
+                   | "Spread" >> beam.Reshuffle()
+                   | label >> beam.ParDo(fn).with_outputs("dead_letter", main="documents"))
+        _ = results.documents | "WriteDocuments" >> WriteShards(
+            output, prefix, num_shards, schema, scratch)
+        _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
+            parquet_io.dead_letter_path(output))
+    if scratch is not None and not dry_run:
+        with jobs.disk_full_reported(output):
+            write_scattered_shards(scratch, output, prefix, num_shards, schema)
+        clear_scratch(output)
+    return pipeline
 
 
 def shard_plan(input_bytes: int, wave_mb: float, num_shards: int, automatic: int

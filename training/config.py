@@ -174,12 +174,19 @@ class PretrainConfig(MaskSplit):
     """DataLoader worker processes per rank (0 = in the training process)."""
     log_every: int = 10
     """Optimizer steps between metric lines (console, TensorBoard, metrics.jsonl)."""
+    report_to: tuple[str, ...] = ("tensorboard",)
+    """Experiment trackers that get the metrics, the config and loss_curve.png on rank 0:
+    tensorboard, mlflow, wandb (comma-separated), or none (common/trackers.py)."""
     eval_every: int = 500
     """Optimizer steps between validation runs (0 = only at the end of each phase)."""
     eval_batches: int = 20
     """Micro-batches per rank per validation run."""
     checkpoint_every: int = 1000
     """Optimizer steps between checkpoints (0 = only at the end of each phase)."""
+    probe_every: int = 0
+    """Global optimizer steps (counted across phases) between probe exports: a checkpoint, then
+    the consolidated fp32 Hugging Face folder of that step in <output_dir>/probes/step-NNNNNNN/hf
+    (training/probes.py), which the flow's probes fine-tune while training goes on (0 = off)."""
     keep_checkpoints: int = 3
     """Checkpoints kept (the oldest are deleted after a new one is complete)."""
     export_hf: bool = True
@@ -224,7 +231,8 @@ class PretrainConfig(MaskSplit):
         _check(self.shuffle_buffer >= 0, "shuffle_buffer", ">= 0")
         _check(self.num_workers >= 0, "num_workers", ">= 0")
         _check(self.log_every > 0, "log_every", "positive")
-        for flag in ("eval_every", "eval_batches", "checkpoint_every"):
+        self._check_report_to()
+        for flag in ("eval_every", "eval_batches", "checkpoint_every", "probe_every"):
             _check(getattr(self, flag) >= 0, flag, ">= 0")
         _check(self.keep_checkpoints >= 1, "keep_checkpoints", ">= 1")
         if self.optimizer == "lamb" and self.zero_stage >= 1:
@@ -288,6 +296,15 @@ class PretrainConfig(MaskSplit):
             raise SettingError(changed[0], "acts only with dynamic_masking=true (without it the "
                                "shards' masks are used: set it in make_shards instead)",
                                "--set {setting}: {message}")
+
+    def _check_report_to(self) -> None:
+        from common.trackers import check_names
+        # a config file's or config.json's list, given as it is read (`from_dict`)
+        object.__setattr__(self, "report_to", tuple(self.report_to))
+        try:
+            check_names(self.report_to)
+        except SettingError as e:
+            raise SettingError(e.setting, e.message, "--set {setting}: {message}") from None
 
     def _check_objective(self) -> None:
         from training import objectives
@@ -525,8 +542,9 @@ def load_saved(path: str) -> PretrainConfig:
 # memory knobs. (micro_batch_size: the global batch fixes the optimisation; the loader then
 # resumes at the same share of the epoch. Shard locations: their content is compared instead.)
 RESUME_FREE_FIELDS = ("output_dir", "vocab_dir", "num_workers", "compile", "static_shapes",
-                      "log_every", "eval_every", "eval_batches", "checkpoint_every", "keep_checkpoints",
-                      "export_hf", "device",
+                      "log_every", "eval_every", "eval_batches", "checkpoint_every", "probe_every",
+                      "keep_checkpoints",
+                      "export_hf", "device", "report_to",
                       "phases.*.train_shards", "phases.*.validation_shards",
                       "phases.*.micro_batch_size")
 

@@ -4,7 +4,7 @@ A micro-batch's metrics are the objective's `metric_keys` (training/objectives.p
 and each head's loss, correct and count) and `COUNTER_KEYS` (tokens, rows, micro-batches),
 summed as one float64 vector on the device and read once per logging step (`all_reduce`).
 `summarize` turns the sums into means and accuracies; `MetricsLog` writes each record to
-`metrics.jsonl` and TensorBoard on rank 0; `plot_loss_curve` draws `loss_curve.png`.
+`metrics.jsonl` and the trackers of `report_to` on rank 0; `plot_loss_curve` draws `loss_curve.png`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import torch
 from torch import Tensor
 
 from common import storage
-from training.config import PhaseConfig
+from common.trackers import Trackers, log_artifacts, open_trackers
+from training.config import PhaseConfig, PretrainConfig, to_dict
 from training.objectives import COUNTER_KEYS, MLM_NSP
 from training.ranks import Dist
 
@@ -67,11 +68,15 @@ def summarize(sums: dict[str, float], elapsed: float | None,
 
 
 class MetricsLog:
-    """metrics.jsonl + TensorBoard on rank 0."""
+    """metrics.jsonl and the trackers of `report_to` (common/trackers.py; TensorBoard by
+    default) on rank 0: each record's numbers as `<split>/<name>` at its global step, the
+    resolved config at the start, metrics.jsonl and loss_curve.png as artifacts at the end."""
 
-    def __init__(self, output_dir: str, dist: Dist, resume_from: tuple[int, int] | None):
+    def __init__(self, output_dir: str, dist: Dist, resume_from: tuple[int, int] | None,
+                 config: PretrainConfig | None = None):
+        self.output_dir = output_dir
         self.path = os.path.join(output_dir, "metrics.jsonl")
-        self.writer = None
+        self.trackers: Trackers | None = None
         if not dist.is_main:
             return
         if resume_from is not None and os.path.exists(self.path):
@@ -81,25 +86,32 @@ class MetricsLog:
             storage.atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         elif resume_from is None and os.path.exists(self.path):
             os.unlink(self.path)
-        from torch.utils.tensorboard import SummaryWriter
-        self.writer = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+        names = config.report_to if config is not None else ("tensorboard",)
+        self.trackers = open_trackers(
+            names, output_dir, os.path.basename(os.path.abspath(output_dir)),
+            to_dict(config) if config is not None else None, resume=resume_from is not None)
 
     def write(self, record: dict) -> None:
-        if self.writer is None:
+        if self.trackers is None:
             return
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
             f.flush()
             os.fsync(f.fileno())
         prefix = record["split"]
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and key not in _RECORD_KEYS:
-                self.writer.add_scalar(f"{prefix}/{key}", value, record["global_step"])
-        self.writer.flush()
+        self.trackers.log_metrics({f"{prefix}/{key}": value for key, value in record.items()
+                                   if isinstance(value, (int, float)) and key not in _RECORD_KEYS},
+                                  record["global_step"])
 
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+    def close(self, loss_curve: bool = False) -> None:
+        """With `loss_curve` (a complete run), draw loss_curve.png first; then hand the
+        trackers metrics.jsonl and loss_curve.png, and end their runs."""
+        if self.trackers is None:
+            return
+        if loss_curve:
+            plot_loss_curve(self.output_dir)
+        log_artifacts(self.trackers, (self.path, os.path.join(self.output_dir, "loss_curve.png")))
+        self.trackers.close()
 
 
 _RECORD_KEYS = ("phase_index", "step", "global_step")

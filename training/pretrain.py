@@ -27,7 +27,9 @@ its own: a restarted run resumes from `checkpoints/latest`, reading `init_from` 
 
 Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 `loss_curve.png`, `checkpoints/<tag>/` (DeepSpeed files + `training_state.json` + per-rank
-`rng_rank*.pt` + `config.json`), `checkpoints/latest`, `hf/` (consolidated fp32 export).
+`rng_rank*.pt` + `config.json`), `checkpoints/latest`, `hf/` (consolidated fp32 export), and
+with `probe_every` N `probes/step-NNNNNNN/hf` (the same export every N global steps, after that
+step's checkpoint: training/probes.py).
 
 Checkpoints (training/checkpoint.py) are written to `checkpoints/.tmp-<tag>`, renamed to `<tag>`
 when every rank is done, and only then is `latest` replaced (atomically); the oldest beyond
@@ -88,7 +90,6 @@ from training.metrics import (
     all_reduce,
     metric_keys,
     metric_sums,
-    plot_loss_curve,
     read_metrics,
     record,
     summarize,
@@ -104,6 +105,7 @@ from training.preflight import (
     shard_manifest,
     with_checkpoint_vocab,
 )
+from training.probes import is_probe_step, write_probe_export
 from training.ranks import Dist, OtherRankError, on_all_ranks
 
 __all__ = ["METRIC_KEYS", "ShardLoader", "build_parser", "check_phase_inputs", "check_resume",
@@ -272,9 +274,12 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
             bar.set_postfix({"loss": f"{summary['loss']:.3f}",
                              f"{head}_acc": f"{summary[f'{head}_accuracy']:.3f}"})
             window, started = 0, time.perf_counter()
+        probe = is_probe_step(config.probe_every, step_offset + step)
         if ((config.checkpoint_every and step % config.checkpoint_every == 0)
-                or step in (phase.steps, stop_at)):
+                or step in (phase.steps, stop_at) or probe):
             tag = save_checkpoint(engine, config, phase_index, phase, step, loader, dist)
+        if probe:
+            probe_export(config, tag, step_offset + step, dist)
         if validate and is_evaluation_step(config, phase, step):
             summary = evaluate(engine, config, phase, dist, objective)
             metrics.write(record("validation", phase_index, phase, step, step_offset, summary))
@@ -297,6 +302,9 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     if config.export_hf and not config.vocab_dir:
         raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
                          "(or --set export_hf=false)")
+    if config.probe_every and not config.vocab_dir:
+        raise ValueError("--set vocab_dir=...: needed for the probe exports (or --set "
+                         "probe_every=0)")
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
     resume, validate, redo = preflight(config, dist, ckpt_dir)
     if dist.is_main:
@@ -311,7 +319,7 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
         log.info("resuming from %s/%s (phase %s step %d, saved on %d ranks)", ckpt_dir,
                  resume.tag, resume.phase, resume.step, resume.world_size)
     metrics = MetricsLog(config.output_dir, dist,
-                         (resume.phase_index, resume.step) if resume else None)
+                         (resume.phase_index, resume.step) if resume else None, config)
     last_tag = resume.tag if resume else None
     step_offset, budget, complete = 0, stop_after_steps, True
     for index, phase in enumerate(config.phases):
@@ -332,12 +340,10 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
             complete = False
             break
         step_offset += phase.steps
-    metrics.close()
+    metrics.close(loss_curve=complete)
     export_dir = None
-    if dist.is_main and complete:
-        plot_loss_curve(config.output_dir)
-        if config.export_hf:
-            export_dir = export(config, ckpt_dir, last_tag)
+    if dist.is_main and complete and config.export_hf:
+        export_dir = export(config, ckpt_dir, last_tag)
     torch.distributed.barrier()
     return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
 
@@ -377,6 +383,8 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     step = 0
     if resume is not None:
         step = load_checkpoint(engine, config, resume, loader, dist, universal)
+        if is_probe_step(config.probe_every, step_offset + step):  # killed before its export
+            probe_export(config, resume.tag, step_offset + step, dist)
         if redo_validation:
             summary = evaluate(engine, config, phase, dist, objective)
             metrics.write(record("validation", index, phase, step, step_offset, summary))
@@ -387,13 +395,22 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     return tag or (resume.tag if resume else previous_tag), reached - step
 
 
-def export(config: PretrainConfig, ckpt_dir: str, tag: str) -> str:
-    """Consolidated fp32 weights of `tag` -> `<output_dir>/hf` (transformers folder)."""
+def probe_export(config: PretrainConfig, tag: str, global_step: int, dist: Dist) -> None:
+    """The export of `tag` for the flow's probes (training/probes.py), on rank 0; a failure
+    there fails every rank."""
+    ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
+    on_all_ranks(dist, lambda: dist.is_main and write_probe_export(
+        config.output_dir, global_step, tag, lambda out: export(config, ckpt_dir, tag, out)))
+
+
+def export(config: PretrainConfig, ckpt_dir: str, tag: str, out: str | None = None) -> str:
+    """Consolidated fp32 weights of `tag` -> `out` (default `<output_dir>/hf`), a
+    transformers folder."""
     from model.hf import export_hf_folder
 
     manifest = shard_manifest(config.phases[-1])
     model = build_model(config, manifest, consolidated_state_dict(ckpt_dir, tag))
-    out = os.path.join(config.output_dir, "hf")
+    out = out or os.path.join(config.output_dir, "hf")
     export_hf_folder(model, config.vocab_dir, out,
                      do_lower_case=export_do_lower_case(manifest, config.vocab_dir))
     log.info("exported %s to %s", tag, out)
@@ -414,6 +431,9 @@ def main(argv: list[str] | None = None) -> None:
         if debug_requested() or not is_user_error(e):
             raise
         parser.error(str(e))
+    if args.plan:
+        from training.launch import plan
+        plan(config, args, parser)
     from training.launch import exit_refused, refuse_cpu_fallback_in_rank, wait_for_launcher
     try:  # the launch scripts checked before starting the ranks; `torchrun` by hand did not
         refuse_cpu_fallback_in_rank(config.device)

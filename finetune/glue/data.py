@@ -20,13 +20,15 @@ import json
 import math
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from common.errors import BadRecord
+from finetune.family import ExampleSplit
 from finetune.glue.tasks import SplitSpec, TaskSpec
+from finetune.packing import pad
 
 MAX_SEQ_LENGTH = 128  # the paper's fine-tuning length
 
@@ -58,17 +60,16 @@ class Example:
 
 
 @dataclass(frozen=True)
-class GlueSplit:
-    """The examples of one split file and the rows set aside from it."""
+class GlueSplit(ExampleSplit[Example]):
+    """The examples of one split file and the rows set aside from it (`BadRow`s)."""
 
     task: str
     split: str
     path: str
-    examples: list[Example]
-    bad_rows: list[BadRow] = field(default_factory=list)
 
-    def __len__(self) -> int:
-        return len(self.examples)
+    @property
+    def bad_rows(self) -> list[BadRecord]:
+        return self.bad_records
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def read_glue_tsv(path: str, task: TaskSpec, split: SplitSpec,
             # quoting is off, so the fields joined by tabs are the line as written
             bad_rows.append(BadRow(file=path, record=f"line {line}", reason=str(e),
                                    text="\t".join(fields)))
-    return GlueSplit(task.name, split.name, path, examples, bad_rows)
+    return GlueSplit(task.name, split.name, path, examples=examples, bad_records=bad_rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,7 +272,8 @@ def read_hf_split(files: Sequence[str], task: TaskSpec, split: SplitSpec,
                     raise GlueFormatError(f"{path}: {record}: {e}") from None
                 bad_rows.append(BadRow(file=path, record=record, reason=str(e),
                                        text=json.dumps(row, ensure_ascii=False, default=str)))
-    return GlueSplit(task.name, split.name, ",".join(files), examples, bad_rows)
+    return GlueSplit(task.name, split.name, ",".join(files), examples=examples,
+                     bad_records=bad_rows)
 
 
 def read_split(data_dir: str, task: TaskSpec, split: SplitSpec,
@@ -444,14 +446,9 @@ class Batch:
 
 def collate(encoded: EncodedSplit, indices: Sequence[int], pad_id: int = 0) -> Batch:
     """Pad the examples at `indices` to their longest length (dynamic padding)."""
-    length = max(len(encoded.input_ids[i]) for i in indices)
-    input_ids = np.full((len(indices), length), pad_id, dtype=np.int64)  # (B, T)
-    token_type_ids = np.zeros((len(indices), length), dtype=np.int64)  # (B, T)
-    attention_mask = np.zeros((len(indices), length), dtype=np.int64)  # (B, T)
-    for row, i in enumerate(indices):
-        n = len(encoded.input_ids[i])
-        input_ids[row, :n] = encoded.input_ids[i]
-        token_type_ids[row, :n] = encoded.token_type_ids[i]
-        attention_mask[row, :n] = 1
+    ids = [encoded.input_ids[i] for i in indices]
+    input_ids = pad(ids, pad_id)  # (B, T)
+    token_type_ids = pad([encoded.token_type_ids[i] for i in indices])  # (B, T)
+    attention_mask = pad([np.ones(len(x)) for x in ids])  # (B, T)
     return Batch(torch.from_numpy(input_ids), torch.from_numpy(attention_mask),
                  torch.from_numpy(token_type_ids), torch.from_numpy(encoded.labels[list(indices)]))

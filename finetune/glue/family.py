@@ -24,7 +24,7 @@ from finetune.glue import data as glue_data
 from finetune.glue.metrics import compute_metrics, task_score
 from finetune.glue.tasks import SplitSpec, TaskSpec, get_task
 from finetune.loop import FinetuneConfig, TestPredictions, for_recipe
-from finetune.packing import lay_out, pack_rows
+from finetune.packing import SlotBatch, lay_out, pack_rows
 from model.bert import BertModel
 from model.heads import BertForSequenceClassification
 
@@ -44,24 +44,10 @@ class GlueContext:
 # Packed batches
 # ---------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class PackedBatch:
-    """Examples laid out in shared rows. R rows of T tokens, B examples, K slots per row."""
-
-    input_ids: Tensor
-    """(R, T) token ids, 0 after the last example of a row."""
-    token_type_ids: Tensor
-    """(R, T)"""
-    sequence_ids: Tensor
-    """(R, T) slot of the example each token belongs to, -1 for padding."""
-    cls_positions: Tensor
-    """(R, K) position of each slot's [CLS] (0 for empty slots)."""
-    rows: Tensor
-    """(B,) row of example b (in the order the batch was given)."""
-    slots: Tensor
-    """(B,) slot of example b within its row."""
-    labels: Tensor
-    """(B,) class ids or scores."""
+class PackedBatch(SlotBatch):
+    """Examples laid out in shared rows: R rows of T tokens, B examples, K slots per row;
+    `rows` and `slots` (B,) place example b (in the order the batch was given), `labels` (B,)
+    are class ids or scores."""
 
 
 def pack_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],
@@ -75,10 +61,7 @@ def pack_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int],
     types = [encoded.token_type_ids[i] for i in indices]
     out = lay_out(ids, types, pack_rows([len(x) for x in ids],
                                         row_length or max(len(x) for x in ids)))
-    labels = torch.from_numpy(encoded.labels[list(indices)])
-    return PackedBatch(*(torch.from_numpy(a) for a in (out.input_ids, out.token_type_ids,
-                                                        out.sequence_ids, out.starts, out.rows,
-                                                        out.slots)), labels)
+    return PackedBatch.of(out, encoded.labels[list(indices)])
 
 
 def padded_batch(encoded: glue_data.EncodedSplit, indices: Sequence[int]) -> PackedBatch:
@@ -117,11 +100,7 @@ def loss_fn(logits: Tensor, labels: Tensor) -> Tensor:
 
 def subset(split: glue_data.GlueSplit, limit: int | None, seed: int = 0) -> glue_data.GlueSplit:
     """A fixed random subset of `limit` examples in file order (all when limit is None)."""
-    if limit is None or limit >= len(split.examples):
-        return split
-    keep = np.sort(np.random.default_rng(seed).choice(len(split.examples), limit, replace=False))
-    examples = [split.examples[i] for i in keep]
-    return glue_data.GlueSplit(split.task, split.split, split.path, examples, split.bad_rows)
+    return split.subset(limit, seed)
 
 
 def prepare_task(task: TaskSpec, data_dir: str, tokenizer, max_seq_length: int,

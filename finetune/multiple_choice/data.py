@@ -37,12 +37,13 @@ import io
 import json
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from common import storage
 from common.errors import BadRecord
+from finetune.family import ExampleSplit
 
 MAX_SEQ_LENGTH = 128  # the paper's SWAG recipe
 
@@ -129,16 +130,11 @@ class ChoiceExample:
 
 
 @dataclass(frozen=True)
-class ChoiceSplit:
+class ChoiceSplit(ExampleSplit[ChoiceExample]):
     """The examples of one file and the rows set aside from it."""
 
     task: str
     path: str
-    examples: list[ChoiceExample]
-    bad_records: list[BadRecord] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.examples)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,7 +298,7 @@ def _read_records(path: str, spec: ChoiceTaskSpec, index: dict[str, int], width:
             continue
         seen[example.example_id] = line
         examples.append(example)
-    return ChoiceSplit(spec.name, path, examples, bad)
+    return ChoiceSplit(spec.name, path, examples=examples, bad_records=bad)
 
 
 def _which(spec: ChoiceTaskSpec, index: dict[str, int], fields: list[str]) -> str:
@@ -344,11 +340,7 @@ def check_files(task_dir: str, spec: ChoiceTaskSpec) -> None:
 
 def subset(split: ChoiceSplit, limit: int | None, seed: int = 0) -> ChoiceSplit:
     """A fixed random subset of `limit` examples, in file order (all when limit is None)."""
-    if limit is None or limit >= len(split.examples):
-        return split
-    keep = np.sort(np.random.default_rng(seed).choice(len(split.examples), limit, replace=False))
-    return ChoiceSplit(split.task, split.path, [split.examples[i] for i in keep],
-                       split.bad_records)
+    return split.subset(limit, seed)
 
 
 # ---------------------------------------------------------------------------------------------

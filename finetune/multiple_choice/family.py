@@ -18,14 +18,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from finetune.family import Prepared, Recipe, Scored
 from finetune.loop import TestPredictions
 from finetune.multiple_choice import data as mc_data
-from finetune.packing import lay_out, one_per_row, pack_rows
+from finetune.packing import SlotBatch, lay_out, one_per_row, pack_rows
 from model.bert import BertModel
 from model.heads import BertForMultipleChoice
 
@@ -37,24 +36,10 @@ RECIPE = Recipe(max_seq_length=mc_data.MAX_SEQ_LENGTH, batch_size=16, epochs=3.0
                 learning_rates=(2e-5,))
 
 
-@dataclass(frozen=True)
-class ChoiceBatch:
-    """The sequences of B examples x C choices in R rows of T tokens, K slots per row."""
-
-    input_ids: Tensor
-    """(R, T) token ids, 0 after a row's last sequence."""
-    token_type_ids: Tensor
-    """(R, T)"""
-    sequence_ids: Tensor
-    """(R, T) slot of the sequence each token belongs to, -1 for padding."""
-    cls_positions: Tensor
-    """(R, K) position of each slot's [CLS] (0 for empty slots)."""
-    rows: Tensor
-    """(B, C) row of choice c of example b (examples in the order the batch was given)."""
-    slots: Tensor
-    """(B, C) slot of choice c of example b within its row."""
-    labels: Tensor
-    """(B,) gold choice, -1 where unlabelled."""
+class ChoiceBatch(SlotBatch):
+    """The sequences of B examples x C choices in R rows of T tokens, K slots per row;
+    `rows` and `slots` (B, C) place choice c of example b (examples in the order the batch was
+    given), `labels` (B,) are the gold choices, -1 where unlabelled."""
 
 
 def _sequences(encoded: mc_data.EncodedChoices, indices: Sequence[int]
@@ -71,12 +56,8 @@ def _choice_batch(encoded: mc_data.EncodedChoices, indices: Sequence[int],
     layout = (one_per_row(len(ids)) if row_length is None
               else pack_rows([len(x) for x in ids], row_length))
     out = lay_out(ids, types, layout)
-    shape = (len(indices), encoded.num_choices)
-    return ChoiceBatch(*(torch.from_numpy(a) for a in (out.input_ids, out.token_type_ids,
-                                                        out.sequence_ids, out.starts)),
-                       torch.from_numpy(out.rows).view(shape),
-                       torch.from_numpy(out.slots).view(shape),
-                       torch.from_numpy(encoded.labels[list(indices)]))
+    return ChoiceBatch.of(out, encoded.labels[list(indices)],
+                          (len(indices), encoded.num_choices))
 
 
 def pack_choices(encoded: mc_data.EncodedChoices, indices: Sequence[int],
@@ -173,9 +154,9 @@ class MultipleChoiceFamily:
     def make_batch(self, encoded: mc_data.EncodedChoices, indices: Sequence[int],
                    max_seq_length: int, train: bool,
                    row_length: int | None = None) -> ChoiceBatch:
-        if self.pack_sequences:
-            return pack_choices(encoded, indices, row_length or max_seq_length)
-        return pad_choices(encoded, indices)
+        # Unpacked (row_length None): one sequence per row, as `pad_choices`.
+        return _choice_batch(encoded, indices,
+                             (row_length or max_seq_length) if self.pack_sequences else None)
 
     def loss(self, model: BertForMultipleChoice, batch: ChoiceBatch) -> Tensor:
         return F.cross_entropy(choice_scores(model, batch).float(), batch.labels)

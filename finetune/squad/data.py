@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from common.errors import BadRecord
+from finetune.family import ExampleSplit
 
 
 class SquadFormatError(ValueError):
@@ -61,17 +62,12 @@ class SquadExample:
 
 
 @dataclass(frozen=True)
-class SquadSplit:
+class SquadSplit(ExampleSplit[SquadExample]):
     """The questions of one SQuAD file and the answers set aside from it."""
 
     path: str
     version: str
     """The file's `version` field ("1.1", "v2.0")."""
-    examples: list[SquadExample]
-    bad_records: list[BadRecord] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.examples)
 
     @property
     def num_unanswerable(self) -> int:
@@ -167,7 +163,7 @@ def read_squad(path: str, training: bool, version_2: bool) -> SquadSplit:
                     answers = [answer]
                 examples.append(SquadExample(qid, question, context, tuple(answers),
                                              impossible, a, title))
-    return SquadSplit(path, version, examples, bad)
+    return SquadSplit(path, version, examples=examples, bad_records=bad)
 
 
 def _v1_unanswerable(path: str, qid: str) -> str:
@@ -207,13 +203,7 @@ def subset(split: SquadSplit, limit: int | None, seed: int = 0) -> SquadSplit:
 
     Subsets are drawn by question, before windows are cut: all windows of a question stay
     together."""
-    if limit is None or limit >= len(split.examples):
-        return split
-    import numpy as np
-
-    keep = np.sort(np.random.default_rng(seed).choice(len(split.examples), limit, replace=False))
-    return SquadSplit(split.path, split.version, [split.examples[i] for i in keep],
-                      split.bad_records)
+    return split.subset(limit, seed)
 
 
 def split_by_article(split: SquadSplit, num_train_articles: int) -> tuple[SquadSplit, SquadSplit]:
@@ -221,5 +211,5 @@ def split_by_article(split: SquadSplit, num_train_articles: int) -> tuple[SquadS
     split with no paragraph on both sides, for files that have no training counterpart here."""
     first = [e for e in split.examples if e.article < num_train_articles]
     rest = [e for e in split.examples if e.article >= num_train_articles]
-    return (SquadSplit(split.path, split.version, first, split.bad_records),
-            SquadSplit(split.path, split.version, rest, []))
+    return (replace(split, examples=first),
+            replace(split, examples=rest, bad_records=[]))

@@ -22,8 +22,16 @@ import torch
 from tokenizers import Tokenizer
 
 from common.errors import BadRecord
-from finetune.packing import lay_out, pack_rows
+from finetune.packing import lay_out, pack_rows, pad
 from finetune.squad.data import SquadExample
+
+
+def require_positive(config: object, *names: str) -> None:
+    """Each field `names` of `config` is >= 1, else ValueError naming the first one that is
+    not and its value."""
+    for name in names:
+        if (value := getattr(config, name)) < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 @dataclass(frozen=True)
@@ -39,10 +47,7 @@ class WindowConfig:
 
     def __post_init__(self) -> None:
         # doc_stride and max_query_length are the SQuAD family's settings, no command's flags
-        if self.doc_stride < 1:
-            raise ValueError(f"doc_stride must be >= 1, got {self.doc_stride}")
-        if self.max_query_length < 1:
-            raise ValueError(f"max_query_length must be >= 1, got {self.max_query_length}")
+        require_positive(self, "doc_stride", "max_query_length")
         if self.max_seq_length < self.max_query_length + 4:
             raise ValueError(f"--max_seq_length {self.max_seq_length} leaves no passage token "
                              f"after a question of up to {self.max_query_length} tokens (the "
@@ -184,18 +189,19 @@ class SpanBatch:
     """Width the batch's logits are padded to in `outputs`, so batches concatenate."""
 
 
+def passage_marks(windows: Windows, indices: Sequence[int]) -> list[np.ndarray]:
+    """Each window's segment ids: 0 for [CLS] question [SEP], 1 from its passage on."""
+    return [np.arange(len(windows.input_ids[i])) >= windows.passage_start[i] for i in indices]
+
+
 def collate_windows(windows: Windows, indices: Sequence[int], seq_length: int,
                     pad_id: int = 0) -> SpanBatch:
     """The windows at `indices` padded to their longest; logits widen to `seq_length` later."""
-    width = max(len(windows.input_ids[i]) for i in indices)
-    input_ids = np.full((len(indices), width), pad_id, dtype=np.int64)  # (B, T)
-    token_type_ids = np.zeros((len(indices), width), dtype=np.int64)  # (B, T)
-    attention_mask = np.zeros((len(indices), width), dtype=np.int64)  # (B, T)
-    for row, i in enumerate(indices):
-        n = len(windows.input_ids[i])
-        input_ids[row, :n] = windows.input_ids[i]
-        token_type_ids[row, windows.passage_start[i]:n] = 1
-        attention_mask[row, :n] = 1
+    ids = [windows.input_ids[i] for i in indices]
+    input_ids = pad(ids, pad_id)  # (B, T)
+    token_type_ids = pad(passage_marks(windows, indices))  # (B, T)
+    attention_mask = pad([np.ones(len(x)) for x in ids])  # (B, T)
+    width = input_ids.shape[1]
     idx = np.asarray(indices, dtype=np.int64)
     return SpanBatch(torch.from_numpy(input_ids), torch.from_numpy(token_type_ids),
                      torch.from_numpy(attention_mask),
@@ -233,9 +239,8 @@ def pack_windows(windows: Windows, indices: Sequence[int], seq_length: int,
     """The windows at `indices` packed into rows of <= row_length tokens (None: seq_length);
     W = seq_length, so that the logits of every batch have one width."""
     ids = [windows.input_ids[i] for i in indices]
-    types = [np.arange(len(windows.input_ids[i])) >= windows.passage_start[i] for i in indices]
     lengths = [len(x) for x in ids]
-    out = lay_out(ids, types, pack_rows(lengths, row_length or seq_length))
+    out = lay_out(ids, passage_marks(windows, indices), pack_rows(lengths, row_length or seq_length))
     first = out.first_token()  # (B,)
     positions = np.arange(seq_length)  # (W,)
     token_mask = positions[None, :] < np.asarray(lengths)[:, None]  # (B, W)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from finetune.squad.data import SquadExample
-from finetune.squad.features import Windows
+from finetune.squad.features import Windows, require_positive
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,7 @@ class PostprocessConfig:
     """Longest answer, in tokens."""
 
     def __post_init__(self) -> None:
-        if self.n_best_size < 1:
-            raise ValueError(f"n_best_size must be >= 1, got {self.n_best_size}")
-        if self.max_answer_length < 1:
-            raise ValueError(f"max_answer_length must be >= 1, got {self.max_answer_length}")
+        require_positive(self, "n_best_size", "max_answer_length")
 
 
 DEFAULT = PostprocessConfig()

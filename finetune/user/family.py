@@ -197,18 +197,18 @@ class UserFamily:
         from finetune.glue.data import EncodedSplit
         from finetune.ner.encode import EncodedNer
 
-        if isinstance(encoded, EncodedSplit):
-            return GlueFamily(self.pack_sequences, self.predict_test)
-        if isinstance(encoded, EncodedNer):
-            return NerFamily(pack_sequences=self.pack_sequences)
-        return SquadFamily(pack_sequences=self.pack_sequences)
+        return self._family_of(encoded, EncodedSplit, EncodedNer)
 
     def _by_batch(self, batch: Any) -> Family:
         from finetune.glue.family import PackedBatch
         from finetune.ner.encode import NerBatch
 
-        if isinstance(batch, PackedBatch):
+        return self._family_of(batch, PackedBatch, NerBatch)
+
+    def _family_of(self, value: Any, glue_class: type, ner_class: type) -> Family:
+        """GLUE's family for a `glue_class`, NER's for a `ner_class`, else SQuAD's."""
+        if isinstance(value, glue_class):
             return GlueFamily(self.pack_sequences, self.predict_test)
-        if isinstance(batch, NerBatch):
+        if isinstance(value, ner_class):
             return NerFamily(pack_sequences=self.pack_sequences)
         return SquadFamily(pack_sequences=self.pack_sequences)

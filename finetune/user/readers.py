@@ -119,4 +119,4 @@ def read_split(task: UserTask, spec: TaskSpec, split: str, path: str, labelled: 
             if not skip_bad_rows:
                 raise GlueFormatError(f"{path}: {record}: {e} (task {task.name})") from None
             bad_rows.append(BadRow(file=path, record=record, reason=str(e), text=text))
-    return GlueSplit(task.name, split, path, examples, bad_rows)
+    return GlueSplit(task.name, split, path, examples=examples, bad_records=bad_rows)

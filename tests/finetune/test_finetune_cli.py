@@ -148,7 +148,7 @@ def test_todays_flags_keep_their_meaning():
         "--adam_epsilon", "1e-8", "--max_grad_norm", "0", "--max_train_examples", "100",
         "--max_eval_examples", "50", "--no_bf16", "--device", "cpu", "--no_packing",
         "--skip_bad_rows", "--no_test", "--no_progress", "--num_threads", "1",
-        "--head_init", "normal", "--row_length", "256"])
+        "--head_init", "normal", "--row_length", "256", "--report_to", "mlflow"])
     assert (config.model, config.vocab, config.data, config.output, config.tasks) == \
         ("m", "v", "d", "o", ("rte", "mrpc"))
     assert (config.pack_sequences, config.predict_test, config.num_threads) == (False, False, 1)
@@ -157,7 +157,7 @@ def test_todays_flags_keep_their_meaning():
         "seeds": (1, 2), "eval_batch_size": 8, "warmup_proportion": 0.2, "weight_decay": 0.0,
         "adam_epsilon": 1e-8, "max_grad_norm": 0.0, "bf16": False, "max_train_examples": 100,
         "max_eval_examples": 50, "skip_bad_rows": True, "progress": False, "device": "cpu",
-        "head_init": "normal", "row_length": 256, "max_seq_length": 64, "batch_size": 16, "epochs": 2.0, "learning_rates": (2e-5, 3e-5)}
+        "head_init": "normal", "row_length": 256, "report_to": ("mlflow",), "max_seq_length": 64, "batch_size": 16, "epochs": 2.0, "learning_rates": (2e-5, 3e-5)}
     assert [type(s) for s in loop_config.seeds] == [int, int]
     assert _settings([*REQUIRED, "--bf16"]).bf16 is True
     assert _settings([*REQUIRED, "--pack_sequences=false"]).pack_sequences is False

@@ -220,7 +220,7 @@ def test_collate_pads_to_longest_in_batch(minilm_dir):
     task = TASKS["SST-2"]
     examples = [glue_data.Example(str(i), t, None, i % 2) for i, t in
                 enumerate(["a fine film .", "bad", "an utterly charming and moving tale ."])]
-    split = glue_data.GlueSplit("SST-2", "dev", "<memory>", examples)
+    split = glue_data.GlueSplit("SST-2", "dev", "<memory>", examples=examples)
     encoded = glue_data.encode_split(glue_data.load_glue_tokenizer(str(minilm_dir)), split, task)
     batch = glue_data.collate(encoded, [0, 1])
     assert batch.input_ids.shape == (2, 6)  # [CLS] a fine film . [SEP]

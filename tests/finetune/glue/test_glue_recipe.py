@@ -98,7 +98,7 @@ def test_a_fine_tuning_run_on_the_gpu_scores_as_on_the_cpu(shared_data, encoder,
     task = TASKS["RTE"]
     split = glue_data.read_split(str(shared_data / "glue"), task, task.dev[0])
     encoded = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
-        task.name, "dev", split.path, split.examples[:64]), task)
+        task.name, "dev", split.path, examples=split.examples[:64]), task)
     prepared = Prepared(task.name, encoded, {task.dev[0].name: encoded}, len(encoded),
                         {"dev": len(encoded)}, context=gf.GlueContext(task, {}))
     scores = {}
@@ -136,7 +136,7 @@ def test_batches_and_model_go_to_the_device(shared_data, encoder, tokenizer):
     task = TASKS["RTE"]
     split = glue_data.read_split(str(shared_data / "glue"), task, task.dev[0])
     encoded = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
-        task.name, "dev", split.path, split.examples[:8]), task)
+        task.name, "dev", split.path, examples=split.examples[:8]), task)
     batch = gf.pack_batch(encoded, list(range(8)))
     assert to_device(batch, torch.device("cpu")) is batch  # already there: not copied
     cfg = loop.FinetuneConfig(learning_rates=(1e-4,), seeds=(1,), progress=False)

@@ -27,7 +27,7 @@ def test_training_gradients_match_transformers(shared_data, minilm_dir, encoder,
     task = TASKS["STS-B"]
     split = glue_data.read_split(str(shared_data / "glue"), task, task.dev[0])
     encoded = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
-        task.name, "dev", split.path, split.examples[:16]), task)
+        task.name, "dev", split.path, examples=split.examples[:16]), task)
     ours = without_dropout(loop.build_model(FAMILY, encoder, "STS-B", seed=1)).train()
     peer = HfClassifier.from_pretrained(str(minilm_dir), num_labels=1, hidden_dropout_prob=0.0,
                                         attention_probs_dropout_prob=0.0).train()
@@ -96,7 +96,7 @@ def mrpc_96(shared_data, tokenizer):
     task = TASKS["MRPC"]
     split = glue_data.read_split(str(shared_data / "glue"), task, task.train)
     return glue_data.encode_split(tokenizer, glue_data.GlueSplit(
-        task.name, "train", split.path, split.examples[:96]), task)
+        task.name, "train", split.path, examples=split.examples[:96]), task)
 
 
 def _epochs_order(n: int, batch_size: int, epochs: int, seed: int) -> list[int]:
@@ -168,7 +168,7 @@ def test_the_trainers_own_draws_replayed_by_our_run_give_its_run(minilm_dir, enc
     task = TASKS["MRPC"]
     split = glue_data.read_split(str(shared_data / "glue"), task, task.train)
     mrpc_100 = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
-        task.name, "train", split.path, split.examples[:100]), task)
+        task.name, "train", split.path, examples=split.examples[:100]), task)
     cfg = loop.FinetuneConfig(batch_size=32, epochs=2.5, learning_rates=(1e-4,), seeds=(4,),
                             progress=False)
     peer_losses, _ = _trainer_run(minilm_dir, mrpc_100, None, cfg, 1e-4, 4, None, tmp_path)

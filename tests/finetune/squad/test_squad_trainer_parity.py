@@ -24,7 +24,7 @@ def normans_windows(shared_data, minilm_dir):
     split = squad_data.read_squad(str(shared_data / "squad" / "dev-v1.1.json"), training=True,
                                   version_2=False)
     train = squad_data.SquadSplit(split.path, split.version,
-                                  [e for e in split.examples if e.article == 2][:40])
+                                  examples=[e for e in split.examples if e.article == 2][:40])
     tokenizer = checkpoint.load_tokenizer(str(minilm_dir))
     return FAMILY.prepare_splits("squad1", train, train, tokenizer, 192).train
 

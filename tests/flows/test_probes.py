@@ -1,0 +1,148 @@
+"""Probes (flows/probes.py, flows/probe_report.py) on a real pre-training run's exports.
+
+One real DeepSpeed run (4 + 2 steps, `probe_every=3`: exports at global steps 3 and 6), then
+the probe runner on real fine-tuning slices of the bundled sample (SST-2, SQuAD v1.1): a probe
+process killed with SIGKILL mid-run leaves no result, the next pass runs it and the rest, a
+second pass runs nothing, the watcher reuses every result, and the report's table and chart.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+
+from flows import probes
+from flows import report as reporting
+from flows.config import resolve
+from flows.stages import StageResult
+from tests.support.shard_fixtures import book_shards
+from training.config import PhaseConfig, PretrainConfig
+
+TASKS = ("sst-2", "squad1")
+NAMES = ["sst-2 @ step 3", "squad1 @ step 3", "sst-2 @ step 6", "squad1 @ step 6"]
+
+
+def pretrain_run(data, run_dir) -> None:
+    """The real trainer, two phases, probe exports at global steps 3 and 6."""
+    from training import pretrain
+
+    phases = tuple(PhaseConfig(name=name, train_shards=str(data.shards_128), max_seq_length=128,
+                               micro_batch_size=4, global_batch_size=8, steps=steps,
+                               warmup_steps=1, learning_rate=2e-3)
+                   for name, steps in (("phase1", 4), ("phase2", 2)))
+    pretrain.run(PretrainConfig(
+        model="bert_tiny", vocab_dir=str(data.vocab_dir), output_dir=str(run_dir), phases=phases,
+        num_workers=0, shuffle_buffer=16, log_every=1, eval_every=0, eval_batches=2,
+        checkpoint_every=0, probe_every=3, seed=7))
+
+
+def read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def kill_mid_probe(job: probes.ProbeJob) -> list[str]:
+    """Start `job`'s probe process, SIGKILL it once it is fine-tuning; its stderr lines."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(probes.probe_command(job), env=env, stderr=subprocess.PIPE,
+                            text=True)
+    lines = []
+    try:
+        for line in proc.stderr:
+            lines.append(line.rstrip())
+            if "fine-tuning" in line:
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, lines
+    return lines
+
+
+@pytest.fixture(scope="module")
+def probed(shared_data, tmp_path_factory) -> dict:
+    made = book_shards(shared_data / "books", tmp_path_factory.getbasetemp() / "book_shards")
+    root = tmp_path_factory.mktemp("probes")
+    run_dir = root / "pretrain-run"
+    pretrain_run(made, run_dir)
+    cfg = resolve("tiny", {"output": str(root), "pretrain": {"probe_every": 3}, "finetune": {
+        "probe": {"tasks": ",".join(TASKS), "max_train_examples": 16, "max_eval_examples": 16,
+                  "batch_size": 8}}})
+    jobs = probes.probe_jobs(cfg, str(run_dir))
+    killed = kill_mid_probe(jobs[0])
+    left_after_kill = sorted(os.listdir(jobs[0].out)) if os.path.isdir(jobs[0].out) else []
+    first = probes.run_probes(cfg, str(run_dir))
+    second = probes.run_probes(cfg, str(run_dir))
+    probes.pretraining_ended(str(run_dir))
+    watched = probes.watch(cfg, str(run_dir), poll_seconds=0.1)
+    return {"cfg": cfg, "root": root, "run_dir": run_dir, "jobs": jobs, "killed": killed,
+            "left_after_kill": left_after_kill, "first": first, "second": second,
+            "watched": watched}
+
+
+def test_exports_are_found_at_the_due_steps_with_their_checksums(probed):
+    exports = probes.find_exports(str(probed["run_dir"]))
+    assert [e.global_step for e in exports] == [3, 6]
+    for export in exports:
+        manifest = json.loads((probed["run_dir"] / "probes" / f"step-{export.global_step:07d}"
+                               / "manifest.json").read_text())
+        assert export.weights_sha256 == manifest["weights_sha256"]
+    assert [j.name for j in probed["jobs"]] == NAMES
+
+
+def test_a_killed_probe_leaves_no_result_and_the_next_pass_runs_it_and_the_rest(probed):
+    assert probed["killed"][-1] == "probe sst-2 on step 3: fine-tuning 16 examples"
+    assert "results.json" not in probed["left_after_kill"]
+    assert probed["first"] == {"ran": NAMES, "reused": [], "failed": []}
+
+
+def test_results_are_content_addressed_and_a_second_pass_runs_nothing(probed):
+    assert probed["second"] == {"ran": [], "reused": NAMES, "failed": []}
+    assert probed["watched"] == {"ran": [], "reused": NAMES, "failed": []}
+    folders = sorted(p.name for p in (probed["root"] / "probes").iterdir())
+    assert len(folders) == 4 and len({f.rsplit("-", 1)[1] for f in folders}) == 4
+    for job in probed["jobs"]:
+        result = read_json(job.results)
+        assert (result["task"], result["global_step"], result["weights_sha256"]) == (
+            job.task, job.export.global_step, job.export.weights_sha256)
+        assert result["num_train"] == 16 and result["loop"]["learning_rates"] == [1e-4]
+        metrics = {"sst-2": {"accuracy"}, "squad1": {"exact", "f1"}}[job.task]
+        assert set(result["metrics"]) == metrics
+        assert 0.0 <= result["score"] <= 1.0
+
+
+def test_the_report_tabulates_and_charts_each_probe_by_step_and_tokens(probed):
+    cfg, run_dir = probed["cfg"], str(probed["run_dir"])
+    stage = StageResult("pretrain", run_dir, "key", cached=False, seconds=1.0)
+    out = reporting.report(cfg, [stage], None, folder=str(probed["root"] / "report"))
+    lines = out["markdown"].splitlines()
+    start = lines.index("## Probes (quality while it trains)")
+    lines_of_metrics = (probed["run_dir"] / "metrics.jsonl").read_text().splitlines()
+    train = {r["global_step"]: r for r in map(json.loads, lines_of_metrics)
+             if r["split"] == "train"}
+    scores = {(j.task, j.export.global_step): read_json(j.results)["score"]
+              for j in probed["jobs"]}
+    # 8 rows of 128 tokens per step in both phases: 1024 tokens a step
+    assert lines[start + 2:start + 6] == [
+        ("| step | tokens seen (est.: steps x batch x length) | MLM loss | NSP loss | sst-2 "
+         "| squad1 |"), "|---:|---:|---:|---:|---:|---:|",
+        *(f"| {s} | {s * 1024} | {train[s]['mlm_loss']:.4f} | {train[s]['nsp_loss']:.4f} | "
+          f"{scores[('sst-2', s)]:.4f} | {scores[('squad1', s)]:.4f} |" for s in (3, 6))]
+    png = probed["root"] / "report" / "probe_curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"![probe curves]({png})" in out["markdown"]
+
+
+def test_probe_settings_are_checked_in_the_flows_terms(tmp_path):
+    cfg = resolve("tiny", {"output": str(tmp_path), "finetune": {"probe": {"tasks": "nope"}}})
+    with pytest.raises(ValueError, match=r"^setting finetune.probe.tasks=nope: unknown task "
+                                         r"'nope'; known: cola,"):
+        probes.check(cfg)
+    with pytest.raises(ValueError, match=r"^setting finetune.probe.epochs: must be > 0, got 0"):
+        resolve("tiny", {"output": str(tmp_path), "finetune": {"probe": {"epochs": 0}}})
+    assert resolve("tiny").pretrain.probe_every == 200  # steps 200, 400, 600 of 660
+
