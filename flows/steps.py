@@ -162,8 +162,8 @@ def pretrain_config(cfg: DagConfig, vocab: StageResult, shards: list[StageResult
     (phase N trains on shards N)."""
     phases = tuple(dataclasses.replace(phase, train_shards=stage.path)
                    for phase, stage in zip(cfg.pretrain.phases, shards))
-    return dataclasses.replace(cfg.pretrain, vocab_dir=vocab.path, output_dir=output_dir,
-                               phases=phases)
+    data = dataclasses.replace(cfg.pretrain.data, vocab_dir=vocab.path)
+    return dataclasses.replace(cfg.pretrain, data=data, output_dir=output_dir, phases=phases)
 
 
 def launch_command(cfg: DagConfig, config_file: str) -> list[str]:
@@ -188,7 +188,7 @@ def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
         training.save(config, config_file)
         # a GPU preset where torch has no CUDA: one line now, not N ranks training on the CPU
         from training.launch import refuse_cpu_fallback
-        refuse_cpu_fallback(config.device)
+        refuse_cpu_fallback(config.engine.device)
         started = time.monotonic()
         run_subprocess(launch_command(cfg, config_file), log=log)
         metrics = _last_metrics(out)

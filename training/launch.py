@@ -13,7 +13,7 @@
   --node_rank I ...` on every node (`deepspeed_command`); its pdsh/ssh mode (one command
   reaching the nodes by passwordless ssh) needs ssh set up on the hosts, which the images are not.
 
-A run that asks for GPUs (`device: cuda`, as the base and large presets do; CUDA_VISIBLE_DEVICES;
+A run that asks for GPUs (`engine.device: cuda`, as the base and large presets do; CUDA_VISIBLE_DEVICES;
 a Slurm GPU allocation; `--nproc-per-node gpu`) where torch has no usable CUDA stops with one line
 (`refuse_cpu_fallback`) instead of training its ranks on the CPU: the launch scripts run
 `python -m training.launch check-gpus ...` before they start any rank, and `bert-pretrain`
@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="starting configuration (training/config.py)")
     parser.add_argument("--config", help="YAML or JSON file of overrides")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field, e.g. zero_stage=2 or phase1.steps=300")
+                        help="override a setting, e.g. engine.zero_stage=2 or phase1.steps=300")
     parser.add_argument("--stop_after_steps", type=int, default=None,
                         help="stop with a checkpoint after N optimizer steps of this invocation "
                              "(preemption drills); run again to resume")
@@ -309,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from training import config as cfg
     try:
         config = cfg.resolve(known.preset, known.config, known.set)
-        refuse_cpu_fallback(config.device, nproc_per_node=args.nproc_per_node)
+        refuse_cpu_fallback(config.engine.device, nproc_per_node=args.nproc_per_node)
     except ValueError as e:
         print(f"bert-pretrain: error: {e}", file=sys.stderr, flush=True)
         return 2
