@@ -4,7 +4,7 @@
     extract books ────┼> build corpus -> train vocab -> shards 128 ┐
     extract documents ┘  (mixture)                 └-> shards 512 ┴> pretrain (phase 1 -> 2)
       (one per source of data.sources: your own text)
-                       (pretrain.model.init_from: the checkpoint's vocabulary instead of train vocab)
+                       (pretrain.model.init_from: the checkpoint's vocabulary, not train vocab)
         -> export Hugging Face folder -> fine-tune (tasks x learning rates x seeds) -> best
         -> report
 

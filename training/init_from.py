@@ -1,4 +1,5 @@
-"""Continued pre-training: the model's shape, starting weights and vocabulary from `model.init_from`.
+"""Continued pre-training: the model's shape, starting weights and vocabulary from
+`model.init_from`.
 
 Domain-adaptive pre-training (Gururangan et al. 2020, "Don't Stop Pretraining") starts from a
 released BERT and trains further on the user's corpus. The checkpoint decides everything the
@@ -48,9 +49,9 @@ _WARNED: set[str] = set()
 
 def continue_preset() -> PretrainConfig:
     """Continued pre-training of a released BERT (set `model.init_from`; the checkpoint decides
-    the shape and vocabulary): base's two phases of 256 sequences per step, 9,000 steps at 128 tokens
-    and 1,000 at 512, each at `CONTINUE_LEARNING_RATE` with 6% warmup; a GPU when there is one
-    (device, precision auto), else the CPU."""
+    the shape and vocabulary): base's two phases of 256 sequences per step, 9,000 steps at 128
+    tokens and 1,000 at 512, each at `CONTINUE_LEARNING_RATE` with 6% warmup; a GPU when there is
+    one (device, precision auto), else the CPU."""
     base = training_config.base()
     phases = tuple(dataclasses.replace(p, steps=steps, warmup_steps=steps * 6 // 100,
                                        learning_rate=CONTINUE_LEARNING_RATE)
@@ -117,8 +118,8 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
         from common.tokenization import read_vocab
         tokens = len(read_vocab(config.data.vocab_dir))
         if tokens != shape.vocab_size:
-            raise ValueError(f"--set data.vocab_dir={config.data.vocab_dir} holds {tokens} tokens, but "
-                             f"{where} has vocab_size {shape.vocab_size}")
+            raise ValueError(f"--set data.vocab_dir={config.data.vocab_dir} holds {tokens} tokens, "
+                             f"but {where} has vocab_size {shape.vocab_size}")
     for phase in config.phases:
         if phase.max_seq_length > shape.max_position_embeddings:
             raise ValueError(f"--set {phase.name}.max_seq_length={phase.max_seq_length}, but "

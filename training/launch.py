@@ -13,11 +13,11 @@
   --node_rank I ...` on every node (`deepspeed_command`); its pdsh/ssh mode (one command
   reaching the nodes by passwordless ssh) needs ssh set up on the hosts, which the images are not.
 
-A run that asks for GPUs (`engine.device: cuda`, as the base and large presets do; CUDA_VISIBLE_DEVICES;
-a Slurm GPU allocation; `--nproc-per-node gpu`) where torch has no usable CUDA stops with one line
-(`refuse_cpu_fallback`) instead of training its ranks on the CPU: the launch scripts run
-`python -m training.launch check-gpus ...` before they start any rank, and `bert-pretrain`
-checks again in case it was started by hand.
+A run that asks for GPUs (`engine.device: cuda`, as the base and large presets do;
+CUDA_VISIBLE_DEVICES; a Slurm GPU allocation; `--nproc-per-node gpu`) where torch has no usable
+CUDA stops with one line (`refuse_cpu_fallback`) instead of training its ranks on the CPU: the
+launch scripts run `python -m training.launch check-gpus ...` before they start any rank, and
+`bert-pretrain` checks again in case it was started by hand.
 
 On CPU the backend is gloo (DeepSpeed's cpu accelerator). `init_process_env` also points
 `TORCH_EXTENSIONS_DIR` into the virtualenv, so the shared-memory collective op DeepSpeed compiles

@@ -129,9 +129,9 @@ def model_config(config: PretrainConfig, manifest: dict):
 
 
 def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bool:
-    """Whether to validate the phase: cadence.eval_batches > 0 and held-out shards exist (else skipped,
-    with a warning). `preflight` asks it for every phase with steps left before the run's first
-    step: shards with fewer rows than one micro-batch per rank raise here, not at the phase's
+    """Whether to validate the phase: cadence.eval_batches > 0 and held-out shards exist (else
+    skipped, with a warning). `preflight` asks it for every phase with steps left before the run's
+    first step: shards with fewer rows than one micro-batch per rank raise here, not at the phase's
     first evaluation (where `validation_batches` would end the run)."""
     from training.loader import check_shard_files, list_shards
     if config.cadence.eval_batches == 0:
@@ -165,7 +165,8 @@ def validation_missing(config: PretrainConfig, resume: CheckpointState, dist: Di
     (if the phase has validation shards). Rank 0 reads metrics.jsonl and tells the others,
     since evaluation is collective."""
     missing = [False]
-    if dist.is_main and config.cadence.eval_batches and resume.phase_index < len(config.phases) and \
+    if dist.is_main and config.cadence.eval_batches and \
+            resume.phase_index < len(config.phases) and \
             is_evaluation_step(config, config.phases[resume.phase_index], resume.step):
         path = os.path.join(config.output_dir, "metrics.jsonl")
         records = read_metrics(config.output_dir) if os.path.exists(path) else []

@@ -21,9 +21,10 @@ on another shard set (names, row counts and sha256 of the manifest) is refused, 
 
 Continued pre-training (`--set model.init_from=<BERT folder>`, training/init_from.py): the
 checkpoint gives the model's shape, its weights (loaded before `deepspeed.initialize`, so ZeRO-3
-partitions them) and, unless `data.vocab_dir` is set to the same tokens, the vocabulary the shards must have been
-made with. Only a run's first phase starts there, and only while the run has no checkpoint of
-its own: a restarted run resumes from `checkpoints/latest`, reading `init_from` for the shape.
+partitions them) and, unless `data.vocab_dir` is set to the same tokens, the vocabulary the shards
+must have been made with. Only a run's first phase starts there, and only while the run has no
+checkpoint of its own: a restarted run resumes from `checkpoints/latest`, reading `init_from` for
+the shape.
 
 Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 `loss_curve.png`, `checkpoints/<tag>/` (DeepSpeed files + `training_state.json` + per-rank
@@ -31,13 +32,13 @@ Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 
 Checkpoints (training/checkpoint.py) are written to `checkpoints/.tmp-<tag>`, renamed to `<tag>`
 when every rank is done, and only then is `latest` replaced (atomically); the oldest beyond
-`cadence.keep_checkpoints` are deleted. Every checkpoint file is checked before DeepSpeed or torch reads
-it (loadable with weights_only=True, and as its checksums.json records): a planted pickle is
+`cadence.keep_checkpoints` are deleted. Every checkpoint file is checked before DeepSpeed or torch
+reads it (loadable with weights_only=True, and as its checksums.json records): a planted pickle is
 refused in one line naming it, and runs no code.
 
 Resuming on a different number of ranks: when the optimizer state is partitioned by rank
-(engine.zero_stage >= 1, which bf16 and fp16 require) the checkpoint is converted once with DeepSpeed's
-`ds_to_universal` (`python -m deepspeed.checkpoint.ds_to_universal --input_folder <tag>
+(engine.zero_stage >= 1, which bf16 and fp16 require) the checkpoint is converted once with
+DeepSpeed's `ds_to_universal` (`python -m deepspeed.checkpoint.ds_to_universal --input_folder <tag>
 --output_folder <tag>-universal`, done here automatically on rank 0) and loaded with `"checkpoint":
 {"load_universal": true}`; the loader then skips the same share of the epoch (not the exact same
 rows). With fp32 at zero_stage 0 the model-states file holds everything and loads as it is.
