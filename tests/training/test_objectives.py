@@ -61,7 +61,7 @@ def test_an_objective_defined_here_trains_three_steps_through_bert_pretrain(data
     its head in the checkpoint."""
     out = tmp_path / "run"
     config_file = tmp_path / "run.json"
-    cfg.save(make_config(data, out, steps=3, num_workers=0), str(config_file))
+    cfg.save(make_config(data, out, steps=3, data={"num_workers": 0}), str(config_file))
     pretrain.main(["--config", str(config_file),
                    "--set", "objective=tests.training.test_objectives:SEGMENT"])
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -161,6 +161,6 @@ def test_training_modules_import_without_a_circle():
 
 def test_a_custom_objective_keeps_the_resume_check(data, tmp_path):
     """The objective spec is a field like any other: changing it refuses to resume."""
-    saved = make_config(data, tmp_path, objective="tests.training.test_objectives:SEGMENT")
+    saved = make_config(data, tmp_path, objective={"name": "tests.training.test_objectives:SEGMENT"})
     assert cfg.resume_conflicts(saved, dataclasses.replace(saved, objective="mlm")) == [
         "objective: 'tests.training.test_objectives:SEGMENT' -> 'mlm'"]

@@ -36,7 +36,7 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
     vocab_size = len((data["vocab"] / "vocab.txt").read_text().split())
     small = tmp_path / "small"
     write_shards(rows, small, {"train": [20, 20], "validation": [3]}, vocab_size, 128, 16)
-    config = make_config(data, tmp_path / "run_small", steps=2, num_workers=0)
+    config = make_config(data, tmp_path / "run_small", steps=2, data={"num_workers": 0})
     config = dataclasses.replace(config, phases=(dataclasses.replace(
         config.phases[0], train_shards=str(small)),))
     with pytest.raises(ValueError, match=r"the validation shards hold 3 rows, fewer than one "
@@ -45,7 +45,7 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
         pretrain.run(config)
     assert not list((tmp_path / "run_small" / "checkpoints").glob("*"))  # no checkpoint
     # The same shards as a second phase: checked before the first phase takes a step too.
-    good = make_config(data, tmp_path / "run_two", steps=2, num_workers=0).phases[0]
+    good = make_config(data, tmp_path / "run_two", steps=2, data={"num_workers": 0}).phases[0]
     two = dataclasses.replace(config, output_dir=str(tmp_path / "run_two"), phases=(
         good, dataclasses.replace(good, name="phase2", train_shards=str(small))))
     with pytest.raises(ValueError, match=r"the validation shards hold 3 rows"):
@@ -85,7 +85,7 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
 def test_every_phases_inputs_are_checked_before_the_first_step(data, tmp_path):
     """Another vocabulary of the same size, phase-2 shards of the wrong length, a truncated
     shard: each stops the run at its start, naming the phase and the file, with no checkpoint."""
-    learn = make_config(data, tmp_path / "run", shards="learn", steps=2, num_workers=0)
+    learn = make_config(data, tmp_path / "run", shards="learn", steps=2, data={"num_workers": 0})
     other_vocab = tmp_path / "other_vocab"
     shutil.copytree(data["vocab"], other_vocab)
     tokens = (other_vocab / "vocab.txt").read_text().split("\n")
@@ -163,8 +163,7 @@ def test_bad_settings_and_inputs_are_one_line_errors_not_tracebacks(tmp_path):
 
 def test_phases_must_share_the_vocabulary_and_nsp(data, tmp_path):
     """Without vocab_dir to compare with, the phases are compared with each other."""
-    config = make_config(data, tmp_path / "run", shards="learn", steps=2, num_workers=0,
-                         vocab_dir="")
+    config = make_config(data, tmp_path / "run", shards="learn", steps=2, data={"num_workers": 0, "vocab_dir": ""})
     cases = (("vocab_size", 999, "shards with vocab_size 999, but phase1's have 2000"),
              ("nsp", False, "shards with nsp False, but phase1's have True"))
     for key, value, message in cases:
@@ -244,7 +243,7 @@ def test_a_vocabulary_rewritten_in_place_is_caught_and_a_crlf_copy_is_not(data, 
     manifest = json.loads((shards / "manifest.json").read_text())
     manifest["vocab"]["path"] = str(vocab / "vocab.txt")
     (shards / "manifest.json").write_text(json.dumps(manifest))
-    config = make_config(data, tmp_path / "run", shards="learn", vocab_dir=str(vocab))
+    config = make_config(data, tmp_path / "run", shards="learn", data={"vocab_dir": str(vocab)})
     config = dataclasses.replace(config, phases=(dataclasses.replace(
         config.phases[0], train_shards=str(shards)),))
     pretrain.check_phase_inputs(config)  # the very file it hashed

@@ -54,7 +54,7 @@ def test_kill_9_and_resume_equals_the_uninterrupted_run(data, tmp_path):
     """A real `bert-pretrain` process killed with SIGKILL after its step-6 checkpoint, then
     restarted: the finished run equals an uninterrupted one."""
     def args(out: Path) -> list[str]:
-        config = make_config(data, out, zero_stage=2, steps=12, dropout=0.1, checkpoint_every=3)
+        config = make_config(data, out, engine={"zero_stage": 2}, model={"dropout": 0.1}, cadence={"checkpoint_every": 3}, steps=12)
         path = out.with_suffix(".yaml")
         path.write_text(yaml.safe_dump(cfg.to_dict(config)))
         return [sys.executable, "-m", "training.pretrain", "--config", str(path)]
@@ -82,14 +82,14 @@ def test_resume_on_a_different_number_of_ranks_via_universal_checkpoint(data, tm
     def write(out: Path) -> Path:
         path = out.with_suffix(".yaml")
         path.write_text(yaml.safe_dump(cfg.to_dict(
-            make_config(data, out, zero_stage=2, num_workers=1, steps=12))))
+            make_config(data, out, engine={"zero_stage": 2}, data={"num_workers": 1}, steps=12))))
         return path
 
     full, moved = tmp_path / "full", tmp_path / "moved"
     for out, extra in ((full, []), (moved, ["--stop_after_steps", "6"])):
         subprocess.run(torchrun_command(2, ["--config", str(write(out)), *extra]), cwd=REPO,
                        env=subprocess_env(), check=True, capture_output=True, timeout=900)
-    resumed = make_config(data, moved, zero_stage=2, num_workers=1, steps=12)
+    resumed = make_config(data, moved, engine={"zero_stage": 2}, data={"num_workers": 1}, steps=12)
     pretrain.run(resumed)
     assert (moved / "checkpoints" / "00-phase1-step00000006-universal").is_dir()
     a, b = train_losses(full), train_losses(moved)
@@ -108,9 +108,9 @@ def test_resume_refuses_a_changed_config_or_shard_set(data, tmp_path):
     """Fields that shape the training, and the shard set's content, must match the checkpoint's;
     locations and logging/evaluation/checkpoint cadence may change."""
     out = tmp_path / "run"
-    pretrain.run(make_config(data, out, steps=4, num_workers=0), stop_after_steps=2)
+    pretrain.run(make_config(data, out, steps=4, data={"num_workers": 0}), stop_after_steps=2)
     saved = (out / "config.json").read_text()
-    changed = make_config(data, out, steps=4, num_workers=0, zero_stage=1, dropout=0.1)
+    changed = make_config(data, out, steps=4, data={"num_workers": 0}, engine={"zero_stage": 1}, model={"dropout": 0.1})
     changed = dataclasses.replace(changed, phases=(dataclasses.replace(
         changed.phases[0], learning_rate=1e-3, global_batch_size=4),))
     with pytest.raises(ValueError) as error:
@@ -121,14 +121,13 @@ def test_resume_refuses_a_changed_config_or_shard_set(data, tmp_path):
         "dropout: 0.0 -> 0.1", "zero_stage: 0 -> 1", "phases.0.global_batch_size: 8 -> 4",
         "phases.0.learning_rate: 0.002 -> 0.001"]
     assert (out / "config.json").read_text() == saved  # not overwritten by the refused config
-    other_shards = make_config(data, out, shards="learn", steps=4, num_workers=0)
+    other_shards = make_config(data, out, shards="learn", steps=4, data={"num_workers": 0})
     with pytest.raises(ValueError, match=r"phases\.0\.train_shards: .* lists other shards"):
         pretrain.run(other_shards)
 
     moved = tmp_path / "moved_shards"  # the same shard set elsewhere: fine
     shutil.copytree(data["uneven"], moved)
-    free = make_config(data, out, steps=4, num_workers=0, log_every=2, eval_batches=1,
-                       checkpoint_every=1, keep_checkpoints=5)
+    free = make_config(data, out, steps=4, data={"num_workers": 0}, cadence={"log_every": 2, "eval_batches": 1, "checkpoint_every": 1, "keep_checkpoints": 5})
     free = dataclasses.replace(free, phases=(dataclasses.replace(
         free.phases[0], train_shards=str(moved), micro_batch_size=2),))
     assert pretrain.run(free)["complete"]
@@ -169,7 +168,7 @@ def test_a_resume_in_phase_2_needs_no_longer_phase_1s_shards(data, tmp_path):
     """Phase 1 done and its shards deleted (a common clean-up): the run resumes phase 2."""
     phase1_shards = tmp_path / "phase1_shards"
     shutil.copytree(data["learn"], phase1_shards)
-    config = make_config(data, tmp_path / "run", shards="learn", steps=2, num_workers=0)
+    config = make_config(data, tmp_path / "run", shards="learn", steps=2, data={"num_workers": 0})
     first = dataclasses.replace(config.phases[0], train_shards=str(phase1_shards))
     config = dataclasses.replace(config, phases=(
         first, dataclasses.replace(config.phases[0], name="phase2")))

@@ -276,8 +276,7 @@ def test_a_pretraining_run_with_static_shapes_has_the_losses_of_one_without(data
                         learning_rate=2e-3)
     losses = {}
     for mode in ("off", "on"):
-        pretrain.run(make_config(data, tmp_path / mode, phases=(phase,), zero_stage=1,
-                                 num_workers=0, static_shapes=mode))
+        pretrain.run(make_config(data, tmp_path / mode, phases=(phase,), engine={"zero_stage": 1, "static_shapes": mode}, data={"num_workers": 0}))
         losses[mode] = train_losses(tmp_path / mode)
     assert len(losses["on"]) == 3
     torch.testing.assert_close(torch.tensor(losses["on"]), torch.tensor(losses["off"]),
