@@ -660,11 +660,7 @@ def load_saved(path: str) -> PretrainConfig:
     """The config saved with a run or checkpoint (config.json), in either layout: a flat one
     (`migrate_flat`) is read as its sections, so an older run resumes."""
     with open(path, encoding="utf-8") as f:
-        data = json.load(f)
-    try:
-        return from_dict(migrate_flat(data))
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{path}: {e}") from e
+        return from_dict(migrate_flat(json.load(f)))
 
 
 # Settings a resumed run may change: where things are, how often to log/evaluate/save, and speed

@@ -36,7 +36,11 @@ def test_tiny_bert_learns_two_phases_and_exports(data, tmp_path):
                     micro_batch_size=4, global_batch_size=8, steps=3, warmup_steps=1,
                     learning_rate=1e-3),
     )
-    config = make_config(data, tmp_path, phases=phases, model={"dropout": 0.1}, data={"num_workers": 1, "shuffle_buffer": 500}, cadence={"log_every": 10, "eval_every": 30, "eval_batches": 4, "checkpoint_every": 30, "keep_checkpoints": 2, "export_hf": True})
+    config = make_config(data, tmp_path, phases=phases, model={"dropout": 0.1},
+                         data={"num_workers": 1, "shuffle_buffer": 500},
+                         cadence={"log_every": 10, "eval_every": 30, "eval_batches": 4,
+                                  "checkpoint_every": 30, "keep_checkpoints": 2,
+                                  "export_hf": True})
     result = pretrain.run(config)
     records = pretrain.read_metrics(str(tmp_path))
     train = [r for r in records if r["split"] == "train" and r["phase"] == "phase1"]
@@ -109,7 +113,9 @@ def test_zero_stages_give_the_same_losses(data, tmp_path):
 def test_bf16_zero2_dynamic_masking_trains_and_exports(data, tmp_path):
     """bf16 (ZeRO-2's partitioned fp32 master weights) on CPU, re-masking
     every row each epoch (8 steps of 8 rows cross the 40-row epochs of the uneven shards)."""
-    pretrain.run(make_config(data, tmp_path, engine={"zero_stage": 2, "precision": "bf16"}, data={"num_workers": 0, "dynamic_masking": True}, cadence={"export_hf": True}, steps=8))
+    pretrain.run(make_config(data, tmp_path, engine={"zero_stage": 2, "precision": "bf16"},
+                             data={"num_workers": 0, "dynamic_masking": True},
+                             cadence={"export_hf": True}, steps=8))
     losses = train_losses(tmp_path)
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.2  # measured 8.33 -> 7.83
     weights = final_weights(tmp_path)
@@ -153,7 +159,9 @@ def test_tiny_bert_learns_beyond_the_unigram_plateau(data, tmp_path):
     phase = PhaseConfig(name="phase1", train_shards=str(data["learn"]), max_seq_length=128,
                         micro_batch_size=16, global_batch_size=16, steps=800, warmup_steps=80,
                         learning_rate=1e-3)
-    pretrain.run(make_config(data, tmp_path, phases=(phase,), model={"dropout": 0.1}, data={"num_workers": 0, "shuffle_buffer": 1000}, cadence={"log_every": 50, "eval_every": 0, "eval_batches": 8}))
+    pretrain.run(make_config(data, tmp_path, phases=(phase,), model={"dropout": 0.1},
+                             data={"num_workers": 0, "shuffle_buffer": 1000},
+                             cadence={"log_every": 50, "eval_every": 0, "eval_batches": 8}))
     train = [r for r in pretrain.read_metrics(str(tmp_path)) if r["split"] == "train"]
     first, last = train[0], train[-1]
     assert first["loss"] - last["loss"] > 1.0
