@@ -180,10 +180,10 @@ NO_DEVICES = ("", "-1", "none", "NoDevFiles")
 
 def gpu_request(device: str, env: Mapping[str, str], nproc_per_node: str = "") -> str | None:
     """Why a launch asks for GPUs (the first reason found), or None when it does not: the
-    config's `device: cuda`, a launcher told to start one rank per GPU, CUDA_VISIBLE_DEVICES
+    config's `engine.device: cuda`, a launcher told to start one rank per GPU, CUDA_VISIBLE_DEVICES
     naming devices, or a Slurm GPU allocation."""
     if device == "cuda":
-        return "device: cuda, as the base and large presets set"
+        return "engine.device: cuda, as the base and large presets set"
     if nproc_per_node == "gpu":
         return "--nproc-per-node gpu"
     visible = env.get("CUDA_VISIBLE_DEVICES")
@@ -219,7 +219,7 @@ def refuse_cpu_fallback(device: str, env: Mapping[str, str] | None = None,
     if missing is not None:
         raise ValueError(f"this run asks for GPUs ({reason}), but {missing}; stopped before "
                          "training. Run it where torch has CUDA and sees the GPUs, or for a CPU "
-                         "run set device=auto and ask for no GPU")
+                         "run set engine.device=auto and ask for no GPU")
 
 
 def refuse_cpu_fallback_in_rank(device: str) -> None:
