@@ -111,14 +111,15 @@ def test_tiny_learning_rate_from_a_checkpoint_warns_once_in_one_line(checkpoint,
 
 
 def test_bert_pretrain_warns_at_start_for_its_tiny_preset(checkpoint, tmp_path, caplog):
-    args = pretrain_parser().parse_args(["--preset", "tiny", "--set", f"init_from={checkpoint}",
+    args = pretrain_parser().parse_args(["--preset", "tiny",
+                                         "--set", f"model.init_from={checkpoint}",
                                          "--set", "phase1.learning_rate=2e-4",
                                          "--set", "phase2.learning_rate=1e-4"])
     config = cfg.resolve(args.preset, args.config, args.set)
     with caplog.at_level(logging.WARNING, logger="training.init_from"):
         init_from.checkpoint_model_config(config, {"vocab_size": 31})
     assert _warnings(caplog) == [(
-        f"init_from={checkpoint} with phase1.learning_rate=0.0002: above 0.0001, a rate for "
+        f"model.init_from={checkpoint} with phase1.learning_rate=0.0002: above 0.0001, a rate for "
         "training from scratch, which moves the checkpoint far from what it learned; continued "
         "pre-training trains at about 5e-05 (bert-dag --preset continue, bert-pretrain --config "
         "training/configs/continue.yaml)")]
