@@ -514,15 +514,19 @@ RENAMED_SETTINGS = {
 the new one; `load_saved` moves a flat saved config's values there."""
 
 
-def renamed_error(overrides: Mapping[str, Any], prefix: str = "") -> str | None:
+def _is_flat(key: str, value: Any) -> bool:
+    """Whether `key: value` is a flat setting of before: `model`, `objective` and `optimizer`
+    are sections too, so set to a mapping they are the sections, set to a value the old
+    settings."""
+    return key in RENAMED_SETTINGS and not (key in SECTIONS and isinstance(value, Mapping))
+
+
+def renamed_error(overrides: Mapping[str, Any]) -> str | None:
     """The one-line error for the first flat setting (`RENAMED_SETTINGS`) in `overrides` (a
-    nested mapping of a PretrainConfig's settings; `prefix` its place in the flow,
-    `pretrain.`), else None. `model`, `objective` and `optimizer` are sections: set to a
-    mapping they are the sections, set to a value the old settings."""
+    nested mapping of a PretrainConfig's settings), else None."""
     for key, value in overrides.items():
-        if key in RENAMED_SETTINGS and not (key in SECTIONS and isinstance(value, Mapping)):
-            return (f"setting {prefix}{key} was renamed: it is now "
-                    f"{prefix}{RENAMED_SETTINGS[key]}")
+        if _is_flat(key, value):
+            return f"setting {key} was renamed: it is now {RENAMED_SETTINGS[key]}"
     return None
 
 
@@ -532,11 +536,11 @@ def migrate_flat(data: Mapping[str, Any]) -> dict[str, Any]:
     sections' layout unchanged."""
     moved: dict[str, Any] = {}
     for key, value in data.items():
-        if key in RENAMED_SETTINGS and not (key in SECTIONS and isinstance(value, Mapping)):
+        if _is_flat(key, value):
             section, _, name = RENAMED_SETTINGS[key].partition(".")
-            moved.setdefault(section, {})[name] = value
+            moved = settings.merge(moved, {section: {name: value}})
         else:
-            moved[key] = value
+            moved = settings.merge(moved, {key: value})
     return moved
 
 
