@@ -531,8 +531,8 @@ def renamed_error(overrides: Mapping[str, Any]) -> str | None:
 
 
 def migrate_flat(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A saved config in the flat layout (each section's fields at the top level, as runs
-    saved their `config.json` before the sections) in the sections' layout; one in the
+    """A saved config in the flat layout (each section's fields at the top level: the
+    `config.json` of runs older than the sections) in the sections' layout; one in the
     sections' layout unchanged."""
     moved: dict[str, Any] = {}
     for key, value in data.items():

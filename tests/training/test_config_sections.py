@@ -120,7 +120,7 @@ def test_a_flat_name_fails_naming_its_new_one(old, tmp_path, capsys):
                                  "dynamic_masking", "log_every", "model", "optimizer"])
 def test_bert_pretrain_refuses_a_flat_name_in_one_line_and_exit_2(old, tmp_path):
     """A real `bert-pretrain` process, one flat name of each section (and two that are section
-    names now: `model`, `optimizer`), and a config file's top-level key."""
+    names too: `model`, `optimizer`), and a config file's top-level key."""
     command = [sys.executable, "-m", "training.pretrain", "--set", f"{old}=bert_base"]
     done = subprocess.run(command, cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
                           timeout=300, check=False)

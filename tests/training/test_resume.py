@@ -159,9 +159,9 @@ def test_a_resumed_run_redoes_the_evaluation_a_kill_skipped(data, tmp_path):
 
 
 def test_a_checkpoint_whose_config_is_no_longer_accepted_is_named(tmp_path):
-    """Session-2 base runs saved bf16 at ZeRO stage 0 (in the flat layout of then), refused
-    since: resuming one names the checkpoint's config file instead of failing on a config the
-    user never wrote."""
+    """Session-2 base runs saved bf16 at ZeRO stage 0, refused since: resuming one names the
+    checkpoint's config file instead of failing on a config the user never wrote. Its
+    precision and ZeRO stage in the flat layout it was saved in."""
     old = {**cfg.to_dict(cfg.tiny()), "precision": "bf16", "zero_stage": 0}
     old = {k: v for k, v in old.items() if k != "engine"}
     (tmp_path / "step-10").mkdir()
