@@ -37,10 +37,13 @@ def run_pretraining(init_from: str, shards: Path, out: Path, steps: int, lr: flo
     phase = cfg.PhaseConfig(name="phase1", train_shards=str(shards), max_seq_length=128,
                             micro_batch_size=micro_batch, global_batch_size=micro_batch,
                             steps=steps, warmup_steps=max(1, steps // 10), learning_rate=lr)
-    config = cfg.PretrainConfig(model="", init_from=init_from, vocab_dir=str(minilm_dir()),
-                                output_dir=str(out), phases=(phase,), dropout=0.1, seed=7,
-                                num_workers=0, shuffle_buffer=256, log_every=1, eval_every=0,
-                                eval_batches=0, checkpoint_every=0, export_hf=True)
+    config = cfg.PretrainConfig(
+        model=cfg.ModelConfig(preset="", init_from=init_from, dropout=0.1),
+        data=cfg.PretrainDataConfig(vocab_dir=str(minilm_dir()), num_workers=0,
+                                    shuffle_buffer=256),
+        cadence=cfg.CadenceConfig(log_every=1, eval_every=0, eval_batches=0, checkpoint_every=0,
+                                  export_hf=True),
+        output_dir=str(out), phases=(phase,), seed=7)
     pretrain.run(config)
     return [r for r in pretrain.read_metrics(str(out)) if r["split"] == "train"]
 

@@ -47,6 +47,7 @@ from common import shard_format
 from model.bert import PRESETS, BertConfig, compile_layers, compile_model
 from model.heads import BertForPreTraining, BertForSequenceClassification
 from training import memory
+from training.config import ModelConfig
 from training.forecast import PEAK_TFLOPS, model_flops_per_row  # with the forecast's profiles
 from training.loader import StaticShapes, collate, static_shapes_for
 from training.pretrain import to_device
@@ -154,7 +155,7 @@ def pretraining_check(shape: Shape, device: torch.device, steps: int, compile_: 
     """Train `steps` steps on one batch; the timed ones after the warm-up steps. `static`: the
     batch padded to the phase's static shapes and, if `compile_`, the whole model compiled
     (`compile_model`, with torch.compile's `compile_mode`) instead of each layer."""
-    config: BertConfig = PRESETS[shape.model](vocab_size=VOCAB, vocab_multiple=64)
+    config: BertConfig = ModelConfig(preset=shape.model).build(VOCAB, vocab_multiple=64)
     torch.manual_seed(0)
     model = BertForPreTraining(config).to(device).train()
     if compile_:

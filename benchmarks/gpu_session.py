@@ -243,7 +243,7 @@ def pretrain(device: str, work: Path) -> int:
     samples/s of the real path, and its MFU."""
     import torch
 
-    from model.bert import PRESETS
+    from training import config as cfg_module
     from training import pretrain as bert_pretrain
     from training.pretrain import read_metrics
 
@@ -258,8 +258,10 @@ def pretrain(device: str, work: Path) -> int:
     preset, model = ("base", "bert_base") if gpu else ("tiny", "bert_tiny")
     run_config = work / "pretrain.json"
     run_config.write_text(json.dumps({
-        "vocab_dir": str(vocab), "output_dir": str(work / "run"), "model": model,
-        "checkpoint_every": 0, "eval_every": 0, "export_hf": False, "log_every": 10 if gpu else 1,
+        "data": {"vocab_dir": str(vocab)}, "output_dir": str(work / "run"),
+        "model": {"preset": model},
+        "cadence": {"checkpoint_every": 0, "eval_every": 0, "export_hf": False,
+                    "log_every": 10 if gpu else 1},
         "phases": [{"name": "phase1", "train_shards": str(shards), "max_seq_length": seq_len,
                     "micro_batch_size": micro, "global_batch_size": micro, "steps": steps,
                     "warmup_steps": 1}]}, indent=1), encoding="utf-8")
@@ -275,7 +277,8 @@ def pretrain(device: str, work: Path) -> int:
         print(f"pretrain: the real path at {rate / bare:.2f}x gpu_check's bare loop "
               f"({bare:.1f} rows/s at T={seq_len} B={micro})")
     if rate and gpu:
-        config = PRESETS[model](vocab_size=len((vocab / 'vocab.txt').read_text().split()))
+        vocab_size = len((vocab / 'vocab.txt').read_text().split())
+        config = cfg_module.ModelConfig(preset=model).build(vocab_size)
         flops = gpu_check.model_flops_per_row(config, seq_len, 20)
         peak = gpu_check.peak_tflops(torch.cuda.get_device_name(0))
         if peak:

@@ -28,7 +28,7 @@ def settings(args: argparse.Namespace) -> list[str]:
     the steps and batches given, fine-tuning capped for minutes, not hours."""
     half = args.batch_size // 2
     return [f"pretrain.{k}={v}" for k, v in (
-        ("precision", "fp32"), ("phase1.steps", args.phase1_steps),
+        ("engine.precision", "fp32"), ("phase1.steps", args.phase1_steps),
         ("phase2.steps", args.phase2_steps), ("phase1.warmup_steps", max(1, args.phase1_steps // 10)),
         ("phase2.warmup_steps", max(1, args.phase2_steps // 10)),
         ("phase1.global_batch_size", args.batch_size), ("phase1.micro_batch_size", args.batch_size),

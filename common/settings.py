@@ -427,19 +427,24 @@ def settings_help(config: Any, one_line: bool = False, prefix: str = "") -> list
 
     docs = field_docs(type(config))
     lines: list[str] = []
+    after_section = False  # the items that follow a section start after a blank line too
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if dataclasses.is_dataclass(value):
             lines += ["", f"{prefix}{f.name}:"]
             lines += [("  " + line).rstrip()
                       for line in settings_help(value, one_line, f"{prefix}{f.name}.")]
+            after_section = True
             continue
         if _named_items(value):
+            lines += [""] if after_section else []
             for i, item in enumerate(value):
                 name = getattr(item, "name", i)
                 lines += settings_help(item, one_line, f"{prefix}{f.name}.{name}."
                                        if isinstance(name, int) else f"{prefix}{name}.")
+            after_section = False
             continue
+        after_section = False
         doc = docs.get(f.name, "")
         head = f"{prefix}{f.name} = {value!r}"
         if one_line:

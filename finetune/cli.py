@@ -120,15 +120,21 @@ def build_parser(prog: str = "bert-finetune", description: str | None = __doc__,
                         "win over it")
     p.add_argument("--debug", action="store_true",
                    help="show the traceback of a bad-input error instead of one line")
-    declared = _declaring_class(config_class)
+    declared = {name: _group(owner) for name, owner in _declaring_class(config_class).items()}
     for klass, title in [(None, "command"), *GROUPS.items()]:
         group = p.add_argument_group(title)
-        names = {name for name, owner in declared.items()
-                 if owner is klass or (klass is None and owner not in GROUPS)}
+        names = {name for name, owner in declared.items() if owner is klass}
         settings.add_config_flags(group, config_class, skip=set(declared) - names)
     for flag, field, value, help_text in ALIASES:
         p.add_argument(flag, dest=field, action="store_const", const=value, help=help_text)
     return p
+
+
+def _group(owner: type) -> type | None:
+    """The `GROUPS` class whose section lists the fields `owner` declares: `owner` itself, or
+    the first class of `GROUPS` (from the last) that inherits it (`LoopOptions` shows the
+    optimizer fields of common/optimizer.py); None: the command's own."""
+    return next((klass for klass in reversed(GROUPS) if issubclass(klass, owner)), None)
 
 
 def _declaring_class(cls: type) -> dict[str, type]:

@@ -5,9 +5,10 @@ One dataclass serves both entry points: it is the flow's `finetune` section (flo
 `bert-finetune`/`bert-glue` generate their flags from it (finetune/cli.py). Its recipe fields
 replace each family's recipe for every task where set (unset: the family's, the paper's); the
 loop's own options are `finetune.loop.LoopOptions`, inherited as they are, so each setting is
-declared once. `for_task` gives the loop's config of one task (`FinetuneConfig`). Its `probe`
-section (`ProbeConfig`) is the flow's alone: the cheap slices that score pre-training's
-intermediate exports while it trains (flows/probes.py); `bert-finetune` ignores it.
+declared once. `for_task` gives the loop's config of one task (`FinetuneConfig`).
+`ProbeConfig` is the flow's alone (its `finetune.probe`, flows/config.py `FlowTasksConfig`):
+the cheap slices that score pre-training's intermediate exports while it trains
+(flows/probes.py).
 """
 from __future__ import annotations
 
@@ -83,8 +84,6 @@ class TasksConfig(LoopOptions):
     learning_rates: tuple[float, ...] = ()
     """Peak learning rates tried, the best on dev kept (comma-separated); empty: each task's
     family grid (GLUE: 5e-5,4e-5,3e-5,2e-5)."""
-    probe: ProbeConfig = dataclasses.field(default_factory=ProbeConfig)
-    """Probes of pre-training's intermediate exports (the flow's; `bert-finetune` ignores it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

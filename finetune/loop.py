@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from common import storage
 from common.errors import BadRecord
+from common.optimizer import AdamWOptions
 from common.settings import SettingError, check, check_choices
 from common.trackers import Trackers, open_trackers
 from common.trackers import check_names as check_trackers
@@ -60,9 +61,11 @@ RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
 
 
 @dataclass(frozen=True)
-class LoopOptions:
+class LoopOptions(AdamWOptions):
     """The loop's settings that no family's recipe gives: the same for every task. The flow's
-    `finetune` section and `bert-finetune` take them as they are (finetune/config.py)."""
+    `finetune` section and `bert-finetune` take them as they are (finetune/config.py); the
+    optimizer's (`weight_decay`, `adam_epsilon`, `max_grad_norm`) are pre-training's too
+    (common/optimizer.py)."""
 
     seeds: tuple[int, ...] = (1, 2, 3)
     """Seeds run on small tasks (GLUE: CoLA, MRPC, STS-B, RTE, WNLI); other tasks use the first."""
@@ -70,12 +73,6 @@ class LoopOptions:
     """Units per evaluation batch (no effect on results)."""
     warmup_proportion: float = 0.1
     """Fraction of the steps with the learning rate rising linearly from 0."""
-    weight_decay: float = 0.01
-    """AdamW decoupled weight decay (not on biases and LayerNorm)."""
-    adam_epsilon: float = 1e-6
-    """AdamW epsilon (the reference BERT optimizer's)."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this (0 = no clipping)."""
     bf16: bool | None = None
     """bfloat16 autocast for forward and backward; unset: on a GPU yes, on the CPU no (CPUs with
     AVX-512 bf16 run ~2.5x faster with it)."""
@@ -115,9 +112,7 @@ class LoopOptions:
               f"must be >= 1, got {self.eval_batch_size}")
         check(0.0 <= self.warmup_proportion < 1.0, "warmup_proportion",
               f"must be in [0, 1), got {self.warmup_proportion}")
-        for name in ("weight_decay", "max_grad_norm"):
-            check(getattr(self, name) >= 0, name, f"must be >= 0, got {getattr(self, name)}")
-        check(self.adam_epsilon > 0, "adam_epsilon", f"must be > 0, got {self.adam_epsilon}")
+        self.check_adamw()
         check(self.row_length is None or self.row_length >= 1, "row_length",
               f"must be >= 1, got {self.row_length}")
         check_trackers(self.report_to)

@@ -1,4 +1,4 @@
-"""The vocabulary stage of a flow that continues pre-training (`pretrain.init_from`).
+"""The vocabulary stage of a flow that continues pre-training (`pretrain.model.init_from`).
 
 A checkpoint's word embeddings are indexed by its own vocabulary, so such a flow trains no
 vocabulary: this stage copies the checkpoint's `vocab.txt` into a vocabulary folder like the one
@@ -26,8 +26,8 @@ def checkpoint_vocab_settings(init_from: str) -> dict:
     start = find_starting_point(init_from)
     vocab_dir = checkpoint_vocab_dir(start)
     if vocab_dir is None:
-        raise ValueError(f"pretrain.init_from={init_from}: no vocab.txt in {start.folder}; the "
-                         "shards must be made with the checkpoint's vocabulary")
+        raise ValueError(f"pretrain.model.init_from={init_from}: no vocab.txt in {start.folder}; "
+                         "the shards must be made with the checkpoint's vocabulary")
     return {"init_from": init_from, "vocab_dir": vocab_dir,
             "checkpoint_sha256": initial_weights_digest(start),
             "vocab_sha256": storage.sha256_file(storage.join(vocab_dir, "vocab.txt")),

@@ -5,12 +5,13 @@ config is a flow setting at once: `vocab` is train_vocab's `VocabConfig`, `shard
 `shards.phase2` are make_shards' `ShardsConfig` (one per pre-training phase), `pretrain` is the
 training entry point's `PretrainConfig` (its phases by name: `pretrain.phase1.steps`), and
 `finetune` fine-tuning's `TasksConfig` (finetune/config.py, whose fields are also
-`bert-finetune`'s flags). `data.sources` is a list of `SourceConfig`s (a user's own text,
+`bert-finetune`'s flags) with the flow's own probes (`FlowTasksConfig`). `data.sources` is a list of `SourceConfig`s (a user's own text,
 pipelines/documents/source.py), set whole from a settings file's list or one field by name
 (`--set data.sources.poems.weight=2`). Each preset is composed of the stages' presets of its
-name; `continue` (continued pre-training from `pretrain.init_from`, at a fine-tuning-scale
+name; `continue` (continued pre-training from `pretrain.model.init_from`, at a fine-tuning-scale
 learning rate) is `base` with training/init_from.py's `continue_preset()`, and a run from
-`init_from` at a learning rate made for training from scratch logs one warning at resolve.
+`pretrain.model.init_from` at a learning rate made for training from scratch logs one warning at
+resolve.
 Paths may be local folders or URLs (`gs://...`).
 
 Overrides come as a nested mapping (`{"pretrain": {"phase1": {"steps": 20}}}`) from deployment
@@ -18,7 +19,9 @@ parameters, a settings file or the CLI (`--set pretrain.phase1.steps=20`), appli
 mechanism of common/settings.py: a typo fails at once, each value is converted to its field's
 type, and a value a stage refuses is an error naming the setting in the flow's terms
 (`setting shards.phase2.max_seq_length: must be in [5, 65535], got 4`). `shards.<field>` sets
-both phases. A renamed setting fails naming its new name (`RENAMED_SETTINGS`). `tiny` reads the
+both phases. A renamed setting fails naming its new name (`RENAMED_SETTINGS`, with
+`pretrain.<flat name>` from training/config.py's table: `pretrain.zero_stage` names
+`pretrain.engine.zero_stage`). `tiny` reads the
 bundled sample; `base` and `large` have no default inputs (None) and `resolve` refuses them until
 each is set.
 """
@@ -147,10 +150,11 @@ RENAMED_SETTINGS = {
     "pretrain.nproc_per_node": "launch.nproc_per_node",
     "pretrain.hostfile": "launch.hostfile",
     "pretrain.extra_args": "launch.extra_args (settings in it: pretrain.<field>)",
+    **{f"pretrain.{old}": f"pretrain.{new}" for old, new in training.RENAMED_SETTINGS.items()},
 }
 """Settings renamed (dotted key, or a whole section): old -> new."""
 
-FLOW_SET = {"pretrain.vocab_dir": "the vocab stage's folder",
+FLOW_SET = {"pretrain.data.vocab_dir": "the vocab stage's folder",
             "pretrain.output_dir": "the pretrain stage's folder",
             "train_shards": "the shards stage's folder",
             "validation_shards": "the shards stage's folder",
@@ -159,6 +163,14 @@ FLOW_SET = {"pretrain.vocab_dir": "the vocab stage's folder",
             "finetune.progress": "off: the mapped runs share one log"}
 """Settings the flow fills in: from its stages (the pretrain phase fields by their last name),
 and where each fine-tuning run goes."""
+
+
+@dataclass(frozen=True)
+class FlowTasksConfig(TasksConfig):
+    """The flow's fine-tuning: `bert-finetune`'s settings (`TasksConfig`) and the probes, which
+    only a flow runs (beside its pre-training), so `bert-finetune` has no flag for them."""
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    """Probes of pre-training's intermediate exports (`pretrain.cadence.probe_every`)."""
 
 
 @dataclass(frozen=True)
@@ -172,7 +184,7 @@ class DagConfig:
     shards: ShardPhases = field(default_factory=ShardPhases)
     pretrain: PretrainConfig = field(default_factory=training.base)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
-    finetune: TasksConfig = field(default_factory=TasksConfig)
+    finetune: FlowTasksConfig = field(default_factory=FlowTasksConfig)
 
     def __post_init__(self):
         phases, shards = self.pretrain.phases, (self.shards.phase1, self.shards.phase2)
@@ -200,12 +212,13 @@ def tiny() -> DagConfig:
         vocab=wordpiece.tiny(),
         shards=ShardPhases(shards_config.tiny(1), shards_config.tiny(2)),
         # probes at global steps 200, 400 and 600 (phase 1's end), flows/probes.py
-        pretrain=dataclasses.replace(training.tiny(), probe_every=200),
+        pretrain=dataclasses.replace(training.tiny(), cadence=dataclasses.replace(
+            training.tiny().cadence, probe_every=200)),
         # A family's demo task is its name here and its sample folder in data/sample/.
-        finetune=TasksConfig(data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
-                             learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0,
-                             batch_size=32,
-                             probe=ProbeConfig(max_train_examples=64, max_eval_examples=64)),
+        finetune=FlowTasksConfig(
+            data=str(SAMPLE), tasks=("rte", "mrpc", "sts-b", "sst-2", "squad1"),
+            learning_rates=(1e-4, 5e-5), seeds=(1,), epochs=3.0, batch_size=32,
+            probe=ProbeConfig(max_train_examples=64, max_eval_examples=64)),
     )
 
 
@@ -216,7 +229,7 @@ def base() -> DagConfig:
     """BERT-base as in the paper: 1M steps of 256 sequences, 90% at 128 then 10% at 512; rows
     packed (attention runs per instance, so packing only removes padding)."""
     return DagConfig(name="base", output=str(REPO / "runs" / "base"),
-                     finetune=TasksConfig(data=None))
+                     finetune=FlowTasksConfig(data=None))
 
 
 def large() -> DagConfig:
@@ -227,24 +240,24 @@ def large() -> DagConfig:
         name="large", output=str(REPO / "runs" / "large"), vocab=wordpiece.large(),
         shards=ShardPhases(shards_config.large(1), shards_config.large(2)),
         pretrain=training.large(), launch=LaunchConfig(launcher="deepspeed", nproc_per_node=8),
-        finetune=TasksConfig(data=None),
+        finetune=FlowTasksConfig(data=None),
     )
 
 
 def continue_pretraining() -> DagConfig:
     """Continued (domain-adaptive) pre-training of a released BERT on your corpus: set
-    `pretrain.init_from` (the checkpoint decides the shape; the vocab stage copies its
+    `pretrain.model.init_from` (the checkpoint decides the shape; the vocab stage copies its
     vocabulary) and the data. Pre-training as `training.init_from.continue_preset()`: 9,000 +
     1,000 steps of 256 sequences at lr 5e-5 (a fine-tuning-scale rate, not the 1e-4 of training
     from scratch), 6% warmup, on a GPU when there is one."""
     from training.init_from import continue_preset
 
     return DagConfig(name="continue", output=str(REPO / "runs" / "continue"),
-                     pretrain=continue_preset(), finetune=TasksConfig(data=None))
+                     pretrain=continue_preset(), finetune=FlowTasksConfig(data=None))
 
 
 PRESETS = {"tiny": tiny, "base": base, "large": large, "continue": continue_pretraining}
-PRESET_NEEDS = {"continue": ("pretrain.init_from",)}
+PRESET_NEEDS = {"continue": ("pretrain.model.init_from",)}
 """Settings (besides the inputs) that a preset cannot run without."""
 
 
@@ -258,16 +271,15 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
     overrides = _both_phases(dict(overrides or {}))
     pretrain = overrides.get("pretrain")
     if isinstance(pretrain, dict):
-        overrides = {**overrides, "pretrain": {**pretrain,
-                                               **training.checkpoint_decides_shape(pretrain)}}
+        overrides = {**overrides, "pretrain": settings.merge(
+            pretrain, training.checkpoint_decides_shape(pretrain))}
     cfg = settings.apply(PRESETS[preset](), overrides)
-    start = cfg.pretrain.init_from
+    start = cfg.pretrain.model.init_from
     if start and "://" not in start and not os.path.isabs(start):
         # the pretrain stage is keyed on the setting: one checkpoint, one key, however named
-        cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(
-            cfg.pretrain, init_from=os.path.abspath(start)))
-    needed = [key for key in PRESET_NEEDS.get(preset, ())
-              if not getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1])]
+        model = dataclasses.replace(cfg.pretrain.model, init_from=os.path.abspath(start))
+        cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, model=model))
+    needed = [key for key in PRESET_NEEDS.get(preset, ()) if not _setting(cfg, key)]
     if needed:
         raise ValueError(f"preset {preset!r} needs {', '.join(needed)}, e.g. --set "
                          f"{needed[0]}=/models/bert-base-uncased (a BERT folder: config.json, "
@@ -319,13 +331,23 @@ def _refuse_renamed_and_flow_set(overrides: dict[str, Any]) -> None:
         if section in RENAMED_SETTINGS:
             raise ValueError(renamed_message(section, value))
     for key in _dotted_keys(overrides):
-        if key in RENAMED_SETTINGS:
-            raise ValueError(f"setting {key} was renamed: it is now {RENAMED_SETTINGS[key]}")
+        new = RENAMED_SETTINGS.get(key)
+        if new in FLOW_SET:  # `pretrain.vocab_dir`: the user sets neither name
+            raise ValueError(f"setting {key}: the flow sets it ({FLOW_SET[new]})")
+        if new:
+            raise ValueError(f"setting {key} was renamed: it is now {new}")
         parts = key.split(".")
         if key in FLOW_SET or (parts[0] == "pretrain" and len(parts) >= 3
                                and parts[-1] in FLOW_SET):
             source = FLOW_SET.get(key) or FLOW_SET[parts[-1]]
             raise ValueError(f"setting {key}: the flow sets it ({source})")
+
+
+def _setting(cfg: Any, dotted: str) -> Any:
+    """The value of a dotted setting (`pretrain.model.init_from`) of `cfg`."""
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
 
 
 def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
@@ -389,7 +411,7 @@ def check_inputs_exist(cfg: DagConfig, data_only: bool = False) -> None:
     paths name) before the first stage: a missing fine-tuning folder must not surface
     only after pre-training. Remote inputs are checked by the jobs that read them; a data-only
     run reads no fine-tuning data."""
-    local = [*cfg.data.input_paths(), ("pretrain.init_from", cfg.pretrain.init_from)]
+    local = [*cfg.data.input_paths(), ("pretrain.model.init_from", cfg.pretrain.model.init_from)]
     local += [] if data_only else [("finetune.data", cfg.finetune.data)]
     for key, value in local:
         for path in (value or "").split(","):
@@ -419,8 +441,7 @@ INPUT_PATHS = ("data.wikipedia", "data.books", "finetune.data")
 def unset_settings(cfg: DagConfig) -> list[str]:
     """The input paths still None (a run on `data.sources` alone sets data.wikipedia and
     data.books to "")."""
-    return [key for key in INPUT_PATHS
-            if getattr(getattr(cfg, key.split(".")[0]), key.split(".")[1]) is None]
+    return [key for key in INPUT_PATHS if _setting(cfg, key) is None]
 
 
 def parse_set_flags(pairs: list[str]) -> dict[str, Any]:

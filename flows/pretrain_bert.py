@@ -4,7 +4,7 @@
     extract books ────┼> build corpus -> train vocab -> shards 128 ┐
     extract documents ┘  (mixture)                 └-> shards 512 ┴> pretrain (phase 1 -> 2)
       (one per source of data.sources: your own text)
-                       (pretrain.init_from: the checkpoint's vocabulary instead of train vocab)
+                       (pretrain.model.init_from: the checkpoint's vocabulary, not train vocab)
         -> export Hugging Face folder -> fine-tune (tasks x learning rates x seeds) -> best
         -> report
       probes (submitted before pretrain: fine-tune slices of pretrain's exports as they
@@ -72,7 +72,7 @@ def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:
 @task(name="checkpoint-vocab", **COMPUTE_TASK)  # a wrong init_from fails once, not thrice
 def checkpoint_vocab(cfg: DagConfig) -> StageResult:
     from flows.checkpoint_vocab import checkpoint_vocab as copy_vocab
-    return copy_vocab(cfg.output, cfg.pretrain.init_from)
+    return copy_vocab(cfg.output, cfg.pretrain.model.init_from)
 
 
 @task(name="make-shards", **IO_TASK)
@@ -145,7 +145,7 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
 
     # Continued pre-training keeps the checkpoint's vocabulary (its embeddings are indexed by
     # it), taken first: a wrong init_from fails before the data stages' hours.
-    own_vocab = checkpoint_vocab(cfg) if cfg.pretrain.init_from else None
+    own_vocab = checkpoint_vocab(cfg) if cfg.pretrain.model.init_from else None
     wiki, books = extract_wikipedia.submit(cfg), extract_books.submit(cfg)
     own = [extract_documents.submit(cfg, s) for s in cfg.data.all_sources() if s.generic]
     sources = [s for s in (wiki.result(), books.result(), *(f.result() for f in own))

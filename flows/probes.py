@@ -68,7 +68,7 @@ class ProbeJob:
 
 def enabled(cfg: DagConfig) -> bool:
     """Whether the run probes: exports due, probe tasks named and fine-tuning data given."""
-    return bool(cfg.pretrain.probe_every and cfg.finetune.probe.tasks and cfg.finetune.data)
+    return bool(cfg.pretrain.cadence.probe_every and cfg.finetune.probe.tasks and cfg.finetune.data)
 
 
 def check(cfg: DagConfig) -> None:

@@ -64,7 +64,7 @@ def log_to_trackers(cfg: DagConfig, paths: list[str]) -> None:
     (`pretrain.report_to`) but TensorBoard, which keeps no files."""
     from common.trackers import local_dir, log_artifacts, open_trackers
 
-    names = [n for n in cfg.pretrain.report_to if n not in ("tensorboard", "none")]
+    names = [n for n in cfg.pretrain.cadence.report_to if n not in ("tensorboard", "none")]
     local = [p for p in paths if p and not storage.is_remote(p)]
     if not names or not local:
         return

@@ -162,8 +162,8 @@ def pretrain_config(cfg: DagConfig, vocab: StageResult, shards: list[StageResult
     (phase N trains on shards N)."""
     phases = tuple(dataclasses.replace(phase, train_shards=stage.path)
                    for phase, stage in zip(cfg.pretrain.phases, shards))
-    return dataclasses.replace(cfg.pretrain, vocab_dir=vocab.path, output_dir=output_dir,
-                               phases=phases)
+    data = dataclasses.replace(cfg.pretrain.data, vocab_dir=vocab.path)
+    return dataclasses.replace(cfg.pretrain, data=data, output_dir=output_dir, phases=phases)
 
 
 def launch_command(cfg: DagConfig, config_file: str) -> list[str]:
@@ -190,7 +190,7 @@ def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
         write_stage_forecast(cfg, config, out)  # the report sets it beside the actual figures
         # a GPU preset where torch has no CUDA: one line now, not N ranks training on the CPU
         from training.launch import refuse_cpu_fallback
-        refuse_cpu_fallback(config.device)
+        refuse_cpu_fallback(config.engine.device)
         started = time.monotonic()
         run_subprocess(launch_command(cfg, config_file), log=log)
         metrics = _last_metrics(out)
@@ -202,9 +202,12 @@ def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
 
 
 def pretrain_key(cfg: DagConfig) -> dict[str, Any]:
-    """What the pretrain stage's folder is keyed on. `probe_every` is left out: the probes'
-    exports do not change the weights, and a run without probes keeps its folder."""
-    settings = {k: v for k, v in training.to_dict(cfg.pretrain).items() if k != "probe_every"}
+    """What the pretrain stage's folder is keyed on. `cadence.probe_every` and
+    `cadence.report_to` are left out: probe exports and trackers do not change the weights, so
+    turning them on or off keeps a run's folder (and a finished run)."""
+    settings = training.to_dict(cfg.pretrain)
+    settings["cadence"] = {k: v for k, v in settings["cadence"].items()
+                           if k not in ("probe_every", "report_to")}
     return {"pretrain": settings, "launch": dataclasses.asdict(cfg.launch)}
 
 

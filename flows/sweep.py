@@ -8,7 +8,7 @@ runs of the same DAG that differ in a few settings. A sweep file names them:
     description: Peak pre-training learning rate (tiny scale)
     preset: tiny                    # default tiny
     overrides:                      # settings every variant shares (dotted or nested)
-      pretrain.precision: fp32
+      pretrain.engine.precision: fp32
       finetune: {tasks: [rte], learning_rates: [1e-4], seeds: [1]}
     variants:                       # each: a name and the settings it changes
       - name: lr1e-3
@@ -16,11 +16,11 @@ runs of the same DAG that differ in a few settings. A sweep file names them:
       - name: lr3e-4
         overrides: {pretrain.phase1.learning_rate: 3e-4}
 
-Settings are the flow's (`pretrain.phase1.steps`, `shards.dupe_factor`, `pretrain.model`, ...,
-flows/config.py), typed as `--set` values are. The whole file is checked before anything runs:
-unknown keys and settings, repeated variant names, a setting given twice, variants whose
-settings come out the same, a variant moving the run root (`output`), a `--set` of a setting
-that a variant varies; each error names the file and the variant.
+Settings are the flow's (`pretrain.phase1.steps`, `shards.dupe_factor`, `pretrain.model.preset`,
+..., flows/config.py), typed as `--set` values are. The whole file is checked before anything runs:
+unknown keys and settings, repeated variant names, a setting given twice, variants whose settings
+come out the same, a variant moving the run root (`output`), a `--set` of a setting that a variant
+varies; each error names the file and the variant.
 
 Each variant is one `pretrain-bert` subflow over the same run root. Stages are addressed by
 content (flows/stages.py), so variants that differ only in pre-training settings share the

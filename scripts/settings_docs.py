@@ -196,9 +196,9 @@ How settings are given (`--set`, `--config`, deployment parameters) is in
 ## The flow: `bert-dag --set <setting>=<value>`
 
 Presets: `tiny` (the bundled sample, CPU), `base`, `large` (8 GPUs), `continue` (`base` from a
-checkpoint, `pretrain.init_from`). `shards.<field>` sets both phases. `bert-pretrain --set
-<field>=...` takes the `pretrain.*` settings without the prefix (`--set phase1.steps=20`), with
-the same presets.
+checkpoint, `pretrain.model.init_from`). `shards.<field>` sets both phases. `bert-pretrain --set
+<setting>=...` takes the `pretrain.*` settings without the prefix (`--set phase1.steps=20`,
+`--set engine.zero_stage=2`), with the same presets.
 """
 
 

@@ -129,7 +129,7 @@ def save_checkpoint(engine, config: PretrainConfig, phase_index: int, phase: Pha
         shutil.rmtree(tmp, ignore_errors=True)  # a crashed attempt
     torch.distributed.barrier()
     state = {"phase_index": phase_index, "phase": phase.name, "step": step,
-             "world_size": dist.world_size, "zero_stage": config.zero_stage,
+             "world_size": dist.world_size, "zero_stage": config.engine.zero_stage,
              "loader": loader.state_dict(), "train_shards": loader.shard_set_digest()}
 
     def finish() -> None:  # rank 0, once every rank's files are in
@@ -150,7 +150,7 @@ def save_checkpoint(engine, config: PretrainConfig, phase_index: int, phase: Pha
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     if dist.is_main:
-        prune_checkpoints(ckpt_dir, config.keep_checkpoints, keep=tag)
+        prune_checkpoints(ckpt_dir, config.cadence.keep_checkpoints, keep=tag)
     torch.distributed.barrier()
     return tag
 

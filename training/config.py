@@ -4,13 +4,26 @@ A run is a sequence of phases (the paper, section A.2: 90% of the steps at 128 t
 at 512 tokens). Each phase has its own shards, batch and learning-rate schedule; phase 2 starts
 from phase 1's weights with a fresh optimizer and schedule.
 
+`PretrainConfig` is made of sections, each a small frozen dataclass (torchtitan's `JobConfig`):
+`model` (the encoder: preset, shape, dropout, `init_from`; `ModelConfig.build` is where a run's
+`model.bert.BertConfig` is made), `objective`, `optimizer` (its AdamW fields are
+common/optimizer.py's, shared with fine-tuning), `engine` (precision and parallelism), `data`
+(vocabulary, dynamic masking, loader), `cadence` (logging, evaluation, checkpoints, export),
+`phases`, and at the top level `output_dir` and `seed`. A check within one section names its
+field there; the checks across sections (LAMB with ZeRO, low precision with ZeRO 0, the
+objective's own) are `PretrainConfig`'s and name the settings by their dotted names.
+
 Overrides, applied in order after the preset:
-- `--config run.yaml` (or `.json`): a nested mapping of the fields below; `phases` a list,
-  the run's phases, each merged into the preset's phase of its name (`_merge_phases`).
-- `--set key=value` (repeatable): dotted keys, `zero_stage=2`, `phases.0.steps=300` or by phase
-  name, `phase1.learning_rate=5e-4`. Each value is converted to its field's type by
-  `common.settings.convert_setting`, the converter the flow's `--set` uses too (`1e-4` a
-  float, `true`/`false` a bool, text as given).
+- `--config run.yaml` (or `.json`): a nested mapping (`engine: {zero_stage: 2}`); `phases` a
+  list, the run's phases, each merged into the preset's phase of its name (`_merge_phases`).
+- `--set key=value` (repeatable): dotted keys, `engine.zero_stage=2`, `phases.0.steps=300` or
+  by phase name, `phase1.learning_rate=5e-4`. Both go through `common.settings.apply`, the
+  mechanism the flow's `--set` uses too, which converts each value to its field's type (`1e-4`
+  a float, `true`/`false` a bool, text as given).
+
+A flat name of the sections' fields (`zero_stage`, `model=bert_base`) fails naming its dotted
+one (`RENAMED_SETTINGS`, which the flow's `pretrain.*` settings use as well); a run's own saved
+`config.json` in the flat layout still loads (`load_saved`), so such runs resume.
 
 A phase shortened without its `warmup_steps` keeps the preset's warmup share (tiny:
 `phase1.steps=30` -> warmup 60 x 30/600 = 3, logged); a warmup set beside it is kept, and one
@@ -22,24 +35,27 @@ import dataclasses
 import json
 import logging
 import os
-import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 
 from common import settings
 from common.masking import MaskingConfig, MaskSplit
-from common.settings import SettingError, convert_setting
+from common.optimizer import AdamWOptions
+from common.settings import SettingError
 from model.bert import PRESETS as MODEL_PRESETS
+
+if TYPE_CHECKING:
+    from model.bert import BertConfig
 
 log = logging.getLogger(__name__)
 
 SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
-"""Model shape settings that override the preset's (0 = the preset's value)."""
+"""`model` settings that override the preset's shape (0 = the preset's value)."""
 MASKING_FIELDS = ("masked_lm_prob", *(f.name for f in dataclasses.fields(MaskSplit)))
-"""Settings of dynamic masking (`dynamic_masking=true`)."""
+"""`data` settings of dynamic masking (`data.dynamic_masking=true`)."""
 
 
 def _check(ok: bool, flag: str, expected: str) -> None:
@@ -105,14 +121,14 @@ class PhaseConfig:
 
 
 @dataclass(frozen=True)
-class PretrainConfig(MaskSplit):
-    """A whole pre-training run. The MASK/SAME/RND split and `do_whole_word_mask` (from
-    `common.masking.MaskSplit`) act with `dynamic_masking=true` only."""
-    model: str = "bert_tiny"
+class ModelConfig:
+    """The encoder: a preset's shape, changed by the shape fields, and its dropout; or a
+    checkpoint's (`init_from`)."""
+    preset: str = "bert_tiny"
     """Model preset in model.bert (bert_tiny, bert_mini, bert_base, bert_large); the shape
     fields below override its shape (paper Table 6). "" with `init_from`: the checkpoint's shape
-    (what `--set init_from=...` alone resolves to); a preset or shape field named together with
-    `init_from` must agree with the checkpoint."""
+    (what `--set model.init_from=...` alone resolves to); a preset or shape field named together
+    with `init_from` must agree with the checkpoint."""
     init_from: str = ""
     """Checkpoint to continue pre-training from: a Hugging Face BERT folder (BertModel or
     BertForPreTraining weights), one of our exports or `model.hf.save_checkpoint` folders, or a
@@ -127,70 +143,84 @@ class PretrainConfig(MaskSplit):
     """Attention heads A (0 = the preset's)."""
     intermediate_size: int = 0
     """Feed-forward width (0 = the preset's; the presets use 4H)."""
-    objective: str = "mlm"
-    """What the run trains (training/objectives.py): mlm_nsp (masked LM + next sentence), mlm
-    (masked LM, + NSP where next_sentence and the shards have NSP labels), ltr (the
-    left-to-right LM baseline of Table 5, "LTR & No NSP"), or module:attribute naming an
-    Objective defined elsewhere."""
+    dropout: float = 0.1
+    """Hidden and attention dropout of the model (0 makes runs comparable across rank counts)."""
+
+    def __post_init__(self):
+        _check(self.preset in MODEL_PRESETS or (self.preset == "" and bool(self.init_from)),
+               "preset", f"one of {sorted(MODEL_PRESETS)} (or empty with init_from)")
+        for flag in SHAPE_FIELDS:
+            _check(getattr(self, flag) >= 0, flag, ">= 0 (0 = the preset's)")
+        if self.preset:  # with init_from and no preset the checkpoint's shape is checked at start
+            shape = {**MODEL_PRESETS[self.preset]().to_dict(), **self.shape()}
+            _check(shape["hidden_size"] % shape["num_attention_heads"] == 0, "hidden_size",
+                   f"a multiple of num_attention_heads (got hidden_size={shape['hidden_size']}, "
+                   f"num_attention_heads={shape['num_attention_heads']}, "
+                   f"preset={self.preset})")
+        _check(0 <= self.dropout < 1, "dropout", "in [0, 1)")
+
+    def shape(self) -> dict[str, int]:
+        """The shape fields set (non-zero)."""
+        return {f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}
+
+    def build(self, vocab_size: int, base: BertConfig | None = None,
+              **changes: Any) -> BertConfig:
+        """The run's `model.bert.BertConfig`: `base` (a checkpoint's, training/init_from.py) or
+        the preset's, with this section's shape fields and dropout, `vocab_size`, then
+        `changes` (the objective sets the attention it asks for, `Objective.build_model`)."""
+        from model.bert import BertConfig
+        start = base.to_dict() if base is not None else MODEL_PRESETS[self.preset]().to_dict()
+        return BertConfig(**{**start, **self.shape(), "vocab_size": vocab_size,
+                             "hidden_dropout_prob": self.dropout,
+                             "attention_probs_dropout_prob": self.dropout, **changes})
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """What the run trains (training/objectives.py)."""
+    name: str = "mlm"
+    """mlm_nsp (masked LM + next sentence), mlm (masked LM, + NSP where next_sentence and the
+    shards have NSP labels), ltr (the left-to-right LM baseline of Table 5, "LTR & No NSP"), or
+    module:attribute naming an Objective defined elsewhere."""
     next_sentence: bool = True
     """Train the next-sentence head and loss where the shards have NSP labels; false: MLM-only
     (no NSP head or loss) on any shards (Table 5's "No NSP")."""
-    vocab_dir: str = ""
-    """Vocabulary folder (vocab.txt, tokenizer.json): special-token ids and the exported folder."""
-    output_dir: str = "runs/pretrain"
-    """Run folder: checkpoints/, tensorboard/, metrics.jsonl, config.json, loss_curve.png, hf/."""
-    dropout: float = 0.1
-    """Hidden and attention dropout of the model (0 makes runs comparable across rank counts)."""
-    phases: tuple[PhaseConfig, ...] = (PhaseConfig(),)
-    """The phases, run in order; each continues from the previous one's weights."""
+
+    def __post_init__(self):
+        from training import objectives
+        try:
+            objectives.get(self.name)
+        except ValueError as e:
+            raise SettingError("name", str(e), "--set {setting}: {message}") from None
+
+
+@dataclass(frozen=True)
+class OptimizerConfig(AdamWOptions):
+    """The optimizer; `weight_decay`, `adam_epsilon` and `max_grad_norm` are fine-tuning's
+    too (common/optimizer.py)."""
+    name: Literal["adamw", "lamb"] = "adamw"
+    """adamw, or lamb (large batches, GPU, engine.zero_stage 0 only, so fp32)."""
+    adam_beta1: float = 0.9
+    """First-moment decay."""
+    adam_beta2: float = 0.999
+    """Second-moment decay."""
+
+    def __post_init__(self):
+        settings.check_choices(self, "--set {setting}: {message}")
+        self.check_adamw()
+        for flag in ("adam_beta1", "adam_beta2"):
+            _check(0 <= getattr(self, flag) < 1, flag, "in [0, 1)")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Precision and parallelism: how DeepSpeed and torch run the step."""
     zero_stage: Literal[0, 1, 2, 3] = 0
     """DeepSpeed ZeRO stage 0-3 (bf16 and fp16 need >= 1, see LOW_PRECISION_ZERO0_MESSAGE)."""
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
     """fp32, bf16 (CPU and GPU) or fp16 (GPU only, dynamic loss scaling); bf16/fp16 need
     zero_stage >= 1. auto: bf16 where the hardware multiplies in bf16 and the run allows it
-    (ZeRO >= 1, AdamW), else fp32 (see `concrete_precision`)."""
-    optimizer: Literal["adamw", "lamb"] = "adamw"
-    """adamw, or lamb (large batches, GPU, ZeRO stage 0 only, so fp32)."""
-    adam_beta1: float = 0.9
-    """First-moment decay."""
-    adam_beta2: float = 0.999
-    """Second-moment decay."""
-    adam_epsilon: float = 1e-6
-    """Denominator epsilon (the paper's 1e-6, not PyTorch's 1e-8)."""
-    weight_decay: float = 0.01
-    """Decoupled weight decay; LayerNorm weights and all biases get none."""
-    max_grad_norm: float = 1.0
-    """Global gradient-norm clip (0 = off)."""
-    seed: int = 12345
-    """Seed of the model init, dropout, data order and re-masking."""
-    dynamic_masking: bool = False
-    """Re-draw the masks of every row each epoch instead of the shards' static masks."""
-    masked_lm_prob: float = 0.0
-    """Dynamic masking's share of each instance's tokens to predict, capped at the shards'
-    max_predictions_per_seq (0 = as many per row as the shards' masks)."""
-    shuffle_buffer: int = 2000
-    """Rows in the loader's shuffle buffer (0 = no shuffling)."""
-    num_workers: int = 1
-    """DataLoader worker processes per rank (0 = in the training process)."""
-    log_every: int = 10
-    """Optimizer steps between metric lines (console, TensorBoard, metrics.jsonl)."""
-    report_to: tuple[str, ...] = ("tensorboard",)
-    """Experiment trackers that get the metrics, the config and loss_curve.png on rank 0:
-    tensorboard, mlflow, wandb (comma-separated), or none (common/trackers.py)."""
-    eval_every: int = 500
-    """Optimizer steps between validation runs (0 = only at the end of each phase)."""
-    eval_batches: int = 20
-    """Micro-batches per rank per validation run."""
-    checkpoint_every: int = 1000
-    """Optimizer steps between checkpoints (0 = only at the end of each phase)."""
-    probe_every: int = 0
-    """Global optimizer steps (counted across phases) between probe exports: a checkpoint, then
-    the consolidated fp32 Hugging Face folder of that step in <output_dir>/probes/step-NNNNNNN/hf
-    (training/probes.py), which the flow's probes fine-tune while training goes on (0 = off)."""
-    keep_checkpoints: int = 3
-    """Checkpoints kept (the oldest are deleted after a new one is complete)."""
-    export_hf: bool = True
-    """Export a consolidated fp32 Hugging Face folder to <output_dir>/hf at the end."""
+    (ZeRO >= 1, AdamW), else fp32 (see `PretrainConfig.concrete_precision`)."""
     device: Literal["auto", "cuda"] = "auto"
     """auto (CUDA GPUs when torch sees one, else CPU ranks over gloo) or cuda (GPUs required:
     where torch has no usable CUDA the run stops before any rank starts, see
@@ -207,58 +237,15 @@ class PretrainConfig(MaskSplit):
 
     def __post_init__(self):
         settings.check_choices(self, "--set {setting}: {message}")
-        self._check_objective()
-        _check(self.model in MODEL_PRESETS or (self.model == "" and bool(self.init_from)),
-               "model", f"one of {sorted(MODEL_PRESETS)} (or empty with init_from)")
-        for flag in SHAPE_FIELDS:
-            _check(getattr(self, flag) >= 0, flag, ">= 0 (0 = the preset's)")
-        if self.model:  # with init_from and no preset the checkpoint's shape is checked at start
-            shape = {**MODEL_PRESETS[self.model]().to_dict(),
-                     **{f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}}
-            _check(shape["hidden_size"] % shape["num_attention_heads"] == 0, "hidden_size",
-                   f"a multiple of num_attention_heads (got hidden_size={shape['hidden_size']}, "
-                   f"num_attention_heads={shape['num_attention_heads']}, model={self.model})")
-        self._check_masking()
-        _check(len(self.phases) > 0, "phases", "at least one phase")
-        _check(0 <= self.dropout < 1, "dropout", "in [0, 1)")
-        names = [p.name for p in self.phases]
-        _check(len(set(names)) == len(names), "phases", f"uniquely named, got {names}")
-        _check(0 <= self.adam_beta1 < 1 and 0 <= self.adam_beta2 < 1, "adam_beta1/adam_beta2",
-               "in [0, 1)")
-        _check(self.adam_epsilon > 0, "adam_epsilon", "positive")
-        _check(self.weight_decay >= 0, "weight_decay", ">= 0")
-        _check(self.max_grad_norm >= 0, "max_grad_norm", ">= 0")
-        _check(self.shuffle_buffer >= 0, "shuffle_buffer", ">= 0")
-        _check(self.num_workers >= 0, "num_workers", ">= 0")
-        _check(self.log_every > 0, "log_every", "positive")
-        self._check_report_to()
-        for flag in ("eval_every", "eval_batches", "checkpoint_every", "probe_every"):
-            _check(getattr(self, flag) >= 0, flag, ">= 0")
-        _check(self.keep_checkpoints >= 1, "keep_checkpoints", ">= 1")
-        if self.optimizer == "lamb" and self.zero_stage >= 1:
-            raise ValueError(LAMB_ZERO_MESSAGE.format(stage=self.zero_stage))
-        if self.optimizer == "lamb" and self.precision not in ("fp32", "auto"):
-            raise ValueError(LAMB_LOW_PRECISION_MESSAGE.format(precision=self.precision))
-        if self.precision not in ("fp32", "auto") and self.zero_stage == 0:
-            raise ValueError(LOW_PRECISION_ZERO0_MESSAGE.format(precision=self.precision))
-
-    def concrete_precision(self, bf16_hardware: bool) -> str:
-        """The precision the run trains in. `auto` picks bf16 only where it is both fast and
-        allowed: on a CPU without bf16 matrix units (AVX2 only) oneDNN emulates bf16 products
-        about 100x slower than fp32 ones, which makes a bf16 run tens of times slower there."""
-        if self.precision != "auto":
-            return self.precision
-        allowed = self.zero_stage >= 1 and self.optimizer == "adamw"
-        return "bf16" if bf16_hardware and allowed else "fp32"
 
     def uses_static_shapes(self, on_gpu: bool) -> bool:
         """Whether the loader pads every batch of a phase to one shape: `static_shapes`, with
-        auto where the whole step compiles (`compiles_whole_model`). There a step is bound by launches and host time more than by FLOPs,
-        and one shape lets the whole step compile once. A CPU run stays eager (compiling
-        measured slower there), so padding buys it nothing and costs its compute: on the books'
-        shards, eager fp32, bert_tiny 6% slower a step packed at 512 tokens (batch 8: 16
-        instance and 92 masked slots for 1-3 and 76-77 used), bert_mini 1%, and no change at
-        128 tokens, where those rows fill the row."""
+        auto where the whole step compiles (`compiles_whole_model`). There a step is bound by
+        launches and host time more than by FLOPs, and one shape lets the whole step compile
+        once. A CPU run stays eager (compiling measured slower there), so padding buys it
+        nothing and costs its compute: on the books' shards, eager fp32, bert_tiny 6% slower a
+        step packed at 512 tokens (batch 8: 16 instance and 92 masked slots for 1-3 and 76-77
+        used), bert_mini 1%, and no change at 128 tokens, where those rows fill the row."""
         return self.static_shapes == "on" or (self.static_shapes == "auto"
                                                and self.compiles_whole_model(on_gpu))
 
@@ -268,15 +255,28 @@ class PretrainConfig(MaskSplit):
         there). `static_shapes=auto` pads exactly where this holds."""
         return self.compile and on_gpu and self.zero_stage < 3
 
-    def model_config(self, vocab_size: int, **changes: Any):
-        """The `model.bert.BertConfig` of the preset with this run's shape and dropout (the
-        objective sets the attention it asks for, `Objective.build_model`)."""
-        from model.bert import BertConfig
-        shape = {f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}
-        base = MODEL_PRESETS[self.model]().to_dict()
-        return BertConfig(**{**base, **shape, "vocab_size": vocab_size,
-                             "hidden_dropout_prob": self.dropout,
-                             "attention_probs_dropout_prob": self.dropout, **changes})
+
+@dataclass(frozen=True)
+class PretrainDataConfig(MaskSplit):
+    """The vocabulary, dynamic masking and the loader. The MASK/SAME/RND split and
+    `do_whole_word_mask` (from `common.masking.MaskSplit`) act with `dynamic_masking=true`
+    only."""
+    vocab_dir: str = ""
+    """Vocabulary folder (vocab.txt, tokenizer.json): special-token ids and the exported folder."""
+    dynamic_masking: bool = False
+    """Re-draw the masks of every row each epoch instead of the shards' static masks."""
+    masked_lm_prob: float = 0.0
+    """Dynamic masking's share of each instance's tokens to predict, capped at the shards'
+    max_predictions_per_seq (0 = as many per row as the shards' masks)."""
+    shuffle_buffer: int = 2000
+    """Rows in the loader's shuffle buffer (0 = no shuffling)."""
+    num_workers: int = 1
+    """DataLoader worker processes per rank (0 = in the training process)."""
+
+    def __post_init__(self):
+        self._check_masking()
+        _check(self.shuffle_buffer >= 0, "shuffle_buffer", ">= 0")
+        _check(self.num_workers >= 0, "num_workers", ">= 0")
 
     def masking(self, max_predictions_per_seq: int) -> MaskingConfig:
         """Dynamic masking's `common.masking.MaskingConfig`, capped as the shards are."""
@@ -290,29 +290,96 @@ class PretrainConfig(MaskSplit):
             self.check_split()
         except SettingError as e:
             raise SettingError(e.setting, e.message, "--set {setting}: {message}") from None
-        changed = [f for f in MASKING_FIELDS
-                   if getattr(self, f) != PretrainConfig.__dataclass_fields__[f].default]
+        defaults = PretrainDataConfig.__dataclass_fields__
+        changed = [f for f in MASKING_FIELDS if getattr(self, f) != defaults[f].default]
         if changed and not self.dynamic_masking:
-            raise SettingError(changed[0], "acts only with dynamic_masking=true (without it the "
-                               "shards' masks are used: set it in make_shards instead)",
+            raise SettingError(changed[0], "acts only with data.dynamic_masking=true (without "
+                               "it the shards' masks are used: set it in make_shards instead)",
                                "--set {setting}: {message}")
+
+
+@dataclass(frozen=True)
+class CadenceConfig:
+    """How often the run logs, evaluates and saves, and what it keeps."""
+    log_every: int = 10
+    """Optimizer steps between metric lines (console, TensorBoard, metrics.jsonl)."""
+    eval_every: int = 500
+    """Optimizer steps between validation runs (0 = only at the end of each phase)."""
+    eval_batches: int = 20
+    """Micro-batches per rank per validation run."""
+    checkpoint_every: int = 1000
+    """Optimizer steps between checkpoints (0 = only at the end of each phase)."""
+    keep_checkpoints: int = 3
+    """Checkpoints kept (the oldest are deleted after a new one is complete)."""
+    export_hf: bool = True
+    """Export a consolidated fp32 Hugging Face folder to <output_dir>/hf at the end."""
+    probe_every: int = 0
+    """Global optimizer steps (counted across phases) between probe exports: a checkpoint, then
+    the consolidated fp32 Hugging Face folder of that step in <output_dir>/probes/step-NNNNNNN/hf
+    (training/probes.py), which the flow's probes fine-tune while training goes on (0 = off)."""
+    report_to: tuple[str, ...] = ("tensorboard",)
+    """Experiment trackers that get the metrics, the config and loss_curve.png on rank 0:
+    tensorboard, mlflow, wandb (comma-separated), or none (common/trackers.py)."""
+
+    def __post_init__(self):
+        _check(self.log_every > 0, "log_every", "positive")
+        for flag in ("eval_every", "eval_batches", "checkpoint_every", "probe_every"):
+            _check(getattr(self, flag) >= 0, flag, ">= 0")
+        _check(self.keep_checkpoints >= 1, "keep_checkpoints", ">= 1")
+        self._check_report_to()
 
     def _check_report_to(self) -> None:
         from common.trackers import check_names
         # a config file's or config.json's list, given as it is read (`from_dict`)
         object.__setattr__(self, "report_to", tuple(self.report_to))
-        try:
-            check_names(self.report_to)
-        except SettingError as e:
-            raise SettingError(e.setting, e.message, "--set {setting}: {message}") from None
+        check_names(self.report_to)
 
-    def _check_objective(self) -> None:
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    """A whole pre-training run: its sections, phases, output folder and seed."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The encoder (`--set model.preset=bert_base`)."""
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    """What the run trains."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """The optimizer and its settings."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Precision and parallelism."""
+    data: PretrainDataConfig = field(default_factory=PretrainDataConfig)
+    """Vocabulary, dynamic masking and the loader."""
+    cadence: CadenceConfig = field(default_factory=CadenceConfig)
+    """Logging, evaluation, checkpoints and the export."""
+    phases: tuple[PhaseConfig, ...] = (PhaseConfig(),)
+    """The phases, run in order; each continues from the previous one's weights."""
+    output_dir: str = "runs/pretrain"
+    """Run folder: checkpoints/, tensorboard/, metrics.jsonl, config.json, loss_curve.png, hf/."""
+    seed: int = 12345
+    """Seed of the model init, dropout, data order and re-masking."""
+
+    def __post_init__(self):
+        _check(len(self.phases) > 0, "phases", "at least one phase")
+        names = [p.name for p in self.phases]
+        _check(len(set(names)) == len(names), "phases", f"uniquely named, got {names}")
         from training import objectives
-        try:
-            objective = objectives.get(self.objective)
-        except ValueError as e:
-            raise SettingError("objective", str(e), "--set {setting}: {message}") from None
-        objective.check(self)
+        objectives.get(self.objective.name).check(self)
+        optimizer, zero, precision = self.optimizer.name, self.engine.zero_stage, \
+            self.engine.precision
+        if optimizer == "lamb" and zero >= 1:
+            raise ValueError(LAMB_ZERO_MESSAGE.format(stage=zero))
+        if optimizer == "lamb" and precision not in ("fp32", "auto"):
+            raise ValueError(LAMB_LOW_PRECISION_MESSAGE.format(precision=precision))
+        if precision not in ("fp32", "auto") and zero == 0:
+            raise ValueError(LOW_PRECISION_ZERO0_MESSAGE.format(precision=precision))
+
+    def concrete_precision(self, bf16_hardware: bool) -> str:
+        """The precision the run trains in. `auto` picks bf16 only where it is both fast and
+        allowed: on a CPU without bf16 matrix units (AVX2 only) oneDNN emulates bf16 products
+        about 100x slower than fp32 ones, which makes a bf16 run tens of times slower there."""
+        if self.engine.precision != "auto":
+            return self.engine.precision
+        allowed = self.engine.zero_stage >= 1 and self.optimizer.name == "adamw"
+        return "bf16" if bf16_hardware and allowed else "fp32"
 
     def phase(self, name: str) -> PhaseConfig:
         for p in self.phases:
@@ -322,20 +389,22 @@ class PretrainConfig(MaskSplit):
 
 
 LAMB_ZERO_MESSAGE = (
-    "optimizer=lamb cannot be combined with zero_stage={stage}: ZeRO partitions parameters "
-    "across ranks, so LAMB's per-layer trust ratio ||w|| / ||update|| would be computed on "
-    "partitions instead of whole layers. Use optimizer=adamw with ZeRO, or lamb with zero_stage=0."
+    "optimizer.name=lamb cannot be combined with engine.zero_stage={stage}: ZeRO partitions "
+    "parameters across ranks, so LAMB's per-layer trust ratio ||w|| / ||update|| would be "
+    "computed on partitions instead of whole layers. Use optimizer.name=adamw with ZeRO, or lamb "
+    "with engine.zero_stage=0."
 )
 # DeepSpeed 0.19.8 (runtime/engine.py `_do_optimizer_sanity_check`, `_configure_fp16_optimizer`):
 # a stage-0 bf16 FusedLamb goes into FP16_UnfusedOptimizer (`fused_lamb_legacy`), whose fp32
 # masters are private to the wrapper; at stage 1-2 FusedLamb is not a ZeRO-supported optimizer
 # and its trust ratio would be taken over flat partitions.
 LAMB_LOW_PRECISION_MESSAGE = (
-    "optimizer=lamb cannot be combined with precision={precision}: DeepSpeed 0.19 runs a "
-    "{precision} LAMB only at zero_stage=0, inside its FP16 optimizer wrapper, whose fp32 master "
-    "weights no checkpoint or export reads (they would be {precision}-rounded), and with ZeRO "
-    "LAMB's per-layer trust ratio would be computed on flat partitions. Use precision=fp32 with "
-    "lamb (matrix products run in TF32 on the GPU), or optimizer=adamw with bf16."
+    "optimizer.name=lamb cannot be combined with engine.precision={precision}: DeepSpeed 0.19 "
+    "runs a {precision} LAMB only at zero_stage=0, inside its FP16 optimizer wrapper, whose fp32 "
+    "master weights no checkpoint or export reads (they would be {precision}-rounded), and with "
+    "ZeRO LAMB's per-layer trust ratio would be computed on flat partitions. Use "
+    "engine.precision=fp32 with lamb (matrix products run in TF32 on the GPU), or "
+    "optimizer.name=adamw with bf16."
 )
 # Why: at stage 0 DeepSpeed 0.19 wraps the optimizer in its FP16 optimizer, whose fp32 master
 # weights live only in that wrapper's private optimizer state; the checkpoint's "module" (what
@@ -343,11 +412,11 @@ LAMB_LOW_PRECISION_MESSAGE = (
 # optimizer-state files that DeepSpeed's own zero_to_fp32 consolidates (it supports stages 1-3
 # only), and ZeRO-1 on one rank costs nothing.
 LOW_PRECISION_ZERO0_MESSAGE = (
-    "precision={precision} cannot be combined with zero_stage=0: DeepSpeed keeps the fp32 master "
-    "weights of a stage-0 {precision} run only inside its FP16 optimizer wrapper, so checkpoints, "
-    "the consolidated export and phase 2's starting weights would be {precision}-rounded. Use "
-    "zero_stage=1 (same memory on one rank; fp32 masters partitioned over ranks), or "
-    "precision=fp32."
+    "engine.precision={precision} cannot be combined with engine.zero_stage=0: DeepSpeed keeps "
+    "the fp32 master weights of a stage-0 {precision} run only inside its FP16 optimizer "
+    "wrapper, so checkpoints, the consolidated export and phase 2's starting weights would be "
+    "{precision}-rounded. Use engine.zero_stage=1 (same memory on one rank; fp32 masters "
+    "partitioned over ranks), or engine.precision=fp32."
 )
 
 
@@ -380,9 +449,11 @@ def tiny() -> PretrainConfig:
         PhaseConfig(name="phase2", max_seq_length=256, micro_batch_size=16, global_batch_size=16,
                     steps=60, warmup_steps=6, learning_rate=1e-3),
     )
-    return PretrainConfig(model="bert_tiny", phases=phases, zero_stage=1, precision="auto",
-                          log_every=10, eval_every=100, eval_batches=5, checkpoint_every=100,
-                          shuffle_buffer=500)
+    return PretrainConfig(model=ModelConfig(preset="bert_tiny"), phases=phases,
+                          engine=EngineConfig(zero_stage=1, precision="auto"),
+                          cadence=CadenceConfig(log_every=10, eval_every=100, eval_batches=5,
+                                                checkpoint_every=100),
+                          data=PretrainDataConfig(shuffle_buffer=500))
 
 
 # GPU micro-batches, from training/memory.py's estimate for one rank of 8 (bf16, ZeRO-1) on an
@@ -404,50 +475,117 @@ def tiny() -> PretrainConfig:
 # (14.2% padding unpacked, 0.9% packed, benchmarks/RESULTS.md 4.0a); at 128 tokens packing
 # removes the padding there is and costs nothing. `compile`: fused layers on the GPU.
 
+def _paper(preset: str) -> PretrainConfig:
+    """BERT as in the paper on GPUs: 1M steps at batch 256, lr 1e-4, 10k warmup."""
+    return PretrainConfig(model=ModelConfig(preset=preset), phases=_paper_phases(),
+                          engine=EngineConfig(precision="bf16", zero_stage=2, device="cuda",
+                                              compile=True),
+                          cadence=CadenceConfig(log_every=100, eval_every=10_000,
+                                                checkpoint_every=5_000))
+
+
 def base() -> PretrainConfig:
     """BERT-base as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
-    return PretrainConfig(model="bert_base", phases=_paper_phases(), precision="bf16",
-                          zero_stage=2, device="cuda", compile=True, log_every=100,
-                          eval_every=10_000, checkpoint_every=5_000)
+    return _paper("bert_base")
 
 
 def large() -> PretrainConfig:
     """BERT-large as in the paper: 1M steps at batch 256, lr 1e-4, 10k warmup."""
-    return PretrainConfig(model="bert_large", phases=_paper_phases(), precision="bf16",
-                          zero_stage=2, device="cuda", compile=True, log_every=100,
-                          eval_every=10_000, checkpoint_every=5_000)
+    return _paper("bert_large")
 
 
 PRESETS = {"tiny": tiny, "base": base, "large": large}
 
 
+# ---------------------------------------------------------------- flat names
+
+SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "optimizer": OptimizerConfig,
+            "engine": EngineConfig, "data": PretrainDataConfig, "cadence": CadenceConfig}
+"""The sections of `PretrainConfig` by their setting name."""
+RENAMED_SETTINGS = {
+    "model": "model.preset", "init_from": "model.init_from",
+    "num_hidden_layers": "model.num_hidden_layers", "hidden_size": "model.hidden_size",
+    "num_attention_heads": "model.num_attention_heads",
+    "intermediate_size": "model.intermediate_size", "dropout": "model.dropout",
+    "objective": "objective.name", "next_sentence": "objective.next_sentence",
+    "optimizer": "optimizer.name", "adam_beta1": "optimizer.adam_beta1",
+    "adam_beta2": "optimizer.adam_beta2", "adam_epsilon": "optimizer.adam_epsilon",
+    "weight_decay": "optimizer.weight_decay", "max_grad_norm": "optimizer.max_grad_norm",
+    "zero_stage": "engine.zero_stage", "precision": "engine.precision",
+    "device": "engine.device", "compile": "engine.compile",
+    "static_shapes": "engine.static_shapes",
+    "vocab_dir": "data.vocab_dir", "dynamic_masking": "data.dynamic_masking",
+    "masked_lm_prob": "data.masked_lm_prob", "mask_fraction": "data.mask_fraction",
+    "same_fraction": "data.same_fraction", "random_fraction": "data.random_fraction",
+    "do_whole_word_mask": "data.do_whole_word_mask", "shuffle_buffer": "data.shuffle_buffer",
+    "num_workers": "data.num_workers",
+    "log_every": "cadence.log_every", "eval_every": "cadence.eval_every",
+    "eval_batches": "cadence.eval_batches", "checkpoint_every": "cadence.checkpoint_every",
+    "keep_checkpoints": "cadence.keep_checkpoints", "export_hf": "cadence.export_hf",
+}
+"""Flat setting -> its name in the sections (`zero_stage` -> `engine.zero_stage`, `model` ->
+`model.preset`). `bert-pretrain` and the flow (`pretrain.<old>`) refuse the flat name naming
+the new one; `load_saved` moves a flat saved config's values there."""
+
+
+def _is_flat(key: str, value: Any) -> bool:
+    """Whether `key: value` is a flat setting of before: `model`, `objective` and `optimizer`
+    are sections too, so set to a mapping they are the sections, set to a value the old
+    settings."""
+    return key in RENAMED_SETTINGS and not (key in SECTIONS and isinstance(value, Mapping))
+
+
+def renamed_error(overrides: Mapping[str, Any]) -> str | None:
+    """The one-line error for the first flat setting (`RENAMED_SETTINGS`) in `overrides` (a
+    nested mapping of a PretrainConfig's settings), else None."""
+    for key, value in overrides.items():
+        if _is_flat(key, value):
+            return f"setting {key} was renamed: it is now {RENAMED_SETTINGS[key]}"
+    return None
+
+
+def migrate_flat(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A saved config in the flat layout (each section's fields at the top level: the
+    `config.json` of runs older than the sections) in the sections' layout; one in the
+    sections' layout unchanged."""
+    moved: dict[str, Any] = {}
+    for key, value in data.items():
+        if _is_flat(key, value):
+            section, _, name = RENAMED_SETTINGS[key].partition(".")
+            moved = settings.merge(moved, {section: {name: value}})
+        else:
+            moved = settings.merge(moved, {key: value})
+    return moved
+
+
 # ---------------------------------------------------------------- overrides
 
 def to_dict(config: PretrainConfig) -> dict:
-    """A JSON-able dict of the config (phases as a list)."""
+    """A JSON-able dict of the config (sections as mappings, phases as a list)."""
     return json.loads(json.dumps(dataclasses.asdict(config)))
 
 
 def from_dict(data: Mapping[str, Any], base: PretrainConfig | None = None,
-              user_file: bool = False) -> PretrainConfig:
-    """Apply a nested mapping (a YAML/JSON file's content) on top of `base`; validated once.
+              user_file: bool = False, label: str = "config key") -> PretrainConfig:
+    """Apply a nested mapping (a YAML/JSON file's content) on top of `base`; validated once
+    with `common.settings.apply`, the file's `phases` list merged by name (`_merge_phases`).
     `user_file`: a user's config file, told when its phases leave some of `base`'s out."""
-    merged = to_dict(base or PretrainConfig())
-    for key, value in data.items():
-        if key != "phases":
-            _assign(merged, PretrainConfig, key, value, key, origin="config key")
-            continue
-        merged["phases"] = _merge_phases(merged["phases"], value, warn=user_file)
-    return _build(merged)
+    base = base or PretrainConfig()
+    rest = {k: v for k, v in data.items() if k != "phases"}
+    if "phases" in data:
+        merged = _merge_phases(to_dict(base)["phases"], data["phases"], warn=user_file, label=label)
+        base = dataclasses.replace(base, phases=_build_phases(merged))
+    return settings.apply(base, rest, label=label)
 
 
-def _merge_phases(base: list[dict], entries: Any, warn: bool) -> list[dict]:
+def _merge_phases(base: list[dict], entries: Any, warn: bool,
+                  label: str = "config key") -> list[dict]:
     """A file's `phases` list is the run's phases, in its order. An entry with a `name` starts
     from the base phase of that name (so `{name: phase2, steps: 10}` keeps phase 2's length
     and learning rate), an unnamed one from the base phase at its position; phases of the base
     the list leaves out are not run, and a warning says so."""
     if not isinstance(entries, list) or not all(isinstance(e, Mapping) for e in entries):
-        raise ValueError("config key 'phases' must be a list of phase mappings")
+        raise ValueError(f"{label} 'phases' must be a list of phase mappings")
     by_name = {phase["name"]: phase for phase in base}
     phases = []
     for i, entry in enumerate(entries):
@@ -455,10 +593,10 @@ def _merge_phases(base: list[dict], entries: Any, warn: bool) -> list[dict]:
             phase = dict(by_name.get(str(entry["name"]), dataclasses.asdict(PhaseConfig())))
         else:
             phase = dict(base[i]) if i < len(base) else dataclasses.asdict(PhaseConfig())
-        given: dict[str, Any] = {}
-        for name, v in entry.items():
-            _assign(given, PhaseConfig, name, v, f"phases.{i}.{name}", origin="config key")
-        phases.append({**phase, **PhaseConfig(**phase).follow_changes(given)})
+        start = PhaseConfig(**{**phase, "name": str(entry.get("name", phase["name"]))})
+        built = settings.apply(start, {k: v for k, v in entry.items() if k != "name"},
+                               prefix=f"phases.{i}.", label=label)
+        phases.append(dataclasses.asdict(built))
     dropped = [name for name in by_name if name not in {p["name"] for p in phases}]
     if dropped and warn:
         log.warning("the config file's phases %s leave out the preset's %s: not run",
@@ -466,10 +604,24 @@ def _merge_phases(base: list[dict], entries: Any, warn: bool) -> list[dict]:
     return phases
 
 
+def _build_phases(raw: list[dict]) -> tuple[PhaseConfig, ...]:
+    """The validated phases of a to_dict-shaped list; an error names the phase."""
+    phases = []
+    for i, fields in enumerate(raw):
+        try:
+            phases.append(PhaseConfig(**fields))
+        except SettingError as e:
+            raise e.within(f"phases.{i}.", e.template) from None
+    return tuple(phases)
+
+
 def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
-    """Overrides from a `.yaml`/`.yml`/`.json` file."""
+    """Overrides from a `.yaml`/`.yml`/`.json` file; a flat setting fails naming its new name."""
     data = settings.load_file(path)
     try:
+        renamed = renamed_error(data)
+        if renamed:
+            raise ValueError(renamed)
         return from_dict(data, base, user_file=True)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{path}: {e}") from e
@@ -478,28 +630,11 @@ def load_file(path: str, base: PretrainConfig | None = None) -> PretrainConfig:
 def apply_overrides(config: PretrainConfig, assignments: Sequence[str]) -> PretrainConfig:
     """Apply `key=value` strings (see the module docstring); validated after all of them, so
     their order does not matter (`phase1.steps=3` before `phase1.warmup_steps=1` is fine)."""
-    return settings.apply(config, settings.parse_assignments(assignments), label="--set")
-
-
-def _assign(target: dict, cls: type, name: str, raw: Any, flag: str,
-            origin: str = "--set") -> None:
-    """target[name] = `raw` as the field's type, after checking that `cls` has that field.
-    Errors name `origin` and `flag` ("--set phases.0.steps", "config key phases.0.steps")."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {"phases"}
-    if name not in fields:
-        raise ValueError(f"{origin} {flag}: unknown field (known: {sorted(fields)})")
-    target[name] = convert_setting(f"{origin} {flag}", raw, typing.get_type_hints(cls)[name])
-
-
-def _build(data: dict) -> PretrainConfig:
-    """The validated config of a to_dict-shaped mapping; phase errors name the phase."""
-    phases = []
-    for i, raw in enumerate(data["phases"]):
-        try:
-            phases.append(PhaseConfig(**raw))
-        except SettingError as e:
-            raise e.within(f"phases.{i}.", e.template) from None
-    return PretrainConfig(**{**data, "phases": tuple(phases)})
+    overrides = settings.parse_assignments(assignments)
+    renamed = renamed_error(overrides)
+    if renamed:
+        raise ValueError(renamed)
+    return settings.apply(config, overrides, label="--set")
 
 
 def resolve(preset: str = "tiny", config_file: str | None = None,
@@ -508,23 +643,30 @@ def resolve(preset: str = "tiny", config_file: str | None = None,
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r}: expected one of {sorted(PRESETS)}")
     config = PRESETS[preset]()
-    given = {**(settings.load_file(config_file) if config_file else {}),
-             **settings.parse_assignments(assignments)}
-    shape = checkpoint_decides_shape(given)
+    given_file = settings.load_file(config_file) if config_file else {}
+    given_set = settings.parse_assignments(assignments)
+    for given, where in ((given_file, f"{config_file}: "), (given_set, "")):
+        renamed = renamed_error(given)
+        if renamed:
+            raise ValueError(where + renamed)
+    shape = checkpoint_decides_shape(settings.merge(given_file, given_set))
     if shape:
-        config = settings.apply(config, {**shape, "init_from": given["init_from"]}, label="--set")
+        config = settings.apply(config, shape, label="--set")
     if config_file:
         config = load_file(config_file, config)
     return apply_overrides(config, assignments)
 
 
 def checkpoint_decides_shape(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """`{"model": ""}` where `overrides` (of a PretrainConfig) name `init_from` and not `model`:
-    the checkpoint then decides the shape (training/init_from.py), not the preset's model. The
-    caller applies it with the overrides, before validation, so that a shape setting beside
-    `init_from` is checked against the checkpoint, not the preset (`bert-pretrain --set` and the
-    flow's `pretrain.*` alike)."""
-    return {"model": ""} if overrides.get("init_from") and "model" not in overrides else {}
+    """`{"model": {"preset": "", "init_from": ...}}` where `overrides` (of a PretrainConfig)
+    name `model.init_from` and not `model.preset`: the checkpoint then decides the shape
+    (training/init_from.py), not the preset's. The caller applies it with the overrides, before
+    validation, so that a shape setting beside `init_from` is checked against the checkpoint,
+    not the preset (`bert-pretrain --set` and the flow's `pretrain.*` alike)."""
+    model = overrides.get("model")
+    if not isinstance(model, Mapping) or not model.get("init_from") or "preset" in model:
+        return {}
+    return {"model": {"preset": "", "init_from": model["init_from"]}}
 
 
 def save(config: PretrainConfig, path: str) -> None:
@@ -533,32 +675,47 @@ def save(config: PretrainConfig, path: str) -> None:
 
 
 def load_saved(path: str) -> PretrainConfig:
-    """The config saved with a run or checkpoint (config.json)."""
+    """The config saved with a run or checkpoint (config.json), in either layout: a flat one
+    (`migrate_flat`) is read as its sections, so an older run resumes."""
     with open(path, encoding="utf-8") as f:
-        return from_dict(json.load(f))
+        return from_dict(migrate_flat(json.load(f)))
 
 
-# Fields a resumed run may change: where things are, how often to log/evaluate/save, and speed or
-# memory knobs. (micro_batch_size: the global batch fixes the optimisation; the loader then
+# Settings a resumed run may change: where things are, how often to log/evaluate/save, and speed
+# or memory knobs. (micro_batch_size: the global batch fixes the optimisation; the loader then
 # resumes at the same share of the epoch. Shard locations: their content is compared instead.)
-RESUME_FREE_FIELDS = ("output_dir", "vocab_dir", "num_workers", "compile", "static_shapes",
-                      "log_every", "eval_every", "eval_batches", "checkpoint_every", "probe_every",
-                      "keep_checkpoints",
-                      "export_hf", "device", "report_to",
+RESUME_FREE_FIELDS = ("output_dir", "data.vocab_dir", "data.num_workers", "engine.compile",
+                      "engine.static_shapes", "engine.device", "cadence.log_every",
+                      "cadence.eval_every", "cadence.eval_batches", "cadence.checkpoint_every",
+                      "cadence.keep_checkpoints", "cadence.export_hf", "cadence.probe_every",
+                      "cadence.report_to",
                       "phases.*.train_shards", "phases.*.validation_shards",
                       "phases.*.micro_batch_size")
 
 
+def _dotted(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as {dotted key: value} (phases left out)."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        elif key != "phases":
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def resume_conflicts(saved: PretrainConfig, current: PretrainConfig) -> list[str]:
-    """`field: saved -> current` for every field outside RESUME_FREE_FIELDS that differs."""
-    old, new = to_dict(saved), to_dict(current)
+    """`setting: saved -> current` for every setting outside RESUME_FREE_FIELDS that differs,
+    by its dotted name (`engine.zero_stage: 1 -> 2`)."""
+    old_all, new_all = to_dict(saved), to_dict(current)
+    old, new = _dotted(old_all), _dotted(new_all)
     free = set(RESUME_FREE_FIELDS)
     conflicts = [f"{key}: {old[key]!r} -> {new[key]!r}" for key in old
-                 if key != "phases" and key not in free and old[key] != new.get(key)]
-    if len(old["phases"]) != len(new["phases"]):
-        conflicts.append(f"phases: {[p['name'] for p in old['phases']]} -> "
-                         f"{[p['name'] for p in new['phases']]}")
-    for i, (a, b) in enumerate(zip(old["phases"], new["phases"])):
+                 if key not in free and old[key] != new.get(key)]
+    if len(old_all["phases"]) != len(new_all["phases"]):
+        conflicts.append(f"phases: {[p['name'] for p in old_all['phases']]} -> "
+                         f"{[p['name'] for p in new_all['phases']]}")
+    for i, (a, b) in enumerate(zip(old_all["phases"], new_all["phases"])):
         conflicts += [f"phases.{i}.{key}: {a[key]!r} -> {b[key]!r}" for key in a
                       if f"phases.*.{key}" not in free and a[key] != b[key]]
     return conflicts
@@ -572,4 +729,3 @@ def describe(config: PretrainConfig, world_size: int = 1) -> str:
     data["world_size"] = world_size
     data["rank_env"] = {k: os.environ.get(k, "") for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
     return yaml.safe_dump(data, sort_keys=False)
-

@@ -42,23 +42,24 @@ from training.optim import LinearWarmupDecay
 def build_ds_config(config: PretrainConfig, phase: PhaseConfig, world_size: int,
                     on_gpu: bool, load_universal: bool = False) -> dict[str, Any]:
     """The `config` dict for `deepspeed.initialize` for one phase on `world_size` ranks."""
-    if config.optimizer == "lamb" and config.zero_stage >= 1:
-        raise ValueError(LAMB_ZERO_MESSAGE.format(stage=config.zero_stage))
-    if config.optimizer == "lamb" and not on_gpu:
-        raise ValueError("optimizer=lamb uses DeepSpeed's FusedLamb, a CUDA op: it needs a GPU "
-                         "(use optimizer=adamw on CPU)")
-    if config.precision == "fp16" and not on_gpu:
-        raise ValueError("precision=fp16 needs a GPU (the CPU accelerator has no fp16 training); "
-                         "use precision=bf16 or fp32 on CPU")
+    optimizer, engine = config.optimizer, config.engine
+    if optimizer.name == "lamb" and engine.zero_stage >= 1:
+        raise ValueError(LAMB_ZERO_MESSAGE.format(stage=engine.zero_stage))
+    if optimizer.name == "lamb" and not on_gpu:
+        raise ValueError("optimizer.name=lamb uses DeepSpeed's FusedLamb, a CUDA op: it needs a "
+                         "GPU (use optimizer.name=adamw on CPU)")
+    if engine.precision == "fp16" and not on_gpu:
+        raise ValueError("engine.precision=fp16 needs a GPU (the CPU accelerator has no fp16 "
+                         "training); use engine.precision=bf16 or fp32 on CPU")
     ds: dict[str, Any] = {
         "train_batch_size": phase.global_batch_size,
         "train_micro_batch_size_per_gpu": phase.micro_batch_size,
         "gradient_accumulation_steps": phase.gradient_accumulation_steps(world_size),
-        "gradient_clipping": config.max_grad_norm,
-        "zero_optimization": zero_section(config.zero_stage),
+        "gradient_clipping": optimizer.max_grad_norm,
+        "zero_optimization": zero_section(engine.zero_stage),
         "optimizer": optimizer_section(config, phase, on_gpu),
-        "bf16": {"enabled": config.precision == "bf16"},
-        "fp16": {"enabled": config.precision == "fp16", "loss_scale": 0,
+        "bf16": {"enabled": engine.precision == "bf16"},
+        "fp16": {"enabled": engine.precision == "fp16", "loss_scale": 0,
                  "initial_scale_power": 16, "loss_scale_window": 1000, "hysteresis": 2,
                  "min_loss_scale": 1},
         "steps_per_print": 1 << 30,  # training/pretrain.py logs its own metrics
@@ -97,22 +98,23 @@ def data_types(config: PretrainConfig, phase: PhaseConfig, world_size: int) -> d
     with several micro-batches per step. Not at ZeRO-1 (DeepSpeed would switch to its
     BF16_Optimizer, which ignores overlap and buckets), not without accumulation (nothing to
     accumulate), not at ZeRO-3 (fp32 already), not for fp16/fp32 (their own paths)."""
-    if config.precision == "bf16" and config.zero_stage == 2 and \
+    if config.engine.precision == "bf16" and config.engine.zero_stage == 2 and \
             phase.gradient_accumulation_steps(world_size) > 1:
         return {"grad_accum_dtype": "fp32"}
     return {}
 
 
 def optimizer_section(config: PretrainConfig, phase: PhaseConfig, on_gpu: bool) -> dict[str, Any]:
-    betas = [config.adam_beta1, config.adam_beta2]
-    if config.optimizer == "lamb":
+    optimizer = config.optimizer
+    betas = [optimizer.adam_beta1, optimizer.adam_beta2]
+    if optimizer.name == "lamb":
         return {"type": "Lamb", "params": {"lr": phase.learning_rate, "betas": betas,
-                                           "eps": config.adam_epsilon,
-                                           "weight_decay": config.weight_decay,
+                                           "eps": optimizer.adam_epsilon,
+                                           "weight_decay": optimizer.weight_decay,
                                            "max_coeff": 10.0, "min_coeff": 0.01}}
     return {"type": "AdamW", "params": {"lr": phase.learning_rate, "betas": betas,
-                                        "eps": config.adam_epsilon,
-                                        "weight_decay": config.weight_decay,
+                                        "eps": optimizer.adam_epsilon,
+                                        "weight_decay": optimizer.weight_decay,
                                         "torch_adam": not on_gpu, "adam_w_mode": True}}
 
 

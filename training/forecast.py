@@ -195,18 +195,21 @@ def run_shape(config, vocab_size: int | None = None) -> RunShape:
     (a `training.config.PretrainConfig`); the vocabulary: `vocab_size`, else `vocab_dir`'s,
     else the preset's."""
     from model.bert import PRESETS
-    if not config.model:
+    if not config.model.preset:
         raise ValueError("--plan: init_from's checkpoint decides the model's shape; name the "
-                         "matching preset too (--set model=bert_base, pretrain.model in the flow)")
-    name = config.model
-    if vocab_size is None and config.vocab_dir and os.path.exists(config.vocab_dir):
+                         "matching preset too (--set model.preset=bert_base, "
+                         "pretrain.model.preset in the flow)")
+    name = config.model.preset
+    vocab_dir = config.data.vocab_dir
+    if vocab_size is None and vocab_dir and os.path.exists(vocab_dir):
         from common.tokenization import read_vocab
-        vocab_size = len(read_vocab(config.vocab_dir))
+        vocab_size = len(read_vocab(vocab_dir))
     vocab_size = vocab_size or PRESETS[name]().vocab_size
     phases = tuple(PhasePlan(p.name, p.max_seq_length, p.micro_batch_size, p.global_batch_size,
                              p.steps, p.train_shards) for p in config.phases)
-    return RunShape(name, config.model_config(vocab_size), config.zero_stage, config.precision,
-                    config.keep_checkpoints, config.output_dir, phases)
+    return RunShape(name, config.model.build(vocab_size), config.engine.zero_stage,
+                    config.engine.precision, config.cadence.keep_checkpoints, config.output_dir,
+                    phases)
 
 
 # ---------------------------------------------------------------- data per phase

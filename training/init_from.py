@@ -1,4 +1,5 @@
-"""Continued pre-training: the model's shape, starting weights and vocabulary from `init_from`.
+"""Continued pre-training: the model's shape, starting weights and vocabulary from
+`model.init_from`.
 
 Domain-adaptive pre-training (Gururangan et al. 2020, "Don't Stop Pretraining") starts from a
 released BERT and trains further on the user's corpus. The checkpoint decides everything the
@@ -47,17 +48,18 @@ _WARNED: set[str] = set()
 
 
 def continue_preset() -> PretrainConfig:
-    """Continued pre-training of a released BERT (set `init_from`; the checkpoint decides the
-    shape and vocabulary): base's two phases of 256 sequences per step, 9,000 steps at 128 tokens
-    and 1,000 at 512, each at `CONTINUE_LEARNING_RATE` with 6% warmup; a GPU when there is one
-    (device, precision auto), else the CPU."""
+    """Continued pre-training of a released BERT (set `model.init_from`; the checkpoint decides
+    the shape and vocabulary): base's two phases of 256 sequences per step, 9,000 steps at 128
+    tokens and 1,000 at 512, each at `CONTINUE_LEARNING_RATE` with 6% warmup; a GPU when there is
+    one (device, precision auto), else the CPU."""
     base = training_config.base()
     phases = tuple(dataclasses.replace(p, steps=steps, warmup_steps=steps * 6 // 100,
                                        learning_rate=CONTINUE_LEARNING_RATE)
                    for p, steps in zip(base.phases, (9_000, 1_000)))
-    return dataclasses.replace(base, phases=phases, device="auto", precision="auto",
-                               zero_stage=1, compile=False, eval_every=1_000,
-                               checkpoint_every=1_000)
+    engine = dataclasses.replace(base.engine, device="auto", precision="auto", zero_stage=1,
+                                 compile=False)
+    cadence = dataclasses.replace(base.cadence, eval_every=1_000, checkpoint_every=1_000)
+    return dataclasses.replace(base, phases=phases, engine=engine, cadence=cadence)
 
 
 def learning_rate_warning(config: PretrainConfig) -> str | None:
@@ -65,9 +67,9 @@ def learning_rate_warning(config: PretrainConfig) -> str | None:
     `MAX_CONTINUE_LEARNING_RATE`, else None."""
     high = [f"{p.name}.learning_rate={p.learning_rate:g}" for p in config.phases
             if p.learning_rate > MAX_CONTINUE_LEARNING_RATE]
-    if not config.init_from or not high:
+    if not config.model.init_from or not high:
         return None
-    return (f"init_from={config.init_from} with {', '.join(high)}: above "
+    return (f"model.init_from={config.model.init_from} with {', '.join(high)}: above "
             f"{MAX_CONTINUE_LEARNING_RATE:g}, a rate for training from scratch, which moves the "
             f"checkpoint far from what it learned; continued pre-training trains at about "
             f"{CONTINUE_LEARNING_RATE:g} (bert-dag --preset continue, bert-pretrain --config "
@@ -90,34 +92,34 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
     dropout and the GPU-friendly row padding; an error naming both values where the preset
     (when one is named), the shards' vocabulary, the vocabulary folder or a phase's sequence
     length contradicts the checkpoint."""
-    start = start or find_starting_point(config.init_from)
+    model = config.model
+    start = start or find_starting_point(model.init_from)
     warn_learning_rate(config)
     shape = start.config
-    where = f"init_from={config.init_from} ({start.config_file})"
-    for name in SHAPE_FIELDS:  # the run's shape fields (0 = not set)
-        value = getattr(config, name)
-        if value and value != getattr(shape, name):
-            raise ValueError(f"--set {name}={value}, but {where} has {name}="
+    where = f"model.init_from={model.init_from} ({start.config_file})"
+    for name, value in model.shape().items():  # the run's shape fields set (0 = not set)
+        if value != getattr(shape, name):
+            raise ValueError(f"--set model.{name}={value}, but {where} has {name}="
                              f"{getattr(shape, name)}: a checkpoint's shape cannot change")
-    if config.model:
-        preset = MODEL_PRESETS[config.model]()
+    if model.preset:
+        preset = MODEL_PRESETS[model.preset]()
         for name in SHAPE_FIELDS:
-            if not getattr(config, name) and getattr(preset, name) != getattr(shape, name):
+            if not getattr(model, name) and getattr(preset, name) != getattr(shape, name):
                 raise ValueError(
-                    f"--set model={config.model} has {name}={getattr(preset, name)}, but "
-                    f"{where} has {name}={getattr(shape, name)}: leave model out (--set "
-                    "model= or no model setting) to take the checkpoint's shape")
+                    f"--set model.preset={model.preset} has {name}={getattr(preset, name)}, but "
+                    f"{where} has {name}={getattr(shape, name)}: leave the preset out (--set "
+                    "model.preset= or no model.preset setting) to take the checkpoint's shape")
     shards_vocab = int(manifest.get("vocab_size") or 0)
     if shards_vocab and shards_vocab != shape.vocab_size:
         raise ValueError(f"the shards were made with vocab_size {shards_vocab}, but {where} has "
                          f"vocab_size {shape.vocab_size}: make the shards with the checkpoint's "
                          "vocab.txt")
-    if config.vocab_dir:
+    if config.data.vocab_dir:
         from common.tokenization import read_vocab
-        tokens = len(read_vocab(config.vocab_dir))
+        tokens = len(read_vocab(config.data.vocab_dir))
         if tokens != shape.vocab_size:
-            raise ValueError(f"--set vocab_dir={config.vocab_dir} holds {tokens} tokens, but "
-                             f"{where} has vocab_size {shape.vocab_size}")
+            raise ValueError(f"--set data.vocab_dir={config.data.vocab_dir} holds {tokens} tokens, "
+                             f"but {where} has vocab_size {shape.vocab_size}")
     for phase in config.phases:
         if phase.max_seq_length > shape.max_position_embeddings:
             raise ValueError(f"--set {phase.name}.max_seq_length={phase.max_seq_length}, but "
@@ -126,8 +128,7 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
     if shape.type_vocab_size < 2:
         raise ValueError(f"{where} has type_vocab_size {shape.type_vocab_size}; BERT's inputs "
                          "need 2 token types (sentences A and B)")
-    return shape.replace(hidden_dropout_prob=config.dropout,
-                         attention_probs_dropout_prob=config.dropout, vocab_multiple=64)
+    return model.build(shape.vocab_size, base=shape, vocab_multiple=64)
 
 
 def load_starting_weights(model: nn.Module, start: StartingPoint) -> list[str]:

@@ -13,11 +13,11 @@
   --node_rank I ...` on every node (`deepspeed_command`); its pdsh/ssh mode (one command
   reaching the nodes by passwordless ssh) needs ssh set up on the hosts, which the images are not.
 
-A run that asks for GPUs (`device: cuda`, as the base and large presets do; CUDA_VISIBLE_DEVICES;
-a Slurm GPU allocation; `--nproc-per-node gpu`) where torch has no usable CUDA stops with one line
-(`refuse_cpu_fallback`) instead of training its ranks on the CPU: the launch scripts run
-`python -m training.launch check-gpus ...` before they start any rank, and `bert-pretrain`
-checks again in case it was started by hand.
+A run that asks for GPUs (`engine.device: cuda`, as the base and large presets do;
+CUDA_VISIBLE_DEVICES; a Slurm GPU allocation; `--nproc-per-node gpu`) where torch has no usable
+CUDA stops with one line (`refuse_cpu_fallback`) instead of training its ranks on the CPU: the
+launch scripts run `python -m training.launch check-gpus ...` before they start any rank, and
+`bert-pretrain` checks again in case it was started by hand.
 
 On CPU the backend is gloo (DeepSpeed's cpu accelerator). `init_process_env` also points
 `TORCH_EXTENSIONS_DIR` into the virtualenv, so the shared-memory collective op DeepSpeed compiles
@@ -180,10 +180,10 @@ NO_DEVICES = ("", "-1", "none", "NoDevFiles")
 
 def gpu_request(device: str, env: Mapping[str, str], nproc_per_node: str = "") -> str | None:
     """Why a launch asks for GPUs (the first reason found), or None when it does not: the
-    config's `device: cuda`, a launcher told to start one rank per GPU, CUDA_VISIBLE_DEVICES
+    config's `engine.device: cuda`, a launcher told to start one rank per GPU, CUDA_VISIBLE_DEVICES
     naming devices, or a Slurm GPU allocation."""
     if device == "cuda":
-        return "device: cuda, as the base and large presets set"
+        return "engine.device: cuda, as the base and large presets set"
     if nproc_per_node == "gpu":
         return "--nproc-per-node gpu"
     visible = env.get("CUDA_VISIBLE_DEVICES")
@@ -219,7 +219,7 @@ def refuse_cpu_fallback(device: str, env: Mapping[str, str] | None = None,
     if missing is not None:
         raise ValueError(f"this run asks for GPUs ({reason}), but {missing}; stopped before "
                          "training. Run it where torch has CUDA and sees the GPUs, or for a CPU "
-                         "run set device=auto and ask for no GPU")
+                         "run set engine.device=auto and ask for no GPU")
 
 
 def refuse_cpu_fallback_in_rank(device: str) -> None:
@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="starting configuration (training/config.py)")
     parser.add_argument("--config", help="YAML or JSON file of overrides")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a field, e.g. zero_stage=2 or phase1.steps=300")
+                        help="override a setting, e.g. engine.zero_stage=2 or phase1.steps=300")
     parser.add_argument("--stop_after_steps", type=int, default=None,
                         help="stop with a checkpoint after N optimizer steps of this invocation "
                              "(preemption drills); run again to resume")
@@ -323,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from training import config as cfg
     try:
         config = cfg.resolve(known.preset, known.config, known.set)
-        refuse_cpu_fallback(config.device, nproc_per_node=args.nproc_per_node)
+        refuse_cpu_fallback(config.engine.device, nproc_per_node=args.nproc_per_node)
     except ValueError as e:
         print(f"bert-pretrain: error: {e}", file=sys.stderr, flush=True)
         return 2

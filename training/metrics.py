@@ -86,7 +86,7 @@ class MetricsLog:
             storage.atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
         elif resume_from is None and os.path.exists(self.path):
             os.unlink(self.path)
-        names = config.report_to if config is not None else ("tensorboard",)
+        names = config.cadence.report_to if config is not None else ("tensorboard",)
         self.trackers = open_trackers(
             names, output_dir, os.path.basename(os.path.abspath(output_dir)),
             to_dict(config) if config is not None else None, resume=resume_from is not None)

@@ -13,11 +13,12 @@ An `Objective` says everything `bert-pretrain` needs to know about what it train
   made with `--no_next_sentence` are refused, naming them).
 - `check(config)`: the run's settings it cannot train with, one line naming the setting.
 
-Registered (`--set objective=NAME`): `mlm_nsp` (masked LM + next-sentence prediction, the
+Registered (`--set objective.name=NAME`): `mlm_nsp` (masked LM + next-sentence prediction, the
 paper's), `mlm` (masked LM alone, Table 5 "No NSP"), `ltr` (the left-to-right LM, Table 5
-"LTR & No NSP"). `objective=mlm` keeps its older meaning too: with `next_sentence=true` (the
-default) on shards with NSP labels it trains `mlm_nsp` (`for_shards` is that rule, written
-once); `next_sentence=false` makes any shards MLM-only.
+"LTR & No NSP"). `objective.name=mlm` keeps its older meaning too: with
+`objective.next_sentence=true` (the default) on shards with NSP labels it trains `mlm_nsp`
+(`for_shards` is that rule, written once); `objective.next_sentence=false` makes any shards
+MLM-only.
 
 A new objective is one file and one line. In this package: a module defining an `Objective`
 and its line in `OBJECTIVES`. Outside it, no line at all: name it by `module:attribute`,
@@ -28,10 +29,11 @@ PYTHONPATH), and is saved with the run's config like any other value:
     SEGMENT = Objective(name="segment", metric_keys=("loss", "segment_loss", ...),
                         heads=("segment",), model=build_segment_model)
 
-    bert-pretrain --set objective=my_objectives:SEGMENT --set export_hf=false ...
+    bert-pretrain --set objective.name=my_objectives:SEGMENT --set cadence.export_hf=false ...
 
-(`export_hf` exports `BertForPreTraining`, model/hf.py; an objective with a model of its own
-saves checkpoints only, and `check` asks for export_hf=false before the run starts.) The example in
+(`cadence.export_hf` exports `BertForPreTraining`, model/hf.py; an objective with a model of
+its own saves checkpoints only, and `check` asks for cadence.export_hf=false before the run
+starts.) The example in
 tests/training/test_objectives.py trains such an objective through `bert-pretrain`.
 """
 from __future__ import annotations
@@ -74,7 +76,8 @@ class Objective:
     model: Callable[[BertConfig, bool], nn.Module] = pretraining_model
     """(BertConfig, next_sentence) -> the model whose forward takes the loader's batch."""
     refuses: tuple[tuple[str, Any, str], ...] = ()
-    """(setting, value, why): settings it cannot train with."""
+    """(setting, value, why): settings it cannot train with, by their dotted names
+    (`data.dynamic_masking`)."""
 
     def build_model(self, config: BertConfig) -> nn.Module:
         """The model on `config`, with the attention this objective asks for."""
@@ -85,25 +88,25 @@ class Objective:
         this objective cannot train with."""
         from common.settings import SettingError
         for setting, value, why in self.refuses:
-            if getattr(config, setting) == value:
-                raise SettingError("objective", f"{self.name} cannot be combined with "
+            if _setting(config, setting) == value:
+                raise SettingError("objective.name", f"{self.name} cannot be combined with "
                                    f"{setting}={str(value).lower()} ({why})",
                                    "--set {setting}: {message}")
-        if config.export_hf and self.model is not pretraining_model:
-            raise SettingError("objective", f"{self.name} trains a model model/hf.py cannot "
-                               "export to Hugging Face (it exports BertForPreTraining); set "
-                               "export_hf=false", "--set {setting}: {message}")
-        if self.next_sentence and not config.next_sentence:
-            raise SettingError("objective", f"{self.name} trains next-sentence prediction, "
-                               "which next_sentence=false turns off; use objective=mlm",
-                               "--set {setting}: {message}")
+        if config.cadence.export_hf and self.model is not pretraining_model:
+            raise SettingError("objective.name", f"{self.name} trains a model model/hf.py "
+                               "cannot export to Hugging Face (it exports BertForPreTraining); "
+                               "set cadence.export_hf=false", "--set {setting}: {message}")
+        if self.next_sentence and not config.objective.next_sentence:
+            raise SettingError("objective.name", f"{self.name} trains next-sentence prediction, "
+                               "which objective.next_sentence=false turns off; use "
+                               "objective.name=mlm", "--set {setting}: {message}")
 
     def check_shards(self, manifest: dict, where: str) -> None:
         """Refuse shards without what this objective needs; `where` names them."""
         if self.next_sentence and not has_nsp_labels(manifest):
             raise ValueError(f"{where}: shards made without next-sentence labels "
-                             f"(--no_next_sentence), but objective={self.name} trains NSP; "
-                             "use objective=mlm or make the shards with NSP pairs")
+                             f"(--no_next_sentence), but objective.name={self.name} trains NSP; "
+                             "use objective.name=mlm or make the shards with NSP pairs")
 
 
 MLM_NSP = Objective(name="mlm_nsp",
@@ -112,10 +115,17 @@ MLM_NSP = Objective(name="mlm_nsp",
                     heads=("mlm", "nsp"), next_sentence=True)
 MLM = Objective(name="mlm")
 NO_MASKS = "the left-to-right LM predicts every next token; it has no masks"
-LTR = Objective(name="ltr", causal=True, refuses=(("dynamic_masking", True, NO_MASKS),))
+LTR = Objective(name="ltr", causal=True, refuses=(("data.dynamic_masking", True, NO_MASKS),))
 
 OBJECTIVES: dict[str, Objective] = {"mlm_nsp": MLM_NSP, "mlm": MLM, "ltr": LTR}
-"""The registered objectives by the name `--set objective=` takes."""
+"""The registered objectives by the name `--set objective.name=` takes."""
+
+
+def _setting(config: Any, dotted: str) -> Any:
+    """The value of a dotted setting (`data.dynamic_masking`) of `config`."""
+    for part in dotted.split("."):
+        config = getattr(config, part)
+    return config
 
 
 def registered() -> str:

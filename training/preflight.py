@@ -49,11 +49,12 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
     from training.loader import check_shard_files, list_shards, verify_shard_files
 
     vocab_file, vocab_sha, vocab_size = None, None, None
-    if config.vocab_dir:
+    vocab_dir, init_from = config.data.vocab_dir, config.model.init_from
+    if vocab_dir:
         from common.tokenization import read_vocab
-        vocab_file = config.vocab_dir if config.vocab_dir.endswith(".txt") else \
-            storage.join(config.vocab_dir, "vocab.txt")
-        vocab_size, vocab_sha = len(read_vocab(config.vocab_dir)), storage.sha256_file(vocab_file)
+        vocab_file = vocab_dir if vocab_dir.endswith(".txt") else \
+            storage.join(vocab_dir, "vocab.txt")
+        vocab_size, vocab_sha = len(read_vocab(vocab_dir)), storage.sha256_file(vocab_file)
     seen: dict[str, tuple[str, object]] = {}  # manifest key -> (first phase, its value)
     for phase in config.phases[first_phase:]:
         manifest = shard_manifest(phase)
@@ -64,21 +65,21 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
                              f"{phase.name}.max_seq_length is {phase.max_seq_length}")
         recorded = (manifest.get("vocab") or {}).get("sha256")
         if vocab_sha and recorded and recorded != vocab_sha and \
-                not same_tokens(manifest["vocab"].get("path"), recorded, config.vocab_dir):
-            if config.init_from:
+                not same_tokens(manifest["vocab"].get("path"), recorded, vocab_dir):
+            if init_from:
                 raise ValueError(
                     f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
-                    f"(sha256 {recorded[:12]}), but init_from={config.init_from} has another "
+                    f"(sha256 {recorded[:12]}), but model.init_from={init_from} has another "
                     f"({vocab_file}, sha256 {vocab_sha[:12]}): its embeddings would read token "
                     "ids it does not know. Make the shards with the checkpoint's vocab.txt")
             raise ValueError(
                 f"{where}: shards made with the vocabulary {manifest['vocab'].get('path')} "
-                f"(sha256 {recorded[:12]}), but vocab_dir={config.vocab_dir} holds another "
+                f"(sha256 {recorded[:12]}), but data.vocab_dir={vocab_dir} holds another "
                 f"({vocab_file}, sha256 {vocab_sha[:12]}): the token ids would not mean what "
-                "the exported tokenizer says. Point vocab_dir at the shards' vocabulary")
+                "the exported tokenizer says. Point data.vocab_dir at the shards' vocabulary")
         if vocab_size and manifest.get("vocab_size") and int(manifest["vocab_size"]) != vocab_size:
             raise ValueError(f"{where}: shards made with vocab_size {manifest['vocab_size']}, "
-                             f"but vocab_dir={config.vocab_dir} holds {vocab_size} tokens")
+                             f"but data.vocab_dir={vocab_dir} holds {vocab_size} tokens")
         for key, value in (("vocab_size", manifest.get("vocab_size")), ("vocab sha256", recorded),
                            ("nsp", bool(manifest.get("nsp", True)))):
             if value is None:  # an older manifest without it
@@ -88,7 +89,7 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
                 raise ValueError(f"{where}: shards with {key} {value}, but {first[0]}'s have "
                                  f"{first[1]}: every phase must train one model on one "
                                  "vocabulary, with next-sentence pairs in all phases or none")
-        objectives.for_shards(config.objective, config.next_sentence,
+        objectives.for_shards(config.objective.name, config.objective.next_sentence,
                               manifest).check_shards(manifest, where)
         shards = list_shards(phase.train_shards, "train")[0]
         check_shard_files(shards)
@@ -110,29 +111,30 @@ def same_tokens(recorded_path: str | None, recorded_sha: str, vocab_dir: str) ->
 def model_config(config: PretrainConfig, manifest: dict):
     """The run's `model.bert.BertConfig`: `init_from`'s shape, or the preset's (with the run's
     shape fields) with the shards' vocabulary size."""
-    if config.init_from:
+    if config.model.init_from:
         from training.init_from import checkpoint_model_config
         return checkpoint_model_config(config, manifest)
-    vocab_size = int(manifest.get("vocab_size") or 0)
-    if config.vocab_dir:
+    vocab_size, vocab_dir = int(manifest.get("vocab_size") or 0), config.data.vocab_dir
+    if vocab_dir:
         from common.tokenization import read_vocab
-        tokens = len(read_vocab(config.vocab_dir))
+        tokens = len(read_vocab(vocab_dir))
         if vocab_size and tokens != vocab_size:
-            raise ValueError(f"--set vocab_dir={config.vocab_dir}: {tokens} tokens, but the shards "
+            raise ValueError(f"--set data.vocab_dir={vocab_dir}: {tokens} tokens, but the shards "
                              f"were made with vocab_size {vocab_size}")
         vocab_size = tokens
     if not vocab_size:
-        raise ValueError("vocab_size unknown: set vocab_dir or write vocab_size in the manifest")
-    return config.model_config(vocab_size, vocab_multiple=64)
+        raise ValueError("vocab_size unknown: set data.vocab_dir or write vocab_size in the "
+                         "manifest")
+    return config.model.build(vocab_size, vocab_multiple=64)
 
 
 def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bool:
-    """Whether to validate the phase: eval_batches > 0 and held-out shards exist (else skipped,
-    with a warning). `preflight` asks it for every phase with steps left before the run's first
-    step: shards with fewer rows than one micro-batch per rank raise here, not at the phase's
+    """Whether to validate the phase: cadence.eval_batches > 0 and held-out shards exist (else
+    skipped, with a warning). `preflight` asks it for every phase with steps left before the run's
+    first step: shards with fewer rows than one micro-batch per rank raise here, not at the phase's
     first evaluation (where `validation_batches` would end the run)."""
     from training.loader import check_shard_files, list_shards
-    if config.eval_batches == 0:
+    if config.cadence.eval_batches == 0:
         return False
     source = phase.validation_shards or phase.train_shards
     try:
@@ -148,12 +150,13 @@ def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bo
             f"{source}: the validation shards hold {rows} rows, fewer than one micro-batch per "
             f"rank ({dist.world_size} ranks x {phase.name}.micro_batch_size "
             f"{phase.micro_batch_size} = {needed}); write more validation rows, point --set "
-            f"{phase.name}.validation_shards=... elsewhere, or --set eval_batches=0")
+            f"{phase.name}.validation_shards=... elsewhere, or --set cadence.eval_batches=0")
     return True
 
 
 def is_evaluation_step(config: PretrainConfig, phase: PhaseConfig, step: int) -> bool:
-    return bool(config.eval_every and step % config.eval_every == 0) or step == phase.steps
+    every = config.cadence.eval_every
+    return bool(every and step % every == 0) or step == phase.steps
 
 
 def validation_missing(config: PretrainConfig, resume: CheckpointState, dist: Dist) -> bool:
@@ -162,7 +165,8 @@ def validation_missing(config: PretrainConfig, resume: CheckpointState, dist: Di
     (if the phase has validation shards). Rank 0 reads metrics.jsonl and tells the others,
     since evaluation is collective."""
     missing = [False]
-    if dist.is_main and config.eval_batches and resume.phase_index < len(config.phases) and \
+    if dist.is_main and config.cadence.eval_batches and \
+            resume.phase_index < len(config.phases) and \
             is_evaluation_step(config, config.phases[resume.phase_index], resume.step):
         path = os.path.join(config.output_dir, "metrics.jsonl")
         records = read_metrics(config.output_dir) if os.path.exists(path) else []
@@ -173,23 +177,25 @@ def validation_missing(config: PretrainConfig, resume: CheckpointState, dist: Di
 
 
 def with_checkpoint_vocab(config: PretrainConfig) -> PretrainConfig:
-    """With `init_from` and no `vocab_dir`, the checkpoint's vocabulary folder (if it has a
-    vocab.txt): the shards are checked against it and the export carries it. A `vocab_dir`
-    given as well must hold the checkpoint's tokens, in its order."""
-    if not config.init_from:
+    """With `model.init_from` and no `data.vocab_dir`, the checkpoint's vocabulary folder (if
+    it has a vocab.txt): the shards are checked against it and the export carries it. A
+    `data.vocab_dir` given as well must hold the checkpoint's tokens, in its order."""
+    init_from, vocab_dir = config.model.init_from, config.data.vocab_dir
+    if not init_from:
         return config
     from common.tokenization import read_vocab
     from model.hf import find_starting_point
     from training.init_from import checkpoint_vocab_dir
-    own = checkpoint_vocab_dir(find_starting_point(config.init_from))
+    own = checkpoint_vocab_dir(find_starting_point(init_from))
     if own is None:
         return config
-    if not config.vocab_dir:
-        return replace(config, vocab_dir=own)
-    if read_vocab(config.vocab_dir) != read_vocab(own):
-        raise ValueError(f"--set vocab_dir={config.vocab_dir} holds other tokens than "
-                         f"init_from={config.init_from}'s vocabulary ({own}/vocab.txt): the "
-                         "checkpoint's embeddings are indexed by its own; leave vocab_dir out")
+    if not vocab_dir:
+        return replace(config, data=replace(config.data, vocab_dir=own))
+    if read_vocab(vocab_dir) != read_vocab(own):
+        raise ValueError(f"--set data.vocab_dir={vocab_dir} holds other tokens than "
+                         f"model.init_from={init_from}'s vocabulary ({own}/vocab.txt): the "
+                         "checkpoint's embeddings are indexed by its own; leave data.vocab_dir "
+                         "out")
     return config
 
 
@@ -221,12 +227,12 @@ def preflight(config: PretrainConfig, dist: Dist,
         redo = validate[resume.phase_index]
     checked_from = resume.phase_index if redo else first
     on_all_ranks(dist, lambda: check_phase_inputs(config, checked_from))
-    if config.init_from:  # the shape and the shards' vocabulary against the checkpoint
+    if config.model.init_from:  # the shape and the shards' vocabulary against the checkpoint
         on_all_ranks(dist, lambda: [model_config(config, shard_manifest(phase))
                                     for phase in config.phases[checked_from:]])
-    if config.export_hf:  # a casing contradiction must stop the run now, not at its export
+    if config.cadence.export_hf:  # a casing contradiction must stop the run now, not at export
         on_all_ranks(dist, lambda: export_do_lower_case(shard_manifest(config.phases[-1]),
-                                                        config.vocab_dir))
+                                                        config.data.vocab_dir))
     return resume, validate, redo
 
 

@@ -1,11 +1,11 @@
 """BERT pre-training with DeepSpeed: `bert-pretrain` / `python -m training.pretrain`.
 
-    bert-pretrain --preset tiny --set vocab_dir=VOCAB --set phase1.train_shards=SHARDS_128 \
+    bert-pretrain --preset tiny --set data.vocab_dir=VOCAB --set phase1.train_shards=SHARDS_128 \
         --set phase2.train_shards=SHARDS_512 --set output_dir=runs/tiny
     torchrun --nproc_per_node 2 -m training.pretrain ...        # N ranks on one node
     deepspeed --hostfile hosts --module training.pretrain ...   # several nodes
 
-What it trains is the objective (`--set objective=mlm_nsp|mlm|ltr|module:attribute`,
+What it trains is the objective (`--set objective.name=mlm_nsp|mlm|ltr|module:attribute`,
 training/objectives.py): its model, loss and metric keys. The run's parts live beside this file:
 training/preflight.py (the start-of-run checks), training/metrics.py (metric sums, summaries,
 metrics.jsonl, loss_curve.png), training/checkpoint.py, and training/launch.py (the flags, the
@@ -19,11 +19,12 @@ the loader's position, so a run killed with `kill -9` continues as if never stop
 with a config that differs in a field that shapes the training (`config.resume_conflicts`) or
 on another shard set (names, row counts and sha256 of the manifest) is refused, naming them.
 
-Continued pre-training (`--set init_from=<BERT folder>`, training/init_from.py): the checkpoint
-gives the model's shape, its weights (loaded before `deepspeed.initialize`, so ZeRO-3 partitions
-them) and, unless `vocab_dir` is set to the same tokens, the vocabulary the shards must have been
-made with. Only a run's first phase starts there, and only while the run has no checkpoint of
-its own: a restarted run resumes from `checkpoints/latest`, reading `init_from` for the shape.
+Continued pre-training (`--set model.init_from=<BERT folder>`, training/init_from.py): the
+checkpoint gives the model's shape, its weights (loaded before `deepspeed.initialize`, so ZeRO-3
+partitions them) and, unless `data.vocab_dir` is set to the same tokens, the vocabulary the shards
+must have been made with. Only a run's first phase starts there, and only while the run has no
+checkpoint of its own: a restarted run resumes from `checkpoints/latest`, reading `init_from` for
+the shape.
 
 Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 `loss_curve.png`, `checkpoints/<tag>/` (DeepSpeed files + `training_state.json` + per-rank
@@ -33,13 +34,13 @@ step's checkpoint: training/probes.py).
 
 Checkpoints (training/checkpoint.py) are written to `checkpoints/.tmp-<tag>`, renamed to `<tag>`
 when every rank is done, and only then is `latest` replaced (atomically); the oldest beyond
-`keep_checkpoints` are deleted. Every checkpoint file is checked before DeepSpeed or torch reads
-it (loadable with weights_only=True, and as its checksums.json records): a planted pickle is
+`cadence.keep_checkpoints` are deleted. Every checkpoint file is checked before DeepSpeed or torch
+reads it (loadable with weights_only=True, and as its checksums.json records): a planted pickle is
 refused in one line naming it, and runs no code.
 
 Resuming on a different number of ranks: when the optimizer state is partitioned by rank
-(zero_stage >= 1, which bf16 and fp16 require) the checkpoint is converted once with DeepSpeed's
-`ds_to_universal` (`python -m deepspeed.checkpoint.ds_to_universal --input_folder <tag>
+(engine.zero_stage >= 1, which bf16 and fp16 require) the checkpoint is converted once with
+DeepSpeed's `ds_to_universal` (`python -m deepspeed.checkpoint.ds_to_universal --input_folder <tag>
 --output_folder <tag>-universal`, done here automatically on rank 0) and loaded with `"checkpoint":
 {"load_universal": true}`; the loader then skips the same share of the epoch (not the exact same
 rows). With fp32 at zero_stage 0 the model-states file holds everything and loads as it is.
@@ -160,12 +161,13 @@ def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None 
     with the run's shape, sized to the shards' vocabulary, or on `init_from`'s shape
     (training/init_from.py). `state_dict`: a previous phase's (or a checkpoint's) weights;
     `initial`: start from `init_from`'s weights instead."""
-    objective = objectives.for_shards(config.objective, config.next_sentence, manifest)
+    objective = objectives.for_shards(config.objective.name, config.objective.next_sentence,
+                                      manifest)
     model = objective.build_model(model_config(config, manifest))
     if initial:
         from model.hf import find_starting_point
         from training.init_from import load_starting_weights
-        load_starting_weights(model, find_starting_point(config.init_from))
+        load_starting_weights(model, find_starting_point(config.model.init_from))
     if state_dict is not None:
         missing, unexpected = model.load_state_dict(state_dict, strict=False)
         missing = [k for k in missing if k != "mlm.decoder.weight"]  # tied to the embeddings
@@ -184,32 +186,33 @@ def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
 
     ds_config = build_ds_config(config, phase, dist.world_size, dist.on_gpu, load_universal)
     engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=param_groups(model, config.weight_decay), config=ds_config,
+        model=model, model_parameters=param_groups(model, config.optimizer.weight_decay),
+        config=ds_config,
         lr_scheduler=lr_scheduler(phase))
     return engine
 
 
 def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
                  validation: bool = False) -> LoaderConfig:
-    remasker = None
-    if config.dynamic_masking and not validation:
+    remasker, data = None, config.data
+    if data.dynamic_masking and not validation:
         from common.masking import MaskingConfig
         cap = int(shard_manifest(phase).get("max_predictions_per_seq") or 0) \
-            if config.masked_lm_prob else MaskingConfig.max_predictions_per_seq  # unused
+            if data.masked_lm_prob else MaskingConfig.max_predictions_per_seq  # unused
         if not cap:
-            raise ValueError(f"--set masked_lm_prob={config.masked_lm_prob}: the manifest of "
+            raise ValueError(f"--set data.masked_lm_prob={data.masked_lm_prob}: the manifest of "
                              f"{phase.train_shards} records no max_predictions_per_seq to cap it")
-        remasker = Remasker.from_vocab(config.vocab_dir, config.seed, config.masking(cap),
-                                       recount=bool(config.masked_lm_prob))
+        remasker = Remasker.from_vocab(data.vocab_dir, config.seed, data.masking(cap),
+                                       recount=bool(data.masked_lm_prob))
     return LoaderConfig(
         source=(phase.validation_shards or phase.train_shards) if validation else phase.train_shards,
         batch_size=phase.micro_batch_size, max_seq_length=phase.max_seq_length, rank=dist.rank,
-        world_size=dist.world_size, num_workers=0 if validation else config.num_workers,
-        seed=config.seed, shuffle_buffer=config.shuffle_buffer,
+        world_size=dist.world_size, num_workers=0 if validation else data.num_workers,
+        seed=config.seed, shuffle_buffer=data.shuffle_buffer,
         split="validation" if validation else "train", remasker=remasker,
         pin_memory=dist.on_gpu and not validation, attention_plan=not dist.on_gpu,
         static_shapes=static_shapes_for(shard_manifest(phase), phase.max_seq_length)
-        if config.uses_static_shapes(dist.on_gpu) else None)
+        if config.engine.uses_static_shapes(dist.on_gpu) else None)
 
 
 # ---------------------------------------------------------------- steps
@@ -239,7 +242,7 @@ def evaluate(engine, config: PretrainConfig, phase: PhaseConfig, dist: Dist,
     keys = metric_keys(objective.metric_keys)
     sums = torch.zeros(len(keys), dtype=torch.float64, device=engine.device)
     for batch in validation_batches(build_loader(config, phase, dist, validation=True),
-                                    config.eval_batches):
+                                    config.cadence.eval_batches):
         batch = to_device(batch, engine.device)
         sums += metric_sums(engine(**batch), batch, keys)
     engine.train()
@@ -265,7 +268,7 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
         window = window + train_step(engine, batches, keys)
         step += 1
         bar.update(1)
-        if step % config.log_every == 0 or step == phase.steps:
+        if step % config.cadence.log_every == 0 or step == phase.steps:
             summary = summarize(all_reduce(window, keys), time.perf_counter() - started,
                                 objective.heads)
             summary["lr"] = float(engine.get_lr()[0])  # of the next step
@@ -274,8 +277,8 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
             bar.set_postfix({"loss": f"{summary['loss']:.3f}",
                              f"{head}_acc": f"{summary[f'{head}_accuracy']:.3f}"})
             window, started = 0, time.perf_counter()
-        probe = is_probe_step(config.probe_every, step_offset + step)
-        if ((config.checkpoint_every and step % config.checkpoint_every == 0)
+        probe = is_probe_step(config.cadence.probe_every, step_offset + step)
+        if ((config.cadence.checkpoint_every and step % config.cadence.checkpoint_every == 0)
                 or step in (phase.steps, stop_at) or probe):
             tag = save_checkpoint(engine, config, phase_index, phase, step, loader, dist)
         if probe:
@@ -294,17 +297,18 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     as a preemption would; running again resumes. Returns the last checkpoint tag, the export
     folder (None if stopped early) and whether the run is complete."""
     dist = init_distributed()
-    if config.precision == "auto":
-        config = replace(config, precision=config.concrete_precision(bf16_hardware(dist.on_gpu)))
+    if config.engine.precision == "auto":
+        precision = config.concrete_precision(bf16_hardware(dist.on_gpu))
+        config = replace(config, engine=replace(config.engine, precision=precision))
         if dist.is_main:
-            log.info("precision=auto: training in %s on this hardware", config.precision)
+            log.info("engine.precision=auto: training in %s on this hardware", precision)
     config = on_all_ranks(dist, lambda: with_checkpoint_vocab(config))
-    if config.export_hf and not config.vocab_dir:
-        raise ValueError("--set vocab_dir=...: needed to export the Hugging Face folder "
-                         "(or --set export_hf=false)")
-    if config.probe_every and not config.vocab_dir:
-        raise ValueError("--set vocab_dir=...: needed for the probe exports (or --set "
-                         "probe_every=0)")
+    if config.cadence.export_hf and not config.data.vocab_dir:
+        raise ValueError("--set data.vocab_dir=...: needed to export the Hugging Face folder "
+                         "(or --set cadence.export_hf=false)")
+    if config.cadence.probe_every and not config.data.vocab_dir:
+        raise ValueError("--set data.vocab_dir=...: needed for the probe exports (or --set "
+                         "cadence.probe_every=0)")
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
     resume, validate, redo = preflight(config, dist, ckpt_dir)
     if dist.is_main:
@@ -342,7 +346,7 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
         step_offset += phase.steps
     metrics.close(loss_curve=complete)
     export_dir = None
-    if dist.is_main and complete and config.export_hf:
+    if dist.is_main and complete and config.cadence.export_hf:
         export_dir = export(config, ckpt_dir, last_tag)
     torch.distributed.barrier()
     return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
@@ -361,15 +365,17 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
         initial = shared_consolidated_state_dict(ckpt_dir, previous_tag, dist)
     # The run's own checkpoint (resume) or previous phase wins over init_from: init_from is
     # where a new run starts, read only before its first checkpoint exists.
-    from_init = bool(config.init_from) and resume is None and previous_tag is None
+    from_init = bool(config.model.init_from) and resume is None and previous_tag is None
     manifest = shard_manifest(phase)
-    objective = objectives.for_shards(config.objective, config.next_sentence, manifest)
+    objective = objectives.for_shards(config.objective.name, config.objective.next_sentence,
+                                      manifest)
     model = build_model(config, manifest, initial, initial=from_init)
-    if config.compile and dist.on_gpu:
+    if config.engine.compile and dist.on_gpu:
         # the whole model as one graph where every batch has one shape, but not under ZeRO-3,
         # whose hooks gather each module's parameters inside the forward; else per layer
         from model.bert import compile_layers, compile_model
-        if config.uses_static_shapes(dist.on_gpu) and config.compiles_whole_model(dist.on_gpu):
+        if config.engine.compiles_whole_model(dist.on_gpu) and \
+                config.engine.uses_static_shapes(dist.on_gpu):
             compile_model(model)
         else:
             compile_layers(model.bert)
@@ -383,7 +389,7 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     step = 0
     if resume is not None:
         step = load_checkpoint(engine, config, resume, loader, dist, universal)
-        if is_probe_step(config.probe_every, step_offset + step):  # killed before its export
+        if is_probe_step(config.cadence.probe_every, step_offset + step):  # killed before its export
             probe_export(config, resume.tag, step_offset + step, dist)
         if redo_validation:
             summary = evaluate(engine, config, phase, dist, objective)
@@ -411,8 +417,8 @@ def export(config: PretrainConfig, ckpt_dir: str, tag: str, out: str | None = No
     manifest = shard_manifest(config.phases[-1])
     model = build_model(config, manifest, consolidated_state_dict(ckpt_dir, tag))
     out = out or os.path.join(config.output_dir, "hf")
-    export_hf_folder(model, config.vocab_dir, out,
-                     do_lower_case=export_do_lower_case(manifest, config.vocab_dir))
+    export_hf_folder(model, config.data.vocab_dir, out,
+                     do_lower_case=export_do_lower_case(manifest, config.data.vocab_dir))
     log.info("exported %s to %s", tag, out)
     return out
 
@@ -436,7 +442,7 @@ def main(argv: list[str] | None = None) -> None:
         plan(config, args, parser)
     from training.launch import exit_refused, refuse_cpu_fallback_in_rank, wait_for_launcher
     try:  # the launch scripts checked before starting the ranks; `torchrun` by hand did not
-        refuse_cpu_fallback_in_rank(config.device)
+        refuse_cpu_fallback_in_rank(config.engine.device)
     except ValueError as e:
         exit_refused(str(e))
     try:

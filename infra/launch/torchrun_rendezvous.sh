@@ -22,8 +22,8 @@
 #   PYTHON          the interpreter of the GPU check below              (default: python)
 #   DRY_RUN=1       print the command instead of running it
 #
-# Before starting any rank it checks that a run asking for GPUs (device: cuda in the preset or
-# config, NPROC_PER_NODE=gpu, CUDA_VISIBLE_DEVICES, a Slurm GPU allocation) has a torch that can
+# Before starting any rank it checks that a run asking for GPUs (engine.device: cuda in the preset
+# or config, NPROC_PER_NODE=gpu, CUDA_VISIBLE_DEVICES, a Slurm GPU allocation) has a torch that can
 # use them, and stops with one line otherwise (`python -m training.launch check-gpus`).
 set -euo pipefail
 

@@ -126,7 +126,7 @@ def test_help_names_only_flags_that_exist(module, commands):
 
 def test_the_check_finds_a_flag_that_exists_nowhere(commands):
     doc = ("Tokens per row (`--max_seq_lenght`).\n\n"
-           "    bert-pretrain --preset tiny --set zero_stage=0 \\\n        --stop_after 3\n"
+           "    bert-pretrain --preset tiny --set engine.zero_stage=0 \\\n        --stop_after 3\n"
            "    torchrun --nproc_per_node 2 -m training.pretrain --preset tiny\n")
     assert _unknown(doc, "finetune.cli", commands) == [
         "--stop_after (training.pretrain)", "--max_seq_lenght (finetune.cli)"]

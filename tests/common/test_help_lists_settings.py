@@ -25,11 +25,13 @@ def _setting_names(config, prefix=""):
 def test_bert_pretrain_help_lists_every_setting_with_default_and_doc():
     text = pretrain_parser().format_help()
     names = list(_setting_names(cfg.tiny()))
-    assert {"phase1.warmup_steps", "phase2.steps", "zero_stage", "model"} <= set(names)
-    missing = [n for n in names if f"\n{n} = " not in text]
+    assert {"phase1.warmup_steps", "phase2.steps", "engine.zero_stage",
+            "model.preset"} <= set(names)
+    indent = {n: "  " if "." in n and n.split(".")[0] in cfg.SECTIONS else "" for n in names}
+    missing = [n for n in names if f"\n{indent[n]}{n} = " not in text]
     assert missing == []
     assert "\nphase1.steps = 600\n    Optimizer steps in this phase.\n" in text
-    assert "\nmodel = 'bert_tiny'\n    Model preset in model.bert" in text
+    assert "\nmodel:\n  model.preset = 'bert_tiny'\n      Model preset in model.bert" in text
 
 
 def test_bert_dag_help_lists_settings_by_section():

@@ -26,8 +26,8 @@ def imported_after(module: str) -> set[str]:
 
 def test_common_holds_the_shared_library():
     assert COMMON_MODULES == ["common.bin_packing", "common.errors", "common.logs", "common.masking",
-                              "common.settings", "common.shard_format", "common.storage",
-                              "common.tokenization", "common.trackers"]
+                              "common.optimizer", "common.settings", "common.shard_format",
+                              "common.storage", "common.tokenization", "common.trackers"]
 
 
 @pytest.mark.parametrize("module", COMMON_MODULES)

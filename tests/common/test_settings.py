@@ -81,7 +81,8 @@ def test_a_job_flags_error_names_the_flag_and_the_flow_names_the_setting():
 
 def test_a_literal_setting_takes_only_its_choices_and_its_flag_lists_them():
     """`Literal[...]` fields: the flag's help shows the choices, every entry point refuses
-    another value with the same list, and an int choice converts from text (`zero_stage=2`)."""
+    another value with the same list, and an int choice converts from text
+    (`engine.zero_stage=2`)."""
     help_text = make_shards.build_parser().format_help()
     assert "--mode {scalable,reference}" in help_text
     assert "--format {shards,jsonl}" in help_text
@@ -97,12 +98,12 @@ def test_a_literal_setting_takes_only_its_choices_and_its_flag_lists_them():
     assert str(flow.value) == "setting shards.phase1.mode='fast': must be one of scalable or reference"
 
     tiny = training.tiny()
-    assert training.apply_overrides(tiny, ["zero_stage=2"]).zero_stage == 2
+    assert training.apply_overrides(tiny, ["engine.zero_stage=2"]).engine.zero_stage == 2
     with pytest.raises(ValueError) as stage:
-        training.apply_overrides(tiny, ["zero_stage=4"])
-    assert str(stage.value) == "--set zero_stage='4': must be one of 0, 1, 2 or 3"
+        training.apply_overrides(tiny, ["engine.zero_stage=4"])
+    assert str(stage.value) == "--set engine.zero_stage='4': must be one of 0, 1, 2 or 3"
     with pytest.raises(ValueError) as built:
-        dataclasses.replace(tiny, precision="fp8")
+        dataclasses.replace(tiny.engine, precision="fp8")
     assert str(built.value) == "--set precision: must be one of fp32, bf16, fp16 or auto, got 'fp8'"
 
 
@@ -120,6 +121,7 @@ def test_train_vocab_flags():
     ("shards.phase2", ShardsConfig, ("shards", "phase2")),
     ("vocab", VocabConfig, ("vocab",)),
     ("pretrain", training.PretrainConfig, ("pretrain",)),
+    *[(f"pretrain.{name}", cls, ("pretrain", name)) for name, cls in training.SECTIONS.items()],
 ])
 def test_every_field_of_a_stage_config_is_a_flow_setting(section, config_class, path):
     """The flow's sections are the stages' classes: each field is settable by its name, with
@@ -130,9 +132,9 @@ def test_every_field_of_a_stage_config_is_a_flow_setting(section, config_class, 
         current = getattr(current, part)
     assert type(current) is config_class
     for f in dataclasses.fields(config_class):
-        if f.name in flow_set:
-            continue
         value = getattr(current, f.name)
+        if f.name in flow_set or dataclasses.is_dataclass(value):  # a section: its own case
+            continue
         text = "" if value is None else ",".join(map(str, value)) \
             if isinstance(value, tuple) else str(value)
         if value is None:
@@ -160,7 +162,9 @@ def test_the_flows_tiny_preset_is_made_of_the_stages_tiny_presets():
     cfg = resolve("tiny")
     assert cfg.vocab == wordpiece.tiny() and cfg.vocab.vocab_size == 4000
     assert (cfg.shards.phase1, cfg.shards.phase2) == (shards_config.tiny(1), shards_config.tiny(2))
-    assert cfg.pretrain == training.tiny()
+    # the flow adds what only a flow runs on top of the stage: probes at steps 200, 400, 600
+    assert cfg.pretrain == dataclasses.replace(training.tiny(), cadence=dataclasses.replace(
+        training.tiny().cadence, probe_every=200))
     assert [(p.steps, p.warmup_steps, p.max_seq_length, p.global_batch_size)
             for p in cfg.pretrain.phases] == [(600, 60, 128, 32), (60, 6, 256, 16)]
     assert (cfg.shards.phase2.max_predictions_per_seq, cfg.shards.phase1.dupe_factor) == (40, 2)
@@ -184,17 +188,21 @@ def test_init_from_without_model_takes_the_checkpoints_shape_in_every_entry_poin
     setting beside init_from is the checkpoint's business (tiny's 128 hidden units would refuse
     12 heads), in `bert-pretrain --set`, its `--config` file and the flow's `pretrain.*`."""
     start = str(tmp_path)
-    run = training.resolve("tiny", assignments=[f"init_from={start}", "num_attention_heads=12"])
-    assert (run.model, run.init_from, run.num_attention_heads) == ("", start, 12)
+    run = training.resolve("tiny", assignments=[f"model.init_from={start}",
+                                                 "model.num_attention_heads=12"])
+    assert (run.model.preset, run.model.init_from, run.model.num_attention_heads) == \
+        ("", start, 12)
     run_file = tmp_path / "run.json"
-    run_file.write_text(json.dumps({"init_from": start, "num_attention_heads": 12}))
-    assert training.resolve("tiny", config_file=str(run_file)).model == ""
-    flow = resolve("tiny", {"pretrain": {"init_from": start, "num_attention_heads": "12"}})
-    assert (flow.pretrain.model, flow.pretrain.num_attention_heads) == ("", 12)
+    run_file.write_text(json.dumps({"model": {"init_from": start, "num_attention_heads": 12}}))
+    assert training.resolve("tiny", config_file=str(run_file)).model.preset == ""
+    flow = resolve("tiny", {"pretrain": {"model": {"init_from": start,
+                                                   "num_attention_heads": "12"}}})
+    assert (flow.pretrain.model.preset, flow.pretrain.model.num_attention_heads) == ("", 12)
     with pytest.raises(ValueError, match="hidden_size"):  # a named preset keeps its shape check
-        training.resolve("tiny", assignments=[f"init_from={start}", "model=bert_tiny",
-                                               "num_attention_heads=12"])
-    assert training.resolve("tiny").model == "bert_tiny"
+        training.resolve("tiny", assignments=[f"model.init_from={start}",
+                                               "model.preset=bert_tiny",
+                                               "model.num_attention_heads=12"])
+    assert training.resolve("tiny").model.preset == "bert_tiny"
 
 
 def test_extract_books_and_build_corpus_flags_come_from_their_configs(tmp_path):

@@ -44,7 +44,8 @@ def checkpoint(tmp_path) -> str:
 
 def _continue_settings(root: Path, checkpoint: str, **pretrain) -> dict:
     return {"output": str(root), "data": {"wikipedia": "", "books": str(SAMPLE / "books")},
-            "finetune": {"data": ""}, "pretrain": {"init_from": checkpoint, **pretrain}}
+            "finetune": {"data": ""},
+            "pretrain": {"model": {"init_from": checkpoint}, **pretrain}}
 
 
 def _warnings(caplog) -> list[str]:
@@ -56,7 +57,7 @@ def test_continue_preset_resolves_and_hands_training_its_rates(checkpoint, tmp_p
     with caplog.at_level(logging.WARNING, logger="training.init_from"):
         flow = resolve("continue", _continue_settings(tmp_path / "runs", checkpoint))
     assert "continue" in PRESETS and flow.name == "continue"
-    assert (flow.pretrain.model, flow.pretrain.init_from) == ("", checkpoint)
+    assert (flow.pretrain.model.preset, flow.pretrain.model.init_from) == ("", checkpoint)
     assert _phases(flow.pretrain) == CONTINUE_PHASES
     vocab = StageResult("vocab", checkpoint, "v", False, 0.0)
     shards = [StageResult(f"shards{n}", str(tmp_path / f"shards{n}"), "s", False, 0.0)
@@ -79,29 +80,29 @@ def test_continue_preset_needs_a_checkpoint(tmp_path):
     with pytest.raises(ValueError) as error:
         resolve("continue", settings)
     assert str(error.value) == (
-        "preset 'continue' needs pretrain.init_from, e.g. --set pretrain.init_from="
+        "preset 'continue' needs pretrain.model.init_from, e.g. --set pretrain.model.init_from="
         "/models/bert-base-uncased (a BERT folder: config.json, weights, vocab.txt)")
 
 
 def test_the_settings_file_for_bert_pretrain_is_the_same_preset(checkpoint):
     config = cfg.resolve("base", str(REPO / "training" / "configs" / "continue.yaml"),
-                         [f"init_from={checkpoint}"])
+                         [f"model.init_from={checkpoint}"])
     preset = init_from.continue_preset()
-    assert config == cfg.PretrainConfig(**{**vars(preset), "model": "",
-                                           "init_from": checkpoint})
+    model = cfg.ModelConfig(**{**vars(preset.model), "preset": "", "init_from": checkpoint})
+    assert config == cfg.PretrainConfig(**{**vars(preset), "model": model})
     assert init_from.learning_rate_warning(config) is None
 
 
 def test_tiny_learning_rate_from_a_checkpoint_warns_once_in_one_line(checkpoint, tmp_path,
                                                                     caplog):
     expected = (
-        f"init_from={checkpoint} with phase1.learning_rate=0.001, phase2.learning_rate=0.001: "
+        f"model.init_from={checkpoint} with phase1.learning_rate=0.001, phase2.learning_rate=0.001: "
         "above 0.0001, a rate for training from scratch, which moves the checkpoint far from "
         "what it learned; continued pre-training trains at about 5e-05 (bert-dag --preset "
         "continue, bert-pretrain --config training/configs/continue.yaml)")
     with caplog.at_level(logging.WARNING, logger="training.init_from"):
         flow = resolve("tiny", {"output": str(tmp_path / "runs"),
-                                "pretrain": {"init_from": checkpoint}})
+                                "pretrain": {"model": {"init_from": checkpoint}}})
         assert _warnings(caplog) == [expected]
         # training checks each phase at start and again when it builds the phase's model
         for _ in flow.pretrain.phases:
@@ -110,14 +111,15 @@ def test_tiny_learning_rate_from_a_checkpoint_warns_once_in_one_line(checkpoint,
 
 
 def test_bert_pretrain_warns_at_start_for_its_tiny_preset(checkpoint, tmp_path, caplog):
-    args = pretrain_parser().parse_args(["--preset", "tiny", "--set", f"init_from={checkpoint}",
+    args = pretrain_parser().parse_args(["--preset", "tiny",
+                                         "--set", f"model.init_from={checkpoint}",
                                          "--set", "phase1.learning_rate=2e-4",
                                          "--set", "phase2.learning_rate=1e-4"])
     config = cfg.resolve(args.preset, args.config, args.set)
     with caplog.at_level(logging.WARNING, logger="training.init_from"):
         init_from.checkpoint_model_config(config, {"vocab_size": 31})
     assert _warnings(caplog) == [(
-        f"init_from={checkpoint} with phase1.learning_rate=0.0002: above 0.0001, a rate for "
+        f"model.init_from={checkpoint} with phase1.learning_rate=0.0002: above 0.0001, a rate for "
         "training from scratch, which moves the checkpoint far from what it learned; continued "
         "pre-training trains at about 5e-05 (bert-dag --preset continue, bert-pretrain --config "
         "training/configs/continue.yaml)")]

@@ -50,15 +50,15 @@ def test_a_stage_configs_field_is_a_flow_setting_and_the_flow_sets_the_stage_pat
     """The sections are the stages' own configs: any of their fields is a setting."""
     cfg = resolve("tiny", parse_set_flags([
         "shards.phase2.short_seq_prob=0.2", "shards.dupe_factor=3", "vocab.min_frequency=3",
-        "pretrain.dynamic_masking=true", "pretrain.phase2.learning_rate=5e-4",
+        "pretrain.data.dynamic_masking=true", "pretrain.phase2.learning_rate=5e-4",
         "shards.phase2.max_seq_length=200"]))
     assert (cfg.shards.phase2.short_seq_prob, cfg.shards.phase1.short_seq_prob) == (0.2, 0.1)
     assert (cfg.shards.phase1.dupe_factor, cfg.shards.phase2.dupe_factor) == (3, 3)
-    assert (cfg.vocab.min_frequency, cfg.pretrain.dynamic_masking) == (3, True)
+    assert (cfg.vocab.min_frequency, cfg.pretrain.data.dynamic_masking) == (3, True)
     assert [p.learning_rate for p in cfg.pretrain.phases] == [1e-3, 5e-4]
     # phase N trains at its shards' length
     assert [p.max_seq_length for p in cfg.pretrain.phases] == [128, 200]
-    for key in ("pretrain.phase2.max_seq_length=64", "pretrain.vocab_dir=/v",
+    for key in ("pretrain.phase2.max_seq_length=64", "pretrain.data.vocab_dir=/v",
                 "pretrain.phases.0.train_shards=/s"):
         with pytest.raises(ValueError, match=f"setting {key.split('=')[0]}: the flow sets it"):
             resolve("tiny", parse_set_flags([key]))
@@ -82,8 +82,8 @@ def test_a_stage_configs_field_is_a_flow_setting_and_the_flow_sets_the_stage_pat
     ("vocab.vocab_size=30522", "vocab", "vocab_size", 30522),
     ("shards.phase2.target_shard_mb=2", "shards.phase2", "target_shard_mb", 2.0),
     ("finetune.epochs=0.5", "finetune", "epochs", 0.5),
-    ("pretrain.adam_epsilon=1e-8", "pretrain", "adam_epsilon", 1e-8),
-    ("pretrain.model=bert_mini", "pretrain", "model", "bert_mini"),
+    ("pretrain.optimizer.adam_epsilon=1e-8", "pretrain.optimizer", "adam_epsilon", 1e-8),
+    ("pretrain.model.preset=bert_mini", "pretrain.model", "preset", "bert_mini"),
     ("launch.hostfile=123", "launch", "hostfile", "123"),
     ('data.beam_args=["--direct_num_workers=2","--region=a,b"]', "data", "beam_args",
      ("--direct_num_workers=2", "--region=a,b")),
@@ -128,10 +128,10 @@ def test_typed_seeds_and_rates_reach_fine_tuning():
      "setting pretrain.phase1.steps=True: True is not an int"),
     ({"pretrain": {"phase2": {"learning_rate": "nan"}}},
      "setting pretrain.phase2.learning_rate='nan': 'nan' is not a finite"),
-    ({"pretrain": {"model": 7}}, "setting pretrain.model=7: 7 is not a string"),
+    ({"pretrain": {"model": {"preset": 7}}}, "setting pretrain.model.preset=7: 7 is not a string"),
     ({"data": {"wikipedia": None}}, "needs data.wikipedia"),
-    ({"pretrain": {"zero_stage": "0", "precision": "bf16"}},
-     "setting pretrain: precision=bf16 cannot be combined with zero_stage=0"),
+    ({"pretrain": {"engine": {"zero_stage": "0", "precision": "bf16"}}},
+     "setting pretrain: engine.precision=bf16 cannot be combined with engine.zero_stage=0"),
     ({"finetune": {"data": "gs://b/finetune"}},
      "finetune.data='gs://b/finetune': the fine-tuning readers take"),
     # the settings' old section names the new one
@@ -148,8 +148,9 @@ def test_bad_override_values_name_the_setting_and_value(overrides, message):
 
 @pytest.mark.parametrize(("flag", "message"), [
     # each refused by the stage's own config, which would only run hours later
-    ("pretrain.precision=bf17", "setting pretrain.precision='bf17': must be one of fp32, bf16, fp16 or auto"),
-    ("pretrain.model=bert_huge", ("setting pretrain.model: must be one of ['bert_base', "
+    ("pretrain.engine.precision=bf17",
+     "setting pretrain.engine.precision='bf17': must be one of fp32, bf16, fp16 or auto"),
+    ("pretrain.model.preset=bert_huge", ("setting pretrain.model.preset: must be one of ['bert_base', "
                                   "'bert_large', 'bert_mini', 'bert_tiny'] (or empty with init_from)")),
     ("pretrain.phase2.steps=0", "setting pretrain.phase2.steps: must be positive"),
     ("pretrain.phase1.global_batch_size=20",
@@ -220,10 +221,11 @@ def test_runs_on_dataflow_reads_the_runner_as_beam_does(beam_args, dataflow):
 def test_training_settings_are_the_pretrain_section_not_extra_flags():
     """The training run's settings are checked as `pretrain.*`; `launch.extra_args` carries the
     entry point's other flags only."""
-    with pytest.raises(ValueError, match="^setting pretrain: optimizer=lamb cannot be combined "
-                                         "with zero_stage=1"):
-        resolve("tiny", {"pretrain": {"optimizer": "lamb"}})
-    for flags in (["--set", "optimizer=lamb"], ["--set=zero_stage=0"], ["--config", "x.yaml"]):
+    with pytest.raises(ValueError, match="^setting pretrain: optimizer.name=lamb cannot be "
+                                         "combined with engine.zero_stage=1"):
+        resolve("tiny", {"pretrain": {"optimizer": {"name": "lamb"}}})
+    for flags in (["--set", "optimizer.name=lamb"], ["--set=engine.zero_stage=0"],
+                  ["--config", "x.yaml"]):
         with pytest.raises(ValueError, match=r"^setting launch.extra_args: --(set|config)\S*: the "
                                              r"training run's settings are the flow's pretrain"):
             resolve("tiny", {"launch": {"extra_args": flags}})
@@ -299,7 +301,7 @@ def test_presets_follow_the_paper():
     assert phase1.warmup_steps == 10_000 and base.shards.phase1.dupe_factor == 10
     assert (phase1.max_seq_length, phase2.max_seq_length) == (128, 512)
     assert (base.shards.phase1.max_seq_length, base.shards.phase2.max_seq_length) == (128, 512)
-    assert large.pretrain.model == "bert_large" and large.launch.launcher == "deepspeed"
+    assert large.pretrain.model.preset == "bert_large" and large.launch.launcher == "deepspeed"
     from finetune.tasks import get_task
 
     rte = base.finetune.for_task(get_task("rte"))  # the family's recipe: the paper's

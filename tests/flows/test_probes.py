@@ -19,7 +19,13 @@ from flows import report as reporting
 from flows.config import resolve
 from flows.stages import StageResult
 from tests.support.shard_fixtures import book_shards
-from training.config import PhaseConfig, PretrainConfig
+from training.config import (
+    CadenceConfig,
+    ModelConfig,
+    PhaseConfig,
+    PretrainConfig,
+    PretrainDataConfig,
+)
 
 TASKS = ("sst-2", "squad1")
 NAMES = ["sst-2 @ step 3", "squad1 @ step 3", "sst-2 @ step 6", "squad1 @ step 6"]
@@ -34,9 +40,10 @@ def pretrain_run(data, run_dir) -> None:
                                warmup_steps=1, learning_rate=2e-3)
                    for name, steps in (("phase1", 4), ("phase2", 2)))
     pretrain.run(PretrainConfig(
-        model="bert_tiny", vocab_dir=str(data.vocab_dir), output_dir=str(run_dir), phases=phases,
-        num_workers=0, shuffle_buffer=16, log_every=1, eval_every=0, eval_batches=2,
-        checkpoint_every=0, probe_every=3, seed=7))
+        model=ModelConfig(preset="bert_tiny"), output_dir=str(run_dir), phases=phases,
+        data=PretrainDataConfig(vocab_dir=str(data.vocab_dir), num_workers=0, shuffle_buffer=16),
+        cadence=CadenceConfig(log_every=1, eval_every=0, eval_batches=2, checkpoint_every=0,
+                              probe_every=3), seed=7))
 
 
 def read_json(path: str) -> dict:
@@ -69,7 +76,7 @@ def probed(shared_data, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("probes")
     run_dir = root / "pretrain-run"
     pretrain_run(made, run_dir)
-    cfg = resolve("tiny", {"output": str(root), "pretrain": {"probe_every": 3}, "finetune": {
+    cfg = resolve("tiny", {"output": str(root), "pretrain": {"cadence": {"probe_every": 3}}, "finetune": {
         "probe": {"tasks": ",".join(TASKS), "max_train_examples": 16, "max_eval_examples": 16,
                   "batch_size": 8}}})
     jobs = probes.probe_jobs(cfg, str(run_dir))
@@ -144,5 +151,5 @@ def test_probe_settings_are_checked_in_the_flows_terms(tmp_path):
         probes.check(cfg)
     with pytest.raises(ValueError, match=r"^setting finetune.probe.epochs: must be > 0, got 0"):
         resolve("tiny", {"output": str(tmp_path), "finetune": {"probe": {"epochs": 0}}})
-    assert resolve("tiny").pretrain.probe_every == 200  # steps 200, 400, 600 of 660
+    assert resolve("tiny").pretrain.cadence.probe_every == 200  # steps 200, 400, 600 of 660
 

@@ -20,12 +20,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 SMALL_RUN = [
-    "--preset", "tiny", "--set", "shards.dupe_factor=1", "--set", "pretrain.precision=fp32",
+    "--preset", "tiny", "--set", "shards.dupe_factor=1", "--set", "pretrain.engine.precision=fp32",
     "--set", "pretrain.phase1.steps=6", "--set", "pretrain.phase1.warmup_steps=2",
     "--set", "pretrain.phase1.global_batch_size=8", "--set", "pretrain.phase1.micro_batch_size=8",
     "--set", "pretrain.phase2.steps=2", "--set", "pretrain.phase2.warmup_steps=0",
     "--set", "pretrain.phase2.global_batch_size=4", "--set", "pretrain.phase2.micro_batch_size=4",
-    "--set", "pretrain.log_every=2", "--set", "finetune.tasks=rte",
+    "--set", "pretrain.cadence.log_every=2", "--set", "finetune.tasks=rte",
     "--set", "finetune.learning_rates=1e-4", "--set", "finetune.epochs=1",
     "--set", "finetune.max_train_examples=16", "--set", "finetune.max_eval_examples=16",
 ]

@@ -19,7 +19,7 @@ def test_the_report_and_its_plot_are_a_tracker_run_of_the_dag_run(tmp_path, monk
     no_tracker_account(monkeypatch, tmp_path)
     root = tmp_path / "dag-7"
     cfg = resolve("tiny", {"output": str(root),
-                           "pretrain": {"report_to": "mlflow,wandb,tensorboard"}})
+                           "pretrain": {"cadence": {"report_to": "mlflow,wandb,tensorboard"}}})
     pretrain = root / "pretrain-abc"
     pretrain.mkdir(parents=True)
     (pretrain / "loss_curve.png").write_bytes(b"\x89PNG not really")
@@ -42,6 +42,6 @@ def test_the_report_and_its_plot_are_a_tracker_run_of_the_dag_run(tmp_path, monk
 
 def test_a_report_without_trackers_writes_no_tracker_files(tmp_path, monkeypatch):
     no_tracker_account(monkeypatch, tmp_path)
-    cfg = resolve("tiny", {"output": str(tmp_path), "pretrain": {"report_to": "tensorboard"}})
+    cfg = resolve("tiny", {"output": str(tmp_path), "pretrain": {"cadence": {"report_to": "tensorboard"}}})
     reporting.report(cfg, [], None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]

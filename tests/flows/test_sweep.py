@@ -29,7 +29,7 @@ GOOD = """\
 name: lr
 preset: tiny
 overrides:
-  pretrain.precision: fp32
+  pretrain.engine.precision: fp32
   finetune: {tasks: [rte], seeds: [1]}
 variants:
   - name: high
@@ -54,9 +54,9 @@ def test_a_sweep_file_gives_each_variant_the_shared_settings_and_its_own(tmp_pat
                                                                          ["high", "low"])
     assert sweep.varied == ["pretrain.phase1.learning_rate"]
     assert sweep.overrides(sweep.variants[1]) == {
-        "pretrain": {"precision": "fp32", "phase1": {"learning_rate": "3e-4"}},
+        "pretrain": {"engine": {"precision": "fp32"}, "phase1": {"learning_rate": "3e-4"}},
         "finetune": {"tasks": ["rte"], "seeds": [1]}, "shards": {"dupe_factor": "1"}}
-    assert sweep.shared == {"pretrain.precision": "fp32", "finetune.tasks": "rte",
+    assert sweep.shared == {"pretrain.engine.precision": "fp32", "finetune.tasks": "rte",
                             "finetune.seeds": "1", "shards.dupe_factor": "1"}
     assert sweep.folder == str(REPO / "runs" / "tiny" / "sweeps" / "lr")
     # JSON is read as JSON, and a mapping passes as it is (a deployment's parameter)
@@ -88,12 +88,13 @@ variants:
      "{path}: variant 'b': setting pretrain.phase2.steps: must be positive"),
     (VARIANTS + "  - name: b\n    overrides: {output: /elsewhere}\n",
      "{path}: variant 'b': sets output, which every variant shares"),
-    (VARIANTS + "  - name: b\n    overrides:\n      pretrain.model: bert_mini\n"
-     "      pretrain: {model: bert_tiny}\n",
-     "{path}: variant 'b': overrides: setting pretrain.model is given twice"),
-    (VARIANTS + "  - name: b\n    overrides:\n      pretrain.model: bert_mini\n"
-     "      pretrain.model: bert_tiny\n",
-     "{path}: line 7: key 'pretrain.model' is given twice in one mapping (first on line 6)"),
+    (VARIANTS + "  - name: b\n    overrides:\n      pretrain.model.preset: bert_mini\n"
+     "      pretrain: {model: {preset: bert_tiny}}\n",
+     "{path}: variant 'b': overrides: setting pretrain.model.preset is given twice"),
+    (VARIANTS + "  - name: b\n    overrides:\n      pretrain.model.preset: bert_mini\n"
+     "      pretrain.model.preset: bert_tiny\n",
+     ("{path}: line 7: key 'pretrain.model.preset' is given twice in one mapping (first on "
+      "line 6)")),
     (VARIANTS + "  - name: b c\n", "{path}: variants[1]: name: 'b c' is not a name"),
     (VARIANTS + "  - overrides: {}\n", "{path}: variants[1]: expected a mapping with a 'name'"),
     (VARIANTS + "  - name: b\n    override: {}\n",
@@ -141,12 +142,12 @@ def test_the_shipped_sweep_files_resolve_or_name_the_settings_they_wait_for():
     sweeps = REPO / "flows" / "sweeps"
     size = load_sweep(str(sweeps / "model_size.yaml"))
     assert (size.varied, [v.name for v in size.variants]) == (
-        ["pretrain.model"], ["tiny-L2-H128", "mini-L4-H256"])
+        ["pretrain.model.preset"], ["tiny-L2-H128", "mini-L4-H256"])
     assert load_sweep(str(sweeps / "learning_rate.yaml")).varied == [
         "pretrain.phase1.learning_rate", "pretrain.phase2.learning_rate"]
     masking = load_sweep(str(sweeps / "masking.yaml"))  # Table 8's splits, one shard set
-    assert masking.varied == ["pretrain.mask_fraction", "pretrain.same_fraction",
-                              "pretrain.random_fraction"] and len(masking.variants) == 6
+    assert masking.varied == ["pretrain.data.mask_fraction", "pretrain.data.same_fraction",
+                              "pretrain.data.random_fraction"] and len(masking.variants) == 6
     tasks = load_sweep(str(sweeps / "pretraining_tasks.yaml"))  # Table 5's rows
     assert [v.name for v in tasks.variants] == ["mlm-nsp", "mlm-no-nsp", "ltr-no-nsp"]
 
@@ -196,7 +197,7 @@ preset: tiny
 overrides:
   shards.dupe_factor: 1
   pretrain:
-    precision: fp32          # bf16 is slow on CPUs without bf16 matrix units
+    engine: {precision: fp32}          # bf16 is slow on CPUs without bf16 matrix units
     phase1: {steps: 20, warmup_steps: 2, global_batch_size: 8, micro_batch_size: 8}
     phase2: {steps: 4, warmup_steps: 0, global_batch_size: 4, micro_batch_size: 4}
   finetune: {tasks: [rte], learning_rates: [1e-4], seeds: [1], epochs: 1,

@@ -161,14 +161,16 @@ def test_what_asks_for_gpus():
     assert gpu_request("auto", {"CUDA_VISIBLE_DEVICES": ""}) is None
     assert gpu_request("auto", {"CUDA_VISIBLE_DEVICES": "NoDevFiles"}) is None
     assert gpu_request("auto", {"SLURM_GPUS_ON_NODE": "0", "SLURM_JOB_ID": "7"}) is None
-    assert gpu_request("cuda", {}) == "device: cuda, as the base and large presets set"
+    assert gpu_request("cuda", {}) == "engine.device: cuda, as the base and large presets set"
     assert gpu_request("auto", {"CUDA_VISIBLE_DEVICES": "0,1"}) == "CUDA_VISIBLE_DEVICES=0,1"
     assert gpu_request("auto", {"SLURM_JOB_GPUS": "0,1,2,3"}) == \
         "Slurm allocated GPUs (SLURM_JOB_GPUS=0,1,2,3)"
     assert gpu_request("auto", {}, nproc_per_node="gpu") == "--nproc-per-node gpu"
-    assert [cfg.resolve(p).device for p in ("tiny", "base", "large")] == ["auto", "cuda", "cuda"]
-    with pytest.raises(ValueError, match=r"--set device='gpu': must be one of auto or cuda$"):
-        cfg.resolve("tiny", None, ["device=gpu"])
+    assert [cfg.resolve(p).engine.device for p in ("tiny", "base", "large")] == \
+        ["auto", "cuda", "cuda"]
+    with pytest.raises(ValueError,
+                       match=r"--set engine.device='gpu': must be one of auto or cuda$"):
+        cfg.resolve("tiny", None, ["engine.device=gpu"])
 
 
 def one_error_line(out: subprocess.CompletedProcess) -> str:
@@ -195,7 +197,7 @@ def test_a_gpu_launch_without_cuda_stops_in_one_line_before_any_rank_starts():
     assert line.startswith("bert-pretrain: error: this run asks for GPUs (Slurm allocated GPUs "
                            "(SLURM_GPUS_ON_NODE=8)), but torch ")
     assert "torchrun" not in script.stderr + script.stdout and script.stdout == ""
-    # bert-pretrain started by hand with the large preset (device: cuda), on 2 ranks: one line
+    # bert-pretrain started by hand with the large preset (engine.device: cuda), on 2 ranks
     del env["SLURM_GPUS_ON_NODE"]
     by_hand = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
                               "2", "--master_port", str(free_port()), "-m", "training.pretrain", "--preset",
@@ -203,7 +205,7 @@ def test_a_gpu_launch_without_cuda_stops_in_one_line_before_any_rank_starts():
                              timeout=300, check=False)
     errors = [ln for ln in by_hand.stderr.splitlines() if ln.startswith("bert-pretrain: error")]
     assert by_hand.returncode != 0 and len(errors) == 1, by_hand.stderr[-3000:]
-    assert "(device: cuda, as the base and large presets set)" in errors[0]
+    assert "(engine.device: cuda, as the base and large presets set)" in errors[0]
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="torch sees a GPU here: nothing to refuse")
@@ -220,14 +222,14 @@ def test_the_refusal_reaches_the_user_when_another_rank_refuses_first(tmp_path):
                          text=True, timeout=300, check=False)
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("bert-pretrain: error")]
     assert out.returncode != 0 and len(errors) == 1, out.stderr[-3000:]
-    assert "(device: cuda, as the base and large presets set)" in errors[0]
+    assert "(engine.device: cuda, as the base and large presets set)" in errors[0]
 
 
 # --- communication overlap -------------------------------------------------------------------
 
 def test_gpu_presets_overlap_the_reduction_and_accumulate_in_fp32():
     config = cfg.resolve("large", str(REPO / "training" / "configs" / "bert_large_8gpu.yaml"))
-    assert config.zero_stage == 2 and cfg.base().zero_stage == 2
+    assert config.engine.zero_stage == 2 and cfg.base().engine.zero_stage == 2
     for phase in config.phases:
         ds = build_ds_config(config, phase, world_size=8, on_gpu=True)
         zero = ds["zero_optimization"]
@@ -237,7 +239,8 @@ def test_gpu_presets_overlap_the_reduction_and_accumulate_in_fp32():
         accumulates = ds["gradient_accumulation_steps"] > 1
         assert ds.get("data_types") == ({"grad_accum_dtype": "fp32"} if accumulates else None)
         # ZeRO-1 keeps bf16 accumulation: fp32 would replace the ZeRO optimizer (below)
-        zero1 = build_ds_config(dataclasses.replace(config, zero_stage=1), phase, 8, on_gpu=True)
+        zero1 = build_ds_config(cfg.apply_overrides(config, ["engine.zero_stage=1"]), phase, 8,
+                                on_gpu=True)
         assert "data_types" not in zero1 and zero1["zero_optimization"]["overlap_comm"] is True
 
 
@@ -256,7 +259,9 @@ def test_deepspeed_builds_the_overlapping_zero_optimizer_from_our_config():
 
     dist = pretrain.init_distributed()
     phase = cfg.PhaseConfig(micro_batch_size=2, global_batch_size=4, steps=10, warmup_steps=1)
-    base = cfg.PretrainConfig(precision="bf16", zero_stage=2, phases=(phase,))
+    base = cfg.PretrainConfig(engine=cfg.EngineConfig(precision="bf16", zero_stage=2),
+                              phases=(phase,))
+    zero_1 = cfg.EngineConfig(precision="bf16", zero_stage=1)
 
     def optimizer(config, **extra):
         model = pretrain.build_model(config, {"vocab_size": 128, "nsp": True})
@@ -272,10 +277,10 @@ def test_deepspeed_builds_the_overlapping_zero_optimizer_from_our_config():
     zero2 = optimizer(base)
     assert isinstance(zero2, DeepSpeedZeroOptimizer) and zero2.overlap_comm
     assert zero2.gradient_accumulation_dtype == torch.float32 and zero2.partition_gradients
-    zero1 = optimizer(dataclasses.replace(base, zero_stage=1))
+    zero1 = optimizer(dataclasses.replace(base, engine=zero_1))
     assert isinstance(zero1, DeepSpeedZeroOptimizer) and zero1.overlap_comm
     assert zero1.gradient_accumulation_dtype == torch.bfloat16
-    avoided = optimizer(dataclasses.replace(base, zero_stage=1),
+    avoided = optimizer(dataclasses.replace(base, engine=zero_1),
                         data_types={"grad_accum_dtype": "fp32"})
     assert isinstance(avoided, BF16_Optimizer)
 
@@ -293,13 +298,13 @@ def test_the_flows_pretrain_stage_knows_its_runs_device_before_launching():
     data = {"data": {"wikipedia": "/d/wiki.xml.bz2", "books": "/d/books"},
             "finetune": {"data": ""}}
     for preset, pretrain, device in (("tiny", {}, "auto"), ("large", {}, "cuda"),
-                                     ("large", {"device": "auto"}, "auto"),
-                                     ("base", {"device": "auto"}, "auto")):
+                                     ("large", {"engine": {"device": "auto"}}, "auto"),
+                                     ("base", {"engine": {"device": "auto"}}, "auto")):
         flow = resolve(preset, {**data, "pretrain": pretrain})
         run = pretrain_config(flow, stage("/v"), [stage("/s128"), stage("/s512")], "/o")
-        assert run.device == device, (preset, pretrain)
+        assert run.engine.device == device, (preset, pretrain)
         assert [p.train_shards for p in run.phases] == ["/s128", "/s512"]
-        assert (run.vocab_dir, run.output_dir) == ("/v", "/o")
+        assert (run.data.vocab_dir, run.output_dir) == ("/v", "/o")
 
 
 def test_deepspeeds_ops_are_built_by_the_virtualenvs_ninja():

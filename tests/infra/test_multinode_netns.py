@@ -138,9 +138,13 @@ def two_phase_config(shards, output: Path, num_workers: int) -> cfg.PretrainConf
                     learning_rate=1e-3),
     )
     return cfg.PretrainConfig(
-        model="bert_tiny", vocab_dir=str(shards.vocab_dir), output_dir=str(output), phases=phases,
-        dropout=0.0, zero_stage=2, num_workers=num_workers, shuffle_buffer=16, log_every=1,
-        eval_every=0, eval_batches=0, checkpoint_every=0, export_hf=False, seed=11)
+        model=cfg.ModelConfig(preset="bert_tiny", dropout=0.0),
+        engine=cfg.EngineConfig(zero_stage=2),
+        data=cfg.PretrainDataConfig(vocab_dir=str(shards.vocab_dir), num_workers=num_workers,
+                                    shuffle_buffer=16),
+        cadence=cfg.CadenceConfig(log_every=1, eval_every=0, eval_batches=0, checkpoint_every=0,
+                                  export_hf=False),
+        output_dir=str(output), phases=phases, seed=11)
 
 
 def losses(output: Path) -> dict[str, list[float]]:

@@ -4,7 +4,6 @@ the left-to-right baseline (Table 5 "LTR & No NSP"), in the model and through `b
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
@@ -13,6 +12,7 @@ import torch.nn.functional as F
 import transformers
 from safetensors import safe_open
 
+from common import settings
 from model.bert import bert_tiny
 from model.heads import BertForPreTraining, BertForSequenceClassification
 from tests.support.shard_fixtures import book_shards
@@ -36,15 +36,20 @@ def batch(data):
     return next(iter(loader))
 
 
-def run_config(data, output, steps: int = 3, **changes) -> cfg.PretrainConfig:
-    phase = PhaseConfig(name="phase1", train_shards=str(data["learn"]), max_seq_length=128,
+def run_config(shard_data, output, /, steps: int = 3, **sections) -> cfg.PretrainConfig:
+    """A one-phase bert_tiny run; `sections`: mappings of their settings, as `--set` gives them
+    (`objective={"name": "ltr"}`)."""
+    phase = PhaseConfig(name="phase1", train_shards=str(shard_data["learn"]), max_seq_length=128,
                         micro_batch_size=8, global_batch_size=8, steps=steps, warmup_steps=1,
                         learning_rate=2e-3)
     config = cfg.PretrainConfig(
-        model="bert_tiny", vocab_dir=str(data["vocab"]), output_dir=str(output), phases=(phase,),
-        dropout=0.0, num_workers=0, shuffle_buffer=0, log_every=1, eval_every=0,
-        eval_batches=1, checkpoint_every=0, export_hf=True, seed=7)
-    return dataclasses.replace(config, **changes)
+        model=cfg.ModelConfig(preset="bert_tiny", dropout=0.0),
+        data=cfg.PretrainDataConfig(vocab_dir=str(shard_data["vocab"]), num_workers=0,
+                                    shuffle_buffer=0),
+        cadence=cfg.CadenceConfig(log_every=1, eval_every=0, eval_batches=1, checkpoint_every=0,
+                                  export_hf=True),
+        output_dir=str(output), phases=(phase,), seed=7)
+    return settings.apply(config, sections)
 
 
 def train_records(output) -> list[dict]:
@@ -54,43 +59,47 @@ def train_records(output) -> list[dict]:
 # ---------------------------------------------------------------- settings
 
 def test_shape_settings_override_the_preset_and_are_checked():
-    config = cfg.apply_overrides(cfg.tiny(), ["num_hidden_layers=3", "hidden_size=96",
-                                              "num_attention_heads=4", "intermediate_size=200"])
-    shape = config.model_config(vocab_size=500)
+    config = cfg.apply_overrides(cfg.tiny(), [
+        "model.num_hidden_layers=3", "model.hidden_size=96", "model.num_attention_heads=4",
+        "model.intermediate_size=200"])
+    shape = config.model.build(vocab_size=500)
     assert (shape.num_hidden_layers, shape.hidden_size, shape.num_attention_heads,
             shape.intermediate_size, shape.vocab_size) == (3, 96, 4, 200, 500)
-    assert cfg.tiny().model_config(vocab_size=500).hidden_size == 128  # the preset's
-    with pytest.raises(ValueError, match=r"--set hidden_size: must be a multiple of "
+    assert cfg.tiny().model.build(vocab_size=500).hidden_size == 128  # the preset's
+    with pytest.raises(ValueError, match=r"--set model.hidden_size: must be a multiple of "
                                          r"num_attention_heads \(got hidden_size=100, "
                                          r"num_attention_heads=3"):
-        cfg.apply_overrides(cfg.tiny(), ["hidden_size=100", "num_attention_heads=3"])
-    with pytest.raises(ValueError, match="--set objective: must be one of mlm_nsp, mlm or ltr, "
-                                         ".* got 'rtl'$"):
-        cfg.apply_overrides(cfg.tiny(), ["objective=rtl"])
-    with pytest.raises(ValueError, match="--set mask_fraction: acts only with dynamic_masking"):
-        cfg.apply_overrides(cfg.tiny(), ["mask_fraction=0", "same_fraction=0.2",
-                                         "random_fraction=0.8"])
+        cfg.apply_overrides(cfg.tiny(), ["model.hidden_size=100", "model.num_attention_heads=3"])
+    with pytest.raises(ValueError, match="--set objective.name: must be one of mlm_nsp, mlm or "
+                                         "ltr, .* got 'rtl'$"):
+        cfg.apply_overrides(cfg.tiny(), ["objective.name=rtl"])
+    with pytest.raises(ValueError, match="--set data.mask_fraction: acts only with "
+                                         "data.dynamic_masking"):
+        cfg.apply_overrides(cfg.tiny(), ["data.mask_fraction=0", "data.same_fraction=0.2",
+                                         "data.random_fraction=0.8"])
     with pytest.raises(ValueError, match="sum to 1"):
-        cfg.apply_overrides(cfg.tiny(), ["dynamic_masking=true", "mask_fraction=0.5"])
-    with pytest.raises(ValueError, match="--set objective: ltr cannot be combined with dynamic"):
-        cfg.apply_overrides(cfg.tiny(), ["objective=ltr", "dynamic_masking=true"])
+        cfg.apply_overrides(cfg.tiny(), ["data.dynamic_masking=true", "data.mask_fraction=0.5"])
+    with pytest.raises(ValueError, match="--set objective.name: ltr cannot be combined with "
+                                         "data.dynamic"):
+        cfg.apply_overrides(cfg.tiny(), ["objective.name=ltr", "data.dynamic_masking=true"])
 
 
 # ---------------------------------------------------------------- MLM-only and shapes
 
 def test_mlm_only_custom_shape_trains_exports_and_loads_in_transformers(data, batch, tmp_path):
-    """next_sentence=false on shards with NSP labels and a shape no preset has: the loss is
+    """objective.next_sentence=false on shards with NSP labels and a shape no preset has: the loss is
     the MLM loss alone, the checkpoint config records the shape, and the export is a
     BertForMaskedLM of that shape without NSP weights whose logits transformers reproduces."""
-    config = run_config(data, tmp_path, next_sentence=False, num_hidden_layers=3,
-                        hidden_size=96, num_attention_heads=4, intermediate_size=200)
+    config = run_config(data, tmp_path, objective={"next_sentence": False},
+                        model={"num_hidden_layers": 3, "hidden_size": 96,
+                               "num_attention_heads": 4, "intermediate_size": 200})
     pretrain.run(config)
     for record in train_records(tmp_path):
         assert record["loss"] == pytest.approx(record["mlm_loss"], abs=1e-6)
         assert "nsp_loss" not in record
     saved = json.loads((tmp_path / "config.json").read_text())
-    assert (saved["num_hidden_layers"], saved["hidden_size"], saved["next_sentence"]) == \
-        (3, 96, False)
+    assert (saved["model"]["num_hidden_layers"], saved["model"]["hidden_size"],
+            saved["objective"]["next_sentence"]) == (3, 96, False)
     hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert hf_config["architectures"] == ["BertForMaskedLM"]
     assert (hf_config["num_hidden_layers"], hf_config["hidden_size"],
@@ -201,9 +210,9 @@ def test_ltr_loss_is_next_token_cross_entropy_by_hand(data, batch):
 
 
 def test_ltr_trains_exports_and_matches_transformers_decoder(data, batch, tmp_path):
-    """objective=ltr through bert-pretrain: the loss falls over a few steps, the export is a
+    """objective.name=ltr through bert-pretrain: the loss falls over a few steps, the export is a
     BertLMHeadModel (is_decoder) whose logits transformers reproduces, padding included."""
-    pretrain.run(run_config(data, tmp_path, steps=8, objective="ltr"))
+    pretrain.run(run_config(data, tmp_path, steps=8, objective={"name": "ltr"}))
     losses = [r["loss"] for r in train_records(tmp_path)]
     print("ltr losses", [round(x, 3) for x in losses])
     assert losses[-1] < losses[0] - 0.4  # measured: 7.63 -> 6.97 after 8 steps

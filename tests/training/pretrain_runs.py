@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from common import settings
 from training import checkpoint, pretrain
 from training import config as cfg
 from training.config import PhaseConfig
@@ -15,15 +16,24 @@ from training.config import PhaseConfig
 REPO = Path(__file__).resolve().parents[2]
 
 
-def make_config(data, output: Path, shards: str = "uneven", steps: int = 12, **changes):
-    phase = PhaseConfig(name="phase1", train_shards=str(data[shards]), max_seq_length=128,
+def make_config(shard_data, output: Path, /, shards: str = "uneven", steps: int = 12,
+                **changes):
+    """A one-phase bert_tiny run on `shard_data[shards]`. `changes`: sections as mappings of
+    their settings (`engine={"zero_stage": 2}`, applied as `--set` would), other fields as
+    values (`phases=(...)`, `seed=3`)."""
+    phase = PhaseConfig(name="phase1", train_shards=str(shard_data[shards]), max_seq_length=128,
                         micro_batch_size=4, global_batch_size=8, steps=steps,
                         warmup_steps=2, learning_rate=2e-3)
     config = cfg.PretrainConfig(
-        model="bert_tiny", vocab_dir=str(data["vocab"]), output_dir=str(output), phases=(phase,),
-        dropout=0.0, num_workers=2, shuffle_buffer=16, log_every=1, eval_every=0, eval_batches=2,
-        checkpoint_every=0, export_hf=False, seed=7)
-    return dataclasses.replace(config, **changes)
+        model=cfg.ModelConfig(preset="bert_tiny", dropout=0.0),
+        data=cfg.PretrainDataConfig(vocab_dir=str(shard_data["vocab"]), num_workers=2,
+                                    shuffle_buffer=16),
+        cadence=cfg.CadenceConfig(log_every=1, eval_every=0, eval_batches=2, checkpoint_every=0,
+                                  export_hf=False),
+        output_dir=str(output), phases=(phase,), seed=7)
+    sections = {k: v for k, v in changes.items() if k in cfg.SECTIONS}
+    config = dataclasses.replace(config, **{k: v for k, v in changes.items() if k not in sections})
+    return settings.apply(config, sections)
 
 
 def train_losses(output: Path) -> list[float]:

@@ -21,7 +21,8 @@ from training import checkpoint, pretrain
 from training import config as cfg
 
 TAG = "00-phase1-step00000002"
-RUN = {"zero_stage": 1, "steps": 4, "num_workers": 0, "checkpoint_every": 1, "keep_checkpoints": 1}
+RUN = {"engine": {"zero_stage": 1}, "steps": 4, "data": {"num_workers": 0},
+       "cadence": {"checkpoint_every": 1, "keep_checkpoints": 1}}
 REFUSAL = ("refused: this checkpoint file holds objects other than tensors and plain data "
            "(global exec); it may have been planted, and loading it could run code. Resume from a "
            "checkpoint you trust, or start a new output_dir")

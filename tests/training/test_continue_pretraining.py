@@ -1,4 +1,4 @@
-"""Continued pre-training (`init_from`) on the real MiniLM checkpoint and the shared books.
+"""Continued pre-training (`model.init_from`) on the real MiniLM checkpoint and the shared books.
 
 Shards: `pipelines.make_shards` (64 tokens) on two books' first paragraphs with MiniLM's
 vocabulary. The model's shape, weights and vocabulary come from the checkpoint; contradicting
@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common import settings
 from model.heads import BertForPreTraining
 from model.hf import (
     export_hf_folder,
@@ -54,15 +55,19 @@ def minilm_shards(minilm_dir, corpus, tmp_path_factory) -> Path:
 
 
 def run_config(init_from, shards: Path, output: Path, steps: int = 3, learning_rate: float = 1e-3,
-               **changes):
+               **sections):
+    """A one-phase run from `init_from`; `sections`: mappings of their settings, as `--set`
+    gives them (`engine={"zero_stage": 3}`)."""
     phase = PhaseConfig(name="phase1", train_shards=str(shards), max_seq_length=64,
                         micro_batch_size=4, global_batch_size=4, steps=steps, warmup_steps=0,
                         learning_rate=learning_rate)
-    config = cfg.PretrainConfig(model="", init_from=str(init_from), output_dir=str(output),
-                                phases=(phase,), dropout=0.0, seed=7, num_workers=0,
-                                shuffle_buffer=64, log_every=1, eval_every=0, eval_batches=0,
-                                checkpoint_every=0, export_hf=False)
-    return dataclasses.replace(config, **changes)
+    config = cfg.PretrainConfig(
+        model=cfg.ModelConfig(preset="", init_from=str(init_from), dropout=0.0),
+        data=cfg.PretrainDataConfig(num_workers=0, shuffle_buffer=64),
+        cadence=cfg.CadenceConfig(log_every=1, eval_every=0, eval_batches=0, checkpoint_every=0,
+                                  export_hf=False),
+        output_dir=str(output), phases=(phase,), seed=7)
+    return settings.apply(config, sections)
 
 
 def manifest_of(shards: Path) -> dict:
@@ -71,9 +76,9 @@ def manifest_of(shards: Path) -> dict:
 
 def test_the_checkpoint_decides_the_shape_and_missing_heads_are_listed(minilm_dir, minilm_shards,
                                                                        caplog):
-    config = cfg.resolve("tiny", assignments=[f"init_from={minilm_dir}"])
-    assert config.model == ""  # the tiny preset's bert_tiny gives way to the checkpoint
-    assert pretrain.with_checkpoint_vocab(config).vocab_dir == str(minilm_dir)
+    config = cfg.resolve("tiny", assignments=[f"model.init_from={minilm_dir}"])
+    assert config.model.preset == ""  # the tiny preset's bert_tiny gives way to the checkpoint
+    assert pretrain.with_checkpoint_vocab(config).data.vocab_dir == str(minilm_dir)
     with caplog.at_level(logging.INFO, logger="training.init_from"):
         model = pretrain.build_model(config, manifest_of(minilm_shards), initial=True)
     shape = model.config
@@ -96,15 +101,19 @@ def test_the_checkpoint_decides_the_shape_and_missing_heads_are_listed(minilm_di
 def test_settings_that_contradict_the_checkpoint_name_both_values(minilm_dir, minilm_shards,
                                                                   tmp_path):
     manifest = manifest_of(minilm_shards)
-    config = cfg.resolve("tiny", assignments=[f"init_from={minilm_dir}", "model=bert_tiny"])
-    with pytest.raises(ValueError, match=r"--set model=bert_tiny has num_hidden_layers=2, but "
-                       rf"init_from={minilm_dir} \(.*config.json\) has num_hidden_layers=6"):
+    config = cfg.resolve("tiny", assignments=[f"model.init_from={minilm_dir}",
+                                              "model.preset=bert_tiny"])
+    with pytest.raises(ValueError, match=r"--set model.preset=bert_tiny has num_hidden_layers=2, "
+                       rf"but model.init_from={minilm_dir} \(.*config.json\) has "
+                       "num_hidden_layers=6"):
         pretrain.model_config(config, manifest)
-    shallow = cfg.resolve("tiny", assignments=[f"init_from={minilm_dir}", "num_hidden_layers=4"])
-    with pytest.raises(ValueError, match=r"--set num_hidden_layers=4, but "
-                       rf"init_from={minilm_dir} \(.*config.json\) has num_hidden_layers=6"):
+    shallow = cfg.resolve("tiny", assignments=[f"model.init_from={minilm_dir}",
+                                               "model.num_hidden_layers=4"])
+    with pytest.raises(ValueError, match=r"--set model.num_hidden_layers=4, but "
+                       rf"model.init_from={minilm_dir} \(.*config.json\) has "
+                       "num_hidden_layers=6"):
         pretrain.model_config(shallow, manifest)
-    long = cfg.resolve("tiny", assignments=[f"init_from={minilm_dir}",
+    long = cfg.resolve("tiny", assignments=[f"model.init_from={minilm_dir}",
                                             "phase2.max_seq_length=1024"])
     with pytest.raises(ValueError, match=r"--set phase2.max_seq_length=1024, but .* has "
                        "max_position_embeddings 512"):
@@ -113,32 +122,35 @@ def test_settings_that_contradict_the_checkpoint_name_both_values(minilm_dir, mi
     other.mkdir()
     tokens = (minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
     (other / "vocab.txt").write_text("\n".join(tokens[:-1]) + "\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=rf"--set vocab_dir={other} holds 30521 tokens, but .* "
-                       "has vocab_size 30522"):
-        pretrain.model_config(dataclasses.replace(config, model="", vocab_dir=str(other)),
+    with pytest.raises(ValueError, match=rf"--set data.vocab_dir={other} holds 30521 tokens, "
+                       "but .* has vocab_size 30522"):
+        pretrain.model_config(settings.apply(config, {"model": {"preset": ""},
+                                                      "data": {"vocab_dir": str(other)}}),
                               manifest)
-    with pytest.raises(ValueError, match=rf"--set vocab_dir={other} holds other tokens than "
-                       rf"init_from={minilm_dir}'s vocabulary"):
-        pretrain.with_checkpoint_vocab(dataclasses.replace(config, vocab_dir=str(other)))
-    with pytest.raises(ValueError, match=r"--set model: must be one of .* \(or empty with "
-                       "init_from\\)"):
-        cfg.resolve("tiny", assignments=["model="])
+    with pytest.raises(ValueError, match=rf"--set data.vocab_dir={other} holds other tokens than "
+                       rf"model.init_from={minilm_dir}'s vocabulary"):
+        pretrain.with_checkpoint_vocab(settings.apply(config, {"data": {"vocab_dir": str(other)}}))
+    with pytest.raises(ValueError, match=r"--set model.preset: must be one of .* \(or empty "
+                       "with init_from\\)"):
+        cfg.resolve("tiny", assignments=["model.preset="])
 
 
 def test_bert_pretrain_names_a_contradiction_or_a_missing_checkpoint_in_one_line(
         minilm_dir, minilm_shards, tmp_path, capsys):
     run_file = tmp_path / "run.yaml"
-    run_file.write_text(json.dumps({"output_dir": str(tmp_path / "run"), "export_hf": False,
+    run_file.write_text(json.dumps({"output_dir": str(tmp_path / "run"),
+                                    "cadence": {"export_hf": False},
                                     "phases": [{"name": "phase1", "max_seq_length": 64,
                                                 "train_shards": str(minilm_shards)}]}))
     for setting, message in (
-            ("model=bert_tiny", (f"--set model=bert_tiny has num_hidden_layers=2, but "
-                                 f"init_from={minilm_dir} ({minilm_dir}/config.json) has "
-                                 "num_hidden_layers=6")),
-            ("init_from=" + str(tmp_path / "nothing"),
+            ("model.preset=bert_tiny", (
+                f"--set model.preset=bert_tiny has num_hidden_layers=2, but "
+                f"model.init_from={minilm_dir} ({minilm_dir}/config.json) has "
+                "num_hidden_layers=6")),
+            ("model.init_from=" + str(tmp_path / "nothing"),
              f"{tmp_path}/nothing: not a BERT checkpoint")):
         with pytest.raises(SystemExit) as stopped:
-            pretrain.main(["--config", str(run_file), "--set", f"init_from={minilm_dir}",
+            pretrain.main(["--config", str(run_file), "--set", f"model.init_from={minilm_dir}",
                            "--set", setting])
         assert stopped.value.code == 2
         assert f"bert-pretrain: error: {message}" in capsys.readouterr().err
@@ -178,7 +190,7 @@ def test_shards_of_another_vocabulary_are_refused_naming_both(minilm_dir, corpus
     config = pretrain.with_checkpoint_vocab(run_config(minilm_dir, shards, tmp_path / "out"))
     with pytest.raises(ValueError, match=rf"phase1.train_shards={shards}: shards made with the "
                        rf"vocabulary {other}/vocab.txt \(sha256 \w{{12}}\), but "
-                       rf"init_from={minilm_dir} has another \({minilm_dir}/vocab.txt"):
+                       rf"model.init_from={minilm_dir} has another \({minilm_dir}/vocab.txt"):
         pretrain.check_phase_inputs(config)
 
 
@@ -193,7 +205,8 @@ def test_continued_pretraining_starts_far_below_a_model_from_scratch(minilm_dir,
                     str(scratch_init))
     losses = {}
     for name, init in (("minilm", minilm_dir), ("scratch", scratch_init)):
-        config = run_config(init, minilm_shards, tmp_path / name, vocab_dir=str(minilm_dir))
+        config = run_config(init, minilm_shards, tmp_path / name,
+                            data={"vocab_dir": str(minilm_dir)})
         pretrain.run(config)
         losses[name] = [r["mlm_loss"] for r in pretrain.read_metrics(str(tmp_path / name))]
     print({k: [round(v, 3) for v in vs] for k, vs in losses.items()})
@@ -219,7 +232,7 @@ def checkpoint_copy(minilm_dir: Path, out: Path, do_lower_case: bool | None = No
 
 
 def test_the_flow_takes_the_checkpoints_vocabulary_and_casing(minilm_dir, corpus, tmp_path):
-    """`pretrain.init_from`: the vocabulary stage holds the checkpoint's tokens (none trained),
+    """`pretrain.model.init_from`: the vocabulary stage holds the checkpoint's tokens (none trained),
     named by the checkpoint's content, not its path; the shards follow its casing; training gets
     init_from and the checkpoint's shape."""
     from safetensors.torch import load_file, save_file
@@ -247,13 +260,13 @@ def test_the_flow_takes_the_checkpoints_vocabulary_and_casing(minilm_dir, corpus
     cased = checkpoint_vocab(root, str(cased_dir))
     assert cased.path != vocab.path and cased.manifest["do_lower_case"] is False
 
-    flow = resolve("tiny", {"output": root, "pretrain": {"init_from": str(cased_dir)}})
+    flow = resolve("tiny", {"output": root, "pretrain": {"model": {"init_from": str(cased_dir)}}})
     assert flow.vocab.do_lower_case is True  # the flow's own casing setting, overruled below
     shards = steps.make_shards(flow, StageResult("corpus", str(corpus), "c", False, 0.0), cased, 1)
     assert shards.manifest["options"]["job"]["do_lower_case"] is False
     assert shards.manifest["vocab"]["sha256"] == vocab.manifest["vocab_sha256"]
     config = steps.pretrain_config(flow, cased, [shards, shards], str(tmp_path / "run"))
-    assert (config.model, config.init_from) == ("", str(cased_dir))
+    assert (config.model.preset, config.model.init_from) == ("", str(cased_dir))
     cfg.save(config, str(tmp_path / "launch_config.json"))  # as the flow hands it to training
     config = cfg.load_saved(str(tmp_path / "launch_config.json"))
     assert pretrain.model_config(config, shards.manifest).num_hidden_layers == 6
@@ -276,7 +289,7 @@ def test_zero3_starts_from_the_checkpoint_and_a_restart_resumes_its_own(minilm_d
     # One AdamW step of lr 1e-9 moves no weight by more than ~1e-9: the run's weights are the
     # checkpoint's, gathered back from ZeRO-3's partitions.
     pretrain.run(run_config(start, minilm_shards, tmp_path / "zero3", steps=1, learning_rate=1e-9,
-                            vocab_dir=str(minilm_dir), zero_stage=3))
+                            data={"vocab_dir": str(minilm_dir)}, engine={"zero_stage": 3}))
     trained = final_weights(tmp_path / "zero3")
     for key, value in tiny.state_dict().items():
         if key != "mlm.decoder.weight":
@@ -284,7 +297,7 @@ def test_zero3_starts_from_the_checkpoint_and_a_restart_resumes_its_own(minilm_d
 
     def config(output: str):
         return run_config(start, minilm_shards, tmp_path / output, steps=4,
-                          vocab_dir=str(minilm_dir))
+                          data={"vocab_dir": str(minilm_dir)})
 
     pretrain.run(config("whole"))
     pretrain.run(config("restarted"), stop_after_steps=2)
@@ -312,7 +325,7 @@ def test_glue_after_continued_pretraining_stays_far_above_from_scratch(shared_da
     scores = {}
     for name, init in (("minilm", minilm_dir), ("scratch", scratch_init)):
         config = run_config(init, minilm_shards, tmp_path / name, steps=10, learning_rate=5e-4,
-                            vocab_dir=str(minilm_dir), export_hf=True)
+                            data={"vocab_dir": str(minilm_dir)}, cadence={"export_hf": True})
         config = dataclasses.replace(config, phases=(dataclasses.replace(
             config.phases[0], micro_batch_size=8, global_batch_size=8, warmup_steps=1),))
         pretrain.run(config)
@@ -331,7 +344,7 @@ def test_glue_after_continued_pretraining_stays_far_above_from_scratch(shared_da
 
 @pytest.mark.slow
 def test_the_flow_continues_pretraining_from_minilm_end_to_end(minilm_dir, tmp_path):
-    """`bert-dag --preset tiny --set pretrain.init_from=MiniLM` on the bundled sample: no
+    """`bert-dag --preset tiny --set pretrain.model.init_from=MiniLM` on the bundled sample: no
     vocabulary trained, shards of MiniLM's vocab.txt, a model of MiniLM's shape exported."""
     import hashlib
     import os
@@ -342,9 +355,9 @@ def test_the_flow_continues_pretraining_from_minilm_end_to_end(minilm_dir, tmp_p
              "pretrain.phase1.warmup_steps=0", "pretrain.phase2.warmup_steps=0",
              "pretrain.phase1.micro_batch_size=4", "pretrain.phase1.global_batch_size=4",
              "pretrain.phase2.micro_batch_size=2", "pretrain.phase2.global_batch_size=2",
-             "pretrain.precision=fp32", "pretrain.zero_stage=0", "finetune.data="]
+             "pretrain.engine.precision=fp32", "pretrain.engine.zero_stage=0", "finetune.data="]
     command = [sys.executable, "-m", "flows.cli", "--preset", "tiny", "--output", str(tmp_path),
-               "--set", f"pretrain.init_from={minilm_dir}"]
+               "--set", f"pretrain.model.init_from={minilm_dir}"]
     for setting in steps:
         command += ["--set", setting]
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_API")}
@@ -363,19 +376,20 @@ def test_the_flow_continues_pretraining_from_minilm_end_to_end(minilm_dir, tmp_p
 
 def test_the_flow_names_a_missing_checkpoint_before_any_stage_and_takes_its_shape(minilm_dir,
                                                                                  tmp_path):
-    """A shape setting beside init_from is checked against the checkpoint, not the preset's
-    model (tiny's 128 hidden units would refuse 12 heads); a wrong path fails up front."""
+    """A shape setting beside model.init_from is checked against the checkpoint, not the
+    model.preset's (tiny's 128 hidden units would refuse 12 heads); a wrong path fails up front."""
     import os
 
     from flows.config import check_inputs_exist, resolve
 
-    flow = resolve("tiny", {"pretrain": {"init_from": str(minilm_dir),
-                                         "num_attention_heads": "12"}})
-    assert (flow.pretrain.model, flow.pretrain.num_attention_heads) == ("", 12)
+    flow = resolve("tiny", {"pretrain": {"model": {"init_from": str(minilm_dir),
+                                                   "num_attention_heads": "12"}}})
+    assert (flow.pretrain.model.preset, flow.pretrain.model.num_attention_heads) == ("", 12)
     check_inputs_exist(flow)
     relative = os.path.relpath(minilm_dir)  # one checkpoint, one pretrain stage key
-    assert resolve("tiny", {"pretrain": {"init_from": relative}}).pretrain.init_from == \
-        str(minilm_dir.resolve())
+    from_relative = resolve("tiny", {"pretrain": {"model": {"init_from": relative}}})
+    assert from_relative.pretrain.model.init_from == str(minilm_dir.resolve())
     missing = str(tmp_path / "no-such-checkpoint")
-    with pytest.raises(FileNotFoundError, match=f"^setting pretrain.init_from={missing!r}: "):
-        check_inputs_exist(resolve("tiny", {"pretrain": {"init_from": missing}}))
+    with pytest.raises(FileNotFoundError,
+                       match=f"^setting pretrain.model.init_from={missing!r}: "):
+        check_inputs_exist(resolve("tiny", {"pretrain": {"model": {"init_from": missing}}}))

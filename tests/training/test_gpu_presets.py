@@ -53,25 +53,28 @@ def test_large_preset_yaml_and_flow_agree_on_the_batches():
     for config in (preset, yaml, flow.pretrain):
         assert [(p.micro_batch_size, p.global_batch_size) for p in config.phases] == \
             [(32, 256), (32, 256)]
-        assert config.compile and config.model == "bert_large"
+        assert config.engine.compile and config.model.preset == "bert_large"
     assert flow.launch.nproc_per_node == 8
     assert [p.gradient_accumulation_steps(8) for p in preset.phases] == [1, 1]
     base = cfg.base()
-    assert [p.micro_batch_size for p in base.phases] == [32, 32] and base.compile
-    assert not cfg.tiny().compile  # CPU: eager
+    assert [p.micro_batch_size for p in base.phases] == [32, 32] and base.engine.compile
+    assert not cfg.tiny().engine.compile  # CPU: eager
     for phases, packed in ((flow_config.base().shards, True), (flow_config.large().shards, True),
                            (flow_config.tiny().shards, False)):
         assert phases.phase1.pack is phases.phase2.pack is packed
 
 
 def test_lamb_in_bf16_is_refused_with_deepspeeds_reason():
-    with pytest.raises(ValueError, match="optimizer=lamb cannot be combined with precision=bf16:"
-                                         " DeepSpeed 0.19 runs a bf16 LAMB only at zero_stage=0"):
-        cfg.resolve("large", None, ["optimizer=lamb", "zero_stage=0"])
-    with pytest.raises(ValueError, match="optimizer=lamb cannot be combined with zero_stage=2"):
-        cfg.resolve("large", None, ["optimizer=lamb"])
-    lamb = cfg.resolve("large", None, ["optimizer=lamb", "precision=fp32", "zero_stage=0"])
-    assert lamb.optimizer == "lamb"
+    with pytest.raises(ValueError, match="optimizer.name=lamb cannot be combined with "
+                                         "engine.precision=bf16: DeepSpeed 0.19 runs a bf16 "
+                                         "LAMB only at zero_stage=0"):
+        cfg.resolve("large", None, ["optimizer.name=lamb", "engine.zero_stage=0"])
+    with pytest.raises(ValueError, match="optimizer.name=lamb cannot be combined with "
+                                         "engine.zero_stage=2"):
+        cfg.resolve("large", None, ["optimizer.name=lamb"])
+    lamb = cfg.resolve("large", None, ["optimizer.name=lamb", "engine.precision=fp32",
+                                       "engine.zero_stage=0"])
+    assert lamb.optimizer.name == "lamb"
 
 
 def test_padded_vocabulary_trains_and_exports_the_real_rows(minilm_dir, tmp_path):

@@ -214,25 +214,26 @@ def test_loader_with_a_remasker_redraws_masks_each_epoch_and_keeps_the_text(book
 
 def test_pretraining_reads_training_rows_with_dynamic_masking_and_validation_rows_without(
         books, tmp_path):
-    """training/pretrain.py's `build_loader`: with dynamic_masking the training loader re-masks
+    """training/pretrain.py's `build_loader`: with data.dynamic_masking the training loader re-masks
     (seeded by the run's seed), the validation loader keeps the shards' masks; without it
     neither re-masks."""
     from training import pretrain
-    from training.config import PhaseConfig, PretrainConfig
+    from training.config import PhaseConfig, PretrainConfig, PretrainDataConfig
 
     vocab_dir, _ = books
     folder = _shards(books, tmp_path / "s", [32], validation=[16])
     phase = PhaseConfig(train_shards=str(folder), max_seq_length=SEQ, micro_batch_size=8,
                         global_batch_size=8, steps=4, warmup_steps=0)
-    config = PretrainConfig(vocab_dir=str(vocab_dir), phases=(phase,), dynamic_masking=True,
-                            seed=9, shuffle_buffer=0, num_workers=0)
+    data = PretrainDataConfig(vocab_dir=str(vocab_dir), dynamic_masking=True, shuffle_buffer=0,
+                              num_workers=0)
+    config = PretrainConfig(data=data, phases=(phase,), seed=9)
     dist = pretrain.Dist(rank=0, world_size=1, on_gpu=False)
     train = pretrain.build_loader(config, phase, dist)
     assert train == LoaderConfig(str(folder), 8, SEQ, seed=9, shuffle_buffer=0, split="train",
                                  remasker=Remasker.from_vocab(str(vocab_dir), seed=9))
     validation = pretrain.build_loader(config, phase, dist, validation=True)
     assert (validation.split, validation.remasker) == ("validation", None)
-    static = dataclasses.replace(config, dynamic_masking=False)
+    static = dataclasses.replace(config, data=dataclasses.replace(data, dynamic_masking=False))
     assert pretrain.build_loader(static, phase, dist).remasker is None
 
 

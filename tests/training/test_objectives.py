@@ -56,14 +56,14 @@ SEGMENT = Objective(name="segment", heads=("segment",), model=SegmentModel,
 
 
 def test_an_objective_defined_here_trains_three_steps_through_bert_pretrain(data, tmp_path):
-    """`--set objective=module:attribute` and nothing else: three real DeepSpeed steps and the
+    """`--set objective.name=module:attribute` and nothing else: three real DeepSpeed steps and the
     phase-end validation, the objective's metric keys in metrics.jsonl (no MLM or NSP ones),
     its head in the checkpoint."""
     out = tmp_path / "run"
     config_file = tmp_path / "run.json"
-    cfg.save(make_config(data, out, steps=3, num_workers=0), str(config_file))
+    cfg.save(make_config(data, out, steps=3, data={"num_workers": 0}), str(config_file))
     pretrain.main(["--config", str(config_file),
-                   "--set", "objective=tests.training.test_objectives:SEGMENT"])
+                   "--set", "objective.name=tests.training.test_objectives:SEGMENT"])
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [(r["split"], r["step"]) for r in records] == [
         ("train", 1), ("train", 2), ("train", 3), ("validation", 3)]
@@ -76,7 +76,7 @@ def test_an_objective_defined_here_trains_three_steps_through_bert_pretrain(data
     assert tuple(weights["segment.weight"].shape) == (2, 128)
     assert not [k for k in weights if k.startswith(("mlm.", "nsp."))]
     saved = json.loads((out / "config.json").read_text())
-    assert saved["objective"] == "tests.training.test_objectives:SEGMENT"
+    assert saved["objective"]["name"] == "tests.training.test_objectives:SEGMENT"
 
 
 def test_the_nsp_rule_picks_the_registered_objective():
@@ -88,8 +88,8 @@ def test_the_nsp_rule_picks_the_registered_objective():
     assert objectives.for_shards("ltr", True, nsp) is LTR
     assert objectives.for_shards("mlm_nsp", True, nsp) is MLM_NSP
     with pytest.raises(ValueError, match=r"^s/manifest.json: shards made without next-sentence "
-                                         r"labels \(--no_next_sentence\), but objective=mlm_nsp "
-                                         r"trains NSP; use objective=mlm"):
+                                         r"labels \(--no_next_sentence\), but objective.name=mlm_nsp "
+                                         r"trains NSP; use objective.name=mlm"):
         objectives.for_shards("mlm_nsp", True, plain).check_shards(plain, "s/manifest.json")
     assert (MLM.causal, LTR.causal, MLM_NSP.next_sentence, MLM.next_sentence) == (
         False, True, True, False)
@@ -97,29 +97,33 @@ def test_the_nsp_rule_picks_the_registered_objective():
 
 def test_unknown_or_contradictory_objectives_are_refused_in_one_line():
     with pytest.raises(ValueError) as error:
-        cfg.apply_overrides(cfg.tiny(), ["objective=rtl"])
-    assert str(error.value) == ("--set objective: must be one of mlm_nsp, mlm or ltr, or "
+        cfg.apply_overrides(cfg.tiny(), ["objective.name=rtl"])
+    assert str(error.value) == ("--set objective.name: must be one of mlm_nsp, mlm or ltr, or "
                                 "module:attribute naming an Objective, got 'rtl'")
-    with pytest.raises(ValueError, match=r"^--set objective: must be one of .* got "
+    with pytest.raises(ValueError, match=r"^--set objective\.name: must be one of .* got "
                                          r"'tests.training.test_objectives:NOPE' "
                                          r"\(tests.training.test_objectives has no NOPE\)$"):
-        cfg.apply_overrides(cfg.tiny(), ["objective=tests.training.test_objectives:NOPE"])
-    with pytest.raises(ValueError, match=r"^--set objective: .* \(tests.training."
+        cfg.apply_overrides(cfg.tiny(), ["objective.name=tests.training.test_objectives:NOPE"])
+    with pytest.raises(ValueError, match=r"^--set objective\.name: .* \(tests.training."
                                          r"test_objectives:SegmentModel is a type\)$"):
-        cfg.apply_overrides(cfg.tiny(), ["objective=tests.training.test_objectives:SegmentModel"])
-    with pytest.raises(ValueError, match=r"^--set objective: mlm_nsp trains next-sentence "
-                                         r"prediction, which next_sentence=false turns off"):
-        cfg.apply_overrides(cfg.tiny(), ["objective=mlm_nsp", "next_sentence=false"])
-    assert cfg.apply_overrides(cfg.tiny(), ["objective=mlm_nsp"]).objective == "mlm_nsp"
-    with pytest.raises(ValueError, match=r"^--set objective: segment trains a model model/hf.py "
-                                         r"cannot export to Hugging Face .* set export_hf=false$"):
-        cfg.apply_overrides(cfg.tiny(), ["objective=tests.training.test_objectives:SEGMENT"])
-    assert cfg.apply_overrides(cfg.tiny(), ["objective=tests.training.test_objectives:SEGMENT",
-                                            "export_hf=false"]).export_hf is False
+        cfg.apply_overrides(cfg.tiny(),
+                            ["objective.name=tests.training.test_objectives:SegmentModel"])
+    with pytest.raises(ValueError, match=r"^--set objective\.name: mlm_nsp trains next-sentence "
+                                         r"prediction, which objective\.next_sentence=false "
+                                         r"turns off"):
+        cfg.apply_overrides(cfg.tiny(), ["objective.name=mlm_nsp", "objective.next_sentence=false"])
+    assert cfg.apply_overrides(cfg.tiny(), ["objective.name=mlm_nsp"]).objective.name == "mlm_nsp"
+    with pytest.raises(ValueError, match=r"^--set objective\.name: segment trains a model "
+                                         r"model/hf.py cannot export to Hugging Face .* set "
+                                         r"cadence\.export_hf=false$"):
+        cfg.apply_overrides(cfg.tiny(), ["objective.name=tests.training.test_objectives:SEGMENT"])
+    assert cfg.apply_overrides(cfg.tiny(), [
+        "objective.name=tests.training.test_objectives:SEGMENT",
+        "cadence.export_hf=false"]).cadence.export_hf is False
 
 
 def test_the_objective_builds_its_model_with_the_attention_it_asks_for():
-    config = cfg.tiny().model_config(vocab_size=100)
+    config = cfg.tiny().model.build(vocab_size=100)
     assert not config.is_decoder  # the run's shape; the objective adds the attention
     ltr = LTR.build_model(config)
     assert ltr.config.is_decoder and ltr.nsp is None
@@ -161,6 +165,8 @@ def test_training_modules_import_without_a_circle():
 
 def test_a_custom_objective_keeps_the_resume_check(data, tmp_path):
     """The objective spec is a field like any other: changing it refuses to resume."""
-    saved = make_config(data, tmp_path, objective="tests.training.test_objectives:SEGMENT")
-    assert cfg.resume_conflicts(saved, dataclasses.replace(saved, objective="mlm")) == [
-        "objective: 'tests.training.test_objectives:SEGMENT' -> 'mlm'"]
+    saved = make_config(data, tmp_path,
+                        objective={"name": "tests.training.test_objectives:SEGMENT"})
+    mlm = dataclasses.replace(saved, objective=cfg.ObjectiveConfig(name="mlm"))
+    assert cfg.resume_conflicts(saved, mlm) == [
+        "objective.name: 'tests.training.test_objectives:SEGMENT' -> 'mlm'"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common import settings
 from tests.support.shard_fixtures import write_shards
 from tests.training.pretrain_runs import (
     REPO,
@@ -36,7 +37,7 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
     vocab_size = len((data["vocab"] / "vocab.txt").read_text().split())
     small = tmp_path / "small"
     write_shards(rows, small, {"train": [20, 20], "validation": [3]}, vocab_size, 128, 16)
-    config = make_config(data, tmp_path / "run_small", steps=2, num_workers=0)
+    config = make_config(data, tmp_path / "run_small", steps=2, data={"num_workers": 0})
     config = dataclasses.replace(config, phases=(dataclasses.replace(
         config.phases[0], train_shards=str(small)),))
     with pytest.raises(ValueError, match=r"the validation shards hold 3 rows, fewer than one "
@@ -45,7 +46,7 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
         pretrain.run(config)
     assert not list((tmp_path / "run_small" / "checkpoints").glob("*"))  # no checkpoint
     # The same shards as a second phase: checked before the first phase takes a step too.
-    good = make_config(data, tmp_path / "run_two", steps=2, num_workers=0).phases[0]
+    good = make_config(data, tmp_path / "run_two", steps=2, data={"num_workers": 0}).phases[0]
     two = dataclasses.replace(config, output_dir=str(tmp_path / "run_two"), phases=(
         good, dataclasses.replace(good, name="phase2", train_shards=str(small))))
     with pytest.raises(ValueError, match=r"the validation shards hold 3 rows"):
@@ -85,7 +86,7 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
 def test_every_phases_inputs_are_checked_before_the_first_step(data, tmp_path):
     """Another vocabulary of the same size, phase-2 shards of the wrong length, a truncated
     shard: each stops the run at its start, naming the phase and the file, with no checkpoint."""
-    learn = make_config(data, tmp_path / "run", shards="learn", steps=2, num_workers=0)
+    learn = make_config(data, tmp_path / "run", shards="learn", steps=2, data={"num_workers": 0})
     other_vocab = tmp_path / "other_vocab"
     shutil.copytree(data["vocab"], other_vocab)
     tokens = (other_vocab / "vocab.txt").read_text().split("\n")
@@ -97,9 +98,9 @@ def test_every_phases_inputs_are_checked_before_the_first_step(data, tmp_path):
     shard = max(truncated.glob("train-*.tar"))
     shard.write_bytes(shard.read_bytes()[:10_000])
     cases = [
-        (dataclasses.replace(learn, vocab_dir=str(other_vocab)),
+        (settings.apply(learn, {"data": {"vocab_dir": str(other_vocab)}}),
          (r"phase1\.train_shards=.*: shards made with the vocabulary .*vocab\.txt "
-          r"\(sha256 \w{12}\), but vocab_dir=.*other_vocab holds another")),
+          r"\(sha256 \w{12}\), but data\.vocab_dir=.*other_vocab holds another")),
         (dataclasses.replace(learn, phases=(learn.phases[0], wrong_length)),
          (r"phase2\.train_shards=.*: shards of max_seq_length 128, but "
           r"phase2\.max_seq_length is 512")),
@@ -147,9 +148,10 @@ def test_bad_settings_and_inputs_are_one_line_errors_not_tracebacks(tmp_path):
     """`bert-pretrain` with a bad value or a missing shard folder: exit 2 and the message
     naming the setting or folder, no traceback (BERT_DEBUG=1 would show it)."""
     command = [sys.executable, "-m", "training.pretrain", "--preset", "tiny",
-               "--set", f"output_dir={tmp_path / 'run'}", "--set", "export_hf=false"]
+               "--set", f"output_dir={tmp_path / 'run'}", "--set", "cadence.export_hf=false"]
     cases = [
-        (["--set", "zero_stage=4"], "bert-pretrain: error: --set zero_stage='4': must be one of 0, 1, 2 or 3"),
+        (["--set", "engine.zero_stage=4"],
+         "bert-pretrain: error: --set engine.zero_stage='4': must be one of 0, 1, 2 or 3"),
         (["--set", f"phase1.train_shards={tmp_path / 'nowhere'}"],
          (f"bert-pretrain: error: {tmp_path / 'nowhere' / 'manifest.json'}: cannot read the "
           "shard manifest")),
@@ -163,8 +165,8 @@ def test_bad_settings_and_inputs_are_one_line_errors_not_tracebacks(tmp_path):
 
 def test_phases_must_share_the_vocabulary_and_nsp(data, tmp_path):
     """Without vocab_dir to compare with, the phases are compared with each other."""
-    config = make_config(data, tmp_path / "run", shards="learn", steps=2, num_workers=0,
-                         vocab_dir="")
+    config = make_config(data, tmp_path / "run", shards="learn", steps=2,
+                         data={"num_workers": 0, "vocab_dir": ""})
     cases = (("vocab_size", 999, "shards with vocab_size 999, but phase1's have 2000"),
              ("nsp", False, "shards with nsp False, but phase1's have True"))
     for key, value, message in cases:
@@ -244,7 +246,7 @@ def test_a_vocabulary_rewritten_in_place_is_caught_and_a_crlf_copy_is_not(data, 
     manifest = json.loads((shards / "manifest.json").read_text())
     manifest["vocab"]["path"] = str(vocab / "vocab.txt")
     (shards / "manifest.json").write_text(json.dumps(manifest))
-    config = make_config(data, tmp_path / "run", shards="learn", vocab_dir=str(vocab))
+    config = make_config(data, tmp_path / "run", shards="learn", data={"vocab_dir": str(vocab)})
     config = dataclasses.replace(config, phases=(dataclasses.replace(
         config.phases[0], train_shards=str(shards)),))
     pretrain.check_phase_inputs(config)  # the very file it hashed
@@ -252,7 +254,7 @@ def test_a_vocabulary_rewritten_in_place_is_caught_and_a_crlf_copy_is_not(data, 
     shutil.copytree(data["vocab"], crlf)
     text = (crlf / "vocab.txt").read_text()
     (crlf / "vocab.txt").write_bytes(text.replace("\n", "\r\n").encode())
-    pretrain.check_phase_inputs(dataclasses.replace(config, vocab_dir=str(crlf)))
+    pretrain.check_phase_inputs(settings.apply(config, {"data": {"vocab_dir": str(crlf)}}))
     tokens = text.split("\n")
     tokens[-3], tokens[-2] = tokens[-2], tokens[-3]
     (vocab / "vocab.txt").write_text("\n".join(tokens))

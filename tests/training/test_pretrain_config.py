@@ -22,12 +22,12 @@ from training.optim import LinearWarmupDecay, param_groups
 
 
 def test_lamb_with_zero_is_refused_with_a_clear_message(data, tmp_path):
-    with pytest.raises(ValueError, match="optimizer=lamb cannot be combined with zero_stage=2: "
-                                         "ZeRO partitions parameters"):
-        make_config(data, tmp_path, optimizer="lamb", zero_stage=2)
-    with pytest.raises(ValueError, match="lamb cannot be combined with zero_stage=1"):
-        cfg.resolve("tiny", None, ["zero_stage=1", "optimizer=lamb"])
-    lamb = make_config(data, tmp_path, optimizer="lamb", zero_stage=0)
+    with pytest.raises(ValueError, match="optimizer.name=lamb cannot be combined with "
+                                         "engine.zero_stage=2: ZeRO partitions parameters"):
+        make_config(data, tmp_path, optimizer={"name": "lamb"}, engine={"zero_stage": 2})
+    with pytest.raises(ValueError, match="lamb cannot be combined with engine.zero_stage=1"):
+        cfg.resolve("tiny", None, ["engine.zero_stage=1", "optimizer.name=lamb"])
+    lamb = make_config(data, tmp_path, optimizer={"name": "lamb"}, engine={"zero_stage": 0})
     ds = build_ds_config(lamb, lamb.phases[0], world_size=2, on_gpu=True)
     assert ds["optimizer"]["type"] == "Lamb" and ds["zero_optimization"] == {"stage": 0}
     with pytest.raises(ValueError, match="FusedLamb, a CUDA op"):
@@ -35,7 +35,7 @@ def test_lamb_with_zero_is_refused_with_a_clear_message(data, tmp_path):
 
 
 def test_deepspeed_config_and_param_groups(data, tmp_path):
-    config = make_config(data, tmp_path, zero_stage=2, precision="bf16")
+    config = make_config(data, tmp_path, engine={"zero_stage": 2, "precision": "bf16"})
     phase = dataclasses.replace(config.phases[0], global_batch_size=256, micro_batch_size=16,
                                 steps=1000, warmup_steps=100, learning_rate=1e-4)
     ds = build_ds_config(config, phase, world_size=4, on_gpu=False)
@@ -54,7 +54,8 @@ def test_deepspeed_config_and_param_groups(data, tmp_path):
     assert ds["gradient_clipping"] == 1.0 and ds["bf16"] == {"enabled": True}
     assert ds["zero_optimization"]["stage"] == 2
     with pytest.raises(ValueError, match="precision=fp16 needs a GPU"):
-        build_ds_config(dataclasses.replace(config, precision="fp16"), phase, 1, on_gpu=False)
+        fp16 = dataclasses.replace(config.engine, precision="fp16")
+        build_ds_config(dataclasses.replace(config, engine=fp16), phase, 1, on_gpu=False)
     with pytest.raises(ValueError, match="not a multiple of micro_batch_size x ranks = 48"):
         build_ds_config(config, phase, world_size=3, on_gpu=False)
     model = pretrain.build_model(config, {"nsp": True})
@@ -70,9 +71,10 @@ def test_deepspeed_config_and_param_groups(data, tmp_path):
 
 def test_config_overrides_file_and_validation(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("zero_stage: 1\nphases:\n  - {name: phase1, steps: 20, warmup_steps: 2, learning_rate: 3e-4}\n")
-    config = cfg.resolve("base", str(path), ["phase1.micro_batch_size=8", "precision=fp32"])
-    assert (config.zero_stage, config.precision, len(config.phases)) == (1, "fp32", 1)
+    path.write_text("engine: {zero_stage: 1}\nphases:\n  - {name: phase1, steps: 20, warmup_steps: 2, learning_rate: 3e-4}\n")
+    config = cfg.resolve("base", str(path), ["phase1.micro_batch_size=8", "engine.precision=fp32"])
+    assert (config.engine.zero_stage, config.engine.precision, len(config.phases)) == \
+        (1, "fp32", 1)
     p = config.phases[0]
     assert (p.steps, p.learning_rate, p.micro_batch_size, p.max_seq_length) == (20, 3e-4, 8, 128)
     base = cfg.base()
@@ -81,30 +83,35 @@ def test_config_overrides_file_and_validation(tmp_path):
     assert cfg.from_dict(cfg.to_dict(base)) == base
     with pytest.raises(ValueError, match="--set phase1.warmup_steps: must be in"):
         cfg.apply_overrides(config, ["phase1.warmup_steps=50"])
-    with pytest.raises(ValueError, match="--set zero_stage='4': must be one of 0, 1, 2 or 3$"):
-        cfg.apply_overrides(config, ["zero_stage=4"])
+    with pytest.raises(ValueError,
+                       match="--set engine.zero_stage='4': must be one of 0, 1, 2 or 3$"):
+        cfg.apply_overrides(config, ["engine.zero_stage=4"])
     with pytest.raises(ValueError, match="unknown field"):
         cfg.apply_overrides(config, ["learning_rate=1"])
-    with pytest.raises(ValueError, match=r"--set model: must be one of \['bert_base', "):
-        cfg.apply_overrides(config, ["model=bert_huge"])  # at once, not when the model is built
+    with pytest.raises(ValueError, match=r"--set model.preset: must be one of \['bert_base', "):
+        cfg.apply_overrides(config, ["model.preset=bert_huge"])  # at once, not at the build
     # Validated after all overrides: a shorter phase and its warmup in either order.
     short = cfg.apply_overrides(cfg.tiny(), ["phase1.steps=3", "phase1.warmup_steps=1"])
     assert (short.phases[0].steps, short.phases[0].warmup_steps) == (3, 1)
 
 
 def test_auto_precision_is_bf16_only_where_fast_and_allowed():
-    auto = cfg.PretrainConfig(precision="auto", zero_stage=1)
+    auto = cfg.PretrainConfig(engine=cfg.EngineConfig(precision="auto", zero_stage=1))
     assert (auto.concrete_precision(True), auto.concrete_precision(False)) == ("bf16", "fp32")
     # bf16 needs ZeRO >= 1 and AdamW (LOW_PRECISION_ZERO0_MESSAGE, LAMB_LOW_PRECISION_MESSAGE)
-    for stage0_or_lamb in (dataclasses.replace(auto, zero_stage=0),
-                           dataclasses.replace(auto, zero_stage=0, optimizer="lamb")):
+    stage0 = cfg.EngineConfig(precision="auto", zero_stage=0)
+    for stage0_or_lamb in (dataclasses.replace(auto, engine=stage0),
+                           dataclasses.replace(auto, engine=stage0,
+                                               optimizer=cfg.OptimizerConfig(name="lamb"))):
         assert stage0_or_lamb.concrete_precision(True) == "fp32"
-    assert cfg.PretrainConfig(precision="bf16", zero_stage=1).concrete_precision(False) == "bf16"
+    bf16 = cfg.PretrainConfig(engine=cfg.EngineConfig(precision="bf16", zero_stage=1))
+    assert bf16.concrete_precision(False) == "bf16"
 
 
 def test_gpu_example_config_bert_large_on_8_gpus():
     config = cfg.resolve("large", str(REPO / "training" / "configs" / "bert_large_8gpu.yaml"))
-    assert (config.model, config.precision, config.zero_stage) == ("bert_large", "bf16", 2)
+    assert (config.model.preset, config.engine.precision, config.engine.zero_stage) == \
+        ("bert_large", "bf16", 2)
     ds = [build_ds_config(config, phase, world_size=8, on_gpu=True) for phase in config.phases]
     assert [(d["train_micro_batch_size_per_gpu"], d["gradient_accumulation_steps"],
              d["train_batch_size"]) for d in ds] == [(32, 1, 256), (32, 1, 256)]
@@ -138,7 +145,7 @@ def test_warmup_of_0_and_1_steps_is_what_the_config_says(data, tmp_path):
     expected = {0: [1e-3, 7.5e-4, 5e-4, 2.5e-4], 1: [0.0, 1e-3, 2e-3 / 3, 1e-3 / 3],
                 2: [0.0, 5e-4, 1e-3, 5e-4]}
     for warmup, lrs in expected.items():
-        config = make_config(data, tmp_path / f"w{warmup}", steps=4, num_workers=0)
+        config = make_config(data, tmp_path / f"w{warmup}", steps=4, data={"num_workers": 0})
         config = dataclasses.replace(config, phases=(dataclasses.replace(
             config.phases[0], warmup_steps=warmup, learning_rate=1e-3),))
         engine, loader, _ = _engine(config)
@@ -157,16 +164,20 @@ def test_bf16_needs_zero_1_and_exports_the_fp32_masters_with_a_cased_vocab(data,
     from common.tokenization import read_vocab, save_tokenizer_folder
     from model.hf import ours_to_hf
 
-    with pytest.raises(ValueError, match="precision=bf16 cannot be combined with zero_stage=0"):
-        make_config(data, tmp_path, precision="bf16", zero_stage=0)
-    with pytest.raises(ValueError, match="precision=bf16 cannot be combined with zero_stage=0"):
-        cfg.resolve("base", None, ["zero_stage=0"])
-    assert (cfg.base().precision, cfg.base().zero_stage) == ("bf16", 2)
+    with pytest.raises(ValueError, match="engine.precision=bf16 cannot be combined with "
+                                         "engine.zero_stage=0"):
+        make_config(data, tmp_path, engine={"precision": "bf16", "zero_stage": 0})
+    with pytest.raises(ValueError, match="engine.precision=bf16 cannot be combined with "
+                                         "engine.zero_stage=0"):
+        cfg.resolve("base", None, ["engine.zero_stage=0"])
+    assert (cfg.base().engine.precision, cfg.base().engine.zero_stage) == ("bf16", 2)
 
     cased = tmp_path / "cased_vocab"  # the same tokens, as train_vocab --cased writes them
     save_tokenizer_folder(read_vocab(str(data["vocab"])), str(cased), do_lower_case=False)
-    config = make_config(data, tmp_path / "run", precision="bf16", zero_stage=1, steps=3,
-                         num_workers=0, vocab_dir=str(cased), export_hf=True)
+    config = make_config(data, tmp_path / "run", steps=3,
+                         engine={"precision": "bf16", "zero_stage": 1},
+                         data={"num_workers": 0, "vocab_dir": str(cased)},
+                         cadence={"export_hf": True})
     engine, loader, dist = _engine(config)
     batches = iter(loader)
     for _ in range(3):
@@ -213,11 +224,11 @@ def test_export_takes_casing_from_the_shards_then_the_vocabulary(tmp_path):
 
 @pytest.mark.parametrize(("assignment", "field", "expected"), [
     ("learning_rate=1e-4", None, None),  # unknown at the top level: a phase field
-    ("adam_epsilon=1e-8", "adam_epsilon", 1e-8),
-    ("dynamic_masking=yes", "dynamic_masking", True),
-    ("export_hf=false", "export_hf", False),
+    ("optimizer.adam_epsilon=1e-8", "optimizer.adam_epsilon", 1e-8),
+    ("data.dynamic_masking=yes", "data.dynamic_masking", True),
+    ("cadence.export_hf=false", "cadence.export_hf", False),
     ("output_dir=2024", "output_dir", "2024"),  # text as given, not YAML's int
-    ("vocab_dir=~", "vocab_dir", "~"),  # not YAML's null
+    ("data.vocab_dir=~", "data.vocab_dir", "~"),  # not YAML's null
     ("seed=7", "seed", 7),
 ])
 def test_set_converts_text_with_the_flows_converter(assignment, field, expected):
@@ -226,13 +237,15 @@ def test_set_converts_text_with_the_flows_converter(assignment, field, expected)
         with pytest.raises(ValueError, match="unknown field"):
             cfg.apply_overrides(cfg.tiny(), [assignment])
         return
-    value = getattr(cfg.apply_overrides(cfg.tiny(), [assignment]), field)
+    value = cfg.apply_overrides(cfg.tiny(), [assignment])
+    for part in field.split("."):
+        value = getattr(value, part)
     assert value == expected and type(value) is type(expected)
 
 
 @pytest.mark.parametrize(("assignment", "message"), [
     ("seed=1.5", "--set seed='1.5': '1.5' is not an int"),
-    ("export_hf=maybe", "--set export_hf='maybe': 'maybe' is not a bool"),
+    ("cadence.export_hf=maybe", "--set cadence.export_hf='maybe': 'maybe' is not a bool"),
     ("phase1.learning_rate=fast", "--set phase1.learning_rate='fast': 'fast' is not a number"),
     ("phase1.steps=inf", "--set phase1.steps='inf': 'inf' is not an int"),
     ("seed=7.0", "--set seed='7.0': '7.0' is not an int"),
@@ -302,7 +315,7 @@ def test_metric_counts_stay_exact_with_a_bf16_loss():
 
 def test_a_config_file_that_does_not_parse_is_named(tmp_path):
     path = tmp_path / "run.json"
-    path.write_text('{"zero_stage": 1,}')
+    path.write_text('{"engine": {"zero_stage": 1,}}')
     with pytest.raises(ValueError, match=r"run\.json: not valid JSON \(Expecting property name"):
         cfg.resolve("tiny", str(path))
     path = tmp_path / "run.yaml"

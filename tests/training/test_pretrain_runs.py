@@ -36,9 +36,11 @@ def test_tiny_bert_learns_two_phases_and_exports(data, tmp_path):
                     micro_batch_size=4, global_batch_size=8, steps=3, warmup_steps=1,
                     learning_rate=1e-3),
     )
-    config = make_config(data, tmp_path, phases=phases, dropout=0.1, num_workers=1,
-                         shuffle_buffer=500, log_every=10, eval_every=30, eval_batches=4,
-                         checkpoint_every=30, keep_checkpoints=2, export_hf=True)
+    config = make_config(data, tmp_path, phases=phases, model={"dropout": 0.1},
+                         data={"num_workers": 1, "shuffle_buffer": 500},
+                         cadence={"log_every": 10, "eval_every": 30, "eval_batches": 4,
+                                  "checkpoint_every": 30, "keep_checkpoints": 2,
+                                  "export_hf": True})
     result = pretrain.run(config)
     records = pretrain.read_metrics(str(tmp_path))
     train = [r for r in records if r["split"] == "train" and r["phase"] == "phase1"]
@@ -97,7 +99,7 @@ def test_zero_stages_give_the_same_losses(data, tmp_path):
     losses, weights = {}, {}
     for stage in (0, 1, 2, 3):
         out = tmp_path / f"zero{stage}"
-        pretrain.run(make_config(data, out, zero_stage=stage, steps=6, num_workers=0))
+        pretrain.run(make_config(data, out, engine={"zero_stage": stage}, data={"num_workers": 0}, steps=6))
         losses[stage], weights[stage] = train_losses(out), final_weights(out)
     print("ZeRO losses", json.dumps(losses))
     assert len(losses[0]) == 6 and losses[0][-1] < losses[0][0]
@@ -111,8 +113,9 @@ def test_zero_stages_give_the_same_losses(data, tmp_path):
 def test_bf16_zero2_dynamic_masking_trains_and_exports(data, tmp_path):
     """bf16 (ZeRO-2's partitioned fp32 master weights) on CPU, re-masking
     every row each epoch (8 steps of 8 rows cross the 40-row epochs of the uneven shards)."""
-    pretrain.run(make_config(data, tmp_path, zero_stage=2, precision="bf16", steps=8,
-                             num_workers=0, export_hf=True, dynamic_masking=True))
+    pretrain.run(make_config(data, tmp_path, engine={"zero_stage": 2, "precision": "bf16"},
+                             data={"num_workers": 0, "dynamic_masking": True},
+                             cadence={"export_hf": True}, steps=8))
     losses = train_losses(tmp_path)
     assert len(losses) == 8 and losses[-1] < losses[0] - 0.2  # measured 8.33 -> 7.83
     weights = final_weights(tmp_path)
@@ -125,10 +128,10 @@ def test_two_ranks_match_one_rank_on_uneven_shards(data, tmp_path):
     steps: the same global batches, so the same losses; 12 steps cross the epoch boundary of
     the uneven shards (10 steps) without a hang."""
     one = tmp_path / "one"
-    pretrain.run(make_config(data, one, zero_stage=2, num_workers=2))
+    pretrain.run(make_config(data, one, engine={"zero_stage": 2}, data={"num_workers": 2}))
     two = tmp_path / "two"
     config_file = tmp_path / "two.yaml"
-    two_config = make_config(data, two, zero_stage=2, num_workers=1)
+    two_config = make_config(data, two, engine={"zero_stage": 2}, data={"num_workers": 1})
     config_file.write_text(yaml.safe_dump(cfg.to_dict(two_config)))
     cmd = torchrun_command(2, ["--config", str(config_file)], python=sys.executable)
     proc = subprocess.run(cmd, check=False, cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
@@ -156,8 +159,9 @@ def test_tiny_bert_learns_beyond_the_unigram_plateau(data, tmp_path):
     phase = PhaseConfig(name="phase1", train_shards=str(data["learn"]), max_seq_length=128,
                         micro_batch_size=16, global_batch_size=16, steps=800, warmup_steps=80,
                         learning_rate=1e-3)
-    pretrain.run(make_config(data, tmp_path, phases=(phase,), dropout=0.1, num_workers=0,
-                             shuffle_buffer=1000, log_every=50, eval_every=0, eval_batches=8))
+    pretrain.run(make_config(data, tmp_path, phases=(phase,), model={"dropout": 0.1},
+                             data={"num_workers": 0, "shuffle_buffer": 1000},
+                             cadence={"log_every": 50, "eval_every": 0, "eval_batches": 8}))
     train = [r for r in pretrain.read_metrics(str(tmp_path)) if r["split"] == "train"]
     first, last = train[0], train[-1]
     assert first["loss"] - last["loss"] > 1.0
@@ -171,10 +175,10 @@ def test_deepspeed_launcher_with_a_hostfile_matches_one_rank(data, tmp_path):
     slots, as each node of a Slurm/Kubernetes job runs it) starts 2 gloo ranks of
     `-m training.pretrain`; the same global batches as 1 rank x 2 workers."""
     one, two = tmp_path / "one", tmp_path / "two"
-    pretrain.run(make_config(data, one, zero_stage=1, steps=6, num_workers=2))
+    pretrain.run(make_config(data, one, engine={"zero_stage": 1}, data={"num_workers": 2}, steps=6))
     config_file = tmp_path / "two.yaml"
     config_file.write_text(yaml.safe_dump(cfg.to_dict(
-        make_config(data, two, zero_stage=1, steps=6, num_workers=1))))
+        make_config(data, two, engine={"zero_stage": 1}, data={"num_workers": 1}, steps=6))))
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=2\n")
     cmd = deepspeed_command(["--config", str(config_file)], hostfile=str(hostfile), node_rank=0,

@@ -25,8 +25,9 @@ def two_phase_config(data, output, **changes) -> PretrainConfig:
                                micro_batch_size=4, global_batch_size=8, steps=steps,
                                warmup_steps=1, learning_rate=2e-3)
                    for name, steps in (("phase1", 4), ("phase2", 2)))
-    return make_config(data, output, phases=phases, num_workers=0, probe_every=3,
-                       export_hf=True, zero_stage=3, **changes)
+    return make_config(data, output, phases=phases, data={"num_workers": 0},
+                       cadence={"probe_every": 3, "export_hf": True},
+                       engine={"zero_stage": 3}, **changes)
 
 
 def test_probe_steps_count_across_phases():
@@ -36,7 +37,7 @@ def test_probe_steps_count_across_phases():
 
 def test_a_negative_probe_every_is_refused_naming_the_flag(data, tmp_path):
     with pytest.raises(ValueError, match="probe_every"):
-        make_config(data, tmp_path, probe_every=-1)
+        make_config(data, tmp_path, cadence={"probe_every": -1})
 
 
 def test_probe_exports_at_the_due_steps_load_and_the_last_equals_the_final_export(data,

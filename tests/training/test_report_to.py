@@ -33,7 +33,7 @@ def bert_pretrain(data, tmp_path, *sets: str, stop_after: int | None = None) -> 
     validation at the end."""
     config_file = tmp_path / "run.json"
     if not config_file.exists():
-        cfg.save(make_config(data, tmp_path / "run", steps=2, num_workers=0),
+        cfg.save(make_config(data, tmp_path / "run", steps=2, data={"num_workers": 0}),
                  str(config_file))
     argv = ["--preset", "tiny", "--config", str(config_file)]
     argv += [a for s in sets for a in ("--set", s)]
@@ -50,10 +50,10 @@ def test_mlflow_wandb_and_tensorboard_get_the_metrics_config_and_artifacts(data,
     """Stopped after step 1 of 2 and resumed: one MLflow run holding every step, one W&B run
     id over two offline folders (W&B writes a folder per process), TensorBoard as before."""
     no_tracker_account(monkeypatch, tmp_path)
-    bert_pretrain(data, tmp_path, "report_to=mlflow,wandb,tensorboard", stop_after=1)
+    bert_pretrain(data, tmp_path, "cadence.report_to=mlflow,wandb,tensorboard", stop_after=1)
     out = tmp_path / "run"
     first = json.loads((out / "trackers.json").read_text())
-    bert_pretrain(data, tmp_path, "report_to=mlflow,wandb,tensorboard")
+    bert_pretrain(data, tmp_path, "cadence.report_to=mlflow,wandb,tensorboard")
     train, validation = logged(out, "train"), logged(out, "validation")
     assert [step for step, _ in train] == [1, 2] and [s for s, _ in validation] == [2]
 
@@ -62,9 +62,10 @@ def test_mlflow_wandb_and_tensorboard_get_the_metrics_config_and_artifacts(data,
     assert (run.info.run_id, run.info.run_name, run.info.status) == (
         first["mlflow"], "run", "FINISHED")
     params = run.data.params
-    assert (params["model"], params["seed"], params["log_every"]) == ("bert_tiny", "7", "1")
+    assert (params["model.preset"], params["seed"], params["cadence.log_every"]) == (
+        "bert_tiny", "7", "1")
     assert (params["phases.0.steps"], params["phases.0.learning_rate"]) == ("2", "0.002")
-    assert params["report_to"] == "['mlflow', 'wandb', 'tensorboard']"
+    assert params["cadence.report_to"] == "['mlflow', 'wandb', 'tensorboard']"
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert sorted((m.step, m.value) for m in history) == train  # exact floats
     assert [(m.step, m.value) for m in client.get_metric_history(
@@ -77,7 +78,8 @@ def test_mlflow_wandb_and_tensorboard_get_the_metrics_config_and_artifacts(data,
     assert [wandb_history(f, "train/loss") for f in folders] == [train[:1], train[1:]]
     assert wandb_history(folders[1], "validation/loss") == validation
     config = wandb_config(folders[1])
-    assert (config["model"], config["seed"], config["phases"][0]["steps"]) == ("bert_tiny", 7, 2)
+    assert (config["model"]["preset"], config["seed"], config["phases"][0]["steps"]) == (
+        "bert_tiny", 7, 2)
     assert [wandb_saved_files(f) for f in folders] == [
         ["metrics.jsonl"], ["loss_curve.png", "metrics.jsonl"]]
     assert (folders[1] / "files" / "loss_curve.png").read_bytes() == \
@@ -96,8 +98,8 @@ def test_mlflow_wandb_and_tensorboard_get_the_metrics_config_and_artifacts(data,
 def test_report_to_none_writes_no_tracker_files(tmp_path):
     """The run's MetricsLog with `report_to=none` (as `bert-pretrain --set report_to=none`
     resolves it): metrics.jsonl only, through a whole run's records and its end."""
-    config = cfg.resolve("tiny", assignments=["report_to=none", f"output_dir={tmp_path}"])
-    assert config.report_to == ("none",)
+    config = cfg.resolve("tiny", assignments=["cadence.report_to=none", f"output_dir={tmp_path}"])
+    assert config.cadence.report_to == ("none",)
     log = MetricsLog(str(tmp_path), Dist(rank=0, world_size=1, on_gpu=False), None, config)
     line = {"split": "train", "phase_index": 0, "phase": "phase1", "step": 1, "global_step": 1,
             "loss": 8.25}
@@ -109,10 +111,10 @@ def test_report_to_none_writes_no_tracker_files(tmp_path):
 
 def test_an_unknown_tracker_is_one_line_and_exit_2(capsys):
     with pytest.raises(SystemExit) as stopped:
-        pretrain.main(["--preset", "tiny", "--set", "report_to=tensorboard,comet"])
+        pretrain.main(["--preset", "tiny", "--set", "cadence.report_to=tensorboard,comet"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"{ERROR} --set report_to: unknown tracker 'comet': expected some of tensorboard, "
+        f"{ERROR} --set cadence.report_to: unknown tracker 'comet': expected some of tensorboard, "
         "mlflow, wandb, or none")
 
 
@@ -122,13 +124,13 @@ def test_a_tracker_not_installed_names_its_extra_before_training(name, tmp_path)
     line naming the extra, exit 2, and no run folder."""
     code = (f"import sys; sys.modules[{name!r}] = None\n"
             "from training.pretrain import main\n"
-            f"main(['--preset', 'tiny', '--set', 'report_to={name}', "
+            f"main(['--preset', 'tiny', '--set', 'cadence.report_to={name}', "
             f"'--set', 'output_dir={tmp_path / 'run'}'])")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=subprocess_env(),
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr
     assert [line for line in done.stderr.splitlines() if line.startswith(ERROR)] == [
-        (f"{ERROR} --set report_to: {name} is chosen but not installed: "
+        (f"{ERROR} --set cadence.report_to: {name} is chosen but not installed: "
          f"pip install 'bert-dag[{name}]'")]
     assert not (tmp_path / "run").exists()

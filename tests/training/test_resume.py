@@ -34,8 +34,8 @@ from training.launch import torchrun_command
 def test_stopped_and_resumed_run_equals_the_uninterrupted_run(data, tmp_path):
     """Stop at step 5 of 9 (checkpoint), resume: same losses and weights, loader position kept
     (2 workers, shuffle buffer, dropout on: RNG states restored too)."""
-    changes = {"zero_stage": 1, "steps": 9, "dropout": 0.1, "checkpoint_every": 3,
-               "keep_checkpoints": 2}
+    changes = {"engine": {"zero_stage": 1}, "steps": 9, "model": {"dropout": 0.1},
+               "cadence": {"checkpoint_every": 3, "keep_checkpoints": 2}}
     full = tmp_path / "full"
     pretrain.run(make_config(data, full, **changes))
     parts = tmp_path / "parts"
@@ -54,7 +54,8 @@ def test_kill_9_and_resume_equals_the_uninterrupted_run(data, tmp_path):
     """A real `bert-pretrain` process killed with SIGKILL after its step-6 checkpoint, then
     restarted: the finished run equals an uninterrupted one."""
     def args(out: Path) -> list[str]:
-        config = make_config(data, out, zero_stage=2, steps=12, dropout=0.1, checkpoint_every=3)
+        config = make_config(data, out, engine={"zero_stage": 2}, model={"dropout": 0.1},
+                             cadence={"checkpoint_every": 3}, steps=12)
         path = out.with_suffix(".yaml")
         path.write_text(yaml.safe_dump(cfg.to_dict(config)))
         return [sys.executable, "-m", "training.pretrain", "--config", str(path)]
@@ -82,14 +83,14 @@ def test_resume_on_a_different_number_of_ranks_via_universal_checkpoint(data, tm
     def write(out: Path) -> Path:
         path = out.with_suffix(".yaml")
         path.write_text(yaml.safe_dump(cfg.to_dict(
-            make_config(data, out, zero_stage=2, num_workers=1, steps=12))))
+            make_config(data, out, engine={"zero_stage": 2}, data={"num_workers": 1}, steps=12))))
         return path
 
     full, moved = tmp_path / "full", tmp_path / "moved"
     for out, extra in ((full, []), (moved, ["--stop_after_steps", "6"])):
         subprocess.run(torchrun_command(2, ["--config", str(write(out)), *extra]), cwd=REPO,
                        env=subprocess_env(), check=True, capture_output=True, timeout=900)
-    resumed = make_config(data, moved, zero_stage=2, num_workers=1, steps=12)
+    resumed = make_config(data, moved, engine={"zero_stage": 2}, data={"num_workers": 1}, steps=12)
     pretrain.run(resumed)
     assert (moved / "checkpoints" / "00-phase1-step00000006-universal").is_dir()
     a, b = train_losses(full), train_losses(moved)
@@ -108,9 +109,10 @@ def test_resume_refuses_a_changed_config_or_shard_set(data, tmp_path):
     """Fields that shape the training, and the shard set's content, must match the checkpoint's;
     locations and logging/evaluation/checkpoint cadence may change."""
     out = tmp_path / "run"
-    pretrain.run(make_config(data, out, steps=4, num_workers=0), stop_after_steps=2)
+    pretrain.run(make_config(data, out, steps=4, data={"num_workers": 0}), stop_after_steps=2)
     saved = (out / "config.json").read_text()
-    changed = make_config(data, out, steps=4, num_workers=0, zero_stage=1, dropout=0.1)
+    changed = make_config(data, out, steps=4, data={"num_workers": 0}, engine={"zero_stage": 1},
+                          model={"dropout": 0.1})
     changed = dataclasses.replace(changed, phases=(dataclasses.replace(
         changed.phases[0], learning_rate=1e-3, global_batch_size=4),))
     with pytest.raises(ValueError) as error:
@@ -118,17 +120,19 @@ def test_resume_refuses_a_changed_config_or_shard_set(data, tmp_path):
     message = str(error.value)
     assert "cannot resume" in message and "00-phase1-step00000002" in message
     assert [line.strip() for line in message.splitlines()[1:5]] == [
-        "dropout: 0.0 -> 0.1", "zero_stage: 0 -> 1", "phases.0.global_batch_size: 8 -> 4",
+        "model.dropout: 0.0 -> 0.1", "engine.zero_stage: 0 -> 1",
+        "phases.0.global_batch_size: 8 -> 4",
         "phases.0.learning_rate: 0.002 -> 0.001"]
     assert (out / "config.json").read_text() == saved  # not overwritten by the refused config
-    other_shards = make_config(data, out, shards="learn", steps=4, num_workers=0)
+    other_shards = make_config(data, out, shards="learn", steps=4, data={"num_workers": 0})
     with pytest.raises(ValueError, match=r"phases\.0\.train_shards: .* lists other shards"):
         pretrain.run(other_shards)
 
     moved = tmp_path / "moved_shards"  # the same shard set elsewhere: fine
     shutil.copytree(data["uneven"], moved)
-    free = make_config(data, out, steps=4, num_workers=0, log_every=2, eval_batches=1,
-                       checkpoint_every=1, keep_checkpoints=5)
+    free = make_config(data, out, steps=4, data={"num_workers": 0},
+                       cadence={"log_every": 2, "eval_batches": 1, "checkpoint_every": 1,
+                                "keep_checkpoints": 5})
     free = dataclasses.replace(free, phases=(dataclasses.replace(
         free.phases[0], train_shards=str(moved), micro_batch_size=2),))
     assert pretrain.run(free)["complete"]
@@ -138,7 +142,8 @@ def test_resume_refuses_a_changed_config_or_shard_set(data, tmp_path):
 def test_a_resumed_run_redoes_the_evaluation_a_kill_skipped(data, tmp_path):
     """Killed after step 2's checkpoint, before its evaluation was logged: resuming evaluates
     step 2 first, then trains on; the metrics equal the uninterrupted run's."""
-    changes = {"steps": 4, "eval_every": 2, "num_workers": 0, "dropout": 0.1}
+    changes = {"steps": 4, "cadence": {"eval_every": 2}, "data": {"num_workers": 0},
+               "model": {"dropout": 0.1}}
     full, parts = tmp_path / "full", tmp_path / "parts"
     pretrain.run(make_config(data, full, **changes))
     pretrain.run(make_config(data, parts, **changes), stop_after_steps=2)
@@ -155,13 +160,15 @@ def test_a_resumed_run_redoes_the_evaluation_a_kill_skipped(data, tmp_path):
 
 def test_a_checkpoint_whose_config_is_no_longer_accepted_is_named(tmp_path):
     """Session-2 base runs saved bf16 at ZeRO stage 0, refused since: resuming one names the
-    checkpoint's config file instead of failing on a config the user never wrote."""
+    checkpoint's config file instead of failing on a config the user never wrote. Its
+    precision and ZeRO stage in the flat layout it was saved in."""
     old = {**cfg.to_dict(cfg.tiny()), "precision": "bf16", "zero_stage": 0}
+    old = {k: v for k, v in old.items() if k != "engine"}
     (tmp_path / "step-10").mkdir()
     (tmp_path / "step-10" / "config.json").write_text(json.dumps(old))
     state = checkpoint.CheckpointState("step-10", 0, "phase1", 10, 1, 0, {})
     with pytest.raises(ValueError, match=r"step-10/config\.json: this checkpoint's config is no "
-                                         r"longer accepted \(precision=bf16 cannot"):
+                                         r"longer accepted \(engine\.precision=bf16 cannot"):
         pretrain.check_resume(cfg.tiny(), str(tmp_path), state)
 
 
@@ -169,7 +176,7 @@ def test_a_resume_in_phase_2_needs_no_longer_phase_1s_shards(data, tmp_path):
     """Phase 1 done and its shards deleted (a common clean-up): the run resumes phase 2."""
     phase1_shards = tmp_path / "phase1_shards"
     shutil.copytree(data["learn"], phase1_shards)
-    config = make_config(data, tmp_path / "run", shards="learn", steps=2, num_workers=0)
+    config = make_config(data, tmp_path / "run", shards="learn", steps=2, data={"num_workers": 0})
     first = dataclasses.replace(config.phases[0], train_shards=str(phase1_shards))
     config = dataclasses.replace(config, phases=(
         first, dataclasses.replace(config.phases[0], name="phase2")))

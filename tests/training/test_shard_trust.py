@@ -207,7 +207,7 @@ def test_a_shard_with_a_hostile_member_is_refused_naming_it(books, data, tmp_pat
     outside = tmp_path / "outside"
     folder = tmp_path / "work" / "shards"
     message = _hostile_shards(books, folder, kind, outside)
-    config = make_config(data, tmp_path / "run", steps=2, num_workers=0)
+    config = make_config(data, tmp_path / "run", steps=2, data={"num_workers": 0})
     config = dataclasses.replace(config, phases=(dataclasses.replace(
         config.phases[0], train_shards=str(folder)),))
     with pytest.raises(ValueError) as error:

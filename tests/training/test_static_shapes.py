@@ -214,7 +214,7 @@ def test_a_compiled_model_takes_whole_rows_with_a_plan_or_without_a_layout(data,
 
 
 def test_a_gpu_run_pads_to_static_shapes_and_a_cpu_run_does_not(data):
-    """`static_shapes=auto` (every preset): where the whole step compiles (a GPU, `compile`,
+    """`engine.static_shapes=auto` (every preset): where the whole step compiles (a GPU, `compile`,
     ZeRO 0-2: base and large) the phase's loaders, training and validation, pad to the shards'
     static shapes; not tiny's (no compile), ZeRO-3 or the CPU; `on` forces it."""
     from training import config as cfg
@@ -227,18 +227,18 @@ def test_a_gpu_run_pads_to_static_shapes_and_a_cpu_run_does_not(data):
     static = StaticShapes(92, 16)
     for preset in ("base", "large"):
         run = cfg.PRESETS[preset]()
-        assert run.static_shapes == "auto"
+        assert run.engine.static_shapes == "auto"
         assert [build_loader(run, phase, gpu, validation=v).static_shapes
                 for v in (False, True)] == [static, static]
         assert build_loader(run, phase, cpu).static_shapes is None
-        zero3 = cfg.apply_overrides(run, ["zero_stage=3"])
+        zero3 = cfg.apply_overrides(run, ["engine.zero_stage=3"])
         assert build_loader(zero3, phase, gpu).static_shapes is None
     assert build_loader(cfg.tiny(), phase, gpu).static_shapes is None
-    compiled = cfg.apply_overrides(cfg.tiny(), ["compile=true"])
+    compiled = cfg.apply_overrides(cfg.tiny(), ["engine.compile=true"])
     assert build_loader(compiled, phase, gpu).static_shapes == static
-    forced = cfg.apply_overrides(cfg.tiny(), ["static_shapes=on"])
+    forced = cfg.apply_overrides(cfg.tiny(), ["engine.static_shapes=on"])
     assert build_loader(forced, phase, cpu).static_shapes == static
-    off = cfg.apply_overrides(cfg.large(), ["static_shapes=off"])
+    off = cfg.apply_overrides(cfg.large(), ["engine.static_shapes=off"])
     assert build_loader(off, phase, gpu).static_shapes is None
 
 
@@ -266,7 +266,7 @@ def test_gpu_check_runs_each_shape_both_ways_side_by_side(capsys):
 
 def test_a_pretraining_run_with_static_shapes_has_the_losses_of_one_without(data, tmp_path):
     """bert-pretrain on the packed 512-token shards (ZeRO-1, fp32, no dropout), with
-    `static_shapes=on` and `off`: the same loss at every step."""
+    `engine.static_shapes=on` and `off`: the same loss at every step."""
     from tests.training.pretrain_runs import make_config, train_losses
     from training import pretrain
     from training.config import PhaseConfig
@@ -276,8 +276,9 @@ def test_a_pretraining_run_with_static_shapes_has_the_losses_of_one_without(data
                         learning_rate=2e-3)
     losses = {}
     for mode in ("off", "on"):
-        pretrain.run(make_config(data, tmp_path / mode, phases=(phase,), zero_stage=1,
-                                 num_workers=0, static_shapes=mode))
+        pretrain.run(make_config(data, tmp_path / mode, phases=(phase,),
+                                 engine={"zero_stage": 1, "static_shapes": mode},
+                                 data={"num_workers": 0}))
         losses[mode] = train_losses(tmp_path / mode)
     assert len(losses["on"]) == 3
     torch.testing.assert_close(torch.tensor(losses["on"]), torch.tensor(losses["off"]),
@@ -294,8 +295,9 @@ def test_a_deepspeed_engine_runs_the_compiled_model_without_a_recompile(data, fr
 
     phase = cfg.PhaseConfig(name="phase1", train_shards=str(data["long"]), max_seq_length=512,
                             micro_batch_size=4, global_batch_size=4, steps=4, warmup_steps=1)
-    run = cfg.PretrainConfig(model="bert_tiny", phases=(phase,), zero_stage=2,
-                             static_shapes="on", vocab_dir=str(data["vocab"]))
+    run = cfg.PretrainConfig(model=cfg.ModelConfig(preset="bert_tiny"), phases=(phase,),
+                             engine=cfg.EngineConfig(zero_stage=2, static_shapes="on"),
+                             data=cfg.PretrainDataConfig(vocab_dir=str(data["vocab"])))
     dist = pretrain.init_distributed()
     model = pretrain.build_model(run, pretrain.shard_manifest(phase))
     compile_model(model, backend="aot_eager")
