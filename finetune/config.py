@@ -25,7 +25,7 @@ GLUE_TASKS = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "w
 @dataclass(frozen=True)
 class ProbeConfig:
     """Probes: cheap fine-tuning slices that score pre-training's intermediate exports while it
-    trains (flows/probes.py; the exports are `pretrain.probe_every`'s). One learning rate, one
+    trains (flows/probes.py; the exports are `pretrain.cadence.probe_every`'s). One learning rate, one
     seed, small slices: a trend per task, not a leaderboard score."""
 
     tasks: tuple[str, ...] = ("sst-2", "mrpc", "rte", "squad1")
@@ -50,11 +50,16 @@ class ProbeConfig:
     their own)."""
     num_threads: int = 1
     """Torch CPU threads per probe process (1 leaves the other cores to pre-training)."""
+    timeout_minutes: float = 60.0
+    """A probe process still running after this long is stopped and counted as failed, so one
+    stuck probe never holds the report."""
 
     def __post_init__(self) -> None:
         for name in ("max_train_examples", "max_eval_examples", "batch_size", "num_threads"):
             check(getattr(self, name) >= 1, name, f"must be >= 1, got {getattr(self, name)}")
         check(self.epochs > 0, "epochs", f"must be > 0, got {self.epochs}")
+        check(self.timeout_minutes > 0, "timeout_minutes",
+              f"must be > 0, got {self.timeout_minutes}")
         check(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
         check(2 <= self.max_seq_length <= 512, "max_seq_length",
               f"must be in 2..512, got {self.max_seq_length}")

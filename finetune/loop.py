@@ -42,11 +42,11 @@ from common import storage
 from common.errors import BadRecord
 from common.optimizer import AdamWOptions
 from common.settings import SettingError, check, check_choices
-from common.trackers import Trackers, open_trackers
-from common.trackers import check_names as check_trackers
 from finetune.family import Encoded, Family, Prepared, Recipe, Scored, to_device
 from model.bert import BertModel
 from training.optim import LinearWarmupDecay, param_groups
+from training.trackers import Trackers, open_trackers
+from training.trackers import check_names as check_trackers
 
 if TYPE_CHECKING:
     from finetune.run_store import RunStore
@@ -87,7 +87,7 @@ class LoopOptions(AdamWOptions):
     """Show progress bars."""
     report_to: tuple[str, ...] = ()
     """Experiment trackers for each (task, rate, seed) run: mlflow, wandb, tensorboard
-    (comma-separated), or none; their files go in the output folder (common/trackers.py)."""
+    (comma-separated), or none; their files go in the output folder (training/trackers.py)."""
     device: str = "auto"
     """Where to fine-tune: auto (the GPU when torch sees one, else the CPU), cpu, cuda or
     cuda:N."""
@@ -563,9 +563,9 @@ def tracked_run(family: Family, encoder: BertModel, prepared: Prepared, learning
     """`run_one` as a run of its own in each tracker of `cfg.report_to` (files under
     `tracker_dir`, named `name` or `run_name`): the loop's config, its metrics, and its
     results.json and dev prediction files as artifacts."""
-    with open_trackers(cfg.report_to, tracker_dir,
-                       name or run_name(prepared.task, learning_rate, seed),
-                       dataclasses.asdict(cfg)) as trackers:
+    name = name or run_name(prepared.task, learning_rate, seed)
+    with open_trackers(cfg.report_to, tracker_dir, name, dataclasses.asdict(cfg),
+                       tensorboard_subfolder=name) as trackers:
         result, model = run_one(family, encoder, prepared, learning_rate, seed, cfg, trackers)
         trackers.log_files({"results.json": storage.json_text(dataclasses.asdict(result)),
                             **result.files})

@@ -159,8 +159,8 @@ def _prepare_one(model: StageResult, family, task: str, data: str, ft):
 
 def _finetune_one(family, encoder, prepared, job: FinetuneJob, ft, root: str = ".",
                   name: str | None = None) -> dict:
-    from common.trackers import local_dir
     from finetune import loop
+    from training.trackers import local_dir
 
     # the trackers of `finetune.report_to` keep every run of the DAG run under its root
     result, trained = loop.tracked_run(family, encoder, prepared, job.learning_rate, job.seed,

@@ -164,16 +164,27 @@ def dag_plan(cfg: DagConfig, args: argparse.Namespace) -> int:
                        stages=[*input_rows, *corpus_rows, *shard_rows])
 
 
+STAGE_CALIBRATION_STEPS = 3
+"""Steps the flow's pretrain stage measures on a CPU before training (`write_stage_forecast`)."""
+
+
 def write_stage_forecast(cfg: DagConfig, config, out: str) -> str | None:
     """The pre-training stage's forecast.json (`config`: the run's PretrainConfig, its shard
-    folders filled in): this machine's profile and the launch's ranks, no calibration. A
-    forecast informs and never stops the training: one that fails is a warning."""
+    folders filled in): this machine's profile and the launch's ranks. A CPU has no measured
+    rate, so there `STAGE_CALIBRATION_STEPS` steps of the model measure one (seconds for the
+    tiny preset) and the report has a forecast to set beside the actual figures; a GPU profile
+    takes its measured or MFU-based rate. A forecast informs and never stops the training: one
+    that fails is a warning."""
     try:
         shape = fc.run_shape(config)
         data = [fc.shards_data(p.train_shards) for p in shape.phases]
         hardware = fc.Hardware(fc.this_machine(), launch_gpus(cfg))
+        import torch  # a CUDA context made here would hold memory beside the trainers
+        if not fc.PROFILES[hardware.profile].memory_gib and not torch.cuda.is_available():
+            hardware = dataclasses.replace(hardware, calibrated_rows_per_s=fc.calibrate(
+                shape, STAGE_CALIBRATION_STEPS))
         return fc.write_forecast(out, fc.forecast(shape, data, hardware))
-    except (OSError, ValueError, KeyError) as error:
+    except Exception as error:  # noqa: BLE001 (a forecast informs, never stops training)
         logger.warning("no forecast.json for %s: %s", out, error)
         return None
 

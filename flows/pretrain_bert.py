@@ -164,7 +164,10 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
                       None, "report-data.md", report_dir)
     # the probes fine-tune the run's intermediate exports while it trains (flows/probes.py)
     run_dir = steps.pretrain_dir(cfg, vocab, shards)
-    watcher = watch_probes.submit(cfg, run_dir) if probes.enabled(cfg) else None
+    watcher = None
+    if probes.enabled(cfg):
+        probes.pretraining_starts(run_dir)
+        watcher = watch_probes.submit(cfg, run_dir)
     try:
         run = pretrain(cfg, vocab, shards)
     finally:

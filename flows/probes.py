@@ -1,6 +1,6 @@
 """Probes: quality while it trains. Cheap fine-tuning slices score pre-training's exports.
 
-With `pretrain.probe_every` N the trainer writes an export every N global steps
+With `pretrain.cadence.probe_every` N the trainer writes an export every N global steps
 (training/probes.py: `<pretrain run>/probes/step-NNNNNNN/hf` + `manifest.json`, renamed into
 place complete). The flow submits `watch` before the pretrain task: it looks at that folder
 every few seconds, fine-tunes each task of `finetune.probe` (finetune/config.py `ProbeConfig`:
@@ -75,6 +75,10 @@ def check(cfg: DagConfig) -> None:
     """The probe tasks are known and their data folders are there (before the data stages)."""
     if not enabled(cfg):
         return
+    if storage.is_remote(cfg.output):
+        raise ValueError(f"setting pretrain.cadence.probe_every: the probes read the exports "
+                         f"from a local or mounted run folder, not {cfg.output} (set it to 0, "
+                         "or run with a local --output)")
     for entry in task_entries(cfg):
         folder = os.path.join(cfg.finetune.data, entry.data_folder)
         if not os.path.isdir(folder):
@@ -130,12 +134,14 @@ def probe_jobs(cfg: DagConfig, run_dir: str) -> list[ProbeJob]:
             data = os.path.join(cfg.finetune.data, entry.data_folder)
             key = storage.config_hash({
                 "weights_sha256": export.weights_sha256, "task": entry.task, "data": data,
-                "loop": {k: v for k, v in ft.items() if k not in ("device", "progress")}})
+                "loop": {k: v for k, v in ft.items()
+                         if k not in ("device", "progress", "report_to")}})
             out = storage.join(cfg.output, PROBES, f"{entry.task}-{key}")
             spec = {"task": entry.task, "hf_dir": export.hf_dir, "data": data, "loop": ft,
                     "global_step": export.global_step, "weights_sha256": export.weights_sha256,
                     "tasks_file": cfg.finetune.tasks_file, "out": out,
-                    "num_threads": cfg.finetune.probe.num_threads}
+                    "num_threads": cfg.finetune.probe.num_threads,
+                    "timeout_s": cfg.finetune.probe.timeout_minutes * 60}
             jobs.append(ProbeJob(entry.task, export, out, spec))
     return jobs
 
@@ -152,8 +158,13 @@ def run_probe(job: ProbeJob, log: Callable[[str], None] = logger.info) -> str:
     threads = str(job.spec["num_threads"])
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     started = time.monotonic()
-    done = subprocess.run(probe_command(job), env=env, capture_output=True, text=True,
-                          check=False)
+    try:
+        done = subprocess.run(probe_command(job), env=env, capture_output=True, text=True,
+                              check=False, timeout=job.spec["timeout_s"])
+    except subprocess.TimeoutExpired:  # run kills the process: a stuck probe ends the watch
+        logger.warning("probe %s failed: no result after %.0f s (finetune.probe."
+                       "timeout_minutes)", job.name, job.spec["timeout_s"])
+        return "failed"
     if done.returncode != 0 or not os.path.exists(job.results):
         tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
         logger.warning("probe %s failed (exit %s): %s", job.name, done.returncode,
@@ -193,6 +204,14 @@ def _ended_event(run_dir: str) -> threading.Event:
         return _ENDED.setdefault(os.path.abspath(run_dir), threading.Event())
 
 
+def pretraining_starts(run_dir: str) -> None:
+    """A fresh end signal for `run_dir`'s watcher, made before the watcher and pre-training
+    start: an end signalled before the watcher looks is not lost, and one left by an earlier
+    run of the same folder in this process (a retry, a sweep's variant) is not taken."""
+    with _ENDED_LOCK:
+        _ENDED[os.path.abspath(run_dir)] = threading.Event()
+
+
 def pretraining_ended(run_dir: str) -> None:
     """Tell this process's watcher of `run_dir` that pre-training is over (done or failed)."""
     _ended_event(run_dir).set()
@@ -212,8 +231,6 @@ def watch(cfg: DagConfig, run_dir: str, poll_seconds: float = POLL_SECONDS,
         for outcome, names in run_probes(cfg, run_dir, seen, log).items():
             total[outcome] += names
         if finished:
-            with _ENDED_LOCK:
-                _ENDED.pop(os.path.abspath(run_dir), None)
             if any(total.values()):
                 log(f"probes: {len(total['ran'])} run, {len(total['reused'])} reused, "
                     f"{len(total['failed'])} failed")

@@ -61,8 +61,8 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
 def log_to_trackers(cfg: DagConfig, paths: list[str]) -> None:
     """The report and its plots (local files that exist) as artifacts of a tracker run of its
     own, named after the DAG run's folder, in the trackers pre-training reports to
-    (`pretrain.report_to`) but TensorBoard, which keeps no files."""
-    from common.trackers import local_dir, log_artifacts, open_trackers
+    (`pretrain.cadence.report_to`) but TensorBoard, which keeps no files."""
+    from training.trackers import local_dir, log_artifacts, open_trackers
 
     names = [n for n in cfg.pretrain.cadence.report_to if n not in ("tensorboard", "none")]
     local = [p for p in paths if p and not storage.is_remote(p)]

@@ -23,7 +23,7 @@ Overrides, applied in order after the preset:
 
 A flat name of the sections' fields (`zero_stage`, `model=bert_base`) fails naming its dotted
 one (`RENAMED_SETTINGS`, which the flow's `pretrain.*` settings use as well); a run's own saved
-`config.json` in the flat layout still loads (`load_saved`), so such runs resume.
+`config.json` in the flat layout loads as its sections (`load_saved`), so such runs resume.
 
 A phase shortened without its `warmup_steps` keeps the preset's warmup share (tiny:
 `phase1.steps=30` -> warmup 60 x 30/600 = 3, logged); a warmup set beside it is kept, and one
@@ -319,7 +319,7 @@ class CadenceConfig:
     (training/probes.py), which the flow's probes fine-tune while training goes on (0 = off)."""
     report_to: tuple[str, ...] = ("tensorboard",)
     """Experiment trackers that get the metrics, the config and loss_curve.png on rank 0:
-    tensorboard, mlflow, wandb (comma-separated), or none (common/trackers.py)."""
+    tensorboard, mlflow, wandb (comma-separated), or none (training/trackers.py)."""
 
     def __post_init__(self):
         _check(self.log_every > 0, "log_every", "positive")
@@ -329,7 +329,7 @@ class CadenceConfig:
         self._check_report_to()
 
     def _check_report_to(self) -> None:
-        from common.trackers import check_names
+        from training.trackers import check_names
         # a config file's or config.json's list, given as it is read (`from_dict`)
         object.__setattr__(self, "report_to", tuple(self.report_to))
         check_names(self.report_to)
@@ -400,7 +400,7 @@ LAMB_ZERO_MESSAGE = (
 # and its trust ratio would be taken over flat partitions.
 LAMB_LOW_PRECISION_MESSAGE = (
     "optimizer.name=lamb cannot be combined with engine.precision={precision}: DeepSpeed 0.19 "
-    "runs a {precision} LAMB only at zero_stage=0, inside its FP16 optimizer wrapper, whose fp32 "
+    "runs a {precision} LAMB only at engine.zero_stage=0, inside its FP16 optimizer wrapper, whose fp32 "
     "master weights no checkpoint or export reads (they would be {precision}-rounded), and with "
     "ZeRO LAMB's per-layer trust ratio would be computed on flat partitions. Use "
     "engine.precision=fp32 with lamb (matrix products run in TF32 on the GPU), or "
@@ -529,9 +529,9 @@ the new one; `load_saved` moves a flat saved config's values there."""
 
 
 def _is_flat(key: str, value: Any) -> bool:
-    """Whether `key: value` is a flat setting of before: `model`, `objective` and `optimizer`
-    are sections too, so set to a mapping they are the sections, set to a value the old
-    settings."""
+    """Whether `key: value` is a setting of the flat layout: `model`, `objective` and
+    `optimizer` are sections too, so set to a mapping they are the sections, set to a value
+    the flat layout's settings."""
     return key in RENAMED_SETTINGS and not (key in SECTIONS and isinstance(value, Mapping))
 
 
@@ -546,7 +546,7 @@ def renamed_error(overrides: Mapping[str, Any]) -> str | None:
 
 def migrate_flat(data: Mapping[str, Any]) -> dict[str, Any]:
     """A saved config in the flat layout (each section's fields at the top level: the
-    `config.json` of runs older than the sections) in the sections' layout; one in the
+    `config.json` of runs saved in that layout) in the sections' layout; one in the
     sections' layout unchanged."""
     moved: dict[str, Any] = {}
     for key, value in data.items():

@@ -4,7 +4,7 @@ A micro-batch's metrics are the objective's `metric_keys` (training/objectives.p
 and each head's loss, correct and count) and `COUNTER_KEYS` (tokens, rows, micro-batches),
 summed as one float64 vector on the device and read once per logging step (`all_reduce`).
 `summarize` turns the sums into means and accuracies; `MetricsLog` writes each record to
-`metrics.jsonl` and the trackers of `report_to` on rank 0; `plot_loss_curve` draws `loss_curve.png`.
+`metrics.jsonl` and the trackers of `cadence.report_to` on rank 0; `plot_loss_curve` draws `loss_curve.png`.
 """
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import torch
 from torch import Tensor
 
 from common import storage
-from common.trackers import Trackers, log_artifacts, open_trackers
 from training.config import PhaseConfig, PretrainConfig, to_dict
 from training.objectives import COUNTER_KEYS, MLM_NSP
 from training.ranks import Dist
+from training.trackers import Trackers, log_artifacts, open_trackers
 
 METRIC_KEYS = (*MLM_NSP.metric_keys, *COUNTER_KEYS)
 """The keys of a masked-LM + next-sentence run (`metric_keys` of any other objective)."""
@@ -68,7 +68,7 @@ def summarize(sums: dict[str, float], elapsed: float | None,
 
 
 class MetricsLog:
-    """metrics.jsonl and the trackers of `report_to` (common/trackers.py; TensorBoard by
+    """metrics.jsonl and the trackers of `cadence.report_to` (training/trackers.py; TensorBoard by
     default) on rank 0: each record's numbers as `<split>/<name>` at its global step, the
     resolved config at the start, metrics.jsonl and loss_curve.png as artifacts at the end."""
 
@@ -103,10 +103,14 @@ class MetricsLog:
                                    if isinstance(value, (int, float)) and key not in _RECORD_KEYS},
                                   record["global_step"])
 
-    def close(self, loss_curve: bool = False) -> None:
+    def close(self, loss_curve: bool = False, failed: bool = False) -> None:
         """With `loss_curve` (a complete run), draw loss_curve.png first; then hand the
-        trackers metrics.jsonl and loss_curve.png, and end their runs."""
+        trackers metrics.jsonl and loss_curve.png, and end their runs (`failed`: a run that
+        stopped on an error, whose tracker runs end FAILED)."""
         if self.trackers is None:
+            return
+        if failed:
+            self.trackers.close(failed=True)
             return
         if loss_curve:
             plot_loss_curve(self.output_dir)

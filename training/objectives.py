@@ -15,8 +15,8 @@ An `Objective` says everything `bert-pretrain` needs to know about what it train
 
 Registered (`--set objective.name=NAME`): `mlm_nsp` (masked LM + next-sentence prediction, the
 paper's), `mlm` (masked LM alone, Table 5 "No NSP"), `ltr` (the left-to-right LM, Table 5
-"LTR & No NSP"). `objective.name=mlm` keeps its older meaning too: with
-`objective.next_sentence=true` (the default) on shards with NSP labels it trains `mlm_nsp`
+"LTR & No NSP"). `objective.name=mlm` with `objective.next_sentence=true` (the default) on
+shards with NSP labels trains `mlm_nsp`
 (`for_shards` is that rule, written once); `objective.next_sentence=false` makes any shards
 MLM-only.
 

@@ -29,7 +29,7 @@ the shape.
 Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 `loss_curve.png`, `checkpoints/<tag>/` (DeepSpeed files + `training_state.json` + per-rank
 `rng_rank*.pt` + `config.json`), `checkpoints/latest`, `hf/` (consolidated fp32 export), and
-with `probe_every` N `probes/step-NNNNNNN/hf` (the same export every N global steps, after that
+with `cadence.probe_every` N `probes/step-NNNNNNN/hf` (the same export every N global steps, after that
 step's checkpoint: training/probes.py).
 
 Checkpoints (training/checkpoint.py) are written to `checkpoints/.tmp-<tag>`, renamed to `<tag>`
@@ -325,6 +325,25 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
     metrics = MetricsLog(config.output_dir, dist,
                          (resume.phase_index, resume.step) if resume else None, config)
     last_tag = resume.tag if resume else None
+    try:
+        last_tag, complete = run_phases(config, dist, metrics, resume, last_tag,
+                                        stop_after_steps, validate, redo)
+    except BaseException:
+        metrics.close(failed=True)  # the tracker runs end FAILED, not RUNNING
+        raise
+    metrics.close(loss_curve=complete)
+    export_dir = None
+    if dist.is_main and complete and config.cadence.export_hf:
+        export_dir = export(config, ckpt_dir, last_tag)
+    torch.distributed.barrier()
+    return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
+
+
+def run_phases(config: PretrainConfig, dist: Dist, metrics: MetricsLog,
+               resume: CheckpointState | None, last_tag: str | None,
+               stop_after_steps: int | None, validate: list[bool], redo: bool
+               ) -> tuple[str | None, bool]:
+    """Every phase not done yet, in order; (the last checkpoint tag, whether all are done)."""
     step_offset, budget, complete = 0, stop_after_steps, True
     for index, phase in enumerate(config.phases):
         here = resume is not None and resume.phase_index == index
@@ -344,12 +363,7 @@ def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
             complete = False
             break
         step_offset += phase.steps
-    metrics.close(loss_curve=complete)
-    export_dir = None
-    if dist.is_main and complete and config.cadence.export_hf:
-        export_dir = export(config, ckpt_dir, last_tag)
-    torch.distributed.barrier()
-    return {"last_checkpoint": last_tag, "export_dir": export_dir, "complete": complete}
+    return last_tag, complete
 
 
 def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist,

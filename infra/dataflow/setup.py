@@ -20,5 +20,5 @@ setup(
     description="Beam jobs of the BERT DAG (extraction, corpus, vocabulary, shards)",
     packages=find_packages(include=["pipelines", "pipelines.*", "common", "common.*"]),
     install_requires=REQUIREMENTS,
-    python_requires=">=3.10",
+    python_requires=">=3.11",
 )

@@ -27,7 +27,7 @@ def imported_after(module: str) -> set[str]:
 def test_common_holds_the_shared_library():
     assert COMMON_MODULES == ["common.bin_packing", "common.errors", "common.logs", "common.masking",
                               "common.optimizer", "common.settings", "common.shard_format",
-                              "common.storage", "common.tokenization", "common.trackers"]
+                              "common.storage", "common.tokenization"]
 
 
 @pytest.mark.parametrize("module", COMMON_MODULES)

@@ -15,6 +15,7 @@ from flows import steps
 from flows.config import resolve
 from flows.plan import forecast_vs_actual, write_stage_forecast
 from training import config as training
+from training import forecast as fc
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "DS_ACCELERATOR": "cpu",
@@ -92,6 +93,9 @@ def test_the_report_sets_the_forecast_beside_the_run_figures(built, tmp_path):
     write_stage_forecast(cfg, config, str(tmp_path))
     saved = json.loads((tmp_path / "forecast.json").read_text())
     assert [p["steps"] for p in saved["phases"]] == [20, 4]
+    if not fc.PROFILES[saved["hardware"]].memory_gib:  # a CPU: phase 1 measured here
+        assert saved["calibrated_rows_per_s"] > 0
+        assert saved["phases"][0]["rate_basis"] == "calibrated (measured here)"
     records = [{"split": "train", "phase": "phase1", "step": s, "samples_per_s": r}
                for s, r in ((10, 100.0), (20, 300.0))]
     records.append({"split": "validation", "phase": "phase1", "step": 20, "loss": 1.0})

@@ -7,10 +7,12 @@ second pass runs nothing, the watcher reuses every result, and the report's tabl
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -76,9 +78,10 @@ def probed(shared_data, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("probes")
     run_dir = root / "pretrain-run"
     pretrain_run(made, run_dir)
-    cfg = resolve("tiny", {"output": str(root), "pretrain": {"cadence": {"probe_every": 3}}, "finetune": {
-        "probe": {"tasks": ",".join(TASKS), "max_train_examples": 16, "max_eval_examples": 16,
-                  "batch_size": 8}}})
+    probe = {"tasks": ",".join(TASKS), "max_train_examples": 16, "max_eval_examples": 16,
+             "batch_size": 8}
+    cfg = resolve("tiny", {"output": str(root), "pretrain": {"cadence": {"probe_every": 3}},
+                           "finetune": {"probe": probe}})
     jobs = probes.probe_jobs(cfg, str(run_dir))
     killed = kill_mid_probe(jobs[0])
     left_after_kill = sorted(os.listdir(jobs[0].out)) if os.path.isdir(jobs[0].out) else []
@@ -153,3 +156,15 @@ def test_probe_settings_are_checked_in_the_flows_terms(tmp_path):
         resolve("tiny", {"output": str(tmp_path), "finetune": {"probe": {"epochs": 0}}})
     assert resolve("tiny").pretrain.cadence.probe_every == 200  # steps 200, 400, 600 of 660
 
+
+
+def test_a_probe_past_its_timeout_is_stopped_and_counted_failed(probed, tmp_path):
+    """A stuck probe (here: one given half a second, less than its start-up) never holds the
+    watcher, and so the report: its process is killed and it counts as failed."""
+    job = probed["jobs"][0]
+    out = str(tmp_path / "stuck")
+    stuck = dataclasses.replace(job, out=out, spec={**job.spec, "out": out, "timeout_s": 0.5})
+    started = time.monotonic()
+    assert probes.run_probe(stuck) == "failed"
+    assert time.monotonic() - started < 30
+    assert not os.path.exists(stuck.results)

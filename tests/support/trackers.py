@@ -1,4 +1,4 @@
-"""Readers of what the experiment trackers wrote (common/trackers.py): the MLflow store under a
+"""Readers of what the experiment trackers wrote (training/trackers.py): the MLflow store under a
 run folder, and W&B's offline run files, read record by record (wandb 0.31 ships no reader of
 its `.wandb` files: they are LevelDB-log framed protobuf `Record`s, `wandb/proto`)."""
 from __future__ import annotations

@@ -67,7 +67,7 @@ def test_large_preset_yaml_and_flow_agree_on_the_batches():
 def test_lamb_in_bf16_is_refused_with_deepspeeds_reason():
     with pytest.raises(ValueError, match="optimizer.name=lamb cannot be combined with "
                                          "engine.precision=bf16: DeepSpeed 0.19 runs a bf16 "
-                                         "LAMB only at zero_stage=0"):
+                                         "LAMB only at engine.zero_stage=0"):
         cfg.resolve("large", None, ["optimizer.name=lamb", "engine.zero_stage=0"])
     with pytest.raises(ValueError, match="optimizer.name=lamb cannot be combined with "
                                          "engine.zero_stage=2"):

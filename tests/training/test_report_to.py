@@ -1,4 +1,4 @@
-"""Pre-training's experiment trackers (`report_to`, common/trackers.py), read back from a REAL
+"""Pre-training's experiment trackers (`report_to`, training/trackers.py), read back from a REAL
 local MLflow store, REAL W&B offline run files and TensorBoard's event files: the same metrics
 as metrics.jsonl, to the bit, the resolved config, loss_curve.png and metrics.jsonl as
 artifacts, a resumed run continuing the same tracker runs; `none` writes no tracker files."""
@@ -53,7 +53,10 @@ def test_mlflow_wandb_and_tensorboard_get_the_metrics_config_and_artifacts(data,
     bert_pretrain(data, tmp_path, "cadence.report_to=mlflow,wandb,tensorboard", stop_after=1)
     out = tmp_path / "run"
     first = json.loads((out / "trackers.json").read_text())
-    bert_pretrain(data, tmp_path, "cadence.report_to=mlflow,wandb,tensorboard")
+    # a resume may change cadence.log_every (2 of 2 steps logs step 2 as 1 did): MLflow keeps
+    # the parameter it was given and records the new value as a tag
+    bert_pretrain(data, tmp_path, "cadence.report_to=mlflow,wandb,tensorboard",
+                  "cadence.log_every=2")
     train, validation = logged(out, "train"), logged(out, "validation")
     assert [step for step, _ in train] == [1, 2] and [s for s, _ in validation] == [2]
 
@@ -66,6 +69,7 @@ def test_mlflow_wandb_and_tensorboard_get_the_metrics_config_and_artifacts(data,
         "bert_tiny", "7", "1")
     assert (params["phases.0.steps"], params["phases.0.learning_rate"]) == ("2", "0.002")
     assert params["cadence.report_to"] == "['mlflow', 'wandb', 'tensorboard']"
+    assert run.data.tags["resumed.cadence.log_every"] == "2"
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert sorted((m.step, m.value) for m in history) == train  # exact floats
     assert [(m.step, m.value) for m in client.get_metric_history(

@@ -14,8 +14,9 @@ the config is validated, before anything trains.
   reads it), else a local store under the run folder: `<run_dir>/mlruns/mlflow.db` (SQLite)
   with the artifacts in `<run_dir>/mlruns/artifacts/`. MLflow 3 refuses its plain file store
   (`./mlruns` folders) unless `MLFLOW_ALLOW_FILE_STORE=true`, and names SQLite as the local
-  store it keeps up; read it with `mlflow ui --backend-store-uri sqlite:///<run_dir>/mlruns/mlflow.db`
-  or `MlflowClient(tracking_uri=...)`. Experiment: `MLFLOW_EXPERIMENT_NAME`, else `bert-dag`.
+  store it keeps up; read it with `MlflowClient(tracking_uri=...)`, or with the full `mlflow`
+  package's `mlflow ui --backend-store-uri sqlite:///<run_dir>/mlruns/mlflow.db` (the extra
+  installs `mlflow-skinny`, which has no UI). Experiment: `MLFLOW_EXPERIMENT_NAME`, else `bert-dag`.
   MLflow's usage telemetry is off unless `MLFLOW_DISABLE_TELEMETRY=false`.
 - wandb: `WANDB_MODE` when set; else online with a key (`WANDB_API_KEY`, or a `wandb login`
   entry in the netrc file) and offline without one, which makes no network call (W&B's usage
@@ -25,7 +26,10 @@ the config is validated, before anything trains.
 
 Resuming (`resume=True`): the MLflow run id and the W&B run id are kept in
 `<run_dir>/trackers.json`, so a resumed pre-training run continues the same MLflow run and the
-same W&B run id (offline, W&B writes one run folder per process, each with that id). The steps between the checkpoint resumed from and the kill are logged again: MLflow
+same W&B run id (offline, W&B writes one run folder per process, each with that id). A
+resumed MLflow run keeps the parameters it was given (MLflow refuses to change one): a value
+a resume changes (`cadence.log_every`, ...) is a tag `resumed.<name>`. The steps between the
+checkpoint resumed from and the kill are logged again: MLflow
 keeps both values in the metric's history (metrics.jsonl keeps only the redone ones); an
 online W&B run drops values at steps it has already seen.
 """
@@ -39,7 +43,7 @@ import os
 import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, Self
 from urllib.parse import urlsplit
 
 from common import storage
@@ -70,7 +74,7 @@ class Tracker(Protocol):
 
     def log_artifact(self, path: str) -> None: ...
 
-    def close(self) -> None: ...
+    def close(self, failed: bool = False) -> None: ...
 
 
 def check_names(names: Sequence[str], setting: str = "report_to") -> tuple[str, ...]:
@@ -104,10 +108,10 @@ class TensorBoardTracker:
     """Scalars in `<run_dir>/tensorboard/`; the config as text. TensorBoard keeps no files, so
     artifacts stay where they are."""
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, subfolder: str = ""):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+        self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard", subfolder))
 
     def log_config(self, config: Mapping[str, Any]) -> None:
         self.writer.add_text("config", f"```\n{json.dumps(config, indent=2)}\n```")
@@ -120,7 +124,7 @@ class TensorBoardTracker:
     def log_artifact(self, path: str) -> None:
         pass
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         self.writer.close()
 
 
@@ -135,14 +139,28 @@ class MlflowTracker:
         uri, artifacts = mlflow_location(run_dir)
         self.client = MlflowClient(tracking_uri=uri)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or PROJECT
-        experiment = self.client.get_experiment_by_name(name)
-        experiment_id = (experiment.experiment_id if experiment is not None
-                         else self.client.create_experiment(name, artifact_location=artifacts))
+        experiment_id = self._experiment(name, artifacts)
         if run_id is not None and self._exists(run_id):
             self.client.update_run(run_id, status="RUNNING")
         else:
             run_id = self.client.create_run(experiment_id, run_name=run_name).info.run_id
         self.run_id = run_id
+
+    def _experiment(self, name: str, artifacts: str | None) -> str:
+        """The experiment's id, made where missing; one that another run (a parallel
+        fine-tuning run on the same store) made meanwhile is looked up again."""
+        from mlflow.exceptions import MlflowException
+
+        experiment = self.client.get_experiment_by_name(name)
+        if experiment is not None:
+            return experiment.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=artifacts)
+        except MlflowException:
+            experiment = self.client.get_experiment_by_name(name)
+            if experiment is None:
+                raise
+            return experiment.experiment_id
 
     def _exists(self, run_id: str) -> bool:
         from mlflow.exceptions import MlflowException
@@ -154,11 +172,16 @@ class MlflowTracker:
             return False
 
     def log_config(self, config: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
+        from mlflow.entities import Param, RunTag
 
-        params = [Param(k, str(v)[:6000]) for k, v in flatten(config).items()]
-        for start in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
-            self.client.log_batch(self.run_id, params=params[start:start + 100])
+        logged = self.client.get_run(self.run_id).data.params
+        values = {k: str(v)[:6000] for k, v in flatten(config).items()}
+        params = [Param(k, v) for k, v in values.items() if k not in logged]
+        tags = [RunTag(f"resumed.{k}", v) for k, v in values.items()
+                if k in logged and logged[k] != v]
+        for start in range(0, max(len(params), len(tags)), 100):  # at most 100 a batch
+            self.client.log_batch(self.run_id, params=params[start:start + 100],
+                                  tags=tags[start:start + 100])
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -170,8 +193,8 @@ class MlflowTracker:
     def log_artifact(self, path: str) -> None:
         self.client.log_artifact(self.run_id, path)
 
-    def close(self) -> None:
-        self.client.set_terminated(self.run_id)
+    def close(self, failed: bool = False) -> None:
+        self.client.set_terminated(self.run_id, status="FAILED" if failed else "FINISHED")
 
 
 def mlflow_location(run_dir: str) -> tuple[str, str | None]:
@@ -212,8 +235,8 @@ class WandbTracker:
         self.run.save(os.path.abspath(path), base_path=os.path.dirname(os.path.abspath(path)),
                       policy="now")
 
-    def close(self) -> None:
-        self.run.finish()
+    def close(self, failed: bool = False) -> None:
+        self.run.finish(exit_code=1 if failed else 0)
 
 
 def wandb_mode() -> str:
@@ -235,7 +258,10 @@ def has_wandb_key() -> bool:
 
 
 class Trackers:
-    """The chosen trackers as one: each call goes to every one of them."""
+    """The chosen trackers as one: each call goes to every one of them. A tracker is a witness,
+    never a reason to stop: one that fails (a tracking server gone, a full disk under its
+    store) is warned about once and dropped, and the run goes on (on rank 0 of a multi-rank
+    run, a raise would leave the other ranks waiting at their next collective)."""
 
     def __init__(self, trackers: Mapping[str, Tracker]):
         self.trackers = dict(trackers)
@@ -243,18 +269,24 @@ class Trackers:
     def __bool__(self) -> bool:
         return bool(self.trackers)
 
+    def _each(self, action: str, call) -> None:
+        for name, tracker in list(self.trackers.items()):
+            try:
+                call(tracker)
+            except Exception as error:  # noqa: BLE001 (any tracker failure: see the class)
+                log.warning("report_to %s: %s failed (%s: %s); its logging stops here", name,
+                            action, type(error).__name__, str(error).splitlines()[0][:200])
+                self.trackers.pop(name, None)
+
     def log_config(self, config: Mapping[str, Any]) -> None:
-        for tracker in self.trackers.values():
-            tracker.log_config(config)
+        self._each("logging the config", lambda t: t.log_config(config))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         if metrics:
-            for tracker in self.trackers.values():
-                tracker.log_metrics(metrics, step)
+            self._each("logging metrics", lambda t: t.log_metrics(metrics, step))
 
     def log_artifact(self, path: str) -> None:
-        for tracker in self.trackers.values():
-            tracker.log_artifact(path)
+        self._each(f"logging {os.path.basename(path)}", lambda t: t.log_artifact(path))
 
     def log_files(self, files: Mapping[str, str]) -> None:
         """Texts (name -> content) as artifacts under those names."""
@@ -267,34 +299,42 @@ class Trackers:
                     f.write(text)
                 self.log_artifact(path)
 
-    def close(self) -> None:
-        for tracker in self.trackers.values():
-            tracker.close()
+    def close(self, failed: bool = False) -> None:
+        """End every run, FAILED where `failed` (a crashed or diverged run), else FINISHED."""
+        self._each("closing", lambda t: t.close(failed))
+        self.trackers = {}
 
-    def __enter__(self) -> Trackers:  # noqa: PYI034 (Python 3.10 has no typing.Self)
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        self.close(failed=kind is not None)
 
 
 def open_trackers(names: Sequence[str], run_dir: str, run_name: str,
-                  config: Mapping[str, Any] | None = None, resume: bool = False) -> Trackers:
+                  config: Mapping[str, Any] | None = None, resume: bool = False,
+                  tensorboard_subfolder: str = "") -> Trackers:
     """A run named `run_name` in each tracker `names` chooses, with `config` logged. With
-    `resume`, the runs whose ids `<run_dir>/trackers.json` keeps are continued."""
+    `resume`, the runs whose ids `<run_dir>/trackers.json` keeps are continued.
+    `tensorboard_subfolder`: the run's folder under `<run_dir>/tensorboard/` where several runs
+    share `run_dir` (the fine-tuning runs of a task grid), so their curves stay apart."""
     chosen = check_names(names)
     if not chosen:
         return Trackers({})
     os.makedirs(run_dir, exist_ok=True)
     ids = _read_ids(run_dir) if resume else {}
     opened: dict[str, Tracker] = {}
-    for name in chosen:
-        if name == "tensorboard":
-            opened[name] = TensorBoardTracker(run_dir)
-        elif name == "mlflow":
-            opened[name] = MlflowTracker(run_dir, run_name, ids.get(name))
-        else:
-            opened[name] = WandbTracker(run_dir, run_name, ids.get(name))
+    try:
+        for name in chosen:
+            try:
+                opened[name] = _open(name, run_dir, run_name, ids.get(name),
+                                     tensorboard_subfolder)
+            except Exception as error:  # noqa: BLE001 (a witness, never a reason to stop)
+                log.warning("report_to %s: the run is not tracked there (%s: %s)", name,
+                            type(error).__name__, str(error).splitlines()[0][:200])
+    except BaseException:
+        Trackers(opened).close(failed=True)  # none of the runs half-opened is left RUNNING
+        raise
     kept = {n: t.run_id for n, t in opened.items() if hasattr(t, "run_id")}
     if kept:
         storage.atomic_write_json(os.path.join(run_dir, IDS_FILE), kept)
@@ -302,6 +342,15 @@ def open_trackers(names: Sequence[str], run_dir: str, run_name: str,
     if config is not None:
         trackers.log_config(config)
     return trackers
+
+
+def _open(name: str, run_dir: str, run_name: str, run_id: str | None,
+          tensorboard_subfolder: str) -> Tracker:
+    if name == "tensorboard":
+        return TensorBoardTracker(run_dir, tensorboard_subfolder)
+    if name == "mlflow":
+        return MlflowTracker(run_dir, run_name, run_id)
+    return WandbTracker(run_dir, run_name, run_id)
 
 
 def local_dir(run_dir: str) -> str:

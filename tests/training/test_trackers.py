@@ -1,4 +1,4 @@
-"""common/trackers.py on its own: the names `report_to` takes, when W&B runs offline, and
+"""training/trackers.py on its own: the names `report_to` takes, when W&B runs offline, and
 offline W&B and a local MLflow store making no network call (Python's audit hooks see every
 name lookup and socket of the process: both packages' usage telemetry would post otherwise)."""
 from __future__ import annotations
@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from common.settings import SettingError
-from common.trackers import check_names, has_wandb_key, wandb_mode
 from tests.conftest import REPO
 from tests.support.trackers import no_tracker_account, wandb_history
+from training.trackers import check_names, has_wandb_key, wandb_mode
 
 
 @pytest.mark.parametrize("names, chosen", [
@@ -61,7 +61,7 @@ def audit(event, args):
                                          and args[0].family != socket.AF_UNIX):
         network.append((event, args[:2] if event == "socket.getaddrinfo" else args[1]))
 sys.addaudithook(audit)
-from common.trackers import open_trackers
+from training.trackers import open_trackers
 with open_trackers(["wandb", "mlflow"], sys.argv[1], "offline", {"seed": 7}) as trackers:
     trackers.log_metrics({"train/loss": 0.5}, 1)
 """
@@ -78,3 +78,27 @@ def test_offline_wandb_and_a_local_mlflow_store_make_no_network_call(tmp_path, m
     assert done.stdout.splitlines()[-1] == "[]"
     (folder,) = (tmp_path / "run" / "wandb").glob("offline-run-*")
     assert wandb_history(folder, "train/loss") == [(1, 0.5)]
+
+
+def test_a_tracker_that_fails_is_warned_about_and_dropped_and_the_run_goes_on(
+        tmp_path, monkeypatch, caplog):
+    """An MLflow store that cannot be opened (its folder is a file) and a TensorBoard
+    whose folder turns into a file mid-run: each is one warning, the others keep logging."""
+    from training.trackers import open_trackers
+
+    no_tracker_account(monkeypatch, tmp_path)
+    (tmp_path / "a-file").write_text("not a folder")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/a-file/mlflow.db")
+    with caplog.at_level("WARNING", logger="training.trackers"):
+        trackers = open_trackers(["mlflow", "tensorboard"], str(tmp_path / "run"), "run",
+                                 {"seed": 7})
+        assert list(trackers.trackers) == ["tensorboard"]
+        trackers.trackers["tensorboard"].writer.close()
+        trackers.trackers["tensorboard"].writer = None  # its next call raises
+        trackers.log_metrics({"train/loss": 0.5}, 1)
+        assert not trackers and trackers.log_metrics({"train/loss": 0.4}, 2) is None
+        trackers.close()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings[0].startswith("report_to mlflow: the run is not tracked there (")
+    assert warnings[1].startswith("report_to tensorboard: logging metrics failed (")
+    assert len(warnings) == 2
