@@ -192,17 +192,16 @@ def write_stage_forecast(cfg: DagConfig, config, out: str) -> str | None:
 def actual_phases(run_dir: str) -> dict[str, dict]:
     """Per phase, from metrics.jsonl: steps, mean rows/s of the logged windows, and the hours
     of training they imply (steps x global batch / rows/s; evaluation and saving aside)."""
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
+    from training.metrics import read_metrics
+
+    if not os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
         return {}
     phases: dict[str, dict] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            if record.get("split") == "train" and "samples_per_s" in record:
-                row = phases.setdefault(record["phase"], {"steps": 0, "rates": []})
-                row["steps"] = max(row["steps"], record["step"])
-                row["rates"].append(record["samples_per_s"])
+    for record in read_metrics(run_dir):
+        if record.get("split") == "train" and "samples_per_s" in record:
+            row = phases.setdefault(record["phase"], {"steps": 0, "rates": []})
+            row["steps"] = max(row["steps"], record["step"])
+            row["rates"].append(record["samples_per_s"])
     return {name: {"steps": row["steps"], "rows_per_s": sum(row["rates"]) / len(row["rates"])}
             for name, row in phases.items()}
 

@@ -52,16 +52,25 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
     lines += ["", *next_steps(cfg, stages, path)]
     text = "\n".join(lines) + "\n"
     storage.atomic_write_text(path, text)
-    log_to_trackers(cfg, [path, loss_curve, *_finetune_files(finetune)])
+    probe_curves = storage.join(folder or cfg.output, "probe_curves.png")
+    log_to_trackers(cfg, [path, loss_curve, *_finetune_files(finetune), probe_curves],
+                    _probe_results(cfg, pretrain))
     return {"markdown": text, "path": path, "stages": rows, "loss_curve": loss_curve,
             "finetune_table": finetune["table"] if finetune else "", "statistics": stats,
             "ledger": ledger, "audit": audit}
 
 
-def log_to_trackers(cfg: DagConfig, paths: list[str]) -> None:
+def _probe_results(cfg: DagConfig, pretrain: StageResult | None) -> list[dict]:
+    from flows import probes
+
+    return probes.results(cfg, pretrain.path) if pretrain is not None else []
+
+
+def log_to_trackers(cfg: DagConfig, paths: list[str], probe_results: list[dict] = ()) -> None:
     """The report and its plots (local files that exist) as artifacts of a tracker run of its
     own, named after the DAG run's folder, in the trackers pre-training reports to
-    (`pretrain.cadence.report_to`) but TensorBoard, which keeps no files."""
+    (`pretrain.cadence.report_to`) but TensorBoard, which keeps no files; each probe's score
+    as the metric `probe/<task>` at its export's global step."""
     from training.trackers import local_dir, log_artifacts, open_trackers
 
     names = [n for n in cfg.pretrain.cadence.report_to if n not in ("tensorboard", "none")]
@@ -71,6 +80,9 @@ def log_to_trackers(cfg: DagConfig, paths: list[str]) -> None:
     run_name = f"bert-dag-{cfg.output.rstrip('/').rsplit('/', 1)[-1]}"
     with open_trackers(names, local_dir(cfg.output), run_name,
                        {"preset": cfg.name, "output": cfg.output}) as trackers:
+        for result in probe_results:
+            trackers.log_metrics({f"probe/{result['task']}": result["score"]},
+                                 result["global_step"])
         log_artifacts(trackers, local)
 
 

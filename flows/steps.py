@@ -218,15 +218,12 @@ def pretrain_dir(cfg: DagConfig, vocab: StageResult, shards: list[StageResult]) 
 
 
 def _last_metrics(out: str) -> dict:
-    path = os.path.join(out, "metrics.jsonl")
-    if not os.path.exists(path):
+    """The last metrics.jsonl record of each split ({} before the first)."""
+    from training.metrics import read_metrics
+
+    if not os.path.exists(os.path.join(out, "metrics.jsonl")):
         return {}
-    last: dict[str, dict] = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            record = json.loads(line)
-            last[record.get("split", "train")] = record
-    return last
+    return {record.get("split", "train"): record for record in read_metrics(out)}
 
 
 def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:

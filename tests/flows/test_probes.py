@@ -168,3 +168,24 @@ def test_a_probe_past_its_timeout_is_stopped_and_counted_failed(probed, tmp_path
     assert probes.run_probe(stuck) == "failed"
     assert time.monotonic() - started < 30
     assert not os.path.exists(stuck.results)
+
+
+def test_the_probe_scores_go_to_the_trackers_by_step(probed, tmp_path, monkeypatch):
+    """With `pretrain.cadence.report_to=mlflow`, the report's tracker run holds each probe's
+    score as `probe/<task>` at its export's global step (a REAL local MLflow store)."""
+    from tests.support.trackers import mlflow_client, mlflow_runs, no_tracker_account
+
+    no_tracker_account(monkeypatch, tmp_path)
+    cfg = dataclasses.replace(probed["cfg"], pretrain=dataclasses.replace(
+        probed["cfg"].pretrain, cadence=dataclasses.replace(
+            probed["cfg"].pretrain.cadence, report_to=("mlflow",))))
+    stage = StageResult("pretrain", str(probed["run_dir"]), "key", cached=False, seconds=1.0)
+    reporting.report(cfg, [stage], None, folder=str(tmp_path / "report"))
+    (run,) = mlflow_runs(probed["root"])
+    client = mlflow_client(probed["root"])
+    for task in TASKS:
+        history = client.get_metric_history(run.info.run_id, f"probe/{task}")
+        assert sorted((m.step, m.value) for m in history) == sorted(
+            (j.export.global_step, read_json(j.results)["score"])
+            for j in probed["jobs"] if j.task == task)
+    assert "probe_curves.png" in [a.path for a in client.list_artifacts(run.info.run_id)]
