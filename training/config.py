@@ -502,27 +502,13 @@ PRESETS = {"tiny": tiny, "base": base, "large": large}
 SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "optimizer": OptimizerConfig,
             "engine": EngineConfig, "data": PretrainDataConfig, "cadence": CadenceConfig}
 """The sections of `PretrainConfig` by their setting name."""
+NEVER_FLAT = ("preset", "name", "probe_every", "report_to")
+"""Section fields the flat layout did not have under their own name (`model`, `objective` and
+`optimizer` named the preset, objective and optimizer) or at all."""
 RENAMED_SETTINGS = {
-    "model": "model.preset", "init_from": "model.init_from",
-    "num_hidden_layers": "model.num_hidden_layers", "hidden_size": "model.hidden_size",
-    "num_attention_heads": "model.num_attention_heads",
-    "intermediate_size": "model.intermediate_size", "dropout": "model.dropout",
-    "objective": "objective.name", "next_sentence": "objective.next_sentence",
-    "optimizer": "optimizer.name", "adam_beta1": "optimizer.adam_beta1",
-    "adam_beta2": "optimizer.adam_beta2", "adam_epsilon": "optimizer.adam_epsilon",
-    "weight_decay": "optimizer.weight_decay", "max_grad_norm": "optimizer.max_grad_norm",
-    "zero_stage": "engine.zero_stage", "precision": "engine.precision",
-    "device": "engine.device", "compile": "engine.compile",
-    "static_shapes": "engine.static_shapes",
-    "vocab_dir": "data.vocab_dir", "dynamic_masking": "data.dynamic_masking",
-    "masked_lm_prob": "data.masked_lm_prob", "mask_fraction": "data.mask_fraction",
-    "same_fraction": "data.same_fraction", "random_fraction": "data.random_fraction",
-    "do_whole_word_mask": "data.do_whole_word_mask", "shuffle_buffer": "data.shuffle_buffer",
-    "num_workers": "data.num_workers",
-    "log_every": "cadence.log_every", "eval_every": "cadence.eval_every",
-    "eval_batches": "cadence.eval_batches", "checkpoint_every": "cadence.checkpoint_every",
-    "keep_checkpoints": "cadence.keep_checkpoints", "export_hf": "cadence.export_hf",
-}
+    **{f.name: f"{section}.{f.name}" for section, cls in SECTIONS.items()
+       for f in dataclasses.fields(cls) if f.name not in NEVER_FLAT},
+    "model": "model.preset", "objective": "objective.name", "optimizer": "optimizer.name"}
 """Flat setting -> its name in the sections (`zero_stage` -> `engine.zero_stage`, `model` ->
 `model.preset`). `bert-pretrain` and the flow (`pretrain.<old>`) refuse the flat name naming
 the new one; `load_saved` moves a flat saved config's values there."""
