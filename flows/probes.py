@@ -32,6 +32,7 @@ from typing import Any
 
 from common import storage
 from flows.config import DagConfig
+from flows.steps import inputs_fingerprint
 from training.probes import PROBES
 
 logger = logging.getLogger("flows")
@@ -134,6 +135,7 @@ def probe_jobs(cfg: DagConfig, run_dir: str) -> list[ProbeJob]:
             data = os.path.join(cfg.finetune.data, entry.data_folder)
             key = storage.config_hash({
                 "weights_sha256": export.weights_sha256, "task": entry.task, "data": data,
+                "data_files": inputs_fingerprint(data),  # data edited in place: probed again
                 "loop": {k: v for k, v in ft.items()
                          if k not in ("device", "progress", "report_to")}})
             out = storage.join(cfg.output, PROBES, f"{entry.task}-{key}")

@@ -37,7 +37,7 @@ def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
     if not pattern:
         return None
     config = job.WikipediaConfig()
-    key = {**extract_stage_config(pattern, _inputs_fingerprint(pattern), job.OUTPUT_VERSION),
+    key = {**extract_stage_config(pattern, inputs_fingerprint(pattern), job.OUTPUT_VERSION),
            **dataclasses.asdict(config)}
     return run_stage(cfg.output, "wikipedia", key, lambda out: job.run(
         config, pattern, out, cfg.data.beam_args))
@@ -49,7 +49,7 @@ def extract_books(cfg: DagConfig) -> StageResult | None:
     pattern = cfg.data.path_of("books")
     if not pattern:
         return None
-    key = extract_stage_config(pattern, _inputs_fingerprint(pattern), job.OUTPUT_VERSION)
+    key = extract_stage_config(pattern, inputs_fingerprint(pattern), job.OUTPUT_VERSION)
     return run_stage(cfg.output, "books", key, lambda out: job.run(
         job.ExtractBooksConfig(input=pattern, output=out), cfg.data.beam_args))
 
@@ -61,7 +61,7 @@ def extract_documents(cfg: DagConfig, source: SourceConfig) -> StageResult:
     from pipelines import extract_documents as job
 
     source = dataclasses.replace(source, weight=1.0)
-    key = {**extract_stage_config(source.path, _inputs_fingerprint(source.path),
+    key = {**extract_stage_config(source.path, inputs_fingerprint(source.path),
                                   job.OUTPUT_VERSION), "source": dataclasses.asdict(source)}
     return run_stage(cfg.output, f"documents-{source.name}", key, lambda out: job.run(
         job.ExtractDocumentsConfig(sources=(source,), output=out), cfg.data.beam_args))
@@ -111,7 +111,7 @@ def audit_contamination(cfg: DagConfig, corpus: StageResult) -> StageResult:
 
     tasks = audited_tasks(cfg)
     key = {"eval_data": cfg.finetune.data, "tasks": tasks,
-           "eval_sha": _inputs_fingerprint(cfg.finetune.data)}
+           "eval_sha": inputs_fingerprint(cfg.finetune.data)}
     return run_stage(cfg.output, "audit", key, lambda out: job.run(
         job.AuditConfig(input=corpus.path, output=out, eval_data=cfg.finetune.data, tasks=tasks),
         cfg.data.beam_args), upstream=(corpus,))
@@ -143,7 +143,7 @@ def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: 
                                          cfg.data.beam_args), upstream=(corpus, vocab))
 
 
-def _inputs_fingerprint(pattern: str) -> str:
+def inputs_fingerprint(pattern: str) -> str:
     """Names, sizes and mtimes of the input files: a changed input gives a new stage folder."""
     try:
         files = storage.expand_inputs(pattern)

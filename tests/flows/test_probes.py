@@ -189,3 +189,21 @@ def test_the_probe_scores_go_to_the_trackers_by_step(probed, tmp_path, monkeypat
             (j.export.global_step, read_json(j.results)["score"])
             for j in probed["jobs"] if j.task == task)
     assert "probe_curves.png" in [a.path for a in client.list_artifacts(run.info.run_id)]
+
+
+def test_probe_data_edited_in_place_gives_new_result_folders(probed, tmp_path):
+    """The key holds the data files' names, sizes and times, not only the folder's path: a
+    probe task's data edited in place is probed again rather than reusing old scores."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(probed["cfg"].finetune.data, data)
+    cfg = dataclasses.replace(probed["cfg"], finetune=dataclasses.replace(
+        probed["cfg"].finetune, data=str(data)))
+    before = {j.out for j in probes.probe_jobs(cfg, str(probed["run_dir"]))}
+    job = probes.probe_jobs(cfg, str(probed["run_dir"]))[0]
+    dev = next(p for p in (data / "glue" / "SST-2").iterdir() if p.name.startswith("dev"))
+    dev.write_text(dev.read_text(encoding="utf-8") + "\n", encoding="utf-8")
+    after = {j.out for j in probes.probe_jobs(cfg, str(probed["run_dir"]))}
+    assert job.out in before and job.out not in after
+    assert len(before & after) == 2  # squad1's two folders are untouched
