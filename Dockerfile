@@ -25,6 +25,26 @@ ARG TORCH_VERSION=2.13.0
 ARG DEEPSPEED_VERSION=0.19.8
 
 # =============================================================================================
+# The project as every image installs and carries it, declared once: its packages, the pinned
+# requirements (generated from pyproject.toml before the sources come in, so a code change
+# does not reinstall them), the Prefect deployments and the Dataflow package.
+FROM ${PYTHON_IMAGE} AS source
+WORKDIR /project
+COPY pyproject.toml infra/docker/pyproject_requirements.py /tmp/
+RUN python /tmp/pyproject_requirements.py --pyproject /tmp/pyproject.toml --extra gcp \
+        > /requirements.txt
+COPY pyproject.toml README.md prefect.yaml ./
+COPY common common
+COPY pipelines pipelines
+COPY model model
+COPY finetune finetune
+COPY training training
+COPY flows flows
+COPY peers peers
+# `--setup_file infra/dataflow/setup.py` in data.beam_args: the data stages on Dataflow
+COPY infra/dataflow infra/dataflow
+
+# =============================================================================================
 # CPU: the virtualenv, built apart so the runtime image carries no build leftovers
 FROM ${PYTHON_IMAGE} AS cpu-builder
 ARG TORCH_VERSION
@@ -34,20 +54,10 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
 RUN python -m venv /opt/venv \
     && pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}" \
     && echo "torch==${TORCH_VERSION}" > /opt/venv/constraints.txt
-WORKDIR /src
-# The dependencies from pyproject.toml alone: a code change does not reinstall them.
-COPY pyproject.toml infra/docker/pyproject_requirements.py ./
-RUN python pyproject_requirements.py --extra gcp > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt -c /opt/venv/constraints.txt
-COPY README.md ./
-COPY common common
-COPY pipelines pipelines
-COPY model model
-COPY finetune finetune
-COPY training training
-COPY flows flows
-COPY peers peers
-RUN pip install --no-deps . && pip check
+COPY --from=source /requirements.txt /tmp/
+RUN pip install -r /tmp/requirements.txt -c /opt/venv/constraints.txt
+COPY --from=source /project /src
+RUN pip install --no-deps /src && pip check
 
 # =============================================================================================
 # CPU runtime: `beam run pipelines/<job>.py ...`, `bert-dag`, Prefect server and process worker
@@ -71,16 +81,9 @@ ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONPATH
 # hadolint ignore=DL3064
 ENV TOKENIZERS_PARALLELISM=false
 WORKDIR /opt/bert-dag
-COPY --chown=1000:1000 pyproject.toml README.md Makefile prefect.yaml ./
-COPY --chown=1000:1000 common common
-COPY --chown=1000:1000 pipelines pipelines
-COPY --chown=1000:1000 model model
-COPY --chown=1000:1000 finetune finetune
-COPY --chown=1000:1000 training training
-COPY --chown=1000:1000 flows flows
+COPY --from=source --chown=1000:1000 /project ./
+COPY --chown=1000:1000 Makefile ./
 COPY --chown=1000:1000 data/sample data/sample
-# `--setup_file infra/dataflow/setup.py` in data.beam_args: the data stages on Dataflow
-COPY --chown=1000:1000 infra/dataflow infra/dataflow
 USER 1000:1000
 CMD ["bert-dag", "--help"]
 
@@ -160,18 +163,10 @@ assert not missing, f'DeepSpeed ops not prebuilt: {missing}'"
 RUN python3.11 -m venv /opt/gsutil \
     && /opt/gsutil/bin/pip install gsutil==5.38 \
     && /opt/gsutil/bin/gsutil version
-WORKDIR /src
-COPY pyproject.toml infra/docker/pyproject_requirements.py ./
-RUN python pyproject_requirements.py --extra gcp > /tmp/requirements.txt \
-    && pip install -r /tmp/requirements.txt -c /opt/venv/constraints.txt
-COPY README.md ./
-COPY common common
-COPY pipelines pipelines
-COPY model model
-COPY finetune finetune
-COPY training training
-COPY flows flows
-RUN pip install --no-deps . && pip check
+COPY --from=source /requirements.txt /tmp/
+RUN pip install -r /tmp/requirements.txt -c /opt/venv/constraints.txt
+COPY --from=source /project /src
+RUN pip install --no-deps /src && pip check
 
 # =============================================================================================
 # GPU runtime: `bert-pretrain`, `torchrun` (the multi-node launch: c10d rendezvous, no ssh),
@@ -211,14 +206,7 @@ ENV VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH PYTHONUNBUFFERED=1 PYTHONPATH
 # hadolint ignore=DL3064
 ENV TOKENIZERS_PARALLELISM=false
 WORKDIR /opt/bert-dag
-COPY --chown=1000:1000 pyproject.toml README.md prefect.yaml ./
-COPY --chown=1000:1000 common common
-COPY --chown=1000:1000 pipelines pipelines
-COPY --chown=1000:1000 model model
-COPY --chown=1000:1000 finetune finetune
-COPY --chown=1000:1000 training training
-COPY --chown=1000:1000 flows flows
+COPY --from=source --chown=1000:1000 /project ./
 COPY --chown=1000:1000 infra/launch infra/launch
-COPY --chown=1000:1000 infra/dataflow infra/dataflow
 USER 1000:1000
 CMD ["bert-pretrain", "--help"]

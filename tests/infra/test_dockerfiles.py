@@ -75,7 +75,7 @@ def test_dockerfile_stages_and_pins():
     text = (REPO / "Dockerfile").read_text()
     stages = dict(re.findall(r"^FROM \S+ AS (\S+)\n(.*?)(?=^FROM |\Z)", text,
                              flags=re.MULTILINE | re.DOTALL))
-    assert list(stages) == ["cpu-builder", "cpu", "ci", "gpu-builder", "gpu"]
+    assert list(stages) == ["source", "cpu-builder", "cpu", "ci", "gpu-builder", "gpu"]
     for runtime in ("cpu", "ci", "gpu"):  # non-root, numeric so runAsNonRoot can check it
         assert re.findall(r"^USER (.*)$", stages[runtime], flags=re.MULTILINE)[-1] == "1000:1000"
         assert re.search(r"^CMD \[", stages[runtime], flags=re.MULTILINE), runtime
