@@ -53,6 +53,11 @@ class ProbeConfig:
     timeout_minutes: float = 60.0
     """A probe process still running after this long is stopped and counted as failed, so one
     stuck probe never holds the report."""
+    keep_exports: bool = False
+    """Keep each export's weights after its probes. False: once every task has a result for an
+    export, its `hf/` folder is deleted and its manifest (step, sha256) kept, so a long run
+    holds about one export (BERT-large: 1.3 GB each) instead of one per probe step; a task added
+    later cannot probe the deleted steps."""
 
     def __post_init__(self) -> None:
         for name in ("max_train_examples", "max_eval_examples", "batch_size", "num_threads"):

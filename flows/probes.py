@@ -13,7 +13,9 @@ the export's weights (the sha256 in its manifest), the task's data folder and th
 config. A re-run reuses every finished result; `results.json` is written atomically and only it
 marks a probe done, so a probe process killed (kill -9) mid-run loses nothing finished and
 leaves nothing taken for a result: the next run probes that one again. A failed probe is logged
-and left out; pre-training and the other probes go on.
+and left out; pre-training and the other probes go on. Once every task has a result for an export,
+its weights are deleted (`finetune.probe.keep_exports`), its manifest kept: results are found
+by the manifest's sha256, so a re-run still reuses them.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -157,6 +160,10 @@ def run_probe(job: ProbeJob, log: Callable[[str], None] = logger.info) -> str:
     """"reused" (its results.json is there), "ran" or "failed" (logged, never raised)."""
     if os.path.exists(job.results):
         return "reused"
+    if not os.path.isdir(job.export.hf_dir):
+        logger.warning("probe %s not run: the export's weights were deleted after its probes "
+                       "(finetune.probe.keep_exports=false)", job.name)
+        return "failed"
     threads = str(job.spec["num_threads"])
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     started = time.monotonic()
@@ -189,12 +196,25 @@ def run_probes(cfg: DagConfig, run_dir: str, skip: set[str] | None = None,
     `skip`."""
     outcomes: dict[str, list[str]] = {"ran": [], "reused": [], "failed": []}
     skip = set() if skip is None else skip
-    for job in probe_jobs(cfg, run_dir):
+    jobs = probe_jobs(cfg, run_dir)
+    for job in jobs:
         if job.out in skip:
             continue
         outcomes[run_probe(job, log)].append(job.name)
         skip.add(job.out)
+    if not cfg.finetune.probe.keep_exports:  # a failed probe keeps its export for a re-run
+        for export in {job.export for job in jobs}:
+            if all(os.path.exists(j.results) for j in jobs if j.export == export):
+                prune_export(export)
     return outcomes
+
+
+def prune_export(export: ProbeExport) -> None:
+    """Delete an export's weights, keeping its manifest (the step and the weights' sha256 that
+    address its results)."""
+    if os.path.isdir(export.hf_dir):
+        shutil.rmtree(export.hf_dir)
+        logger.debug("probe export of step %d deleted after its probes", export.global_step)
 
 
 _ENDED: dict[str, threading.Event] = {}

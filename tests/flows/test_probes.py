@@ -79,7 +79,7 @@ def probed(shared_data, tmp_path_factory) -> dict:
     run_dir = root / "pretrain-run"
     pretrain_run(made, run_dir)
     probe = {"tasks": ",".join(TASKS), "max_train_examples": 16, "max_eval_examples": 16,
-             "batch_size": 8}
+             "batch_size": 8, "keep_exports": True}  # the tests below probe them again
     cfg = resolve("tiny", {"output": str(root), "pretrain": {"cadence": {"probe_every": 3}},
                            "finetune": {"probe": probe}})
     jobs = probes.probe_jobs(cfg, str(run_dir))
@@ -162,6 +162,7 @@ def test_a_probe_past_its_timeout_is_stopped_and_counted_failed(probed, tmp_path
     """A stuck probe (here: one given half a second, less than its start-up) never holds the
     watcher, and so the report: its process is killed and it counts as failed."""
     job = probed["jobs"][0]
+    assert os.path.isdir(job.export.hf_dir)  # the weights are there: only the clock stops it
     out = str(tmp_path / "stuck")
     stuck = dataclasses.replace(job, out=out, spec={**job.spec, "out": out, "timeout_s": 0.5})
     started = time.monotonic()
@@ -207,3 +208,40 @@ def test_probe_data_edited_in_place_gives_new_result_folders(probed, tmp_path):
     after = {j.out for j in probes.probe_jobs(cfg, str(probed["run_dir"]))}
     assert job.out in before and job.out not in after
     assert len(before & after) == 2  # squad1's two folders are untouched
+
+
+def test_an_exports_weights_go_once_every_task_has_its_result(probed, tmp_path, caplog):
+    """`keep_exports=false`: an export with a task still failing keeps its weights for a re-run;
+    once every task has a result its `hf/` is deleted and its manifest kept, results are still
+    found through the manifest's sha256, and a task added later is refused in one line, with
+    no probe process started."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(probed["run_dir"] / "probes", run_dir / "probes")
+
+    def with_probe(**probe):
+        return dataclasses.replace(probed["cfg"], finetune=dataclasses.replace(
+            probed["cfg"].finetune, probe=dataclasses.replace(
+                probed["cfg"].finetune.probe, keep_exports=False, **probe)))
+
+    exports = [run_dir / "probes" / f"step-{step:07d}" for step in (3, 6)]
+    rte_fails = with_probe(tasks=(*TASKS, "rte"), timeout_minutes=0.005)  # 0.3 s: never done
+    assert probes.run_probes(rte_fails, str(run_dir)) == {
+        "ran": [], "reused": NAMES, "failed": ["rte @ step 3", "rte @ step 6"]}
+    assert all((e / "hf" / "model.safetensors").exists() for e in exports)
+
+    assert probes.run_probes(with_probe(), str(run_dir)) == {
+        "ran": [], "reused": NAMES, "failed": []}
+    assert [sorted(os.listdir(e)) for e in exports] == [["manifest.json"]] * 2
+    assert probes.run_probes(with_probe(), str(run_dir))["reused"] == NAMES
+
+    caplog.set_level("WARNING", logger="flows")
+    caplog.clear()
+    started = time.monotonic()
+    assert probes.run_probes(rte_fails, str(run_dir))["failed"] == ["rte @ step 3",
+                                                                    "rte @ step 6"]
+    assert time.monotonic() - started < 5
+    assert [r.getMessage() for r in caplog.records] == [
+        f"probe rte @ step {step} not run: the export's weights were deleted after its probes "
+        "(finetune.probe.keep_exports=false)" for step in (3, 6)]
