@@ -63,6 +63,7 @@ import torch
 from torch import Tensor
 
 from common import logs
+from common.errors import DiskFullError
 from training import config as cfg
 from training import objectives
 from training.checkpoint import (
@@ -416,11 +417,22 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
 
 
 def probe_export(config: PretrainConfig, tag: str, global_step: int, dist: Dist) -> None:
-    """The export of `tag` for the flow's probes (training/probes.py), on rank 0; a failure
-    there fails every rank."""
+    """The export of `tag` for the flow's probes (training/probes.py), on rank 0. A full disk
+    stops every rank (the next checkpoint could not be written either); any other failure is
+    logged and training goes on: probes are a view of the run, and the watcher skips the step."""
     ckpt_dir = os.path.join(config.output_dir, CHECKPOINTS)
-    on_all_ranks(dist, lambda: dist.is_main and write_probe_export(
-        config.output_dir, global_step, tag, lambda out: export(config, ckpt_dir, tag, out)))
+
+    def write() -> None:
+        try:
+            write_probe_export(config.output_dir, global_step, tag,
+                               lambda out: export(config, ckpt_dir, tag, out))
+        except DiskFullError:
+            raise
+        except Exception as error:  # noqa: BLE001 (whatever broke the export, training goes on)
+            log.warning("probe export of step %d failed, training goes on without it: %s: %s",
+                        global_step, type(error).__name__, error)
+
+    on_all_ranks(dist, lambda: dist.is_main and write())
 
 
 def export(config: PretrainConfig, ckpt_dir: str, tag: str, out: str | None = None) -> str:

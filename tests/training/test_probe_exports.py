@@ -71,3 +71,20 @@ def test_probe_exports_at_the_due_steps_load_and_the_last_equals_the_final_expor
     earlier = load_file(probes / "step-0000003" / "hf" / "model.safetensors")
     assert not torch.equal(earlier["bert.embeddings.word_embeddings.weight"],
                            final["bert.embeddings.word_embeddings.weight"])
+
+
+def test_a_failed_probe_export_is_logged_and_training_goes_on(data, tmp_path, caplog):
+    """Probes are a view of the run: an export that cannot be written (here the probes folder's
+    name is taken by a file) is one warning, and the run trains to its end and exports."""
+    phases = (PhaseConfig(name="phase1", train_shards=str(data["uneven"]), max_seq_length=128,
+                          micro_batch_size=4, global_batch_size=4, steps=3, warmup_steps=1,
+                          learning_rate=2e-3),)
+    config = make_config(data, tmp_path, phases=phases, data={"num_workers": 0},
+                         cadence={"probe_every": 2, "export_hf": True})
+    (tmp_path / "probes").write_text("not a folder")
+    caplog.set_level("WARNING", logger="training.pretrain")
+    result = pretrain.run(config)
+    assert result["complete"] and (tmp_path / "hf" / "model.safetensors").is_file()
+    (warning,) = [r.getMessage() for r in caplog.records if "probe export" in r.getMessage()]
+    assert warning.startswith("probe export of step 2 failed, training goes on without it: ")
+    assert (tmp_path / "probes").read_text() == "not a folder"
