@@ -2,10 +2,10 @@
 the data stages' sizes: read from a stage's manifest where the run folder holds it built with
 these settings, else estimated from the sizes of the input files.
 
-No stage runs: no Prefect server, no Beam, no DeepSpeed, no rank. A built stage is the newest
-`<output>/<stage>-<hash>` folder with a manifest whose recorded settings are this run's (the
-shards: the phase's instance and job settings, from a corpus of the run's sources). Input
-bytes: local files, globs and folders as the jobs expand them; a remote (gs://) input is
+No stage runs: no Prefect server, no Beam, no DeepSpeed, no rank. The stages are the folders
+the flow would use, found by their keys as the flow computes them (`steps.look_up_data_stages`):
+a built one is exactly what the run would reuse; inputs edited since, or other settings, mean
+a new folder and an estimate. Input bytes: local files, globs and folders as the jobs expand them; a remote (gs://) input is
 "unknown size" unless `--input_bytes` gives the corpus's text bytes. Text per input byte:
 `TEXT_PER_BZ2_BYTE` for a .bz2 Wikipedia dump, 1 otherwise (JSONL keys and XML markup count as
 text: an overestimate). Each source's text counts `weight` times.
@@ -18,61 +18,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import json
 import logging
 import os
 
 from common import storage
+from flows import steps
 from flows.config import DagConfig
 from training import forecast as fc
 from training.forecast import PhaseData
 
 logger = logging.getLogger("flows")
-
-
-def _recorded_match(recorded: dict, wanted: dict) -> bool:
-    """Whether every setting `recorded` (a manifest's) shares with `wanted` has its value
-    (None in `wanted`: decided by the job, not compared)."""
-    wanted = json.loads(json.dumps(wanted, default=str))
-    return all(recorded[k] == v for k, v in wanted.items() if k in recorded and v is not None)
-
-
-def built(root: str, stage: str, accept) -> tuple[str, dict] | None:
-    """The newest `<root>/<stage>-*` folder whose manifest `accept` takes, with the manifest."""
-    if storage.is_remote(root):
-        return None
-    found = []
-    for folder in glob.glob(os.path.join(root, f"{stage}-*")):
-        manifest = storage.read_manifest(folder)
-        if manifest is not None and accept(manifest):
-            found.append((os.path.getmtime(os.path.join(folder, "manifest.json")), folder,
-                          manifest))
-    return max(found, key=lambda f: f[0])[1:] if found else None
-
-
-def _sources_of(cfg: DagConfig) -> list[tuple[str, str]]:
-    return sorted((s.name, s.path) for s in cfg.data.all_sources())
-
-
-def built_corpus(cfg: DagConfig) -> tuple[str, dict] | None:
-    """The corpus stage built from the run's sources (by name and path)."""
-    return built(cfg.output, "corpus", lambda m: sorted(
-        (s["name"], s["path"]) for s in m.get("config", {}).get("sources", [])) == _sources_of(cfg))
-
-
-def built_shards(cfg: DagConfig, phase: int) -> tuple[str, dict] | None:
-    """Phase `phase`'s shards built with its settings from a corpus of the run's sources."""
-    config = dataclasses.asdict(getattr(cfg.shards, f"phase{phase}"))
-    corpus = built_corpus(cfg)
-
-    def accept(manifest: dict) -> bool:
-        options = manifest.get("options", {})
-        inputs = options.get("input") or [""]
-        return (_recorded_match(options.get("instance", {}), config)
-                and _recorded_match(options.get("job", {}), config)
-                and corpus is not None and os.path.dirname(inputs[0]) == corpus[0])
-    return built(cfg.output, f"shards{config['max_seq_length']}", accept)
 
 
 def input_text_bytes(cfg: DagConfig, given: float | None) -> tuple[float | None, list[dict]]:
@@ -94,36 +50,36 @@ def input_text_bytes(cfg: DagConfig, given: float | None) -> tuple[float | None,
     return (given if given is not None else total), rows
 
 
-def corpus_stage(cfg: DagConfig, text: float | None) -> tuple[float | None, list[dict]]:
+def corpus_stage(cfg: DagConfig, stages: steps.DataStages, text: float | None
+                 ) -> tuple[float | None, list[dict]]:
     """The corpus's text bytes (built: its ledger's bytes out) and its rows: corpus, vocab."""
-    corpus = built_corpus(cfg)
-    ledger = corpus[1].get("ledger", {}) if corpus else {}
-    if ledger:
+    corpus = stages.corpus
+    ledger = corpus.manifest.get("ledger", {})
+    if corpus.cached and ledger:
         text = float(sum(row.get("bytes_out", 0) for row in ledger.values()))
         words = sum(row.get("words_out", 0) for row in ledger.values())
-        rows = [{"stage": "corpus", "size": f"{fc.human_bytes(text)} text, {words:,} words",
-                 "source": f"manifest {corpus[0]}"}]
+        rows = [{"stage": corpus.stage, "size": f"{fc.human_bytes(text)} text, {words:,} words",
+                 "source": f"manifest {corpus.path}"}]
     else:
         words = None if text is None else round(text / fc.BYTES_PER_WORD)
-        rows = [{"stage": "corpus", "size": f"{fc.human_bytes(text)} text, "
+        rows = [{"stage": corpus.stage, "size": f"{fc.human_bytes(text)} text, "
                  f"{'unknown' if words is None else f'{words:,}'} words",
                  "source": f"estimate: inputs' text / {fc.BYTES_PER_WORD} B per word"}]
-    vocab = built(cfg.output, "vocab", lambda m: _recorded_match(
-        m.get("config", {}), dataclasses.asdict(cfg.vocab)))
-    size = vocab[1].get("vocab_size") if vocab else cfg.vocab.vocab_size
-    rows.append({"stage": "vocab", "size": f"{size:,} tokens",
-                 "source": f"manifest {vocab[0]}" if vocab else "the vocab.vocab_size setting"})
+    vocab = stages.vocab
+    rows.append({"stage": "vocab", "size": f"{vocab_size(stages, cfg.vocab.vocab_size):,} tokens",
+                 "source": f"manifest {vocab.path}" if vocab.cached
+                 else "the vocab.vocab_size setting"})
     return text, rows
 
 
-def phase_data(cfg: DagConfig, text: float | None) -> tuple[list[PhaseData | None], list[dict]]:
+def phase_data(cfg: DagConfig, stages: steps.DataStages, text: float | None
+               ) -> tuple[list[PhaseData | None], list[dict]]:
     """Each phase's shards (train split): built, or estimated from the corpus's text bytes."""
     data, rows = [], []
-    for phase in (1, 2):
+    for phase, stage in zip((1, 2), stages.shards):
         shards = getattr(cfg.shards, f"phase{phase}")
-        found = built_shards(cfg, phase)
-        if found:
-            item = fc.shards_data(found[0])
+        if stage.cached:
+            item = fc.shards_data(stage.path)
         elif text is not None:
             item = fc.estimate_data(text, shards.max_seq_length, shards.dupe_factor,
                                     shards.pack, shards.validation_fraction)
@@ -133,7 +89,7 @@ def phase_data(cfg: DagConfig, text: float | None) -> tuple[list[PhaseData | Non
         size = "unknown" if item is None else (
             f"{item.instances:,} instances, {item.rows:,} rows, {item.tokens:,} tokens, "
             f"{fc.human_bytes(item.bytes)}")
-        rows.append({"stage": f"shards{shards.max_seq_length}", "size": size,
+        rows.append({"stage": stage.stage, "size": size,
                      "source": item.source if item else "unknown: the inputs' size is"})
     return data, rows
 
@@ -147,19 +103,20 @@ def launch_gpus(cfg: DagConfig) -> int:
     return cfg.launch.nproc_per_node * nodes
 
 
-def vocab_size(cfg: DagConfig) -> int:
-    vocab = built(cfg.output, "vocab", lambda m: _recorded_match(
-        m.get("config", {}), dataclasses.asdict(cfg.vocab)))
-    return int(vocab[1].get("vocab_size")) if vocab else cfg.vocab.vocab_size
+def vocab_size(stages: steps.DataStages, default: int | None) -> int:
+    """The built vocabulary's size, else `default` (the vocab.vocab_size setting)."""
+    size = stages.vocab.manifest.get("vocab_size") if stages.vocab.cached else None
+    return int(size) if size else default
 
 
 def dag_plan(cfg: DagConfig, args: argparse.Namespace) -> int:
     """`bert-dag --plan`: print the forecast of `cfg` (see the module docstring)."""
+    stages = steps.look_up_data_stages(cfg)
     text, input_rows = input_text_bytes(cfg, args.input_bytes)
-    text, corpus_rows = corpus_stage(cfg, text)
-    data, shard_rows = phase_data(cfg, text)
+    text, corpus_rows = corpus_stage(cfg, stages, text)
+    data, shard_rows = phase_data(cfg, stages, text)
     config = dataclasses.replace(cfg.pretrain, output_dir=cfg.output)
-    shape = fc.run_shape(config, vocab_size(cfg))
+    shape = fc.run_shape(config, vocab_size(stages, cfg.vocab.vocab_size))
     return fc.run_plan(shape, data, args, launch_gpus(cfg),
                        stages=[*input_rows, *corpus_rows, *shard_rows])
 

@@ -9,10 +9,14 @@ Two runs that need the same stage at once (a `data-large` run still building the
 `large` run started beside it also needs) must not build it into one folder together: the
 builder holds a lock on a file in the folder (`building`), and the other run waits for the
 manifest. A run that dies lets go of its lock with its processes.
+
+Within `looking_up()` no stage builds: `run_stage` returns the folder a run would use and whether
+it is built (`bert-dag --plan` reads the stages a run would reuse, by their keys).
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import fcntl
 import logging
@@ -44,6 +48,20 @@ class StageResult:
     manifest: dict = field(default_factory=dict, compare=False, repr=False)
 
 
+_LOOKING_UP = contextvars.ContextVar("looking_up", default=False)
+
+
+@contextlib.contextmanager
+def looking_up() -> Iterator[None]:
+    """Within: `run_stage` builds nothing, locks nothing and makes no folder; it returns the
+    stage's folder, `cached` saying whether it is built (its manifest, else {})."""
+    token = _LOOKING_UP.set(True)
+    try:
+        yield
+    finally:
+        _LOOKING_UP.reset(token)
+
+
 def stage_dir(root: str, stage: str, config: dict[str, Any],
               upstream: tuple[StageResult, ...] = ()) -> tuple[str, str]:
     key = {"stage": stage, "config": config, "upstream": [u.config_hash for u in upstream]}
@@ -62,6 +80,9 @@ def run_stage(root: str, stage: str, config: dict[str, Any], build: Callable[[st
     """
     path, digest = stage_dir(root, stage, config, upstream)
     manifest = storage.read_manifest(path)
+    if _LOOKING_UP.get():
+        return StageResult(stage, path, digest, cached=manifest is not None, seconds=0.0,
+                           manifest=manifest or {})
     if manifest is None:
         storage.makedirs(path)
         with building(path, stage, poll_seconds):

@@ -18,7 +18,7 @@ from typing import Any
 from common import storage
 from flows.config import DagConfig
 from flows.launch import run_subprocess
-from flows.stages import StageResult, run_stage, stage_dir
+from flows.stages import StageResult, looking_up, run_stage, stage_dir
 from pipelines.documents.source import SourceConfig
 from training import config as training
 from training.config import PretrainConfig
@@ -141,6 +141,38 @@ def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: 
     return run_stage(cfg.output, f"shards{config.max_seq_length}", dataclasses.asdict(config),
                      lambda out: job.run(config, corpus.path, vocab.path, out,
                                          cfg.data.beam_args), upstream=(corpus, vocab))
+
+
+@dataclasses.dataclass(frozen=True)
+class DataStages:
+    """The data stages a run of a config uses, in the flow's order (flows/pretrain_bert.py)."""
+    sources: list[StageResult]
+    corpus: StageResult
+    """The corpus the vocabulary and shards read: the decontaminated one where the flow makes it."""
+    vocab: StageResult
+    shards: list[StageResult]
+
+
+def look_up_data_stages(cfg: DagConfig) -> DataStages:
+    """The folders the flow's data stages would use, built or not (`cached`), found by their
+    keys (`stages.looking_up`): nothing runs; the inputs' names, sizes and times are read, and
+    the manifests. The chain is the flow's; tests/flows/test_plan.py holds the two together."""
+    from flows.checkpoint_vocab import checkpoint_vocab
+
+    with looking_up():
+        init_from = cfg.pretrain.model.init_from
+        own_vocab = checkpoint_vocab(cfg.output, init_from) if init_from else None
+        sources = [s for s in (extract_wikipedia(cfg), extract_books(cfg),
+                               *(extract_documents(cfg, s) for s in cfg.data.all_sources()
+                                 if s.generic)) if s is not None]
+        corpus = build_corpus(cfg, sources)
+        if cfg.data.audit and cfg.finetune.data and audited_tasks(cfg):
+            audit = audit_contamination(cfg, corpus)
+            if cfg.data.decontaminate:
+                corpus = decontaminate(cfg, corpus, audit)
+        vocab = own_vocab or train_vocab(cfg, corpus)
+        shards = [make_shards(cfg, corpus, vocab, phase) for phase in (1, 2)]
+    return DataStages(sources, corpus, vocab, shards)
 
 
 def inputs_fingerprint(pattern: str) -> str:

@@ -3,6 +3,7 @@ run folder holds them built, else from the inputs' sizes; the report's "Forecast
 table reads the pre-training stage's forecast.json and metrics.jsonl."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -59,6 +60,25 @@ def test_plan_reads_the_built_shards_manifests(built):
         assert phase["epochs"] == phase["steps"] * phase["global_batch_size"] / rows
     assert [s["source"] for s in result["stages"] if s["stage"] == "vocab"] == [
         f"manifest {built['vocab'].path}"]
+
+
+def test_the_stages_are_found_by_the_keys_the_flow_computes(built):
+    """The plan reads exactly the folders a run would reuse: the flow's chain of stage keys,
+    nothing built. With decontamination on, the vocabulary and shards read another corpus,
+    so the built ones are not this run's (their manifests would tell the wrong sizes)."""
+    found = steps.look_up_data_stages(built["cfg"])
+    assert (found.vocab.path, found.vocab.cached) == (built["vocab"].path, True)
+    assert [(s.path, s.cached) for s in found.shards] == [(s.path, True) for s in built["shards"]]
+    assert found.corpus.stage == "corpus" and found.corpus.cached
+
+    cleaned = dataclasses.replace(built["cfg"], data=dataclasses.replace(
+        built["cfg"].data, audit=True, decontaminate=True))
+    found = steps.look_up_data_stages(cleaned)
+    assert (found.corpus.stage, found.corpus.cached) == ("corpus-clean", False)
+    assert not found.vocab.cached and not any(s.cached for s in found.shards)
+    assert {s.path for s in found.shards}.isdisjoint(s.path for s in built["shards"])
+    assert sorted(p.name.split("-")[0] for p in built["root"].iterdir()) == sorted(
+        ["books", "corpus", "documents", "shards128", "shards256", "vocab", "wikipedia"])  # none made
 
 
 def test_without_built_stages_the_instances_are_estimated_from_the_input_bytes(built, tmp_path):
