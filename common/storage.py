@@ -128,6 +128,19 @@ def atomic_write_json(path: str, obj: Any) -> None:
     atomic_write_text(path, json_text(obj))
 
 
+def read_utf8(path: str, error: type[Exception] = ValueError) -> str:
+    """A local file's text (a UTF-8 BOM dropped); bytes that are not UTF-8 raise `error` naming
+    the file, the line and the byte: `<path>:<line>: not UTF-8 text (<reason>, byte 0x..)`."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise error(f"{path}:{line}: not UTF-8 text ({e.reason}, byte "
+                    f"0x{raw[e.start]:02x})") from None
+
+
 def read_json(path: str) -> Any:
     with open_read(path) as f:
         return json.loads(f.read())

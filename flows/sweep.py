@@ -109,8 +109,7 @@ def read_sweep_file(path: str) -> dict[str, Any]:
     """The file's mapping (YAML, or JSON by a .json suffix); a key repeated in one mapping is an
     error naming its line, not a silent last-one-wins."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        text = storage.read_utf8(path, SweepError)
     except OSError as e:
         raise SweepError(f"sweep file {path}: {e.strerror}") from None
     try:

@@ -141,21 +141,9 @@ class ChoiceSplit(ExampleSplit[ChoiceExample]):
 # Reading
 # ---------------------------------------------------------------------------------------------
 
-def _decode(path: str) -> str:
-    """The file's text; not UTF-8 is an error naming the line of the first bad byte."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise MultipleChoiceFormatError(f"{path}:{line}: not UTF-8 text ({e.reason}, byte "
-                                        f"0x{raw[e.start]:02x})") from None
-
-
 def csv_records(path: str, text: str | None = None) -> Iterator[tuple[int, list[str]]]:
     """(line where the record starts, fields) of a CSV file; a quoting error names the line."""
-    text = _decode(path) if text is None else text
+    text = storage.read_utf8(path, MultipleChoiceFormatError) if text is None else text
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
     while True:
         start = reader.line_num + 1
@@ -239,7 +227,7 @@ def jsonl_records(path: str, spec: ChoiceTaskSpec) -> tuple[dict[str, int], Iter
                                                               spec.label_column]
     # Lines end at \n only: str.splitlines would also split at U+2028 and U+2029, which JSON
     # strings may hold unescaped (web text does).
-    lines = [line.removesuffix("\r") for line in _decode(path).split("\n")]
+    lines = [line.removesuffix("\r") for line in storage.read_utf8(path, MultipleChoiceFormatError).split("\n")]
 
     def records() -> Iterator[Record]:
         for number, text in enumerate(lines, 1):

@@ -22,6 +22,7 @@ import json
 import os
 from dataclasses import dataclass, replace
 
+from common import storage
 from common.errors import BadRecord
 from finetune.family import ExampleSplit
 
@@ -76,11 +77,7 @@ class SquadSplit(ExampleSplit[SquadExample]):
 
 def load_json(path: str) -> dict:
     """The parsed file; not JSON or not UTF-8 raises `SquadFormatError` with file:line:column."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except UnicodeDecodeError as e:
-        raise SquadFormatError(f"{path}: not UTF-8 text (byte {e.start}: {e.reason})") from None
+    text = storage.read_utf8(path, SquadFormatError)
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:

@@ -43,7 +43,8 @@ def test_malformed_json_names_file_line_and_column(tmp_path):
     with pytest.raises(squad_data.SquadFormatError, match=rf"{path}:2:25: not JSON"):
         squad_data.read_squad(str(path), training=True, version_2=False)
     path.write_bytes(b'{"data": "\xff"}')
-    with pytest.raises(squad_data.SquadFormatError, match=rf"{path}: not UTF-8"):
+    with pytest.raises(squad_data.SquadFormatError,
+                       match=rf"{path}:1: not UTF-8 text \(invalid start byte, byte 0xff\)"):
         squad_data.read_squad(str(path), training=True, version_2=False)
 
 
