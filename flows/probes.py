@@ -297,7 +297,7 @@ def probe_one(spec: dict[str, Any]) -> dict:
               "steps": result.steps, "final_loss": result.final_loss,
               "num_train": prepared.num_train_examples,
               "seconds": round(result.train_seconds + result.eval_seconds, 2),
-              "loop": spec["loop"]}
+              "finished_ms": int(time.time() * 1000), "loop": spec["loop"]}
     storage.makedirs(spec["out"])
     storage.atomic_write_json(os.path.join(spec["out"], RESULTS), record)
     return record

@@ -54,7 +54,7 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
     storage.atomic_write_text(path, text)
     probe_curves = storage.join(folder or cfg.output, "probe_curves.png")
     log_to_trackers(cfg, [path, loss_curve, *_finetune_files(finetune), probe_curves],
-                    _probe_results(cfg, pretrain))
+                    _probe_results(cfg, pretrain), folder or cfg.output)
     return {"markdown": text, "path": path, "stages": rows, "loss_curve": loss_curve,
             "finetune_table": finetune["table"] if finetune else "", "statistics": stats,
             "ledger": ledger, "audit": audit}
@@ -66,11 +66,18 @@ def _probe_results(cfg: DagConfig, pretrain: StageResult | None) -> list[dict]:
     return probes.results(cfg, pretrain.path) if pretrain is not None else []
 
 
-def log_to_trackers(cfg: DagConfig, paths: list[str], probe_results: list[dict] = ()) -> None:
+REPORT_TRACKERS = "report-trackers.json"
+"""The report folder's tracker run ids: a report made again continues its run."""
+
+
+def log_to_trackers(cfg: DagConfig, paths: list[str], probe_results: list[dict] = (),
+                    folder: str = "") -> None:
     """The report and its plots (local files that exist) as artifacts of a tracker run of its
     own, named after the DAG run's folder, in the trackers pre-training reports to
     (`pretrain.cadence.report_to`) but TensorBoard, which keeps no files; each probe's score
-    as the metric `probe/<task>` at its export's global step."""
+    as the metric `probe/<task>` at its export's global step. A report made again (a re-run of
+    the flow) continues the run whose ids `<folder>/report-trackers.json` keeps: its artifacts
+    are replaced, and a probe's score, logged with the time its probe finished, stays one point."""
     from training.trackers import local_dir, log_artifacts, open_trackers
 
     names = [n for n in cfg.pretrain.cadence.report_to if n not in ("tensorboard", "none")]
@@ -78,11 +85,13 @@ def log_to_trackers(cfg: DagConfig, paths: list[str], probe_results: list[dict] 
     if not names or not local:
         return
     run_name = f"bert-dag-{cfg.output.rstrip('/').rsplit('/', 1)[-1]}"
+    ids_file = os.path.join(local_dir(folder or cfg.output), REPORT_TRACKERS)
     with open_trackers(names, local_dir(cfg.output), run_name,
-                       {"preset": cfg.name, "output": cfg.output}) as trackers:
+                       {"preset": cfg.name, "output": cfg.output}, resume=True,
+                       ids_file=ids_file) as trackers:
         for result in probe_results:
             trackers.log_metrics({f"probe/{result['task']}": result["score"]},
-                                 result["global_step"])
+                                 result["global_step"], result.get("finished_ms"))
         log_artifacts(trackers, local)
 
 

@@ -70,7 +70,8 @@ class Tracker(Protocol):
 
     def log_config(self, config: Mapping[str, Any]) -> None: ...
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int,
+                    timestamp_ms: int | None = None) -> None: ...
 
     def log_artifact(self, path: str) -> None: ...
 
@@ -116,9 +117,11 @@ class TensorBoardTracker:
     def log_config(self, config: Mapping[str, Any]) -> None:
         self.writer.add_text("config", f"```\n{json.dumps(config, indent=2)}\n```")
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int,
+                    timestamp_ms: int | None = None) -> None:
+        walltime = None if timestamp_ms is None else timestamp_ms / 1000
         for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
+            self.writer.add_scalar(key, value, step, walltime=walltime)
         self.writer.flush()
 
     def log_artifact(self, path: str) -> None:
@@ -183,11 +186,13 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, params=params[start:start + 100],
                                   tags=tags[start:start + 100])
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int,
+                    timestamp_ms: int | None = None) -> None:
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step)
+        # a value logged again with its own timestamp is one point (MLflow drops the repeat)
+        when = int(time.time() * 1000) if timestamp_ms is None else timestamp_ms
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), when, step)
                                                     for k, v in metrics.items()])
 
     def log_artifact(self, path: str) -> None:
@@ -228,8 +233,9 @@ class WandbTracker:
     def log_config(self, config: Mapping[str, Any]) -> None:
         self.run.config.update(dict(config), allow_val_change=True)
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        self.run.log(dict(metrics), step=step)
+    def log_metrics(self, metrics: Mapping[str, float], step: int,
+                    timestamp_ms: int | None = None) -> None:
+        self.run.log(dict(metrics), step=step)  # W&B times a step itself
 
     def log_artifact(self, path: str) -> None:
         self.run.save(os.path.abspath(path), base_path=os.path.dirname(os.path.abspath(path)),
@@ -281,9 +287,12 @@ class Trackers:
     def log_config(self, config: Mapping[str, Any]) -> None:
         self._each("logging the config", lambda t: t.log_config(config))
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+    def log_metrics(self, metrics: Mapping[str, float], step: int,
+                    timestamp_ms: int | None = None) -> None:
+        """`timestamp_ms`: when the values were measured (default now); a value logged again
+        with the same one stays one point in MLflow."""
         if metrics:
-            self._each("logging metrics", lambda t: t.log_metrics(metrics, step))
+            self._each("logging metrics", lambda t: t.log_metrics(metrics, step, timestamp_ms))
 
     def log_artifact(self, path: str) -> None:
         self._each(f"logging {os.path.basename(path)}", lambda t: t.log_artifact(path))
@@ -313,16 +322,18 @@ class Trackers:
 
 def open_trackers(names: Sequence[str], run_dir: str, run_name: str,
                   config: Mapping[str, Any] | None = None, resume: bool = False,
-                  tensorboard_subfolder: str = "") -> Trackers:
+                  tensorboard_subfolder: str = "", ids_file: str | None = None) -> Trackers:
     """A run named `run_name` in each tracker `names` chooses, with `config` logged. With
-    `resume`, the runs whose ids `<run_dir>/trackers.json` keeps are continued.
-    `tensorboard_subfolder`: the run's folder under `<run_dir>/tensorboard/` where several runs
-    share `run_dir` (the fine-tuning runs of a task grid), so their curves stay apart."""
+    `resume`, the runs whose ids `ids_file` (default `<run_dir>/trackers.json`) keeps are
+    continued. `tensorboard_subfolder`: the run's folder under `<run_dir>/tensorboard/` where
+    several runs share `run_dir` (the fine-tuning runs of a task grid), so their curves stay
+    apart."""
     chosen = check_names(names)
     if not chosen:
         return Trackers({})
     os.makedirs(run_dir, exist_ok=True)
-    ids = _read_ids(run_dir) if resume else {}
+    ids_file = ids_file or os.path.join(run_dir, IDS_FILE)
+    ids = _read_ids(ids_file) if resume else {}
     opened: dict[str, Tracker] = {}
     try:
         for name in chosen:
@@ -337,7 +348,7 @@ def open_trackers(names: Sequence[str], run_dir: str, run_name: str,
         raise
     kept = {n: t.run_id for n, t in opened.items() if hasattr(t, "run_id")}
     if kept:
-        storage.atomic_write_json(os.path.join(run_dir, IDS_FILE), kept)
+        storage.atomic_write_json(ids_file, kept)
     trackers = Trackers(opened)
     if config is not None:
         trackers.log_config(config)
@@ -359,8 +370,7 @@ def local_dir(run_dir: str) -> str:
     return "." if storage.is_remote(run_dir) else run_dir
 
 
-def _read_ids(run_dir: str) -> dict[str, str]:
-    path = os.path.join(run_dir, IDS_FILE)
+def _read_ids(path: str) -> dict[str, str]:
     if not os.path.exists(path):
         return {}
     try:

@@ -173,7 +173,8 @@ def test_a_probe_past_its_timeout_is_stopped_and_counted_failed(probed, tmp_path
 
 def test_the_probe_scores_go_to_the_trackers_by_step(probed, tmp_path, monkeypatch):
     """With `pretrain.cadence.report_to=mlflow`, the report's tracker run holds each probe's
-    score as `probe/<task>` at its export's global step (a REAL local MLflow store)."""
+    score as `probe/<task>` at its export's global step (a REAL local MLflow store). The report
+    made again (a re-run) continues that run: still one run, one point a probe."""
     from tests.support.trackers import mlflow_client, mlflow_runs, no_tracker_account
 
     no_tracker_account(monkeypatch, tmp_path)
@@ -182,7 +183,9 @@ def test_the_probe_scores_go_to_the_trackers_by_step(probed, tmp_path, monkeypat
             probed["cfg"].pretrain.cadence, report_to=("mlflow",))))
     stage = StageResult("pretrain", str(probed["run_dir"]), "key", cached=False, seconds=1.0)
     reporting.report(cfg, [stage], None, folder=str(tmp_path / "report"))
+    reporting.report(cfg, [stage], None, folder=str(tmp_path / "report"))
     (run,) = mlflow_runs(probed["root"])
+    assert run.info.status == "FINISHED"
     client = mlflow_client(probed["root"])
     for task in TASKS:
         history = client.get_metric_history(run.info.run_id, f"probe/{task}")
