@@ -16,7 +16,7 @@ the environment, so the stages a command starts as subprocesses (the trainers un
 
 `progress(...)` is tqdm with one rule: on a terminal it redraws in place; anywhere else (a
 captured run, CI, a flow's subprocess) a redraw is a new line, so it draws once a minute
-(`QUIET_INTERVAL_S`), plus its first and last line.
+(`QUIET_INTERVAL_S`), plus its first and last line, each a whole line (no log line runs into it).
 """
 from __future__ import annotations
 
@@ -35,6 +35,10 @@ ENV = "BERT_LOG_LEVEL"
 LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING,
           "ERROR": logging.ERROR}
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+RELAYED = "BERT_LOG_RELAYED"
+"""Set (to 1) by a process that relays a subprocess's lines through its own logger, which
+stamps the time: the subprocess then leaves the time out (`RELAYED_FORMAT`)."""
+RELAYED_FORMAT = "%(levelname)s %(name)s: %(message)s"
 
 LIBRARY_LOGGERS = (
     "httpx", "httpcore", "urllib3", "requests", "matplotlib", "PIL", "apache_beam", "absl",
@@ -90,7 +94,8 @@ def setup(verbose_flag: bool = False, force: bool = False) -> int:
     in_flow = any(type(h).__name__ == "PrefectConsoleHandler"
                   and getattr(h, "stream", None) in (sys.stderr, sys.stdout)
                   for h in root.handlers)
-    logging.basicConfig(level=ours, format=FORMAT, force=force and not in_flow)
+    logging.basicConfig(level=ours, format=RELAYED_FORMAT if os.environ.get(RELAYED) else FORMAT,
+                        force=force and not in_flow)
     root.setLevel(ours)
     libraries = logging.INFO if ours <= logging.DEBUG else max(ours, logging.WARNING)
     for name in LIBRARY_LOGGERS:
@@ -177,4 +182,37 @@ def _quiet_bar() -> type:
         def set_description(self, desc=None, refresh=True):
             super().set_description(desc, refresh=False)
 
+        def display(self, msg=None, pos=None):
+            # Each draw a whole line: nothing here returns the cursor, so a carriage return
+            # would leave the line open for the next log line (or draw) to run into.
+            text = self.__str__() if msg is None else msg
+            if text:
+                self.fp.write(text + "\n")
+                self.fp.flush()
+            return True
+
+        def close(self):
+            if not hasattr(self, "fp"):  # a disabled bar, or one whose set-up failed
+                return super().close()
+            # tqdm ends its last draw with a newline of its own: the draw has one already
+            fp, self.fp = self.fp, _DropBareNewline(self.fp)
+            try:
+                super().close()
+            finally:
+                self.fp = fp
+
     return QuietBar
+
+
+class _DropBareNewline:
+    """A stream that passes on every write but a lone newline."""
+
+    def __init__(self, stream: Any):
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        if text != "\n":
+            self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()

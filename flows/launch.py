@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 
+from common import logs
 from flows import stages
 
 # Runs in the child before the real command: ask Linux for SIGTERM when the flow process dies
@@ -42,7 +43,9 @@ def run_subprocess(command: list[str], log: Callable[[str], None] = print,
     # A launched training job makes its own rendezvous: a RANK or MASTER_PORT left in this
     # process's environment (by an in-process run, say) would send it to a port in use.
     inherited = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_VARIABLES}
-    env = {**inherited, "DS_ACCELERATOR": _accelerator(), "PYTHONUNBUFFERED": "1", **(env or {})}
+    # `log` stamps each line's time: the job's own log lines leave theirs out
+    env = {**inherited, "DS_ACCELERATOR": _accelerator(), "PYTHONUNBUFFERED": "1",
+           logs.RELAYED: "1", **(env or {})}
     # The stage's build lock goes with it: its folder stays locked while the job writes to it,
     # even if this process is killed first.
     proc = subprocess.Popen([sys.executable, "-c", EXEC_WITH_PDEATHSIG, *command],

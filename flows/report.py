@@ -5,6 +5,8 @@ the fine-tuning table, and last where the report is saved and what to run next (
 from __future__ import annotations
 
 import os
+import shutil
+import sys
 from typing import Any
 
 from common import storage
@@ -153,16 +155,29 @@ def next_steps(cfg: DagConfig, stages: list[StageResult], path: str) -> list[str
     lines = ["## Next", ""]
     export = next((s for s in stages if s.stage == "export"), None)
     if export is None:
-        lines.append(f"- the full run reuses these stages: `bert-dag --preset {cfg.name} "
+        lines.append(f"- the full run reuses these stages: `{command('bert-dag')} --preset {cfg.name} "
                      f"--output {root}` with the same settings, without `--data_only`")
     else:
         tasks = ",".join(cfg.finetune.tasks) or "rte,mrpc"
-        lines.append(f"- fine-tune the model on your tasks: `bert-finetune --model {export.path} "
-                     f"--data DATA_FOLDER --tasks {tasks} --output {root}/finetune-more`")
-        lines.append(f"- train longer (the data stages are reused): `bert-dag --preset "
+        data = cfg.finetune.data or "DATA_FOLDER"
+        lines.append(f"- fine-tune the model on your tasks: `{command('bert-finetune')} --model "
+                     f"{export.path} --data {data} --tasks {tasks} --output {root}/finetune-more`")
+        lines.append(f"- train longer (the data stages are reused): `{command('bert-dag')} --preset "
                      f"{cfg.name} --output {root} --set pretrain.phase1.steps=N` with this run's "
                      f"other settings")
     return [*lines, "", f"Report saved to {path} (run folder {root})"]
+
+
+def command(name: str) -> str:
+    """This installation's console script `name` as a reader types it here: bare where the shell
+    finds it on PATH, else its path (relative to the working folder when under it: a virtualenv
+    that was never activated gives `.venv/bin/<name>`)."""
+    script = os.path.join(os.path.dirname(sys.executable), name)
+    found = shutil.which(name)
+    if not os.path.exists(script) or (found and os.path.abspath(found) == os.path.abspath(script)):
+        return name
+    relative = os.path.relpath(script)
+    return script if relative.startswith("..") else relative
 
 
 LEDGER_COLUMNS = (

@@ -297,7 +297,7 @@ def run(config: WikipediaConfig, input: str, output: str, beam_args: Sequence[st
     if dry_run:
         return jobs.dry_run_summary(STAGE, pipeline)
     totals = parquet_io.query_counters(pipeline.result, METRICS_NAMESPACE, COUNT_NAMES)
-    LOG.info("Beam metrics: %s", json.dumps(totals, sort_keys=True))
+    LOG.debug("Beam metrics: %s", json.dumps(totals, sort_keys=True))  # the counts say them
     dead_letters = parquet_io.dead_letter_path(output)
     manifest = storage.read_manifest(output)
     if manifest is None:

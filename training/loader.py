@@ -774,6 +774,7 @@ class ShardLoader:
         self.rows_cut_before = 0
         """Rows cut by the finished epochs, as they were planned (on the ranks of that time)."""
         self._plans: dict[int, EpochPlan] = {}
+        self._cut_told = False
 
     def plan(self, epoch: int) -> EpochPlan:
         if epoch not in self._plans:
@@ -794,11 +795,15 @@ class ShardLoader:
                                 self.config.split)
 
     def _report_cut(self, plan: EpochPlan) -> None:
-        """Log (rank 0; every rank plans the same) how many rows this epoch leaves out."""
+        """Log (rank 0; every rank plans the same) how many rows this epoch leaves out: a
+        warning each epoch above CUT_WARN_FRACTION, else the first epoch's at INFO and the
+        later ones' (the same share) at DEBUG."""
         if self.config.rank != 0 or plan.total_rows == 0:
             return
         share = plan.rows_cut / plan.total_rows
-        level = logging.WARNING if share > CUT_WARN_FRACTION else logging.INFO
+        level = logging.WARNING if share > CUT_WARN_FRACTION else (
+            logging.DEBUG if self._cut_told else logging.INFO)
+        self._cut_told = True
         log.log(level, "%s epoch %d: %d of %d %s rows (%.2f%%) left out so that each of the %d "
                 "loader slots (ranks x workers) yields %d rows; %d cut so far", self.config.source,
                 self.epoch, plan.rows_cut, plan.total_rows, self.config.split, 100 * share,

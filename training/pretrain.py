@@ -442,10 +442,11 @@ def export(config: PretrainConfig, ckpt_dir: str, tag: str, out: str | None = No
 
     manifest = shard_manifest(config.phases[-1])
     model = build_model(config, manifest, consolidated_state_dict(ckpt_dir, tag))
-    out = out or os.path.join(config.output_dir, "hf")
+    final, out = out is None, out or os.path.join(config.output_dir, "hf")
     export_hf_folder(model, config.data.vocab_dir, out,
                      do_lower_case=export_do_lower_case(manifest, config.data.vocab_dir))
-    log.info("exported %s to %s", tag, out)
+    # a probe export's own line (training/probes.py) names its folder once it is in place
+    log.log(logging.INFO if final else logging.DEBUG, "exported %s to %s", tag, out)
     return out
 
 

@@ -91,8 +91,10 @@ def run_bar(stream: io.StringIO, steps: int = 50) -> None:
 def test_a_captured_bar_draws_its_first_and_last_line_only():
     captured = io.StringIO()
     run_bar(captured)
-    assert draws(captured) == 2
-    last = captured.getvalue().split("\r")[-1]
+    # whole lines, no carriage return: a log line written between draws starts a line its own
+    first, last = captured.getvalue().split("\n")[:-1]
+    assert captured.getvalue().endswith("\n") and "\r" not in captured.getvalue()
+    assert first.startswith("phase1:   0%|") and "0/50" in first
     assert last.startswith("phase1: 100%|") and "50/50" in last and "loss=5.100" in last
     # no monitor thread: its redraw of an idle bar makes the next update draw again at once
     bar = logs.progress(total=1, file=io.StringIO())
@@ -126,3 +128,11 @@ def test_a_root_handler_stays_unless_forced_and_prefects_stays_even_then():
     root.handlers[:] = [flows]
     logs.setup(force=True)  # a job's run() inside a flow keeps the flow's format
     assert root.handlers == [flows]
+
+
+def test_a_disabled_captured_bar_closes_quietly():
+    captured = io.StringIO()
+    bar = logs.progress(total=3, file=captured, disable=True)
+    bar.update(3)
+    bar.close()
+    assert captured.getvalue() == ""

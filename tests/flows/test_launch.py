@@ -72,3 +72,16 @@ def test_launched_trainers_take_the_callers_accelerator_or_torchs(monkeypatch):
         lines: list[str] = []
         launch.run_subprocess([sys.executable, "-c", show], log=lines.append)
         assert lines[-1] == expected
+
+
+def test_a_relayed_jobs_log_lines_leave_the_time_to_the_relay():
+    """The flow's logger stamps each relayed line's time: the job's own lines carry none (a
+    line twice timed is noise), and a progress bar's line never has a log line run into it."""
+    child = ("import logging\nfrom common import logs\nlogs.setup()\n"
+             "bar = logs.progress(total=2, desc='phase1')\nbar.update(1)\n"
+             "logging.getLogger('training.pretrain').info('exported step 1')\nbar.update(1)\n"
+             "bar.close()\n")
+    lines: list[str] = []
+    launch.run_subprocess([sys.executable, "-c", child], log=lines.append)
+    assert [line.split("|")[0] for line in lines[1:]] == [
+        "phase1:   0%", "INFO training.pretrain: exported step 1", "phase1: 100%"]

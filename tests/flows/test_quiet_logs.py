@@ -92,18 +92,29 @@ def test_a_run_prints_no_library_lines_no_config_dump_and_few_progress_lines(run
         assert 0 < counts[f"progress:{name}"] <= MAX_LINES_PER_BAR * started, shown
     assert not [line for line in lines if line.rstrip().endswith(" - ")], shown  # no empty lines
     assert not [line for line in lines if "View at http" in line], shown  # the server has no UI
+    # a relayed job's line is timed once (by the flow), and no log line runs into a bar's line
+    assert not [line for line in lines if re.search(r" - \d{4}-\d\d-\d\d \d\d:", line)], shown
+    assert all(line.rstrip().endswith("]") for line in lines if PROGRESS.search(line)), shown
+    assert not [line for line in lines if len(PROGRESS.findall(line)) > 1], shown
 
 
-def test_a_run_ends_naming_its_report_and_what_to_run_next(runs):
+def test_a_run_ends_naming_its_report_and_what_to_run_next(runs, monkeypatch):
+    """The commands as they run here: the console scripts bare where PATH finds them, else
+    their path (an unactivated virtualenv), and the run's own fine-tuning data folder."""
+    from flows.report import command
+
+    monkeypatch.chdir(REPO)  # where the run was started: the scripts' paths are relative to it
+    finetune, dag = command("bert-finetune"), command("bert-dag")
     root = runs["root"]
     report = root / "report.md"
     tail = [line for line in runs["quiet"] if line.strip()][-4:]
     assert tail[-1] == f"Report saved to {report} (run folder {root})", tail
     assert tail[0] == "## Next"
-    assert tail[1].startswith(f"- fine-tune the model on your tasks: `bert-finetune --model "
+    assert tail[1].startswith(f"- fine-tune the model on your tasks: `{finetune} --model "
                               f"{root}/pretrain-"), tail
-    assert tail[1].endswith(f"/hf --data DATA_FOLDER --tasks rte --output {root}/finetune-more`")
-    assert tail[2] == (f"- train longer (the data stages are reused): `bert-dag --preset tiny "
+    assert tail[1].endswith(f"/hf --data {REPO}/data/sample --tasks rte --output "
+                            f"{root}/finetune-more`")
+    assert tail[2] == (f"- train longer (the data stages are reused): `{dag} --preset tiny "
                        f"--output {root} --set pretrain.phase1.steps=N` with this run's other "
                        f"settings")
     saved = report.read_text(encoding="utf-8")
@@ -119,14 +130,35 @@ def test_bert_log_level_debug_brings_the_library_lines_and_the_config_back(runs)
 
 def test_a_data_only_report_ends_with_the_full_run_that_reuses_its_stages(tmp_path):
     from flows.config import resolve
-    from flows.report import report
+    from flows.report import command, report
     from flows.stages import StageResult
 
     cfg = resolve("tiny", {"output": str(tmp_path)}, data_only=True)
     corpus = StageResult("corpus", str(tmp_path / "corpus-1"), "1", cached=False, seconds=1.0)
     result = report(cfg, [corpus], None, "report-data.md")
     assert result["markdown"].endswith(
-        "## Next\n\n- the full run reuses these stages: `bert-dag --preset tiny --output "
+        f"## Next\n\n- the full run reuses these stages: `{command('bert-dag')} --preset tiny --output "
         f"{tmp_path}` with the same settings, without `--data_only`\n\n"
         f"Report saved to {tmp_path}/report-data.md (run folder {tmp_path})\n")
     assert (tmp_path / "report-data.md").read_text(encoding="utf-8") == result["markdown"]
+
+
+def test_a_console_script_is_named_as_the_shell_here_finds_it(tmp_path, monkeypatch):
+    """On PATH: bare. Not on PATH (a virtualenv never activated): its path, relative under the
+    working folder. Another installation's script first on PATH: ours, by its path."""
+    from flows.report import command
+
+    script = Path(sys.executable).parent / "bert-finetune"
+    assert script.exists()
+    monkeypatch.chdir(script.parent.parent.parent)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert command("bert-finetune") == f"{script.parent.parent.name}/bin/bert-finetune"
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
+    assert command("bert-finetune") == "bert-finetune"
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "bert-finetune").write_text("#!/bin/sh\n")
+    (other / "bert-finetune").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{other}:{script.parent}")
+    monkeypatch.chdir(tmp_path)
+    assert command("bert-finetune") == str(script)

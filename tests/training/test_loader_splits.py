@@ -77,7 +77,8 @@ def test_rows_cut_to_equalise_the_slots_are_counted_and_logged(books, tmp_path, 
     caplog.clear()
     even_folder = _shards(books, tmp_path / "e", [48, 48])
     even = ShardLoader(LoaderConfig(str(even_folder), 8, SEQ, num_workers=2, seed=5))
-    next(iter(even))
+    _take(iter(even), 12 + 1)  # into epoch 1: the same share is not told again at INFO
+    assert even.epoch == 1
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.INFO, (f"{even_folder} epoch 0: 0 of 96 train rows (0.00%) left out so that "
                         "each of the 2 loader slots (ranks x workers) yields 48 rows; 0 cut so "
