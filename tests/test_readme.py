@@ -83,6 +83,21 @@ def test_the_two_commands_are_the_makefile_targets_ci_runs():
     assert (REPO / ".ci" / "run").read_text().rstrip().endswith("make test")
 
 
+def test_the_python_the_readme_asks_for_is_the_one_pyproject_requires():
+    import tomllib
+
+    required = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert required.startswith(">=")
+    assert f"`python3` ({required[2:]} or later)" in README.read_text()
+
+
+def test_the_bundled_sample_row_names_what_data_sample_holds():
+    (row,) = [r for r in _folder_table() if r.startswith("| `data/` ")]
+    glue = sorted(p.name for p in (REPO / "data" / "sample" / "glue").iterdir() if p.is_dir())
+    assert f"({', '.join(glue)})" in row
+    assert (REPO / "data" / "sample" / "squad").is_dir() and "SQuAD" in row
+
+
 def test_the_folder_table_names_every_package_folder():
     rows = _folder_table()
     first_cells = " ".join(row.split("|")[1] for row in rows)
