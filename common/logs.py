@@ -194,7 +194,8 @@ def _quiet_bar() -> type:
         def close(self):
             if not hasattr(self, "fp"):  # a disabled bar, or one whose set-up failed
                 return super().close()
-            # tqdm ends its last draw with a newline of its own: the draw has one already
+            # tqdm ends its last draw with a newline of its own (the draw has one already),
+            # or clears a bar it does not leave with a carriage return (nothing to clear here)
             fp, self.fp = self.fp, _DropBareNewline(self.fp)
             try:
                 super().close()
@@ -205,13 +206,13 @@ def _quiet_bar() -> type:
 
 
 class _DropBareNewline:
-    """A stream that passes on every write but a lone newline."""
+    """A stream that passes on every write but a lone newline or carriage return."""
 
     def __init__(self, stream: Any):
         self.stream = stream
 
     def write(self, text: str) -> None:
-        if text != "\n":
+        if text not in ("\n", "\r"):
             self.stream.write(text)
 
     def flush(self) -> None:

@@ -136,3 +136,12 @@ def test_a_disabled_captured_bar_closes_quietly():
     bar.update(3)
     bar.close()
     assert captured.getvalue() == ""
+
+
+def test_a_captured_bar_not_left_writes_its_first_line_and_nothing_to_clear_it():
+    captured = io.StringIO()
+    bar = logs.progress(total=3, desc="rte", file=captured, leave=False)
+    bar.update(3)
+    bar.close()
+    (line,) = captured.getvalue().split("\n")[:-1]
+    assert line.startswith("rte:   0%|") and captured.getvalue().endswith("]\n")
