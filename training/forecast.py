@@ -270,12 +270,17 @@ class Hardware:
 
 
 def concrete_precision(shape: RunShape, hardware: Hardware) -> RunShape:
-    """precision=auto as a run on `hardware` takes it: bf16 on a GPU with ZeRO >= 1, else fp32
-    (training/config.py `concrete_precision`; a CPU is taken to lack bf16 units)."""
+    """precision=auto as a run on `hardware` takes it (training/config.py `concrete_precision`):
+    bf16 with ZeRO >= 1 on a GPU profile (every one has bf16 units), or on this machine's CPU
+    where it multiplies bf16 natively (`preflight.bf16_hardware`), else fp32."""
     if shape.precision != "auto":
         return shape
-    gpu = PROFILES[hardware.profile].memory_gib > 0
-    return dataclasses.replace(shape, precision="bf16" if gpu and shape.zero_stage >= 1
+    if PROFILES[hardware.profile].memory_gib > 0:
+        bf16 = True
+    else:
+        from training.preflight import bf16_hardware
+        bf16 = bf16_hardware(on_gpu=False)
+    return dataclasses.replace(shape, precision="bf16" if bf16 and shape.zero_stage >= 1
                                else "fp32")
 
 

@@ -28,6 +28,17 @@ from training.ranks import Dist, on_all_ranks
 log = logging.getLogger("training.pretrain")
 
 
+def bf16_hardware(on_gpu: bool) -> bool:
+    """Whether this machine multiplies bf16 matrices natively: a CUDA GPU with bf16 (Ampere and
+    later), or a CPU whose oneDNN has a bf16 kernel (AVX512-BF16, AMX, or AVX-512 cores)."""
+    if on_gpu:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch build without oneDNN
+        return False
+
+
 def shard_manifest(phase: PhaseConfig) -> dict:
     """The manifest of the phase's train shards."""
     from training.loader import read_shard_manifest

@@ -98,6 +98,7 @@ from training.metrics import (
 )
 from training.objectives import Objective
 from training.preflight import (
+    bf16_hardware,
     check_phase_inputs,
     check_resume,
     export_do_lower_case,
@@ -126,17 +127,6 @@ def enable_tf32() -> None:
     recipes train with."""
     torch.set_float32_matmul_precision("high")
     torch.backends.cudnn.allow_tf32 = True
-
-
-def bf16_hardware(on_gpu: bool) -> bool:
-    """Whether this machine multiplies bf16 matrices natively: a CUDA GPU with bf16 (Ampere and
-    later), or a CPU whose oneDNN has a bf16 kernel (AVX512-BF16, AMX, or AVX-512 cores)."""
-    if on_gpu:
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):  # a torch build without oneDNN
-        return False
 
 
 def init_distributed() -> Dist:
