@@ -65,10 +65,8 @@ def corpus_stage(cfg: DagConfig, stages: steps.DataStages, text: float | None
         rows = [{"stage": corpus.stage, "size": f"{fc.human_bytes(text)} text, "
                  f"{'unknown' if words is None else f'{words:,}'} words",
                  "source": f"estimate: inputs' text / {fc.BYTES_PER_WORD} B per word"}]
-    vocab = stages.vocab
-    rows.append({"stage": "vocab", "size": f"{vocab_size(stages, cfg.vocab.vocab_size):,} tokens",
-                 "source": f"manifest {vocab.path}" if vocab.cached
-                 else "the vocab.vocab_size setting"})
+    size, source = vocab_size(cfg, stages)
+    rows.append({"stage": "vocab", "size": f"{size:,} tokens", "source": source})
     return text, rows
 
 
@@ -103,10 +101,20 @@ def launch_gpus(cfg: DagConfig) -> int:
     return cfg.launch.nproc_per_node * nodes
 
 
-def vocab_size(stages: steps.DataStages, default: int | None) -> int:
-    """The built vocabulary's size, else `default` (the vocab.vocab_size setting)."""
+def vocab_size(cfg: DagConfig, stages: steps.DataStages) -> tuple[int, str]:
+    """The vocabulary's size and where it is read: the built stage's manifest, else the
+    checkpoint continued from (its vocabulary is kept), else the vocab.vocab_size setting."""
     size = stages.vocab.manifest.get("vocab_size") if stages.vocab.cached else None
-    return int(size) if size else default
+    if size:
+        return int(size), f"manifest {stages.vocab.path}"
+    init_from = cfg.pretrain.model.init_from
+    if init_from:
+        from common.tokenization import read_vocab
+        from flows.checkpoint_vocab import checkpoint_vocab_settings
+
+        tokens = read_vocab(checkpoint_vocab_settings(init_from)["vocab_dir"])
+        return len(tokens), f"the checkpoint's vocabulary ({init_from})"
+    return cfg.vocab.vocab_size, "the vocab.vocab_size setting"
 
 
 def dag_plan(cfg: DagConfig, args: argparse.Namespace) -> int:
@@ -116,7 +124,7 @@ def dag_plan(cfg: DagConfig, args: argparse.Namespace) -> int:
     text, corpus_rows = corpus_stage(cfg, stages, text)
     data, shard_rows = phase_data(cfg, stages, text)
     config = dataclasses.replace(cfg.pretrain, output_dir=cfg.output)
-    shape = fc.run_shape(config, vocab_size(stages, cfg.vocab.vocab_size))
+    shape = fc.run_shape(config, vocab_size(cfg, stages)[0])
     return fc.run_plan(shape, data, args, launch_gpus(cfg),
                        stages=[*input_rows, *corpus_rows, *shard_rows])
 

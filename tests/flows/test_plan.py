@@ -133,3 +133,30 @@ def test_the_report_sets_the_forecast_beside_the_run_figures(built, tmp_path):
         "|---|---:|---:|---:|---:|---:|",
         f"| phase1 | 20 of 20 | {one[0]} | 200.0 | {one[1]} | {20 * 32 / 200 / 3600:,.4f} |",
         f"| phase2 | 4 of 4 | {two[0]} | 50.0 | {two[1]} | {4 * 16 / 50 / 3600:,.4f} |"]
+
+
+def test_a_continued_run_is_planned_with_the_checkpoints_vocabulary(built, tmp_path):
+    """Continued pre-training keeps the checkpoint's vocabulary: the plan sizes the model with
+    it (here 4,000 tokens, where vocab.vocab_size says 30,522), before any stage is built."""
+    import shutil
+
+    import transformers
+
+    checkpoint = tmp_path / "checkpoint"
+    config = transformers.BertConfig(vocab_size=4000, hidden_size=64, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=256)
+    transformers.BertForPreTraining(config).save_pretrained(checkpoint)
+    shutil.copy(Path(built["vocab"].path) / "vocab.txt", checkpoint / "vocab.txt")
+    sample = REPO / "data" / "sample"
+    run = bert_dag("--preset", "continue", "--set", f"pretrain.model.init_from={checkpoint}",
+                   "--set", "pretrain.model.preset=bert_tiny",
+                   "--set", f"data.wikipedia={sample / 'wiki'}",
+                   "--set", f"data.books={sample / 'books'}", "--set", "finetune.data=",
+                   "--output", str(tmp_path / "out"), "--plan", "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    (vocab,) = [s for s in result["stages"] if s["stage"] == "vocab"]
+    assert (vocab["size"], vocab["source"]) == (
+        "4,000 tokens", f"the checkpoint's vocabulary ({checkpoint})")
+    assert result["parameters"] == 1_012_130  # bert_tiny at 4,000 tokens; at 30,522: 4.4M
+    assert not (tmp_path / "out").exists()  # a plan builds nothing
