@@ -182,6 +182,9 @@ def _quiet_bar() -> type:
         def set_description(self, desc=None, refresh=True):
             super().set_description(desc, refresh=False)
 
+        def clear(self, nolock=False):
+            pass  # a drawn line stays drawn: there is nothing to wipe where nothing redraws
+
         def display(self, msg=None, pos=None):
             # Each draw a whole line: nothing here returns the cursor, so a carriage return
             # would leave the line open for the next log line (or draw) to run into.

@@ -108,12 +108,11 @@ def vocab_size(cfg: DagConfig, stages: steps.DataStages) -> tuple[int, str]:
     if size:
         return int(size), f"manifest {stages.vocab.path}"
     init_from = cfg.pretrain.model.init_from
-    if init_from:
-        from common.tokenization import read_vocab
-        from flows.checkpoint_vocab import checkpoint_vocab_settings
+    if init_from and not storage.is_remote(init_from):
+        from model.hf import find_starting_point
 
-        tokens = read_vocab(checkpoint_vocab_settings(init_from)["vocab_dir"])
-        return len(tokens), f"the checkpoint's vocabulary ({init_from})"
+        size = find_starting_point(init_from).config.vocab_size  # its embedding rows
+        return size, f"the checkpoint's vocabulary ({init_from})"
     return cfg.vocab.vocab_size, "the vocab.vocab_size setting"
 
 

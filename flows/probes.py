@@ -185,8 +185,12 @@ def run_probe(job: ProbeJob, log: Callable[[str], None] = logger.info) -> str:
 
 
 def read_result(job: ProbeJob) -> dict:
+    """The probe's record; `finished_ms` (when it finished, the trackers' timestamp of its
+    score) from the file's time where an older record lacks it."""
     with open(job.results, encoding="utf-8") as f:
-        return json.load(f)
+        record = json.load(f)
+    record.setdefault("finished_ms", int(os.path.getmtime(job.results) * 1000))
+    return record
 
 
 def run_probes(cfg: DagConfig, run_dir: str, skip: set[str] | None = None,
@@ -212,9 +216,15 @@ def run_probes(cfg: DagConfig, run_dir: str, skip: set[str] | None = None,
 def prune_export(export: ProbeExport) -> None:
     """Delete an export's weights, keeping its manifest (the step and the weights' sha256 that
     address its results)."""
-    if os.path.isdir(export.hf_dir):
+    if not os.path.isdir(export.hf_dir):
+        return
+    try:
         shutil.rmtree(export.hf_dir)
-        logger.debug("probe export of step %d deleted after its probes", export.global_step)
+    except OSError as error:  # the probes are done either way: the watcher goes on
+        logger.warning("probe export of step %d not deleted after its probes: %s",
+                       export.global_step, error)
+        return
+    logger.debug("probe export of step %d deleted after its probes", export.global_step)
 
 
 _ENDED: dict[str, threading.Event] = {}

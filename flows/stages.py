@@ -11,7 +11,8 @@ builder holds a lock on a file in the folder (`building`), and the other run wai
 manifest. A run that dies lets go of its lock with its processes.
 
 Within `looking_up()` no stage builds: `run_stage` returns the folder a run would use and whether
-it is built (`bert-dag --plan` reads the stages a run would reuse, by their keys).
+it is built (`bert-dag --plan` reads the stages a run would reuse, by their keys); nothing
+remote is listed or read then, so a stage under a gs:// root or over gs:// inputs is not found.
 """
 from __future__ import annotations
 
@@ -62,6 +63,10 @@ def looking_up() -> Iterator[None]:
         _LOOKING_UP.reset(token)
 
 
+def is_looking_up() -> bool:
+    return _LOOKING_UP.get()
+
+
 def stage_dir(root: str, stage: str, config: dict[str, Any],
               upstream: tuple[StageResult, ...] = ()) -> tuple[str, str]:
     key = {"stage": stage, "config": config, "upstream": [u.config_hash for u in upstream]}
@@ -79,10 +84,11 @@ def run_stage(root: str, stage: str, config: dict[str, Any], build: Callable[[st
     `poll_seconds`) and reuses its output, or builds it if that run failed.
     """
     path, digest = stage_dir(root, stage, config, upstream)
-    manifest = storage.read_manifest(path)
-    if _LOOKING_UP.get():
+    if _LOOKING_UP.get():  # a remote root is not read: a plan makes no cloud calls
+        manifest = None if storage.is_remote(root) else storage.read_manifest(path)
         return StageResult(stage, path, digest, cached=manifest is not None, seconds=0.0,
                            manifest=manifest or {})
+    manifest = storage.read_manifest(path)
     if manifest is None:
         storage.makedirs(path)
         with building(path, stage, poll_seconds):

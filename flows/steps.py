@@ -18,7 +18,7 @@ from typing import Any
 from common import storage
 from flows.config import DagConfig
 from flows.launch import run_subprocess
-from flows.stages import StageResult, looking_up, run_stage, stage_dir
+from flows.stages import StageResult, is_looking_up, looking_up, run_stage, stage_dir
 from pipelines.documents.source import SourceConfig
 from training import config as training
 from training.config import PretrainConfig
@@ -161,7 +161,12 @@ def look_up_data_stages(cfg: DagConfig) -> DataStages:
 
     with looking_up():
         init_from = cfg.pretrain.model.init_from
-        own_vocab = checkpoint_vocab(cfg.output, init_from) if init_from else None
+        own_vocab = None
+        if init_from and storage.is_remote(init_from):  # not downloaded to be hashed
+            own_vocab = StageResult("vocab", storage.join(cfg.output, "vocab-?"), "not read",
+                                    cached=False, seconds=0.0)
+        elif init_from:
+            own_vocab = checkpoint_vocab(cfg.output, init_from)
         sources = [s for s in (extract_wikipedia(cfg), extract_books(cfg),
                                *(extract_documents(cfg, s) for s in cfg.data.all_sources()
                                  if s.generic)) if s is not None]
@@ -176,7 +181,11 @@ def look_up_data_stages(cfg: DagConfig) -> DataStages:
 
 
 def inputs_fingerprint(pattern: str) -> str:
-    """Names, sizes and mtimes of the input files: a changed input gives a new stage folder."""
+    """Names, sizes and mtimes of the input files: a changed input gives a new stage folder.
+    A remote input is not listed while looking up (`bert-dag --plan` makes no cloud calls): its
+    stage is then not found, and the plan estimates it."""
+    if storage.is_remote(pattern) and is_looking_up():
+        return "not listed"
     try:
         files = storage.expand_inputs(pattern)
     except FileNotFoundError:

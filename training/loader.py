@@ -797,7 +797,8 @@ class ShardLoader:
     def _report_cut(self, plan: EpochPlan) -> None:
         """Log (rank 0; every rank plans the same) how many rows this epoch leaves out: a
         warning each epoch above CUT_WARN_FRACTION, else the first epoch's at INFO and the
-        later ones' (the same share) at DEBUG."""
+        later ones' at DEBUG (each epoch's plan cuts a share of about the same size, and the
+        run's total is `rows_cut` in the metrics)."""
         if self.config.rank != 0 or plan.total_rows == 0:
             return
         share = plan.rows_cut / plan.total_rows

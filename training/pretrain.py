@@ -63,7 +63,7 @@ import torch
 from torch import Tensor
 
 from common import logs
-from common.errors import DiskFullError
+from common.errors import DiskFullError, disk_full
 from training import config as cfg
 from training import objectives
 from training.checkpoint import (
@@ -419,6 +419,9 @@ def probe_export(config: PretrainConfig, tag: str, global_step: int, dist: Dist)
         except DiskFullError:
             raise
         except Exception as error:  # noqa: BLE001 (whatever broke the export, training goes on)
+            full = disk_full(error)  # ENOSPC wrapped in a library's own error
+            if full is not None:
+                raise full from None
             log.warning("probe export of step %d failed, training goes on without it: %s: %s",
                         global_step, type(error).__name__, error)
 

@@ -65,7 +65,7 @@ def write_probe_export(output_dir: str, global_step: int, tag: str,
         storage.write_manifest(tmp, manifest)
         shutil.rmtree(final, ignore_errors=True)  # an incomplete one (no manifest)
         os.replace(tmp, final)
-    except OSError as error:
+    except BaseException as error:  # the run may go on: no partial export is left behind
         shutil.rmtree(tmp, ignore_errors=True)
         full = disk_full(error, tmp)
         if full is not None:

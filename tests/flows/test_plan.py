@@ -160,3 +160,30 @@ def test_a_continued_run_is_planned_with_the_checkpoints_vocabulary(built, tmp_p
         "4,000 tokens", f"the checkpoint's vocabulary ({checkpoint})")
     assert result["parameters"] == 1_012_130  # bert_tiny at 4,000 tokens; at 30,522: 4.4M
     assert not (tmp_path / "out").exists()  # a plan builds nothing
+
+
+@pytest.mark.parametrize("output", ["local", "gs://my-bucket/runs/large"])
+def test_a_plan_over_cloud_inputs_makes_no_cloud_call(output, tmp_path, monkeypatch):
+    """gs:// inputs (and a gs:// output) are neither listed nor read while the stages are
+    looked up: without credentials a listing retries for minutes, then fails. The stages over
+    them are estimated from --input_bytes."""
+    from apache_beam.io.filesystems import FileSystems
+
+    def no_cloud(*args, **kwargs):
+        raise AssertionError(f"a cloud call while planning: {args}")
+
+    monkeypatch.setattr(FileSystems, "match", no_cloud)
+    monkeypatch.setattr(FileSystems, "exists", no_cloud)
+    output = str(tmp_path / "out") if output == "local" else output
+    cfg = resolve("large", {"output": output, "finetune": {"data": ""}, "data": {
+        "wikipedia": "gs://my-bucket/enwiki.xml.bz2", "books": "gs://my-bucket/books/"}},
+                  data_only=True)  # a gs:// root holds the data stages alone
+    found = steps.look_up_data_stages(cfg)
+    assert not found.corpus.cached and not any(s.cached for s in found.shards)
+    run = bert_dag("--preset", "large", "--plan", "--json", "--output", output,
+                   "--set", "data.wikipedia=gs://my-bucket/enwiki.xml.bz2",
+                   "--set", "data.books=gs://my-bucket/books/", "--set", "finetune.data=",
+                   "--input_bytes", "18.5e9")
+    assert run.returncode == 0, run.stderr
+    sources = {s["stage"]: s["source"] for s in json.loads(run.stdout)["stages"]}
+    assert sources["shards128"].startswith("estimate: 10 x 18,500.00 MB text")

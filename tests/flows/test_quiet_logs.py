@@ -8,6 +8,7 @@ reused) brings the library lines and the config dump back.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -162,3 +163,15 @@ def test_a_console_script_is_named_as_the_shell_here_finds_it(tmp_path, monkeypa
     monkeypatch.setenv("PATH", f"{other}:{script.parent}")
     monkeypatch.chdir(tmp_path)
     assert command("bert-finetune") == str(script)
+
+
+def test_the_plan_finds_every_stage_the_flow_built(runs, tmp_path):
+    """`--plan` on the run folder the real flow built: the corpus, vocabulary and both shard
+    stages are read from the folders the flow made (their keys computed as the flow does, the
+    contamination audit included), none estimated."""
+    root = runs["root"]
+    lines = bert_dag([*SMALL_RUN, "--output", str(root), "--plan", "--json"], tmp_path / "p")
+    stages = json.loads("\n".join(lines))["stages"]
+    built = {p.name.split("-")[0]: str(p) for p in root.iterdir() if (p / "manifest.json").exists()}
+    assert {s["stage"]: s["source"] for s in stages if not s["stage"].startswith("input")} == {
+        stage: f"manifest {built[stage]}" for stage in ("corpus", "vocab", "shards128", "shards256")}

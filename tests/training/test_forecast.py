@@ -151,14 +151,17 @@ def test_the_flags_are_declared_once_for_both_commands():
     assert fc.hardware_from_args(args, default_gpus=8) == fc.Hardware("h100", 8, 0.0)
 
 
-def test_auto_precision_is_the_one_the_trainer_takes_on_the_forecasts_hardware():
+@pytest.mark.parametrize("cpu_has_bf16", [True, False])
+def test_auto_precision_is_the_one_the_trainer_takes_on_the_forecasts_hardware(cpu_has_bf16,
+                                                                             monkeypatch):
     """A GPU profile trains in bf16 under ZeRO; `cpu-this-machine` as the trainer decides on
-    this CPU (bf16 where oneDNN multiplies it natively: AMX/AVX-512 here, fp32 on AVX2-only)."""
-    from training.preflight import bf16_hardware
+    this CPU: bf16 where oneDNN multiplies it natively (AMX/AVX-512), fp32 on AVX2-only."""
+    from training import preflight
 
+    monkeypatch.setattr(preflight, "bf16_hardware", lambda on_gpu: cpu_has_bf16)
     config = cfg.tiny()
     shape = fc.run_shape(config)
     assert shape.precision == "auto"
     here = fc.concrete_precision(shape, fc.Hardware("cpu-this-machine", 1)).precision
-    assert here == config.concrete_precision(bf16_hardware(on_gpu=False))
+    assert here == config.concrete_precision(cpu_has_bf16) == ("bf16" if cpu_has_bf16 else "fp32")
     assert fc.concrete_precision(shape, fc.Hardware("h200", 8)).precision == "bf16"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from safetensors.torch import load_file
 from tests.training.pretrain_runs import make_config
 from training import pretrain
 from training.config import PhaseConfig, PretrainConfig
-from training.probes import is_probe_step
+from training.probes import is_probe_step, write_probe_export
 
 
 def two_phase_config(data, output, **changes) -> PretrainConfig:
@@ -88,3 +89,16 @@ def test_a_failed_probe_export_is_logged_and_training_goes_on(data, tmp_path, ca
     (warning,) = [r.getMessage() for r in caplog.records if "probe export" in r.getMessage()]
     assert warning.startswith("probe export of step 2 failed, training goes on without it: ")
     assert (tmp_path / "probes").read_text() == "not a folder"
+
+
+def test_an_export_that_fails_leaves_no_partial_folder(tmp_path):
+    """The run goes on after a failed probe export, so its temporary folder must not stay
+    (BERT-large: 1.3 GB a try), whatever the error."""
+    def export(out: str) -> None:
+        (Path(out) / "model.safetensors").parent.mkdir(parents=True)
+        (Path(out) / "model.safetensors").write_bytes(b"partial")
+        raise RuntimeError("consolidation failed")
+
+    with pytest.raises(RuntimeError, match="consolidation failed"):
+        write_probe_export(str(tmp_path), 5, "00-phase1-step00000005", export)
+    assert list((tmp_path / "probes").iterdir()) == []
