@@ -25,8 +25,8 @@ GLUE_TASKS = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "w
 @dataclass(frozen=True)
 class ProbeConfig:
     """Probes: cheap fine-tuning slices that score pre-training's intermediate exports while it
-    trains (flows/probes.py; the exports are `pretrain.cadence.probe_every`'s). One learning rate, one
-    seed, small slices: a trend per task, not a leaderboard score."""
+    trains (flows/probes.py; the exports are `pretrain.cadence.probe_every`'s). One learning
+    rate, one seed, small slices: a trend per task, not a leaderboard score."""
 
     tasks: tuple[str, ...] = ("sst-2", "mrpc", "rte", "squad1")
     """Tasks probed on every export (names finetune/tasks.py knows, data in finetune.data);

@@ -12,8 +12,8 @@ of everything that decides the run:
   rewritten or touched file trains again; hashing GLUE's gigabyte per start would not pay);
 - the task, its family and the family's settings (`pack_sequences`, `predict_test`);
 - the loop's settings for the task (recipe and options) but the grid (`learning_rates`,
-  `seeds`), `progress` and `report_to`, what its "auto" settings resolve to on this machine (the device
-  type and bf16; the row length follows from the device), plus the run's own learning rate
+  `seeds`), `progress` and `report_to`, what its "auto" settings resolve to on this machine (the
+  device type and bf16; the row length follows from the device), plus the run's own learning rate
   and seed;
 - `RUN_FORMAT`, the version of what a run computes.
 

@@ -5,10 +5,10 @@ config is a flow setting at once: `vocab` is train_vocab's `VocabConfig`, `shard
 `shards.phase2` are make_shards' `ShardsConfig` (one per pre-training phase), `pretrain` is the
 training entry point's `PretrainConfig` (its phases by name: `pretrain.phase1.steps`), and
 `finetune` fine-tuning's `TasksConfig` (finetune/config.py, whose fields are also
-`bert-finetune`'s flags) with the flow's own probes (`FlowTasksConfig`). `data.sources` is a list of `SourceConfig`s (a user's own text,
-pipelines/documents/source.py), set whole from a settings file's list or one field by name
-(`--set data.sources.poems.weight=2`). Each preset is composed of the stages' presets of its
-name; `continue` (continued pre-training from `pretrain.model.init_from`, at a fine-tuning-scale
+`bert-finetune`'s flags) with the flow's own probes (`FlowTasksConfig`). `data.sources` is a
+list of `SourceConfig`s (a user's own text, pipelines/documents/source.py), set whole from a
+settings file's list or one field by name (`--set data.sources.poems.weight=2`). Each preset is
+composed of the stages' presets of its name; `continue` (continued pre-training from `pretrain.model.init_from`, at a fine-tuning-scale
 learning rate) is `base` with training/init_from.py's `continue_preset()`, and a run from
 `pretrain.model.init_from` at a learning rate made for training from scratch logs one warning at
 resolve.

@@ -5,10 +5,10 @@ these settings, else estimated from the sizes of the input files.
 No stage runs: no Prefect server, no Beam, no DeepSpeed, no rank. The stages are the folders
 the flow would use, found by their keys as the flow computes them (`steps.look_up_data_stages`):
 a built one is exactly what the run would reuse; inputs edited since, or other settings, mean
-a new folder and an estimate. Input bytes: local files, globs and folders as the jobs expand them; a remote (gs://) input is
-"unknown size" unless `--input_bytes` gives the corpus's text bytes. Text per input byte:
-`TEXT_PER_BZ2_BYTE` for a .bz2 Wikipedia dump, 1 otherwise (JSONL keys and XML markup count as
-text: an overestimate). Each source's text counts `weight` times.
+a new folder and an estimate. Input bytes: local files, globs and folders as the jobs expand
+them; a remote (gs://) input is "unknown size" unless `--input_bytes` gives the corpus's text
+bytes. Text per input byte: `TEXT_PER_BZ2_BYTE` for a .bz2 Wikipedia dump, 1 otherwise (JSONL
+keys and XML markup count as text: an overestimate). Each source's text counts `weight` times.
 
 The flow writes `forecast.json` into its pre-training stage's folder when the stage starts
 (`write_stage_forecast`: this machine's profile, no calibration), and the report sets it
@@ -50,7 +50,7 @@ def input_text_bytes(cfg: DagConfig, given: float | None) -> tuple[float | None,
     return (given if given is not None else total), rows
 
 
-def corpus_stage(cfg: DagConfig, stages: steps.DataStages, text: float | None
+def corpus_stage(stages: steps.DataStages, vocab: tuple[int, str], text: float | None
                  ) -> tuple[float | None, list[dict]]:
     """The corpus's text bytes (built: its ledger's bytes out) and its rows: corpus, vocab."""
     corpus = stages.corpus
@@ -65,8 +65,7 @@ def corpus_stage(cfg: DagConfig, stages: steps.DataStages, text: float | None
         rows = [{"stage": corpus.stage, "size": f"{fc.human_bytes(text)} text, "
                  f"{'unknown' if words is None else f'{words:,}'} words",
                  "source": f"estimate: inputs' text / {fc.BYTES_PER_WORD} B per word"}]
-    size, source = vocab_size(cfg, stages)
-    rows.append({"stage": "vocab", "size": f"{size:,} tokens", "source": source})
+    rows.append({"stage": "vocab", "size": f"{vocab[0]:,} tokens", "source": vocab[1]})
     return text, rows
 
 
@@ -119,11 +118,12 @@ def vocab_size(cfg: DagConfig, stages: steps.DataStages) -> tuple[int, str]:
 def dag_plan(cfg: DagConfig, args: argparse.Namespace) -> int:
     """`bert-dag --plan`: print the forecast of `cfg` (see the module docstring)."""
     stages = steps.look_up_data_stages(cfg)
+    vocab = vocab_size(cfg, stages)
     text, input_rows = input_text_bytes(cfg, args.input_bytes)
-    text, corpus_rows = corpus_stage(cfg, stages, text)
+    text, corpus_rows = corpus_stage(stages, vocab, text)
     data, shard_rows = phase_data(cfg, stages, text)
     config = dataclasses.replace(cfg.pretrain, output_dir=cfg.output)
-    shape = fc.run_shape(config, vocab_size(cfg, stages)[0])
+    shape = fc.run_shape(config, vocab[0])
     return fc.run_plan(shape, data, args, launch_gpus(cfg),
                        stages=[*input_rows, *corpus_rows, *shard_rows])
 

@@ -129,25 +129,27 @@ def loop_config(cfg: DagConfig, entry) -> dict:
 
 
 def probe_jobs(cfg: DagConfig, run_dir: str) -> list[ProbeJob]:
-    """Every probe task on every finished export of `run_dir`, each with its result folder."""
+    """Every probe task on every finished export of `run_dir`, each with its result folder.
+    A task's loop config and data fingerprint are made once for all exports (the watcher calls
+    this every few seconds)."""
+    tasks = []
+    for entry in task_entries(cfg):
+        ft, data = loop_config(cfg, entry), os.path.join(cfg.finetune.data, entry.data_folder)
+        tasks.append((entry.task, ft, data, {
+            "task": entry.task, "data": data,
+            "data_files": inputs_fingerprint(data),  # data edited in place: probed again
+            "loop": {k: v for k, v in ft.items() if k not in ("device", "progress", "report_to")}}))
     jobs = []
-    entries = task_entries(cfg)
     for export in find_exports(run_dir):
-        for entry in entries:
-            ft = loop_config(cfg, entry)
-            data = os.path.join(cfg.finetune.data, entry.data_folder)
-            key = storage.config_hash({
-                "weights_sha256": export.weights_sha256, "task": entry.task, "data": data,
-                "data_files": inputs_fingerprint(data),  # data edited in place: probed again
-                "loop": {k: v for k, v in ft.items()
-                         if k not in ("device", "progress", "report_to")}})
-            out = storage.join(cfg.output, PROBES, f"{entry.task}-{key}")
-            spec = {"task": entry.task, "hf_dir": export.hf_dir, "data": data, "loop": ft,
+        for task, ft, data, identity in tasks:
+            key = storage.config_hash({"weights_sha256": export.weights_sha256, **identity})
+            out = storage.join(cfg.output, PROBES, f"{task}-{key}")
+            spec = {"task": task, "hf_dir": export.hf_dir, "data": data, "loop": ft,
                     "global_step": export.global_step, "weights_sha256": export.weights_sha256,
                     "tasks_file": cfg.finetune.tasks_file, "out": out,
                     "num_threads": cfg.finetune.probe.num_threads,
                     "timeout_s": cfg.finetune.probe.timeout_minutes * 60}
-            jobs.append(ProbeJob(entry.task, export, out, spec))
+            jobs.append(ProbeJob(task, export, out, spec))
     return jobs
 
 

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from common import storage
+from flows import probe_report
 from flows.config import DagConfig
 from flows.stages import StageResult
 
@@ -45,7 +46,7 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
         if os.path.exists(loss_curve):
             lines.append(f"\n![loss curve]({loss_curve})")
         lines += forecast_section(pretrain.path)
-        lines += probe_section(cfg, pretrain.path, folder or cfg.output)
+        lines += probe_report.probe_section(cfg, pretrain.path, folder or cfg.output)
     if finetune:
         lines += ["", "## Fine-tuning (dev)", "", finetune["table"]]
         lines += [f"- FAILED {f['job']}: {f['error']}" for f in finetune["failed"]]
@@ -111,14 +112,6 @@ def forecast_section(run_dir: str) -> list[str]:
     return ["", "## Forecast vs actual", "", *table] if table else []
 
 
-def probe_section(cfg: DagConfig, run_dir: str, folder: str) -> list[str]:
-    """The probes' scores and the training losses by step and tokens seen: a table and
-    `<folder>/probe_curves.png` (flows/probe_report.py); none where the run has no probes."""
-    from flows.probe_report import probe_section as section
-
-    return section(cfg, run_dir, folder)
-
-
 def _audit_report(stages: list[StageResult]) -> dict:
     """The contamination audit's report.json, when the run has the stage."""
     import json
@@ -155,16 +148,16 @@ def next_steps(cfg: DagConfig, stages: list[StageResult], path: str) -> list[str
     lines = ["## Next", ""]
     export = next((s for s in stages if s.stage == "export"), None)
     if export is None:
-        lines.append(f"- the full run reuses these stages: `{command('bert-dag')} --preset {cfg.name} "
-                     f"--output {root}` with the same settings, without `--data_only`")
+        lines.append(f"- the full run reuses these stages: `{command('bert-dag')} --preset "
+                     f"{cfg.name} --output {root}` with the same settings, without `--data_only`")
     else:
         tasks = ",".join(cfg.finetune.tasks) or "rte,mrpc"
         data = cfg.finetune.data or "DATA_FOLDER"
         lines.append(f"- fine-tune the model on your tasks: `{command('bert-finetune')} --model "
                      f"{export.path} --data {data} --tasks {tasks} --output {root}/finetune-more`")
-        lines.append(f"- train longer (the data stages are reused): `{command('bert-dag')} --preset "
-                     f"{cfg.name} --output {root} --set pretrain.phase1.steps=N` with this run's "
-                     f"other settings")
+        lines.append(f"- train longer (the data stages are reused): `{command('bert-dag')} "
+                     f"--preset {cfg.name} --output {root} --set pretrain.phase1.steps=N` with "
+                     "this run's other settings")
     return [*lines, "", f"Report saved to {path} (run folder {root})"]
 
 

@@ -3,8 +3,8 @@ TensorFlow: the peer of `bert-features` (input reading, tokenization, truncation
 
 As `peers.bert_generator` does for the instance generator, `load()` imports the peer behind a
 stand-in `tensorflow.compat.v1` (`peers.shim`) holding only what its import and its reading
-code touch: `gfile.GFile`, absl's `logging`, and `flags` bound to a private absl `FlagValues` (the peer
-defines flags such as `max_seq_length` that the generator defines too; two definitions on
+code touch: `gfile.GFile`, absl's `logging`, and `flags` bound to a private absl `FlagValues`
+(the peer defines flags such as `max_seq_length` that the generator defines too; two definitions on
 absl's global FLAGS would clash). `tensorflow.contrib.layers` is an empty stand-in: only the
 peer's model code, never called here, uses it. Used by tests/finetune/features/test_features.py.
 """

@@ -5,8 +5,8 @@ The peer is `run_squad.py` + `tokenization.py` of google-research/bert as the Py
 functions (`read_squad_examples`, `convert_examples_to_features`, `write_predictions`,
 `get_final_text`) need TensorFlow only for file reading, logging and flags, so `load()` imports
 the module behind a stand-in `tensorflow.compat.v1` (`peers.shim`) with exactly those:
-`gfile.GFile`/`Open` = `open` (UTF-8), absl's `logging`, and absl flags defined in a `FlagValues` of the peer's own
-(`run_squad.py` and `create_pretraining_data.py` define some flags under the same names;
+`gfile.GFile`/`Open` = `open` (UTF-8), absl's `logging`, and absl flags defined in a
+`FlagValues` of the peer's own (`run_squad.py` and `create_pretraining_data.py` define some flags under the same names;
 `tokenization.py` defines its one flag on absl's global FLAGS, marked parsed here). Its
 model and optimizer modules build TensorFlow graphs that these functions never call: empty
 stand-ins take their place during the import. Nothing of ours replaces any of the peer's own

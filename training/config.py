@@ -400,8 +400,8 @@ LAMB_ZERO_MESSAGE = (
 # and its trust ratio would be taken over flat partitions.
 LAMB_LOW_PRECISION_MESSAGE = (
     "optimizer.name=lamb cannot be combined with engine.precision={precision}: DeepSpeed 0.19 "
-    "runs a {precision} LAMB only at engine.zero_stage=0, inside its FP16 optimizer wrapper, whose fp32 "
-    "master weights no checkpoint or export reads (they would be {precision}-rounded), and with "
+    "runs a {precision} LAMB only at engine.zero_stage=0, inside its FP16 optimizer wrapper, "
+    "whose fp32 master weights no checkpoint or export reads (they would be {precision}-rounded), and with "
     "ZeRO LAMB's per-layer trust ratio would be computed on flat partitions. Use "
     "engine.precision=fp32 with lamb (matrix products run in TF32 on the GPU), or "
     "optimizer.name=adamw with bf16."

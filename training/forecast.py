@@ -406,7 +406,8 @@ def render(fc: dict) -> str:
               f"{memory}"),
               (f"Disk: shards {human_bytes(disk['shards_bytes'])}, checkpoints "
               f"{disk['checkpoints_kept']} x {human_bytes(disk['checkpoint_bytes'])} + export "
-              f"{human_bytes(disk['export_bytes'])} = {human_bytes(disk['checkpoints_total_bytes'])}"),
+              f"{human_bytes(disk['export_bytes'])} = "
+              f"{human_bytes(disk['checkpoints_total_bytes'])}"),
               "Assumptions: " + "; ".join(fc["assumptions"])]
     return "\n".join(lines)
 

@@ -4,7 +4,8 @@ A micro-batch's metrics are the objective's `metric_keys` (training/objectives.p
 and each head's loss, correct and count) and `COUNTER_KEYS` (tokens, rows, micro-batches),
 summed as one float64 vector on the device and read once per logging step (`all_reduce`).
 `summarize` turns the sums into means and accuracies; `MetricsLog` writes each record to
-`metrics.jsonl` and the trackers of `cadence.report_to` on rank 0; `plot_loss_curve` draws `loss_curve.png`.
+`metrics.jsonl` and the trackers of `cadence.report_to` on rank 0; `plot_loss_curve` draws
+`loss_curve.png`.
 """
 from __future__ import annotations
 

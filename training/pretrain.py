@@ -29,8 +29,8 @@ the shape.
 Output folder: `config.json` (resolved config), `metrics.jsonl`, `tensorboard/`,
 `loss_curve.png`, `checkpoints/<tag>/` (DeepSpeed files + `training_state.json` + per-rank
 `rng_rank*.pt` + `config.json`), `checkpoints/latest`, `hf/` (consolidated fp32 export), and
-with `cadence.probe_every` N `probes/step-NNNNNNN/hf` (the same export every N global steps, after that
-step's checkpoint: training/probes.py).
+with `cadence.probe_every` N `probes/step-NNNNNNN/hf` (the same export every N global steps,
+after that step's checkpoint: training/probes.py).
 
 Checkpoints (training/checkpoint.py) are written to `checkpoints/.tmp-<tag>`, renamed to `<tag>`
 when every rank is done, and only then is `latest` replaced (atomically); the oldest beyond
@@ -63,7 +63,7 @@ import torch
 from torch import Tensor
 
 from common import logs
-from common.errors import DiskFullError, disk_full
+from common.errors import disk_full
 from training import config as cfg
 from training import objectives
 from training.checkpoint import (
@@ -394,7 +394,8 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     step = 0
     if resume is not None:
         step = load_checkpoint(engine, config, resume, loader, dist, universal)
-        if is_probe_step(config.cadence.probe_every, step_offset + step):  # killed before its export
+        # killed between the checkpoint and its probe export: write the export first
+        if is_probe_step(config.cadence.probe_every, step_offset + step):
             probe_export(config, resume.tag, step_offset + step, dist)
         if redo_validation:
             summary = evaluate(engine, config, phase, dist, objective)
@@ -416,10 +417,8 @@ def probe_export(config: PretrainConfig, tag: str, global_step: int, dist: Dist)
         try:
             write_probe_export(config.output_dir, global_step, tag,
                                lambda out: export(config, ckpt_dir, tag, out))
-        except DiskFullError:
-            raise
         except Exception as error:  # noqa: BLE001 (whatever broke the export, training goes on)
-            full = disk_full(error)  # ENOSPC wrapped in a library's own error
+            full = disk_full(error)  # ours, or ENOSPC wrapped in a library's own error
             if full is not None:
                 raise full from None
             log.warning("probe export of step %d failed, training goes on without it: %s: %s",

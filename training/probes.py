@@ -1,8 +1,9 @@
 """Probe exports: the weights of chosen steps as Hugging Face folders, for the flow's probes.
 
-With `cadence.probe_every` N (optimizer steps counted across phases), pre-training writes a checkpoint
-at every N-th global step and then the same consolidated fp32 export as the run's final one
-(`training.pretrain.export`: the checkpoint's fp32 weights, whatever the ZeRO stage) to
+With `cadence.probe_every` N (optimizer steps counted across phases), pre-training writes a
+checkpoint at every N-th global step and then the same consolidated fp32 export as the run's
+final one (`training.pretrain.export`: the checkpoint's fp32 weights, whatever the ZeRO stage)
+to
 
     <output_dir>/probes/step-<global step, 7 digits>/hf/         transformers folder
     <output_dir>/probes/step-<global step, 7 digits>/manifest.json

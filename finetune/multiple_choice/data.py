@@ -227,7 +227,8 @@ def jsonl_records(path: str, spec: ChoiceTaskSpec) -> tuple[dict[str, int], Iter
                                                               spec.label_column]
     # Lines end at \n only: str.splitlines would also split at U+2028 and U+2029, which JSON
     # strings may hold unescaped (web text does).
-    lines = [line.removesuffix("\r") for line in storage.read_utf8(path, MultipleChoiceFormatError).split("\n")]
+    text = storage.read_utf8(path, MultipleChoiceFormatError)
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
 
     def records() -> Iterator[Record]:
         for number, text in enumerate(lines, 1):
