@@ -20,6 +20,10 @@ from typing import Any
 from common.errors import disk_full
 
 MANIFEST_NAME = "manifest.json"
+STAGE_LOCK_NAME = ".build.lock"
+"""The file in a flow stage's folder whose flock a building run holds (flows/stages.py). It
+stays in the finished folder, naming the last builder; it is bookkeeping, never a stage's data
+(hidden, so no input listing reads it, and a folder check expects it)."""
 # mkstemp creates 0600 files; outputs get the mode a plain open() would give (0666 & ~umask).
 # Read once at import, when no other thread can race the set-and-restore.
 _UMASK = os.umask(0o022)

@@ -33,9 +33,7 @@ from common import storage
 
 logger = logging.getLogger("flows")
 
-LOCK_NAME = ".build.lock"
-"""The file in a stage's folder whose flock a building run holds (it stays afterwards, naming
-the last builder; hidden: never read as a stage's input)."""
+LOCK_NAME = storage.STAGE_LOCK_NAME
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@
 
 Checks every shard the manifest lists: present, byte size, sha256, decodable to the end, and
 its row, instance, token and masked-token counts; any other file in the folder (besides the
-manifest and `dead_letter/make_shards.jsonl`) is reported too, e.g. a shard of another run or
-a temporary a killed run left. Problems are named one per line; the exit code is 1 if any.
+manifest, `dead_letter/make_shards.jsonl` and the flow's stage lock) is reported too, e.g. a
+shard of another run or a temporary a killed run left. Problems are named one per line; the exit code is 1 if any.
 """
 from __future__ import annotations
 
@@ -45,8 +45,10 @@ def verify_folder(folder: str, progress: bool = True) -> tuple[list[str], shard_
 
 def unexpected_files(folder: str, listed: set[str]) -> list[str]:
     """A problem per file under a local shard folder that is neither a listed shard, the
-    manifest nor the dead letters: a later stage reading the folder must find only those."""
-    expected = listed | {storage.MANIFEST_NAME, f"{shard_files.DEAD_LETTERS}.jsonl"}
+    manifest, the dead letters nor the flow's stage lock: a later stage reading the folder must
+    find only those."""
+    expected = listed | {storage.MANIFEST_NAME, f"{shard_files.DEAD_LETTERS}.jsonl",
+                         storage.STAGE_LOCK_NAME}
     problems = []
     for root, _, files in os.walk(folder):
         for name in files:

@@ -77,3 +77,23 @@ def test_verify_shards_reports_every_unexpected_file(one_worker, tmp_path, capsy
         "  .train-000001.tar.x7k2m9qa.tmp: a temporary left by a killed run",
         "  dead_letter/old.jsonl: not in the manifest (left from another run?)",
         "  stray.bin: not in the manifest (left from another run?)"]
+
+
+def test_verify_shards_accepts_the_folder_a_flow_stage_built(one_worker, tmp_path, capsys):
+    """The flow's stage machinery leaves its build lock in the finished folder; the documented
+    check of that folder passes, and a stray file beside the lock is still named."""
+    from flows import stages
+    out, _ = one_worker
+
+    def build(path: str) -> None:
+        shutil.copytree(out, path, dirs_exist_ok=True)
+
+    built = stages.run_stage(str(tmp_path), "shards", {"k": 1}, build)
+    folder = Path(built.path)
+    assert (folder / stages.LOCK_NAME).read_text().startswith("stage shards, host ")
+    capsys.readouterr()
+    assert verify_shards.main([str(folder), "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "OK: every shard matches the manifest"
+    (folder / "stray.bin").write_bytes(b"?")
+    assert verify_shards.verify_folder(str(folder), progress=False)[0] == [
+        "stray.bin: not in the manifest (left from another run?)"]
