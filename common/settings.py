@@ -332,14 +332,15 @@ def parse_assignments(pairs: Sequence[str], label: str = "--set") -> dict[str, A
     return overrides
 
 
-def load_file(path: str) -> dict[str, Any]:
-    """The nested mapping of a `.yaml`/`.yml`/`.json` settings file."""
+def load_file(path: str, yaml_loader: type | None = None) -> dict[str, Any]:
+    """The nested mapping of a `.yaml`/`.yml`/`.json` settings file; `yaml_loader`: a
+    `yaml.SafeLoader` subclass to read YAML with (default: SafeLoader itself)."""
     import yaml
 
     is_json = path.endswith(".json")
     try:
         with open(path, encoding="utf-8") as f:
-            data = json.load(f) if is_json else yaml.safe_load(f)
+            data = json.load(f) if is_json else yaml.load(f, Loader=yaml_loader or yaml.SafeLoader)
     except (json.JSONDecodeError, yaml.YAMLError, UnicodeDecodeError) as e:
         raise ValueError(f"{path}: not valid {'JSON' if is_json else 'YAML'} ({e})") from None
     if not isinstance(data, dict):

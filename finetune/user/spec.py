@@ -95,7 +95,7 @@ def load_task_file(path: str) -> tuple[UserTask, ...]:
     if not os.path.isfile(path):
         raise TaskFileError(f"--tasks_file {path}: no such file")
     try:
-        document = load_file(path)
+        document = load_file(path, yaml_loader=_labels_as_text_loader())
     except ValueError as e:
         raise TaskFileError(str(e)) from None
     entries = document.get("tasks")
@@ -108,6 +108,25 @@ def load_task_file(path: str) -> tuple[UserTask, ...]:
         if names.count(task.name.lower()) > 1:
             raise TaskFileError(f"{task.source}: the name {task.name!r} is used twice")
     return tasks
+
+
+def _labels_as_text_loader() -> type:
+    """A YAML loader that keeps each `labels:` item as the text written: YAML 1.1 reads
+    `[yes, no]` as booleans and `01` as the number 1, but a label is compared with the data's
+    text, so any other reading refuses every row."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            mapping = super().construct_mapping(node, deep=deep)
+            for key, value in node.value:
+                if (isinstance(key, yaml.ScalarNode) and key.value == "labels"
+                        and isinstance(value, yaml.SequenceNode)
+                        and all(isinstance(item, yaml.ScalarNode) for item in value.value)):
+                    mapping["labels"] = [item.value for item in value.value]
+            return mapping
+
+    return Loader
 
 
 def parse_entry(entry: Any, where: str, folder: str) -> UserTask:
@@ -161,7 +180,9 @@ def _labels(value: Any, required: bool, kind: str, where: str) -> tuple[str, ...
         if required:
             raise TaskFileError(f"{where}: no labels (the list of labels as the data writes them)")
         return ()
-    if not isinstance(value, list) or not all(isinstance(v, (str, int)) for v in value):
+    # a JSON true/false has no one spelling in the data: the labels must be written as text
+    if not isinstance(value, list) or not all(isinstance(v, (str, int)) and not isinstance(v, bool)
+                                              for v in value):
         raise TaskFileError(f"{where}: labels must be a list of strings")
     labels = tuple(str(v) for v in value)
     if len(labels) < 2 or len(set(labels)) != len(labels):

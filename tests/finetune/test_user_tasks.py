@@ -270,3 +270,18 @@ tasks:
     assert len(predictions) == 24
     assert sorted(json.loads((out / "my-qa" / "null_odds.json").read_text())) == \
         sorted(predictions)
+
+
+def test_labels_are_read_as_written_not_as_yaml_booleans(tmp_path):
+    """`labels: [no, yes]` unquoted: YAML 1.1 reads no/yes as booleans; the labels are the
+    strings the data writes, so every row of a yes/no file is read."""
+    from finetune.user import readers
+    from finetune.user.family import glue_spec
+
+    _pairs_files(tmp_path, "csv", bad_label="no")
+    text = PAIRS.format(fmt="csv").replace('labels: ["no", "yes"]', "labels: [no, yes, 01]")
+    (task,) = use_task_file(_task_file(tmp_path, text))
+    assert task.labels == ("no", "yes", "01")
+    dev = readers.read_split(task, glue_spec(task), "dev", str(tmp_path / "dev.csv"),
+                             labelled=True, skip_bad_rows=False)
+    assert [e.label for e in dev.examples] == [1, 0, 0, 1]
