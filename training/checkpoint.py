@@ -471,6 +471,19 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+@contextlib.contextmanager
+def rng_untouched() -> Iterator[None]:
+    """The block's draws leave the random streams a checkpoint saves (`rng_state`) as they
+    were: an export builds (and so initialises) a model between a checkpoint and the next step,
+    and a probe must not change what the run trains nor a resumed run differ from one never
+    stopped."""
+    state = rng_state()
+    try:
+        yield
+    finally:
+        set_rng_state(state)
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m training.checkpoint --input_folder ... --output_folder ...`: DeepSpeed's
     ds_to_universal with its loads under `weights_only_loads`; a refusal prints one line and

@@ -73,6 +73,7 @@ from training.checkpoint import (
     has_partitioned_state,
     load_checkpoint,
     remove_stale_files,
+    rng_untouched,
     save_checkpoint,
     shared_consolidated_state_dict,
     to_universal,
@@ -429,14 +430,16 @@ def probe_export(config: PretrainConfig, tag: str, global_step: int, dist: Dist)
 
 def export(config: PretrainConfig, ckpt_dir: str, tag: str, out: str | None = None) -> str:
     """Consolidated fp32 weights of `tag` -> `out` (default `<output_dir>/hf`), a
-    transformers folder."""
+    transformers folder. It draws nothing from the run's random streams (a probe export runs
+    between two training steps)."""
     from model.hf import export_hf_folder
 
     manifest = shard_manifest(config.phases[-1])
-    model = build_model(config, manifest, consolidated_state_dict(ckpt_dir, tag))
-    final, out = out is None, out or os.path.join(config.output_dir, "hf")
-    export_hf_folder(model, config.data.vocab_dir, out,
-                     do_lower_case=export_do_lower_case(manifest, config.data.vocab_dir))
+    with rng_untouched():  # building the model initialises its weights from the global RNG
+        model = build_model(config, manifest, consolidated_state_dict(ckpt_dir, tag))
+        final, out = out is None, out or os.path.join(config.output_dir, "hf")
+        export_hf_folder(model, config.data.vocab_dir, out,
+                         do_lower_case=export_do_lower_case(manifest, config.data.vocab_dir))
     # a probe export's own line (training/probes.py) names its folder once it is in place
     log.log(logging.INFO if final else logging.DEBUG, "exported %s to %s", tag, out)
     return out

@@ -12,7 +12,9 @@ The folder is built as `probes/.tmp-step-NNNNNNN`, its manifest (step, checkpoin
 `model.safetensors`) written last, then renamed: a folder named `step-*` is complete. The
 trainer never waits for a probe: the flow's watcher (flows/probes.py) fine-tunes each export in
 processes of its own. A run resumed at a probe step whose export is missing (killed between the
-checkpoint and the export) writes it first.
+checkpoint and the export) writes it first. Probes are observers: the export draws nothing from
+the run's random streams (`training.checkpoint.rng_untouched`), so `probe_every` N or 0, killed
+and resumed or not, trains the same weights bit for bit (tests/training/test_resume.py).
 """
 from __future__ import annotations
 

@@ -52,17 +52,21 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_run(data, tmp_path):
 
 def test_kill_9_and_resume_equals_the_uninterrupted_run(data, tmp_path):
     """A real `bert-pretrain` process killed with SIGKILL after its step-6 checkpoint, then
-    restarted: the finished run equals an uninterrupted one."""
-    def args(out: Path) -> list[str]:
+    restarted: the finished run equals an uninterrupted one. The killed run probes every 4
+    steps and the uninterrupted one never: probes are observers (their exports build a model
+    and their steps add checkpoints), so the weights are the same bit for bit."""
+    def args(out: Path, probe_every: int) -> list[str]:
         config = make_config(data, out, engine={"zero_stage": 2}, model={"dropout": 0.1},
-                             cadence={"checkpoint_every": 3}, steps=12)
+                             cadence={"checkpoint_every": 3, "probe_every": probe_every},
+                             steps=12)
         path = out.with_suffix(".yaml")
         path.write_text(yaml.safe_dump(cfg.to_dict(config)))
         return [sys.executable, "-m", "training.pretrain", "--config", str(path)]
 
     full, killed = tmp_path / "full", tmp_path / "killed"
-    subprocess.run(args(full), cwd=REPO, env=subprocess_env(), check=True, capture_output=True)
-    proc = subprocess.Popen(args(killed), cwd=REPO, env=subprocess_env(),
+    subprocess.run(args(full, 0), cwd=REPO, env=subprocess_env(), check=True,
+                   capture_output=True)
+    proc = subprocess.Popen(args(killed, 4), cwd=REPO, env=subprocess_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     latest = killed / "checkpoints" / "latest"
     deadline = time.time() + 600
@@ -71,7 +75,11 @@ def test_kill_9_and_resume_equals_the_uninterrupted_run(data, tmp_path):
         time.sleep(0.2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    subprocess.run(args(killed), cwd=REPO, env=subprocess_env(), check=True, capture_output=True)
+    subprocess.run(args(killed, 4), cwd=REPO, env=subprocess_env(), check=True,
+                   capture_output=True)
+    assert not (full / "probes").exists()
+    assert sorted(p.name for p in (killed / "probes").iterdir()) == [
+        "step-0000004", "step-0000008", "step-0000012"]
     assert train_losses(killed) == train_losses(full)
     for key, value in final_weights(full).items():
         assert torch.equal(final_weights(killed)[key], value)
