@@ -10,7 +10,8 @@ Each task's defaults are its family's recipe from the paper (GLUE: 128 tokens, b
 epochs, rates 5e-5..2e-5; SQuAD v1.1: 384 tokens, batch 32, ...); a flag given overrides it for
 every task. `--tasks` takes task names, family names (`glue` = its nine tasks) or `all`;
 `--tasks_file tasks.yaml` adds your own tasks to them (CSV/TSV/JSONL classification and
-regression, CoNLL tagging, SQuAD-format QA: the file's layout is in finetune/user/__init__.py).
+regression, CoNLL tagging, SQuAD-format QA: the file's layout is in finetune/user/__init__.py);
+its entries name their own files, so `--data` is needed only for built-in tasks.
 
 The flags are the fields of `CommandConfig` (the flow's `finetune` settings, finetune/config.py,
 and where this run reads and writes); `--config FILE` (YAML or JSON) and `--set field=value`
@@ -81,6 +82,11 @@ class CommandConfig(TasksConfig):
         super().__post_init__()
         settings.check(self.num_threads is None or self.num_threads >= 1, "num_threads",
                        f"must be >= 1, got {self.num_threads}")
+
+    def required(self) -> tuple[str, ...]:
+        """The `REQUIRED` settings, `data` left out when a task file is given: its tasks name
+        their own files (`task_jobs` asks for `data` when a built-in task is listed too)."""
+        return tuple(name for name in REQUIRED if not (name == "data" and self.tasks_file))
 
 
 REQUIRED = ("model", "data", "tasks", "output")
@@ -157,7 +163,7 @@ def command_config(args: argparse.Namespace, base: Any) -> Any:
     config = settings.apply(base, given, label=f"{args.config}: config key") if given else base
     config = settings.apply(config, assignments, label="--set")
     config = settings.config_from_flags(config, args)
-    missing = [f"--{name}" for name in REQUIRED if not getattr(config, name)]
+    missing = [f"--{name}" for name in config.required() if not getattr(config, name)]
     if missing:
         raise ValueError(f"the following arguments are required: {', '.join(missing)}")
     return config
@@ -181,20 +187,29 @@ def with_options(family: Family, options: Any) -> Family:
 
 
 def task_jobs(config: CommandConfig) -> list[TaskJob]:
-    """One job per task of `tasks`, its data in `data/<folder>`; every missing family folder
-    is named at once, before anything is read."""
+    """One job per task of `tasks`, a built-in task's data in `data/<folder>` (a task file's
+    entry names its own files); every missing family folder is named at once, before anything
+    is read."""
+    from finetune.user import FAMILY as USER
+
     entries = config.task_entries()
-    if not os.path.isdir(config.data):
+    builtin = [e for e in entries if e.family.name != USER.name]
+    if builtin and not config.data:
+        raise ValueError("the following arguments are required: --data (the folder of the "
+                         f"built-in tasks: {', '.join(e.task for e in builtin)}; a task "
+                         "file's tasks name their own files)")
+    if builtin and not os.path.isdir(config.data):
         raise FileNotFoundError(f"--data {config.data}: no such folder")
     missing: dict[str, list[str]] = {}
-    for entry in entries:
+    for entry in builtin:
         if not os.path.isdir(os.path.join(config.data, entry.data_folder)):
             missing.setdefault(entry.data_folder, []).append(entry.task)
     if missing:
         raise FileNotFoundError(f"--data {config.data}: " + "; ".join(
             f"no {folder}/ folder (for {', '.join(tasks)})" for folder, tasks in missing.items()))
+    # a task file's data folder is absolute: joined to any --data, it stays itself
     return [TaskJob(with_options(e.family, config), e.task,
-                    os.path.join(config.data, e.data_folder), config.for_task(e))
+                    os.path.join(config.data or "", e.data_folder), config.for_task(e))
             for e in entries]
 
 
@@ -259,7 +274,7 @@ def run(config: CommandConfig, jobs_: list[TaskJob], finished: list[str],
             finished.append(partial.tasks[-1].task)
             log.info("%s done; results so far in %s", partial.tasks[-1].task, config.output)
 
-    result = loop.run_tasks(config.model, jobs_, jobs_[0].config, config.data,
+    result = loop.run_tasks(config.model, jobs_, jobs_[0].config, _data_label(config),
                             vocab_dir=config.vocab, on_task_done=write_finished,
                             runs_dir=storage.join(config.output, RUNS_DIR))
     paths = _write(result, config.output, markdown_name, resolved)
@@ -267,6 +282,11 @@ def run(config: CommandConfig, jobs_: list[TaskJob], finished: list[str],
     for kind, path in paths.items():
         log.info("wrote %s: %s", kind, path)
     return 0
+
+
+def _data_label(config: CommandConfig) -> str:
+    """What names the data in errors: `--data`, or the task file when it alone gives data."""
+    return f"--data {config.data}" if config.data else f"--tasks_file {config.tasks_file}"
 
 
 def _family_settings(family: Family) -> dict:

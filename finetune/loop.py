@@ -787,7 +787,7 @@ def check_task_files(tasks: Sequence[tuple[Family, str, str]], data_label: str) 
             all_missing &= isinstance(error, FileNotFoundError)
     if problems:
         kind = FileNotFoundError if all_missing else ValueError
-        raise kind(f"--data {data_label}: {len(problems)} problem(s) found before any "
+        raise kind(f"{data_label}: {len(problems)} problem(s) found before any "
                    "fine-tuning:\n  " + "\n  ".join(problems))
 
 
@@ -803,7 +803,7 @@ def run_tasks(model_dir: str, jobs: Sequence[TaskJob], config: FinetuneConfig,
     later failure loses no finished work. With `runs_dir`, every (task, rate, seed) run is kept
     there as it finishes and reused by a re-run with the same settings (`RunStore`), so a
     crash loses only the run in flight. `config` is recorded as the settings all tasks share;
-    `data_label` names the data in errors (the --data flag's value).
+    `data_label` names the data in errors ("--data <folder>").
     """
     from finetune.checkpoint import check_model_fits, load_encoder, load_tokenizer
     from finetune.run_store import RunStore, model_identity

@@ -31,6 +31,10 @@ class GlueCommandConfig(cli.CommandConfig):
     tasks: tuple[str, ...] = ()
     """GLUE tasks (rte,mrpc) or all."""
 
+    def required(self) -> tuple[str, ...]:
+        """Every `REQUIRED` setting: a task file's tasks are not GLUE's, the data is."""
+        return cli.REQUIRED
+
 
 def build_parser() -> argparse.ArgumentParser:
     return cli.build_parser(prog="bert-glue", description=__doc__,

@@ -285,3 +285,22 @@ def test_labels_are_read_as_written_not_as_yaml_booleans(tmp_path):
     dev = readers.read_split(task, glue_spec(task), "dev", str(tmp_path / "dev.csv"),
                              labelled=True, skip_bad_rows=False)
     assert [e.label for e in dev.examples] == [1, 0, 0, 1]
+
+
+def test_a_task_file_needs_no_data_folder_but_builtin_tasks_do(tmp_path, minilm_dir, capsys):
+    _pairs_files(tmp_path, "jsonl", bad_label="no")
+    path = _task_file(tmp_path, PAIRS.format(fmt="jsonl"))
+    out = tmp_path / "out"
+    code = finetune_cli.main(["--model", str(minilm_dir), "--tasks_file", path, "--tasks",
+                              "pairs", "--output", str(out), *SHORT])
+    assert code == 0
+    task = json.loads((out / "results.json").read_text())["tasks"][0]
+    assert (task["task"], task["num_train_examples"], task["num_dev_examples"]) == \
+        ("pairs", 8, {"dev": 4})
+    with pytest.raises(SystemExit) as error:
+        finetune_cli.main(["--model", str(minilm_dir), "--tasks_file", path, "--tasks",
+                           "pairs,rte", "--output", str(out)])
+    assert error.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "bert-finetune: error: the following arguments are required: --data (the folder of "
+        "the built-in tasks: rte; a task file's tasks name their own files)")
