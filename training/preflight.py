@@ -2,7 +2,8 @@
 
 Before anything is written, all ranks agree on: the checkpoint to resume and whether the config
 may resume it (`check_resume`: no field that shapes the training changed, same shard set), each
-phase's validation set (`has_validation`: enough held-out rows for one micro-batch per rank),
+phase's validation set (`has_validation`: enough held-out rows for one micro-batch per rank,
+shard files with the manifest's sha256),
 and the inputs of every phase with steps left (`check_phase_inputs`: manifest, sequence length,
 vocabulary, the objective's needs, complete shard files with the manifest's sha256), so that
 phase 2's mistakes cannot wait for phase 1's hours. A check that fails raises one line naming
@@ -142,9 +143,10 @@ def model_config(config: PretrainConfig, manifest: dict):
 def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bool:
     """Whether to validate the phase: cadence.eval_batches > 0 and held-out shards exist (else
     skipped, with a warning). `preflight` asks it for every phase with steps left before the run's
-    first step: shards with fewer rows than one micro-batch per rank raise here, not at the phase's
-    first evaluation (where `validation_batches` would end the run)."""
-    from training.loader import check_shard_files, list_shards
+    first step: shards with fewer rows than one micro-batch per rank, or corrupt or hostile ones
+    (`verify_shard_files`, as the train shards), raise here, not at the phase's first
+    evaluation (where `validation_batches` would end the run, after checkpoints)."""
+    from training.loader import check_shard_files, list_shards, verify_shard_files
     if config.cadence.eval_batches == 0:
         return False
     source = phase.validation_shards or phase.train_shards
@@ -162,6 +164,7 @@ def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bo
             f"rank ({dist.world_size} ranks x {phase.name}.micro_batch_size "
             f"{phase.micro_batch_size} = {needed}); write more validation rows, point --set "
             f"{phase.name}.validation_shards=... elsewhere, or --set cadence.eval_batches=0")
+    verify_shard_files(shards)
     return True
 
 

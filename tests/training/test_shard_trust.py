@@ -102,6 +102,27 @@ def test_a_corrupt_shard_stops_bert_pretrain_before_its_first_step(data, tmp_pat
     assert not (out / "checkpoints").exists()
 
 
+def test_a_corrupt_validation_shard_stops_the_run_before_its_first_step(data, tmp_path):
+    """4 KB flipped in the validation shard of a run that checkpoints at step 1 and evaluates
+    at step 2: the run stops before step 1, naming the shard and its broken member, with no
+    checkpoint, metrics or config written (not at its first evaluation, after checkpoints)."""
+    shards = tmp_path / "shards"
+    shutil.copytree(data["uneven"], shards)
+    bad = shards / "validation-000000.tar"
+    key = _flip_middle(bad)
+    out = tmp_path / "run"
+    config = make_config(data, out, steps=2, cadence={"checkpoint_every": 1})
+    config = dataclasses.replace(config, phases=(dataclasses.replace(
+        config.phases[0], train_shards=str(shards)),))
+    with pytest.raises(ValueError) as error:
+        pretrain.run(config)
+    assert re.fullmatch(
+        rf"{re.escape(str(bad))}: member {key}: cannot decode rows \(\w+: .+\); "
+        rf"{re.escape(_changed(bad, _sha256_in_manifest(shards, bad.name)))}",
+        str(error.value)), str(error.value)
+    assert not out.exists() or list(out.iterdir()) == []
+
+
 @pytest.mark.parametrize("where", ["data", "header"])
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_the_loader_yields_no_row_of_a_corrupt_shard(books, tmp_path, where, num_workers):
