@@ -700,7 +700,9 @@ def config_from_hf(values: dict[str, Any]) -> ModernBertConfig:
     local_theta = rope.get("sliding_attention", {}).get("rope_theta", local_theta)
     names = {"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps",
              "classifier_dropout": "hidden_dropout_prob"}
-    ours = {names.get(k, k): v for k, v in values.items()}
+    ours = {names.get(k, k): v for k, v in values.items() if v is not None}
+    if "initializer_cutoff_factor" in values and values["initializer_cutoff_factor"] is None:
+        ours["initializer_cutoff_factor"] = 3.0  # transformers' reading of None
     ours.update(num_hidden_layers=layers, global_attn_every_n_layers=every,
                 global_rope_theta=float(global_theta), local_rope_theta=float(local_theta))
     return ModernBertConfig.from_dict(ours)

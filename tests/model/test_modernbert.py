@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from model.attention import batch_layout, instance_ids
 from model.bert import HiddenStates
+from model.cpu_ops import stock_ops
 from model.modernbert import (
     PRESETS,
     ModernBertConfig,
@@ -110,9 +111,14 @@ def test_hidden_states_equal_transformers_on_padded_rows_past_the_window(config,
 
 
 def test_unpadded_rows_equal_transformers_without_a_mask(ours, hf_encoder):
+    """Rows past the window (local layers masked), rows within it (no mask at all); token
+    types are ignored."""
     ids, _ = padded_batch(seed=2)
+    short = ids[:, :WINDOW // 2 + 1]
     with torch.no_grad():
         torch.testing.assert_close(ours(ids), hf_encoder(ids).last_hidden_state)
+        torch.testing.assert_close(ours(short), hf_encoder(short).last_hidden_state)
+        assert torch.equal(ours(ids, token_type_ids=torch.ones_like(ids)), ours(ids))
 
 
 def test_a_packed_row_equals_each_instance_alone(ours, hf_encoder):
@@ -190,14 +196,19 @@ class MaskedLM(nn.Module):
         self.mlm.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=False)
         self.mlm.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
-    def forward(self, ids: Tensor, mask: Tensor, labels: Tensor) -> Tensor:
-        hidden = self.bert(ids, attention_mask=mask)
+    def forward(self, ids: Tensor, mask: Tensor, labels: Tensor,
+                output_positions: Tensor | None = None) -> Tensor:
+        """Mean cross-entropy over the labels >= 0: (B, T) ones, or (B, P) ones at
+        `output_positions` (B, P), where only those tokens are scored (as pre-training runs:
+        the last layer computes only those queries)."""
+        hidden = self.bert(ids, attention_mask=mask, output_positions=output_positions)
         logits = F.linear(self.mlm.norm(F.gelu(self.mlm.dense(hidden))),
                           self.bert.word_embeddings.weight, self.mlm.bias)
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
 
 
-def test_masked_lm_loss_and_every_gradient_equal_transformers(config):
+@pytest.mark.parametrize("sparse", [False, True])
+def test_masked_lm_loss_and_every_gradient_equal_transformers(config, sparse):
     hf = hf_model(transformers.ModernBertForMaskedLM, config)
     state, ignored = state_from_hf(hf.state_dict())
     assert ignored == ["decoder.weight"]  # tied to the word embeddings
@@ -205,12 +216,15 @@ def test_masked_lm_loss_and_every_gradient_equal_transformers(config):
     ours.load_state_dict({("bert." + k if not k.startswith("mlm.") else k): v
                           for k, v in state.items()})
     ids, mask = padded_batch(seed=6)
-    labels = torch.full_like(ids, -100)
-    for row, cols in ((0, [1, 7, 20, 39]), (1, [3, 28]), (2, [0, 10])):
-        labels[row, cols] = ids[row, cols]
+    positions = torch.tensor([[1, 7, 20, 39], [3, 28, 0, 0], [0, 10, 0, 0]])  # 0: padding
+    scored = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]]).bool()
+    targets = ids.gather(1, positions).masked_fill(~scored, -100)  # (B, P)
+    labels = torch.full_like(ids, -100)  # (B, T)
+    for row, (at, keep) in enumerate(zip(positions, scored)):
+        labels[row, at[keep]] = ids[row, at[keep]]
     their_loss = hf(ids, attention_mask=mask, labels=labels).loss
     their_loss.backward()
-    loss = ours(ids, mask, labels)
+    loss = (ours(ids, mask, targets, positions) if sparse else ours(ids, mask, labels))
     loss.backward()
     torch.testing.assert_close(loss, their_loss)
     their_grads, _ = state_from_hf({n: p.grad for n, p in hf.named_parameters()})
@@ -223,6 +237,25 @@ def test_masked_lm_loss_and_every_gradient_equal_transformers(config):
                                    atol=1e-6, rtol=0)
         compared += 1
     assert compared == len(list(ours.parameters())) - 2
+
+
+def test_dropout_draws_transformers_random_numbers_under_stock_ops():
+    """In training with every dropout on, torch's stock ops (`stock_ops()`) draw exactly the
+    masks transformers' SDPA model draws from the same seed, in the same order."""
+    config = tiny(embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1)
+    hf = hf_model(transformers.ModernBertModel, config).train()
+    ours = ours_from(hf, config).train()
+    ids, mask = padded_batch(seed=9)
+    real = mask.bool()
+    torch.manual_seed(5)
+    theirs = hf(ids, attention_mask=mask).last_hidden_state
+    with stock_ops():
+        torch.manual_seed(5)
+        mine = ours(ids, attention_mask=mask)
+    torch.testing.assert_close(mine[real], theirs[real])
+    torch.manual_seed(5)
+    cheaper = ours(ids, attention_mask=mask)  # model/cpu_ops.py's masks: other draws
+    assert not torch.allclose(cheaper[real], theirs[real])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,6 +321,9 @@ def test_config_from_a_transformers_4_config_json():
         (2, 80000.0, 1000.0)
     theirs = transformers.ModernBertConfig(**old)
     assert config_from_hf(theirs.to_dict()) == ours
+    assert config_from_hf({**old, "pad_token_id": None}).pad_token_id == 50283
+    assert config_from_hf({**old, "initializer_cutoff_factor": None}) \
+        .initializer_cutoff_factor == 3.0  # what transformers reads None as
 
 
 def test_a_folder_saved_by_transformers_loads_through_the_converter(config, tmp_path):
