@@ -94,6 +94,10 @@ def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
 def audited_tasks(cfg: DagConfig) -> tuple[str, ...]:
     """The tasks of `finetune.tasks` whose evaluation files are there (a task without them
     fails its own fine-tuning run; the audit, which serves every task, leaves it out)."""
+    return tuple(entry.task for entry in _audited_entries(cfg))
+
+
+def _audited_entries(cfg: DagConfig) -> list:
     found = []
     for entry in cfg.finetune.task_entries():
         try:
@@ -101,20 +105,40 @@ def audited_tasks(cfg: DagConfig) -> tuple[str, ...]:
                                                               entry.data_folder))
         except (OSError, ValueError):
             continue
-        found.append(entry.task)
-    return tuple(found)
+        found.append(entry)
+    return found
 
 
 def audit_contamination(cfg: DagConfig, corpus: StageResult) -> StageResult:
-    """The corpus's overlap with the evaluation sets of `finetune.tasks` (13-gram)."""
+    """The corpus's overlap with the evaluation sets of `finetune.tasks` (13-gram). The Beam
+    job reads the built-in tasks' files itself; a task file's tasks are read here and their
+    texts handed to it (`finetune.user.eval_texts`)."""
     from pipelines import audit_contamination as job
 
-    tasks = audited_tasks(cfg)
+    entries = _audited_entries(cfg)
+    tasks = tuple(e.task for e in entries)
+    own = [e.family.task(e.task) for e in entries if e.family.name == "user"]
+    builtin = tuple(e.task for e in entries if e.family.name != "user")
     key = {"eval_data": cfg.finetune.data, "tasks": tasks,
            "eval_sha": inputs_fingerprint(cfg.finetune.data)}
+    if own:  # absent without a task file: the built-in tasks' audits keep their folders
+        files = [path for t in own for path in (t.dev, t.test) if path is not None]
+        key |= {"task_file_tasks": [dataclasses.asdict(t) for t in own],
+                "task_file_sha": storage.config_hash(
+                    [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in files])}
     return run_stage(cfg.output, "audit", key, lambda out: job.run(
-        job.AuditConfig(input=corpus.path, output=out, eval_data=cfg.finetune.data, tasks=tasks),
-        cfg.data.beam_args), upstream=(corpus,))
+        job.AuditConfig(input=corpus.path, output=out, eval_data=cfg.finetune.data,
+                        tasks=builtin), cfg.data.beam_args,
+        eval_splits=_task_file_splits(own, cfg.finetune.skip_bad_rows)), upstream=(corpus,))
+
+
+def _task_file_splits(tasks: list, skip_bad_rows: bool) -> list:
+    """The evaluation splits of a task file's tasks, as the audit takes them."""
+    from finetune.user.eval_texts import eval_texts
+    from pipelines.contamination.eval_sets import eval_split
+
+    return [eval_split(task.name, texts.split, [texts.path], texts.examples)
+            for task in tasks for texts in eval_texts(task, skip_bad_rows)]
 
 
 def decontaminate(cfg: DagConfig, corpus: StageResult, audit: StageResult) -> StageResult:

@@ -10,7 +10,8 @@ when any of its n-grams (`--ngram`, 13 by default, GPT-3's filtering size) is in
 passage. The evaluation sets are read with fine-tuning's own readers (`--eval_data` and
 `--tasks` as the flow's `finetune.data` and `finetune.tasks`; the splits and text fields of each
 family: pipelines/contamination/eval_sets.py): GLUE dev and test, SQuAD dev contexts and
-questions, SWAG and Cosmos QA dev and test, CoNLL-2003 and WNUT-17 dev and test.
+questions, SWAG and Cosmos QA dev and test, CoNLL-2003 and WNUT-17 dev and test. A task
+file's tasks are read by the flow, which hands their splits to `run` (`eval_splits`).
 
 How it scales: the evaluation sets' n-gram -> example index is built once on the launcher and
 written to `<output>/index/eval_ngrams.npz` (tens of MB for every task); each worker loads it
@@ -54,6 +55,7 @@ from pipelines import jobs, parquet_io
 from pipelines.build_corpus import select_inputs
 from pipelines.contamination import index as eval_index
 from pipelines.contamination import ngrams
+from pipelines.contamination.eval_sets import EvalSplit
 
 NAMESPACE = "audit_contamination"
 PREFIX = "audit"
@@ -86,7 +88,6 @@ class AuditConfig:
 
     def __post_init__(self):
         check(self.ngram >= 1, "ngram", f"must be >= 1, got {self.ngram}")
-        check(bool(self.tasks), "tasks", "no task given")
 
 
 def passage_overlaps(index: eval_index.EvalIndex, doc_id: str, number: int,
@@ -166,18 +167,23 @@ def output_path(output: str, name: str) -> str:
     return storage.join(output, *name.split("/"))
 
 
-def run(config: AuditConfig, beam_args: Sequence[str] = ()) -> dict:
+def run(config: AuditConfig, beam_args: Sequence[str] = (),
+        eval_splits: Sequence[EvalSplit] = ()) -> dict:
     """Audit `config.input`'s passages against the evaluation sets into `config.output`;
-    returns the manifest (a summary on a dry run)."""
+    returns the manifest (a summary on a dry run). `eval_splits`: evaluation splits read by
+    the caller (the flow's task-file tasks, which `config.tasks` cannot name), audited beside
+    those of `config.tasks`."""
     from pipelines.contamination import eval_sets
 
     jobs.configure_logging()
-    check(bool(config.eval_data), "eval_data",
+    check(bool(config.tasks) or bool(eval_splits), "tasks", "no task given")
+    check(bool(config.eval_data) or not config.tasks, "eval_data",
           "is required: the folder of the evaluation sets (the flow's finetune.data)")
     options = jobs.beam_pipeline_options(beam_args)
     listed, folders = select_inputs(config.input)
     files = [f.path for f in listed]
-    splits = eval_sets.read_eval_sets(config.eval_data, config.tasks)
+    splits = [*(eval_sets.read_eval_sets(config.eval_data, config.tasks) if config.tasks
+                else []), *eval_splits]
     index = eval_index.build([e for s in splits for e in s.examples], config.ngram)
     log.info("audit_contamination: %d corpus files; %d evaluation examples in %d splits, "
              "%d n-gram rows", len(files), len(index.examples), len(splits), len(index.hashes))
@@ -276,10 +282,16 @@ def finish(config: AuditConfig, splits: list, index: eval_index.EvalIndex,
     report_path = output_path(config.output, REPORT_FILE)
     storage.atomic_write_json(report_path, report)
     eval_files = {path: storage.sha256_file(path) for s in splits for path in s.files}
+    handed = sorted({s.task for s in splits} - set(config.tasks))
+    # the handed splits' texts are hashed: a task file may read other fields of the same files
+    extra = {"handed_splits": storage.config_hash([
+        (s.task, s.split, [(key.example_id, texts) for key, texts in s.examples])
+        for s in splits if s.task in handed])} if handed else {}
     manifest = {
         **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(
             {**dataclasses.asdict(config), "inputs": sorted(folders.values()),
-             "eval_files": sorted(eval_files.values())})),
+             "eval_files": sorted(eval_files.values()), **extra})),
+        **({"handed_tasks": handed} if handed else {}),
         "counts": counts,
         "report": report["tasks"],
         "input_config_hashes": folders,

@@ -12,7 +12,9 @@ text fields of one example:
 | multiple_choice | dev, test where present                 | id (row)   | sequence A (SWAG: sent1; Cosmos QA: context + question), each choice (SWAG: sent2 + ending) |
 | ner             | dev, test where present                 | first line | the sentence's words joined by spaces |
 
-A file the reader refuses raises its reader's one-line error (file and line).
+A file the reader refuses raises its reader's one-line error (file and line). A task file's
+tasks (the `user` family) have no reader here: their files are read by the caller, which hands
+the audit their `EvalSplit`s (flows/steps.py, with finetune/user/eval_texts.py).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class EvalSplit:
     examples: tuple[tuple[ExampleKey, tuple[str, ...]], ...]
 
 
-def _split(task: str, split: str, files: Sequence[str],
+def eval_split(task: str, split: str, files: Sequence[str],
            examples: Iterable[tuple[str, tuple[str, ...]]]) -> EvalSplit:
     """An `EvalSplit` of (example id, text fields) pairs."""
     return EvalSplit(task, split, tuple(files), tuple(
@@ -49,7 +51,7 @@ def _glue(task: str, folder: str) -> list[EvalSplit]:
     splits = [data.read_split(folder, spec, s) for s in spec.dev]
     splits += [data.read_split(folder, spec, s) for s in spec.test
                if data.has_split(folder, spec, s)]
-    return [_split(task, s.split, s.path.split(","),
+    return [eval_split(task, s.split, s.path.split(","),
                    ((e.guid, (e.text_a, e.text_b or "")) for e in s.examples)) for s in splits]
 
 
@@ -58,7 +60,7 @@ def _squad(task: str, folder: str) -> list[EvalSplit]:
 
     dev = data.read_squad(data.split_path(folder, task, "dev"), training=False,
                           version_2=task == "squad2")
-    return [_split(task, "dev", [dev.path],
+    return [eval_split(task, "dev", [dev.path],
                    ((e.qid, (e.context, e.question)) for e in dev.examples))]
 
 
@@ -69,7 +71,7 @@ def _multiple_choice(task: str, folder: str) -> list[EvalSplit]:
     splits = {"dev": data.read_split(folder, spec, "dev")}
     if spec.test_file is not None and os.path.isfile(spec.path(folder, "test")):
         splits["test"] = data.read_choice_file(spec.path(folder, "test"), spec, labelled=False)
-    return [_split(task, name, [s.path], ((e.example_id, (e.first, *e.choices))
+    return [eval_split(task, name, [s.path], ((e.example_id, (e.first, *e.choices))
                                           for e in s.examples)) for name, s in splits.items()]
 
 
@@ -81,7 +83,7 @@ def _ner(task: str, folder: str) -> list[EvalSplit]:
     paths = {"dev": os.path.join(folder, spec.dev), "test": os.path.join(folder, spec.test)}
     splits = {name: data.read_conll(path, spec.format) for name, path in paths.items()
               if name == "dev" or os.path.isfile(path)}
-    return [_split(task, name, [s.path], ((f"line {x.line}", (" ".join(x.words),))
+    return [eval_split(task, name, [s.path], ((f"line {x.line}", (" ".join(x.words),))
                                           for x in s.sentences)) for name, s in splits.items()]
 
 
@@ -100,5 +102,8 @@ def read_eval_sets(data: str, tasks: Sequence[str]) -> list[EvalSplit]:
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"--eval_data {data}: no {entry.data_folder}/ folder "
                                     f"(for {entry.task})")
+        if entry.family.name not in READERS:
+            raise ValueError(f"--tasks {entry.task}: the audit has no reader for the "
+                             f"{entry.family.name} family's files; its caller reads them")
         splits += READERS[entry.family.name](entry.task, folder)
     return splits
