@@ -24,9 +24,9 @@ its figure in `<output>/quality/` (written only when some source declares filter
 The mixture: after deduplication and sentence splitting, each document is kept, dropped or
 repeated by its source's weight (`--sources`, pipelines/documents/source.py: a sampling factor,
 0.5 keeps about half the documents by a hash of (source, doc_id), 3 keeps each three times,
-the copies named `<doc_id>#r1`, `#r2`); a source not listed has weight 1. Applied after the
-exact deduplication because copies are duplicates by design: before it, they would be removed
-again. The manifest's `ledger` has a row per source (the documents' `source`): what its
+the copies named `<doc_id>#r1`, `#r2`, written to their original's shard); a source not
+listed has weight 1. Applied after the exact deduplication because copies are duplicates by
+design: before it, they would be removed again. The manifest's `ledger` has a row per source (the documents' `source`): what its
 extraction job read (records, input bytes, bad records, from that folder's manifest), then here
 documents, text bytes (UTF-8 of the passages), sentences and words (whitespace-separated) in
 and out, what each step dropped (duplicates, doc_id conflicts, no sentence, sampled out),
@@ -153,6 +153,12 @@ def weighted(row: dict, weight: float) -> list[dict]:
     """A corpus row's copies under its source's weight (pipelines/documents/source.py)."""
     return [{**row, "doc_id": doc_id}
             for doc_id in mixture.copy_ids(row["source"], row["doc_id"], weight)]
+
+
+def corpus_shard_key(doc_id: str) -> str:
+    """What a row's corpus shard is the hash of: its original's doc_id, so a weighted source's
+    copies are made and written by the id wave of their original (waves write whole shards)."""
+    return mixture.original_id(doc_id)
 
 
 def normalized_text(passages: Iterable[str]) -> str:
@@ -499,7 +505,7 @@ def _one_pipeline(pipeline, config: BuildCorpusConfig, files: list[str], num_sha
                                                 config.near_duplicates)
     dead_letters = (read.dead_letter, built["dead_letter"]) | "AllDeadLetters" >> beam.Flatten()
     _ = built["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
-        config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
+        config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column, corpus_shard_key)
     _ = dead_letters | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
         parquet_io.dead_letter_path(config.output))
     _ = built["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
@@ -538,8 +544,8 @@ def _content_wave(config: BuildCorpusConfig, wave: int, num_waves: int, num_shar
     def build(pipeline):
         deduped = (pipeline | "Read" >> waves.ReadScratch(scratch, "content", wave)
                    | "Dedupe" >> Dedupe())
-        _ = deduped["kept"] | "Scatter" >> waves.Scatter(scratch, "ids", num_shards,
-                                                         lambda r: r["doc_id"])
+        _ = deduped["kept"] | "Scatter" >> waves.Scatter(
+            scratch, "ids", num_shards, lambda r: corpus_shard_key(r["doc_id"]))
         _ = deduped["duplicates"] | "WriteDuplicates" >> parquet_io.WriteSortedLines(
             os.path.join(scratch, "lines", f"duplicates-{wave:05d}.jsonl"))
         if config.near_duplicates is not None:
@@ -565,7 +571,8 @@ def _band_wave(config: BuildCorpusConfig, wave: int, num_shards: int, options) -
                                          config.near_duplicates)
              | "AsRecords" >> beam.MapTuple(lambda removed, kept: {"removed": removed,
                                                                    "kept": kept})
-             | "Scatter" >> waves.Scatter(scratch, "near", num_shards, lambda r: r["removed"]))
+             | "Scatter" >> waves.Scatter(scratch, "near", num_shards,
+                                          lambda r: corpus_shard_key(r["removed"])))
     return _run(config.output, options, build)
 
 
@@ -582,7 +589,7 @@ def _id_wave(config: BuildCorpusConfig, shard: int, num_shards: int, text_column
                 | "Pairs" >> beam.Map(lambda r: (r["removed"], r["kept"])))}
         finished = kept | "Finish" >> Finish(config.weights(), config.quality())
         _ = finished["corpus"] | "WriteCorpus" >> parquet_io.WriteParquetShards(
-            config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column)
+            config.output, PREFIX, num_shards, CORPUS_SCHEMA, text_column, corpus_shard_key)
         _ = finished["dead_letter"] | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             os.path.join(scratch, "lines", f"dead_letter-{shard:05d}.jsonl"))
         _ = finished["quality_dropped"] | "WriteQualityDropped" >> parquet_io.WriteSortedLines(

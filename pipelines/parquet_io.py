@@ -14,7 +14,7 @@ import hashlib
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import apache_beam as beam
 import pyarrow as pa
@@ -244,21 +244,25 @@ class WriteParquetShards(beam.PTransform):
     """Records (dicts with `doc_id`) -> `num_shards` sorted Parquet files; outputs their paths."""
 
     def __init__(self, output: str, prefix: str, num_shards: int, schema: pa.Schema,
-                 text_column: str | None = None):
+                 text_column: str | None = None, shard_key: Callable[[str], str] | None = None):
+        """`shard_key(doc_id)`: the key a record's shard is the hash of (the doc_id itself
+        when None)."""
         super().__init__()
         self.output, self.prefix, self.num_shards, self.schema = output, prefix, num_shards, schema
-        self.text_column = text_column
+        self.text_column, self.shard_key = text_column, shard_key
 
     def expand(self, records):
         return (records
-                | "Key" >> beam.Map(_keyed_by_shard, self.num_shards)
+                | "Key" >> beam.Map(_keyed_by_shard, self.num_shards, self.shard_key)
                 | "Group" >> beam.GroupByKey()
                 | "Write" >> beam.Map(_write_group, self.output, self.prefix, self.num_shards,
                                       self.schema, self.text_column))
 
 
-def _keyed_by_shard(record: dict, num_shards: int) -> tuple[int, dict]:
-    return stable_shard(record["doc_id"], num_shards), record
+def _keyed_by_shard(record: dict, num_shards: int,
+                    shard_key: Callable[[str], str] | None = None) -> tuple[int, dict]:
+    key = record["doc_id"] if shard_key is None else shard_key(record["doc_id"])
+    return stable_shard(key, num_shards), record
 
 
 def _write_group(group: tuple[int, Iterable[dict]], output: str, prefix: str, count: int,

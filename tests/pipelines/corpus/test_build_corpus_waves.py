@@ -100,3 +100,42 @@ def test_partitions_are_the_corpus_shards():
     assert [waves.partition_of(i, 7) for i in ids] == [parquet_io.stable_shard(i, 7) for i in ids]
     assert waves.wave_count(10 * 2 ** 20, 4) == 3 and waves.wave_count(10, 0) == 1
     assert os.path.basename(waves.scratch_folder("/tmp/x")) == waves.SCRATCH
+
+
+def _rows(folder: Path) -> list[tuple[str, str]]:
+    import pyarrow.parquet as pq
+    return sorted((r["doc_id"], "\n".join(r["sentences"])) for p in
+                  sorted(folder.glob("corpus-*.parquet"))
+                  for r in pq.read_table(p, columns=["doc_id", "sentences"]).to_pylist())
+
+
+def test_weighted_sources_in_waves_give_the_rows_of_one_pipeline(inputs, tmp_path):
+    """The Wikipedia sample's pages as two sources, one of weight 2 (each document and its
+    `#r1` copy) and one of 0.5, beside the books, with near-duplicate removal: waves write
+    every copy once, the rows of one pipeline."""
+    import pyarrow.parquet as pq
+    pages = [r for p in sorted(Path(inputs.split(",")[0]).glob("documents-*.parquet"))
+             for r in pq.read_table(p).to_pylist()]
+    for i, row in enumerate(pages):
+        row["source"] = ("twice", "half")[i % 2]
+    folder = tmp_path / "pages"
+    parquet_io.write_shard(str(folder), "documents", 0, 1, pages, DOCUMENT_SCHEMA)
+    storage.write_manifest(str(folder), {"stage": "hand-made", "config_hash": "0"})
+    sources = json.dumps([{"name": "twice", "kind": "text", "path": "x", "weight": 2},
+                          {"name": "half", "kind": "text", "path": "y", "weight": 0.5}])
+    common = ["--input", str(folder), "--sources", sources, "--num_shards", "2",
+              "--set", "near_duplicates.threshold=0.8"]
+    one = build_corpus.main([*common, "--output", str(tmp_path / "one"), "--wave_mb", "0"])
+    many = build_corpus.main([*common, "--output", str(tmp_path / "many"), "--wave_mb", "0.04"])
+    assert (one["waves"], many["waves"]) == (1, 2)
+    rows = _rows(tmp_path / "one")
+    assert _rows(tmp_path / "many") == rows
+    assert _outputs(tmp_path / "many") == _outputs(tmp_path / "one")
+    assert many["counts"] == one["counts"] and many["ledger"] == one["ledger"]
+    twice, half = one["ledger"]["twice"], one["ledger"]["half"]
+    assert (twice["documents_in"], twice["documents_out"], twice["repeats_added"]) == (4, 8, 4)
+    assert (half["documents_in"], half["documents_out"], half["sampled_out"]) == (3, 2, 1)
+    assert len(rows) == one["counts"]["documents"] == 10
+    copies = [doc_id for doc_id, _ in rows if doc_id.endswith("#r1")]
+    assert len(copies) == 4
+    assert all(dict(rows)[c] == dict(rows)[c.removesuffix("#r1")] for c in copies)
