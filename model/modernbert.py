@@ -175,9 +175,10 @@ class ModernBertConfig:
 def modernbert_tiny(**changes: Any) -> ModernBertConfig:
     """L=3, H=128, A=2 (head dim 64), window 64: layer 0 global, 1 and 2 local. Tests and the
     CPU demo."""
-    values = dict(hidden_size=128, num_hidden_layers=3, num_attention_heads=2,
-                  intermediate_size=192, local_attention=64, max_position_embeddings=1024)
-    return ModernBertConfig(**{**values, **changes})
+    return ModernBertConfig(**{"hidden_size": 128, "num_hidden_layers": 3,
+                               "num_attention_heads": 2, "intermediate_size": 192,
+                               "local_attention": 64, "max_position_embeddings": 1024,
+                               **changes})
 
 
 def modernbert_base(**changes: Any) -> ModernBertConfig:
@@ -187,9 +188,8 @@ def modernbert_base(**changes: Any) -> ModernBertConfig:
 
 def modernbert_large(**changes: Any) -> ModernBertConfig:
     """L=28, H=1024, A=16, GLU 2624: ModernBERT-large as published (395M parameters)."""
-    values = dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
-                  intermediate_size=2624)
-    return ModernBertConfig(**{**values, **changes})
+    return ModernBertConfig(**{"hidden_size": 1024, "num_hidden_layers": 28,
+                               "num_attention_heads": 16, "intermediate_size": 2624, **changes})
 
 
 PRESETS = {"modernbert_tiny": modernbert_tiny, "modernbert_base": modernbert_base,
@@ -304,6 +304,15 @@ def query_rows(mask: Tensor | None, query_index: Tensor) -> Tensor | None:
 @functools.cache
 def flash_attn_installed() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
+
+
+def half_precision_attention(x: Tensor) -> bool:
+    """Whether q, k and v will be fp16 or bf16 (flash attention takes no other): the hidden
+    states are, or autocast makes the projections so."""
+    half = (torch.float16, torch.bfloat16)
+    device = x.device.type
+    return x.dtype in half or (torch.is_autocast_enabled(device)
+                               and torch.get_autocast_dtype(device) in half)
 
 
 def varlen_attention(q: Tensor, k: Tensor, v: Tensor, runs: TokenRuns, window: int | None,
@@ -509,11 +518,10 @@ class ModernBertModel(nn.Module):
         ids = instance_ids(attention_mask, sequence_ids, input_ids)
         x = self.embeddings(input_ids)
         inputs = self.layer_inputs(ids, position_ids, layout, x)
+        query_index = None if output_positions is None else output_positions.long()
         states, last = [x], len(self.layers) - 1
         for i, layer in enumerate(self.layers):
-            query_index = output_positions.long() if i == last and output_positions is not None \
-                else None
-            x = layer(x, inputs[layer.is_global], query_index)
+            x = layer(x, inputs[layer.is_global], query_index if i == last else None)
             states.append(x)
         x = self.final_norm(x)
         if output_hidden_states:
@@ -527,8 +535,7 @@ class ModernBertModel(nn.Module):
         config, device = self.config, x.device
         B, T, _ = x.shape
         runs = None
-        if device.type == "cuda" and x.dtype in (torch.float16, torch.bfloat16) \
-                and flash_attn_installed():
+        if device.type == "cuda" and flash_attn_installed() and half_precision_attention(x):
             runs = token_runs(ids, B, T, device)
             same_instance = None
         else:

@@ -26,6 +26,7 @@ from model.modernbert import (
     modernbert_tiny,
     state_from_hf,
     state_to_hf,
+    token_runs,
 )
 
 VOCAB = 512
@@ -150,6 +151,19 @@ def test_output_positions_give_the_states_there_from_a_sparse_last_layer(ours):
         sparse = ours(ids, attention_mask=mask, output_positions=positions)
     expected = full.gather(1, positions[:, :, None].expand(-1, -1, full.shape[-1]))
     torch.testing.assert_close(sparse, expected)
+
+
+def test_token_runs_for_flash_attention_are_each_rows_instances():
+    """The variable-length kernel's view of a batch (GPU only; the runs are plain tensors):
+    a packed row with padding, and a row of one instance."""
+    ids = torch.tensor([[0, 0, 0, 1, 1, -1], [0, 0, 0, 0, 0, 0]])
+    runs = token_runs(ids, 2, 6, ids.device)
+    assert runs.token_index.tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+    assert runs.cu_seqlens.tolist() == [0, 3, 5, 11] and runs.cu_seqlens.dtype == torch.int32
+    assert runs.max_length == 6
+    dense = token_runs(None, 2, 6, ids.device)
+    assert dense.token_index.tolist() == list(range(12))
+    assert dense.cu_seqlens.tolist() == [0, 6, 12] and dense.max_length == 6
 
 
 def test_rows_longer_than_max_position_embeddings_are_refused():
@@ -348,16 +362,16 @@ def test_a_folder_saved_by_transformers_loads_through_the_converter(config, tmp_
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(hidden_size=96, num_attention_heads=32),
+    ({"hidden_size": 96, "num_attention_heads": 32},
      "head dim hidden_size / num_attention_heads = 96 / 32 = 3 must be even for RoPE"),
-    (dict(local_attention=9000, max_position_embeddings=8192),
+    ({"local_attention": 9000, "max_position_embeddings": 8192},
      "local_attention 9000 is larger than max_position_embeddings 8192"),
-    (dict(local_attention=63), "local_attention 63 must be even (the window is local_attention "
-                               "// 2 tokens each side)"),
-    (dict(hidden_size=100, num_attention_heads=3),
+    ({"local_attention": 63}, ("local_attention 63 must be even (the window is local_attention "
+                               "// 2 tokens each side)")),
+    ({"hidden_size": 100, "num_attention_heads": 3},
      "hidden_size 100 is not a multiple of num_attention_heads 3"),
-    (dict(mlp_dropout=1.0), "mlp_dropout must be in [0, 1), got 1.0"),
-    (dict(is_decoder=True), "is_decoder must be False: ModernBERT has no left-to-right form"),
+    ({"mlp_dropout": 1.0}, "mlp_dropout must be in [0, 1), got 1.0"),
+    ({"is_decoder": True}, "is_decoder must be False: ModernBERT has no left-to-right form"),
 ])
 def test_bad_settings_are_one_line_naming_them(changes, message):
     with pytest.raises(ValueError) as error:
