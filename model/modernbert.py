@@ -597,6 +597,8 @@ ENCODER_PREFIX = "model."
 """Where transformers' task models keep the encoder."""
 TIED_DECODER = "decoder.weight"
 """transformers' key of the MLM decoder weight, tied to the word embeddings."""
+NEXT_SENTENCE = False
+"""ModernBERT's checkpoints carry no next-sentence head (it was trained on MLM alone)."""
 
 # Ours <- Hugging Face, outside the layers (encoder prefix stripped).
 _TOP_LEVEL = {
@@ -727,11 +729,12 @@ def _global_period(layer_types: list[str]) -> int:
 
 
 def state_from_hf(hf_state: dict[str, Tensor],
-                  encoder_prefix: str = "") -> tuple[dict[str, Tensor], list[str]]:
+                  encoder_prefix: str = "bert.") -> tuple[dict[str, Tensor], list[str]]:
     """transformers ModernBERT weights -> (our state dict, transformers keys not used).
 
     Takes `ModernBertModel` keys (no prefix) and those of its task models (`model.` encoder,
-    `head.`, `decoder.`, `classifier.`). Our encoder keys get `encoder_prefix`; transformers'
+    `head.`, `decoder.`, `classifier.`). Our encoder keys get `encoder_prefix` (the heads'
+    `bert.`, whatever the arch; "" for a bare `ModernBertModel`); transformers'
     `head.*` becomes our `pooler.*` (what its classifiers apply `head` as), and in a masked-LM
     checkpoint (one with `decoder.*` keys) also `mlm.dense`/`mlm.norm`, with `decoder.bias`
     as `mlm.bias`: fine-tuning from such a checkpoint starts, as in transformers, with the MLM
@@ -766,7 +769,7 @@ def state_from_hf(hf_state: dict[str, Tensor],
 
 
 def state_to_hf(state: dict[str, Tensor], prefix: str = ENCODER_PREFIX,
-                encoder_prefix: str = "") -> dict[str, Tensor]:
+                encoder_prefix: str = "bert.") -> dict[str, Tensor]:
     """Our state dict (encoder keys under `encoder_prefix`, heads `mlm.*`, `classifier.*`) ->
     transformers keys, the encoder's under `prefix` ("" for a bare `ModernBertModel`).
 

@@ -53,7 +53,7 @@ def hf_model(cls: type, config: ModernBertConfig, attn: str = "sdpa", seed: int 
 def ours_from(hf: nn.Module, config: ModernBertConfig) -> ModernBertModel:
     """Our encoder with the weights of a transformers ModernBERT model (any class)."""
     model = ModernBertModel(config).eval()
-    state, _ = state_from_hf(hf.state_dict())
+    state, _ = state_from_hf(hf.state_dict(), encoder_prefix="")
     encoder = {k: v for k, v in state.items() if not k.startswith(("mlm.", "classifier."))}
     if "pooler.dense.weight" not in encoder:  # a bare ModernBertModel has no head
         encoder.update({k: v for k, v in model.state_dict().items() if k.startswith("pooler.")})
@@ -227,8 +227,7 @@ def test_masked_lm_loss_and_every_gradient_equal_transformers(config, sparse):
     state, ignored = state_from_hf(hf.state_dict())
     assert ignored == ["decoder.weight"]  # tied to the word embeddings
     ours = MaskedLM(config).eval()
-    ours.load_state_dict({("bert." + k if not k.startswith("mlm.") else k): v
-                          for k, v in state.items()})
+    ours.load_state_dict(state)  # the pooler too: transformers' `head`, as fine-tuning reads it
     ids, mask = padded_batch(seed=6)
     positions = torch.tensor([[1, 7, 20, 39], [3, 28, 0, 0], [0, 10, 0, 0]])  # 0: padding
     scored = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]]).bool()
@@ -247,8 +246,7 @@ def test_masked_lm_loss_and_every_gradient_equal_transformers(config, sparse):
         if name.startswith("bert.pooler."):
             assert p.grad is None  # the MLM reads no pooler
             continue
-        torch.testing.assert_close(p.grad, their_grads[name.removeprefix("bert.")],
-                                   atol=1e-6, rtol=0)
+        torch.testing.assert_close(p.grad, their_grads[name], atol=1e-6, rtol=0)
         compared += 1
     assert compared == len(list(ours.parameters())) - 2
 
@@ -278,25 +276,26 @@ def test_dropout_draws_transformers_random_numbers_under_stock_ops():
 
 def test_state_round_trip_through_transformers_keys_is_identical(ours):
     state = ours.state_dict()
-    hf = state_to_hf(state)
+    hf = state_to_hf(state, encoder_prefix="")
     assert set(hf) == set(transformers.ModernBertForSequenceClassification(
         transformers.ModernBertConfig(**hf_config(ours.config), num_labels=2)).state_dict()) \
         - {"classifier.weight", "classifier.bias"}
-    back, ignored = state_from_hf(hf)
+    back, ignored = state_from_hf(hf, encoder_prefix="")
     assert ignored == [] and back.keys() == state.keys()
     assert all(torch.equal(back[k], state[k]) for k in state)
-    bare = state_to_hf({k: v for k, v in state.items() if not k.startswith("pooler.")}, prefix="")
+    bare = state_to_hf({k: v for k, v in state.items() if not k.startswith("pooler.")},
+                       prefix="", encoder_prefix="")
     assert set(bare) == set(transformers.ModernBertModel(
         transformers.ModernBertConfig(**hf_config(ours.config))).state_dict())
 
 
 def test_masked_lm_state_round_trip_keeps_the_transform_and_bias(config):
     hf = hf_model(transformers.ModernBertForMaskedLM, config)
-    state, _ = state_from_hf(hf.state_dict(), encoder_prefix="bert.")
+    state, _ = state_from_hf(hf.state_dict())
     assert torch.equal(state["mlm.dense.weight"], hf.head.dense.weight)
     assert torch.equal(state["bert.pooler.dense.weight"], hf.head.dense.weight)
     assert torch.equal(state["mlm.bias"], hf.decoder.bias)
-    back = state_to_hf(state, encoder_prefix="bert.")
+    back = state_to_hf(state)
     expected = {k: v for k, v in hf.state_dict().items() if k != "decoder.weight"}
     assert back.keys() == expected.keys()
     assert all(torch.equal(back[k], expected[k]) for k in expected)
@@ -346,7 +345,7 @@ def test_a_folder_saved_by_transformers_loads_through_the_converter(config, tmp_
     folder_config = config_from_hf(transformers.ModernBertConfig.from_pretrained(tmp_path)
                                    .to_dict())
     assert folder_config == config
-    state, ignored = state_from_hf(load_file(tmp_path / "model.safetensors"))
+    state, ignored = state_from_hf(load_file(tmp_path / "model.safetensors"), encoder_prefix="")
     assert ignored == []  # the tied decoder weight is not saved
     model = ModernBertModel(folder_config).eval()
     model.load_state_dict({k: v for k, v in state.items() if not k.startswith("mlm.")})
