@@ -151,6 +151,7 @@ RENAMED_SETTINGS = {
     "pretrain.hostfile": "launch.hostfile",
     "pretrain.extra_args": "launch.extra_args (settings in it: pretrain.<field>)",
     **{f"pretrain.{old}": f"pretrain.{new}" for old, new in training.RENAMED_SETTINGS.items()},
+    **{f"pretrain.{old}": f"pretrain.{new}" for old, new in training.RENAMED_FIELDS.items()},
 }
 """Settings renamed (dotted key, or a whole section): old -> new."""
 

@@ -273,6 +273,10 @@ def pretrain_key(cfg: DagConfig) -> dict[str, Any]:
     settings = training.to_dict(cfg.pretrain)
     settings["cadence"] = {k: v for k, v in settings["cadence"].items()
                            if k not in ("probe_every", "report_to")}
+    # a renamed field is keyed under the name its folders were made with: a rename re-runs nothing
+    for old, new in training.RENAMED_FIELDS.items():
+        (section, _, name), (_, _, new_name) = old.partition("."), new.partition(".")
+        settings[section][name] = settings[section].pop(new_name)
     return {"pretrain": settings, "launch": dataclasses.asdict(cfg.launch)}
 
 

@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
 """`model` settings that override the preset's shape (0 = the preset's value)."""
-MASKING_FIELDS = ("masked_lm_prob", *(f.name for f in dataclasses.fields(MaskSplit)))
+MASKING_FIELDS = ("dynamic_masked_lm_prob", *(f.name for f in dataclasses.fields(MaskSplit)))
 """`data` settings of dynamic masking (`data.dynamic_masking=true`)."""
 
 
@@ -265,9 +265,10 @@ class PretrainDataConfig(MaskSplit):
     """Vocabulary folder (vocab.txt, tokenizer.json): special-token ids and the exported folder."""
     dynamic_masking: bool = False
     """Re-draw the masks of every row each epoch instead of the shards' static masks."""
-    masked_lm_prob: float = 0.0
+    dynamic_masked_lm_prob: float = 0.0
     """Dynamic masking's share of each instance's tokens to predict, capped at the shards'
-    max_predictions_per_seq (0 = as many per row as the shards' masks)."""
+    max_predictions_per_seq (0 = as many per row as the shards' masks, which make_shards'
+    masked_lm_prob drew)."""
     shuffle_buffer: int = 2000
     """Rows in the loader's shuffle buffer (0 = no shuffling)."""
     num_workers: int = 1
@@ -281,11 +282,12 @@ class PretrainDataConfig(MaskSplit):
     def masking(self, max_predictions_per_seq: int) -> MaskingConfig:
         """Dynamic masking's `common.masking.MaskingConfig`, capped as the shards are."""
         split = {f.name: getattr(self, f.name) for f in dataclasses.fields(MaskSplit)}
-        return MaskingConfig(masked_lm_prob=self.masked_lm_prob or 0.15,
+        return MaskingConfig(masked_lm_prob=self.dynamic_masked_lm_prob or 0.15,
                              max_predictions_per_seq=max_predictions_per_seq, **split)
 
     def _check_masking(self) -> None:
-        _check(0 <= self.masked_lm_prob < 1, "masked_lm_prob", "in [0, 1) (0 = the shards' count)")
+        _check(0 <= self.dynamic_masked_lm_prob < 1, "dynamic_masked_lm_prob",
+               "in [0, 1) (0 = the shards' count)")
         try:
             self.check_split()
         except SettingError as e:
@@ -505,13 +507,21 @@ SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "optimizer": Opt
 NEVER_FLAT = ("preset", "name", "probe_every", "report_to")
 """Section fields the flat layout did not have under their own name (`model`, `objective` and
 `optimizer` named the preset, objective and optimizer) or at all."""
+RENAMED_FIELDS = {"data.masked_lm_prob": "data.dynamic_masked_lm_prob"}
+"""A section's field renamed: old dotted name -> new (make_shards' `masked_lm_prob` is another
+setting, with another default). `bert-pretrain` and the flow (`pretrain.<old>`) refuse the old
+name naming the new one; `load_saved` reads a saved config's value under the new name."""
+_OLD_NAMES = {new: old for old, new in RENAMED_FIELDS.items()}
+
 RENAMED_SETTINGS = {
-    **{f.name: f"{section}.{f.name}" for section, cls in SECTIONS.items()
+    **{_OLD_NAMES.get(f"{section}.{f.name}", f".{f.name}").partition(".")[2]:
+       f"{section}.{f.name}" for section, cls in SECTIONS.items()
        for f in dataclasses.fields(cls) if f.name not in NEVER_FLAT},
     "model": "model.preset", "objective": "objective.name", "optimizer": "optimizer.name"}
 """Flat setting -> its name in the sections (`zero_stage` -> `engine.zero_stage`, `model` ->
-`model.preset`). `bert-pretrain` and the flow (`pretrain.<old>`) refuse the flat name naming
-the new one; `load_saved` moves a flat saved config's values there."""
+`model.preset`, `masked_lm_prob` -> `data.dynamic_masked_lm_prob`). `bert-pretrain` and the
+flow (`pretrain.<old>`) refuse the flat name naming the new one; `load_saved` moves a flat
+saved config's values there."""
 
 
 def _is_flat(key: str, value: Any) -> bool:
@@ -527,13 +537,18 @@ def renamed_error(overrides: Mapping[str, Any]) -> str | None:
     for key, value in overrides.items():
         if _is_flat(key, value):
             return f"setting {key} was renamed: it is now {RENAMED_SETTINGS[key]}"
+    for old, new in RENAMED_FIELDS.items():
+        section, _, name = old.partition(".")
+        if isinstance(overrides.get(section), Mapping) and name in overrides[section]:
+            return f"setting {old} was renamed: it is now {new}"
     return None
 
 
 def migrate_flat(data: Mapping[str, Any]) -> dict[str, Any]:
     """A saved config in the flat layout (each section's fields at the top level: the
     `config.json` of runs saved in that layout) in the sections' layout; one in the
-    sections' layout unchanged."""
+    sections' layout unchanged but for a renamed field's value (`RENAMED_FIELDS`), read under
+    its new name."""
     moved: dict[str, Any] = {}
     for key, value in data.items():
         if _is_flat(key, value):
@@ -541,6 +556,12 @@ def migrate_flat(data: Mapping[str, Any]) -> dict[str, Any]:
             moved = settings.merge(moved, {section: {name: value}})
         else:
             moved = settings.merge(moved, {key: value})
+    for old, new in RENAMED_FIELDS.items():
+        (section, _, name), (_, _, new_name) = old.partition("."), new.partition(".")
+        if isinstance(moved.get(section), Mapping) and name in moved[section]:
+            fields = dict(moved[section])
+            fields[new_name] = fields.pop(name)
+            moved[section] = fields
     return moved
 
 

@@ -189,13 +189,14 @@ def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
     remasker, data = None, config.data
     if data.dynamic_masking and not validation:
         from common.masking import MaskingConfig
+        share = data.dynamic_masked_lm_prob
         cap = int(shard_manifest(phase).get("max_predictions_per_seq") or 0) \
-            if data.masked_lm_prob else MaskingConfig.max_predictions_per_seq  # unused
+            if share else MaskingConfig.max_predictions_per_seq  # unused
         if not cap:
-            raise ValueError(f"--set data.masked_lm_prob={data.masked_lm_prob}: the manifest of "
+            raise ValueError(f"--set data.dynamic_masked_lm_prob={share}: the manifest of "
                              f"{phase.train_shards} records no max_predictions_per_seq to cap it")
         remasker = Remasker.from_vocab(data.vocab_dir, config.seed, data.masking(cap),
-                                       recount=bool(data.masked_lm_prob))
+                                       recount=bool(share))
     return LoaderConfig(
         source=(phase.validation_shards or phase.train_shards) if validation else phase.train_shards,
         batch_size=phase.micro_batch_size, max_seq_length=phase.max_seq_length, rank=dist.rank,

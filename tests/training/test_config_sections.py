@@ -32,20 +32,21 @@ SETTINGS = {
                   "weight_decay": 0.02, "max_grad_norm": 0.5},
     "engine": {"zero_stage": 1, "precision": "bf16", "device": "cuda", "compile": True,
                "static_shapes": "on"},
-    "data": {"vocab_dir": "/v", "dynamic_masking": True, "masked_lm_prob": 0.2,
+    "data": {"vocab_dir": "/v", "dynamic_masking": True, "dynamic_masked_lm_prob": 0.2,
              "mask_fraction": 0.7, "same_fraction": 0.2, "random_fraction": 0.1,
              "do_whole_word_mask": True, "shuffle_buffer": 100, "num_workers": 3},
     "cadence": {"log_every": 5, "eval_every": 50, "eval_batches": 6, "checkpoint_every": 70,
                 "keep_checkpoints": 4, "export_hf": False},
 }
 """Each section's settings, every one away from the tiny preset's value (the flat config's)."""
-ADDED = {"cadence": {"probe_every": 30, "report_to": ("none",)}}
+ADDED = {"cadence": {"probe_every": 30, "report_to": ("none",)},
+         "model": {"arch": "bert", "max_position_embeddings": 256}}
 """Settings the flat layout never had, away from the tiny preset's value."""
 NEW_NAMES = {
     **{name: f"{section}.{name}" for section, fields in SETTINGS.items() for name in fields
-       if name not in ("preset", "name")},
+       if name not in ("preset", "name", "dynamic_masked_lm_prob")},
     "init_from": "model.init_from", "model": "model.preset", "objective": "objective.name",
-    "optimizer": "optimizer.name"}
+    "optimizer": "optimizer.name", "masked_lm_prob": "data.dynamic_masked_lm_prob"}
 """Each flat setting of the old layout -> its name in the sections."""
 OLD_NAMES = sorted(set(json.loads(FLAT_CONFIG.read_text())) - {"phases", "output_dir", "seed"})
 
@@ -225,3 +226,41 @@ def test_fine_tuning_and_pre_training_share_the_optimizer_fields(capsys):
     help_text = build_parser().format_help()
     loop_group = help_text.split("training loop (every task):")[1]
     assert "--weight_decay" in loop_group and "--adam_epsilon" in loop_group
+
+
+def test_dynamic_maskings_share_has_its_own_name_and_the_old_one_names_it(tmp_path, capsys):
+    """make_shards' `masked_lm_prob` (flow `shards.*`, 0.15) and dynamic masking's share
+    (`data.dynamic_masked_lm_prob`, 0 = the shards' count) are two settings with two names;
+    the old `data.masked_lm_prob` fails in one line naming the new one everywhere, and a run
+    saved under it still loads (and keeps its flow folder)."""
+    new = "data.dynamic_masked_lm_prob"
+    run = cfg.resolve("tiny", None, ["data.dynamic_masking=true", f"{new}=0.2"])
+    assert run.data.dynamic_masked_lm_prob == 0.2 and run.data.masking(20).masked_lm_prob == 0.2
+    message = f"setting data.masked_lm_prob was renamed: it is now {new}"
+    with pytest.raises(SystemExit) as stopped:
+        pretrain.main(["--set", "data.masked_lm_prob=0.2"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"bert-pretrain: error: {message}"
+    path = tmp_path / "run.yaml"
+    path.write_text("data:\n  masked_lm_prob: 0.2\n")
+    with pytest.raises(ValueError) as error:
+        cfg.resolve("tiny", str(path))
+    assert str(error.value) == f"{path}: {message}"
+    for overrides in (flows.parse_set_flags(["pretrain.data.masked_lm_prob=0.2"]),
+                      {"pretrain": {"data": {"masked_lm_prob": 0.2}}}):
+        with pytest.raises(ValueError) as error:
+            flows.resolve("tiny", overrides)
+        assert str(error.value) == f"setting pretrain.{message.removeprefix('setting ')}" \
+            .replace(f"now {new}", f"now pretrain.{new}")
+    # a run's config.json saved under the old name loads, its value under the new one
+    saved = cfg.to_dict(run)
+    saved["data"]["masked_lm_prob"] = saved["data"].pop("dynamic_masked_lm_prob")
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert cfg.load_saved(str(tmp_path / "config.json")) == run
+    # the flow's pretrain folder is keyed under the name it had: finished runs are reused
+    from flows import steps
+
+    flow = flows.resolve("tiny", flows.parse_set_flags(["pretrain.data.dynamic_masking=true",
+                                                        f"pretrain.{new}=0.2"]))
+    assert steps.pretrain_key(flow)["pretrain"]["data"]["masked_lm_prob"] == 0.2
+    assert "dynamic_masked_lm_prob" not in steps.pretrain_key(flow)["pretrain"]["data"]
