@@ -173,24 +173,40 @@ def command(name: str) -> str:
     return script if relative.startswith("..") else relative
 
 
+QUALITY_PREFIX = "dropped_"
+"""The ledger's quality counters: `dropped_<rule>` (pipelines/corpus/filter_quality.py)."""
+QUALITY_DROPS = "quality drops"
+"""The place in `LEDGER_COLUMNS` of the quality rules' columns."""
 LEDGER_COLUMNS = (
     ("weight", "weight"), ("licence", "licence"), ("records_read", "records read"),
     ("input_bytes", "input bytes"), ("bad_records", "bad"), ("documents_in", "documents in"),
     ("duplicates_removed", "duplicates"), ("doc_id_conflicts", "id conflicts"),
+    ("near_duplicates_removed", "near duplicates"), (QUALITY_DROPS, ""),
     ("without_sentences", "no sentence"), ("sampled_out", "sampled out"),
     ("repeats_added", "repeats"), ("documents_out", "documents out"),
     ("bytes_in", "bytes in"), ("bytes_out", "bytes out"), ("sentences_in", "sentences in"),
     ("sentences_out", "sentences out"), ("words_in", "words in"), ("words_out", "words out"),
     ("share_documents", "share (documents)"), ("share_bytes", "share (bytes)"))
-"""The ledger's columns (build_corpus's manifest `ledger`), with their headings."""
+"""The ledger's columns (build_corpus's manifest `ledger`), with their headings; at
+`QUALITY_DROPS`, a column per quality rule that dropped a document of some source. Every drop
+has a column, so on each row documents in + repeats = documents out + the drops."""
 
 
 def ledger_table(ledger: dict[str, dict]) -> list[str]:
     """The mixture ledger as Markdown table lines, one row per source (unknown: -)."""
-    lines = ["| source | " + " | ".join(h for _, h in LEDGER_COLUMNS) + " |",
-             "|---|" + "---:|" * len(LEDGER_COLUMNS)]
+    rules = sorted({key for row in ledger.values() for key in row
+                    if key.startswith(QUALITY_PREFIX)})
+    columns = []
+    for key, heading in LEDGER_COLUMNS:
+        columns += ([(rule, f"quality: {rule.removeprefix(QUALITY_PREFIX)}") for rule in rules]
+                    if key == QUALITY_DROPS else [(key, heading)])
+    lines = ["| source | " + " | ".join(h for _, h in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
     for name, row in ledger.items():
-        cells = ["-" if row.get(key) in (None, "") else str(row[key]) for key, _ in LEDGER_COLUMNS]
+        # A source's rule counter is absent where that rule dropped none of its documents.
+        cells = [str(row.get(key, 0)) if key.startswith(QUALITY_PREFIX)
+                 else "-" if row.get(key) in (None, "") else str(row[key])
+                 for key, _ in columns]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 

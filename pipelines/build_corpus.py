@@ -29,8 +29,8 @@ listed has weight 1. Applied after the exact deduplication because copies are du
 design: before it, they would be removed again. The manifest's `ledger` has a row per source (the documents' `source`): what its
 extraction job read (records, input bytes, bad records, from that folder's manifest), then here
 documents, text bytes (UTF-8 of the passages), sentences and words (whitespace-separated) in
-and out, what each step dropped (duplicates, doc_id conflicts, no sentence, sampled out),
-repeats added, and its share of the final corpus (of documents and of text bytes); with the
+and out, what each step dropped (duplicates, doc_id conflicts, near-duplicates, each quality
+rule as `dropped_<rule>`, no sentence, sampled out), repeats added, and its share of the final corpus (of documents and of text bytes); with the
 source's weight and licence label.
 
 `manifest.json` is written last: config + hash, counts, the ledger, inputs (with each input
@@ -81,7 +81,7 @@ COUNTERS = ("input_files", "documents_read", "duplicates_removed", "doc_id_confl
 LEDGER_NAMESPACE = "build_corpus.sources"
 """Per-source counters, named `<source>/<counter>`."""
 LEDGER_COUNTS = ("documents_in", "bytes_in", "duplicates_removed", "doc_id_conflicts",
-                 "without_sentences", "sentences_in", "words_in", "sampled_out", "repeats_added",
+                 "near_duplicates_removed", "without_sentences", "sentences_in", "words_in", "sampled_out", "repeats_added",
                  "documents_out", "bytes_out", "sentences_out", "words_out")
 log = logging.getLogger(__name__)
 
