@@ -100,8 +100,8 @@ def checkpoint_tag(phase_index: int, phase: PhaseConfig, step: int) -> str:
     return f"{phase_index:02d}-{phase.name}-step{step:08d}"
 
 
-def read_latest(ckpt_dir: str) -> CheckpointState | None:
-    """The state of the checkpoint `latest` names, or None for a fresh run."""
+def latest_tag(ckpt_dir: str) -> str | None:
+    """The tag `latest` names, or None for a fresh run; nothing in the checkpoint is read."""
     latest = os.path.join(ckpt_dir, LATEST)
     if not os.path.exists(latest):
         return None
@@ -110,9 +110,24 @@ def read_latest(ckpt_dir: str) -> CheckpointState | None:
     if not TAG.fullmatch(tag):  # a planted `latest` must not lead outside the folder
         raise UntrustedCheckpointError(f"{latest}: refused: {tag[:80]!r} is no checkpoint tag "
                                        "of this run (NN-<phase>-stepNNNNNNNN)")
+    return tag
+
+
+def read_state(ckpt_dir: str, tag: str) -> CheckpointState:
+    """What `training_state.json` of `tag` records; call it once the folder is verified."""
     with open(os.path.join(ckpt_dir, tag, STATE_FILE), encoding="utf-8") as f:
         state = json.load(f)
     return CheckpointState(tag=tag, **state)
+
+
+def read_latest(ckpt_dir: str) -> CheckpointState | None:
+    """The state of the checkpoint `latest` names, its folder verified first
+    (`verify_once`), or None for a fresh run."""
+    tag = latest_tag(ckpt_dir)
+    if tag is None:
+        return None
+    verify_once(os.path.join(ckpt_dir, tag))
+    return read_state(ckpt_dir, tag)
 
 
 # ---------------------------------------------------------------- writing
@@ -343,12 +358,35 @@ def weights_only_loads(folder: str) -> Iterator[None]:
             os.environ[FORCE_WEIGHTS_ONLY] = previous
 
 
+_verified: dict[str, tuple] = {}
+"""Folders this process verified, with what `os.stat` said of each file then."""
+
+
+def file_signature(folder: str) -> tuple:
+    """Name, size, mtime and inode of every file under `folder`: a file written or replaced
+    since changes it."""
+    return tuple((rel, st.st_size, st.st_mtime_ns, st.st_ino) for rel in folder_files(folder)
+                 for st in (os.stat(os.path.join(folder, rel)),))
+
+
+def verify_once(folder: str) -> None:
+    """`verify_checkpoint(folder)`, unless this process verified it already and no file in it
+    changed since: a resume verifies its checkpoint before reading its state and config, and
+    hashing it again to load it would cost as much (~20 s for BERT-large)."""
+    signature = file_signature(folder) if os.path.isdir(folder) else None
+    if signature is not None and _verified.get(folder) == signature:
+        return
+    verify_checkpoint(folder)
+    if signature is not None:
+        _verified[folder] = signature
+
+
 def verified(folder: str, dist: Dist | None = None) -> None:
-    """`verify_checkpoint(folder)` on rank 0, its refusal raised on every rank."""
+    """`verify_once(folder)` on rank 0, its refusal raised on every rank."""
     if dist is None:
-        verify_checkpoint(folder)
+        verify_once(folder)
     else:
-        on_all_ranks(dist, lambda: verify_checkpoint(folder) if dist.is_main else None)
+        on_all_ranks(dist, lambda: verify_once(folder) if dist.is_main else None)
 
 
 # ---------------------------------------------------------------- reading
@@ -387,7 +425,7 @@ def to_universal(ckpt_dir: str, tag: str, dist: Dist) -> None:
         if not dist.is_main or os.path.isdir(out):
             return
         source = os.path.join(ckpt_dir, tag)
-        verify_checkpoint(source)
+        verify_once(source)
         tmp = os.path.join(ckpt_dir, f".tmp-{tag}-universal")
         shutil.rmtree(tmp, ignore_errors=True)
         done = subprocess.run([sys.executable, "-m", "training.checkpoint", "--input_folder",

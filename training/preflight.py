@@ -21,7 +21,7 @@ import torch
 from common import storage
 from training import config as cfg
 from training import objectives
-from training.checkpoint import CheckpointState, read_latest
+from training.checkpoint import CheckpointState, latest_tag, read_state, verified
 from training.config import PhaseConfig, PretrainConfig
 from training.metrics import read_metrics
 from training.ranks import Dist, on_all_ranks
@@ -221,8 +221,14 @@ def preflight(config: PretrainConfig, dist: Dist,
     that phase 2's mistakes cannot wait for phase 1. Returns the checkpoint, whether to
     validate each phase, and whether the resumed step owes its evaluation (killed between its
     checkpoint and its evaluation; then the resumed phase's inputs are checked too)."""
-    resume = on_all_ranks(dist, lambda: read_latest(ckpt_dir),
-                          agree="the checkpoint to resume from")
+    tag = on_all_ranks(dist, lambda: latest_tag(ckpt_dir), agree="the checkpoint to resume from")
+    resume = None
+    if tag is not None:
+        # before anything in it is read: its config.json names the objective, which may be a
+        # module to import
+        verified(os.path.join(ckpt_dir, tag), dist)
+        resume = on_all_ranks(dist, lambda: read_state(ckpt_dir, tag),
+                              agree="the checkpoint to resume from")
     if resume:
         on_all_ranks(dist, lambda: check_resume(config, ckpt_dir, resume))
 

@@ -52,12 +52,12 @@ def run_copy(trained, tmp_path) -> Path:
     return out
 
 
-def resume_in_subprocess(data, out: Path) -> subprocess.CompletedProcess:
+def resume_in_subprocess(data, out: Path, **env: str) -> subprocess.CompletedProcess:
     path = out.with_suffix(".yaml")
     path.write_text(yaml.safe_dump(cfg.to_dict(make_config(data, out, **RUN))))
     return subprocess.run([sys.executable, "-m", "training.pretrain", "--config", str(path)],
-                          cwd=REPO, env=subprocess_env(), capture_output=True, text=True,
-                          timeout=600, check=False)
+                          cwd=REPO, env={**subprocess_env(), **env}, capture_output=True,
+                          text=True, timeout=600, check=False)
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -79,6 +79,27 @@ def test_a_planted_model_states_pickle_runs_no_code_on_resume(data, run_copy, tm
     assert error_lines(done.stderr) == [f"bert-pretrain: error: {planted}: {REFUSAL}"]
     assert "Traceback" not in done.stderr
     assert (run_copy / "checkpoints" / "latest").read_text() == TAG
+
+
+def test_an_edited_checkpoint_config_imports_nothing_on_resume(data, run_copy, tmp_path):
+    """A checkpoint's config.json edited to name an importable module as its objective: the
+    checksums refuse the file before anything in the checkpoint is read, so the module is never
+    imported; exit 2, one line naming the file."""
+    marker = tmp_path / "marker"
+    (tmp_path / "planted_objective.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\n")
+    saved = run_copy / "checkpoints" / TAG / "config.json"
+    config = json.loads(saved.read_text())
+    config["objective"]["name"] = "planted_objective:OBJECTIVE"
+    saved.write_text(json.dumps(config))
+    done = resume_in_subprocess(data, run_copy, PYTHONPATH=str(tmp_path))
+    assert not marker.exists()
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert error_lines(done.stderr) == [(
+        f"bert-pretrain: error: {saved}: refused: its size or sha256 differs from "
+        f"{saved.parent}/checksums.json, recorded when the checkpoint was written: changed "
+        "since (it may have been planted). Resume from a checkpoint you trust")]
+    assert "Traceback" not in done.stderr
 
 
 def test_the_export_refuses_a_planted_optimizer_state_file(run_copy, tmp_path):
