@@ -170,15 +170,19 @@ def save_checkpoint(engine, config: PretrainConfig, phase_index: int, phase: Pha
     return tag
 
 
+STALE = re.compile(r"\.tmp-.+|\.fp32-.+\.pt|\.(latest|\.fp32-.+\.pt)\..+\.tmp")
+"""What a killed run leaves in the checkpoints folder: a checkpoint's temporary folder
+(`.tmp-<tag>`, `.tmp-<tag>-universal`), a consolidation's file (`.fp32-<tag>.pt`), and the
+temporary files of the atomic writes of `latest` and of that file (`storage.atomic_open`:
+`.latest.<random>.tmp`, `..fp32-<tag>.pt.<random>.tmp`)."""
+
+
 def remove_stale_files(ckpt_dir: str) -> list[str]:
-    """Remove what a killed run left in `ckpt_dir` (rank 0, before the run writes): a
-    checkpoint's temporary folder (`.tmp-<tag>`, `.tmp-<tag>-universal`) and a consolidation's
-    file (`.fp32-<tag>.pt`); nothing else. Returns the names removed."""
+    """Remove what a killed run left in `ckpt_dir` (rank 0, before the run writes): the names
+    `STALE` matches, nothing else. Returns the names removed."""
     if not os.path.isdir(ckpt_dir):
         return []
-    stale = sorted(name for name in os.listdir(ckpt_dir)
-                   if name.startswith(".tmp-") or (name.startswith(".fp32-")
-                                                   and name.endswith(".pt")))
+    stale = sorted(name for name in os.listdir(ckpt_dir) if STALE.fullmatch(name))
     for name in stale:
         path = os.path.join(ckpt_dir, name)
         if os.path.isdir(path):

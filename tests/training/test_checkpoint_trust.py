@@ -223,11 +223,16 @@ def test_a_killed_runs_temporaries_are_removed_and_nothing_else(tmp_path):
                    "00-phase1-step00000002", ".cache"):
         (ckpt / folder).mkdir(parents=True)
         (ckpt / folder / "x.pt").write_bytes(b"x")
-    for name in (".fp32-00-phase1-step00000002.pt", "latest", ".fp32-notes.txt"):
+    # `.latest.*.tmp` and `..fp32-*.pt.*.tmp`: the atomic writes' temporary files (a kill
+    # between their write and their rename)
+    for name in (".fp32-00-phase1-step00000002.pt", "latest", ".fp32-notes.txt",
+                 ".latest.k3x9_q1.tmp", "..fp32-00-phase1-step00000002.pt.a8d2kq.tmp",
+                 ".notes.a8d2kq.tmp"):
         (ckpt / name).write_text("x")
     assert checkpoint.remove_stale_files(str(ckpt)) == [
-        ".fp32-00-phase1-step00000002.pt", ".tmp-00-phase1-step00000002-universal",
+        "..fp32-00-phase1-step00000002.pt.a8d2kq.tmp", ".fp32-00-phase1-step00000002.pt",
+        ".latest.k3x9_q1.tmp", ".tmp-00-phase1-step00000002-universal",
         ".tmp-00-phase1-step00000003"]
     assert sorted(p.name for p in ckpt.iterdir()) == [
-        ".cache", ".fp32-notes.txt", "00-phase1-step00000002", "latest"]
+        ".cache", ".fp32-notes.txt", ".notes.a8d2kq.tmp", "00-phase1-step00000002", "latest"]
     assert checkpoint.remove_stale_files(str(tmp_path / "none")) == []
