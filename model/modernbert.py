@@ -694,6 +694,10 @@ def config_from_hf(values: dict[str, Any]) -> ModernBertConfig:
                          ("classifier_pooling", "cls")):
         if name in values and values[name] != wanted:
             raise ValueError(f"{name}={values[name]!r} is not supported (only {wanted!r})")
+    activation = values.get("hidden_activation", ModernBertConfig.hidden_act)
+    if values.get("classifier_activation", activation) != activation:
+        raise ValueError(f"classifier_activation {values['classifier_activation']!r} differs from "
+                         f"hidden_activation {activation!r}: one hidden_act serves both here")
     layers = values.get("num_hidden_layers", ModernBertConfig.num_hidden_layers)
     every = values.get("global_attn_every_n_layers", ModernBertConfig.global_attn_every_n_layers)
     global_theta = values.get("global_rope_theta", ModernBertConfig.global_rope_theta)

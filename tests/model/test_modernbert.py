@@ -339,6 +339,22 @@ def test_config_from_a_transformers_4_config_json():
         .initializer_cutoff_factor == 3.0  # what transformers reads None as
 
 
+@pytest.mark.parametrize("unsupported, message", [
+    ({"norm_bias": True}, "norm_bias=True is not supported (only False)"),
+    ({"classifier_pooling": "mean"}, "classifier_pooling='mean' is not supported (only 'cls')"),
+    ({"classifier_activation": "silu"}, ("classifier_activation 'silu' differs from "
+                                         "hidden_activation 'gelu': one hidden_act serves both here")),
+    ({"layer_types": ["full_attention", "full_attention", "sliding_attention"]},
+     ("layer_types ['full_attention', 'full_attention', 'sliding_attention'] is not every n-th "
+      "layer global from layer 0")),
+])
+def test_transformers_settings_we_do_not_have_are_one_line(unsupported, message):
+    base = {"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 3}
+    with pytest.raises(ValueError) as error:
+        config_from_hf({**base, **unsupported})
+    assert str(error.value) == message
+
+
 def test_a_folder_saved_by_transformers_loads_through_the_converter(config, tmp_path):
     hf = hf_model(transformers.ModernBertForMaskedLM, config)
     hf.save_pretrained(tmp_path)
