@@ -9,10 +9,13 @@ the file, its fields) or a `Bad` (where, a reason code, the reason).
 
 Rows and lines count from 1 (a CSV's header is line 1; its first record row 1). Reason codes:
 `invalid_json`, `not_an_object`, `undecodable`, `missing_field`, `not_a_string`,
-`empty_text`, `unreadable`. A new kind is one function here and one line in `READERS`.
+`empty_text`, `unreadable`, `malformed_row` (a CSV/TSV row whose quoting is broken: set aside,
+and the lines after its first read again, so an unclosed quote takes no good row with it),
+`binary` (a jsonl, csv, tsv or text file of binary bytes: one per file, location "file"). A new kind is one function here and one line in `READERS`.
 """
 from __future__ import annotations
 
+import collections
 import csv
 import io
 import json
@@ -21,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+from pipelines.books.cleaning import BookConfig, control_fraction
 from pipelines.documents.source import SourceConfig
 
 
@@ -48,6 +52,46 @@ TEXT_KEY = "text"
 _BLANK_LINE = re.compile(r"\n[ \t\f\v\r]*\n")
 
 
+SNIFF_BYTES = 1 << 16
+"""How much of a line-based file decides whether it is binary (it is read as a stream)."""
+
+
+def binary(data: bytes) -> Bad | None:
+    """One `binary` Bad for a whole file whose (first) bytes are not text: more control bytes
+    (NUL etc.) than extract_books and make_shards allow. Parsing it line by line would set
+    aside hundreds of meaningless "records"."""
+    share = control_fraction(data)
+    if share <= BookConfig.max_control_fraction:
+        return None
+    return Bad("file", "binary", f"binary, not text: {share:.1%} of bytes are control "
+                                 f"characters such as NUL (over {BookConfig.max_control_fraction:.0%})")
+
+
+class _Sniffed(io.RawIOBase):
+    """A binary stream whose first bytes were read to look at: them, then the rest."""
+
+    def __init__(self, head: bytes, rest: IO[bytes]):
+        self._head, self._rest = head, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self._head:
+            n = min(len(buffer), len(self._head))
+            buffer[:n], self._head = self._head[:n], self._head[n:]
+            return n
+        data = self._rest.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+
+def _sniff(stream: IO[bytes]) -> tuple[Bad | None, IO[bytes]]:
+    """(a `binary` Bad or None, the whole stream still to read)."""
+    head = stream.read(SNIFF_BYTES)
+    return binary(head), io.BufferedReader(_Sniffed(head, stream))
+
+
 def _decode(data: bytes, location: str) -> str | Bad:
     try:
         return data.decode("utf-8-sig")
@@ -57,6 +101,10 @@ def _decode(data: bytes, location: str) -> str | Bad:
 
 
 def read_jsonl(stream: IO[bytes], name: str, source: SourceConfig) -> Iterator[Record]:
+    bad, stream = _sniff(stream)
+    if bad:
+        yield bad
+        return
     for number, line in enumerate(stream, start=1):
         location = f"line {number}"
         if not line.strip():
@@ -80,19 +128,70 @@ MAX_FIELD_CHARS = 2**31 - 1
 """The longest CSV/TSV field read (csv.field_size_limit's most, a C long on every platform)."""
 
 
+class _Lines:
+    """A text stream's lines for csv.reader, numbered from 1; the lines of the row being read
+    are kept, so that those after a malformed row's first line can be read again."""
+
+    def __init__(self, text: IO[str]):
+        self._text, self._read = text, 0
+        self._again: collections.deque[tuple[int, str]] = collections.deque()
+        self.row: list[tuple[int, str]] = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        if self._again:
+            number, line = self._again.popleft()
+        else:
+            line = self._text.readline()
+            if not line:
+                raise StopIteration
+            self._read += 1
+            number = self._read
+        self.row.append((number, line))
+        return line
+
+    def read_again_after_first(self) -> None:
+        self._again.extendleft(reversed(self.row[1:]))
+
+
 def _read_delimited(stream: IO[bytes], delimiter: str) -> Iterator[Record]:
+    bad, stream = _sniff(stream)
+    if bad:
+        yield bad
+        return
     # surrogateescape keeps a bad byte as a lone surrogate: the row it is in is set aside,
     # the rows around it are read.
     text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape", newline="")
     # csv's default field limit (128 KiB) would end the file at the first long document
     csv.field_size_limit(MAX_FIELD_CHARS)
-    rows = csv.reader(text, delimiter=delimiter)
+    lines = _Lines(text)
+    # strict: a quote that is not closed where a field ends is an error, not a field that
+    # runs on into the next rows (csv's reader starts each row afresh after an error).
+    rows = csv.reader(lines, delimiter=delimiter, strict=True)
     try:
         header = next(rows)
     except StopIteration:
         return
-    for number, row in enumerate(rows, start=1):
-        location = f"row {number} (line {rows.line_num})"
+    number = 0
+    while True:
+        lines.row = []
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            if not lines.row:
+                raise
+            number += 1
+            lines.read_again_after_first()
+            yield Bad(f"row {number} (line {lines.row[0][0]})", "malformed_row",
+                      f"malformed row: {e} (a quote opened in it is not closed where a field "
+                      "ends); the lines after its first are read again")
+            continue
+        number += 1
+        location = f"row {number} (line {lines.row[-1][0]})"
         if any(_has_surrogate(cell) for cell in row):
             yield Bad(location, "undecodable", "undecodable bytes (not UTF-8)")
             continue
@@ -144,7 +243,12 @@ def read_arrow_stream(stream: IO[bytes], name: str, source: SourceConfig) -> Ite
 
 
 def read_text(stream: IO[bytes], name: str, source: SourceConfig) -> Iterator[Record]:
-    text = _decode(stream.read(), "file")
+    data = stream.read()
+    bad = binary(data)
+    if bad:
+        yield bad
+        return
+    text = _decode(data, "file")
     if isinstance(text, Bad):
         yield text
         return

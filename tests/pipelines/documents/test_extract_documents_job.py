@@ -16,6 +16,8 @@ from pipelines.documents import source as mixture
 from pipelines.documents.source import SourceConfig
 from pipelines.extract_documents import ExtractDocumentsConfig
 
+SAMPLE = Path(__file__).resolve().parents[3] / "data" / "sample"
+
 
 def _run(tmp_path: Path, *sources: SourceConfig, out: str = "out") -> tuple[dict, list, list]:
     manifest = extract_documents.run(ExtractDocumentsConfig(sources=sources,
@@ -279,3 +281,61 @@ def test_a_csv_document_longer_than_csvs_default_field_limit_is_read_with_the_re
     rows = list(readers.read_csv(io.BytesIO(data), "x.csv", source))
     assert [type(r).__name__ for r in rows] == ["Raw", "Raw"]
     assert [len(r.fields["text"]) for r in rows] == [200_000, 11]
+
+
+def test_a_csv_row_with_an_unclosed_quote_is_a_dead_letter_and_the_next_row_is_read(tmp_path):
+    """The quote opened in row 2 closes in row 3's first field: csv would read both as one
+    row (row 3's text lost, nothing set aside). Row 2 is set aside; row 3 is read again."""
+    poems = [json.loads(line) for line in (SAMPLE / "jsonl" / "blake-poems.jsonl")
+             .read_text().splitlines()][:4]
+    lines = ["title,text"] + [f'"{p["title"]}","{p["text"].splitlines()[0]}"' for p in poems]
+    lines[2] = f'"{poems[1]["title"]}","{poems[1]["text"].splitlines()[0]}'  # unclosed
+    path = tmp_path / "poems.csv"
+    path.write_text("\n".join(lines) + "\n")
+    manifest, docs, dead = _run(tmp_path, SourceConfig(name="poems", kind="csv",
+                                                       path=str(path), title_field="title"))
+    assert [(d["doc_id"], d["title"], d["passages"]) for d in docs] == [
+        (f"poems/poems.csv:row{n}", poems[i]["title"], [poems[i]["text"].splitlines()[0]])
+        for n, i in ((1, 0), (3, 2), (4, 3))]
+    reason = ("malformed row: ',' expected after '\"' (a quote opened in it is not closed "
+              "where a field ends); the lines after its first are read again")
+    assert [(d["record"], d["reason"]) for d in dead] == [("row 2 (line 3)", reason)]
+    assert manifest["sources"]["poems"]["bad"] == {"malformed_row": 1}
+    assert manifest["counts"] == {"records_read": 4, "bad_records": 1, "documents": 3}
+
+
+def test_binary_files_are_one_dead_letter_each(tmp_path):
+    """A gzipped .jsonl and a text file of NUL bytes: each set aside whole, as extract_books
+    and make_shards set aside a binary file."""
+    import gzip
+    (tmp_path / "poems").mkdir()
+    data = (SAMPLE / "jsonl" / "blake-poems.jsonl").read_bytes()
+    (tmp_path / "poems" / "a.jsonl").write_bytes(gzip.compress(data, mtime=0))
+    (tmp_path / "poems" / "b.jsonl").write_bytes(data)
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "nul.txt").write_bytes(b"\0" * 4096)
+    (tmp_path / "notes" / "ok.txt").write_text("A note. It reads as text.\n")
+    manifest, docs, dead = _run(
+        tmp_path, SourceConfig(name="poems", kind="jsonl", path=str(tmp_path / "poems")),
+        SourceConfig(name="notes", kind="text", path=str(tmp_path / "notes")))
+    binary = "binary, not text: {} of bytes are control characters such as NUL (over 1%)"
+    assert [(Path(d["file"]).name, d["record"], d["reason"]) for d in dead] == [
+        ("nul.txt", "file", binary.format("100.0%")), ("a.jsonl", "file", binary.format("9.5%"))]
+    assert manifest["sources"]["poems"]["bad"] == {"binary": 1}
+    assert manifest["sources"]["notes"]["bad"] == {"binary": 1}
+    assert sum(d["doc_id"].startswith("poems/") for d in docs) == len(data.splitlines())
+    assert [d["passages"] for d in docs if d["source"] == "notes"] == [
+        ["A note. It reads as text."]]
+
+
+def test_a_quote_left_open_to_the_end_of_the_file_takes_no_row_with_it():
+    import io
+
+    from pipelines.documents import readers
+    source = SourceConfig(name="q", kind="csv", path="q.csv")
+    data = b'id,text\n1,"Left open.\n2,Good row.\n\n3,Last row.\n'
+    rows = list(readers.read_csv(io.BytesIO(data), "q.csv", source))
+    assert [(type(r).__name__, r.location) for r in rows] == [
+        ("Bad", "row 1 (line 2)"), ("Raw", "row 2 (line 3)"), ("Raw", "row 4 (line 5)")]
+    assert rows[0].reason.startswith("malformed row: unexpected end of data")
+    assert [r.fields["text"] for r in rows[1:]] == ["Good row.", "Last row."]
