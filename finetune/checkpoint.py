@@ -44,7 +44,7 @@ def load_encoder(model_dir: str) -> BertModel:
         if model_dir in str(e):
             raise
         raise ValueError(f"--model {model_dir}: {config_name}: {e}") from e
-    return model if isinstance(model, BertModel) else model.bert
+    return model.bert if hasattr(model, "kind") else model  # a head's encoder, or the encoder
 
 
 _SIZE_MISMATCH = re.compile(r"size mismatch for (\S+): copying a param with shape "

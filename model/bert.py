@@ -35,7 +35,7 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +63,11 @@ from model.cpu_ops import Dropout, attend, stock_ops_enabled
 @dataclass(frozen=True)
 class BertConfig:
     """Shape and regularisation of a BERT encoder."""
+
+    arch: ClassVar[str] = "bert"
+    """The encoder registry's key (model/encoders.py)."""
+    mlm_head_bias: ClassVar[bool] = True
+    """The MLM transform's dense layer and LayerNorm have biases."""
 
     vocab_size: int = 30522
     """Number of WordPiece tokens (rows of the word embedding and of the tied MLM decoder)."""
@@ -278,7 +283,8 @@ def init_bert_weights(module: nn.Module, initializer_range: float) -> None:
         nn.init.zeros_(module.bias)
     if isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
 
 
 @dataclass(frozen=True)
@@ -379,6 +385,22 @@ class BertModel(nn.Module):
                                                    hidden.device)  # (B, K)
         pooled = self.pooler(gather_positions(hidden, positions))  # (B, K, H)
         return pooled[:, 0] if cls_positions is None else pooled
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        """The embedding the MLM decoder is tied to."""
+        return self.embeddings.word
+
+    def token_states(self, hidden: Tensor) -> Tensor:
+        """What token-level heads classify: BERT's last hidden states as they are."""
+        return hidden
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs (forward and backward: 3 x 2 x multiply-adds) per token of a row of
+        `seq_len` tokens: the projections and feed-forward, and attention's two T x T products."""
+        c = self.config
+        projections = 4 * c.hidden_size ** 2 + 2 * c.hidden_size * c.intermediate_size
+        return c.num_hidden_layers * (6 * projections + 12 * seq_len * c.hidden_size)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -1,5 +1,8 @@
-"""BERT's task heads: pre-training (masked LM + next sentence), sequence and token
-classification, question answering (span start/end) and multiple choice.
+"""The task heads, on any encoder of the registry (model/encoders.py: BERT, ModernBERT):
+pre-training (masked LM + next sentence), sequence and token classification, question
+answering (span start/end) and multiple choice. Each head builds its encoder from the config it
+is given (`build_encoder`) and keeps it as `bert`; its `kind` and `options()` say what it is
+(`HEADS`: our checkpoints and the Hugging Face export read them).
 
 Batch dictionary of pre-training (what the shard loader's collate returns; B rows, T tokens,
 M masked positions, K instances per row; every tensor int64 unless noted):
@@ -25,14 +28,15 @@ over the labelled instances, as in the reference `run_pretraining.py`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import BatchLayout, instance_ids
-from model.bert import ACTIVATIONS, BertConfig, BertModel, init_bert_weights
+from model.bert import ACTIVATIONS, init_bert_weights
+from model.encoders import build_encoder
 
 IGNORE_INDEX = -100
 
@@ -102,11 +106,12 @@ class MaskedLMHead(nn.Module):
     (..., H) -> (..., V). Callers gather the masked positions first.
     """
 
-    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+    def __init__(self, config: Any, word_embeddings: nn.Embedding):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        bias = config.mlm_head_bias  # BERT's transform has biases, ModernBERT's has none
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=bias)
         self.activation = ACTIVATIONS[config.hidden_act]
-        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=bias)
         # Tied: the decoder's weight is the word embedding Parameter itself. A module (rather
         # than F.linear on the embedding) lets ZeRO-3 gather the weight with this module's hooks.
         self.decoder = nn.Linear(config.hidden_size, config.embedding_rows, bias=False)
@@ -158,19 +163,24 @@ class BertForPreTraining(nn.Module):
     embeddings scoring token t + 1 at every position t, no NSP head.
     """
 
-    def __init__(self, config: BertConfig, next_sentence: bool = True):
+    kind: ClassVar[str] = "pretraining"
+
+    def __init__(self, config: Any, next_sentence: bool = True):
         if config.is_decoder and next_sentence:
             raise ValueError("the left-to-right model (is_decoder) has no next-sentence head: "
                              "build it with next_sentence=False")
         super().__init__()
         self.config = config
         self.next_sentence = next_sentence
-        self.bert = BertModel(config)
-        self.mlm = MaskedLMHead(config, self.bert.embeddings.word)
+        self.bert = build_encoder(config)
+        self.mlm = MaskedLMHead(config, self.bert.word_embeddings)
         self.nsp = nn.Linear(config.hidden_size, 2) if next_sentence else None
         for module in (self.mlm.dense, self.mlm.norm, self.nsp):
             if module is not None:
                 init_bert_weights(module, config.initializer_range)
+
+    def options(self) -> dict[str, Any]:
+        return {"next_sentence": self.nsp is not None}
 
     def forward(self, input_ids: Tensor, masked_lm_positions: Tensor,
                 token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
@@ -259,13 +269,20 @@ class BertForPreTraining(nn.Module):
 
 
 class FineTuningModel(nn.Module):
-    """What every fine-tuning model holds: its config and the encoder (`bert`). Its new layer
-    comes from `new_head`; `from_encoder` starts the model from a pre-trained encoder."""
+    """What every fine-tuning model holds: its config and the encoder (`bert`, any arch). Its
+    new layer comes from `new_head`; `from_encoder` starts the model from a pre-trained encoder."""
 
-    def __init__(self, config: BertConfig):
+    kind: ClassVar[str]
+    """Our checkpoints' name of the head (`HEADS`)."""
+
+    def __init__(self, config: Any):
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
+        self.bert = build_encoder(config)
+
+    def options(self) -> dict[str, Any]:
+        """The constructor's arguments besides the config."""
+        return {}
 
     def new_head(self, outputs: int) -> nn.Linear:
         """A Linear(hidden, outputs) drawn as BERT's reference draws a new head: truncated
@@ -275,7 +292,7 @@ class FineTuningModel(nn.Module):
         return head
 
     @classmethod
-    def from_encoder(cls, bert: BertModel, *args: int, **kwargs: int) -> Self:
+    def from_encoder(cls, bert: nn.Module, *args: int, **kwargs: int) -> Self:
         """This model on a copy of a pre-trained encoder's weights (its head new); `args` and
         `kwargs` are the model's own (`num_labels`)."""
         model = cls(bert.config, *args, **kwargs)
@@ -288,7 +305,7 @@ class LabelClassifier(FineTuningModel):
 
     MIN_LABELS: ClassVar[int] = 1
 
-    def __init__(self, config: BertConfig, num_labels: int):
+    def __init__(self, config: Any, num_labels: int):
         if num_labels < self.MIN_LABELS:
             raise ValueError(f"num_labels must be >= {self.MIN_LABELS}, got {num_labels}")
         super().__init__(config)
@@ -296,12 +313,17 @@ class LabelClassifier(FineTuningModel):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = self.new_head(num_labels)
 
+    def options(self) -> dict[str, Any]:
+        return {"num_labels": self.num_labels}
+
 
 class BertForSequenceClassification(LabelClassifier):
     """BERT + dropout + one linear layer on the pooled `[CLS]` (paper section 4.1).
 
     `num_labels == 1` is regression (STS-B: mean squared error), otherwise classification.
     """
+
+    kind = "classification"
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None,
@@ -328,7 +350,9 @@ class BertForQuestionAnswering(FineTuningModel):
     Position 0 ([CLS]) is the target of windows without an answer.
     """
 
-    def __init__(self, config: BertConfig):
+    kind = "question_answering"
+
+    def __init__(self, config: Any):
         super().__init__(config)
         self.qa_outputs = self.new_head(2)
 
@@ -336,7 +360,7 @@ class BertForQuestionAnswering(FineTuningModel):
                 attention_mask: Tensor | None = None, start_positions: Tensor | None = None,
                 end_positions: Tensor | None = None) -> QuestionAnsweringOutput:
         """(B, T) inputs, positions (B,) -> start and end logits (B, T) and the loss."""
-        hidden = self.bert(input_ids, token_type_ids, attention_mask)  # (B, T, H)
+        hidden = self.bert.token_states(self.bert(input_ids, token_type_ids, attention_mask))
         logits = self.qa_outputs(hidden)  # (B, T, 2)
         start_logits, end_logits = logits.unbind(dim=-1)  # 2 x (B, T)
         out = QuestionAnsweringOutput(start_logits, end_logits)
@@ -367,7 +391,9 @@ class BertForMultipleChoice(FineTuningModel):
     `[CLS]` state, and a softmax over the C choices normalises them.
     """
 
-    def __init__(self, config: BertConfig):
+    kind = "multiple_choice"
+
+    def __init__(self, config: Any):
         super().__init__(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
         self.classifier = self.new_head(1)
@@ -409,6 +435,7 @@ class BertForTokenClassification(LabelClassifier):
     / 5.3: NER scores each word at its first sub-token; the caller marks the rest -100)."""
 
     MIN_LABELS = 2
+    kind = "token_classification"
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, sequence_ids: Tensor | None = None,
@@ -417,9 +444,15 @@ class BertForTokenClassification(LabelClassifier):
 
         `sequence_ids`: packed rows, as in `BertModel.forward`."""
         hidden = self.bert(input_ids, token_type_ids, attention_mask, sequence_ids)  # (B, T, H)
-        logits = self.classifier(self.dropout(hidden))  # (B, T, C)
+        logits = self.classifier(self.dropout(self.bert.token_states(hidden)))  # (B, T, C)
         out = TokenClassifierOutput(logits=logits)
         if labels is not None:
             out.loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten().long(),
                                        ignore_index=IGNORE_INDEX)
         return out
+
+
+HEADS: dict[str, type[nn.Module]] = {model.kind: model for model in (
+    BertForPreTraining, BertForSequenceClassification, BertForQuestionAnswering,
+    BertForMultipleChoice, BertForTokenClassification)}
+"""Our models by `kind`: what our checkpoints name (model/hf.py `save_checkpoint`)."""

@@ -45,14 +45,16 @@ from common import settings
 from common.masking import MaskingConfig, MaskSplit
 from common.optimizer import AdamWOptions
 from common.settings import SettingError
-from model.bert import PRESETS as MODEL_PRESETS
+from model.encoders import ENCODERS, arch_of_preset
+from model.encoders import PRESETS as MODEL_PRESETS
 
 if TYPE_CHECKING:
     from model.bert import BertConfig
 
 log = logging.getLogger(__name__)
 
-SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")
+SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings")
 """`model` settings that override the preset's shape (0 = the preset's value)."""
 MASKING_FIELDS = ("dynamic_masked_lm_prob", *(f.name for f in dataclasses.fields(MaskSplit)))
 """`data` settings of dynamic masking (`data.dynamic_masking=true`)."""
@@ -122,13 +124,19 @@ class PhaseConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The encoder: a preset's shape, changed by the shape fields, and its dropout; or a
-    checkpoint's (`init_from`)."""
+    """The encoder: an architecture and a preset's shape, changed by the shape fields, and its
+    dropout; or a checkpoint's (`init_from`)."""
+    arch: str = ""
+    """Encoder architecture (model/encoders.py): bert (Devlin et al. 2019) or modernbert
+    (RoPE, GeGLU, pre-LN, local and global attention; Warner et al. 2024). "" = the preset's.
+    Another arch than the preset's takes that arch's preset of the same size (bert_tiny ->
+    modernbert_tiny)."""
     preset: str = "bert_tiny"
-    """Model preset in model.bert (bert_tiny, bert_mini, bert_base, bert_large); the shape
-    fields below override its shape (paper Table 6). "" with `init_from`: the checkpoint's shape
-    (what `--set model.init_from=...` alone resolves to); a preset or shape field named together
-    with `init_from` must agree with the checkpoint."""
+    """Model preset (bert_tiny, bert_mini, bert_base, bert_large, modernbert_tiny,
+    modernbert_base, modernbert_large); the shape fields below override its shape (paper
+    Table 6). "" with `init_from`: the checkpoint's shape (what `--set model.init_from=...` alone
+    resolves to); a preset or shape field named together with `init_from` must agree with the
+    checkpoint."""
     init_from: str = ""
     """Checkpoint to continue pre-training from: a Hugging Face BERT folder (BertModel or
     BertForPreTraining weights), one of our exports or `model.hf.save_checkpoint` folders, or a
@@ -142,11 +150,23 @@ class ModelConfig:
     num_attention_heads: int = 0
     """Attention heads A (0 = the preset's)."""
     intermediate_size: int = 0
-    """Feed-forward width (0 = the preset's; the presets use 4H)."""
+    """Feed-forward width (0 = the preset's; BERT's presets use 4H, ModernBERT's GeGLU
+    projects to twice this width)."""
+    max_position_embeddings: int = 0
+    """Longest row the model takes (0 = the preset's: BERT 512 learned positions, ModernBERT
+    8,192 rotary ones)."""
     dropout: float = 0.1
-    """Hidden and attention dropout of the model (0 makes runs comparable across rank counts)."""
+    """BERT: hidden and attention dropout (0 makes runs comparable across rank counts).
+    ModernBERT: the dropout before a fine-tuning classifier; it pre-trains without dropout,
+    as published."""
 
     def __post_init__(self):
+        _check(self.arch in ("", *ENCODERS), "arch", f"one of {sorted(ENCODERS)} (or empty)")
+        if self.arch and self.preset in MODEL_PRESETS and arch_of_preset(self.preset) != self.arch:
+            size = self.preset.rpartition("_")[2]
+            _check(f"{self.arch}_{size}" in MODEL_PRESETS, "arch",
+                   f"an arch with a {size} preset (preset={self.preset})")
+            object.__setattr__(self, "preset", f"{self.arch}_{size}")  # the arch's own preset
         _check(self.preset in MODEL_PRESETS or (self.preset == "" and bool(self.init_from)),
                "preset", f"one of {sorted(MODEL_PRESETS)} (or empty with init_from)")
         for flag in SHAPE_FIELDS:
@@ -163,16 +183,15 @@ class ModelConfig:
         """The shape fields set (non-zero)."""
         return {f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}
 
-    def build(self, vocab_size: int, base: BertConfig | None = None,
-              **changes: Any) -> BertConfig:
-        """The run's `model.bert.BertConfig`: `base` (a checkpoint's, training/init_from.py) or
-        the preset's, with this section's shape fields and dropout, `vocab_size`, then
-        `changes` (the objective sets the attention it asks for, `Objective.build_model`)."""
-        from model.bert import BertConfig
-        start = base.to_dict() if base is not None else MODEL_PRESETS[self.preset]().to_dict()
-        return BertConfig(**{**start, **self.shape(), "vocab_size": vocab_size,
-                             "hidden_dropout_prob": self.dropout,
-                             "attention_probs_dropout_prob": self.dropout, **changes})
+    def build(self, vocab_size: int, base: Any = None, **changes: Any) -> BertConfig:
+        """The run's encoder config (`model.bert.BertConfig`, `model.modernbert.ModernBertConfig`):
+        `base` (a checkpoint's, training/init_from.py) or the preset's, with this section's
+        shape fields and dropout, `vocab_size`, then `changes` (the objective sets the attention
+        it asks for, `Objective.build_model`). Fields the arch does not have are left out."""
+        start = base if base is not None else MODEL_PRESETS[self.preset]()
+        return type(start).from_dict({**start.to_dict(), **self.shape(), "vocab_size": vocab_size,
+                                      "hidden_dropout_prob": self.dropout,
+                                      "attention_probs_dropout_prob": self.dropout, **changes})
 
 
 @dataclass(frozen=True)
@@ -504,9 +523,10 @@ PRESETS = {"tiny": tiny, "base": base, "large": large}
 SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "optimizer": OptimizerConfig,
             "engine": EngineConfig, "data": PretrainDataConfig, "cadence": CadenceConfig}
 """The sections of `PretrainConfig` by their setting name."""
-NEVER_FLAT = ("preset", "name", "probe_every", "report_to")
+NEVER_FLAT = ("preset", "name", "probe_every", "report_to", "arch", "max_position_embeddings")
 """Section fields the flat layout did not have under their own name (`model`, `objective` and
-`optimizer` named the preset, objective and optimizer) or at all."""
+`optimizer` named the preset, objective and optimizer) or at all (the encoder's arch and
+longest row)."""
 RENAMED_FIELDS = {"data.masked_lm_prob": "data.dynamic_masked_lm_prob"}
 """A section's field renamed: old dotted name -> new (make_shards' `masked_lm_prob` is another
 setting, with another default). `bert-pretrain` and the flow (`pretrain.<old>`) refuse the old

@@ -103,9 +103,9 @@ def model_flops_per_row(config, seq_len: int, predictions: float) -> float:
     the encoder's projections and feed-forward, attention's two T x T products, and the MLM
     head (transform and decoder) at the `predictions` masked positions:
     6 L (4 H^2 + 2 H FF) T + 12 L T^2 H + 6 (H^2 + V H) P."""
-    layers, hidden = config.num_hidden_layers, config.hidden_size
-    return (6 * layers * (4 * hidden ** 2 + 2 * hidden * config.intermediate_size) * seq_len
-            + 12 * layers * seq_len ** 2 * hidden
+    from model.encoders import flops_per_token
+    hidden = config.hidden_size
+    return (flops_per_token(config, seq_len) * seq_len
             + 6 * (hidden ** 2 + config.vocab_size * hidden) * predictions)
 
 
@@ -127,7 +127,7 @@ def measured_rate(profile: str, model_name: str, seq_len: int, bert_config) -> R
     if not peak or not lengths:
         return Rate(None, "unknown: --calibrate N measures it")
     t0 = min(lengths, key=lambda t: (abs(t - seq_len), t))
-    from model.bert import PRESETS
+    from model.encoders import PRESETS
     reference = PRESETS[model_name](vocab_size=30522)
     rows0, source = MEASURED[MFU_PROFILE, model_name, t0]
     mfu = rows0 * model_flops_per_row(reference, t0, max_predictions(t0)) \
@@ -194,7 +194,7 @@ def run_shape(config, vocab_size: int | None = None) -> RunShape:
     """The model shape, ZeRO stage, precision, checkpoints kept and phases of `config`
     (a `training.config.PretrainConfig`); the vocabulary: `vocab_size`, else `vocab_dir`'s,
     else the preset's."""
-    from model.bert import PRESETS
+    from model.encoders import PRESETS
     if not config.model.preset:
         raise ValueError("--plan: init_from's checkpoint decides the model's shape; name the "
                          "matching preset too (--set model.preset=bert_base, "

@@ -29,8 +29,9 @@ import logging
 from torch import nn
 
 from common import storage
-from model.bert import PRESETS as MODEL_PRESETS
 from model.bert import BertConfig
+from model.encoders import PRESETS as MODEL_PRESETS
+from model.encoders import arch_of_preset
 from model.hf import StartingPoint, find_starting_point, read_starting_weights
 from training import config as training_config
 from training.config import SHAPE_FIELDS, PretrainConfig
@@ -97,6 +98,11 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
     warn_learning_rate(config)
     shape = start.config
     where = f"model.init_from={model.init_from} ({start.config_file})"
+    named = model.arch or (arch_of_preset(model.preset) if model.preset else "")
+    if named and named != type(shape).arch:
+        raise ValueError(f"{where} holds a {type(shape).arch} encoder, but the run's model is "
+                         f"{named} (model.arch / model.preset): leave them out to take the "
+                         "checkpoint's")
     for name, value in model.shape().items():  # the run's shape fields set (0 = not set)
         if value != getattr(shape, name):
             raise ValueError(f"--set model.{name}={value}, but {where} has {name}="
@@ -125,7 +131,7 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
             raise ValueError(f"--set {phase.name}.max_seq_length={phase.max_seq_length}, but "
                              f"{where} has max_position_embeddings "
                              f"{shape.max_position_embeddings}")
-    if shape.type_vocab_size < 2:
+    if getattr(shape, "type_vocab_size", 2) < 2:  # ModernBERT has no token types
         raise ValueError(f"{where} has type_vocab_size {shape.type_vocab_size}; BERT's inputs "
                          "need 2 token types (sentences A and B)")
     return model.build(shape.vocab_size, base=shape, vocab_multiple=64)

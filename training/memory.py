@@ -16,8 +16,9 @@ of the masked positions in bf16 and their fp32 log-softmax).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from model.bert import BertConfig
+from model.encoders import count_parameters
 
 GIB = 2**30
 WORKSPACE_BYTES = 3 * GIB
@@ -52,14 +53,11 @@ class MemoryEstimate:
         return max(0, int(free // self.activations_per_sequence))
 
 
-def parameter_count(model: BertConfig) -> int:
-    """Parameters of BertForPreTraining (tied decoder, NSP head)."""
-    H, inter, L = model.hidden_size, model.intermediate_size, model.num_hidden_layers
-    embeddings = (model.vocab_size + model.max_position_embeddings + model.type_vocab_size) * H \
-        + 2 * H
-    layer = 3 * H * H + 3 * H + H * H + H + 2 * H + H * inter + inter + inter * H + H + 2 * H
-    heads = H * H + H + 2 * H + model.vocab_size + H * H + H + 2 * H + 2  # MLM, pooler, NSP
-    return embeddings + L * layer + heads
+def parameter_count(model: Any) -> int:
+    """Parameters of the pre-training model on the encoder config `model` (tied decoder, NSP
+    head), counted on the model itself built on the meta device (any arch)."""
+    from model.heads import BertForPreTraining
+    return count_parameters(model, BertForPreTraining)
 
 
 def max_predictions(seq_len: int) -> int:
@@ -67,7 +65,7 @@ def max_predictions(seq_len: int) -> int:
     return max(1, round(seq_len * 0.15625))
 
 
-def estimate(model: BertConfig, seq_len: int, micro_batch_size: int, ranks: int = 1,
+def estimate(model: Any, seq_len: int, micro_batch_size: int, ranks: int = 1,
              precision: str = "bf16", zero_stage: int = 1) -> MemoryEstimate:
     """The `MemoryEstimate` of one rank (see the module docstring for the terms)."""
     n = parameter_count(model)
@@ -79,7 +77,7 @@ def estimate(model: BertConfig, seq_len: int, micro_batch_size: int, ranks: int 
         optimizer = 16 * n / (ranks if zero_stage >= 1 else 1)
         states = value * n + gradients + optimizer
     H = model.hidden_size
-    per_token_layer = 16 * value * H + 2 * H
+    per_token_layer = (8 * H + 2 * model.intermediate_size) * value + 2 * H  # BERT: 16 H
     embeddings = seq_len * (2 * value * H + H)
     mlm = max_predictions(seq_len) * model.vocab_size * (value + 4)
     activations = model.num_hidden_layers * seq_len * per_token_layer + embeddings + mlm

@@ -31,7 +31,8 @@ def test_bert_pretrain_help_lists_every_setting_with_default_and_doc():
     missing = [n for n in names if f"\n{indent[n]}{n} = " not in text]
     assert missing == []
     assert "\nphase1.steps = 600\n    Optimizer steps in this phase.\n" in text
-    assert "\nmodel:\n  model.preset = 'bert_tiny'\n      Model preset in model.bert" in text
+    assert "\nmodel:\n  model.arch = ''\n      Encoder architecture (model/encoders.py)" in text
+    assert "\n  model.preset = 'bert_tiny'\n      Model preset (bert_tiny, bert_mini," in text
 
 
 def test_bert_dag_help_lists_settings_by_section():

@@ -222,8 +222,8 @@ def test_a_config_of_another_model_type_is_refused_in_one_line(minilm_dir, rte_d
     config = json.loads((minilm_dir / "config.json").read_text())
     (model / "config.json").write_text(json.dumps(config | {"model_type": "gpt2"}))
     done = run_command(*argv(model, rte_data, tmp_path / "out", "5e-5"))
-    assert_one_error_line(done, f"{ERROR} {model}/config.json: model_type 'gpt2', not a BERT "
-                                "checkpoint")
+    assert_one_error_line(done, f"{ERROR} {model}/config.json: model_type 'gpt2', not one of "
+                                "bert, modernbert")
     assert not (tmp_path / "out").exists()
 
 
