@@ -14,8 +14,10 @@ lines unwrapped into one passage per paragraph, long verse cut at sentence ends 
 
 Bad input is set aside in `<output>/dead_letter/` and counted, never dropped silently: an empty or
 binary file, a file with no text left, an unreadable file (one record each), and a paragraph
-longer than --max_passage_chars (e.g. a 50 MB file with no line breaks: the paragraph is set
-aside with its size and line; the rest of that book is kept). Files whose name matches
+longer than --max_passage_chars that cannot be cut into passages under it (a 50 MB file with
+no line breaks, a run of characters without a space: set aside with its size and line; the
+rest of that book is kept). A longer paragraph that can (Paradise Lost's verse paragraph of
+50,128 characters) is cut at sentence ends, and counted (`long_paragraphs_split`). Files whose name matches
 --exclude (default: README*, LICENSE*, ...) are not books: they are skipped and listed. A folder
 --input reads its subfolders too. A run whose files give no document at all writes no manifest
 and fails naming the input and its dead letters.
@@ -42,7 +44,7 @@ from pipelines.books import cleaning
 from pipelines.corpus.documents import DOCUMENT_SCHEMA
 
 NAMESPACE = "extract_books"
-OUTPUT_VERSION = 2
+OUTPUT_VERSION = 3
 """Changes when the same input and options give other records (ids, fields, text rules): it is
 in the manifest and in the flow's stage hash, so an output of other code is not reused."""
 PREFIX = "documents"
@@ -52,7 +54,7 @@ COUNTERS = ("files_read", "decoded_utf8", "decoded_fallback", "documents", "pass
             "headings_dropped", "gutenberg_headers_stripped", "gutenberg_footers_stripped",
             "bad_records", "passages_set_aside", "control_chars_removed",
             "transcriber_notes_dropped", "front_matter_dropped", "list_blocks_dropped",
-            "verse_paragraphs_split")
+            "verse_paragraphs_split", "long_paragraphs_split")
 log = logging.getLogger(__name__)
 
 
@@ -125,7 +127,7 @@ def extract_path(file: storage.InputFile, config: cleaning.BookConfig, counters:
     counters["gutenberg_headers_stripped"].inc(int(book.header_stripped))
     counters["gutenberg_footers_stripped"].inc(int(book.footer_stripped))
     for name in ("control_chars_removed", "transcriber_notes_dropped", "front_matter_dropped",
-                 "list_blocks_dropped", "verse_paragraphs_split"):
+                 "list_blocks_dropped", "verse_paragraphs_split", "long_paragraphs_split"):
         counters[name].inc(getattr(book, name))
     for record, reason in book.bad_paragraphs:
         counters["bad_records"].inc()

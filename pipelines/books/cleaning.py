@@ -18,6 +18,7 @@ Nothing here touches Beam or the filesystem; `pipelines/extract_books.py` wires 
 from __future__ import annotations
 
 import codecs
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -151,8 +152,10 @@ class Paragraph:
 class BookConfig:
     """Limits that decide when input is bad rather than text."""
     max_passage_chars: int = 50_000
-    """A paragraph longer than this is set aside as a dead letter (lost line breaks or a
-    non-text file); the longest paragraph in the shared books has under 15,000."""
+    """A paragraph longer than this is cut at sentence ends into passages under it (counted:
+    `long_paragraphs_split`); one that holds a longer sentence (lost line breaks, or not a
+    book) is set aside as a dead letter. The longest paragraph in the shared books has under
+    15,000 characters; Paradise Lost has a verse paragraph of 50,128."""
     max_control_fraction: float = 0.01
     """A file with more than this share of binary control bytes (NUL etc.) is not text and is
     set aside whole."""
@@ -179,6 +182,7 @@ class Book:
     list_blocks_dropped: int = 0  # table of contents, cast list, column-aligned paragraphs
     verse_paragraphs_split: int = 0  # long verse paragraphs cut into passages of sentences
     front_matter_dropped: int = 0  # title-page paragraphs before the first that reads as text
+    long_paragraphs_split: int = 0  # paragraphs over max_passage_chars cut at sentence ends
 
 
 def control_fraction(data: bytes) -> float:
@@ -339,21 +343,23 @@ class Selection:
     list_blocks_dropped: int = 0
     verse_paragraphs_split: int = 0
     front_matter_dropped: int = 0
+    long_paragraphs_split: int = 0
 
 
 def select_passages(paragraphs: list[Paragraph], config: BookConfig,
                     after_header: bool = False) -> Selection:
     """Drop headings (and a chapter's short title line right after a "CHAPTER n" line),
-    transcriber's notes and lists; cut long verse into passages of whole sentences; set aside
-    over-long paragraphs. `after_header`: the text follows a Project Gutenberg header, so it
+    transcriber's notes and lists; cut long verse into passages of whole sentences, and a
+    paragraph over `max_passage_chars` into passages under it at sentence ends (set aside when
+    a sentence is longer, or it is too long to unwrap). `after_header`: the text follows a Project Gutenberg header, so it
     opens with the book's title page (front matter, dropped up to the first paragraph of text)."""
     passages: list[str] = []
     bad: list[tuple[str, str]] = []
-    dropped = notes = lists = verse = front = 0
+    dropped = notes = lists = verse = front = long = 0
     after_chapter = in_list = False
     in_front = after_header
     for index, p in enumerate(paragraphs):
-        if p.raw_chars > config.max_passage_chars:
+        if p.raw_chars > config.max_passage_chars and not p.text:  # too long to unwrap
             reason = (f"paragraph of {p.raw_chars} characters exceeds --max_passage_chars="
                       f"{config.max_passage_chars} (line breaks lost, or not a book)")
             bad.append((f"paragraph at line {p.line}", reason))
@@ -382,9 +388,65 @@ def select_passages(paragraphs: list[Paragraph], config: BookConfig,
             lists += 1
             continue
         pieces = split_verse(p)
+        cut = [c for piece in pieces for c in split_long(piece, config.max_passage_chars)]
+        longest = max(len(c) for c in cut)
+        if longest > config.max_passage_chars:
+            bad.append((f"paragraph at line {p.line}", (
+                f"paragraph of {max(p.raw_chars, len(p.text))} characters exceeds "
+                f"--max_passage_chars={config.max_passage_chars} and holds {longest} "
+                "characters without a space (not a book)")))
+            continue
         verse += len(pieces) > 1
-        passages.extend(pieces)
-    return Selection(passages, dropped, bad, notes, lists, verse, front)
+        long += len(cut) > len(pieces)
+        passages.extend(cut)
+    return Selection(passages, dropped, bad, notes, lists, verse, front, long)
+
+
+def split_long(text: str, max_chars: int) -> list[str]:
+    """`text` cut at sentence ends into the fewest passages of about equal size, each at most
+    `max_chars` (a longer sentence is cut at its last clause end, else word end, within it;
+    a longer run without a space is a passage of its own); [text] when it is short enough.
+    The passages hold the words of `text`, in order."""
+    if len(text) <= max_chars:
+        return [text]
+    from pipelines.corpus.sentences import split_sentences
+
+    target = len(text) / math.ceil(len(text) / max_chars)
+    pieces: list[str] = []
+    current: list[str] = []
+    size = 0
+    for sentence in (cut for whole in split_sentences(text)
+                     for cut in _cut_sentence(whole, max_chars)):
+        if current and size + 1 + len(sentence) > max_chars:
+            pieces.append(" ".join(current))
+            current, size = [], 0
+        current.append(sentence)
+        size += len(sentence) + (len(current) > 1)
+        if size >= target:
+            pieces.append(" ".join(current))
+            current, size = [], 0
+    if current:
+        pieces.append(" ".join(current))
+    return pieces
+
+
+_CLAUSE_END = re.compile(r"[;:,]\s")
+
+
+def _cut_sentence(sentence: str, max_chars: int) -> list[str]:
+    """A sentence over `max_chars` (Whitman's catalogues run to 6,000 characters) -> pieces
+    at most that long, cut after the last clause end (";", ":", ",") within the limit, else at
+    its last space; a run with no space in it stays whole."""
+    pieces = []
+    while len(sentence) > max_chars:
+        window = sentence[:max_chars + 1]
+        clause = [m.end() for m in _CLAUSE_END.finditer(window)]
+        cut = clause[-1] if clause else window.rfind(" ") + 1
+        if cut <= 0:
+            break
+        pieces.append(sentence[:cut].rstrip())
+        sentence = sentence[cut:].lstrip()
+    return [*pieces, sentence] if sentence else pieces
 
 
 def reads_as_text(p: Paragraph) -> bool:
@@ -487,4 +549,5 @@ def extract_book(data: bytes, config: BookConfig = BookConfig()) -> Book:
                 transcriber_notes_dropped=selection.transcriber_notes_dropped,
                 list_blocks_dropped=selection.list_blocks_dropped,
                 verse_paragraphs_split=selection.verse_paragraphs_split,
-                front_matter_dropped=selection.front_matter_dropped)
+                front_matter_dropped=selection.front_matter_dropped,
+                long_paragraphs_split=selection.long_paragraphs_split)

@@ -192,7 +192,7 @@ def test_extraction_stage_is_rebuilt_when_the_jobs_output_version_changes(tmp_pa
                                                           "output_version": 1}
     first = steps.extract_books(cfg)
     assert (first.cached, steps.extract_books(cfg).cached) == (False, True)
-    assert first.manifest["output_version"] == extract_books.OUTPUT_VERSION == 2
-    monkeypatch.setattr(extract_books, "OUTPUT_VERSION", 3)
+    assert first.manifest["output_version"] == extract_books.OUTPUT_VERSION == 3
+    monkeypatch.setattr(extract_books, "OUTPUT_VERSION", 4)
     newer = steps.extract_books(cfg)
     assert not newer.cached and newer.path != first.path

@@ -261,3 +261,46 @@ def test_real_books_known_text_word_for_word(shared_books):
     assert shared_books["austen-emma"].passages[0] == KNOWN_PASSAGES["austen-emma"]
     assert shared_books["melville-moby_dick"].passages[0] == \
         "(Supplied by a Late Consumptive Usher to a Grammar School)"
+
+
+def test_paragraphs_over_max_passage_chars_are_cut_at_sentence_ends(shared_books, shared_data):
+    """Whitman's four verse paragraphs and Emma's 14,659-character one over a 5,000-character
+    limit: cut into passages under it that end sentences; not a word is lost."""
+    limit = books.BookConfig(max_passage_chars=5000)
+    for name, splits in (("whitman-leaves", 4), ("austen-emma", 1)):
+        book = books.extract_book((shared_data / "books" / f"{name}.txt").read_bytes(), limit)
+        whole = shared_books[name]
+        assert (book.bad_paragraphs, book.long_paragraphs_split) == ((), splits)
+        assert whole.long_paragraphs_split == 0
+        assert max(len(p) for p in book.passages) <= 5000 < max(len(p) for p in whole.passages)
+        assert " ".join(book.passages) == " ".join(whole.passages)
+    emma = books.extract_book((shared_data / "books" / "austen-emma.txt").read_bytes(), limit)
+    cut = [p for p in emma.passages if p not in shared_books["austen-emma"].passages]
+    assert [len(p) for p in cut] == [4912, 4921, 4943]
+    assert all(p.endswith((".", "!", "?", '"')) for p in cut)
+
+
+def test_a_long_paragraph_without_a_space_to_cut_at_is_set_aside():
+    run_on = "x" * 10_000
+    book = books.extract_book(f"Before.\n\n{run_on}\n\nAfter.\n".encode(),
+                              books.BookConfig(max_passage_chars=5000))
+    assert book.passages == ("Before.", "After.") and book.long_paragraphs_split == 0
+    assert book.bad_paragraphs == (("paragraph at line 3", (
+        "paragraph of 10000 characters exceeds --max_passage_chars=5000 and holds 10000 "
+        "characters without a space (not a book)")),)
+    words = books.extract_book(f"Before.\n\n{'word ' * 2000}\n".encode(),
+                               books.BookConfig(max_passage_chars=5000))
+    assert [len(p) for p in words.passages] == [7, 4999, 4999]
+    assert (words.bad_paragraphs, words.long_paragraphs_split) == ((), 1)
+
+
+def test_a_verse_paragraph_over_the_default_limit_is_kept(shared_data):
+    """Paradise Lost's longest verse paragraph has 50,128 characters: Whitman's lines without
+    their stanza breaks, to 50,000 characters and more, stand in for it."""
+    lines = [" ".join(line.split()) for line in (shared_data / "books" / "whitman-leaves.txt")
+             .read_text().splitlines()[1:] if line.strip()]
+    count = next(n for n in range(len(lines)) if len(" ".join(lines[:n])) > 50_000)
+    book = books.extract_book(("\n".join(lines[:count]) + "\n").encode())
+    assert (count, book.bad_paragraphs, book.long_paragraphs_split) == (1061, (), 1)
+    assert " ".join(book.passages).split() == " ".join(lines[:count]).split()
+    assert max(len(p) for p in book.passages) <= 50_000

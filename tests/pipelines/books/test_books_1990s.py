@@ -199,8 +199,8 @@ def test_job_on_old_etexts_counts(shared_data, tmp_path):
         "gutenberg_footers_stripped": 11, "bad_records": 0, "passages_set_aside": 0,
         "control_chars_removed": totals[2], "transcriber_notes_dropped": totals[3],
         "front_matter_dropped": totals[4], "list_blocks_dropped": totals[5],
-        "verse_paragraphs_split": totals[6], "files_excluded": 1}
+        "verse_paragraphs_split": totals[6], "long_paragraphs_split": 0, "files_excluded": 1}
     assert manifest["excluded_inputs"] == [str(shared_data / "books-1990s" / "SOURCES.md")]
     rows = pq.read_table(out / "documents-00000-of-00001.parquet").to_pylist()
     assert [r["doc_id"] for r in rows] == [f"books/{n}" for n in sorted(COUNTS)]
-    assert json.loads((out / "manifest.json").read_text())["output_version"] == 2
+    assert json.loads((out / "manifest.json").read_text())["output_version"] == 3

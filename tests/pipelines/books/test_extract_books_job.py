@@ -42,7 +42,8 @@ def test_job_on_shared_books_counts_and_manifest(shared_run, shared_data):
         "passages": 16562, "headings_dropped": 610, "gutenberg_headers_stripped": 0,
         "gutenberg_footers_stripped": 1, "bad_records": 0, "passages_set_aside": 0,
         "control_chars_removed": 0, "transcriber_notes_dropped": 0, "front_matter_dropped": 0,
-        "list_blocks_dropped": 0, "verse_paragraphs_split": 1, "files_excluded": 1}
+        "list_blocks_dropped": 0, "verse_paragraphs_split": 1, "long_paragraphs_split": 0,
+        "files_excluded": 1}
     assert manifest["excluded_inputs"] == [str(shared_data / "books" / "README.nltk-gutenberg.txt")]
     assert json.loads((out / "manifest.json").read_text()) == manifest
     assert [o["path"] for o in manifest["outputs"]] == [
