@@ -100,8 +100,9 @@ class ModernBertConfig:
     """Dropout on the GLU's product, before Wo."""
     hidden_dropout_prob: float = 0.0
     """Dropout fine-tuning heads put before their classifier [classifier_dropout]."""
-    pad_token_id: int = 50283
-    """Id of the padding token."""
+    pad_token_id: int = 0
+    """Id of the padding token: `[PAD]` of this project's vocabularies (transformers'
+    ModernBERT checkpoints say theirs: 50283 for its published tokenizer)."""
     vocab_multiple: int = 1
     """Word-embedding rows rounded up to a multiple of this (`embedding_rows`), as in
     `BertConfig`: the extra rows are never looked up and a Hugging Face export holds
@@ -685,6 +686,10 @@ def hf_config(config: ModernBertConfig, architecture: str = "ModernBertForMasked
     return {**values, **extra}
 
 
+HF_PAD_TOKEN_ID = 50283
+"""transformers' ModernBERT padding id where a config.json names none."""
+
+
 def config_from_hf(values: dict[str, Any]) -> ModernBertConfig:
     """Our config from a transformers ModernBERT config dict (5.x or 4.x keys). Settings our
     encoder does not have (biases, mean pooling, other RoPE types, a layer pattern that is not
@@ -713,7 +718,8 @@ def config_from_hf(values: dict[str, Any]) -> ModernBertConfig:
     local_theta = rope.get("sliding_attention", {}).get("rope_theta", local_theta)
     names = {"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps",
              "classifier_dropout": "hidden_dropout_prob"}
-    ours = {names.get(k, k): v for k, v in values.items() if v is not None}
+    ours = {"pad_token_id": HF_PAD_TOKEN_ID,
+            **{names.get(k, k): v for k, v in values.items() if v is not None}}
     if "initializer_cutoff_factor" in values and values["initializer_cutoff_factor"] is None:
         ours["initializer_cutoff_factor"] = 3.0  # transformers' reading of None
     ours.update(num_hidden_layers=layers, global_attn_every_n_layers=every,
