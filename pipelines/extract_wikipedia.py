@@ -40,7 +40,7 @@ from pipelines.wikipedia.dump import DumpSplit, Page, is_index_file, iter_pages,
 from pipelines.wikipedia.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
 
 STAGE = "extract_wikipedia"
-OUTPUT_VERSION = 1
+OUTPUT_VERSION = 2
 """Bumped when the same dump and options give other records (ids, fields, the wikitext rules).
 In the manifest, and in the flow's stage hash, so a cached output of older code is not
 reused."""
@@ -50,7 +50,7 @@ COUNT_NAMES = (
     "pages_read", "articles_kept", "skipped_redirect", "skipped_disambiguation",
     "skipped_namespace", "skipped_empty", "bad_records", "passages",
     "passages_residue_dropped", "templates_removed", "templates_unclosed", "links_unclosed",
-    "page_bytes",
+    "page_bytes", "pages_with_invalid_utf8", "invalid_utf8_bytes_replaced",
 )
 LOG = logging.getLogger(__name__)
 
@@ -85,6 +85,9 @@ def page_document(page: Page, source_file: str, counter: Counter) -> Document | 
     """The document of an article page, or None (counted by reason) for any other page."""
     counter("pages_read", 1)
     counter("page_bytes", page.source_bytes)
+    if page.invalid_bytes:
+        counter("pages_with_invalid_utf8", 1)
+        counter("invalid_utf8_bytes_replaced", page.invalid_bytes)
     if page.namespace != 0:
         counter("skipped_namespace", 1)
         return None

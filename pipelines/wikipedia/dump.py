@@ -11,9 +11,10 @@ page is read exactly once however the file is cut (the rule Hadoop uses for text
 Pages are found by scanning bytes for `<page>`/`</page>` (inside `<text>` wikitext is
 XML-escaped, so the tags cannot occur there) and each page is parsed on its own with
 ElementTree. Memory stays at one chunk plus one page (capped by `max_page_bytes`) whatever the
-file size. A malformed page, invalid UTF-8, a truncated file or a corrupt bz2 stream (reading
-resumes at the next stream) costs only the pages affected: they come out as `BadRecord`s
-naming the file and the record.
+file size. A malformed page, a truncated file or a corrupt bz2 stream (reading resumes at the
+next stream) costs only the pages affected: they come out as `BadRecord`s naming the file and
+the record. A byte that is not UTF-8 costs only itself: it becomes U+FFFD, counted on its
+`Page` (`invalid_bytes`).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import bz2
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import BinaryIO
 
 from common import storage
@@ -56,6 +57,7 @@ class Page:
     redirect: bool  # the dump's <redirect title=...> flag
     text: str  # wikitext of the (last) revision
     source_bytes: int  # size of the page's XML, for throughput accounting
+    invalid_bytes: int = 0  # bytes that were not UTF-8, each replaced by U+FFFD
 
 
 class StreamError(Exception):
@@ -397,17 +399,28 @@ def _bad_page(raw: bytes, split: DumpSplit, offset: int, reason: str) -> BadReco
     return BadRecord(split.path, record, reason)
 
 
-def _finish_page(raw: bytes, split: DumpSplit, offset: int) -> Page | BadRecord:
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+"""A byte that was not UTF-8, as the "surrogateescape" decoding keeps it."""
+
+
+def decode_page(raw: bytes) -> tuple[str, int]:
+    """(the page's text, how many of its bytes were not UTF-8): each such byte becomes U+FFFD,
+    so a few bad bytes cost a character each, not the page (BERT's tokenizer drops U+FFFD)."""
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        return _bad_page(raw, split, offset, f"invalid UTF-8 at byte {error.start} of the page "
-                         f"({raw[error.start:error.start + 4]!r})")
+        return raw.decode("utf-8"), 0
+    except UnicodeDecodeError:
+        text, invalid = _ESCAPED_BYTE.subn("\ufffd", raw.decode("utf-8", "surrogateescape"))
+        return text, invalid
+
+
+def _finish_page(raw: bytes, split: DumpSplit, offset: int) -> Page | BadRecord:
+    text, invalid = decode_page(raw)
     try:
         element = ET.fromstring(text)
     except ET.ParseError as error:
         return _bad_page(raw, split, offset, f"malformed XML: {error}")
-    return _page_from_element(element, raw, split, offset)
+    page = _page_from_element(element, raw, split, offset)
+    return replace(page, invalid_bytes=invalid) if isinstance(page, Page) and invalid else page
 
 
 # Exports before schema 0.5 have no <ns>: the title's prefix tells ("Kill Bill: Volume 1" is 0).
