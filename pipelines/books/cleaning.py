@@ -152,10 +152,11 @@ class Paragraph:
 class BookConfig:
     """Limits that decide when input is bad rather than text."""
     max_passage_chars: int = 50_000
-    """A paragraph longer than this is cut at sentence ends into passages under it (counted:
-    `long_paragraphs_split`); one that holds a longer sentence (lost line breaks, or not a
-    book) is set aside as a dead letter. The longest paragraph in the shared books has under
-    15,000 characters; Paradise Lost has a verse paragraph of 50,128."""
+    """A paragraph longer than this is cut at sentence ends (a longer sentence at clause or
+    word ends) into passages under it (counted: `long_paragraphs_split`); one that holds a
+    longer run without a space (not a book) is set aside as a dead letter. The longest
+    paragraph in the shared books has under 15,000 characters; Paradise Lost has a verse
+    paragraph of 50,128."""
     max_control_fraction: float = 0.01
     """A file with more than this share of binary control bytes (NUL etc.) is not text and is
     set aside whole."""
