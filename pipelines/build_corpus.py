@@ -26,12 +26,13 @@ repeated by its source's weight (`--sources`, pipelines/documents/source.py: a s
 0.5 keeps about half the documents by a hash of (source, doc_id), 3 keeps each three times,
 the copies named `<doc_id>#r1`, `#r2`, written to their original's shard); a source not
 listed has weight 1. Applied after the exact deduplication because copies are duplicates by
-design: before it, they would be removed again. The manifest's `ledger` has a row per source (the documents' `source`): what its
-extraction job read (records, input bytes, bad records, from that folder's manifest), then here
-documents, text bytes (UTF-8 of the passages), sentences and words (whitespace-separated) in
-and out, what each step dropped (duplicates, doc_id conflicts, near-duplicates, each quality
-rule as `dropped_<rule>`, no sentence, sampled out), repeats added, and its share of the final corpus (of documents and of text bytes); with the
-source's weight and licence label.
+design: before it, they would be removed again. The manifest's `ledger` has a row per source
+(the documents' `source`): what its extraction job read (records, input bytes, bad records,
+from that folder's manifest), then here documents, text bytes (UTF-8 of the passages),
+sentences and words (whitespace-separated) in and out, what each step dropped (duplicates,
+doc_id conflicts, near-duplicates, each quality rule as `dropped_<rule>`, no sentence, sampled
+out), repeats added, and its share of the final corpus (of documents and of text bytes); with
+the source's weight and licence label.
 
 `manifest.json` is written last: config + hash, counts, the ledger, inputs (with each input
 folder's config_hash), outputs with sha256.
@@ -81,8 +82,9 @@ COUNTERS = ("input_files", "documents_read", "duplicates_removed", "doc_id_confl
 LEDGER_NAMESPACE = "build_corpus.sources"
 """Per-source counters, named `<source>/<counter>`."""
 LEDGER_COUNTS = ("documents_in", "bytes_in", "duplicates_removed", "doc_id_conflicts",
-                 "near_duplicates_removed", "without_sentences", "sentences_in", "words_in", "sampled_out", "repeats_added",
-                 "documents_out", "bytes_out", "sentences_out", "words_out")
+                 "near_duplicates_removed", "without_sentences", "sentences_in", "words_in",
+                 "sampled_out", "repeats_added", "documents_out", "bytes_out", "sentences_out",
+                 "words_out")
 log = logging.getLogger(__name__)
 
 

@@ -17,9 +17,9 @@ binary file, a file with no text left, an unreadable file (one record each), and
 longer than --max_passage_chars that cannot be cut into passages under it (a 50 MB file with
 no line breaks, a run of characters without a space: set aside with its size and line; the
 rest of that book is kept). A longer paragraph that can (Paradise Lost's verse paragraph of
-50,128 characters) is cut at sentence ends, and counted (`long_paragraphs_split`). Files whose name matches
---exclude (default: README*, LICENSE*, ...) are not books: they are skipped and listed. A folder
---input reads its subfolders too. A run whose files give no document at all writes no manifest
+50,128 characters) is cut at sentence ends, and counted (`long_paragraphs_split`). Files
+whose name matches --exclude (default: README*, LICENSE*, ...) are not books: they are skipped
+and listed. A folder --input reads its subfolders too. A run whose files give no document at all writes no manifest
 and fails naming the input and its dead letters.
 
 Output: `documents-{i:05d}-of-{n:05d}.parquet` (pipelines.corpus.documents.DOCUMENT_SCHEMA), dead letters,

@@ -352,8 +352,9 @@ def select_passages(paragraphs: list[Paragraph], config: BookConfig,
     """Drop headings (and a chapter's short title line right after a "CHAPTER n" line),
     transcriber's notes and lists; cut long verse into passages of whole sentences, and a
     paragraph over `max_passage_chars` into passages under it at sentence ends (set aside when
-    a sentence is longer, or it is too long to unwrap). `after_header`: the text follows a Project Gutenberg header, so it
-    opens with the book's title page (front matter, dropped up to the first paragraph of text)."""
+    it holds a longer run without a space, or is too long to unwrap). `after_header`: the text
+    follows a Project Gutenberg header, so it opens with the book's title page (front matter,
+    dropped up to the first paragraph of text)."""
     passages: list[str] = []
     bad: list[tuple[str, str]] = []
     dropped = notes = lists = verse = front = long = 0

@@ -11,7 +11,8 @@ Rows and lines count from 1 (a CSV's header is line 1; its first record row 1). 
 `invalid_json`, `not_an_object`, `undecodable`, `missing_field`, `not_a_string`,
 `empty_text`, `unreadable`, `malformed_row` (a CSV/TSV row whose quoting is broken: set aside,
 and the lines after its first read again, so an unclosed quote takes no good row with it),
-`binary` (a jsonl, csv, tsv or text file of binary bytes: one per file, location "file"). A new kind is one function here and one line in `READERS`.
+`binary` (a jsonl, csv, tsv or text file of binary bytes: one per file, location "file").
+A new kind is one function here and one line in `READERS`.
 """
 from __future__ import annotations
 
@@ -60,11 +61,11 @@ def binary(data: bytes) -> Bad | None:
     """One `binary` Bad for a whole file whose (first) bytes are not text: more control bytes
     (NUL etc.) than extract_books and make_shards allow. Parsing it line by line would set
     aside hundreds of meaningless "records"."""
-    share = control_fraction(data)
-    if share <= BookConfig.max_control_fraction:
+    share, limit = control_fraction(data), BookConfig.max_control_fraction
+    if share <= limit:
         return None
     return Bad("file", "binary", f"binary, not text: {share:.1%} of bytes are control "
-                                 f"characters such as NUL (over {BookConfig.max_control_fraction:.0%})")
+                                 f"characters such as NUL (over {limit:.0%})")
 
 
 class _Sniffed(io.RawIOBase):
