@@ -3,6 +3,7 @@ one torchrun per node, a two-node rendezvous on loopback, memory reuse in CPU tr
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -86,7 +87,7 @@ def test_torchrun_launch_command_parses_with_torchruns_own_parser():
 
 
 FAULTS_PER_STEP = """
-import resource, torch
+import json, os, resource, torch
 from model.bert import bert_base
 from model.heads import BertForPreTraining
 from training.launch import init_process_env, keep_freed_memory
@@ -101,17 +102,19 @@ def step():
     model(ids, masked, masked_lm_ids=labels).loss.backward()
     model.zero_grad(set_to_none=True)
 
-def faults_per_step():
+def faults_per_step():  # the page faults of each of COUNTED steps, after 2 that settle the heap
     step()
     step()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(3):
+    counts = []
+    for _ in range(int(os.environ["COUNTED"])):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         step()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 3
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    return sorted(counts)
 
 default = faults_per_step()
 init_process_env()  # on a CPU machine this calls keep_freed_memory
-print(default, faults_per_step(), keep_freed_memory())
+print(json.dumps({"default": default, "after": faults_per_step(), "applied": keep_freed_memory()}))
 """
 
 
@@ -119,20 +122,32 @@ print(default, faults_per_step(), keep_freed_memory())
 def test_cpu_training_processes_reuse_freed_memory_instead_of_faulting_it_in_again():
     """With glibc's default thresholds a BERT-base-wide training step gives its large blocks
     back to the kernel and faults them in again the next step (~70-110k page faults a step
-    here); a process set up for training keeps them, unless BERT_MALLOC=default."""
+    here); a process set up for training keeps them, unless BERT_MALLOC=default.
+
+    Each of 5 steps is counted on its own. By default every step faults its memory in again,
+    so even the fewest of the 5 is ~75k; kept, steps reuse it and the fewest is 0-1. Load on
+    the machine adds faults to some steps, never takes them away (kept steps on a loaded 2-core
+    machine here: [1, 2384, 4416, 7569, 9867] and [0, 0, 0, 1, 19163] against a default's
+    fewest of 75k; a mean of 8k a step in a loaded CI run), so the fewest is held to 1% of
+    the default's and the median to half of it."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", FAULTS_PER_STEP], capture_output=True,
-                         text=True, env=env, cwd=REPO, timeout=300, check=False)
-    assert out.returncode == 0, out.stderr
-    default, tuned, applied = out.stdout.split()
-    assert applied == "True"
+
+    def measure(counted: int, extra_env: dict) -> dict:
+        out = subprocess.run([sys.executable, "-c", FAULTS_PER_STEP], capture_output=True,
+                             text=True, env={**env, "COUNTED": str(counted), **extra_env},
+                             cwd=REPO, timeout=300, check=False)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    kept = measure(5, {})
+    default, tuned = kept["default"], kept["after"]
+    assert kept["applied"] is True
     # with transparent huge pages always on, the default takes ~2k (2 MB) faults, not ~100k
-    assert float(default) > 1_000 and float(tuned) < 0.1 * float(default), (default, tuned)
-    opted_out = subprocess.run([sys.executable, "-c", FAULTS_PER_STEP], capture_output=True,
-                               text=True, env={**env, "BERT_MALLOC": "default"}, cwd=REPO,
-                               timeout=300, check=False)
-    default, kept, _ = opted_out.stdout.split()
-    assert float(kept) > 0.5 * float(default), (default, kept)  # BERT_MALLOC=default: untouched
+    assert default[0] > 1_000, kept
+    assert tuned[0] < 0.01 * default[0], kept
+    assert tuned[2] < 0.5 * default[2], kept
+    opted_out = measure(2, {"BERT_MALLOC": "default"})  # BERT_MALLOC=default: untouched
+    assert opted_out["after"][0] > 0.5 * opted_out["default"][0], opted_out
 
 
 def test_slurm_script_runs_torchrun_once_per_node(tmp_path):
