@@ -111,8 +111,8 @@ def _rows(folder: Path) -> list[tuple[str, str]]:
 
 def test_weighted_sources_in_waves_give_the_rows_of_one_pipeline(inputs, tmp_path):
     """The Wikipedia sample's pages as two sources, one of weight 2 (each document and its
-    `#r1` copy) and one of 0.5, beside the books, with near-duplicate removal: waves write
-    every copy once, the rows of one pipeline."""
+    `#r1` copy) and one of 0.5: waves write every copy once, in its original's shard, and
+    give the rows of one pipeline."""
     import pyarrow.parquet as pq
     pages = [r for p in sorted(Path(inputs.split(",")[0]).glob("documents-*.parquet"))
              for r in pq.read_table(p).to_pylist()]
@@ -123,8 +123,7 @@ def test_weighted_sources_in_waves_give_the_rows_of_one_pipeline(inputs, tmp_pat
     storage.write_manifest(str(folder), {"stage": "hand-made", "config_hash": "0"})
     sources = json.dumps([{"name": "twice", "kind": "text", "path": "x", "weight": 2},
                           {"name": "half", "kind": "text", "path": "y", "weight": 0.5}])
-    common = ["--input", str(folder), "--sources", sources, "--num_shards", "2",
-              "--set", "near_duplicates.threshold=0.8"]
+    common = ["--input", str(folder), "--sources", sources, "--num_shards", "2"]
     one = build_corpus.main([*common, "--output", str(tmp_path / "one"), "--wave_mb", "0"])
     many = build_corpus.main([*common, "--output", str(tmp_path / "many"), "--wave_mb", "0.04"])
     assert (one["waves"], many["waves"]) == (1, 2)
