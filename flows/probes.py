@@ -12,8 +12,10 @@ Results are addressed by content: `<root>/probes/<task>-<key>/results.json`, the
 the export's weights (the sha256 in its manifest), the task's data folder and the loop's whole
 config. A re-run reuses every finished result; `results.json` is written atomically and only it
 marks a probe done, so a probe process killed (kill -9) mid-run loses nothing finished and
-leaves nothing taken for a result: the next run probes that one again. A failed probe is logged
-and left out; pre-training and the other probes go on. Once every task has a result for an export,
+leaves nothing taken for a result: the next run probes that one again. A probe process dies
+with the flow's process (Linux's parent-death signal), and holds its result folder's build lock
+(flows/stages.py): two flows on one root run each probe once, the second reusing the first's
+result. A failed probe is logged and left out; pre-training and the other probes go on. Once every task has a result for an export,
 its weights are deleted (`finetune.probe.keep_exports`), its manifest kept: results are found
 by the manifest's sha256, so a re-run still reuses them.
 """
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common import storage
+from flows import stages
 from flows.config import DagConfig
 from flows.steps import inputs_fingerprint
 from training.probes import PROBES
@@ -42,6 +45,8 @@ logger = logging.getLogger("flows")
 
 POLL_SECONDS = 5.0
 """How often the watcher looks for new exports while pre-training runs."""
+LOCK_POLL_SECONDS = 1.0
+"""How often a watcher tries a probe's build lock while another flow's watcher runs it."""
 RESULTS = "results.json"
 
 
@@ -154,24 +159,39 @@ def probe_jobs(cfg: DagConfig, run_dir: str) -> list[ProbeJob]:
 
 
 def probe_command(job: ProbeJob) -> list[str]:
-    """The probe process's command: this interpreter, this module, the job as JSON."""
-    return [sys.executable, "-m", "flows.probes", json.dumps(job.spec)]
+    """The probe process's command: this interpreter, this module, the job as JSON, and this
+    process's id, so that the probe dies with it (`main`)."""
+    return [sys.executable, "-m", "flows.probes", "--parent", str(os.getpid()),
+            json.dumps(job.spec)]
 
 
 def run_probe(job: ProbeJob, log: Callable[[str], None] = logger.info) -> str:
-    """"reused" (its results.json is there), "ran" or "failed" (logged, never raised)."""
+    """"reused" (its results.json is there), "ran" or "failed" (logged, never raised).
+
+    The probe's result folder is built under its build lock (flows/stages.py `building`), which
+    the probe process inherits: a second flow on the same root waits for the probe, then reuses
+    its result (or runs it, if it failed or its flow was killed)."""
     if os.path.exists(job.results):
         return "reused"
     if not os.path.isdir(job.export.hf_dir):
         logger.warning("probe %s not run: the export's weights were deleted after its probes "
                        "(finetune.probe.keep_exports=false)", job.name)
         return "failed"
+    storage.makedirs(job.out)
+    with stages.building(job.out, f"probe {job.name}", LOCK_POLL_SECONDS):
+        if os.path.exists(job.results):  # run by another flow while this one waited
+            return "reused"
+        return run_probe_process(job, log)
+
+
+def run_probe_process(job: ProbeJob, log: Callable[[str], None]) -> str:
     threads = str(job.spec["num_threads"])
     env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
     started = time.monotonic()
     try:
         done = subprocess.run(probe_command(job), env=env, capture_output=True, text=True,
-                              check=False, timeout=job.spec["timeout_s"])
+                              check=False, timeout=job.spec["timeout_s"],
+                              pass_fds=stages.held_lock_fds())
     except subprocess.TimeoutExpired:  # run kills the process: a stuck probe ends the watch
         logger.warning("probe %s failed: no result after %.0f s (finetune.probe."
                        "timeout_minutes)", job.name, job.spec["timeout_s"])
@@ -316,13 +336,21 @@ def probe_one(spec: dict[str, Any]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m flows.probes SPEC`: one probe (SPEC: a job's JSON, `probe_command`). A bad
-    input prints one line and exits 2."""
+    """`python -m flows.probes [--parent PID] SPEC`: one probe (SPEC: a job's JSON,
+    `probe_command`), killed when process PID (its flow) dies. A bad input prints one line and
+    exits 2."""
     from common.errors import USER_ERRORS, debug_requested, is_user_error
+    from pipelines.beam_worker import die_with_parent
 
     parser = argparse.ArgumentParser(prog="python -m flows.probes", description=main.__doc__)
+    parser.add_argument("--parent", type=int, default=None,
+                        help="the flow's process id: the probe is killed when it dies")
     parser.add_argument("spec", help="the probe job as JSON")
     args = parser.parse_args(argv)
+    if args.parent is not None:
+        # A probe fine-tunes for up to finetune.probe.timeout_minutes: orphaned by a killed
+        # flow, it would go on and write its result after the kill.
+        die_with_parent(args.parent, prog="probe")
     try:
         probe_one(json.loads(args.spec))
     except USER_ERRORS as e:

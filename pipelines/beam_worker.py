@@ -40,14 +40,14 @@ def environment():
     return SubprocessSDKEnvironment.from_command_string(command())
 
 
-def die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int, prog: str = "beam_worker") -> None:
     """SIGKILL this process when its parent dies; exit now if `parent_pid` has died already."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass  # not Linux: the worker ends when its gRPC channel to the runner times out
     if os.getppid() != parent_pid:
-        sys.exit(f"beam_worker: the runner process {parent_pid} has ended; not starting")
+        sys.exit(f"{prog}: the process {parent_pid} that started it has ended; not starting")
 
 
 class QuietDiskFullStderr:

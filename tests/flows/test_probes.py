@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -169,6 +170,79 @@ def test_a_probe_past_its_timeout_is_stopped_and_counted_failed(probed, tmp_path
     assert probes.run_probe(stuck) == "failed"
     assert time.monotonic() - started < 30
     assert not os.path.exists(stuck.results)
+
+
+STAND_IN_FLOW = """
+import json, sys
+from flows import probes
+from flows.config import resolve
+if sys.argv[1] == "job":
+    spec = json.loads(sys.argv[2])
+    export = probes.ProbeExport(spec["global_step"], spec["hf_dir"], spec["weights_sha256"])
+    print(probes.run_probe(probes.ProbeJob(spec["task"], export, spec["out"], spec)))
+else:
+    cfg = resolve("tiny", json.loads(sys.argv[2]))
+    print(json.dumps(probes.run_probes(cfg, sys.argv[3])))
+"""
+"""A flow's process as far as its probes go: `run_probe` of one job, or a pass of `run_probes`."""
+
+
+def stand_in_flow(*args: str, **popen) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", STAND_IN_FLOW, *args], env=env, text=True,
+                            **popen)
+
+
+def test_a_probe_process_dies_with_its_flow(probed, tmp_path):
+    """The flow's process killed with SIGKILL while its probe fine-tunes: the probe process
+    ends with it (Linux's parent-death signal) and writes no result after the kill."""
+    import psutil
+
+    job = probed["jobs"][0]
+    out = str(tmp_path / "orphan")
+    flow = stand_in_flow("job", json.dumps({**job.spec, "out": out}),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not (children := psutil.Process(flow.pid).children()):
+        assert flow.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    (probe,) = children
+    while probe.io_counters().write_chars == 0:  # its first line: "... fine-tuning N examples"
+        assert probe.is_running() and time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(flow.pid, signal.SIGKILL)
+    flow.wait()
+    killed = time.monotonic()
+    while probe.is_running() and probe.status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() - killed < 2, "the probe outlived its flow"
+        time.sleep(0.05)
+    print(f"probe process ended {time.monotonic() - killed:.2f} s after its flow")
+    time.sleep(1.0)
+    assert not os.path.exists(os.path.join(out, probes.RESULTS))
+
+
+def test_two_flows_on_one_root_run_each_probe_once(probed, tmp_path):
+    """Two flows' probe passes at once on one root: the probe runs in one of them (its result
+    folder's build lock, flows/stages.py), the other waits and reuses its result; no
+    traceback. (One export, step 3's, and one task: one probe.)"""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(probed["run_dir"] / "probes" / "step-0000003",
+                    run_dir / "probes" / "step-0000003")
+    overrides = {"output": str(tmp_path), "pretrain": {"cadence": {"probe_every": 3}},
+                 "finetune": {"probe": {"tasks": "sst-2", "max_train_examples": 16,
+                                        "max_eval_examples": 16, "batch_size": 8,
+                                        "keep_exports": True}}}  # other tests read them
+    flows = [stand_in_flow("pass", json.dumps(overrides), str(run_dir),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    done = [flow.communicate(timeout=600) for flow in flows]
+    assert [flow.returncode for flow in flows] == [0, 0], [err[-3000:] for _, err in done]
+    assert not any("Traceback" in err for _, err in done), [err[-3000:] for _, err in done]
+    outcomes = sorted((json.loads(out.strip().splitlines()[-1]) for out, _ in done),
+                      key=lambda outcome: outcome["reused"])
+    assert outcomes == [{"ran": ["sst-2 @ step 3"], "reused": [], "failed": []},
+                        {"ran": [], "reused": ["sst-2 @ step 3"], "failed": []}]
 
 
 def test_the_probe_scores_go_to_the_trackers_by_step(probed, tmp_path, monkeypatch):
