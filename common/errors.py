@@ -9,7 +9,9 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 DEAD_LETTER_DIR = "dead_letter"
 
@@ -109,6 +111,13 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def debug_requested() -> bool:
     return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def exit_with_error(prog: str, message: str) -> NoReturn:
+    """`<prog>: error: <message>` on stderr, exit 2: argparse's `parser.error` without the
+    usage it prints first, whose lines of flags would hide the one that names the setting."""
+    sys.stderr.write(f"{prog}: error: {message}\n")
+    raise SystemExit(2)
 
 
 def is_user_error(error: BaseException, kinds: tuple[type[BaseException], ...] = USER_ERRORS

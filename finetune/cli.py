@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run_main(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
              make_jobs: Callable[[Any], list[TaskJob]], markdown_name: str, base: Any) -> int:
     """Parse `argv` into `base`'s settings, run the jobs `make_jobs` gives, report; bad
-    settings and task names are usage errors, other bad inputs end in one line."""
+    settings, task names and other bad inputs end in one line."""
     logs.add_verbose_flag(parser)
     args = parser.parse_args(argv)
     logs.setup(args.verbose)
@@ -231,8 +231,8 @@ def run_main(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
         try:
             config = command_config(args, base)
             jobs_ = make_jobs(config)
-        except ValueError as e:  # bad settings and task names: usage errors
-            parser.error(str(e))
+        except ValueError as e:  # bad settings and task names, named in one line
+            errors.exit_with_error(parser.prog, str(e))
         return run(config, jobs_, finished, markdown_name)
     except USER_ERRORS as e:
         if args.debug or debug_requested() or not is_user_error(e, USER_ERRORS):

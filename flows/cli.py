@@ -32,6 +32,7 @@ import os
 import sys
 
 from common import logs, settings
+from common.errors import exit_with_error
 from flows.config import PRESETS, parse_set_flags, resolve
 
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             # fail fast on a bad setting, before Prefect starts
             resolve(args.preset or "tiny", overrides, data_only=args.data_only or args.plan)
     except (TypeError, ValueError) as e:
-        parser.error(str(e))
+        exit_with_error(parser.prog, str(e))
     if args.plan:
         return plan(args, overrides)
     if args.sweep:

@@ -449,7 +449,7 @@ def export(config: PretrainConfig, ckpt_dir: str, tag: str, out: str | None = No
 def main(argv: list[str] | None = None) -> None:
     """`bert-pretrain`: our checks' errors (a bad setting, a missing or mismatched input) print
     one line and exit 2; anything else, or BERT_DEBUG=1, keeps its traceback."""
-    from common.errors import USER_ERRORS, debug_requested, is_user_error
+    from common.errors import USER_ERRORS, debug_requested, exit_with_error, is_user_error
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -459,7 +459,7 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as e:
         if debug_requested() or not is_user_error(e):
             raise
-        parser.error(str(e))
+        exit_with_error(parser.prog, str(e))
     if args.plan:
         from training.launch import plan
         plan(config, args, parser)
