@@ -617,6 +617,9 @@ _LAYER = {
     "mlp.wo": "mlp.Wo",
 }
 _HEAD = ("dense", "norm")  # transformers' `head.*`: our pooler, and the MLM transform
+# Our name of transformers' `classifier` by head kind: its question-answering model calls the
+# span layer `classifier`, ours (as BERT's) `qa_outputs`.
+_CLASSIFIER = {"question_answering": "qa_outputs"}
 _ARCHITECTURES = {
     "encoder": "ModernBertModel",
     "pretraining": "ModernBertForMaskedLM",
@@ -738,8 +741,8 @@ def _global_period(layer_types: list[str]) -> int:
     return every
 
 
-def state_from_hf(hf_state: dict[str, Tensor],
-                  encoder_prefix: str = "bert.") -> tuple[dict[str, Tensor], list[str]]:
+def state_from_hf(hf_state: dict[str, Tensor], encoder_prefix: str = "bert.",
+                  kind: str | None = None) -> tuple[dict[str, Tensor], list[str]]:
     """transformers ModernBERT weights -> (our state dict, transformers keys not used).
 
     Takes `ModernBertModel` keys (no prefix) and those of its task models (`model.` encoder,
@@ -749,6 +752,9 @@ def state_from_hf(hf_state: dict[str, Tensor],
     checkpoint (one with `decoder.*` keys) also `mlm.dense`/`mlm.norm`, with `decoder.bias`
     as `mlm.bias`: fine-tuning from such a checkpoint starts, as in transformers, with the MLM
     transform as the prediction head. The tied `decoder.weight` is left out (ignored).
+    `kind`: our head the weights are for (model/heads.py); "question_answering" reads
+    transformers' `classifier.*` as our `qa_outputs.*` (the keys alone cannot tell a span layer
+    from a two-label classifier).
     """
     state, ignored = {}, []
     top = {hf: ours for ours, hf in _TOP_LEVEL.items()}
@@ -772,7 +778,7 @@ def state_from_hf(hf_state: dict[str, Tensor],
                 state[f"mlm.{m[1]}.{param}"] = value
             continue
         elif module == "classifier":
-            state[key] = value
+            state[f"{_CLASSIFIER.get(kind, 'classifier')}.{param}"] = value
             continue
         ignored.append(key)  # the tied decoder weight, buffers, parts we do not have
     return state, ignored
@@ -780,8 +786,9 @@ def state_from_hf(hf_state: dict[str, Tensor],
 
 def state_to_hf(state: dict[str, Tensor], prefix: str = ENCODER_PREFIX,
                 encoder_prefix: str = "bert.") -> dict[str, Tensor]:
-    """Our state dict (encoder keys under `encoder_prefix`, heads `mlm.*`, `classifier.*`) ->
-    transformers keys, the encoder's under `prefix` ("" for a bare `ModernBertModel`).
+    """Our state dict (encoder keys under `encoder_prefix`, heads `mlm.*`, `classifier.*`,
+    `qa_outputs.*`) -> transformers keys, the encoder's under `prefix` ("" for a bare
+    `ModernBertModel`); every task model's last layer is transformers' `classifier`.
 
     transformers' task models hold one `head`: the MLM transform when there is one (`mlm.*`;
     our pooler is then left out: transformers' masked-LM model has no place for it), else our
@@ -800,8 +807,9 @@ def state_to_hf(state: dict[str, Tensor], prefix: str = ENCODER_PREFIX,
             elif m[1] != "decoder":
                 raise KeyError(f"no Hugging Face name for parameter {key!r}")
             continue
-        if key.startswith("classifier."):
-            out[key] = value
+        module, _, param = key.rpartition(".")
+        if module in ("classifier", *_CLASSIFIER.values()):
+            out[f"classifier.{param}"] = value
             continue
         if not key.startswith(encoder_prefix):
             raise KeyError(f"no Hugging Face name for parameter {key!r}")

@@ -7,7 +7,6 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file
 from torch import Tensor, nn
@@ -15,6 +14,7 @@ from torch import Tensor, nn
 from model.attention import batch_layout, instance_ids
 from model.bert import HiddenStates
 from model.cpu_ops import stock_ops
+from model.heads import BertForPreTraining
 from model.modernbert import (
     PRESETS,
     ModernBertConfig,
@@ -198,48 +198,42 @@ def test_pool_and_token_states_are_transformers_prediction_head(config):
 # Masked LM: loss and every gradient
 
 
-class MaskedLM(nn.Module):
-    """The encoder + ModernBERT's MLM transform (dense, GELU, LayerNorm, no biases) + the
-    decoder tied to the word embeddings, with a bias (heads.py will hold this)."""
-
-    def __init__(self, config: ModernBertConfig):
-        super().__init__()
-        self.bert = ModernBertModel(config)
-        self.mlm = nn.Module()
-        self.mlm.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
-        self.mlm.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps, bias=False)
-        self.mlm.bias = nn.Parameter(torch.zeros(config.vocab_size))
-
-    def forward(self, ids: Tensor, mask: Tensor, labels: Tensor,
-                output_positions: Tensor | None = None) -> Tensor:
-        """Mean cross-entropy over the labels >= 0: (B, T) ones, or (B, P) ones at
-        `output_positions` (B, P), where only those tokens are scored (as pre-training runs:
-        the last layer computes only those queries)."""
-        hidden = self.bert(ids, attention_mask=mask, output_positions=output_positions)
-        logits = F.linear(self.mlm.norm(F.gelu(self.mlm.dense(hidden))),
-                          self.bert.word_embeddings.weight, self.mlm.bias)
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-
-
-@pytest.mark.parametrize("sparse", [False, True])
-def test_masked_lm_loss_and_every_gradient_equal_transformers(config, sparse):
-    hf = hf_model(transformers.ModernBertForMaskedLM, config)
+def pretraining_model(hf: nn.Module, config: ModernBertConfig) -> BertForPreTraining:
+    """Our MLM-only pre-training model (model/heads.py) on the modernbert encoder, with the
+    weights of transformers' `ModernBertForMaskedLM` `hf` (the pooler too: transformers'
+    `head`, as fine-tuning reads it)."""
     state, ignored = state_from_hf(hf.state_dict())
     assert ignored == ["decoder.weight"]  # tied to the word embeddings
-    ours = MaskedLM(config).eval()
-    ours.load_state_dict(state)  # the pooler too: transformers' `head`, as fine-tuning reads it
+    ours = BertForPreTraining(config, next_sentence=False).eval()
+    result = ours.load_state_dict(state, strict=False)
+    assert result.missing_keys == ["mlm.decoder.weight"] and result.unexpected_keys == []
+    assert ours.mlm.decoder.weight is ours.bert.word_embeddings.weight
+    return ours
+
+
+@pytest.mark.parametrize("every_token", [False, True], ids=["masked_positions", "every_token"])
+def test_masked_lm_loss_and_every_gradient_equal_transformers(config, every_token):
+    """The pre-training batch's `masked_lm_positions` (B, M, 0 = padding) and `masked_lm_ids`
+    (-100 = padding) against transformers' (B, T) labels, -100 where nothing is masked; or
+    every token a masked position (P = T: the last layer computes every query)."""
+    hf = hf_model(transformers.ModernBertForMaskedLM, config)
+    ours = pretraining_model(hf, config)
     ids, mask = padded_batch(seed=6)
     positions = torch.tensor([[1, 7, 20, 39], [3, 28, 0, 0], [0, 10, 0, 0]])  # 0: padding
     scored = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 0, 0]]).bool()
-    targets = ids.gather(1, positions).masked_fill(~scored, -100)  # (B, P)
     labels = torch.full_like(ids, -100)  # (B, T)
     for row, (at, keep) in enumerate(zip(positions, scored)):
         labels[row, at[keep]] = ids[row, at[keep]]
+    if every_token:
+        positions, targets = torch.arange(ids.shape[1]).expand_as(ids), labels  # (B, T)
+    else:
+        targets = ids.gather(1, positions).masked_fill(~scored, -100)  # (B, M)
     their_loss = hf(ids, attention_mask=mask, labels=labels).loss
     their_loss.backward()
-    loss = (ours(ids, mask, targets, positions) if sparse else ours(ids, mask, labels))
-    loss.backward()
-    torch.testing.assert_close(loss, their_loss)
+    out = ours(ids, masked_lm_positions=positions, attention_mask=mask, masked_lm_ids=targets)
+    out.loss.backward()
+    torch.testing.assert_close(out.loss, their_loss)
+    assert out.nsp_logits is None and out.mlm_count.item() == 8
     their_grads, _ = state_from_hf({n: p.grad for n, p in hf.named_parameters()})
     compared = 0
     for name, p in ours.named_parameters():
