@@ -293,7 +293,7 @@ def run_isolated(fn: Callable, *args):
     one process, keeps what each left behind (its workers' caches, fragmented heaps): the peak
     would creep up wave after wave. The process is forked from a fork server, which holds no
     threads and has the heavy modules imported (`PRELOAD`), so it starts in a moment; it dies
-    with its parent (PR_SET_PDEATHSIG), and it ends as soon as its result is sent, whatever
+    with the job (`_die_with_job`), and it ends as soon as its result is sent, whatever
     threads Beam left running in it."""
     import multiprocessing
 
@@ -317,6 +317,29 @@ def run_isolated(fn: Callable, *args):
     return value
 
 
+def _die_with_job() -> None:
+    """End this process the moment the job that asked for it ends (kill -9 too), and with it
+    its Beam workers (`beam_worker.die_with_parent`). Its parent is the fork server, not the
+    job, and the fork server outlives the job while this process lives: this process holds
+    the fork server's liveness pipe, so the parent-death signal alone would come too late (a
+    worker went on writing its shard ~10 s after the kill). multiprocessing keeps the write
+    end of `parent_process().sentinel` open in the job: it reads as closed once the job is
+    gone."""
+    import multiprocessing
+    import threading
+    from multiprocessing.connection import wait
+
+    job = multiprocessing.parent_process()
+    if job is None:
+        return
+
+    def watch() -> None:
+        wait([job.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-job", daemon=True).start()
+
+
 def _isolated(fn: Callable, args: tuple, send) -> None:
     import logging
     import pickle
@@ -327,6 +350,7 @@ def _isolated(fn: Callable, args: tuple, send) -> None:
     code = 0
     try:
         beam_worker.die_with_parent(os.getppid())
+        _die_with_job()
         jobs.configure_logging()
         try:
             outcome = ("ok", fn(*args))

@@ -29,6 +29,17 @@ def workers_of(pid: int) -> list[psutil.Process]:
     return [c for c in children if "python" in os.path.basename(_exe(c))]
 
 
+def beam_workers(processes: list[psutil.Process]) -> list[psutil.Process]:
+    return [p for p in processes if "pipelines.beam_worker" in _cmdline(p)]
+
+
+def _cmdline(process: psutil.Process) -> str:
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def _exe(process: psutil.Process) -> str:
     try:
         return process.cmdline()[0]
@@ -43,30 +54,41 @@ def alive(process: psutil.Process) -> bool:
         return False
 
 
-@pytest.mark.parametrize("how", ["job", "thread"])
+@pytest.mark.parametrize("how", ["job", "thread", "waves"])
 def test_kill_9_leaves_no_beam_worker(shared_data, minilm_dir, tmp_path, how):
+    """`waves`: the job in waves, each a process forked from a fork server
+    (`waves.run_isolated`), so the workers' parent is that process, not the job: they end
+    with the job all the same, and write no shard after the kill."""
     job_args = ["--input", str(shared_data / "books" / "austen-persuasion.txt"), "--vocab",
                 str(minilm_dir), "--output", str(tmp_path / "shards"), "--dupe_factor", "1",
-                *MULTI_PROCESSING]
-    start = ["-m", "pipelines.make_shards"] if how == "job" else ["-c", IN_A_THREAD]
+                *MULTI_PROCESSING, *(["--wave_mb", "0.1"] if how == "waves" else [])]
+    start = ["-c", IN_A_THREAD] if how == "thread" else ["-m", "pipelines.make_shards"]
     job = subprocess.Popen([sys.executable, *start, *job_args], cwd=REPO,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
     workers: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 120
-        while len(workers) < 2 and job.poll() is None and time.monotonic() < deadline:
+        while len(beam_workers(workers)) < 2 and job.poll() is None and \
+                time.monotonic() < deadline:
             time.sleep(0.2)
             workers = workers_of(job.pid)
-        assert len(workers) == 2, f"the job started {len(workers)} worker(s)"
+        assert len(beam_workers(workers)) == 2, f"the job started {len(workers)} worker(s)"
+        # with waves also the fork server, its resource tracker and the wave's process
+        assert len(workers) == (5 if how == "waves" else 2), workers
         time.sleep(1)  # the workers are at work
         assert job.poll() is None, "the job ended before the kill: nothing was tested"
         job.send_signal(signal.SIGKILL)
         job.wait()
-        deadline = time.monotonic() + 5
+        killed = time.monotonic()
+        deadline = killed + 5
         while any(alive(w) for w in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
+            time.sleep(0.05)
+        print(f"{how}: the job's processes ended {time.monotonic() - killed:.2f} s after it")
         assert [w.pid for w in workers if alive(w)] == []
+        shards = sorted(p.name for p in (tmp_path / "shards").glob("*.tar"))
+        time.sleep(1)
+        assert sorted(p.name for p in (tmp_path / "shards").glob("*.tar")) == shards
     finally:
         if job.poll() is None:
             job.kill()
