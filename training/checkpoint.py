@@ -40,11 +40,13 @@ import json
 import logging
 import os
 import pickle
+import pickletools
 import random
 import re
 import shutil
 import subprocess
 import sys
+import warnings
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -281,7 +283,9 @@ def verify_checkpoint(folder: str) -> None:
 def check_pickle(path: str) -> None:
     """Load `path` with weights_only=True (memory-mapped: the pickle is read, not the data)."""
     try:
-        with torch.serialization.safe_globals(deepspeed_globals()):
+        with torch.serialization.safe_globals(deepspeed_globals()), warnings.catch_warnings():
+            # a raw pickle's protocol warning would stand above the refusal's one line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
             torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except pickle.UnpicklingError as e:
         raise UntrustedCheckpointError(f"{path}: refused: {untrusted(e)}") from None
@@ -291,15 +295,29 @@ def check_pickle(path: str) -> None:
 
 
 def untrusted(error: BaseException) -> str:
-    return (f"this checkpoint file holds objects other than tensors and plain data "
-            f"({unsupported(error)}); it may have been planted, and loading it could run code. "
-            "Resume from a checkpoint you trust, or start a new output_dir")
+    """Why torch's weights_only unpickler refused a file, in one line. Torch's own message
+    opens with the advice to load it again with weights_only=False, which would run whatever
+    the file holds: only the reason it names is kept."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(error))
+    what = (f"holds objects other than tensors and plain data (global {found.group(1)})"
+            if found else
+            f"is not a torch.save file of tensors and plain data ({unsupported(error)})")
+    return (f"this checkpoint file {what}; it may have been planted, and loading it could run "
+            "code. Resume from a checkpoint you trust, or start a new output_dir")
 
 
 def unsupported(error: BaseException) -> str:
-    """What torch's weights_only unpickler refused, e.g. `global builtins.exec`."""
-    found = re.search(r"GLOBAL ([\w.]+)", str(error))
-    return f"global {found.group(1)}" if found else first_line(error)
+    """The reason torch's weights_only unpickler gives below its advice, e.g. `pickle opcode
+    FRAME, ...` for a raw pickle of protocol 4 or later (torch.save writes protocol 2)."""
+    text = str(error)
+    operand = re.search(r"Unsupported operand (\d+)", text)
+    if operand:
+        code = int(operand.group(1))
+        opcode = pickletools.code2op.get(chr(code)) if code < 256 else None
+        name = opcode.name if opcode else str(code)
+        return f"pickle opcode {name}, which torch's weights-only loader does not read"
+    reason = re.search(r"WeightsUnpickler error:\s*(\S[^\n]*)", text)
+    return reason.group(1).strip() if reason else "refused by torch's weights-only loader"
 
 
 def first_line(error: BaseException) -> str:

@@ -236,3 +236,23 @@ def test_a_killed_runs_temporaries_are_removed_and_nothing_else(tmp_path):
     assert sorted(p.name for p in ckpt.iterdir()) == [
         ".cache", ".fp32-notes.txt", ".notes.a8d2kq.tmp", "00-phase1-step00000002", "latest"]
     assert checkpoint.remove_stale_files(str(tmp_path / "none")) == []
+
+
+def test_a_raw_pickle_is_refused_without_advising_weights_only_false(tmp_path):
+    """A file `pickle.dump` wrote (protocol 4: torch's weights-only loader stops at its FRAME
+    opcode, before any global): refused in one line that names why, and never torch's own
+    advice to re-run with weights_only=False, which would run the planted code."""
+    import pickle
+
+    marker = tmp_path / "marker"
+    planted = tmp_path / "mp_rank_00_model_states.pt"
+    with open(planted, "wb") as f:
+        pickle.dump({"module": Plant(marker)}, f, protocol=4)
+    with pytest.raises(ValueError) as error:
+        checkpoint.check_pickle(str(planted))
+    assert str(error.value) == (
+        f"{planted}: refused: this checkpoint file is not a torch.save file of tensors and "
+        "plain data (pickle opcode FRAME, which torch's weights-only loader does not read); it "
+        "may have been planted, and loading it could run code. Resume from a checkpoint you "
+        "trust, or start a new output_dir")
+    assert not marker.exists()
