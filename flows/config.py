@@ -223,6 +223,29 @@ def tiny() -> DagConfig:
     )
 
 
+def modernbert_tiny() -> DagConfig:
+    """The demo's DAG with the modern encoder (`modernbert_tiny`, model/modernbert.py) and its
+    recipe: MLM-only shards (no next-sentence pairs) at ModernBERT's 30% masking, 128 tokens a
+    row then 1,024 (past BERT's 512: rotary positions have no table), pre-training without
+    dropout, the same fine-tuning fan-out."""
+    dag = tiny()
+
+    def modern(shards: ShardsConfig, length: int) -> ShardsConfig:
+        return dataclasses.replace(shards, next_sentence=False, masked_lm_prob=0.3,
+                                   max_seq_length=length,
+                                   max_predictions_per_seq=round(0.3 * length))
+
+    phase1, phase2 = dag.pretrain.phases
+    pretrain = dataclasses.replace(
+        dag.pretrain, model=training.ModelConfig(preset="modernbert_tiny", dropout=0.0),
+        objective=dataclasses.replace(dag.pretrain.objective, next_sentence=False),
+        phases=(phase1, dataclasses.replace(phase2, micro_batch_size=8, global_batch_size=8)))
+    return dataclasses.replace(
+        dag, name="modernbert_tiny", output=str(REPO / "runs" / "modernbert_tiny"),
+        shards=ShardPhases(modern(dag.shards.phase1, 128), modern(dag.shards.phase2, 1024)),
+        pretrain=pretrain)
+
+
 # base and large run on real corpora that no image or checkout carries: their data paths have
 # no default (None), and `resolve` names every one still unset.
 
@@ -257,7 +280,8 @@ def continue_pretraining() -> DagConfig:
                      pretrain=continue_preset(), finetune=FlowTasksConfig(data=None))
 
 
-PRESETS = {"tiny": tiny, "base": base, "large": large, "continue": continue_pretraining}
+PRESETS = {"tiny": tiny, "modernbert_tiny": modernbert_tiny, "base": base, "large": large,
+           "continue": continue_pretraining}
 PRESET_NEEDS = {"continue": ("pretrain.model.init_from",)}
 """Settings (besides the inputs) that a preset cannot run without."""
 

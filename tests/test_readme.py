@@ -135,7 +135,7 @@ def test_settings_page_is_what_the_generator_writes():
 
 def test_settings_page_has_each_setting_once_with_its_docstring():
     text = _settings_docs().render()
-    assert text.count("| `pretrain.phase2.warmup_steps` | `10000` | tiny: `6`; continue: `60` |") \
+    assert text.count("| `pretrain.phase2.warmup_steps` | `10000` | tiny: `6`; modernbert_tiny: `6`; continue: `60` |") \
         == 1
     assert ("| `shards.phase1.random_next_prob` | `0.5` |  | Probability that B is drawn from "
             "another document when A's chunk has two or more segments") in text

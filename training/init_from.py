@@ -38,7 +38,7 @@ from training.config import SHAPE_FIELDS, PretrainConfig
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_SHAPE_FIELDS = (*SHAPE_FIELDS, "vocab_size", "max_position_embeddings",
+CHECKPOINT_SHAPE_FIELDS = (*SHAPE_FIELDS, "vocab_size",
                            "type_vocab_size")
 """What the weights' shapes fix: a config may restate them, never change them."""
 CONTINUE_LEARNING_RATE = 5e-5

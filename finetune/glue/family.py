@@ -182,7 +182,7 @@ class GlueFamily:
     def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
         """Sentence pairs need two token types."""
         spec = get_task(task)
-        if spec.is_pair and encoder.config.type_vocab_size < 2:
+        if spec.is_pair and getattr(encoder.config, "type_vocab_size", 2) < 2:  # ModernBERT: none
             raise ValueError(f"{spec.name}: sentence pairs need 2 token types but the model "
                              f"{model_dir} has type_vocab_size {encoder.config.type_vocab_size}")
 

@@ -119,7 +119,7 @@ class MultipleChoiceFamily:
 
     def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
         """Every choice is a sequence pair: two token types."""
-        if encoder.config.type_vocab_size < 2:
+        if getattr(encoder.config, "type_vocab_size", 2) < 2:  # ModernBERT: none
             raise ValueError(f"{task}: (A, choice) pairs need 2 token types but the model "
                              f"{model_dir} has type_vocab_size {encoder.config.type_vocab_size}")
 

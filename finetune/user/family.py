@@ -115,7 +115,7 @@ class UserFamily:
     def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
         if self.task(task).type in CLASSIFICATION:
             spec = glue_spec(self.task(task))
-            if spec.is_pair and encoder.config.type_vocab_size < 2:
+            if spec.is_pair and getattr(encoder.config, "type_vocab_size", 2) < 2:  # ModernBERT: none
                 raise ValueError(f"{spec.name}: sentence pairs need 2 token types but the model "
                                  f"{model_dir} has type_vocab_size "
                                  f"{encoder.config.type_vocab_size}")

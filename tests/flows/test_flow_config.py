@@ -151,7 +151,8 @@ def test_bad_override_values_name_the_setting_and_value(overrides, message):
     ("pretrain.engine.precision=bf17",
      "setting pretrain.engine.precision='bf17': must be one of fp32, bf16, fp16 or auto"),
     ("pretrain.model.preset=bert_huge", ("setting pretrain.model.preset: must be one of ['bert_base', "
-                                  "'bert_large', 'bert_mini', 'bert_tiny'] (or empty with init_from)")),
+                                  "'bert_large', 'bert_mini', 'bert_tiny', 'modernbert_base', "
+                                  "'modernbert_large', 'modernbert_tiny'] (or empty with init_from)")),
     ("pretrain.phase2.steps=0", "setting pretrain.phase2.steps: must be positive"),
     ("pretrain.phase1.global_batch_size=20",
      "setting pretrain.phase1.global_batch_size: must be a multiple of micro_batch_size=32"),

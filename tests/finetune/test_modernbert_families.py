@@ -1,0 +1,75 @@
+"""Every fine-tuning family on the modern encoder: a `modernbert_tiny` checkpoint (exported as
+transformers' ModernBertForMaskedLM, with MiniLM's vocabulary) goes through `bert-finetune` for
+GLUE, SQuAD v1.1 and v2.0, multiple choice, NER and a task of your own, as a BERT checkpoint
+does."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from finetune import cli as finetune_cli
+from finetune.user import use_task_file
+from flows.config import SAMPLE
+from model.encoders import PRESETS
+from model.heads import BertForPreTraining
+from model.hf import export_hf_folder
+
+SHORT = ["--max_train_examples", "16", "--max_eval_examples", "8", "--epochs", "1",
+         "--batch_size", "8", "--learning_rates", "1e-4", "--seeds", "1",
+         "--max_seq_length", "128", "--no_progress", "--num_threads", "1"]
+
+PAIRS = """\
+tasks:
+  - name: my-pairs
+    type: sequence_classification
+    format: tsv
+    train: {data}/glue/RTE/train.tsv
+    dev: {data}/glue/RTE/dev.tsv
+    columns: {{text_a: sentence1, text_b: sentence2, label: label, id: index}}
+    labels: [entailment, not_entailment]
+    metric: accuracy
+"""
+
+
+@pytest.fixture(scope="module")
+def modernbert_dir(minilm_dir, tmp_path_factory):
+    """A freshly initialised modernbert_tiny on MiniLM's 30,522-token vocabulary, exported."""
+    vocab_size = len((minilm_dir / "vocab.txt").read_text(encoding="utf-8").splitlines())
+    torch.manual_seed(0)
+    model = BertForPreTraining(PRESETS["modernbert_tiny"](vocab_size=vocab_size),
+                               next_sentence=False)
+    folder = tmp_path_factory.mktemp("modernbert_tiny")
+    export_hf_folder(model, str(minilm_dir), str(folder))
+    assert json.loads((folder / "config.json").read_text())["model_type"] == "modernbert"
+    return folder
+
+
+def test_every_family_fine_tunes_the_modern_encoder(modernbert_dir, shared_data, tmp_path):
+    data = tmp_path / "data"  # the bundled GLUE and SQuAD samples, the shared Cosmos QA and WNUT
+    (data / "cosmosqa").mkdir(parents=True)
+    for name, source in (("glue", SAMPLE / "glue"), ("squad", SAMPLE / "squad"),
+                         ("wnut17", shared_data / "wnut17")):
+        (data / name).symlink_to(source)
+    valid = shared_data / "multiple_choice" / "cosmosqa" / "valid.csv"
+    for name in ("train.csv", "valid.csv"):  # the shared rows are Cosmos QA's validation only
+        (data / "cosmosqa" / name).symlink_to(valid)
+    tasks_file = tmp_path / "tasks.yaml"
+    tasks_file.write_text(PAIRS.format(data=data))
+    out = tmp_path / "run"
+    try:
+        code = finetune_cli.main(["--model", str(modernbert_dir), "--data", str(data),
+                                  "--tasks", "rte,squad1,squad2,cosmosqa,wnut17,my-pairs",
+                                  "--tasks_file", str(tasks_file), "--output", str(out),
+                                  *SHORT])
+    finally:
+        use_task_file(None)
+    assert code == 0
+    tasks = json.loads((out / "results.json").read_text())["tasks"]
+    assert [(t["family"], t["task"].lower()) for t in tasks] == [
+        ("glue", "rte"), ("squad", "squad1"), ("squad", "squad2"),
+        ("multiple_choice", "cosmosqa"), ("ner", "wnut17"), ("user", "my-pairs")]
+    for task in tasks:
+        assert task["num_train_examples"] == 16, task["task"]
+        assert 0.0 <= task["score"] <= 100.0, task["task"]
