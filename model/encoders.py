@@ -14,7 +14,7 @@ The encoder module's contract, which every head and fine-tuning family relies on
 | `pool(hidden, cls_positions, sequence_ids)` | the pooled summary state (B, H) or (B, K, H) through `pooler` |
 | `pooler` | the module `pool` applies (the NSP head reads it too) |
 | `token_states(hidden)` | what token-level heads (tagging, spans) classify: the last states, or a transform of them |
-| `word_embeddings` | the `nn.Embedding` the MLM decoder is tied to |
+| `word_embeddings` | the `nn.Embedding` the MLM decoder is tied to, kept as `embeddings.word` (model/hf.py `WORD_EMBEDDINGS` and continued pre-training find it by that key) |
 | `flops_per_token(seq_len)` | training FLOPs (forward and backward) per token of the encoder at that row length |
 
 The Hugging Face adapter (`HFAdapter`) converts configs and state dicts both ways; our keys of a
@@ -23,7 +23,7 @@ model/heads.py does.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -70,8 +70,25 @@ ENCODERS: dict[str, Encoder] = {
                           modernbert.PRESETS, modernbert),
 }
 
-PRESETS: dict[str, Callable[..., Any]] = {
-    name: preset for encoder in ENCODERS.values() for name, preset in encoder.presets.items()}
+
+class _Presets(Mapping[str, Callable[..., Any]]):
+    """Every encoder's presets by name, read from `ENCODERS` at each look-up: an encoder
+    registered later (one line) brings its presets without a second table to update."""
+
+    def __getitem__(self, name: str) -> Callable[..., Any]:
+        for entry in ENCODERS.values():
+            if name in entry.presets:
+                return entry.presets[name]
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for entry in ENCODERS.values() for name in entry.presets)
+
+    def __len__(self) -> int:
+        return sum(len(entry.presets) for entry in ENCODERS.values())
+
+
+PRESETS: Mapping[str, Callable[..., Any]] = _Presets()
 """Every encoder's presets by name (names are unique across encoders)."""
 
 
