@@ -393,3 +393,25 @@ def test_the_flow_names_a_missing_checkpoint_before_any_stage_and_takes_its_shap
     with pytest.raises(FileNotFoundError,
                        match=f"^setting pretrain.model.init_from={missing!r}: "):
         check_inputs_exist(resolve("tiny", {"pretrain": {"model": {"init_from": missing}}}))
+
+
+@pytest.mark.parametrize("saved, setting, named", [
+    ("bert_tiny", "model.preset=modernbert_tiny", "modernbert"),
+    ("bert_tiny", "model.arch=modernbert", "modernbert"),
+    ("modernbert_tiny", "model.preset=bert_tiny", "bert"),
+    ("modernbert_tiny", "model.arch=bert", "bert"),
+])
+def test_a_checkpoint_of_another_arch_is_refused_naming_both(saved, setting, named, tmp_path):
+    """`model.init_from` holds one encoder, the run names the other (by preset or arch): one
+    line naming both, before any weight is read."""
+    from model.encoders import PRESETS, arch_of_preset
+    torch.manual_seed(0)
+    save_checkpoint(BertForPreTraining(PRESETS[saved](vocab_size=100), next_sentence=False),
+                    str(tmp_path / "ckpt"))
+    config = cfg.resolve("tiny", assignments=[f"model.init_from={tmp_path / 'ckpt'}", setting])
+    with pytest.raises(ValueError) as refused:
+        pretrain.model_config(config, {})
+    assert str(refused.value) == (
+        f"model.init_from={tmp_path / 'ckpt'} ({tmp_path / 'ckpt' / 'bert_config.json'}) holds "
+        f"a {arch_of_preset(saved)} encoder, but the run's model is {named} (model.arch / "
+        "model.preset): leave them out to take the checkpoint's")
