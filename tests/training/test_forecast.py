@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from model.bert import bert_base
+from model.modernbert import hf_config, modernbert_base, modernbert_tiny
 from training import config as cfg
 from training import forecast as fc
 from training.memory import estimate, parameter_count
@@ -33,6 +34,36 @@ def test_flops_of_a_bert_base_row_at_128_tokens_match_a_hand_count():
     # attention's two T x T products 12*12*128^2*768              =  1,811,939,328
     # MLM head at 20 positions 6*(768^2 + 30522*768)*20           =  2,883,686,400
     assert fc.model_flops_per_row(bert_base(), 128, 20) == 69_925_441_536
+
+
+def test_flops_of_a_modernbert_row_count_local_layers_over_their_window():
+    # modernbert_tiny with V=512 and a 16-token window: L=3 (layer 0 global, 1 and 2 local, a
+    # query seeing 16 + 1 keys), H=128, GLU I=192, T=64, P=10:
+    # projections + GLU 6*3*(4*128^2 + 3*128*192)*64  = 160,432,128
+    # attention 12*128*(64 + 17 + 17)*64              =   9,633,792
+    # MLM head at 10 positions 6*(128^2 + 512*128)*10 =   4,915,200
+    config = modernbert_tiny(vocab_size=512, local_attention=16)
+    assert fc.model_flops_per_row(config, 64, 10) == 174_981_120
+    # a window covering the row: every layer attends over all 64 tokens
+    assert fc.model_flops_per_row(config.replace(local_attention=128), 64, 10) == \
+        160_432_128 + 12 * 128 * 64 * 3 * 64 + 4_915_200
+
+
+def test_modernbert_base_parameters_are_transformers_masked_lm_and_our_heads():
+    """The estimate counts the pre-training model: transformers' ModernBertForMaskedLM (its
+    `head` is our MLM transform), our pooler (the prediction head fine-tuning starts from, which
+    transformers' masked LM has no place for) and the next-sentence head (2 H + 2)."""
+    import torch
+    import transformers
+
+    config = modernbert_base()
+    with torch.device("meta"):
+        theirs = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(
+            **hf_config(config)))
+    masked_lm = sum(p.numel() for p in theirs.parameters())
+    H = config.hidden_size
+    assert masked_lm == 149_655_232
+    assert parameter_count(config) == masked_lm + (H * H + H) + (2 * H + 2) == 150_247_362
 
 
 def test_bert_large_at_128_on_h200_takes_steps_times_batch_over_898_rows_per_s():
