@@ -51,31 +51,34 @@ def test_every_head_runs_on_the_toy_and_trains(toy):
     b = batch()
     ids, mask = b["input_ids"], b["attention_mask"]
     labels = {
-        "pretraining": dict(masked_lm_positions=torch.tensor([[1, 3], [2, 8]]),
-                            masked_lm_ids=torch.tensor([[7, -100], [9, 11]]),
-                            sequence_ids=b["sequence_ids"],
-                            next_sentence_label=torch.tensor([[0, -100], [1, 0]])),
-        "classification": dict(labels=torch.tensor([0, 2])),
-        "token_classification": dict(labels=torch.randint(0, 4, (2, 10))),
-        "question_answering": dict(start_positions=torch.tensor([1, 2]),
-                                   end_positions=torch.tensor([3, 4])),
-        "multiple_choice": dict(labels=torch.tensor([1])),
+        "pretraining": {"masked_lm_positions": torch.tensor([[1, 3], [2, 8]]),
+                        "masked_lm_ids": torch.tensor([[7, -100], [9, 11]]),
+                        "sequence_ids": b["sequence_ids"],
+                        "next_sentence_label": torch.tensor([[0, -100], [1, 0]])},
+        "classification": {"labels": torch.tensor([0, 2])},
+        "token_classification": {"labels": torch.randint(0, 4, (2, 10))},
+        "question_answering": {"start_positions": torch.tensor([1, 2]),
+                               "end_positions": torch.tensor([3, 4])},
+        "multiple_choice": {"labels": torch.tensor([1])},  # the two rows: one question's choices
     }
     assert sorted(labels) == sorted(HEADS)
+    outputs = {}
     for kind, head in HEADS.items():
         torch.manual_seed(1)
         model = head(toy, **OPTIONS[kind])
         assert isinstance(model.bert, ToyModel)
         inputs = ({"input_ids": ids[None], "attention_mask": mask[None]}
                   if kind == "multiple_choice" else {"input_ids": ids, "attention_mask": mask})
-        out = model(**inputs, **labels[kind])
+        outputs[kind] = out = model(**inputs, **labels[kind])
         assert out.loss.isfinite(), kind
         out.loss.backward()
         assert model.bert.embeddings.word.weight.grad.abs().sum() > 0, kind
-    nsp = BertForPreTraining(toy)(**{**{"input_ids": ids, "attention_mask": mask},
-                                     **labels["pretraining"]})
-    assert nsp.mlm_logits.shape == (2, 2, 50) and nsp.nsp_logits.shape == (2, 2, 2)
-    assert nsp.mlm_count.item() == 3 and nsp.nsp_count.item() == 3
+    masked = outputs["pretraining"]  # MLM and per-instance NSP of the packed row
+    assert masked.mlm_logits.shape == (2, 2, 50) and masked.nsp_logits.shape == (2, 2, 2)
+    assert masked.mlm_count.item() == 3 and masked.nsp_count.item() == 3
+    assert outputs["multiple_choice"].logits.shape == (1, 2)
+    assert outputs["question_answering"].start_logits.shape == (2, 10)
+    assert outputs["token_classification"].logits.shape == (2, 10, 4)
 
 
 @pytest.mark.parametrize("kind", [*OPTIONS, "encoder"])
