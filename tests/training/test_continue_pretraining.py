@@ -415,3 +415,35 @@ def test_a_checkpoint_of_another_arch_is_refused_naming_both(saved, setting, nam
         f"model.init_from={tmp_path / 'ckpt'} ({tmp_path / 'ckpt' / 'bert_config.json'}) holds "
         f"a {arch_of_preset(saved)} encoder, but the run's model is {named} (model.arch / "
         "model.preset): leave them out to take the checkpoint's")
+
+
+def test_continued_pretraining_from_a_transformers_modernbert_folder(minilm_dir, minilm_shards,
+                                                                     tmp_path):
+    """A folder transformers' `ModernBertForMaskedLM.save_pretrained` wrote (random weights from
+    a seed, MiniLM's vocabulary) starts a run: its shape and every weight, the MLM head's
+    included, come from the folder, and DeepSpeed trains on from it."""
+    import transformers
+
+    torch.manual_seed(0)
+    peer = transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(
+        vocab_size=30522, hidden_size=64, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=96, local_attention=16, pad_token_id=0, max_position_embeddings=256))
+    folder = tmp_path / "modernbert"
+    peer.save_pretrained(folder)
+    shutil.copy(minilm_dir / "vocab.txt", folder / "vocab.txt")
+    config = run_config(folder, minilm_shards, tmp_path / "run", steps=2)
+    model = pretrain.build_model(config, manifest_of(minilm_shards), initial=True)
+    shape = model.config
+    assert (type(shape).arch, shape.num_hidden_layers, shape.hidden_size, shape.local_attention,
+            shape.max_position_embeddings, shape.embedding_rows) == (
+        "modernbert", 3, 64, 16, 256, 30528)
+    theirs = peer.state_dict()
+    ours = model.state_dict()
+    assert torch.equal(ours["bert.embeddings.word.weight"][:30522],
+                       theirs["model.embeddings.tok_embeddings.weight"])
+    assert torch.equal(ours["mlm.dense.weight"], theirs["head.dense.weight"])
+    assert torch.equal(ours["mlm.bias"], theirs["decoder.bias"])
+    assert torch.equal(ours["bert.final_norm.weight"], theirs["model.final_norm.weight"])
+    result = pretrain.run(config)
+    assert result["complete"] and len(
+        [r for r in pretrain.read_metrics(str(tmp_path / "run")) if r["split"] == "train"]) == 2
