@@ -73,7 +73,16 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
     return overrides
 
 
+PREFECT_DEFAULTS = {"PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                   "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
+"""Prefect settings every `bert-dag` (and `make demo`) run starts with unless the environment
+sets them: no telemetry (offline it logs an error), and two minutes for the temporary server to
+answer (Prefect's 20 s fail on a loaded machine)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    for name, value in PREFECT_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -23,8 +23,6 @@ def main(argv: list[str] | None = None) -> int:
     # Keep Prefect's database with the run instead of in ~/.prefect, unless the user set one.
     os.environ.setdefault("PREFECT_HOME", str(REPO / "runs" / ".prefect"))
     os.makedirs(os.environ["PREFECT_HOME"], exist_ok=True)  # Prefect creates only the last level
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
