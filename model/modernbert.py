@@ -791,7 +791,8 @@ def state_to_hf(state: dict[str, Tensor], prefix: str = ENCODER_PREFIX,
     `ModernBertModel`); every task model's last layer is transformers' `classifier`.
 
     transformers' task models hold one `head`: the MLM transform when there is one (`mlm.*`;
-    our pooler is then left out: transformers' masked-LM model has no place for it), else our
+    our pooler and a next-sentence head `nsp.*` are then left out: transformers' masked-LM
+    model, the only ModernBERT pre-training model it has, has no place for them), else our
     pooler. The tied decoder weight is left out (transformers re-ties it on load); the word
     embedding keeps all its rows (an export cuts them to `vocab_size`).
     """
@@ -800,6 +801,8 @@ def state_to_hf(state: dict[str, Tensor], prefix: str = ENCODER_PREFIX,
     for key, value in state.items():
         if key == "mlm.bias":
             out["decoder.bias"] = value
+            continue
+        if key.startswith("nsp.") and masked_lm:  # a run on NSP shards exports its masked LM
             continue
         if m := re.fullmatch(r"mlm\.(\w+)\.(\w+)", key):
             if m[1] in _HEAD:
