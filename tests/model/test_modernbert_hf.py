@@ -90,8 +90,9 @@ def test_masked_lm_export_loads_in_transformers_with_equal_logits(next_sentence,
         mine = ours(ids, POSITIONS, attention_mask=mask).mlm_logits
     torch.testing.assert_close(mine, expected[torch.arange(3)[:, None], POSITIONS])
 
-    # and back: every weight as it was, but the pooler, for which transformers' masked LM has
-    # no place: it comes back as transformers' `head` (the MLM transform), as fine-tuning reads it
+    # and back: every weight as it was but the NSP head (not read back: ModernBERT's folders are
+    # masked LMs) and the pooler, for which transformers' masked LM has no place either: it
+    # comes back as transformers' `head` (the MLM transform), as fine-tuning reads it
     back = load_hf_checkpoint(str(tmp_path)).state_dict()
     state = {k: v for k, v in ours.state_dict().items() if not k.startswith("nsp.")}
     assert len(state) == len(ours.state_dict()) - 2 * next_sentence  # nsp.weight, nsp.bias
