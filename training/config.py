@@ -84,8 +84,13 @@ class PhaseConfig:
     """Optimizer steps in this phase."""
     warmup_steps: int = 10_000
     """Linear warmup steps from 0 to `learning_rate` (0 = start at the peak), then linear decay
-    to 0 at `steps` (training/optim.py `LinearWarmupDecay`). Left unset while `steps` is
-    shortened, it shrinks in proportion (`PhaseConfig.follow_changes`)."""
+    to 0 at `steps` (training/optim.py `LinearWarmupDecay`; `optimizer.schedule=wsd`: the peak
+    held, then `decay_steps`). Left unset while `steps` is shortened, it shrinks in proportion
+    (`PhaseConfig.follow_changes`)."""
+    decay_steps: int = 0
+    """`optimizer.schedule=wsd` only: the phase's last steps, in which the learning rate falls
+    from the peak to 0 (`optimizer.decay_shape`); 0 = the phase ends at the peak, a stable phase
+    whose checkpoints a later run decays from."""
     learning_rate: float = 1e-4
     """Peak learning rate."""
 
@@ -95,6 +100,9 @@ class PhaseConfig:
             _check(getattr(self, flag) > 0, flag, "positive")
         _check(0 <= self.warmup_steps <= self.steps, "warmup_steps",
                f"in [0, steps={self.steps}], got {self.warmup_steps}")
+        _check(0 <= self.decay_steps <= self.steps - self.warmup_steps, "decay_steps",
+               f"in [0, steps - warmup_steps = {self.steps - self.warmup_steps}], got "
+               f"{self.decay_steps}")
         _check(self.learning_rate > 0, "learning_rate", "positive")
         _check(self.global_batch_size % self.micro_batch_size == 0, "global_batch_size",
                f"a multiple of micro_batch_size={self.micro_batch_size}")
@@ -223,6 +231,12 @@ class OptimizerConfig(AdamWOptions):
     """First-moment decay."""
     adam_beta2: float = 0.999
     """Second-moment decay."""
+    schedule: Literal["linear", "wsd"] = "linear"
+    """Learning-rate schedule of each phase (training/optim.py): linear (BERT: warmup, then a
+    linear decay to 0 at the phase's end) or wsd (warmup-stable-decay, as ModernBERT trains:
+    warmup, the peak held, then a decay over the phase's `decay_steps`)."""
+    decay_shape: Literal["linear", "1-sqrt", "cosine"] = "1-sqrt"
+    """wsd's decay from the peak to 0: linear, 1-sqrt (1 - sqrt(progress)) or cosine."""
 
     def __post_init__(self):
         settings.check_choices(self, "--set {setting}: {message}")
@@ -523,10 +537,11 @@ PRESETS = {"tiny": tiny, "base": base, "large": large}
 SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "optimizer": OptimizerConfig,
             "engine": EngineConfig, "data": PretrainDataConfig, "cadence": CadenceConfig}
 """The sections of `PretrainConfig` by their setting name."""
-NEVER_FLAT = ("preset", "name", "probe_every", "report_to", "arch", "max_position_embeddings")
+NEVER_FLAT = ("preset", "name", "probe_every", "report_to", "arch", "max_position_embeddings",
+              "schedule", "decay_shape")
 """Section fields the flat layout did not have under their own name (`model`, `objective` and
 `optimizer` named the preset, objective and optimizer) or at all (the encoder's arch and
-longest row)."""
+longest row, the schedule)."""
 RENAMED_FIELDS = {"data.masked_lm_prob": "data.dynamic_masked_lm_prob"}
 """A section's field renamed: old dotted name -> new (make_shards' `masked_lm_prob` is another
 setting, with another default). `bert-pretrain` and the flow (`pretrain.<old>`) refuse the old

@@ -36,7 +36,7 @@ from typing import Any
 from torch.optim import Optimizer
 
 from training.config import LAMB_ZERO_MESSAGE, PhaseConfig, PretrainConfig
-from training.optim import LinearWarmupDecay
+from training.optim import LinearWarmupDecay, WarmupStableDecay
 
 
 def build_ds_config(config: PretrainConfig, phase: PhaseConfig, world_size: int,
@@ -118,8 +118,12 @@ def optimizer_section(config: PretrainConfig, phase: PhaseConfig, on_gpu: bool) 
                                         "torch_adam": not on_gpu, "adam_w_mode": True}}
 
 
-def lr_scheduler(phase: PhaseConfig):
-    """The callable `deepspeed.initialize(lr_scheduler=...)` calls with the optimizer."""
+def lr_scheduler(phase: PhaseConfig, schedule: str = "linear", decay_shape: str = "1-sqrt"):
+    """The callable `deepspeed.initialize(lr_scheduler=...)` calls with the optimizer: the
+    `optimizer.schedule` of the run (linear, or wsd with the phase's `decay_steps`)."""
     def build(optimizer: Optimizer) -> LinearWarmupDecay:
+        if schedule == "wsd":
+            return WarmupStableDecay(optimizer, phase.learning_rate, phase.warmup_steps,
+                                     phase.steps, phase.decay_steps, decay_shape)
         return LinearWarmupDecay(optimizer, phase.learning_rate, phase.warmup_steps, phase.steps)
     return build

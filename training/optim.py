@@ -2,12 +2,23 @@
 (handed to DeepSpeed by training/ds_config.py) and fine-tuning (finetune/loop.py).
 
 AdamW's weight decay skips LayerNorm weights and every bias, as the reference optimizer
-(`optimization.py`, `exclude_from_weight_decay`). The schedule rises linearly from 0 over the
-warmup steps, then falls linearly to 0 at the last step (the paper, section A.2 and A.3).
+(`optimization.py`, `exclude_from_weight_decay`). Two schedules:
+
+- `LinearWarmupDecay` (BERT's, fine-tuning's): rises linearly from 0 over the warmup steps,
+  then falls linearly to 0 at the last step (the paper, section A.2 and A.3).
+- `WarmupStableDecay` (WSD, as ModernBERT, mmBERT and EuroBERT train): the same warmup, then
+  the peak held (the stable phase), then a decay to 0 over the last `decay_steps` in a shape of
+  `DECAY_SHAPES`. With no decay steps a phase ends at the peak: its checkpoints are the stable
+  phase's, which a later run decays from (Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+  Training Beyond Fixed Training Durations": 1-sqrt decay over 10-20% of the steps matches
+  cosine).
+
 Pure torch: nothing here imports DeepSpeed.
 """
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -82,3 +93,37 @@ class LinearWarmupDecay:
         else:  # a checkpoint of DeepSpeed's WarmupDecayLR: its step counter
             self.steps_taken = int(state["last_batch_iteration"]) + 1
         self._apply()
+
+
+DECAY_SHAPES: dict[str, Callable[[float], float]] = {
+    "linear": lambda p: 1.0 - p,
+    "1-sqrt": lambda p: 1.0 - math.sqrt(p),
+    "cosine": lambda p: 0.5 * (1.0 + math.cos(math.pi * p)),
+}
+"""The share of the peak learning rate at decay progress p in [0, 1] (1 at p = 0, 0 at p = 1)."""
+
+
+class WarmupStableDecay(LinearWarmupDecay):
+    """Warmup as `LinearWarmupDecay`, then the peak until the last `decay_steps` steps, which
+    fall to 0 in `shape` (`DECAY_SHAPES`): step s of the decay (s = 0 its first) runs at
+    `lr * shape(s / decay_steps)`, so the decay's first step is at the peak and the rate
+    reaches 0 after the phase's last step. State as `LinearWarmupDecay`'s."""
+
+    def __init__(self, optimizer: Optimizer, learning_rate: float, warmup_steps: int,
+                 total_steps: int, decay_steps: int = 0, shape: str = "1-sqrt"):
+        if not 0 <= decay_steps <= total_steps - warmup_steps:
+            raise ValueError(f"decay_steps={decay_steps} must be in [0, steps - warmup_steps = "
+                             f"{total_steps - warmup_steps}]")
+        if shape not in DECAY_SHAPES:
+            raise ValueError(f"decay shape {shape!r}: expected one of {sorted(DECAY_SHAPES)}")
+        self.decay_steps, self.shape = decay_steps, DECAY_SHAPES[shape]
+        super().__init__(optimizer, learning_rate, warmup_steps, total_steps)
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.learning_rate * step / self.warmup_steps
+        decay_start = self.total_steps - self.decay_steps
+        if step < decay_start:
+            return self.learning_rate
+        progress = min(1.0, (step - decay_start) / max(1, self.decay_steps))
+        return self.learning_rate * self.shape(progress)

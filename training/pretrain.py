@@ -180,7 +180,7 @@ def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=param_groups(model, config.optimizer.weight_decay),
         config=ds_config,
-        lr_scheduler=lr_scheduler(phase))
+        lr_scheduler=lr_scheduler(phase, config.optimizer.schedule, config.optimizer.decay_shape))
     return engine
 
 

@@ -1,0 +1,68 @@
+"""Learning-rate schedules (training/optim.py): warmup-stable-decay's exact rates in its three
+decay shapes, on real DeepSpeed steps, and its settings' one-line errors; BERT's linear schedule
+stays the default."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.training.pretrain_runs import make_config
+from training import config as cfg
+from training import pretrain
+from training.config import PhaseConfig
+from training.optim import LinearWarmupDecay, WarmupStableDecay
+
+
+def _rates(schedule) -> list[float]:
+    return [schedule.lr_at(s) for s in range(schedule.total_steps + 1)]
+
+
+@pytest.mark.parametrize("shape, decay", [
+    ("linear", [1.0, 0.75, 0.5, 0.25, 0.0]),
+    ("1-sqrt", [1.0, 0.5, 1 - math.sqrt(0.5), 1 - math.sqrt(0.75), 0.0]),
+    ("cosine", [1.0, 0.5 * (1 + math.cos(math.pi / 4)), 0.5, 0.5 * (1 + math.cos(3 * math.pi / 4)),
+                0.0]),
+])
+def test_wsd_warms_up_holds_the_peak_then_decays_in_its_shape(shape, decay):
+    """10 steps: 2 of warmup, 4 at the peak, the last 4 decaying; step 10 is after the last."""
+    optimizer = torch.optim.SGD([torch.zeros(1)], lr=1.0)
+    schedule = WarmupStableDecay(optimizer, 2.0, 2, 10, decay_steps=4, shape=shape)
+    rates = _rates(schedule)
+    assert rates[:6] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    assert rates[6:] == pytest.approx([2.0 * x for x in decay], abs=1e-15)
+    stable = WarmupStableDecay(optimizer, 2.0, 2, 10, decay_steps=0)
+    assert _rates(stable)[2:] == [2.0] * 9  # a stable phase ends at the peak
+
+
+def test_the_linear_schedule_is_unchanged_and_the_default():
+    assert cfg.tiny().optimizer.schedule == "linear"
+    schedule = LinearWarmupDecay(torch.optim.SGD([torch.zeros(1)], lr=1.0), 2.0, 2, 10)
+    assert _rates(schedule) == [0.0, 1.0] + [2.0 * (10 - s) / 8 for s in range(2, 11)]
+
+
+def test_a_wsd_run_logs_the_schedules_rates_on_real_steps(data, tmp_path):
+    phase = PhaseConfig(name="phase1", train_shards=str(data["uneven"]), max_seq_length=128,
+                        micro_batch_size=4, global_batch_size=8, steps=9, warmup_steps=2,
+                        decay_steps=3, learning_rate=2e-3)
+    pretrain.run(make_config(data, tmp_path, phases=(phase,), optimizer={"schedule": "wsd"}))
+    train = [r for r in pretrain.read_metrics(str(tmp_path)) if r["split"] == "train"]
+    # the rate logged after step s is the next step's: WarmupStableDecay.lr_at(s), exactly
+    expected = [1e-3, 2e-3, 2e-3, 2e-3, 2e-3, 2e-3, 2e-3 * (1 - math.sqrt(1 / 3)),
+                2e-3 * (1 - math.sqrt(2 / 3)), 0.0]
+    assert [(r["step"], r["lr"]) for r in train] == list(zip(range(1, 10), expected))
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("phase1.decay_steps=600", ("--set phase1.decay_steps: must be in [0, steps - warmup_steps "
+                               "= 540], got 600")),
+    ("optimizer.decay_shape=step", ("--set optimizer.decay_shape='step': must be one of linear, "
+                                   "1-sqrt or cosine")),
+    ("optimizer.schedule=onecycle", ("--set optimizer.schedule='onecycle': must be one of linear "
+                                    "or wsd")),
+])
+def test_bad_schedule_settings_are_one_line(setting, message):
+    with pytest.raises(ValueError) as refused:
+        cfg.resolve("tiny", None, [setting])
+    assert str(refused.value) == message
