@@ -102,6 +102,11 @@ def checkpoint_tag(phase_index: int, phase: PhaseConfig, step: int) -> str:
     return f"{phase_index:02d}-{phase.name}-step{step:08d}"
 
 
+def phase_index_of(tag: str) -> int:
+    """The phase index a `checkpoint_tag` names ("01-phase2-step00000060" -> 1)."""
+    return int(tag.split("-", 1)[0])
+
+
 def latest_tag(ckpt_dir: str) -> str | None:
     """The tag `latest` names, or None for a fresh run; nothing in the checkpoint is read."""
     latest = os.path.join(ckpt_dir, LATEST)

@@ -93,9 +93,14 @@ class PhaseConfig:
     whose checkpoints a later run decays from."""
     learning_rate: float = 1e-4
     """Peak learning rate."""
+    rope_theta: float = 0.0
+    """Rotary encoders (modernbert): the global layers' RoPE base in this phase (0 = the
+    model's). Context extension raises it with the length, as ModernBERT went from 10,000 at
+    1,024 tokens to 160,000 at 8,192; the local layers keep theirs."""
 
     def __post_init__(self):
         _check(bool(self.name) and "/" not in self.name, "name", "a non-empty name without '/'")
+        _check(self.rope_theta >= 0, "rope_theta", ">= 0 (0 = the model's)")
         for flag in ("max_seq_length", "micro_batch_size", "global_batch_size", "steps"):
             _check(getattr(self, flag) > 0, flag, "positive")
         _check(0 <= self.warmup_steps <= self.steps, "warmup_steps",
@@ -406,6 +411,13 @@ class PretrainConfig:
             raise ValueError(LAMB_LOW_PRECISION_MESSAGE.format(precision=precision))
         if precision not in ("fp32", "auto") and zero == 0:
             raise ValueError(LOW_PRECISION_ZERO0_MESSAGE.format(precision=precision))
+        rotary = not self.model.preset or hasattr(MODEL_PRESETS[self.model.preset](),
+                                                  "global_rope_theta")
+        for phase in self.phases:  # init_from's encoder is checked when its phase starts
+            if phase.rope_theta and not rotary:
+                raise SettingError(f"{phase.name}.rope_theta", f"the {self.model.preset} "
+                                   "encoder has no rotary positions (model.arch=modernbert has)",
+                                   "--set {setting}: {message}")
 
     def concrete_precision(self, bf16_hardware: bool) -> str:
         """The precision the run trains in. `auto` picks bf16 only where it is both fast and

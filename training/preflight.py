@@ -19,6 +19,7 @@ from dataclasses import replace
 import torch
 
 from common import storage
+from common.settings import SettingError
 from training import config as cfg
 from training import objectives
 from training.checkpoint import CheckpointState, latest_tag, read_state, verified
@@ -120,9 +121,21 @@ def same_tokens(recorded_path: str | None, recorded_sha: str, vocab_dir: str) ->
         return False
 
 
-def model_config(config: PretrainConfig, manifest: dict):
-    """The run's `model.bert.BertConfig`: `init_from`'s shape, or the preset's (with the run's
-    shape fields) with the shards' vocabulary size."""
+def model_config(config: PretrainConfig, manifest: dict, phase: PhaseConfig | None = None):
+    """The run's encoder config (`model.bert.BertConfig`, `model.modernbert.ModernBertConfig`):
+    `init_from`'s shape, or the preset's (with the run's shape fields) with the shards'
+    vocabulary size; in `phase`, with the phase's RoPE base (`PhaseConfig.rope_theta`)."""
+    model = _model_config(config, manifest)
+    if phase is None or not phase.rope_theta:
+        return model
+    if not hasattr(model, "global_rope_theta"):
+        raise SettingError(f"{phase.name}.rope_theta", f"the {type(model).arch} encoder has no "
+                           "rotary positions (model.arch=modernbert has)",
+                           "--set {setting}: {message}")
+    return model.replace(global_rope_theta=phase.rope_theta)
+
+
+def _model_config(config: PretrainConfig, manifest: dict):
     if config.model.init_from:
         from training.init_from import checkpoint_model_config
         return checkpoint_model_config(config, manifest)

@@ -72,6 +72,7 @@ from training.checkpoint import (
     consolidated_state_dict,
     has_partitioned_state,
     load_checkpoint,
+    phase_index_of,
     remove_stale_files,
     rng_untouched,
     save_checkpoint,
@@ -147,7 +148,7 @@ def init_distributed() -> Dist:
 
 
 def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None,
-                initial: bool = False):
+                initial: bool = False, phase: PhaseConfig | None = None):
     """The objective's model (`objectives.for_shards`: BERT's `model.heads.BertForPreTraining`,
     with the NSP head where the shards have NSP labels and the run trains NSP) on the preset
     with the run's shape, sized to the shards' vocabulary, or on `init_from`'s shape
@@ -155,7 +156,7 @@ def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None 
     `initial`: start from `init_from`'s weights instead."""
     objective = objectives.for_shards(config.objective.name, config.objective.next_sentence,
                                       manifest)
-    model = objective.build_model(model_config(config, manifest))
+    model = objective.build_model(model_config(config, manifest, phase))
     if initial:
         from model.hf import find_starting_point
         from training.init_from import load_starting_weights
@@ -376,7 +377,7 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     manifest = shard_manifest(phase)
     objective = objectives.for_shards(config.objective.name, config.objective.next_sentence,
                                       manifest)
-    model = build_model(config, manifest, initial, initial=from_init)
+    model = build_model(config, manifest, initial, initial=from_init, phase=phase)
     if config.engine.compile and dist.on_gpu:
         # the whole model as one graph where every batch has one shape, but not under ZeRO-3,
         # whose hooks gather each module's parameters inside the forward; else per layer
@@ -435,9 +436,11 @@ def export(config: PretrainConfig, ckpt_dir: str, tag: str, out: str | None = No
     between two training steps)."""
     from model.hf import export_hf_folder
 
+    phase = config.phases[phase_index_of(tag)]  # its RoPE base is the export's
     manifest = shard_manifest(config.phases[-1])
     with rng_untouched():  # building the model initialises its weights from the global RNG
-        model = build_model(config, manifest, consolidated_state_dict(ckpt_dir, tag))
+        model = build_model(config, manifest, consolidated_state_dict(ckpt_dir, tag),
+                            phase=phase)
         final, out = out is None, out or os.path.join(config.output_dir, "hf")
         export_hf_folder(model, config.data.vocab_dir, out,
                          do_lower_case=export_do_lower_case(manifest, config.data.vocab_dir))

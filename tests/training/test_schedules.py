@@ -66,3 +66,31 @@ def test_bad_schedule_settings_are_one_line(setting, message):
     with pytest.raises(ValueError) as refused:
         cfg.resolve("tiny", None, [setting])
     assert str(refused.value) == message
+
+
+def test_a_phase_sets_the_rope_base_of_its_global_layers(data, tmp_path):
+    """Context extension: phase 2 at 512 tokens with the global layers' RoPE base raised; the
+    phase's model and the export carry it, the local layers keep theirs. BERT has none to set."""
+    import dataclasses
+    import json
+
+    phases = (PhaseConfig(name="phase1", train_shards=str(data["uneven"]), max_seq_length=128,
+                          micro_batch_size=4, global_batch_size=4, steps=1, warmup_steps=0),
+              PhaseConfig(name="phase2", train_shards=str(data["long"]), max_seq_length=512,
+                          micro_batch_size=2, global_batch_size=2, steps=1, warmup_steps=0,
+                          rope_theta=320000.0))
+    config = make_config(data, tmp_path, model={"preset": "modernbert_tiny", "dropout": 0.0},
+                         objective={"next_sentence": False}, cadence={"export_hf": True})
+    config = dataclasses.replace(config, phases=phases)
+    manifest = json.loads((data["long"] / "manifest.json").read_text())
+    first, second = (pretrain.build_model(config, manifest, phase=p).config for p in phases)
+    assert (first.global_rope_theta, second.global_rope_theta) == (160000.0, 320000.0)
+    assert first.local_rope_theta == second.local_rope_theta == 10000.0
+    pretrain.run(config)
+    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert exported["rope_parameters"]["full_attention"]["rope_theta"] == 320000.0
+    assert exported["rope_parameters"]["sliding_attention"]["rope_theta"] == 10000.0
+    with pytest.raises(ValueError) as refused:
+        cfg.resolve("tiny", None, ["phase2.rope_theta=320000"])
+    assert str(refused.value) == ("--set phase2.rope_theta: the bert_tiny encoder has no rotary "
+                                  "positions (model.arch=modernbert has)")
