@@ -4,7 +4,9 @@ and exports a folder transformers loads as `ModernBertForMaskedLM` with our logi
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 
 import torch
 
@@ -53,6 +55,35 @@ def test_modernbert_pretrains_resumes_and_exports(data, tmp_path):
         assert torch.equal(value, weights[key]), key
 
     _check_export(data, full, weights)
+    _decay_from_a_kept_checkpoint(data, full, tmp_path)
+
+
+def _decay_from_a_kept_checkpoint(data, run, tmp_path):
+    """A stable phase's kept checkpoint, exported, starts a WSD decay run: its weights are the
+    checkpoint's, and its rate falls from the peak to 0 over its steps."""
+    from training import export_checkpoint
+    from training.checkpoint import consolidated_state_dict
+
+    tag = "00-phase1-step00000010"  # phase 1's last: kept beside phase 2's
+    assert export_checkpoint.main([str(run), tag, str(tmp_path / "stable")]) == 0
+    decay = make_config(data, tmp_path / "decay", steps=3, optimizer={"schedule": "wsd"},
+                        model={"preset": "", "init_from": str(tmp_path / "stable")},
+                        objective={"next_sentence": False})
+    decay = dataclasses.replace(decay, phases=(dataclasses.replace(
+        decay.phases[0], warmup_steps=0, decay_steps=3),))
+    model = pretrain.build_model(decay, {"nsp": False}, initial=True)
+    kept = consolidated_state_dict(str(run / "checkpoints"), tag)
+    rows = model.config.vocab_size  # past it: padding rows, never looked up, fresh
+    for key, value in model.state_dict().items():
+        # transformers' masked LM keeps one `head` (the MLM transform): the MLM-only run's
+        # unused pooler does not travel through the export
+        if key != "mlm.decoder.weight" and not key.startswith("bert.pooler."):
+            assert torch.equal(value[:rows], kept[key][:rows]), key
+    pretrain.run(decay)
+    rates = [r["lr"] for r in pretrain.read_metrics(str(tmp_path / "decay"))
+             if r["split"] == "train"]
+    # the rate logged after step s is step s's next: 1-sqrt over the 3 steps from the peak
+    assert rates == [2e-3 * (1 - math.sqrt(1 / 3)), 2e-3 * (1 - math.sqrt(2 / 3)), 0.0]
 
 
 def _check_export(data, output, weights):
