@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
                 "max_position_embeddings")
 """`model` settings that override the preset's shape (0 = the preset's value)."""
-MASKING_FIELDS = ("dynamic_masked_lm_prob", *(f.name for f in dataclasses.fields(MaskSplit)))
+MASKING_FIELDS = ("dynamic_masked_lm_prob", "dynamic_masked_lm_prob_end",
+                  *(f.name for f in dataclasses.fields(MaskSplit)))
 """`data` settings of dynamic masking (`data.dynamic_masking=true`)."""
 
 
@@ -307,6 +308,10 @@ class PretrainDataConfig(MaskSplit):
     """Dynamic masking's share of each instance's tokens to predict, capped at the shards'
     max_predictions_per_seq (0 = as many per row as the shards' masks, which make_shards'
     masked_lm_prob drew)."""
+    dynamic_masked_lm_prob_end: float = 0.0
+    """A masking-rate schedule: the share at each phase's last step, reached linearly from
+    `dynamic_masked_lm_prob` at its first (mmBERT 0.30 -> 0.05); the rate in force is logged
+    each step as `mask_rate`. 0 = a fixed share."""
     shuffle_buffer: int = 2000
     """Rows in the loader's shuffle buffer (0 = no shuffling)."""
     num_workers: int = 1
@@ -326,6 +331,11 @@ class PretrainDataConfig(MaskSplit):
     def _check_masking(self) -> None:
         _check(0 <= self.dynamic_masked_lm_prob < 1, "dynamic_masked_lm_prob",
                "in [0, 1) (0 = the shards' count)")
+        _check(0 <= self.dynamic_masked_lm_prob_end < 1, "dynamic_masked_lm_prob_end",
+               "in [0, 1) (0 = a fixed share)")
+        _check(not self.dynamic_masked_lm_prob_end or self.dynamic_masked_lm_prob > 0,
+               "dynamic_masked_lm_prob_end", "set with dynamic_masked_lm_prob (the share at the "
+               "phase's first step)")
         try:
             self.check_split()
         except SettingError as e:
@@ -550,7 +560,7 @@ SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "optimizer": Opt
             "engine": EngineConfig, "data": PretrainDataConfig, "cadence": CadenceConfig}
 """The sections of `PretrainConfig` by their setting name."""
 NEVER_FLAT = ("preset", "name", "probe_every", "report_to", "arch", "max_position_embeddings",
-              "schedule", "decay_shape")
+              "schedule", "decay_shape", "dynamic_masked_lm_prob_end")
 """Section fields the flat layout did not have under their own name (`model`, `objective` and
 `optimizer` named the preset, objective and optimizer) or at all (the encoder's arch and
 longest row, the schedule)."""

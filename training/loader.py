@@ -454,14 +454,16 @@ class Remasker:
         return cls(ids[MASK], len(tokens), (ids[CLS], ids[SEP], ids[PAD]), seed, masking,
                    recount, subwords)
 
-    def __call__(self, item: KeyedRow, epoch: int) -> Row:
+    def __call__(self, item: KeyedRow, epoch: int, rate: float | None = None) -> Row:
+        """The row with new masks; `rate`: the share to predict in force (`MaskSchedule`),
+        else `masking.masked_lm_prob` (with `recount`) or the row's own count."""
         row = item.row
         original = np.array(row.input_ids, dtype=np.int64)
         original[np.asarray(row.masked_lm_positions, np.int64)] = row.masked_lm_ids
         rng = np.random.default_rng([self.seed, epoch, zlib.crc32(item.shard.encode()),
                                      zlib.crc32(item.key.encode()), item.index])
         candidates = np.flatnonzero(~np.isin(original, self.special_ids))
-        count = min(self._count(row), len(candidates))
+        count = min(self._count(row, rate), len(candidates))
         if self.masking.do_whole_word_mask:
             positions = self._whole_words(original, candidates, count, rng)
         else:
@@ -484,12 +486,34 @@ class Remasker:
         flags[list(self.subword_ids)] = True
         return flags
 
-    def _count(self, row: Row) -> int:
+    def _count(self, row: Row, rate: float | None = None) -> int:
         """Positions to predict in the row: the shards' count, or the rate's per instance."""
         if not self.recount:
             return len(row.masked_lm_positions)
+        masking = self.masking if rate is None else dataclasses.replace(self.masking,
+                                                                        masked_lm_prob=rate)
         lengths = np.bincount(np.asarray(row.sequence_ids, np.int64))  # (K,) tokens per instance
-        return int(num_to_predict(lengths[lengths > 0], self.masking).sum())
+        return int(num_to_predict(lengths[lengths > 0], masking).sum())
+
+
+@dataclass(frozen=True)
+class MaskSchedule:
+    """Dynamic masking's share as a schedule over a phase's optimizer steps (mmBERT's 30% ->
+    5%, EuroBERT's 50% -> 10%): `start` at the first step, linearly to `end` at the last."""
+    start: float
+    end: float
+    steps: int
+    """Optimizer steps of the phase."""
+    micro_batches_per_step: int
+    """Micro-batches of one rank per optimizer step (gradient accumulation)."""
+
+    def rate(self, step: int) -> float:
+        """The share in force at optimizer step `step` (0-based) of the phase."""
+        return self.start + (self.end - self.start) * min(1.0, step / max(1, self.steps - 1))
+
+    def rate_of_batch(self, micro_batch: int) -> float:
+        """The share of the phase's micro-batch `micro_batch` (0-based, this rank's)."""
+        return self.rate(micro_batch // self.micro_batches_per_step)
 
     def _whole_words(self, original: np.ndarray, candidates: np.ndarray, count: int,
                      rng: np.random.Generator) -> np.ndarray:
@@ -650,6 +674,8 @@ class LoaderConfig:
     """Shard name prefix (`train` or `validation`)."""
     remasker: Remasker | None = None
     """Dynamic re-masking, or None to use the shards' masks."""
+    mask_schedule: MaskSchedule | None = None
+    """The re-masking share per step (needs `remasker` with `recount`); None: fixed."""
     pin_memory: bool = False
     """Batches in page-locked memory (GPU training: their copies to the device then overlap
     with compute)."""
@@ -674,7 +700,15 @@ class LoaderConfig:
 
 def slot_rows(config: LoaderConfig, slot: Sequence[ShardInfo], epoch: int, slot_index: int,
               start_row: int, stop_row: int | None) -> Iterator[Row]:
-    """Rows [start_row, stop_row) of one slot's shuffled stream in one epoch.
+    """Rows [start_row, stop_row) of one slot's shuffled stream in one epoch, re-masked by
+    `config.remasker` at its fixed share (`slot_items` gives them before re-masking)."""
+    for item in slot_items(config, slot, epoch, slot_index, start_row, stop_row):
+        yield config.remasker(item, epoch) if config.remasker else item.row
+
+
+def slot_items(config: LoaderConfig, slot: Sequence[ShardInfo], epoch: int, slot_index: int,
+               start_row: int, stop_row: int | None) -> Iterator[KeyedRow]:
+    """Rows [start_row, stop_row) of one slot's shuffled stream in one epoch, with their keys.
 
     Each shard is read whole and checked (`check_shard_bytes`: sha256, member names) before
     any of its rows enters the stream, so a corrupt or hostile shard stops the loader before
@@ -697,7 +731,7 @@ def slot_rows(config: LoaderConfig, slot: Sequence[ShardInfo], epoch: int, slot_
     count = start_row
     for item in keyed:
         count += 1
-        yield config.remasker(item, epoch) if config.remasker else item.row
+        yield item
     if stop_row is not None and count < stop_row:
         raise ValueError(f"shards {[s.url for s in slot]} hold {count} rows, their manifest "
                          f"promises at least {stop_row}: rewrite them or fix manifest.json")
@@ -734,9 +768,12 @@ def _flatten(blocks: Iterator[list[KeyedRow]]) -> Iterator[KeyedRow]:
 class _EpochDataset(IterableDataset):
     """One epoch of one rank: each DataLoader worker runs one slot from `first_batch` on."""
 
-    def __init__(self, config: LoaderConfig, plan: EpochPlan, epoch: int, first_batch: int):
+    def __init__(self, config: LoaderConfig, plan: EpochPlan, epoch: int, first_batch: int,
+                 batches_before: int = 0):
         super().__init__()
         self.config, self.plan, self.epoch, self.first_batch = config, plan, epoch, first_batch
+        self.batches_before = batches_before
+        """This rank's micro-batches in the phase's earlier epochs (`MaskSchedule`'s clock)."""
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         info = get_worker_info()
@@ -746,13 +783,30 @@ class _EpochDataset(IterableDataset):
         logical = (physical + self.first_batch) % w
         done = max(0, -(-(self.first_batch - logical) // w))  # batches this slot already gave
         slot_index = self.config.rank * w + logical
-        b = self.config.batch_size
-        rows = slot_rows(self.config, self.plan.slots[slot_index], self.epoch, slot_index,
-                         done * b, self.plan.rows_per_slot)
-        while batch := list(itertools.islice(rows, b)):
+        b, schedule = self.config.batch_size, self.config.mask_schedule
+        if schedule is None:
+            rows = slot_rows(self.config, self.plan.slots[slot_index], self.epoch, slot_index,
+                             done * b, self.plan.rows_per_slot)
+            batches: Iterator[list[Row]] = iter(lambda: list(itertools.islice(rows, b)), [])
+        else:
+            batches = self._scheduled(slot_index, logical, done, schedule)
+        for batch in batches:
             yield collate(batch, max_seq_length=self.config.max_seq_length,
                           attention_plan=self.config.attention_plan,
                           static=self.config.static_shapes, batch_size=b)
+
+    def _scheduled(self, slot_index: int, logical: int, done: int,
+                   schedule: MaskSchedule) -> Iterator[list[Row]]:
+        """The slot's batches re-masked at the share in force at each batch's step: slot
+        `logical` of w gives the rank's batches logical, logical + w, ..."""
+        b, w, remask = self.config.batch_size, self.config.slots_per_rank, self.config.remasker
+        items = slot_items(self.config, self.plan.slots[slot_index], self.epoch, slot_index,
+                           done * b, self.plan.rows_per_slot)
+        index = done
+        while keyed := list(itertools.islice(items, b)):
+            rate = schedule.rate_of_batch(self.batches_before + logical + index * w)
+            yield [remask(item, self.epoch, rate) for item in keyed]
+            index += 1
 
 
 class ShardLoader:
@@ -810,15 +864,20 @@ class ShardLoader:
                 self.epoch, plan.rows_cut, plan.total_rows, self.config.split, 100 * share,
                 len(plan.slots), plan.rows_per_slot, self.rows_cut)
 
-    def batches_per_epoch(self) -> int:
-        return self.plan(self.epoch).rows_per_slot // self.config.batch_size \
-            * self.config.slots_per_rank
+    def batches_per_epoch(self, epoch: int | None = None) -> int:
+        plan = self.plan(self.epoch if epoch is None else epoch)
+        return plan.rows_per_slot // self.config.batch_size * self.config.slots_per_rank
+
+    def batches_before(self) -> int:
+        """This rank's micro-batches in the epochs before the current one."""
+        return sum(self.batches_per_epoch(e) for e in range(self.epoch))
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         while True:
             plan = self.plan(self.epoch)
             self._report_cut(plan)
-            dataset = _EpochDataset(self.config, plan, self.epoch, self.batch_in_epoch)
+            dataset = _EpochDataset(self.config, plan, self.epoch, self.batch_in_epoch,
+                                    self.batches_before())
             # Its own generator: drawing the workers' base seed from the global RNG would shift
             # the model's dropout masks whenever an epoch starts (and break exact resume).
             generator = torch.Generator().manual_seed(self.config.seed * 1000 + self.epoch)

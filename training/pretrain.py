@@ -83,6 +83,7 @@ from training.config import PhaseConfig, PretrainConfig
 from training.launch import build_parser
 from training.loader import (
     LoaderConfig,
+    MaskSchedule,
     Remasker,
     ShardLoader,
     static_shapes_for,
@@ -185,6 +186,16 @@ def build_engine(config: PretrainConfig, phase: PhaseConfig, model, dist: Dist,
     return engine
 
 
+def mask_schedule(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> MaskSchedule | None:
+    """Dynamic masking's share over the phase's steps (`data.dynamic_masked_lm_prob_end`), or
+    None for a fixed share."""
+    data = config.data
+    if not (data.dynamic_masking and data.dynamic_masked_lm_prob_end):
+        return None
+    return MaskSchedule(data.dynamic_masked_lm_prob, data.dynamic_masked_lm_prob_end,
+                        phase.steps, phase.gradient_accumulation_steps(dist.world_size))
+
+
 def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
                  validation: bool = False) -> LoaderConfig:
     remasker, data = None, config.data
@@ -199,6 +210,7 @@ def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
         remasker = Remasker.from_vocab(data.vocab_dir, config.seed, data.masking(cap),
                                        recount=bool(share))
     return LoaderConfig(
+        mask_schedule=mask_schedule(config, phase, dist) if not validation else None,
         source=(phase.validation_shards or phase.train_shards) if validation else phase.train_shards,
         batch_size=phase.micro_batch_size, max_seq_length=phase.max_seq_length, rank=dist.rank,
         world_size=dist.world_size, num_workers=0 if validation else data.num_workers,
@@ -266,6 +278,8 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
             summary = summarize(all_reduce(window, keys), time.perf_counter() - started,
                                 objective.heads)
             summary["lr"] = float(engine.get_lr()[0])  # of the next step
+            if loader.config.mask_schedule is not None:  # the share step `step` trained at
+                summary["mask_rate"] = loader.config.mask_schedule.rate(step - 1)
             summary.update(data_epoch=loader.epoch, rows_cut=loader.rows_cut)
             metrics.write(record("train", phase_index, phase, step, step_offset, summary))
             bar.set_postfix({"loss": f"{summary['loss']:.3f}",

@@ -41,7 +41,8 @@ SETTINGS = {
 """Each section's settings, every one away from the tiny preset's value (the flat config's)."""
 ADDED = {"cadence": {"probe_every": 30, "report_to": ("none",)},
          "model": {"arch": "bert", "max_position_embeddings": 256},
-         "optimizer": {"schedule": "wsd", "decay_shape": "cosine"}}
+         "optimizer": {"schedule": "wsd", "decay_shape": "cosine"},
+         "data": {"dynamic_masked_lm_prob_end": 0.1}}
 """Settings the flat layout never had, away from the tiny preset's value."""
 NEW_NAMES = {
     **{name: f"{section}.{name}" for section, fields in SETTINGS.items() for name in fields

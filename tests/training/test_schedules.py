@@ -3,12 +3,14 @@ decay shapes, on real DeepSpeed steps, and its settings' one-line errors; BERT's
 stays the default."""
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 
 import pytest
 import torch
 
-from tests.training.pretrain_runs import make_config
+from tests.training.pretrain_runs import make_config, train_losses
 from training import config as cfg
 from training import pretrain
 from training.config import PhaseConfig
@@ -94,3 +96,41 @@ def test_a_phase_sets_the_rope_base_of_its_global_layers(data, tmp_path):
         cfg.resolve("tiny", None, ["phase2.rope_theta=320000"])
     assert str(refused.value) == ("--set phase2.rope_theta: the bert_tiny encoder has no rotary "
                                   "positions (model.arch=modernbert has)")
+
+
+def test_the_masking_rate_schedule_masks_each_batch_at_its_steps_rate(data, tmp_path):
+    """0.30 -> 0.10 over 5 steps of 2 micro-batches (2 loader workers, 2 epochs of the uneven
+    shards): each batch is what a fixed-share remasker at its step's rate gives, the run logs
+    the rate each step, and a stopped and resumed run trains the same losses."""
+    from training.loader import LoaderConfig, MaskSchedule, Remasker, ShardLoader
+
+    schedule = MaskSchedule(0.30, 0.10, steps=5, micro_batches_per_step=2)
+    assert [schedule.rate(s) for s in range(6)] == pytest.approx(
+        [0.30, 0.25, 0.20, 0.15, 0.10, 0.10])
+    remasker = Remasker.from_vocab(str(data["vocab"]), seed=7, recount=True)
+    base = LoaderConfig(source=str(data["uneven"]), batch_size=4, max_seq_length=128,
+                        num_workers=2, seed=7, shuffle_buffer=16, remasker=remasker)
+    scheduled = ShardLoader(dataclasses.replace(base, mask_schedule=schedule))
+    counts = []
+    for index, batch in zip(range(12), scheduled):
+        rate = schedule.rate_of_batch(index)
+        fixed = ShardLoader(dataclasses.replace(base, remasker=dataclasses.replace(
+            remasker, masking=dataclasses.replace(remasker.masking, masked_lm_prob=rate))))
+        expected = next(itertools.islice(fixed, index, None))
+        for key in ("input_ids", "masked_lm_positions", "masked_lm_ids"):
+            assert torch.equal(batch[key], expected[key]), (index, key)
+        counts.append(int((batch["masked_lm_ids"] >= 0).sum()))
+    assert counts[0] > counts[9] > 0  # 30% of a batch's tokens, then 10%
+
+    def config(output):
+        return make_config(data, output, shards="learn", steps=5, cadence={"checkpoint_every": 2}, data={
+            "num_workers": 2, "dynamic_masking": True, "dynamic_masked_lm_prob": 0.3,
+            "dynamic_masked_lm_prob_end": 0.1})
+
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    pretrain.run(config(full))
+    pretrain.run(config(parts), stop_after_steps=3)
+    pretrain.run(config(parts))
+    train = [r for r in pretrain.read_metrics(str(full)) if r["split"] == "train"]
+    assert [r["mask_rate"] for r in train] == pytest.approx([0.30, 0.25, 0.20, 0.15, 0.10])
+    assert train_losses(parts) == train_losses(full)  # bit-exact across the stop
