@@ -94,6 +94,13 @@ class PhaseConfig:
     whose checkpoints a later run decays from."""
     learning_rate: float = 1e-4
     """Peak learning rate."""
+    batch_warmup_rows: int = 0
+    """Global batch at the phase's first step, growing linearly with the tokens trained to
+    `global_batch_size` after `batch_warmup_tokens` (ModernBERT: 768 -> 4,608 rows over its
+    first 50B tokens); each step's batch is whole micro-batches on every rank. 0 = the full
+    batch from the first step."""
+    batch_warmup_tokens: int = 0
+    """Tokens (rows x max_seq_length) over which the batch grows from `batch_warmup_rows`."""
     rope_theta: float = 0.0
     """Rotary encoders (modernbert): the global layers' RoPE base in this phase (0 = the
     model's). Context extension raises it with the length, as ModernBERT went from 10,000 at
@@ -102,6 +109,13 @@ class PhaseConfig:
     def __post_init__(self):
         _check(bool(self.name) and "/" not in self.name, "name", "a non-empty name without '/'")
         _check(self.rope_theta >= 0, "rope_theta", ">= 0 (0 = the model's)")
+        _check(0 <= self.batch_warmup_rows <= self.global_batch_size
+               and self.batch_warmup_rows % self.micro_batch_size == 0, "batch_warmup_rows",
+               f"a multiple of micro_batch_size={self.micro_batch_size} in [0, "
+               f"global_batch_size={self.global_batch_size}], got {self.batch_warmup_rows}")
+        _check(self.batch_warmup_tokens >= 0 and
+               bool(self.batch_warmup_tokens) == bool(self.batch_warmup_rows),
+               "batch_warmup_tokens", "> 0 with batch_warmup_rows (and 0 without)")
         for flag in ("max_seq_length", "micro_batch_size", "global_batch_size", "steps"):
             _check(getattr(self, flag) > 0, flag, "positive")
         _check(0 <= self.warmup_steps <= self.steps, "warmup_steps",
@@ -424,6 +438,10 @@ class PretrainConfig:
         rotary = not self.model.preset or hasattr(MODEL_PRESETS[self.model.preset](),
                                                   "global_rope_theta")
         for phase in self.phases:  # init_from's encoder is checked when its phase starts
+            if phase.batch_warmup_rows and self.data.dynamic_masked_lm_prob_end:
+                raise SettingError("data.dynamic_masked_lm_prob_end", "a masking-rate schedule "
+                                   f"runs with a fixed batch; {phase.name}.batch_warmup_rows "
+                                   "changes it", "--set {setting}: {message}")
             if phase.rope_theta and not rotary:
                 raise SettingError(f"{phase.name}.rope_theta", f"the {self.model.preset} "
                                    "encoder has no rotary positions (model.arch=modernbert has)",

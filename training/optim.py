@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -127,3 +128,30 @@ class WarmupStableDecay(LinearWarmupDecay):
             return self.learning_rate
         progress = min(1.0, (step - decay_start) / max(1, self.decay_steps))
         return self.learning_rate * self.shape(progress)
+
+
+@dataclass(frozen=True)
+class BatchWarmup:
+    """The global batch of each optimizer step while it grows with the tokens trained (as
+    ModernBERT's and mmBERT's batch-size warmup): `start_rows` at the first step, linearly to
+    `end_rows` once `tokens` tokens are trained, each step's rows a multiple of `granule` (the
+    micro-batch x ranks: whole micro-batches on every rank)."""
+
+    start_rows: int
+    end_rows: int
+    tokens: int
+    row_tokens: int
+    """Tokens a row counts for (the phase's max_seq_length)."""
+    granule: int
+
+    def rows(self, steps: int) -> list[int]:
+        """Rows of optimizer steps 0..steps-1: a function of the step alone, so a resumed run
+        trains each step at the batch the uninterrupted one did."""
+        out, seen = [], 0
+        for _ in range(steps):
+            share = min(1.0, seen / self.tokens)
+            rows = self.start_rows + (self.end_rows - self.start_rows) * share
+            rows = max(self.granule, int(rows) // self.granule * self.granule)
+            out.append(rows)
+            seen += rows * self.row_tokens
+        return out

@@ -223,11 +223,32 @@ def build_loader(config: PretrainConfig, phase: PhaseConfig, dist: Dist,
 
 # ---------------------------------------------------------------- steps
 
-def train_step(engine, batches: Iterator[dict], keys: tuple[str, ...] = METRIC_KEYS) -> Tensor:
+def batch_warmup_rows(phase: PhaseConfig, dist: Dist) -> list[int] | None:
+    """The global batch of each of the phase's steps under its batch warmup, else None."""
+    if not phase.batch_warmup_rows:
+        return None
+    from training.optim import BatchWarmup
+    granule = phase.micro_batch_size * dist.world_size
+    if phase.batch_warmup_rows % granule:
+        raise ValueError(f"{phase.name}.batch_warmup_rows={phase.batch_warmup_rows} is not a "
+                         f"multiple of micro_batch_size x ranks = {granule}")
+    return BatchWarmup(phase.batch_warmup_rows, phase.global_batch_size,
+                       phase.batch_warmup_tokens, phase.max_seq_length, granule).rows(phase.steps)
+
+
+def train_step(engine, batches: Iterator[dict], keys: tuple[str, ...] = METRIC_KEYS,
+               rows: int | None = None) -> Tensor:
     """One optimizer step: gradient_accumulation_steps micro-batches of forward + backward.
-    Returns the step's summed metrics (`metric_sums` of `keys`) on the device, not yet read."""
+    Returns the step's summed metrics (`metric_sums` of `keys`) on the device, not yet read.
+    `rows`: this step's global batch (a batch warmup): its accumulation steps, each boundary
+    marked, as DeepSpeed's own count of micro-steps assumes one batch size throughout."""
     sums = torch.zeros(len(keys), dtype=torch.float64, device=engine.device)
-    for _ in range(engine.gradient_accumulation_steps()):
+    if rows is not None:
+        engine.set_train_batch_size(rows)
+    accumulation = engine.gradient_accumulation_steps()
+    for micro in range(accumulation):
+        if rows is not None:
+            engine.set_gradient_accumulation_boundary(micro == accumulation - 1)
         batch = to_device(next(batches), engine.device)
         out = engine(**batch)
         engine.backward(out.loss)
@@ -270,14 +291,17 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
     window, started = 0, time.perf_counter()
     bar = logs.progress(total=phase.steps, initial=step, desc=phase.name, disable=not dist.is_main,
                dynamic_ncols=True)
+    rows = batch_warmup_rows(phase, dist)
     while step < stop_at:
-        window = window + train_step(engine, batches, keys)
+        window = window + train_step(engine, batches, keys, rows[step] if rows else None)
         step += 1
         bar.update(1)
         if step % config.cadence.log_every == 0 or step == phase.steps:
             summary = summarize(all_reduce(window, keys), time.perf_counter() - started,
                                 objective.heads)
             summary["lr"] = float(engine.get_lr()[0])  # of the next step
+            if rows:  # the global batch step `step` trained on
+                summary["batch_rows"] = rows[step - 1]
             if loader.config.mask_schedule is not None:  # the share step `step` trained at
                 summary["mask_rate"] = loader.config.mask_schedule.rate(step - 1)
             summary.update(data_epoch=loader.epoch, rows_cut=loader.rows_cut)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from tests.training.pretrain_runs import make_config, train_losses
+from tests.training.pretrain_runs import final_weights, make_config, train_losses
 from training import config as cfg
 from training import pretrain
 from training.config import PhaseConfig
@@ -134,3 +134,33 @@ def test_the_masking_rate_schedule_masks_each_batch_at_its_steps_rate(data, tmp_
     train = [r for r in pretrain.read_metrics(str(full)) if r["split"] == "train"]
     assert [r["mask_rate"] for r in train] == pytest.approx([0.30, 0.25, 0.20, 0.15, 0.10])
     assert train_losses(parts) == train_losses(full)  # bit-exact across the stop
+
+
+def test_the_batch_warms_up_over_tokens_and_a_resume_keeps_it(data, tmp_path):
+    """4 rows a step growing to 8 over 2,000 tokens (128 a row): steps 0-3 see 0, 512, 1,024
+    and 1,536 tokens (4 + 4 x share rounds down to 4), step 4 on trains 8. A run stopped at
+    step 3, before the batch grows, resumes to the uninterrupted run's losses and weights."""
+    from training.optim import BatchWarmup
+
+    assert BatchWarmup(4, 8, 2000, 128, 4).rows(6) == [4, 4, 4, 4, 8, 8]
+    assert BatchWarmup(2, 16, 1000, 100, 2).rows(6) == [2, 4, 10, 16, 16, 16]  # 0, 200, 600
+
+    def config(output):
+        config = make_config(data, output, steps=7, cadence={"checkpoint_every": 3})
+        return dataclasses.replace(config, phases=(dataclasses.replace(
+            config.phases[0], batch_warmup_rows=4, batch_warmup_tokens=2000),))
+
+    full, parts = tmp_path / "full", tmp_path / "parts"
+    pretrain.run(config(full))
+    pretrain.run(config(parts), stop_after_steps=3)
+    pretrain.run(config(parts))
+    train = [r for r in pretrain.read_metrics(str(full)) if r["split"] == "train"]
+    assert [r["batch_rows"] for r in train] == [4, 4, 4, 4, 8, 8, 8]
+    assert train_losses(parts) == train_losses(full)
+    weights = final_weights(full)
+    for key, value in final_weights(parts).items():
+        assert torch.equal(value, weights[key]), key
+    with pytest.raises(ValueError) as refused:
+        cfg.resolve("tiny", None, ["phase1.batch_warmup_rows=64", "phase1.batch_warmup_tokens=1"])
+    assert str(refused.value) == ("--set phase1.batch_warmup_rows: must be a multiple of "
+                                  "micro_batch_size=32 in [0, global_batch_size=32], got 64")
