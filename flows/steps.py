@@ -302,7 +302,9 @@ def export_hf(cfg: DagConfig, run: StageResult) -> StageResult:
     def build(out: str) -> None:
         import transformers
 
-        model = transformers.BertForPreTraining.from_pretrained(hf_dir)
+        # the class the export names (BertForPreTraining, ModernBertForMaskedLM, ...)
+        architecture = transformers.AutoConfig.from_pretrained(hf_dir).architectures[0]
+        model = getattr(transformers, architecture).from_pretrained(hf_dir)
         transformers.AutoTokenizer.from_pretrained(hf_dir)
         storage.write_manifest(out, {"stage": "export", "hf_dir": hf_dir,
                                      "parameters": sum(p.numel() for p in model.parameters())})

@@ -73,3 +73,21 @@ def test_every_family_fine_tunes_the_modern_encoder(modernbert_dir, shared_data,
     for task in tasks:
         assert task["num_train_examples"] == 16, task["task"]
         assert 0.0 <= task["score"] <= 100.0, task["task"]
+
+
+def test_the_flows_export_stage_checks_the_class_the_export_names(modernbert_dir, tmp_path):
+    """flows/steps.py `export_hf` loads the folder as the class its config.json names
+    (ModernBertForMaskedLM here, not BERT's pre-training class on another model's config)."""
+    import transformers
+
+    from flows import steps
+    from flows.config import resolve
+    from flows.stages import StageResult
+
+    cfg = resolve("modernbert_tiny", {"output": str(tmp_path / "run")})
+    run = StageResult("pretrain", str(tmp_path / "pretrain"), "0" * 16, False, 0.0,
+                      {"hf_dir": str(modernbert_dir)})
+    result = steps.export_hf(cfg, run)
+    peer = transformers.ModernBertForMaskedLM.from_pretrained(str(modernbert_dir))
+    assert result.path == str(modernbert_dir)
+    assert result.manifest["parameters"] == sum(p.numel() for p in peer.parameters())
