@@ -175,6 +175,35 @@ class FlowTasksConfig(TasksConfig):
 
 
 @dataclass(frozen=True)
+class DecayConfig:
+    """A decay (WSD's anneal) from one kept checkpoint of the pre-training run, which then is
+    the stable phase (`pretrain.optimizer.schedule=wsd`, its last phase's `decay_steps` 0): the
+    learning rate falls from that phase's peak to 0 over `steps`, in
+    `pretrain.optimizer.decay_shape`, on the run's last shards or on other sources. Each decay
+    is a stage keyed by its checkpoint and data: the data stages, the stable run and another
+    decay's folders are reused."""
+    name: str = "decay"
+    """The decay's name: its run's phase name and its row in the report."""
+    from_step: int = 0
+    """Global step of the stable run's kept checkpoint to decay from (0 = its last)."""
+    steps: int = 1000
+    """Optimizer steps of the decay (the stable run's last phase's batch and length)."""
+    sources: tuple[SourceConfig, ...] = ()
+    """Text to decay on (your domain: jsonl, csv, tsv, text, parquet sources as in
+    `data.sources`), made into shards with the run's vocabulary and its last phase's shard
+    settings; empty = the stable run's last phase's shards."""
+
+    def __post_init__(self):
+        settings.check(bool(self.name) and "/" not in self.name, "name",
+                       "a non-empty name without '/'")
+        settings.check(self.from_step >= 0, "from_step", ">= 0 (0 = the last kept checkpoint)")
+        settings.check(self.steps > 0, "steps", "positive")
+        for source in self.sources:
+            settings.check(source.generic, "sources", f"{source.name}: a decay reads jsonl, csv, "
+                           f"tsv, text or parquet sources, not {source.kind}")
+
+
+@dataclass(frozen=True)
 class DagConfig:
     name: str = "base"
     """Preset name, recorded in outputs."""
@@ -186,11 +215,23 @@ class DagConfig:
     pretrain: PretrainConfig = field(default_factory=training.base)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     finetune: FlowTasksConfig = field(default_factory=FlowTasksConfig)
+    decays: tuple[DecayConfig, ...] = ()
+    """Decays from the pre-training run's kept checkpoints (`DecayConfig`): a list, each by its
+    name (`--set decays.domain.steps=200`)."""
 
     def __post_init__(self):
         phases, shards = self.pretrain.phases, (self.shards.phase1, self.shards.phase2)
         settings.check(len(phases) == 2, "pretrain.phases",
                        f"the flow makes shards for two phases, got {[p.name for p in phases]}")
+        if self.decays:
+            names = [d.name for d in self.decays]
+            settings.check(len(set(names)) == len(names), "decays", f"names repeat: {names}")
+            settings.check(self.pretrain.optimizer.schedule == "wsd" and
+                           not phases[-1].decay_steps, "decays", "decay a stable phase: "
+                           "pretrain.optimizer.schedule=wsd and pretrain."
+                           f"{phases[-1].name}.decay_steps=0 (got schedule="
+                           f"{self.pretrain.optimizer.schedule}, decay_steps="
+                           f"{phases[-1].decay_steps})")
         # phase N trains on shards N: the shards set the length, so it is set once
         object.__setattr__(self, "pretrain", dataclasses.replace(self.pretrain, phases=tuple(
             dataclasses.replace(p, max_seq_length=s.max_seq_length)

@@ -6,7 +6,8 @@
       (one per source of data.sources: your own text)
                        (pretrain.model.init_from: the checkpoint's vocabulary, not train vocab)
         -> export Hugging Face folder -> fine-tune (tasks x learning rates x seeds) -> best
-        -> report
+        -> decays (WSD: a kept checkpoint of the stable run, annealed on its shards or on
+           other sources, each its own stage) -> report
       probes (submitted before pretrain: fine-tune slices of pretrain's exports as they
       appear, flows/probes.py) ----------------------------------------------> report
 
@@ -88,6 +89,18 @@ def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult]) -> S
 @task(name="probes", **COMPUTE_TASK)
 def watch_probes(cfg: DagConfig, run_dir: str) -> dict:
     return probes.watch(cfg, run_dir, log=get_run_logger().info)
+
+
+@task(name="decay", **COMPUTE_TASK)
+def decay(cfg: DagConfig, name: str, run: StageResult, vocab: StageResult,
+          shards: StageResult) -> list[StageResult]:
+    """One decay of `decays`: its data stages (if it has sources), the stable checkpoint's
+    export, and its training run."""
+    spec = next(d for d in cfg.decays if d.name == name)
+    data, decay_shards = steps.decay_shards(cfg, spec, vocab, shards)
+    start = steps.stable_checkpoint(cfg, run, spec)
+    trained = steps.train_decay(cfg, spec, start, vocab, decay_shards, log=get_run_logger().info)
+    return [*data, start, trained]
 
 
 @task(name="export-hf", **IO_TASK)
@@ -173,6 +186,9 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     finally:
         probes.pretraining_ended(run_dir)
     model = export_hf(cfg, run)
+    # decays anneal the stable run's kept checkpoints, each its own stage (WSD's decays)
+    decayed = [stage for spec in cfg.decays
+               for stage in decay(cfg, spec.name, run, vocab, shards[-1])]
 
     finetune = None
     jobs = finetune_runs.finetune_jobs(cfg)  # every family's tasks x learning rates x seeds
@@ -186,4 +202,4 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     if watcher is not None:
         watcher.wait()  # the report charts every probe; a failed watcher fails no stage
     return report(cfg, [*sources, corpus, *([audit] if audit else []), vocab, *shards, run,
-                        model], finetune, folder=report_dir)
+                        model, *decayed], finetune, folder=report_dir)

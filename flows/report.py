@@ -10,7 +10,7 @@ import sys
 from typing import Any
 
 from common import storage
-from flows import probe_report
+from flows import decay_report, probe_report
 from flows.config import DagConfig
 from flows.stages import StageResult
 
@@ -47,6 +47,7 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
             lines.append(f"\n![loss curve]({loss_curve})")
         lines += forecast_section(pretrain.path)
         lines += probe_report.probe_section(cfg, pretrain.path, folder or cfg.output)
+    lines += decay_report.decay_section(stages, folder or cfg.output)
     if finetune:
         lines += ["", "## Fine-tuning (dev)", "", finetune["table"]]
         lines += [f"- FAILED {f['job']}: {f['error']}" for f in finetune["failed"]]

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common import storage
-from flows.config import DagConfig
+from flows.config import DagConfig, DecayConfig
 from flows.launch import run_subprocess
 from flows.stages import StageResult, is_looking_up, looking_up, run_stage, stage_dir
 from pipelines.documents.source import SourceConfig
@@ -245,25 +245,97 @@ def launch_command(cfg: DagConfig, config_file: str) -> list[str]:
 def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
              log: Callable[[str], None] = print) -> StageResult:
     """Run both phases; a re-run after a failure resumes from the last checkpoint."""
-    key = pretrain_key(cfg)
-
-    def build(out: str) -> None:
-        config_file = storage.join(out, "launch_config.json")
-        config = pretrain_config(cfg, vocab, shards, out)
-        training.save(config, config_file)
+    def forecast(config: PretrainConfig, out: str) -> None:
         from flows.plan import write_stage_forecast
         write_stage_forecast(cfg, config, out)  # the report sets it beside the actual figures
+
+    return _train(cfg, "pretrain", pretrain_key(cfg),
+                  lambda out: pretrain_config(cfg, vocab, shards, out), (vocab, *shards), log,
+                  forecast)
+
+
+def _train(cfg: DagConfig, stage: str, key: dict[str, Any],
+           make_config: Callable[[str], PretrainConfig], upstream: tuple[StageResult, ...],
+           log: Callable[[str], None], before: Callable[[PretrainConfig, str], None] | None = None
+           ) -> StageResult:
+    """A training stage: `make_config(folder)`'s run, launched as `launch.*` says; a re-run
+    after a failure resumes from its last checkpoint."""
+    def build(out: str) -> None:
+        config_file = storage.join(out, "launch_config.json")
+        config = make_config(out)
+        training.save(config, config_file)
+        if before is not None:
+            before(config, out)
         # a GPU preset where torch has no CUDA: one line now, not N ranks training on the CPU
         from training.launch import refuse_cpu_fallback
         refuse_cpu_fallback(config.engine.device)
         started = time.monotonic()
         run_subprocess(launch_command(cfg, config_file), log=log)
         metrics = _last_metrics(out)
-        storage.write_manifest(out, {"stage": "pretrain", "config": key,
+        storage.write_manifest(out, {"stage": stage, "config": key,
                                      "seconds": time.monotonic() - started,
                                      "hf_dir": storage.join(out, "hf"), "final_metrics": metrics})
 
-    return run_stage(cfg.output, "pretrain", key, build, upstream=(vocab, *shards))
+    return run_stage(cfg.output, stage, key, build, upstream=upstream)
+
+
+# ---------------------------------------------------------------- decays (WSD's anneals)
+
+def decay_shards(cfg: DagConfig, decay: DecayConfig, vocab: StageResult,
+                 shards: StageResult) -> tuple[list[StageResult], StageResult]:
+    """(its own data stages, the shards) a decay trains on: the run's last shards, or its
+    `sources` through the same stages as the run's corpus (reused where their keys match),
+    tokenized with the run's vocabulary and shard settings."""
+    if not decay.sources:
+        return [], shards
+    own = dataclasses.replace(cfg, data=dataclasses.replace(
+        cfg.data, wikipedia="", books="", sources=decay.sources))
+    documents = [extract_documents(own, source) for source in decay.sources]
+    corpus = build_corpus(own, documents)
+    shards = make_shards(own, corpus, vocab, len(cfg.pretrain.phases))
+    return [*documents, corpus, shards], shards
+
+
+def stable_checkpoint(cfg: DagConfig, run: StageResult, decay: DecayConfig) -> StageResult:
+    """The stable run's kept checkpoint at `decay.from_step`, exported (verified first) as the
+    decay's starting point; keyed by the checkpoint's tag, so two decays from it share it."""
+    from training.export_checkpoint import export_kept, kept_tag
+
+    tag = kept_tag(run.path, decay.from_step)
+
+    def build(out: str) -> None:
+        export_kept(run.path, tag, out)
+        storage.write_manifest(out, {"stage": "stable", "run": run.path, "tag": tag})
+
+    return run_stage(cfg.output, "stable", {"tag": tag}, build, upstream=(run,))
+
+
+def decay_config(cfg: DagConfig, decay: DecayConfig, start: StageResult, vocab: StageResult,
+                 shards: StageResult, output_dir: str) -> PretrainConfig:
+    """The decay's run: the stable run's settings from the exported checkpoint
+    (`model.init_from`), one phase of `decay.steps` at the last phase's peak and batch, its
+    learning rate falling to 0 over all of them (WSD, no warmup), no probes."""
+    last = cfg.pretrain.phases[-1]
+    phase = dataclasses.replace(last, name=decay.name, steps=decay.steps, warmup_steps=0,
+                                decay_steps=decay.steps, batch_warmup_rows=0,
+                                batch_warmup_tokens=0, train_shards=shards.path,
+                                validation_shards="")
+    return dataclasses.replace(
+        cfg.pretrain, output_dir=output_dir, phases=(phase,),
+        model=dataclasses.replace(cfg.pretrain.model, preset="", arch="", init_from=start.path,
+                                  **{f: 0 for f in training.SHAPE_FIELDS}),
+        data=dataclasses.replace(cfg.pretrain.data, vocab_dir=vocab.path),
+        cadence=dataclasses.replace(cfg.pretrain.cadence, probe_every=0))
+
+
+def train_decay(cfg: DagConfig, decay: DecayConfig, start: StageResult, vocab: StageResult,
+                shards: StageResult, log: Callable[[str], None] = print) -> StageResult:
+    """Train the decay (`decay_config`) as a stage keyed by its settings, its checkpoint and its
+    shards."""
+    key = {"decay": training.to_dict(decay_config(cfg, decay, start, vocab, shards, ""))}
+    return _train(cfg, "decay", key,
+                  lambda out: decay_config(cfg, decay, start, vocab, shards, out),
+                  (start, vocab, shards), log)
 
 
 def pretrain_key(cfg: DagConfig) -> dict[str, Any]:

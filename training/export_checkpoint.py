@@ -17,6 +17,49 @@ import sys
 from common.errors import exit_with_error
 
 
+def kept_tag(run_dir: str, global_step: int = 0) -> str:
+    """The tag of the run's kept checkpoint at `global_step` (0 = `latest`); a step no kept
+    checkpoint has is one line naming the steps kept."""
+    from training import config as cfg
+    from training.checkpoint import CHECKPOINTS, TAG, latest_tag, phase_index_of
+
+    ckpt_dir = os.path.join(run_dir, CHECKPOINTS)
+    latest = latest_tag(ckpt_dir) if os.path.isdir(ckpt_dir) else None
+    if latest is None:
+        raise ValueError(f"{ckpt_dir}: no checkpoint")
+    if not global_step:
+        return latest
+    phases = cfg.load_saved(os.path.join(run_dir, "config.json")).phases
+    kept = {}
+    for tag in sorted(os.listdir(ckpt_dir)):
+        if TAG.fullmatch(tag) and os.path.isdir(os.path.join(ckpt_dir, tag)):
+            index = phase_index_of(tag)
+            offset = sum(p.steps for p in phases[:index])
+            kept[offset + int(tag.rpartition("step")[2])] = tag
+    if global_step not in kept:
+        raise ValueError(f"{ckpt_dir}: no kept checkpoint at global step {global_step} (kept: "
+                         f"{', '.join(map(str, sorted(kept))) or 'none'}; "
+                         "pretrain.cadence.checkpoint_every and keep_checkpoints decide them)")
+    return kept[global_step]
+
+
+def export_kept(run_dir: str, tag: str, out: str) -> str:
+    """Export `run_dir`'s checkpoint `tag` to the Hugging Face folder `out`, verified first."""
+    from training import config as cfg
+    from training import pretrain
+    from training.checkpoint import CHECKPOINTS, verify_checkpoint
+
+    ckpt_dir = os.path.join(run_dir, CHECKPOINTS)
+    folder = os.path.join(ckpt_dir, tag)
+    if not os.path.isdir(folder):
+        kept = sorted(t for t in os.listdir(ckpt_dir) if os.path.isdir(os.path.join(ckpt_dir, t))) \
+            if os.path.isdir(ckpt_dir) else []
+        raise ValueError(f"{folder}: no such checkpoint (kept: {', '.join(kept) or 'none'})")
+    verify_checkpoint(folder)
+    config = cfg.load_saved(os.path.join(folder, "config.json"))
+    return pretrain.export(config, ckpt_dir, tag, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.export_checkpoint",
                                      description=__doc__,
@@ -25,20 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("tag", help="a checkpoint folder under RUN_DIR/checkpoints")
     parser.add_argument("out", help="the Hugging Face folder to write")
     args = parser.parse_args(argv)
-    from training import config as cfg
-    from training import pretrain
-    from training.checkpoint import CHECKPOINTS, verify_checkpoint
-
-    ckpt_dir = os.path.join(args.run_dir, CHECKPOINTS)
-    folder = os.path.join(ckpt_dir, args.tag)
-    if not os.path.isdir(folder):
-        kept = sorted(t for t in os.listdir(ckpt_dir) if os.path.isdir(os.path.join(ckpt_dir, t))) \
-            if os.path.isdir(ckpt_dir) else []
-        exit_with_error(parser.prog, f"{folder}: no such checkpoint (kept: {', '.join(kept) or 'none'})")
     try:
-        verify_checkpoint(folder)
-        config = cfg.load_saved(os.path.join(folder, "config.json"))
-        pretrain.export(config, ckpt_dir, args.tag, os.path.abspath(args.out))
+        export_kept(args.run_dir, args.tag, os.path.abspath(args.out))
     except (ValueError, OSError) as error:
         exit_with_error(parser.prog, str(error))
     return 0
