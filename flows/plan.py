@@ -123,6 +123,13 @@ def dag_plan(cfg: DagConfig, args: argparse.Namespace) -> int:
     text, corpus_rows = corpus_stage(stages, vocab, text)
     data, shard_rows = phase_data(cfg, stages, text)
     config = dataclasses.replace(cfg.pretrain, output_dir=cfg.output)
+    # each decay costs what its steps cost at the last phase's batch and length; its data is
+    # the last phase's shards, or (other sources) not estimated here
+    last = config.phases[-1]
+    config = dataclasses.replace(config, phases=(*config.phases, *(dataclasses.replace(
+        last, name=f"decay {d.name}", steps=d.steps, warmup_steps=0, decay_steps=d.steps,
+        batch_warmup_rows=0, batch_warmup_tokens=0) for d in cfg.decays)))
+    data = [*data, *(None if d.sources else data[-1] for d in cfg.decays)]
     shape = fc.run_shape(config, vocab[0])
     return fc.run_plan(shape, data, args, launch_gpus(cfg),
                        stages=[*input_rows, *corpus_rows, *shard_rows])

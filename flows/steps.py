@@ -299,9 +299,10 @@ def decay_shards(cfg: DagConfig, decay: DecayConfig, vocab: StageResult,
 def stable_checkpoint(cfg: DagConfig, run: StageResult, decay: DecayConfig) -> StageResult:
     """The stable run's kept checkpoint at `decay.from_step`, exported (verified first) as the
     decay's starting point; keyed by the checkpoint's tag, so two decays from it share it."""
-    from training.export_checkpoint import export_kept, kept_tag
+    from training.export_checkpoint import check_stable, export_kept, kept_tag
 
     tag = kept_tag(run.path, decay.from_step)
+    check_stable(run.path, tag)
 
     def build(out: str) -> None:
         export_kept(run.path, tag, out)

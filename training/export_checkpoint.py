@@ -43,6 +43,24 @@ def kept_tag(run_dir: str, global_step: int = 0) -> str:
     return kept[global_step]
 
 
+def check_stable(run_dir: str, tag: str) -> None:
+    """Refuse, in one line naming the checkpoint, a decay's start that is not at a stable
+    phase's peak: a run on another schedule, or a step inside its phase's own decay."""
+    from training import config as cfg
+    from training.checkpoint import CHECKPOINTS, phase_index_of
+
+    config = cfg.load_saved(os.path.join(run_dir, "config.json"))
+    where = os.path.join(run_dir, CHECKPOINTS, tag)
+    if config.optimizer.schedule != "wsd":
+        raise ValueError(f"{where}: not a stable-phase checkpoint: the run's schedule is "
+                         f"{config.optimizer.schedule} (optimizer.schedule=wsd holds the peak)")
+    phase = config.phases[phase_index_of(tag)]
+    step = int(tag.rpartition("step")[2])
+    if phase.decay_steps and step > phase.steps - phase.decay_steps:
+        raise ValueError(f"{where}: not a stable-phase checkpoint: step {step} of {phase.name} "
+                         f"falls in its decay (its last {phase.decay_steps} steps)")
+
+
 def export_kept(run_dir: str, tag: str, out: str) -> str:
     """Export `run_dir`'s checkpoint `tag` to the Hugging Face folder `out`, verified first."""
     from training import config as cfg

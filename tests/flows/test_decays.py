@@ -82,3 +82,42 @@ def test_decays_need_a_stable_phase_and_a_kept_checkpoint(tmp_path):
     assert str(missing.value) == (
         f"{run / 'checkpoints'}: no kept checkpoint at global step 3 (kept: 2; "
         "pretrain.cadence.checkpoint_every and keep_checkpoints decide them)")
+
+
+def test_the_plan_forecasts_each_decay_at_the_last_phases_rate(tmp_path, capsys):
+    """`bert-dag --plan` with decays: a row each, at the stable run's last phase's batch,
+    length and rate (h200: MFU-based); a decay on other sources has no data estimate."""
+    from flows import cli
+
+    config = tmp_path / "plan.yaml"
+    config.write_text(yaml.safe_dump({"pretrain": {"optimizer": {"schedule": "wsd"}},
+                                      "decays": [{**BOOKS, "steps": 100}, {**POEMS, "steps": 50}]}))
+    assert cli.main(["--preset", "tiny", "--config", str(config), "--output", str(tmp_path / "o"),
+                     "--plan", "--json", "--hardware", "h200"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    phases = {p["phase"]: p for p in plan["phases"]}
+    assert list(phases) == ["phase1", "phase2", "decay books", "decay poems"]
+    books, poems, last = phases["decay books"], phases["decay poems"], phases["phase2"]
+    assert (books["steps"], books["rows_trained"], poems["rows_trained"]) == (100, 1600, 800)
+    assert books["rows_per_s_per_gpu"] == last["rows_per_s_per_gpu"] > 0
+    assert books["hours"] == pytest.approx(last["hours"] * 100 / 60)
+    assert books["data"] == last["data"] and poems["data"] is None
+
+
+def test_a_checkpoint_past_the_peak_is_not_a_stable_one(tmp_path):
+    from training import config as cfg
+    from training.export_checkpoint import check_stable
+
+    run = tmp_path / "pretrain"
+    run.mkdir()
+    config = cfg.resolve("tiny", None, ["optimizer.schedule=wsd", "phase1.decay_steps=100"])
+    cfg.save(config, str(run / "config.json"))
+    check_stable(str(run), "00-phase1-step00000500")  # the peak's last step
+    with pytest.raises(ValueError) as refused:
+        check_stable(str(run), "00-phase1-step00000501")
+    assert str(refused.value) == (
+        f"{run / 'checkpoints' / '00-phase1-step00000501'}: not a stable-phase checkpoint: "
+        "step 501 of phase1 falls in its decay (its last 100 steps)")
+    cfg.save(cfg.tiny(), str(run / "config.json"))
+    with pytest.raises(ValueError, match="the run's schedule is linear"):
+        check_stable(str(run), "00-phase1-step00000100")
