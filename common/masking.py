@@ -36,7 +36,8 @@ class MaskSplit:
     """Share of predicted positions replaced by a random vocabulary token (Table 8's RND); the
     three sum to 1."""
     do_whole_word_mask: bool = False
-    """Choose whole words: a `##` piece is predicted together with the pieces before it."""
+    """Choose whole words: a piece that continues a word (WordPiece's `##`; in a byte-level BPE,
+    one without the space prefix `Ġ`) is predicted together with the pieces before it."""
 
     def __post_init__(self):
         self.check_split()

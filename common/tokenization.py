@@ -14,17 +14,78 @@ tokens such as "[MASK]" in raw text and turns them into the special token; the r
 tokenizer splits the text into "[", "mask", "]". Corpus-side encoding (instance creation) wants the
 reference's behaviour: `load_tokenizer(..., split_special_tokens=True)` and
 `encode_like_reference`. The saved `tokenizer.json` keeps the Hugging Face behaviour.
+
+Two kinds of vocabulary (`vocab.kind`), told apart by the folder alone (`vocab_kind`): BERT's
+WordPiece (`vocab.txt`) and a byte-level BPE as RoBERTa's and ModernBERT's (`vocab.txt`, one
+token per line in id order as for WordPiece, plus `merges.txt`). Both carry BERT's special-token
+names ([CLS], [SEP], [MASK], [PAD], [UNK], as ModernBERT's BPE does), so every stage looks ids
+up by the same names in either. What "a continuation piece" is (whole-word masking joins it to
+the word before) depends on the kind and is decided here only: `is_continuation`.
 """
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Tokenizer,
+    decoders,
+    models,
+    normalizers,
+    pre_tokenizers,
+    processors,
+)
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = (PAD, UNK, CLS, SEP, MASK)
 MAX_INPUT_CHARS_PER_WORD = 200
+WORDPIECE, BPE = "wordpiece", "bpe"
+VOCAB_KINDS = (WORDPIECE, BPE)
+"""`vocab.kind`'s choices: BERT's WordPiece, or a byte-level BPE (RoBERTa, ModernBERT)."""
+MERGES_NAME = "merges.txt"
+"""A BPE vocabulary folder's merge list; its presence makes a folder a BPE one (`vocab_kind`)."""
+WORDPIECE_CONTINUATION = "##"
+"""WordPiece marks a piece that continues a word (BERT's `##`)."""
+BPE_WORD_START = "\u0120"
+"""Byte-level BPE's "Ġ", the image of the space byte: a piece that begins with it begins a word,
+as the pre-tokenizer cuts words at the space before them (fairseq's RoBERTa whole-word masking
+asks the same: does the piece decode to text starting with a space)."""
+UNUSED_PREFIX = "[unused"
+"""Reserved slots (`[unused0]`, ...): never a piece of text, so never a continuation."""
+
+
+def check_vocab_kind(kind: str) -> str:
+    """`kind` if it is one of `VOCAB_KINDS`, else a one-line error naming the choices."""
+    if kind not in VOCAB_KINDS:
+        raise ValueError(f"vocabulary kind must be one of {', '.join(VOCAB_KINDS)}, got {kind!r}")
+    return kind
+
+
+def _wordpiece_continues(token: str) -> bool:
+    return token.startswith(WORDPIECE_CONTINUATION)
+
+
+def _bpe_continues(token: str) -> bool:
+    # A byte-level piece without the space prefix follows the piece before it with no space
+    # between (the rest of a word, or punctuation and digits glued to it: "Ġdon" "'t").
+    return not (token.startswith((BPE_WORD_START, UNUSED_PREFIX)) or token in SPECIAL_TOKENS)
+
+
+CONTINUES_WORD = {WORDPIECE: _wordpiece_continues, BPE: _bpe_continues}
+"""Per kind: does a token continue the word before it (whole-word masking's one rule)."""
+
+
+def is_continuation(token: str, kind: str = WORDPIECE) -> bool:
+    """Whether whole-word masking joins `token` to the piece before it, for a vocabulary of
+    `kind` (make_shards' instances and the loader's dynamic re-masking both ask this)."""
+    return CONTINUES_WORD[check_vocab_kind(kind)](token)
+
+
+def continuation_flags(tokens: Sequence[str], kind: str = WORDPIECE) -> list[bool]:
+    """`is_continuation` of every token, in id order."""
+    continues = CONTINUES_WORD[check_vocab_kind(kind)]
+    return [continues(token) for token in tokens]
 
 
 def read_vocab(path: str) -> list[str]:
@@ -53,6 +114,49 @@ def is_vocab_folder(path: str) -> bool:
     if storage.is_remote(path):
         return path.endswith("/") or not path.endswith(".txt")
     return os.path.isdir(path)
+
+
+def _vocab_folder(vocab_path: str) -> str | None:
+    """The folder of a vocabulary path: the folder itself, the folder of a file named
+    `vocab.txt`, or None for a file of another name (a vocabulary file alone)."""
+    if is_vocab_folder(vocab_path):
+        return vocab_path.rstrip("/")
+    if vocab_path.rstrip("/").rpartition("/")[2] == "vocab.txt":
+        return _parent(vocab_path)
+    return None
+
+
+def vocab_kind(vocab_path: str) -> str:
+    """`BPE` when the vocabulary's folder holds `merges.txt` (train_vocab `--kind bpe` and our
+    export write it), else `WORDPIECE` (every BERT folder, a bare `vocab.txt`)."""
+    from common import storage
+
+    folder = _vocab_folder(vocab_path)
+    if folder is not None and storage.exists(storage.join(folder, MERGES_NAME)):
+        return BPE
+    return WORDPIECE
+
+
+def read_merges(vocab_path: str) -> list[tuple[str, str]] | None:
+    """A BPE vocabulary's merges in rank order (`merges.txt`, the `#version` line skipped), or
+    None for a WordPiece one. Byte-level pieces hold no space, so a line splits at its one space."""
+    from common import storage
+
+    if vocab_kind(vocab_path) != BPE:
+        return None
+    path = storage.join(_vocab_folder(vocab_path), MERGES_NAME)
+    with storage.open_read(path) as f:
+        lines = [line.rstrip("\r\n") for line in f]
+    merges = []
+    for number, line in enumerate(lines, start=1):
+        if not line or line.startswith("#version"):
+            continue
+        pair = line.split(" ")
+        if len(pair) != 2:
+            raise ValueError(f"{path}: line {number} is not two pieces separated by a space: "
+                             f"{line[:80]!r}")
+        merges.append((pair[0], pair[1]))
+    return merges
 
 
 def recorded_lower_case(vocab_path: str) -> bool | None:
@@ -119,12 +223,57 @@ def build_tokenizer(vocab: Sequence[str], do_lower_case: bool = True,
     return tokenizer
 
 
+def bpe_normalizer(do_lower_case: bool) -> normalizers.Normalizer:
+    """NFC (one byte sequence per character, however the text composed it), then lower-casing
+    when asked; no accent stripping, no whitespace cleaning: the bytes are the text."""
+    steps = [normalizers.NFC()] + ([normalizers.Lowercase()] if do_lower_case else [])
+    return normalizers.Sequence(steps)
+
+
+def bpe_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """GPT-2's byte-level split. `add_prefix_space`: every text begins with a space, so a text's
+    first word is `Ġ`-prefixed like every other (each corpus sentence is encoded alone, and in
+    running text a space precedes it); its pieces are then the same wherever the word stands."""
+    return pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)
+
+
+def build_bpe_tokenizer(vocab: Sequence[str], merges: Sequence[tuple[str, str]],
+                        do_lower_case: bool = True,
+                        split_special_tokens: bool = False) -> Tokenizer:
+    """A byte-level BPE `Tokenizer` over `vocab` (tokens in id order) and `merges` (in rank
+    order), with BERT's [CLS]/[SEP] template, so that instances look as with WordPiece."""
+    vocab_map = {token: i for i, token in enumerate(vocab)}
+    # No unk_token: the 256 byte symbols are in the vocabulary, every text has pieces.
+    tokenizer = Tokenizer(models.BPE(vocab_map, list(merges)))
+    tokenizer.normalizer = bpe_normalizer(do_lower_case)
+    tokenizer.pre_tokenizer = bpe_pre_tokenizer()
+    tokenizer.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=True),  # offsets without the space (SQuAD, NER)
+        processors.TemplateProcessing(
+            single=f"{CLS}:0 $A:0 {SEP}:0",
+            pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+            special_tokens=[(CLS, vocab_map[CLS]), (SEP, vocab_map[SEP])]),
+    ])
+    tokenizer.decoder = decoders.ByteLevel()
+    # [MASK] takes the space before it, as RoBERTa's and ModernBERT's mask token: "a [MASK]." is
+    # "Ġa" [MASK] "." (the masked word's own space prefix is in what the model predicts).
+    tokenizer.add_special_tokens([AddedToken(t, special=True, lstrip=t == MASK)
+                                  for t in vocab if t in SPECIAL_TOKENS])
+    tokenizer.encode_special_tokens = split_special_tokens
+    return tokenizer
+
+
 def load_tokenizer(vocab_path: str, do_lower_case: bool = True,
                    split_special_tokens: bool = False) -> Tokenizer:
-    """The tokenizer for a vocabulary folder or `vocab.txt` (any BERT vocabulary).
+    """The tokenizer for a vocabulary folder or `vocab.txt` (any BERT vocabulary, or a BPE
+    folder: `vocab_kind`).
 
     Corpus-side encoding passes `split_special_tokens=True` (see `encode_like_reference`).
     """
+    merges = read_merges(vocab_path)
+    if merges is not None:
+        return build_bpe_tokenizer(read_vocab(vocab_path), merges, do_lower_case,
+                                   split_special_tokens)
     return build_tokenizer(read_vocab(vocab_path), do_lower_case, split_special_tokens)
 
 
@@ -153,8 +302,13 @@ def encode_like_reference(tokenizer: Tokenizer, texts: Sequence[str]) -> list[li
     return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
 
-def save_tokenizer_folder(vocab: Sequence[str], folder: str, do_lower_case: bool = True) -> None:
-    """Write `vocab.txt`, `tokenizer.json` and the configs `transformers` needs to load the folder."""
+def save_tokenizer_folder(vocab: Sequence[str], folder: str, do_lower_case: bool = True,
+                          merges: Sequence[tuple[str, str]] | None = None) -> None:
+    """Write `vocab.txt`, `tokenizer.json` and the configs `transformers` needs to load the folder;
+    with `merges`, a byte-level BPE folder (`save_bpe_folder`)."""
+    if merges is not None:
+        save_bpe_folder(vocab, merges, folder, do_lower_case)
+        return
     from common import storage
 
     tokenizer = build_tokenizer(vocab, do_lower_case)
@@ -172,3 +326,28 @@ def save_tokenizer_folder(vocab: Sequence[str], folder: str, do_lower_case: bool
     storage.atomic_write_json(storage.join(folder, "special_tokens_map.json"), {
         "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS, "mask_token": MASK,
     })
+
+
+def save_bpe_folder(vocab: Sequence[str], merges: Sequence[tuple[str, str]], folder: str,
+                    do_lower_case: bool = True) -> None:
+    """A byte-level BPE folder: `vocab.txt` (ids are line numbers, as every stage reads them),
+    `merges.txt`, and `tokenizer.json` with the configs that `transformers.AutoTokenizer` loads
+    (as `PreTrainedTokenizerFast`: the `tokenizer.json` decides every id). `merges.txt` goes
+    before `vocab.txt`, so a folder with a `vocab.txt` is never a BPE one without its merges."""
+    from common import storage
+
+    tokenizer = build_bpe_tokenizer(vocab, merges, do_lower_case)
+    storage.makedirs(folder)
+    storage.atomic_write_text(storage.join(folder, MERGES_NAME),
+                              "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    storage.atomic_write_text(storage.join(folder, "vocab.txt"), "\n".join(vocab) + "\n")
+    storage.atomic_write_text(storage.join(folder, "tokenizer.json"), tokenizer.to_str())
+    specials = {"unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS,
+                "mask_token": MASK}
+    storage.atomic_write_json(storage.join(folder, "tokenizer_config.json"), {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "do_lower_case": do_lower_case,  # read back by recorded_lower_case (shards, export)
+        **specials,
+        "model_max_length": 512,
+    })
+    storage.atomic_write_json(storage.join(folder, "special_tokens_map.json"), specials)

@@ -36,7 +36,7 @@ def checkpoint_vocab_settings(init_from: str) -> dict:
 
 def checkpoint_vocab(root: str, init_from: str) -> StageResult:
     """The `vocab-<hash>` stage holding `init_from`'s vocabulary (instead of train_vocab's)."""
-    from common.tokenization import read_vocab, save_tokenizer_folder
+    from common.tokenization import read_merges, read_vocab, save_tokenizer_folder
 
     settings = checkpoint_vocab_settings(init_from)
     # Where the checkpoint lies is not its content: only its hashes and casing name the stage.
@@ -44,7 +44,8 @@ def checkpoint_vocab(root: str, init_from: str) -> StageResult:
 
     def build(out: str) -> None:
         tokens = read_vocab(settings["vocab_dir"])
-        save_tokenizer_folder(tokens, out, do_lower_case=settings["do_lower_case"])
+        save_tokenizer_folder(tokens, out, do_lower_case=settings["do_lower_case"],
+                              merges=read_merges(settings["vocab_dir"]))  # a BPE checkpoint's
         storage.write_manifest(out, {
             "stage": "checkpoint_vocab", "config": settings, "vocab_size": len(tokens),
             "vocab_sha256": storage.sha256_file(storage.join(out, "vocab.txt")),

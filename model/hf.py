@@ -28,7 +28,7 @@ from safetensors.torch import save as save_safetensors_bytes
 from torch import Tensor, nn
 
 from common import storage
-from common.tokenization import read_vocab, save_tokenizer_folder
+from common.tokenization import read_merges, read_vocab, save_tokenizer_folder
 from model import bert_hf
 from model.encoders import (
     ENCODERS,
@@ -202,7 +202,8 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
     hf_state = adapter.state_to_hf(state, prefix)
     hf_state = {k: v.detach().float().contiguous().cpu() for k, v in hf_state.items()}
     storage.makedirs(out_dir)
-    save_tokenizer_folder(vocab, out_dir, do_lower_case)
+    # A BPE vocabulary's merges travel with it (None for WordPiece: the folder as before).
+    save_tokenizer_folder(vocab, out_dir, do_lower_case, merges=read_merges(vocab_dir))
     storage.atomic_write_bytes(storage.join(out_dir, "model.safetensors"),
                                save_safetensors_bytes(hf_state, metadata={"format": "pt"}))
     storage.atomic_write_json(storage.join(out_dir, "config.json"), adapter.hf_config(

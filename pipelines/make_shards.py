@@ -324,8 +324,7 @@ class PlanDocumentsFn(beam.DoFn):
         self.requests = beam.metrics.Metrics.counter("make_shards", "random_next_requests")
 
     def setup(self):
-        from common.tokenization import read_vocab
-        self.vocab = Vocab.from_tokens(read_vocab(self.vocab_path))
+        self.vocab = Vocab.from_path(self.vocab_path)
 
     def start_bundle(self):
         self.pending: dict[tuple[str, int], list[InstancePlan]] = defaultdict(list)
@@ -390,8 +389,7 @@ class FillRandomNextFn(beam.DoFn):
         self.instances = beam.metrics.Metrics.counter("make_shards", "instances")
 
     def setup(self):
-        from common.tokenization import read_vocab
-        self.vocab = Vocab.from_tokens(read_vocab(self.vocab_path))
+        self.vocab = Vocab.from_path(self.vocab_path)
 
     def process(self, element, counts):
         (split, _), grouped = element

@@ -2,6 +2,9 @@
 
     beam run pipelines/train_vocab.py --input out/corpus --output out/vocab --vocab_size 8000
 
+`--kind bpe` trains a byte-level BPE instead (`pipelines/vocab/bpe.py`; the folder then holds
+`merges.txt` too, and `transformers.AutoTokenizer` loads it).
+
 Input: corpus Parquet (`sentences` column), documents Parquet (`passages` when `sentences` is
 absent) or plain text files (one sentence or paragraph per line; `.gz`/`.bz2` are decompressed).
 The word counting is a Beam combine over the whole corpus; only the trainer step, fed the exact
@@ -24,9 +27,10 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from common import errors, storage
-from common.tokenization import save_tokenizer_folder
+from common.tokenization import MERGES_NAME, save_tokenizer_folder
 from pipelines import jobs, parquet_io
-from pipelines.vocab.wordpiece import VocabConfig, count_words, train_vocab, word_splitter
+from pipelines.vocab import kinds
+from pipelines.vocab.wordpiece import VocabConfig, count_words
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +38,8 @@ DEAD = "dead"
 TEXT_COLUMNS = ("sentences", "passages")  # first present wins
 PARQUET_BATCH_ROWS = 256
 WORD_COUNTS_NAME = "word_counts.tsv"
-WRITTEN = (r"vocab\.txt|tokenizer(_config)?\.json|special_tokens_map\.json|word_counts\.tsv"
-           r"|manifest\.json|dead_letter/dead_letter-00000-of-00001\.jsonl")
+WRITTEN = (r"vocab\.txt|merges\.txt|tokenizer(_config)?\.json|special_tokens_map\.json"
+           r"|word_counts\.tsv|manifest\.json|dead_letter/dead_letter-00000-of-00001\.jsonl")
 """The files this job writes, as paths below its output (`jobs.remove_stale_temporaries`)."""
 
 
@@ -149,12 +153,13 @@ class ReadTexts(beam.DoFn):
 class CountWordsInBatch(beam.DoFn):
     """A batch of texts -> (word, count) pairs for it: counting in the mapper cuts the shuffle."""
 
-    def __init__(self, do_lower_case: bool) -> None:
+    def __init__(self, do_lower_case: bool, kind: str = "wordpiece") -> None:
         self.do_lower_case = do_lower_case
+        self.kind = kind
         self.words = Metrics.counter("train_vocab", "words")
 
     def setup(self) -> None:
-        self.split = word_splitter(self.do_lower_case)
+        self.split = kinds()[self.kind].word_splitter(self.do_lower_case)
 
     def process(self, texts: list[str]):
         counts = count_words(texts, self.split)
@@ -163,16 +168,18 @@ class CountWordsInBatch(beam.DoFn):
 
 
 class CountWords(beam.PTransform):
-    """Texts -> exact (word, count) over the whole collection (BERT normaliser + pre-tokenizer)."""
+    """Texts -> exact (word, count) over the whole collection (the kind's normaliser and
+    pre-tokenizer: BERT's, or the byte-level BPE's)."""
 
-    def __init__(self, do_lower_case: bool) -> None:
+    def __init__(self, do_lower_case: bool, kind: str = "wordpiece") -> None:
         super().__init__()
         self.do_lower_case = do_lower_case
+        self.kind = kind
 
     def expand(self, texts):
         return (texts
                 | "Batch" >> beam.BatchElements(min_batch_size=64, max_batch_size=2048)
-                | "CountBatch" >> beam.ParDo(CountWordsInBatch(self.do_lower_case))
+                | "CountBatch" >> beam.ParDo(CountWordsInBatch(self.do_lower_case, self.kind))
                 | "Sum" >> beam.CombinePerKey(sum))
 
 
@@ -192,17 +199,18 @@ def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str
         storage.makedirs(output)
         parquet_io.write_dead_letters(output, bad_records)
         return ""
-    logger.info("training WordPiece (%d entries) on %d unique words, %d in all",
+    logger.info("training %s (%d entries) on %d unique words, %d in all", config.kind,
                 config.vocab_size, len(word_counts), sum(word_counts.values()))
     started = time.monotonic()
-    result = train_vocab(word_counts, config, show_progress=show_progress)
+    result = kinds()[config.kind].train_vocab(word_counts, config, show_progress=show_progress)
     train_seconds = time.monotonic() - started
     storage.makedirs(output)
     parquet_io.write_dead_letters(output, bad_records)
     ranked = sorted(word_counts.items(), key=lambda kv: (-kv[1], kv[0]))
     storage.atomic_write_text(storage.join(output, WORD_COUNTS_NAME),
                               "".join(f"{w}\t{c}\n" for w, c in ranked))
-    save_tokenizer_folder(result.tokens, output, do_lower_case=config.do_lower_case)
+    save_tokenizer_folder(result.tokens, output, do_lower_case=config.do_lower_case,
+                          merges=getattr(result, "merges", None))
     vocab_sha256 = storage.sha256_file(storage.join(output, "vocab.txt"))
     manifest = {
         "stage": "train_vocab",
@@ -224,6 +232,22 @@ def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str
     return vocab_sha256
 
 
+def withdraw_merges(output: str) -> None:
+    """Before a re-run: remove a `merges.txt` an earlier BPE run left, which would make a
+    WordPiece folder read as a BPE one (`common.tokenization.vocab_kind`)."""
+    import contextlib
+    import os
+
+    path = storage.join(output, MERGES_NAME)
+    if storage.is_remote(path):
+        from apache_beam.io.filesystems import FileSystems
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(path)
+
+
 def main(argv: Sequence[str] | None = None) -> dict:
     """The command line: flags -> `VocabConfig` -> `run`."""
     args, beam_args = build_parser().parse_known_args(argv)
@@ -243,6 +267,7 @@ def run(config: VocabConfig, input: str, output: str, beam_args: Sequence[str] =
     dry_run = jobs.is_dry_run(options)
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.withdraw_manifest(output)
+        withdraw_merges(output)
         jobs.remove_stale_temporaries(output, WRITTEN)
     with (jobs.disk_full_reported(output),
           beam.Pipeline(runner=jobs.local_runner(options), options=options) as p):
@@ -251,7 +276,7 @@ def run(config: VocabConfig, input: str, output: str, beam_args: Sequence[str] =
                 | "Spread" >> beam.Reshuffle()
                 | "Read" >> beam.ParDo(ReadTexts()).with_outputs(DEAD, main="texts"))
         num_texts = read.texts | "CountTexts" >> beam.combiners.Count.Globally()
-        word_counts = read.texts | "CountWords" >> CountWords(config.do_lower_case)
+        word_counts = read.texts | "CountWords" >> CountWords(config.do_lower_case, config.kind)
         _ = (word_counts
              | "Gather" >> beam.combiners.ToList()
              | "Train" >> beam.Map(

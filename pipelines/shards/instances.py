@@ -40,6 +40,8 @@ from common.tokenization import (
     CLS,
     MASK,
     SEP,
+    WORDPIECE,
+    continuation_flags,
     encode_like_reference,
     splitting_special_tokens,
 )
@@ -104,14 +106,24 @@ class Vocab:
     vocab_size: int
     """Number of ids."""
     is_subword: np.ndarray
-    """(vocab_size,) bool: the token starts with `##` (joins the previous piece in whole words)."""
+    """(vocab_size,) bool: the token continues the word before it (WordPiece's `##`, a BPE
+    piece without the space prefix: `common.tokenization.is_continuation`); whole-word masking
+    joins it to the previous piece."""
     replacement_ids: np.ndarray
     """(K,) int32: ids the random replacement draws from, in the reference's `vocab_words`
     order (all ids unless the vocabulary repeats a token: the reference keeps one of each)."""
 
     @classmethod
-    def from_tokens(cls, tokens: list[str]) -> Vocab:
-        """The vocabulary of `tokens` in id order (as `tokenization.read_vocab` returns them)."""
+    def from_path(cls, vocab_path: str) -> Vocab:
+        """The vocabulary of a folder or `vocab.txt`, of the kind its folder is."""
+        from common.tokenization import read_vocab, vocab_kind
+
+        return cls.from_tokens(read_vocab(vocab_path), vocab_kind(vocab_path))
+
+    @classmethod
+    def from_tokens(cls, tokens: list[str], kind: str = WORDPIECE) -> Vocab:
+        """The vocabulary of `tokens` in id order (as `tokenization.read_vocab` returns them), a
+        vocabulary of `kind` (`common.tokenization.VOCAB_KINDS`)."""
         ids: dict[str, int] = {}
         for i, token in enumerate(tokens):
             ids[token] = i  # the reference's load_vocab: a repeated token keeps its last id
@@ -119,7 +131,7 @@ class Vocab:
         if missing:
             raise ValueError(f"vocabulary lacks special tokens {missing}")
         return cls(cls_id=ids[CLS], sep_id=ids[SEP], mask_id=ids[MASK], vocab_size=len(tokens),
-                   is_subword=np.array([t.startswith("##") for t in tokens], dtype=bool),
+                   is_subword=np.array(continuation_flags(tokens, kind), dtype=bool),
                    replacement_ids=np.fromiter(ids.values(), dtype=np.int32, count=len(ids)))
 
 

@@ -96,10 +96,10 @@ def run_reference(files: list[storage.InputFile], output: str, vocab_path: str,
                   config: ShardsConfig) -> tuple[list[shard_files.ShardInfo], dict]:
     """One process, one random stream: `create_instances_reference`, then the same writers."""
     from common.logs import progress
-    from common.tokenization import load_tokenizer, read_vocab
+    from common.tokenization import load_tokenizer, read_vocab, vocab_kind
 
     vocab_tokens = read_vocab(vocab_path)
-    vocab = Vocab.from_tokens(vocab_tokens)
+    vocab = Vocab.from_tokens(vocab_tokens, vocab_kind(vocab_path))
     tokenizer = load_tokenizer(vocab_path, config.do_lower_case, split_special_tokens=True)
     docs, bad, empty = read_all_documents(files, tokenizer, config.validation_fraction)
     _write_dead_letters(output, bad)

@@ -33,8 +33,9 @@ import collections
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Literal
 
-from common.settings import check
+from common.settings import check, check_choices
 from common.tokenization import (
     CLS,
     MASK,
@@ -51,6 +52,7 @@ logger = logging.getLogger(__name__)
 BERT_VOCAB_SIZE = 30522
 BERT_NUM_UNUSED = 994  # bert-base-uncased: [unused0] .. [unused993]
 MIN_NUM_UNUSED = 99  # [unused0] .. [unused98] sit before [UNK] = 100
+MIN_BPE_VOCAB_SIZE = 5 + 256  # the specials and a byte-level BPE's alphabet
 CONTINUATION_PREFIX = "##"
 # Longest run of one word the trainer gets in a single string: bounds memory, not results.
 REPEAT_CHUNK = 65536
@@ -76,14 +78,22 @@ class VocabConfig:
     """Keep at most this many distinct characters, the most frequent."""
     num_unused_tokens: int | None = None
     """`[unused*]` tokens; None for the default rule, see `default_num_unused`."""
+    kind: Literal["wordpiece", "bpe"] = "wordpiece"
+    """wordpiece (BERT's) or bpe (byte-level, as RoBERTa and ModernBERT; its size is
+    `vocab_size` rounded up to a multiple of 64 with `[unused*]` tokens, and `limit_alphabet`
+    and `num_unused_tokens` do not apply: the alphabet is the 256 bytes)."""
 
     def __post_init__(self) -> None:
+        check_choices(self)  # kind: common.tokenization.VOCAB_KINDS
         check(self.num_unused_tokens is None or self.num_unused_tokens >= MIN_NUM_UNUSED,
               "num_unused_tokens", f"must be >= {MIN_NUM_UNUSED} (so that [UNK] keeps BERT's id "
               f"100), got {self.num_unused_tokens}")
         check(self.vocab_size > self.num_reserved, "vocab_size",
               f"must exceed the {self.num_reserved} special and [unused*] tokens, got "
               f"{self.vocab_size}")
+        check(self.kind != "bpe" or self.vocab_size >= MIN_BPE_VOCAB_SIZE, "vocab_size",
+              f"a byte-level BPE needs at least {MIN_BPE_VOCAB_SIZE} entries (5 special tokens "
+              f"and the 256 byte symbols), got {self.vocab_size}")
         check(self.min_frequency >= 1, "min_frequency", f"must be >= 1, got {self.min_frequency}")
         check(self.limit_alphabet >= 1, "limit_alphabet",
               f"must be >= 1, got {self.limit_alphabet}")
@@ -99,8 +109,10 @@ class VocabConfig:
         return self.num_unused + 5  # [PAD] [UNK] [CLS] [SEP] [MASK]
 
     def resolved(self) -> dict:
-        """The config with the `[unused*]` count filled in, as saved in the manifest."""
-        return {**asdict(self), "num_unused_tokens": self.num_unused}
+        """The config with the `[unused*]` count filled in, as saved in the manifest (a BPE's
+        count follows from its training: the manifest's top-level `num_unused_tokens`)."""
+        num_unused = self.num_unused if self.kind == "wordpiece" else self.num_unused_tokens
+        return {**asdict(self), "num_unused_tokens": num_unused}
 
 
 def tiny() -> VocabConfig:
