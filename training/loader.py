@@ -440,17 +440,28 @@ class Remasker:
     recount: bool = False
     """True: `masking.masked_lm_prob` decides each instance's count; False: keep the row's."""
     subword_ids: tuple[int, ...] = ()
-    """Ids of `##` pieces (whole-word masking joins them to the word before)."""
+    """Ids of pieces that continue a word (WordPiece's `##`, a BPE piece without the space
+    prefix: `common.tokenization.is_continuation`); whole-word masking joins them to the word
+    before."""
 
     @classmethod
     def from_vocab(cls, vocab_dir: str, seed: int, masking: MaskingConfig | None = None,
                    recount: bool = False) -> Remasker:
-        from common.tokenization import CLS, MASK, PAD, SEP, read_vocab
+        from common.tokenization import (
+            CLS,
+            MASK,
+            PAD,
+            SEP,
+            continuation_flags,
+            read_vocab,
+            vocab_kind,
+        )
         tokens = read_vocab(vocab_dir)
         ids = {t: i for i, t in enumerate(tokens)}
         masking = masking or MaskingConfig()
-        subwords = tuple(i for i, t in enumerate(tokens) if t.startswith("##")) \
-            if masking.do_whole_word_mask else ()
+        flags = continuation_flags(tokens, vocab_kind(vocab_dir)) \
+            if masking.do_whole_word_mask else []
+        subwords = tuple(i for i, continues in enumerate(flags) if continues)
         return cls(ids[MASK], len(tokens), (ids[CLS], ids[SEP], ids[PAD]), seed, masking,
                    recount, subwords)
 
@@ -481,7 +492,7 @@ class Remasker:
 
     @functools.cached_property
     def is_subword(self) -> np.ndarray:
-        """(vocab_size,) bool: the id is a `##` piece."""
+        """(vocab_size,) bool: the id continues a word (`subword_ids`)."""
         flags = np.zeros(self.vocab_size, dtype=bool)
         flags[list(self.subword_ids)] = True
         return flags
@@ -494,6 +505,14 @@ class Remasker:
                                                                         masked_lm_prob=rate)
         lengths = np.bincount(np.asarray(row.sequence_ids, np.int64))  # (K,) tokens per instance
         return int(num_to_predict(lengths[lengths > 0], masking).sum())
+
+    def _whole_words(self, original: np.ndarray, candidates: np.ndarray, count: int,
+                     rng: np.random.Generator) -> np.ndarray:
+        """Whole words in a random order, each taken unless it would exceed `count`."""
+        group = word_groups(original[candidates], self.is_subword)  # (C,)
+        sizes = np.bincount(group)
+        chosen = take_word_groups(sizes, np.argsort(rng.random(len(sizes)), kind="stable"), count)
+        return candidates[np.isin(group, chosen)]  # ascending
 
 
 @dataclass(frozen=True)
@@ -514,14 +533,6 @@ class MaskSchedule:
     def rate_of_batch(self, micro_batch: int) -> float:
         """The share of the phase's micro-batch `micro_batch` (0-based, this rank's)."""
         return self.rate(micro_batch // self.micro_batches_per_step)
-
-    def _whole_words(self, original: np.ndarray, candidates: np.ndarray, count: int,
-                     rng: np.random.Generator) -> np.ndarray:
-        """Whole words in a random order, each taken unless it would exceed `count`."""
-        group = word_groups(original[candidates], self.is_subword)  # (C,)
-        sizes = np.bincount(group)
-        chosen = take_word_groups(sizes, np.argsort(rng.random(len(sizes)), kind="stable"), count)
-        return candidates[np.isin(group, chosen)]  # ascending
 
 
 # ---------------------------------------------------------------- collate
