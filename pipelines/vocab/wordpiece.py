@@ -85,15 +85,15 @@ class VocabConfig:
 
     def __post_init__(self) -> None:
         check_choices(self)  # kind: common.tokenization.VOCAB_KINDS
+        check(self.kind != "bpe" or self.vocab_size >= MIN_BPE_VOCAB_SIZE, "vocab_size",
+              f"a byte-level BPE needs at least {MIN_BPE_VOCAB_SIZE} entries (5 special tokens "
+              f"and the 256 byte symbols), got {self.vocab_size}")
         check(self.num_unused_tokens is None or self.num_unused_tokens >= MIN_NUM_UNUSED,
               "num_unused_tokens", f"must be >= {MIN_NUM_UNUSED} (so that [UNK] keeps BERT's id "
               f"100), got {self.num_unused_tokens}")
         check(self.vocab_size > self.num_reserved, "vocab_size",
               f"must exceed the {self.num_reserved} special and [unused*] tokens, got "
               f"{self.vocab_size}")
-        check(self.kind != "bpe" or self.vocab_size >= MIN_BPE_VOCAB_SIZE, "vocab_size",
-              f"a byte-level BPE needs at least {MIN_BPE_VOCAB_SIZE} entries (5 special tokens "
-              f"and the 256 byte symbols), got {self.vocab_size}")
         check(self.min_frequency >= 1, "min_frequency", f"must be >= 1, got {self.min_frequency}")
         check(self.limit_alphabet >= 1, "limit_alphabet",
               f"must be >= 1, got {self.limit_alphabet}")
