@@ -153,7 +153,10 @@ def decontaminate(cfg: DagConfig, corpus: StageResult, audit: StageResult) -> St
 def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:
     from pipelines import train_vocab as job
 
-    return run_stage(cfg.output, "vocab", dataclasses.asdict(cfg.vocab), lambda out: job.run(
+    key = dataclasses.asdict(cfg.vocab)
+    if key["kind"] == "wordpiece":  # absent for WordPiece: its folders keep their keys
+        del key["kind"]
+    return run_stage(cfg.output, "vocab", key, lambda out: job.run(
         cfg.vocab, corpus.path, out, cfg.data.beam_args, progress=False), upstream=(corpus,))
 
 
