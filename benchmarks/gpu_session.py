@@ -21,8 +21,12 @@ step that fails or hangs costs only its own time:
   3. pretrain: the real path, `bert-pretrain --preset base` (the loader, the DeepSpeed engine,
      the preset's ZeRO stage, checkpoints off) for PRETRAIN_STEPS steps on shards written on
      the machine, with its samples/s and MFU against step 2's rows/s at the same shape;
-  4. profile: `gpu_check --profile` for bert_base at 128 (host time against device time);
-  5. finetune: GLUE parity seeds (`benchmarks/bench_glue.py`, ours vs the Trainer, bf16).
+  4. modernbert: `gpu_check.py` for modernbert_base at 1,024 tokens (modernbert_tiny at 256 on
+     CPU): rows/s and MFU from the model's own FLOP count (`model.encoders.flops_per_token`
+     through `training.forecast.model_flops_per_row`: a local layer's query sees at most
+     local_attention + 1 keys), beside step 2's BERT rows;
+  5. profile: `gpu_check --profile` for bert_base at 128 (host time against device time);
+  6. finetune: GLUE parity seeds (`benchmarks/bench_glue.py`, ours vs the Trainer, bf16).
 Each step's output goes to `<work>/<step>.log`; `summary.md` gives each step's status and
 the lines worth reading; everything is packed into `<out>/gpu_session.tar.gz`, and
 `summary.md` is also written beside it (the device tool returns at most 8 files).
@@ -59,8 +63,8 @@ CARRY_GLUE = ("MRPC", "RTE")
 CARRY_LIMIT = 60 * 2**20
 """What a device call carries is 64 MiB with the working tree: the rest is left to it."""
 PRETRAIN_STEPS = 60
-BUDGET_SHARES = {"chip": 0.03, "gpu_check": 0.30, "pretrain": 0.30, "profile": 0.12,
-                 "finetune": 0.25}
+BUDGET_SHARES = {"chip": 0.03, "gpu_check": 0.27, "pretrain": 0.25, "modernbert": 0.10,
+                 "profile": 0.10, "finetune": 0.25}
 """Each step's share of the time budget; time a step leaves unused passes to the next."""
 
 
@@ -152,11 +156,15 @@ def steps(device: str, work: Path) -> list[Step]:
              "--seq_lens", seq_lens] + ([] if gpu else ["--steps", "1"])
     profile = [py, "benchmarks/gpu_check.py", "--device", device, "--profile", "--seq_lens",
                "128", "--models", "bert_base" if gpu else "bert_tiny", "--steps", "3"]
+    modernbert = [py, "benchmarks/gpu_check.py", "--device", device, "--models",
+                  "modernbert_base" if gpu else "modernbert_tiny", "--seq_lens",
+                  "1024" if gpu else "256"] + ([] if gpu else ["--steps", "1"])
     pretrain = [py, "benchmarks/gpu_session.py", "pretrain", "--device", device,
                 "--work", str(work / "pretrain")]
     glue = [py, "benchmarks/gpu_session.py", "finetune", "--device", device]
     return [Step("chip", [py, "benchmarks/gpu_session.py", "chip", "--device", device]),
-            Step("gpu_check", check), Step("pretrain", pretrain), Step("profile", profile),
+            Step("gpu_check", check), Step("pretrain", pretrain),
+            Step("modernbert", modernbert), Step("profile", profile),
             Step("finetune", glue)]
 
 
@@ -199,7 +207,7 @@ def run_steps(device: str, out: Path, budget_s: float,
     return plan
 
 
-SUMMARY_LINES = re.compile(r"^(chip|device|bert_\w+ |pretrain|gpu_check|---|device busy|"
+SUMMARY_LINES = re.compile(r"^(chip|device|(modern)?bert_\w+ |pretrain|gpu_check|---|device busy|"
                            r"Self CPU time total|Self CUDA time total|.*(ours|Trainer|ratio))")
 
 
