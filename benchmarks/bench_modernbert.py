@@ -35,9 +35,15 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from model.attention import batch_layout, instance_ids  # noqa: E402
-from model.heads import BertForPreTraining  # noqa: E402
-from model.modernbert import ModernBertConfig, hf_config, modernbert_base, modernbert_tiny, state_to_hf  # noqa: E402,E501
+from model.attention import batch_layout, instance_ids
+from model.heads import BertForPreTraining
+from model.modernbert import (
+    ModernBertConfig,
+    hf_config,
+    modernbert_base,
+    modernbert_tiny,
+    state_to_hf,
+)
 
 console = Console(width=150)
 MASKED_LM_PROB = 0.3

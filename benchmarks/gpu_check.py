@@ -44,7 +44,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import shard_format
-from model.bert import PRESETS, BertConfig, compile_layers, compile_model
+from model.bert import BertConfig, compile_layers, compile_model
+from model.encoders import PRESETS  # every arch's presets (bert_base, modernbert_base)
 from model.heads import BertForPreTraining, BertForSequenceClassification
 from training import memory
 from training.config import ModelConfig
@@ -222,9 +223,7 @@ def finetune_check(model_name: str, device: torch.device) -> float:
     classifier takes no host-made layout; on a GPU its forward masks whole rows from the
     attention mask on the device, so the step is checked for syncs as well as SDPA kernels."""
     torch.manual_seed(0)
-    from model.encoders import PRESETS as ENCODER_PRESETS  # any arch's preset (modernbert_base)
-
-    model = BertForSequenceClassification(ENCODER_PRESETS[model_name](vocab_size=VOCAB), 2)
+    model = BertForSequenceClassification(PRESETS[model_name](vocab_size=VOCAB), 2)
     model = model.to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
     lengths = torch.tensor([128, 77, 40, 101])
