@@ -30,9 +30,11 @@ from training import pretrain
 from training.loader import LoaderConfig
 
 
-def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(data, tmp_path):
+def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(data, tmp_path,
+                                                                             monkeypatch):
     """Too few validation rows for one micro-batch per rank fail before the first step; an
-    evaluation that fails (a corrupt validation shard) comes after the step's checkpoint."""
+    evaluation that fails (a corrupt validation shard of a shard set too large to hash before
+    training, which the loader checks as it reads) comes after the step's checkpoint."""
     rows = list(pretrain_rows(data))
     vocab_size = len((data["vocab"] / "vocab.txt").read_text().split())
     small = tmp_path / "small"
@@ -61,8 +63,13 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
         tar.addfile(info, fileobj=io.BytesIO(b"notnp"))
     config = dataclasses.replace(config, output_dir=str(tmp_path / "run_corrupt"), phases=(
         dataclasses.replace(config.phases[0], train_shards=str(corrupt)),))
+    from training import loader
+    whole = loader.verify_shard_files
+    monkeypatch.setattr(loader, "verify_shard_files",  # above the limit: no check up front
+                        lambda shards, part=None, max_bytes=0: whole(shards, part, 0))
     with pytest.raises(ValueError, match=r"validation-000000\.tar: member 000000-000000: cannot"):
         pretrain.run(config)
+    monkeypatch.setattr(loader, "verify_shard_files", whole)
     latest = tmp_path / "run_corrupt" / "checkpoints" / "latest"
     assert latest.read_text() == "00-phase1-step00000002"
     assert (latest.parent / "00-phase1-step00000002" / "training_state.json").exists()
