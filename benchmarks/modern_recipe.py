@@ -127,8 +127,8 @@ def part3(a: Args) -> None:
         score = re.findall(r"accuracy=([0-9.]+)", done.stderr + done.stdout)
         rows.append((rate, mlm(recs[-1]) if recs else float("nan"),
                      float(score[-1]) if score else float("nan")))
-    labels = [line.rstrip("\n").split("\t")[-1] for line in
-              open(REPO / "data/sample/glue/SST-2/dev.tsv").readlines()[1:] if line.strip()]
+    labels = [line.split("\t")[-1] for line in
+              (REPO / "data/sample/glue/SST-2/dev.tsv").read_text().splitlines()[1:] if line.strip()]
     majority = 100 * max(labels.count(x) for x in set(labels)) / len(labels)
     print("\n| masking | val MLM @ end | SST-2 dev accuracy | majority class |")
     print("|---|---|---|---|")
