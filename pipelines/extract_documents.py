@@ -5,6 +5,8 @@ documents.
         --name poems --id_field id --title_field title --output out/poems_documents
     python pipelines/extract_documents.py --input 'notes/*.txt' --kind text \\
         --split blank_line --name notes --output out/notes --licence "CC BY 4.0"
+    python pipelines/extract_documents.py --input corpus.txt --kind text --split line \\
+        --name lines --output out/lines        # one document per non-empty line
 
 One source per command line (its fields are pipelines.documents.source.SourceConfig's flags,
 `--input` its path; a `--config FILE` holds the same fields); `run` takes several and writes

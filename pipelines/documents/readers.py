@@ -5,7 +5,8 @@ the file, its fields) or a `Bad` (where, a reason code, the reason).
     csv, tsv     a header row, then one record per row; location "row N (line L)"
     parquet      rows, read row group by row group; location "row N"
     hf_datasets  the Arrow IPC stream files of a `datasets` save_to_disk folder; "row N"
-    text         the whole file ("file"), or each block between blank lines ("line N")
+    text         the whole file ("file"), each block between blank lines ("line N" of its
+                 first line) or each non-empty line ("line N"), by the source's `split`
 
 Rows and lines count from 1 (a CSV's header is line 1; its first record row 1). Reason codes:
 `invalid_json`, `not_an_object`, `undecodable`, `missing_field`, `not_a_string`,
@@ -244,6 +245,9 @@ def read_arrow_stream(stream: IO[bytes], name: str, source: SourceConfig) -> Ite
 
 
 def read_text(stream: IO[bytes], name: str, source: SourceConfig) -> Iterator[Record]:
+    if source.split == "line":
+        yield from _read_lines(stream)
+        return
     data = stream.read()
     bad = binary(data)
     if bad:
@@ -265,6 +269,27 @@ def read_text(stream: IO[bytes], name: str, source: SourceConfig) -> Iterator[Re
             first = start + len(block) - len(block.lstrip("\n"))
             yield Raw(f"line {text.count(chr(10), 0, first) + 1}", {TEXT_KEY: block})
         start = match.end() if match else end
+
+
+def _read_lines(stream: IO[bytes]) -> Iterator[Record]:
+    """Each non-empty line of a text file, a record of its own ("line N"). Streamed: a corpus
+    of one document a line is often one large file. As in jsonl, an undecodable line is set
+    aside alone and a binary file is one `binary` Bad."""
+    bad, stream = _sniff(stream)
+    if bad:
+        yield bad
+        return
+    # universal newlines, as the other splits read \r\n and \r; surrogateescape keeps a bad
+    # byte as a lone surrogate, so only its line is set aside
+    text = io.TextIOWrapper(stream, encoding="utf-8-sig", errors="surrogateescape")
+    for number, line in enumerate(text, start=1):
+        if not line.strip():
+            continue
+        location = f"line {number}"
+        if _has_surrogate(line):
+            yield Bad(location, "undecodable", "undecodable bytes (not UTF-8)")
+            continue
+        yield Raw(location, {TEXT_KEY: line})
 
 
 READERS: dict[str, Reader] = {

@@ -62,8 +62,9 @@ class SourceConfig:
     """The field holding a document id; "" numbers documents by file and line/row."""
     title_field: str = ""
     """The field holding the title; "" leaves titles empty."""
-    split: Literal["file", "blank_line"] = "file"
-    """text kind: one document per file, or per block of lines between blank lines."""
+    split: Literal["file", "blank_line", "line"] = "file"
+    """text kind: one document per file, per block of lines between blank lines, or per
+    non-empty line (a corpus of one document a line)."""
     weight: float = 1.0
     """Document sampling factor after deduplication: 0.5 keeps about half the documents
     (by a hash of the doc_id), 3 keeps each three times."""

@@ -135,6 +135,34 @@ def test_text_folder_by_file_and_by_blank_line(tmp_path):
         ("notes/a.txt:line1", ["One note. Still one."]), ("notes/a.txt:line6", ["Second block."])]
 
 
+def test_text_one_document_per_line_on_a_shared_book(tmp_path, shared_data):
+    """`split: line`: each non-empty line of Blake's poems (1,094 of its lines) is a
+    document `<file>:line<N>`; an undecodable line is set aside alone, a binary file is one
+    dead letter, and \r\n ends a line as \n does."""
+    folder = tmp_path / "lines"
+    folder.mkdir()
+    (folder / "blake-poems.txt").write_bytes((shared_data / "books" / "blake-poems.txt").read_bytes())
+    (folder / "mixed.txt").write_bytes(b"First line.\r\n\r\n  \r\ncaf\xe9 au lait\r\nLast line.")
+    (folder / "image.txt").write_bytes(bytes(range(256)) * 4)
+    manifest, docs, dead = _run(tmp_path, SourceConfig(name="lines", kind="text", split="line",
+                                                       path=str(folder)))
+    blake = sorted((d for d in docs if "blake" in d["doc_id"]),
+                   key=lambda d: int(d["doc_id"].rsplit(":line", 1)[1]))
+    assert len(blake) == 1094
+    assert [(d["doc_id"], d["passages"]) for d in blake[:2] + blake[-1:]] == [
+        ("lines/blake-poems.txt:line1", ["[Poems by William Blake 1789]"]),
+        ("lines/blake-poems.txt:line4", ["SONGS OF INNOCENCE AND OF EXPERIENCE"]),
+        ("lines/blake-poems.txt:line1439",
+         ["Fled back unhinderd till she came into the vales of Har"])]
+    assert _ids(d for d in docs if "mixed" in d["doc_id"]) == ["lines/mixed.txt:line1",
+                                                               "lines/mixed.txt:line5"]
+    assert sorted((Path(d["file"]).name, d["record"], d["reason"][:30]) for d in dead) == [
+        ("image.txt", "file", "binary, not text: 9.8% of byte"),
+        ("mixed.txt", "line 4", "undecodable bytes (not UTF-8)")]
+    assert manifest["sources"]["lines"]["records_read"] == 1094 + 3 + 1
+    assert manifest["sources"]["lines"]["bad"] == {"binary": 1, "undecodable": 1}
+
+
 def test_a_source_whose_every_record_is_bad_fails_in_one_line(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text('{"text": "Fine."}\n')
