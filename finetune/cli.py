@@ -41,14 +41,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common import errors, logs, settings, storage
+from common import errors, extras, logs, settings, storage
 from common.errors import debug_requested, is_user_error
-from finetune import loop
-from finetune.config import TasksConfig
-from finetune.family import Family, Recipe
-from finetune.loop import FinetuneConfig, FinetuneResult, LoopOptions, TaskJob
-from finetune.report import markdown_table, write_report
-from finetune.run_store import RUNS_DIR
+
+with extras.needed_by("bert-finetune"):  # without the train extra: one line, not a traceback
+    from finetune import loop
+    from finetune.config import TasksConfig
+    from finetune.family import Family, Recipe
+    from finetune.loop import FinetuneConfig, FinetuneResult, LoopOptions, TaskJob
+    from finetune.report import markdown_table, write_report
+    from finetune.run_store import RUNS_DIR
 
 log = logging.getLogger("bert-finetune")
 
@@ -213,6 +215,7 @@ def task_jobs(config: CommandConfig) -> list[TaskJob]:
             for e in entries]
 
 
+@extras.reports_missing("bert-finetune")
 def main(argv: Sequence[str] | None = None) -> int:
     return run_main(build_parser(), argv, task_jobs, "summary.md",
                     CommandConfig(data=None, tasks=()))

@@ -31,9 +31,11 @@ import argparse
 import os
 import sys
 
-from common import logs, settings
+from common import extras, logs, settings
 from common.errors import exit_with_error
-from flows.config import PRESETS, parse_set_flags, resolve
+
+with extras.needed_by("bert-dag"):  # without the flow extra: one line, not a traceback
+    from flows.config import PRESETS, parse_set_flags, resolve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,6 +82,7 @@ sets them: no telemetry (offline it logs an error), and two minutes for the temp
 answer (Prefect's 20 s fail on a loaded machine)."""
 
 
+@extras.reports_missing("bert-dag")
 def main(argv: list[str] | None = None) -> int:
     for name, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(name, value)

@@ -19,6 +19,8 @@ import importlib.util
 import os
 import sys
 
+from common import extras
+
 
 def load_job(target: str):
     """The job module: a file path runs that very file, a name is a module (`make_shards` =
@@ -41,6 +43,7 @@ def load_job(target: str):
     return module
 
 
+@extras.reports_missing("beam")  # the jobs import Beam: without the data extra, one line
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="beam", description=__doc__,

@@ -59,8 +59,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 
-import torch
-from torch import Tensor
+from common import extras
+
+with extras.needed_by("bert-pretrain"):  # without the train extra: one line, not a traceback
+    import torch
+    from torch import Tensor
 
 from common import logs
 from common.errors import disk_full
@@ -487,6 +490,7 @@ def export(config: PretrainConfig, ckpt_dir: str, tag: str, out: str | None = No
     return out
 
 
+@extras.reports_missing("bert-pretrain")
 def main(argv: list[str] | None = None) -> None:
     """`bert-pretrain`: our checks' errors (a bad setting, a missing or mismatched input) print
     one line and exit 2; anything else, or BERT_DEBUG=1, keeps its traceback."""

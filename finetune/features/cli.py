@@ -15,9 +15,11 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from common import logs, storage
+from common import extras, logs, storage
 from common.errors import debug_requested, is_user_error
-from finetune.features import extract
+
+with extras.needed_by("bert-features"):  # without the train extra: one line, not a traceback
+    from finetune.features import extract
 
 log = logging.getLogger("bert-features")
 
@@ -91,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@extras.reports_missing("bert-features")
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

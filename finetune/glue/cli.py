@@ -16,10 +16,13 @@ import argparse
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from finetune import cli
-from finetune.glue.family import FAMILY
-from finetune.glue.tasks import parse_tasks
-from finetune.loop import FinetuneConfig, TaskJob
+from common import extras
+
+with extras.needed_by("bert-glue"):  # without the train extra: one line, not a traceback
+    from finetune import cli
+    from finetune.glue.family import FAMILY
+    from finetune.glue.tasks import parse_tasks
+    from finetune.loop import FinetuneConfig, TaskJob
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,7 @@ def task_jobs(config: GlueCommandConfig) -> list[TaskJob]:
             for spec in parse_tasks(config.task_names())]
 
 
+@extras.reports_missing("bert-glue")
 def main(argv: Sequence[str] | None = None) -> int:
     return cli.run_main(build_parser(), argv, task_jobs, "results.md", GlueCommandConfig())
 
