@@ -28,11 +28,15 @@ ARG DEEPSPEED_VERSION=0.19.8
 # The project as every image installs and carries it, declared once: its packages, the pinned
 # requirements (generated from pyproject.toml before the sources come in, so a code change
 # does not reinstall them), the Prefect deployments and the Dataflow package.
+# Both runtime images run the flow: `cpu` the Beam jobs, Prefect and the CPU demo, `gpu` the
+# cluster deployments, whose pods run the data stages (gs:// through Beam's GCP filesystem) and
+# pre-training. So both install the `flow` extra (which brings `data` and `train`) and `gcp`;
+# not the trackers (`report_to` names one only where it is installed).
 FROM ${PYTHON_IMAGE} AS source
 WORKDIR /project
 COPY pyproject.toml infra/docker/pyproject_requirements.py /tmp/
-RUN python /tmp/pyproject_requirements.py --pyproject /tmp/pyproject.toml --extra gcp \
-        > /requirements.txt
+RUN python /tmp/pyproject_requirements.py --pyproject /tmp/pyproject.toml --extra flow \
+        --extra gcp > /requirements.txt
 COPY pyproject.toml README.md prefect.yaml ./
 COPY common common
 COPY pipelines pipelines

