@@ -3,7 +3,8 @@
 Every command (`bert-dag`, `make demo`, `bert-pretrain`, `bert-finetune`, `bert-features`, the
 Beam jobs) calls `setup(verbose)` once. By default our own loggers speak at INFO and the
 libraries' (HTTP clients, matplotlib, Beam, DeepSpeed, torch.distributed, Prefect's client) at
-WARNING: no transport lines, no font-cache lines, no Beam INFO. Config dumps are DEBUG lines
+WARNING: no transport lines, no font-cache lines, no Beam INFO, and on the console no Prefect
+"Finished in state Completed()" line per task (`CompletedStates`). Config dumps are DEBUG lines
 (each stage saves its resolved config in its output folder anyway).
 
     BERT_LOG_LEVEL=DEBUG   our DEBUG lines (config dumps) and the libraries' INFO lines
@@ -102,8 +103,30 @@ def setup(verbose_flag: bool = False, force: bool = False) -> int:
         logging.getLogger(name).setLevel(libraries)
     for name in RUN_LOGGERS:
         logging.getLogger(name).setLevel(ours)
+    for handler in root.handlers:
+        if type(handler).__name__ == "PrefectConsoleHandler":
+            _quiet_completed_states(handler, quiet=ours > logging.DEBUG)
     quiet_library_bars()
     return ours
+
+
+class CompletedStates(logging.Filter):
+    """Holds back Prefect's "Finished in state Completed()" line of each task and of the flow:
+    a run's report says which stages ran and which were reused, and a reused stage has its
+    own line (flows/stages.py). A failed or crashed state still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name in RUN_LOGGERS and record.levelno == logging.INFO
+                    and record.getMessage().startswith("Finished in state Completed("))
+
+
+def _quiet_completed_states(handler: logging.Handler, quiet: bool) -> None:
+    """On Prefect's console handler only: its API handler still sends the lines to the UI."""
+    ours = [f for f in handler.filters if isinstance(f, CompletedStates)]
+    if quiet and not ours:
+        handler.addFilter(CompletedStates())
+    for f in ([] if quiet else ours):
+        handler.removeFilter(f)
 
 
 @contextlib.contextmanager

@@ -20,8 +20,9 @@ launch.*, finetune.*. Values are converted to each setting's type: lists as a,b,
 list, booleans as true/false/1/0/yes/no. base and large name their inputs (a path, or '' to skip
 one).
 
-The output is the stages' own lines, a progress bar per long stage and Prefect's task lines,
-then the report, ending with what to run next and where it is saved. --verbose (or
+The output is the stages' own lines (a reused stage: one line), a progress bar per long stage,
+then the report, ending with what to run next (this run's preset, --config and --sets
+repeated) and where it is saved. --verbose (or
 BERT_LOG_LEVEL=DEBUG, which the stages' subprocesses inherit) adds the libraries' INFO lines
 and the resolved config (common/logs.py).
 """
@@ -113,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     # Prefect's own temporary server would outlive a killed flow process: this one dies with it.
     with temporary_server():
         result = pretrain_bert(preset=args.preset or "tiny", overrides=overrides,
-                               data_only=args.data_only)
+                               data_only=args.data_only,
+                               settings_file=os.path.abspath(args.config) if args.config else "")
     print(result["markdown"])
     return 0
 

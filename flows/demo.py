@@ -6,7 +6,7 @@ server to start), writing the run under `runs/tiny/` and Prefect's database unde
 data statistics, the loss curve's path, the fine-tuning table, what to run next and where the
 report is saved.
 
-Its output is our stages' lines, one progress bar per long stage and Prefect's task lines: the
+Its output is our stages' lines (one per reused stage), one progress bar per long stage: the
 libraries' INFO lines (HTTP requests, Beam, matplotlib) and the config dumps show with
 `make demo ARGS=--verbose` or BERT_LOG_LEVEL=DEBUG (common/logs.py).
 """

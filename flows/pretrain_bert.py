@@ -121,8 +121,9 @@ def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
 
 @task(name="report", **COMPUTE_TASK)
 def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
-           filename: str = "report.md", folder: str | None = None) -> dict:
-    result = reporting.report(cfg, stages, finetune, filename, folder)
+           filename: str = "report.md", folder: str | None = None,
+           invocation: reporting.Invocation | None = None) -> dict:
+    result = reporting.report(cfg, stages, finetune, filename, folder, invocation)
     create_table_artifact(result["stages"], key="stage-timings",
                           description="Stage outputs, whether reused from a previous run, seconds")
     if result["finetune_table"]:
@@ -138,7 +139,7 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
 @flow(name="pretrain-bert", log_prints=True)
 def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
                   output: str | None = None, data_only: bool = False,
-                  report_dir: str | None = None) -> dict:
+                  report_dir: str | None = None, settings_file: str = "") -> dict:
     """Data -> vocabulary -> shards -> pre-training -> export -> fine-tuning fan-out -> report.
 
     `output` (the run's root folder) is its own parameter so that a deployment can fix it (the
@@ -146,10 +147,14 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     `data_only` stops after the shards: run on a CPU pool, it leaves the data stages for a
     later full run with the same settings and output, which reuses them instead of holding its
     GPUs while the Beam jobs work. `report_dir` takes the report and the fine-tuning summary
-    instead of the root (a sweep's variants share the root's stages, not their reports)."""
+    instead of the root (a sweep's variants share the root's stages, not their reports).
+    `settings_file` names the file `overrides` start from (bert-dag's `--config`): the report's
+    next commands name it rather than spell out its settings."""
     if output:
         overrides = {"output": output, **(overrides or {})}
     cfg = resolve(preset, overrides, data_only=data_only)
+    # the report's next commands repeat this run: its preset, settings file and overrides
+    invocation = reporting.Invocation(preset, overrides or {}, settings_file)
     get_run_logger().info("run folder %s (preset %s)", cfg.output, cfg.name)
     get_run_logger().debug("resolved config:\n%s", steps.describe(cfg))  # BERT_LOG_LEVEL=DEBUG
     check_inputs_exist(cfg, data_only)
@@ -174,7 +179,7 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     shards = [s.result() for s in shards]
     if data_only:
         return report(cfg, [*sources, corpus, *([audit] if audit else []), vocab, *shards],
-                      None, "report-data.md", report_dir)
+                      None, "report-data.md", report_dir, invocation)
     # the probes fine-tune the run's intermediate exports while it trains (flows/probes.py)
     run_dir = steps.pretrain_dir(cfg, vocab, shards)
     watcher = None
@@ -202,4 +207,4 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     if watcher is not None:
         watcher.wait()  # the report charts every probe; a failed watcher fails no stage
     return report(cfg, [*sources, corpus, *([audit] if audit else []), vocab, *shards, run,
-                        model, *decayed], finetune, folder=report_dir)
+                        model, *decayed], finetune, folder=report_dir, invocation=invocation)

@@ -100,6 +100,8 @@ def run_stage(root: str, stage: str, config: dict[str, Any], build: Callable[[st
                         f"stage {stage!r} finished without writing {path}/manifest.json")
                 return StageResult(stage, path, digest, cached=False,
                                    seconds=time.monotonic() - started, manifest=manifest)
+    # a reused stage's one line: the builds it skips would otherwise leave it silent
+    logger.info("%s: reused %s", stage, path)
     return StageResult(stage, path, digest, cached=True, seconds=0.0, manifest=manifest)
 
 

@@ -130,6 +130,36 @@ def test_a_root_handler_stays_unless_forced_and_prefects_stays_even_then():
     assert root.handlers == [flows]
 
 
+def test_prefects_completed_lines_stay_off_the_console_unless_verbose():
+    """A flow's console shows no "Finished in state Completed()" line (one per task and the
+    flow); a failed state, the flow's own lines and our stages' still show. --verbose brings
+    the completed ones back."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    root = logging.getLogger()
+    console = io.StringIO()
+    root.handlers[:] = [PrefectConsoleHandler(stream=console)]
+
+    def lines() -> list[str]:
+        console.seek(0)
+        console.truncate()
+        for name, level, message in (
+                ("prefect.task_runs", logging.INFO, "Finished in state Completed()"),
+                ("prefect.flow_runs", logging.INFO, "Finished in state Completed()"),
+                ("prefect.task_runs", logging.ERROR, "Finished in state Failed('boom')"),
+                ("prefect.flow_runs", logging.INFO, "run folder runs/tiny (preset tiny)"),
+                ("flows", logging.INFO, "corpus: reused runs/tiny/corpus-1")):
+            logging.getLogger(name).log(level, message)
+        return [line.rsplit(" - ", 1)[-1] for line in console.getvalue().splitlines()]
+
+    logs.setup()
+    logs.setup()  # again: still one filter
+    assert lines() == ["Finished in state Failed('boom')", "run folder runs/tiny (preset tiny)",
+                       "corpus: reused runs/tiny/corpus-1"]
+    logs.setup(verbose_flag=True)
+    assert lines()[:2] == ["Finished in state Completed()"] * 2
+
+
 def test_a_disabled_captured_bar_closes_quietly():
     captured = io.StringIO()
     bar = logs.progress(total=3, file=captured, disable=True)

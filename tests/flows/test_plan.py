@@ -42,10 +42,12 @@ def built(tmp_path_factory) -> dict:
     cfg = resolve("tiny", {"output": str(root), "shards": {"dupe_factor": 1}}, data_only=True)
     sources = [steps.extract_wikipedia(cfg), steps.extract_books(cfg),
                *(steps.extract_documents(cfg, s) for s in cfg.data.all_sources() if s.generic)]
-    corpus = steps.build_corpus(cfg, [s for s in sources if s is not None])
+    sources = [s for s in sources if s is not None]
+    corpus = steps.build_corpus(cfg, sources)
     vocab = steps.train_vocab(cfg, corpus)
     shards = [steps.make_shards(cfg, corpus, vocab, phase) for phase in (1, 2)]
-    return {"root": root, "cfg": cfg, "vocab": vocab, "shards": shards}
+    return {"root": root, "cfg": cfg, "vocab": vocab, "shards": shards,
+            "stages": [*sources, corpus, vocab, *shards]}
 
 
 def test_plan_reads_the_built_shards_manifests(built):
@@ -187,3 +189,95 @@ def test_a_plan_over_cloud_inputs_makes_no_cloud_call(output, tmp_path, monkeypa
     assert run.returncode == 0, run.stderr
     sources = {s["stage"]: s["source"] for s in json.loads(run.stdout)["stages"]}
     assert sources["shards128"].startswith("estimate: 10 x 18,500.00 MB text")
+
+
+# ---------------------------------------------------------------- the report's next commands
+
+def printed_command(markdown: str, bullet: str) -> list[str]:
+    """The arguments of the command on the report's line starting `- <bullet>`."""
+    import shlex
+
+    (line,) = [line for line in markdown.splitlines() if line.startswith(f"- {bullet}")]
+    return shlex.split(line.split("`")[1])[1:]
+
+
+def planned_stages(argv: list[str], capsys) -> dict[str, str]:
+    """`bert-dag <argv> --plan --json` in this process: each data stage's source."""
+    from flows.cli import main
+
+    capsys.readouterr()
+    assert main([*argv, "--plan", "--json", "--hardware", "h200"]) == 0
+    stages = json.loads(capsys.readouterr().out)["stages"]
+    return {s["stage"]: s["source"] for s in stages if not s["stage"].startswith("input")}
+
+
+@pytest.mark.parametrize("given", ["set", "config"])
+def test_the_reports_next_commands_plan_the_stages_of_the_run_they_came_from(
+        built, given, tmp_path, capsys):
+    """The full run a data-only report names and the longer run a full report names, run with
+    --plan, find this run's data stages (built with shards.dupe_factor=1, by a --set or a
+    settings file): the preset alone would plan the sample's stages at dupe_factor 10."""
+    from flows.report import Invocation, report
+    from flows.stages import StageResult
+
+    root, cfg = built["root"], built["cfg"]
+    if given == "set":
+        invocation = Invocation("tiny", {"output": str(root), "shards": {"dupe_factor": "1"}})
+    else:
+        (tmp_path / "own.yaml").write_text("shards:\n  dupe_factor: 1\n")
+        invocation = Invocation("tiny", {"shards": {"dupe_factor": 1}, "output": str(root)},
+                                str(tmp_path / "own.yaml"))
+    export = StageResult("export", str(root / "export-0"), "0", cached=True, seconds=0.0)
+    data_only = report(cfg, built["stages"], None, "report-data.md", str(tmp_path),
+                       invocation)["markdown"]
+    full = report(cfg, [*built["stages"], export], None, folder=str(tmp_path),
+                  invocation=invocation)["markdown"]
+    again = printed_command(data_only, "the full run reuses these stages")
+    longer = printed_command(full, "train longer")
+    assert ("--config" in again) == (given == "config")
+    assert longer[-2:] == ["--set", "pretrain.phase1.steps=N"]
+    want = {p.name.split("-")[0]: f"manifest {p}" for p in root.iterdir()
+            if p.name.split("-")[0] in ("corpus", "vocab", "shards128", "shards256")}
+    assert len(want) == 4
+    assert planned_stages(again, capsys) == want
+    assert planned_stages([*longer[:-1], "pretrain.phase1.steps=7"], capsys) == want
+
+
+def test_the_fine_tuning_command_repeats_the_runs_recipe(built, tmp_path):
+    """bert-finetune, given the printed arguments, fine-tunes as the run did: the tiny preset's
+    recipe and the run's own --sets, not bert-finetune's defaults."""
+    from finetune.cli import CommandConfig, build_parser, command_config
+    from finetune.config import TasksConfig
+    from flows.report import Invocation, report
+    from flows.stages import StageResult
+
+    overrides = {"output": str(tmp_path), "finetune": {"epochs": "1", "tasks": "rte,mrpc",
+                                                       "max_train_examples": "16"}}
+    cfg = resolve("tiny", overrides)
+    export = StageResult("export", str(tmp_path / "export-0"), "0", cached=True, seconds=0.0)
+    markdown = report(cfg, [export], None, invocation=Invocation("tiny", overrides))["markdown"]
+    argv = printed_command(markdown, "fine-tune the model")
+    assert argv[argv.index("--set"):argv.index("--output")] == [
+        "--set", "seeds=1", "--set", "max_train_examples=16", "--set", "batch_size=32",
+        "--set", "epochs=1.0", "--set", "learning_rates=0.0001,5e-05"]
+    given = command_config(build_parser().parse_args(argv), CommandConfig(data=None, tasks=()))
+    assert [f.name for f in dataclasses.fields(TasksConfig)
+            if getattr(given, f.name) != getattr(cfg.finetune, f.name)] == []
+
+
+def test_the_data_section_is_a_table_per_stage(built):
+    """The sample's data stages at dupe_factor 1: what each read, made and dropped, in one
+    row each (the raw counters stay in the manifests)."""
+    from flows.report import DATA_NOTE, data_table
+
+    assert data_table(built["stages"]) == [
+        "| stage | read | documents | sentences | tokens | instances | dropped |",
+        "|---|---:|---:|---:|---:|---:|---|",
+        ("| wikipedia | 10 pages | 7 | - | - | - | 3: redirect 1, disambiguation 1, "
+         "other namespace 1 |"),
+        "| books | 4 files | 4 | - | - | - | 0 |",
+        "| documents-poems | 8 records | 8 | - | - | - | 0 |",
+        "| corpus | 19 documents | 19 | 8,670 | - | - | 0 |",
+        "| shards128 | 19 documents | 19 | - | 228,481 | 2,142 | 0 |",
+        "| shards256 | 19 documents | 19 | - | 228,481 | 1,151 | 0 |",
+        "", DATA_NOTE]

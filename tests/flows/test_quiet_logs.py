@@ -93,6 +93,8 @@ def test_a_run_prints_no_library_lines_no_config_dump_and_few_progress_lines(run
         assert 0 < counts[f"progress:{name}"] <= MAX_LINES_PER_BAR * started, shown
     assert not [line for line in lines if line.rstrip().endswith(" - ")], shown  # no empty lines
     assert not [line for line in lines if "View at http" in line], shown  # the server has no UI
+    # the report's stage table says what ran: no Prefect line per completed task
+    assert not [line for line in lines if "Finished in state Completed()" in line], shown
     # a relayed job's line is timed once (by the flow), and no log line runs into a bar's line
     assert not [line for line in lines if re.search(r" - \d{4}-\d\d-\d\d \d\d:", line)], shown
     assert all(line.rstrip().endswith("]") for line in lines if PROGRESS.search(line)), shown
@@ -101,7 +103,10 @@ def test_a_run_prints_no_library_lines_no_config_dump_and_few_progress_lines(run
 
 def test_a_run_ends_naming_its_report_and_what_to_run_next(runs, monkeypatch):
     """The commands as they run here: the console scripts bare where PATH finds them, else
-    their path (an unactivated virtualenv), and the run's own fine-tuning data folder."""
+    their path (an unactivated virtualenv), the run's own fine-tuning data folder and recipe,
+    and the run's own settings (tests/flows/test_plan.py plans them)."""
+    import shlex
+
     from flows.report import command
 
     monkeypatch.chdir(REPO)  # where the run was started: the scripts' paths are relative to it
@@ -113,11 +118,15 @@ def test_a_run_ends_naming_its_report_and_what_to_run_next(runs, monkeypatch):
     assert tail[0] == "## Next"
     assert tail[1].startswith(f"- fine-tune the model on your tasks: `{finetune} --model "
                               f"{root}/pretrain-"), tail
-    assert tail[1].endswith(f"/hf --data {REPO}/data/sample --tasks rte --output "
-                            f"{root}/finetune-more`")
-    assert tail[2] == (f"- train longer (the data stages are reused): `{dag} --preset tiny "
-                       f"--output {root} --set pretrain.phase1.steps=N` with this run's other "
-                       f"settings")
+    assert tail[1].endswith(f"/hf --data {REPO}/data/sample --tasks rte --set seeds=1 "
+                            "--set max_train_examples=16 --set max_eval_examples=16 --set "
+                            "batch_size=32 --set epochs=1.0 --set learning_rates=0.0001 "
+                            f"--output {root}/finetune-more`")
+    sets = [arg for value in SMALL_RUN[3::2] if value != "pretrain.phase1.steps=6"
+            for arg in ("--set", value)]  # the --sets but the one the command sets to N
+    assert tail[2] == ("- train longer (the data stages are reused): `" + shlex.join(
+        [dag, "--preset", "tiny", *sets, "--output", str(root)])
+        + " --set pretrain.phase1.steps=N`")
     saved = report.read_text(encoding="utf-8")
     assert saved.endswith(f"\n{tail[-1]}\n") and f"\n{tail[1]}\n" in saved
 
@@ -139,7 +148,7 @@ def test_a_data_only_report_ends_with_the_full_run_that_reuses_its_stages(tmp_pa
     result = report(cfg, [corpus], None, "report-data.md")
     assert result["markdown"].endswith(
         f"## Next\n\n- the full run reuses these stages: `{command('bert-dag')} --preset tiny --output "
-        f"{tmp_path}` with the same settings, without `--data_only`\n\n"
+        f"{tmp_path}` (this run's command without `--data_only`)\n\n"
         f"Report saved to {tmp_path}/report-data.md (run folder {tmp_path})\n")
     assert (tmp_path / "report-data.md").read_text(encoding="utf-8") == result["markdown"]
 

@@ -3,6 +3,7 @@ one build when two runs need a stage at once, the build lock held until the job 
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
@@ -33,6 +34,18 @@ def test_stage_is_reused_only_when_config_and_upstream_match(tmp_path):
     assert again.path == first.path != changed.path
     assert downstream.path != downstream2.path
     assert len(calls) == 4
+
+
+def test_a_reused_stage_says_so_in_one_line(tmp_path, caplog):
+    def build(out):
+        logging.getLogger("flows").info("building")
+        Path(out, "manifest.json").write_text("{}")
+
+    with caplog.at_level(logging.INFO, logger="flows"):
+        first = run_stage(str(tmp_path), "s", {"a": 1}, build)
+        caplog.clear()
+        run_stage(str(tmp_path), "s", {"a": 1}, build)
+    assert caplog.messages == [f"s: reused {first.path}"]
 
 
 def test_failed_stage_leaves_no_manifest_and_reruns(tmp_path):
