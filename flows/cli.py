@@ -21,8 +21,8 @@ list, booleans as true/false/1/0/yes/no. base and large name their inputs (a pat
 one).
 
 The output is the stages' own lines (a reused stage: one line), a progress bar per long stage,
-then the report, ending with what to run next (this run's preset, --config and --sets
-repeated) and where it is saved. --verbose (or
+then the report, ending with what to run next (this run's preset, --config and --set
+flags repeated) and where it is saved. --verbose (or
 BERT_LOG_LEVEL=DEBUG, which the stages' subprocesses inherit) adds the libraries' INFO lines
 and the resolved config (common/logs.py).
 """

@@ -6,7 +6,7 @@ documents.
     python pipelines/extract_documents.py --input 'notes/*.txt' --kind text \\
         --split blank_line --name notes --output out/notes --licence "CC BY 4.0"
     python pipelines/extract_documents.py --input corpus.txt --kind text --split line \\
-        --name lines --output out/lines        # one document per non-empty line
+        --name lines --output out/lines
 
 One source per command line (its fields are pipelines.documents.source.SourceConfig's flags,
 `--input` its path; a `--config FILE` holds the same fields); `run` takes several and writes
@@ -16,7 +16,8 @@ hf_datasets: the .arrow files of a `save_to_disk` folder, read with pyarrow; tex
 but the other kinds'), subfolders too; a file named directly is read whatever its name. Every
 record becomes one document (`doc_id` "<source name>/<id field>", or "<source name>/<file
 below the input folder>:line<N>" / ":row<N>" without an id field; `source` the source's name;
-passages: the text's blocks between blank lines, whitespace collapsed). The source's weight is
+passages: the text's blocks between blank lines, whitespace collapsed; a text source with
+`--split line` makes one document of each non-empty line). The source's weight is
 applied later, by build_corpus, after deduplication (pipelines/documents/source.py).
 
 Bad records go to `<output>/dead_letter/` naming the file and the line or row, and are counted
