@@ -17,9 +17,10 @@ demo: setup
 
 # Two test processes, a test file each at a time (fixtures built once per file): the suite's
 # subprocess, Beam and single-threaded stretches leave a core idle when run one test at a time.
+# --durations lists the slowest tests, to keep the suite within its time.
 TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check common pipelines model finetune training flows tests benchmarks
