@@ -4,7 +4,7 @@ One process, the same config, weights and batch for both: ours is
 `model.heads.BertForPreTraining(cfg, next_sentence=False)` on the masked positions (its last
 layer computes only those queries), the peer `transformers.ModernBertForMaskedLM` with
 `attn_implementation="sdpa"` and `sparse_prediction=True` (the head only at labelled tokens, as
-ModernBERT trained; the stronger peer), weights copied through model/modernbert.py's
+ModernBERT trained; the stronger peer), weights copied through model/modernbert_hf.py's
 `state_to_hf`, labels -100 except at the masked positions. 30% of the real tokens are masked, as
 ModernBERT trains. A step is forward + backward of the MLM loss (no optimizer update).
 
@@ -37,13 +37,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from model.attention import batch_layout, instance_ids
 from model.heads import BertForPreTraining
-from model.modernbert import (
-    ModernBertConfig,
-    hf_config,
-    modernbert_base,
-    modernbert_tiny,
-    state_to_hf,
-)
+from model.modernbert import ModernBertConfig, modernbert_base, modernbert_tiny
+from model.modernbert_hf import hf_config, state_to_hf
 
 console = Console(width=150)
 MASKED_LM_PROB = 0.3

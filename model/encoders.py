@@ -1,9 +1,10 @@
 """The encoders this project trains, and the one place that picks one: `model.arch`.
 
 An encoder is a file of its own (model/bert.py, model/modernbert.py): a frozen config dataclass
-with a class attribute `arch`, preset functions, the encoder module, and its Hugging Face
-adapter. One line in `ENCODERS` below makes it known to the heads (model/heads.py), conversion
-(model/hf.py), the training config (`model.preset`, `model.arch`), `--plan` and memory.
+with a class attribute `arch`, preset functions and the encoder module; its Hugging Face
+adapter is a second file (model/bert_hf.py, model/modernbert_hf.py). One line in `ENCODERS`
+below makes it known to the heads (model/heads.py), conversion (model/hf.py), the training
+config (`model.preset`, `model.arch`), `--plan` and memory.
 
 The encoder module's contract, which every head and fine-tuning family relies on:
 
@@ -30,7 +31,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from model import bert, bert_hf, modernbert
+from model import bert, bert_hf, modernbert, modernbert_hf
 
 
 class HFAdapter(Protocol):
@@ -67,7 +68,7 @@ class Encoder:
 ENCODERS: dict[str, Encoder] = {
     "bert": Encoder(bert.BertConfig, bert.BertModel, bert.PRESETS, bert_hf),
     "modernbert": Encoder(modernbert.ModernBertConfig, modernbert.ModernBertModel,
-                          modernbert.PRESETS, modernbert),
+                          modernbert.PRESETS, modernbert_hf),
 }
 
 

@@ -19,15 +19,12 @@ from model.modernbert import (
     PRESETS,
     ModernBertConfig,
     ModernBertModel,
-    config_from_hf,
-    hf_config,
     modernbert_base,
     modernbert_large,
     modernbert_tiny,
-    state_from_hf,
-    state_to_hf,
     token_runs,
 )
+from model.modernbert_hf import config_from_hf, hf_config, state_from_hf, state_to_hf
 
 VOCAB = 512
 PAD = 0

@@ -22,7 +22,8 @@ from model.heads import (
     BertForTokenClassification,
 )
 from model.hf import export_hf_folder, load_checkpoint, load_hf_checkpoint, save_checkpoint
-from model.modernbert import ModernBertModel, state_from_hf, state_to_hf
+from model.modernbert import ModernBertModel
+from model.modernbert_hf import state_from_hf, state_to_hf
 from tests.model.test_modernbert import VOCAB, hf_model, padded_batch, tiny
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from model.bert import bert_base
-from model.modernbert import hf_config, modernbert_base, modernbert_tiny
+from model.modernbert import modernbert_base, modernbert_tiny
+from model.modernbert_hf import hf_config
 from training import config as cfg
 from training import forecast as fc
 from training.memory import estimate, parameter_count
