@@ -46,8 +46,8 @@ from rich.table import Table
 
 from common.shard_format import Row
 from model.bert import PRESETS, BertConfig
+from model.bert_hf import state_to_hf
 from model.heads import BertForPreTraining
-from model.hf import ours_to_hf
 from training.launch import keep_freed_memory
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -208,7 +208,7 @@ def build_models(config: BertConfig) -> tuple[BertForPreTraining, torch.nn.Modul
     ours = BertForPreTraining(config).train()
     peer = transformers.BertForPreTraining(
         transformers.BertConfig(**config.to_dict(), attn_implementation="sdpa")).train()
-    missing, unexpected = peer.load_state_dict(ours_to_hf(ours.state_dict()), strict=False)
+    missing, unexpected = peer.load_state_dict(state_to_hf(ours.state_dict()), strict=False)
     if unexpected or [k for k in missing if "decoder" not in k]:
         raise RuntimeError(f"weight copy to the peer failed: {missing} {unexpected}")
     return ours, peer

@@ -29,7 +29,6 @@ from torch import Tensor, nn
 
 from common import storage
 from common.tokenization import read_merges, read_vocab, save_tokenizer_folder
-from model import bert_hf
 from model.encoders import (
     ENCODERS,
     HFAdapter,
@@ -47,10 +46,6 @@ CHECKPOINT_WEIGHTS = "bert.safetensors"
 CHECKPOINT_CONFIG = "bert_config.json"
 WORD_EMBEDDINGS = "bert.embeddings.word.weight"
 """Our key of the word embeddings, whatever the encoder (the registry's contract)."""
-
-# BERT's key mapping, by the names callers know it by.
-hf_to_ours = bert_hf.state_from_hf
-ours_to_hf = bert_hf.state_to_hf
 
 
 def read_hf_weights(folder: str) -> tuple[dict[str, Tensor], str]:

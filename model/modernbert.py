@@ -46,7 +46,7 @@ from model.attention import (
     packed_position_ids,
     query_attention_mask,
 )
-from model.bert import ACTIVATIONS, HiddenStates, gather_positions
+from model.bert import ACTIVATIONS, HiddenStates, gather_positions, truncated_normal_
 from model.cpu_ops import Dropout, attend
 
 
@@ -58,6 +58,9 @@ class ModernBertConfig:
     arch: ClassVar[str] = "modernbert"
     mlm_head_bias: ClassVar[bool] = False
     """The MLM transform's dense and LayerNorm have no bias (the decoder has one)."""
+    is_decoder: ClassVar[bool] = False
+    """ModernBERT attends both ways and has no left-to-right form: a constant, not a setting
+    (the heads read it of every encoder; training/objectives.py refuses a causal objective)."""
 
     vocab_size: int = 50368
     """Number of tokens (rows of the word embedding and of the tied MLM decoder)."""
@@ -105,8 +108,6 @@ class ModernBertConfig:
     """Word-embedding rows rounded up to a multiple of this (`embedding_rows`), as in
     `BertConfig`: the extra rows are never looked up and a Hugging Face export holds
     `vocab_size` rows."""
-    is_decoder: bool = False
-    """Always False: ModernBERT attends both ways (the heads read this field of every encoder)."""
 
     def __post_init__(self):
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -141,8 +142,6 @@ class ModernBertConfig:
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"pad_token_id {self.pad_token_id} outside the vocabulary of "
                              f"vocab_size {self.vocab_size}")
-        if self.is_decoder:
-            raise ValueError("is_decoder must be False: ModernBERT has no left-to-right form")
 
     @property
     def embedding_rows(self) -> int:
@@ -336,15 +335,6 @@ def varlen_attention(q: Tensor, k: Tensor, v: Tensor, runs: TokenRuns, window: i
 # Modules
 
 
-@torch.no_grad()
-def truncated_normal_(tensor: Tensor, std: float, cutoff: float) -> Tensor:
-    """N(0, std) truncated at +- cutoff std, by inverse CDF from torch's global generator
-    (`nn.init.trunc_normal_` draws the same distribution ~15x slower on CPU)."""
-    bound = math.erf(cutoff / math.sqrt(2))  # 2 Phi(cutoff) - 1
-    tensor.uniform_(-bound, bound).erfinv_().mul_(std * math.sqrt(2))
-    return tensor.clamp_(-cutoff * std, cutoff * std)  # guards the float rounding at the bounds
-
-
 class ModernBertEmbeddings(nn.Module):
     """Word embedding, LayerNorm, dropout: (B, T) ids -> (B, T, H). No positions (RoPE turns
     q and k instead) and no token types."""
@@ -469,13 +459,13 @@ class ModernBertModel(nn.Module):
         std = config.initializer_range
         out_std = std / math.sqrt(2.0 * config.num_hidden_layers)
         cutoff = config.initializer_cutoff_factor
-        truncated_normal_(self.embeddings.word.weight, std, cutoff)
+        truncated_normal_(self.embeddings.word.weight, std, cutoff=cutoff)
         for layer in self.layers:
-            truncated_normal_(layer.attention.qkv.weight, std, cutoff)
-            truncated_normal_(layer.attention.out.weight, out_std, cutoff)
-            truncated_normal_(layer.mlp.wi.weight, std, cutoff)
-            truncated_normal_(layer.mlp.wo.weight, out_std, cutoff)
-        truncated_normal_(self.pooler.dense.weight, out_std, cutoff)
+            truncated_normal_(layer.attention.qkv.weight, std, cutoff=cutoff)
+            truncated_normal_(layer.attention.out.weight, out_std, cutoff=cutoff)
+            truncated_normal_(layer.mlp.wi.weight, std, cutoff=cutoff)
+            truncated_normal_(layer.mlp.wo.weight, out_std, cutoff=cutoff)
+        truncated_normal_(self.pooler.dense.weight, out_std, cutoff=cutoff)
         for module in self.modules():
             if isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)

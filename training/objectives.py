@@ -38,6 +38,7 @@ tests/training/test_objectives.py trains such an objective through `bert-pretrai
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,11 @@ def pretraining_model(config: BertConfig, next_sentence: bool) -> nn.Module:
     attention), and the NSP head where `next_sentence`."""
     from model.heads import BertForPreTraining
     return BertForPreTraining(config, next_sentence=next_sentence)
+
+
+def has_causal_form(config: Any) -> bool:
+    """Whether the encoder of `config` can attend left to right: its `is_decoder` is a field."""
+    return any(f.name == "is_decoder" for f in dataclasses.fields(config))
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,21 @@ class Objective:
 
     def build_model(self, config: BertConfig) -> nn.Module:
         """The model on `config`, with the attention this objective asks for."""
-        return self.model(config.replace(is_decoder=self.causal), self.next_sentence)
+        if config.is_decoder != self.causal:
+            if refusal := self.encoder_refusal(config):
+                raise ValueError(f"objective.name={refusal}")
+            config = config.replace(is_decoder=self.causal)
+        return self.model(config, self.next_sentence)
+
+    def encoder_refusal(self, config: Any) -> str | None:
+        """Why the encoder of `config` cannot train this objective, or None: a causal objective
+        needs an encoder whose `is_decoder` is a setting (BERT's), not a constant (ModernBERT's,
+        which attends both ways only)."""
+        if self.causal and not has_causal_form(config):
+            return (f"{self.name} trains left-to-right (causal) attention, which "
+                    f"model.arch={type(config).arch} does not have; use objective.name=mlm or "
+                    "model.arch=bert")
+        return None
 
     def check(self, config: Any) -> None:
         """Raise a one-line ValueError naming the setting of `config` (a PretrainConfig)
@@ -100,6 +120,10 @@ class Objective:
             raise SettingError("objective.name", f"{self.name} trains next-sentence prediction, "
                                "which objective.next_sentence=false turns off; use "
                                "objective.name=mlm", "--set {setting}: {message}")
+        if config.model.preset:  # init_from's encoder is refused when the model is built
+            from model.encoders import PRESETS
+            if refusal := self.encoder_refusal(PRESETS[config.model.preset]()):
+                raise SettingError("objective.name", refusal, "--set {setting}: {message}")
 
     def check_shards(self, manifest: dict, where: str) -> None:
         """Refuse shards without what this objective needs; `where` names them."""

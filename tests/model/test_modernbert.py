@@ -377,7 +377,9 @@ def test_a_folder_saved_by_transformers_loads_through_the_converter(config, tmp_
     ({"hidden_size": 100, "num_attention_heads": 3},
      "hidden_size 100 is not a multiple of num_attention_heads 3"),
     ({"mlp_dropout": 1.0}, "mlp_dropout must be in [0, 1), got 1.0"),
-    ({"is_decoder": True}, "is_decoder must be False: ModernBERT has no left-to-right form"),
+    ({"pad_token_id": 512, "vocab_size": 512},
+     "pad_token_id 512 outside the vocabulary of vocab_size 512"),
+    ({"pad_token_id": -1}, "pad_token_id -1 outside the vocabulary of vocab_size 50368"),
 ])
 def test_bad_settings_are_one_line_naming_them(changes, message):
     with pytest.raises(ValueError) as error:

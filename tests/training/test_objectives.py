@@ -122,6 +122,23 @@ def test_unknown_or_contradictory_objectives_are_refused_in_one_line():
         "cadence.export_hf=false"]).cadence.export_hf is False
 
 
+def test_a_causal_objective_refuses_an_encoder_without_causal_attention():
+    """ModernBERT attends both ways only: `ltr` on it is refused when the config is read (its
+    preset), and when a model is built (a checkpoint's encoder, `init_from`)."""
+    sets = ["objective.name=ltr", "data.dynamic_masking=false"]
+    message = ("ltr trains left-to-right (causal) attention, which model.arch=modernbert does "
+               "not have; use objective.name=mlm or model.arch=bert")
+    with pytest.raises(ValueError) as error:
+        cfg.apply_overrides(cfg.tiny(), [*sets, "model.arch=modernbert"])
+    assert str(error.value) == f"--set objective.name: {message}"
+    modern = cfg.apply_overrides(cfg.tiny(), ["model.arch=modernbert"]).model.build(100)
+    with pytest.raises(ValueError) as error:
+        LTR.build_model(modern)
+    assert str(error.value) == f"objective.name={message}"
+    assert MLM.build_model(modern).config == modern
+    assert cfg.apply_overrides(cfg.tiny(), sets).objective.name == "ltr"  # BERT has one
+
+
 def test_the_objective_builds_its_model_with_the_attention_it_asks_for():
     config = cfg.tiny().model.build(vocab_size=100)
     assert not config.is_decoder  # the run's shape; the objective adds the attention

@@ -162,7 +162,7 @@ def test_bf16_needs_zero_1_and_exports_the_fp32_masters_with_a_cased_vocab(data,
     from transformers import AutoTokenizer
 
     from common.tokenization import read_vocab, save_tokenizer_folder
-    from model.hf import ours_to_hf
+    from model.bert_hf import state_to_hf
 
     with pytest.raises(ValueError, match="engine.precision=bf16 cannot be combined with "
                                          "engine.zero_stage=0"):
@@ -189,7 +189,7 @@ def test_bf16_needs_zero_1_and_exports_the_fp32_masters_with_a_cased_vocab(data,
     assert any(not torch.equal(m, m.bfloat16().float()) for m in masters.values())
     out = pretrain.export(config, str(tmp_path / "run" / "checkpoints"), tag)
     exported = load_file(str(Path(out) / "model.safetensors"))
-    expected = ours_to_hf(masters)
+    expected = state_to_hf(masters)
     word = "bert.embeddings.word_embeddings.weight"  # trained with rows padded to a multiple
     expected[word] = expected[word][:len(read_vocab(str(cased)))]  # of 64; exported: the vocab's
     assert exported.keys() == expected.keys()

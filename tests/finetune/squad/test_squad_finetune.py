@@ -16,8 +16,9 @@ from finetune.cli import main
 from finetune.squad import FAMILY, TASKS
 from finetune.squad import data as squad_data
 from finetune.squad.family import THRESHOLD_FILE
+from model.bert_hf import state_from_hf
 from model.heads import BertForQuestionAnswering
-from model.hf import export_hf_folder, hf_to_ours, load_checkpoint, save_checkpoint
+from model.hf import export_hf_folder, load_checkpoint, save_checkpoint
 from tests.support.squad_fixtures import squad_slice
 
 SAMPLE = "data/sample"
@@ -57,7 +58,7 @@ def test_head_round_trips_through_transformers(encoder, tokenizer, tmp_path, min
     torch.testing.assert_close(a.end_logits, b.end_logits, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(a.loss, b.loss, rtol=1e-5, atol=1e-5)  # no padding: same loss
     # and back: HF's keys load into ours with nothing missing or left over
-    state, ignored = hf_to_ours(theirs.state_dict())
+    state, ignored = state_from_hf(theirs.state_dict())
     again = BertForQuestionAnswering(ours.config)
     result = again.load_state_dict(state, strict=False)
     # transformers' span model has no pooler (ours keeps the encoder's, unused by the head)
