@@ -180,7 +180,7 @@ def unpack_rows(rows: list[Row]) -> list[Row]:
 
 
 def collate(rows: list[Row]) -> dict[str, torch.Tensor]:
-    from training.loader import collate as loader_collate
+    from training.batching import collate as loader_collate
 
     return loader_collate(rows, pad_to_multiple_of=8)
 

@@ -10,10 +10,10 @@
 
 For each model and sequence length (128, 512) it runs a short real pre-training: synthetic rows
 (random tokens; at 512 packed as the shards pack them, ~1.15 instances per row) through the
-real loader collate (`training.loader.collate`; on a GPU attention over whole rows under the
+real loader collate (`training.batching.collate`; on a GPU attention over whole rows under the
 instance mask), the pre-training model with its padded vocabulary, bf16 autocast, fused
 AdamW, gradient clipping and, on a GPU, compiled layers; with `--paths static` the batch padded to
-the phase's static shapes (`training.loader.StaticShapes`) and, on a GPU, the whole model compiled
+the phase's static shapes (`training.batching.StaticShapes`) and, on a GPU, the whole model compiled
 as one graph (`model.bert.compile_model`; `--compile-mode reduce-overhead` adds CUDA graphs). It
 checks, and stops with a clear line if one fails:
 
@@ -48,9 +48,9 @@ from model.bert import BertConfig, compile_layers, compile_model
 from model.encoders import PRESETS  # every arch's presets (bert_base, modernbert_base)
 from model.heads import BertForPreTraining, BertForSequenceClassification
 from training import memory
+from training.batching import StaticShapes, collate, static_shapes_for
 from training.config import ModelConfig
 from training.forecast import PEAK_TFLOPS, model_flops_per_row  # with the forecast's profiles
-from training.loader import StaticShapes, collate, static_shapes_for
 from training.pretrain import to_device
 from training.sync_check import SyncCounter
 
@@ -145,7 +145,7 @@ def print_profile(label: str, device: torch.device, step, steps: int = 3, rows: 
 
 def static_shapes(seq_len: int) -> StaticShapes:
     """The static shapes pre-training takes for `synthetic_rows` (packed at 512) as for shards
-    of theirs (`training.loader.static_shapes_for`)."""
+    of theirs (`training.batching.static_shapes_for`)."""
     return static_shapes_for({"max_predictions_per_seq": memory.max_predictions(seq_len),
                               "packed": seq_len >= 512}, seq_len)
 

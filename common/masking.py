@@ -4,7 +4,7 @@ appendix C.2, Table 8).
 One implementation, used by every path that masks:
 - `pipelines/shards/instances.py` scalable mode (make_shards on Beam) and reference mode (BERT's exact
   `create_pretraining_data.py` draw order, `reference_replacement`);
-- `training/loader.py` dynamic re-masking (RoBERTa section 4.1).
+- `training/remasking.py` dynamic re-masking (RoBERTa section 4.1).
 
 A chosen position becomes `[MASK]` with probability `mask_fraction`, stays the same token with
 `same_fraction` and becomes a random vocabulary token with `random_fraction` (BERT: 80/10/10;

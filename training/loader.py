@@ -24,323 +24,47 @@ replays each slot's stream (reading, not training) to exactly where it stopped.
 With 1 rank x 2 workers and 2 ranks x 1 worker the slots, and so the global batches, are the
 same: a 1-rank run with 2 accumulation steps sees the rows a 2-rank run sees.
 
-Static shapes (`LoaderConfig.static_shapes`, `StaticShapes`): every batch of a phase is
-[batch_size, max_seq_length] with the same masked positions and instances per row, padded with
-`IGNORE_INDEX` labels, so a compiled step is captured once rather than once per shape. A slot
-yields whole micro-batches only (`plan_epoch`), and a batch of fewer rows would be padded to
-`batch_size` all the same, so neither the end of an epoch nor validation changes the shape.
-
-Trust: a shard is read whole before any of its rows enters a slot's stream, hashed against the
-manifest's sha256 and its tar members listed (`check_shard_bytes`): a corrupt shard, or one with
-a `../`, absolute-path or link member, stops the loader with one line naming the shard and the
-member, before an optimizer step uses it. training/pretrain.py runs the same check on every
-local shard before the first step (`verify_shard_files`, up to `FULL_CHECK_MAX_BYTES`).
+Each shard is read whole and checked against its manifest entry before any of its rows is used
+(training/shard_trust.py); rows are re-masked by training/remasking.py and padded into batches,
+of one static shape per phase where asked, by training/batching.py.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import io
 import itertools
-import json
 import logging
 import os
 import random
 import re
-import tarfile
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from common import shard_format
-from common.masking import (
-    MaskingConfig,
-    num_to_predict,
-    replace_tokens,
-    take_word_groups,
-    word_groups,
-)
 from common.shard_format import Row
-from common.storage import MANIFEST_NAME, sha256_file
-from model.attention import PADDING_SEQUENCE_ID, BatchLayout, batch_layout, instance_ids
-from model.heads import IGNORE_INDEX
+from common.storage import MANIFEST_NAME
+from training.batching import StaticShapes, collate
+from training.remasking import KeyedRow, MaskSchedule, Remasker
+from training.shard_trust import (
+    VERIFY_HINT,
+    ShardInfo,
+    UnreadableShard,
+    check_shard_bytes,
+    list_shards,
+    shard_location,
+    shard_set_digest,
+    unreadable_shard,
+)
 
 log = logging.getLogger(__name__)
 
 CUT_WARN_FRACTION = 0.01
 """Above this share of an epoch's rows cut to equalise the slots, the loader warns."""
-
-
-# ---------------------------------------------------------------- shard list
-
-@dataclass(frozen=True)
-class ShardInfo:
-    """One shard file as the manifest describes it."""
-    name: str
-    """File name, e.g. `train-000003.tar`."""
-    url: str
-    """Where to open it (local path or a URL `webdataset.gopen` understands)."""
-    num_rows: int
-    """Rows in the shard (from the manifest)."""
-    index: int
-    """Position in the manifest's shard list (stable identity for seeds)."""
-    num_bytes: int | None = None
-    """File size the manifest records (None in manifests without `bytes`)."""
-    sha256: str | None = None
-    """sha256 of the file the manifest records (None in manifests without one)."""
-
-
-def _location(source: str, name: str) -> str:
-    if "{name}" in source:
-        return source.replace("{name}", name)
-    if "://" in source and not source.startswith("file://"):
-        return source.rstrip("/") + "/" + name
-    return os.path.join(source.removeprefix("file://"), name)
-
-
-def read_shard_manifest(source: str) -> dict:
-    """The `manifest.json` of a shard location (local, URL or `{name}` template)."""
-    url = _location(source, MANIFEST_NAME)
-    try:
-        if os.path.exists(url):
-            with open(url, "rb") as f:
-                data = f.read()
-        else:
-            import webdataset as wds
-            with wds.gopen(url, "rb") as f:
-                data = f.read()
-        return json.loads(data)
-    except (OSError, ValueError) as e:
-        raise FileNotFoundError(f"{url}: cannot read the shard manifest ({e}); a shard folder is "
-                                "complete only when make_shards has written manifest.json") from e
-
-
-def _manifest_entries(manifest: dict, url: str) -> list[dict]:
-    shards = manifest.get("shards")
-    if isinstance(shards, dict):  # {name: {num_rows: ...}}
-        shards = [{"name": k, **v} for k, v in shards.items()]
-    if not isinstance(shards, list):
-        raise ValueError(f"{url}: manifest has no 'shards' list")  # noqa: TRY004 (a bad file)
-    entries = []
-    for i, entry in enumerate(shards):
-        name = entry.get("name") or entry.get("file") or entry.get("path")
-        if not name or "num_rows" not in entry:
-            raise ValueError(f"{url}: shard entry {i} lacks 'name' or 'num_rows': {entry}")
-        entries.append({**entry, "name": os.path.basename(str(name))})
-    return entries
-
-
-def list_shards(source: str, split: str = "train") -> tuple[list[ShardInfo], dict]:
-    """The `split` shards of a location with their row counts, and the manifest."""
-    manifest = read_shard_manifest(source)
-    entries = [e for e in _manifest_entries(manifest, _location(source, MANIFEST_NAME))
-               if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
-    if not entries:
-        raise FileNotFoundError(f"{_location(source, MANIFEST_NAME)}: no {split}-*.tar shards listed")
-    shards = [ShardInfo(e["name"], _location(source, e["name"]), int(e["num_rows"]), i,
-                        int(e["bytes"]) if "bytes" in e else None, e.get("sha256") or None)
-              for i, e in enumerate(sorted(entries, key=lambda e: e["name"]))]
-    return shards, manifest
-
-
-VERIFY_HINT = "check the folder with `python -m pipelines.verify_shards <folder>`"
-
-
-def check_shard_files(shards: Sequence[ShardInfo]) -> None:
-    """Local shards exist and have the sizes their manifest records: a truncated or replaced
-    shard fails here, before training, rather than in a loader worker hours into the run.
-    (Remote shards are checked as they are read.)"""
-    for shard in shards:
-        path = shard.url.removeprefix("file://")
-        if "://" in path:
-            continue
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: shard listed in the manifest is missing")
-        size = os.path.getsize(path)
-        if shard.num_bytes is not None and size != shard.num_bytes:
-            raise ValueError(f"{path}: {size} bytes, the manifest records {shard.num_bytes}: "
-                             f"truncated or replaced; {VERIFY_HINT}")
-
-
-class UnreadableShard(ValueError):
-    """A shard that cannot be read as a tar file (truncated, corrupt), named by its URL.
-    (One message argument, so that DataLoader workers can re-raise it in the main process.)"""
-    url: str | None = None
-    cause: BaseException | None = None
-
-
-def _unreadable_shard(exn: Exception) -> bool:
-    """webdataset's error hook while it opens and reads tar files: name the shard and stop
-    (never skip). webdataset calls it up to twice: from inside the tar reader (no URL yet; it
-    tags the message " @ <stream>"), then from the opener (appends the URL) or the expander
-    (appends the stream and the URL)."""
-    args = exn.args
-    inner = bool(args) and isinstance(args[0], str) and " @ <" in args[0]
-    url = args[-1] if not inner and len(args) >= 2 and isinstance(args[-1], str) else None
-    opening = url is not None and isinstance(args[-2], (str, int))  # the opener adds the URL only
-    cause = exn
-    if isinstance(exn, UnreadableShard):  # raised by the inner reader, now with its URL
-        url, cause, opening = url or exn.url, exn.cause, False
-    detail = getattr(cause, "strerror", None) or (cause.args[0] if cause.args else "")
-    detail = str(detail).split(" @ <")[0]
-    what = "cannot open the shard" if opening else "cannot read the shard"
-    hint = "" if opening else "it is truncated or corrupt: "
-    error = UnreadableShard(f"{url or 'a shard'}: {what} ({type(cause).__name__}: {detail}); "
-                            f"{hint}{VERIFY_HINT}")
-    error.url, error.cause = url, cause
-    raise error from cause
-
-
-# ---------------------------------------------------------------- trust
-
-FULL_CHECK_MAX_BYTES = 64 << 30
-"""Local shards of a phase up to this size (all of them together) are checked before the first
-step (`verify_shard_files`); above it, each is checked only as the loader reads it (still
-before any of its rows is used). Measured here on a 500 MiB shard from the page cache, one
-core: sha256 1014 MiB/s, member listing 2528 MiB/s, the whole check 670 MiB/s; so the limit
-costs about 100 s on a node of one rank, and its share on each where a node's ranks split the
-shards (as fast as the disk allows). The check as the loader reads (read whole, hash, list)
-ran at 538 MiB/s, 7% over reading the rows alone."""
-
-
-def member_problem(info: tarfile.TarInfo) -> str | None:
-    """Why a tar member has no place in a shard, or None: a shard holds regular files with
-    relative names only. webdataset extracts nothing, but it reads the rows of a member named
-    `../x.rows.npz` or `/tmp/x.rows.npz` like any other and skips links without a word."""
-    if info.issym() or info.islnk():
-        return f"is a {'symbolic' if info.issym() else 'hard'} link to {info.linkname!r}"
-    if not info.isfile():
-        return "is not a regular file"
-    name = info.name.replace("\\", "/")
-    if name.startswith("/"):
-        return "has an absolute name"
-    if ".." in name.split("/"):
-        return "has a '..' in its name"
-    return None
-
-
-def check_members(tar: tarfile.TarFile, where: str) -> None:
-    """Refuse a shard (ValueError naming it and the member) with a member `member_problem`
-    finds."""
-    for info in tar:
-        if (problem := member_problem(info)) is not None:
-            raise ValueError(f"{where}: member {info.name!r} {problem}: refused (a shard holds "
-                             f"regular files with relative names only); {VERIFY_HINT}")
-
-
-def _member_key(info: tarfile.TarInfo) -> str:
-    return info.name.removesuffix("." + shard_format.MEMBER_SUFFIX)
-
-
-def corruption(data: bytes, where: str, expected_sha256: str) -> ValueError:
-    """The error for a shard whose bytes do not hash to the manifest's sha256, naming the first
-    member found broken: one that does not decode (its npz's CRCs), a tar read that fails, or
-    a tar header broken mid-file (which `tarfile` takes for the end of the archive)."""
-    got = hashlib.sha256(data).hexdigest()
-    changed = (f"sha256 {got[:12]}, the manifest records {expected_sha256[:12]}: the shard "
-               f"changed since it was written; {VERIFY_HINT}")
-    last, at = None, ""  # the last member read whole; the member being read
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:") as tar:
-            for info in tar:
-                if (problem := member_problem(info)) is not None:
-                    return ValueError(f"{where}: member {info.name!r} {problem}: refused; {changed}")
-                at = f", in member {_member_key(info)}"
-                member = tar.extractfile(info).read()
-                at = ""
-                if info.name.endswith("." + shard_format.MEMBER_SUFFIX):
-                    try:
-                        shard_format.decode_block(member)
-                    except Exception as e:  # noqa: BLE001 (any failure to decode is the finding)
-                        return ValueError(f"{where}: member {_member_key(info)}: cannot decode "
-                                          f"rows ({type(e).__name__}: {e}); {changed}")
-                last = _member_key(info)
-            end = tar.offset
-    except tarfile.TarError as e:
-        after = at or (f", after member {last}" if last else "")
-        return UnreadableShard(f"{where}: cannot read the shard ({type(e).__name__}: {e}{after}); "
-                               f"it is truncated or corrupt: {VERIFY_HINT}")
-    tail = data[end:]
-    if len(tail) < 2 * tarfile.BLOCKSIZE or tail.count(0) != len(tail):
-        what = "a broken tar header" if tail.count(0) != len(tail) else "no end-of-archive blocks"
-        after = f", after member {last}" if last else ""
-        return UnreadableShard(f"{where}: cannot read the shard (ReadError: {what} at byte {end}"
-                               f"{after}); it is truncated or corrupt: {VERIFY_HINT}")
-    return ValueError(f"{where}: every member decodes, but {changed}")
-
-
-def check_shard_bytes(data: bytes, shard: ShardInfo, where: str) -> None:
-    """A shard's whole bytes against its manifest entry: sha256 (when recorded), then its
-    members (`check_members`). Raises a one-line ValueError naming the shard (and member)."""
-    if shard.sha256 and hashlib.sha256(data).hexdigest() != shard.sha256:
-        raise corruption(data, where, shard.sha256)
-    check_tar(where, fileobj=io.BytesIO(data))
-
-
-def check_tar(where: str, **source: object) -> None:
-    """`check_members` of the tar at `source` (tarfile.open's `name` or `fileobj`); one that
-    cannot be read is an UnreadableShard naming `where`."""
-    try:
-        with tarfile.open(mode="r:", **source) as tar:
-            check_members(tar, where)
-    except tarfile.TarError as e:
-        raise UnreadableShard(f"{where}: cannot read the shard ({type(e).__name__}: {e}); it "
-                              f"is truncated or corrupt: {VERIFY_HINT}") from None
-
-
-def verify_shard_file(shard: ShardInfo) -> None:
-    """One local shard against its manifest entry, read from disk (`check_shard_bytes`); the
-    file is read into memory only to name what is broken."""
-    path = shard.url.removeprefix("file://")
-    if shard.sha256 and sha256_file(path) != shard.sha256:
-        with open(path, "rb") as f:
-            raise corruption(f.read(), path, shard.sha256)
-    check_tar(path, name=path)
-
-
-def local_part() -> tuple[int, int]:
-    """(this rank's index, ranks) on this node, from the launcher's environment (torchrun sets
-    LOCAL_WORLD_SIZE, the deepspeed launcher LOCAL_SIZE); (0, 1) without them."""
-    index = int(os.environ.get("LOCAL_RANK") or 0)
-    count = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or 1)
-    return (index, count) if 0 <= index < count else (0, 1)
-
-
-def verify_shard_files(shards: Sequence[ShardInfo], part: tuple[int, int] | None = None,
-                       max_bytes: int = FULL_CHECK_MAX_BYTES) -> None:
-    """Hash every local shard and list its members before training (`verify_shard_file`), so a
-    corrupt or hostile shard stops the run before its first step. Each node checks its own
-    copy, its ranks taking every `count`-th shard from their `index` (`part`, else
-    `local_part()`); the caller makes the ranks agree (`pretrain.on_all_ranks`). Above
-    `max_bytes` in all, and for remote shards, the loader's check as it reads (`slot_rows`)
-    is the only one."""
-    local = [s for s in shards if "://" not in s.url.removeprefix("file://")]
-    index, count = part or local_part()
-    total = sum(os.path.getsize(s.url.removeprefix("file://")) for s in local)
-    if total > max_bytes:
-        if index == 0:
-            log.info("%d shards, %.1f GiB: more than %.0f GiB to hash before training, so each "
-                     "is verified as the loader reads it, before its rows are used", len(local),
-                     total / 2**30, max_bytes / 2**30)
-        return
-    for shard in local[index::count]:
-        verify_shard_file(shard)
-
-
-def shard_set_digest(manifest: dict, url: str, split: str = "train") -> str:
-    """A hash of the `split` shards a manifest lists (names, row counts, sha256): the identity of
-    a shard set wherever it is stored."""
-    from common import storage
-    entries = [(e["name"], int(e["num_rows"]), e.get("sha256", ""))
-               for e in _manifest_entries(manifest, url)
-               if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
-    return storage.config_hash(sorted(entries))
 
 
 # ---------------------------------------------------------------- epoch plan
@@ -390,15 +114,6 @@ def plan_epoch(shards: Sequence[ShardInfo], epoch: int, seed: int, num_slots: in
 
 # ---------------------------------------------------------------- rows
 
-@dataclass(frozen=True)
-class KeyedRow:
-    """A row with its identity in the data set (seeds the dynamic masks)."""
-    row: Row
-    shard: str
-    key: str
-    index: int
-
-
 def block_rows(sample: dict, max_seq_length: int) -> list[KeyedRow]:
     """The rows of one decoded tar member; errors name the shard and member."""
     where = f"{sample.get('__url__', '?')}: member {sample.get('__key__', '?')}"
@@ -416,248 +131,6 @@ def block_rows(sample: dict, max_seq_length: int) -> list[KeyedRow]:
             raise ValueError(f"{where} row {i}: {len(row.input_ids)} tokens > max_seq_length "
                              f"{max_seq_length}")
     return [KeyedRow(r, shard, sample["__key__"], i) for i, r in enumerate(rows)]
-
-
-@dataclass(frozen=True)
-class Remasker:
-    """Dynamic masking (RoBERTa section 4.1): new masks for every row each epoch, drawn with
-    `common.masking` (the MASK/SAME/RND split and whole-word groups make_shards uses).
-
-    Candidates are all non-special tokens. Each row keeps its number of predicted positions,
-    unless `recount` is set: then each instance of the row gets
-    `common.masking.num_to_predict` of its own tokens.
-    """
-    mask_id: int
-    """Id of `[MASK]`."""
-    vocab_size: int
-    """Random replacements are drawn from [0, vocab_size)."""
-    special_ids: tuple[int, ...]
-    """Ids never masked ([CLS], [SEP], [PAD])."""
-    seed: int = 0
-    """Seed; a row's masks depend only on (seed, epoch, row identity), not on the rank split."""
-    masking: MaskingConfig = dataclasses.field(default_factory=MaskingConfig)
-    """The split, whole-word masking and (with `recount`) the rate and cap."""
-    recount: bool = False
-    """True: `masking.masked_lm_prob` decides each instance's count; False: keep the row's."""
-    subword_ids: tuple[int, ...] = ()
-    """Ids of pieces that continue a word (WordPiece's `##`, a BPE piece without the space
-    prefix: `common.tokenization.is_continuation`); whole-word masking joins them to the word
-    before."""
-
-    @classmethod
-    def from_vocab(cls, vocab_dir: str, seed: int, masking: MaskingConfig | None = None,
-                   recount: bool = False) -> Remasker:
-        from common.tokenization import (
-            CLS,
-            MASK,
-            PAD,
-            SEP,
-            continuation_flags,
-            read_vocab,
-            vocab_kind,
-        )
-        tokens = read_vocab(vocab_dir)
-        ids = {t: i for i, t in enumerate(tokens)}
-        masking = masking or MaskingConfig()
-        flags = continuation_flags(tokens, vocab_kind(vocab_dir)) \
-            if masking.do_whole_word_mask else []
-        subwords = tuple(i for i, continues in enumerate(flags) if continues)
-        return cls(ids[MASK], len(tokens), (ids[CLS], ids[SEP], ids[PAD]), seed, masking,
-                   recount, subwords)
-
-    def __call__(self, item: KeyedRow, epoch: int, rate: float | None = None) -> Row:
-        """The row with new masks; `rate`: the share to predict in force (`MaskSchedule`),
-        else `masking.masked_lm_prob` (with `recount`) or the row's own count."""
-        row = item.row
-        original = np.array(row.input_ids, dtype=np.int64)
-        original[np.asarray(row.masked_lm_positions, np.int64)] = row.masked_lm_ids
-        rng = np.random.default_rng([self.seed, epoch, zlib.crc32(item.shard.encode()),
-                                     zlib.crc32(item.key.encode()), item.index])
-        candidates = np.flatnonzero(~np.isin(original, self.special_ids))
-        count = min(self._count(row, rate), len(candidates))
-        if self.masking.do_whole_word_mask:
-            positions = self._whole_words(original, candidates, count, rng)
-        else:
-            positions = np.sort(rng.choice(candidates, size=count, replace=False))
-        ids = original.copy()
-        replace_tokens(ids, positions, rng.random(len(positions)), self.masking, self.mask_id,
-                       self.replacement_ids)
-        return Row(ids, row.segment_ids, row.sequence_ids, positions, original[positions],
-                   row.next_sentence_labels)
-
-    @functools.cached_property
-    def replacement_ids(self) -> np.ndarray:
-        """(vocab_size,) every id: random replacements draw from the whole vocabulary."""
-        return np.arange(self.vocab_size)
-
-    @functools.cached_property
-    def is_subword(self) -> np.ndarray:
-        """(vocab_size,) bool: the id continues a word (`subword_ids`)."""
-        flags = np.zeros(self.vocab_size, dtype=bool)
-        flags[list(self.subword_ids)] = True
-        return flags
-
-    def _count(self, row: Row, rate: float | None = None) -> int:
-        """Positions to predict in the row: the shards' count, or the rate's per instance."""
-        if not self.recount:
-            return len(row.masked_lm_positions)
-        masking = self.masking if rate is None else dataclasses.replace(self.masking,
-                                                                        masked_lm_prob=rate)
-        lengths = np.bincount(np.asarray(row.sequence_ids, np.int64))  # (K,) tokens per instance
-        return int(num_to_predict(lengths[lengths > 0], masking).sum())
-
-    def _whole_words(self, original: np.ndarray, candidates: np.ndarray, count: int,
-                     rng: np.random.Generator) -> np.ndarray:
-        """Whole words in a random order, each taken unless it would exceed `count`."""
-        group = word_groups(original[candidates], self.is_subword)  # (C,)
-        sizes = np.bincount(group)
-        chosen = take_word_groups(sizes, np.argsort(rng.random(len(sizes)), kind="stable"), count)
-        return candidates[np.isin(group, chosen)]  # ascending
-
-
-@dataclass(frozen=True)
-class MaskSchedule:
-    """Dynamic masking's share as a schedule over a phase's optimizer steps (mmBERT's 30% ->
-    5%, EuroBERT's 50% -> 10%): `start` at the first step, linearly to `end` at the last."""
-    start: float
-    end: float
-    steps: int
-    """Optimizer steps of the phase."""
-    micro_batches_per_step: int
-    """Micro-batches of one rank per optimizer step (gradient accumulation)."""
-
-    def rate(self, step: int) -> float:
-        """The share in force at optimizer step `step` (0-based) of the phase."""
-        return self.start + (self.end - self.start) * min(1.0, step / max(1, self.steps - 1))
-
-    def rate_of_batch(self, micro_batch: int) -> float:
-        """The share of the phase's micro-batch `micro_batch` (0-based, this rank's)."""
-        return self.rate(micro_batch // self.micro_batches_per_step)
-
-
-# ---------------------------------------------------------------- collate
-
-def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
-            max_seq_length: int | None = None, attention_plan: bool = True,
-            static: StaticShapes | None = None,
-            batch_size: int | None = None) -> dict[str, torch.Tensor | BatchLayout]:
-    """Rows -> the padded batch `model.heads.BertForPreTraining` takes (see its docstring),
-    with its `layout` (`model.attention.BatchLayout`) worked out here on the host, with the
-    per-instance attention plan if `attention_plan` (`LoaderConfig.attention_plan`).
-
-    T = longest row rounded up to `pad_to_multiple_of` (at most `max_seq_length`); M = most
-    masked positions; K = most instances per row. `next_sentence_label` is (B,) for unpacked rows,
-    else (B, K) with `cls_positions` (B, K).
-
-    `static` (`StaticShapes`): B = `batch_size` (rows past the given ones are padding: no
-    token, no label), T = `max_seq_length`, M and K from `static.fit`, and the layout always
-    masked, so every batch of a phase has one shape and one graph.
-    """
-    b = len(rows)
-    longest = max(len(r.input_ids) for r in rows)
-    t = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
-    t = min(t, max_seq_length) if max_seq_length else t
-    m = max(1, max(len(r.masked_lm_positions) for r in rows))
-    k = max(len(r.next_sentence_labels) for r in rows)
-    if static is not None:
-        if not max_seq_length or not batch_size or batch_size < b:
-            raise ValueError(f"static shapes need max_seq_length and a batch_size >= the {b} "
-                             f"rows, got {max_seq_length} and {batch_size}")
-        b, t, (m, k) = batch_size, max_seq_length, static.fit(m, k)
-    input_ids = np.zeros((b, t), np.int64)
-    token_type_ids = np.zeros((b, t), np.int64)
-    attention_mask = np.zeros((b, t), np.int64)
-    sequence_ids = np.full((b, t), PADDING_SEQUENCE_ID, np.int64)
-    position_ids = np.zeros((b, t), np.int64)
-    positions = np.zeros((b, m), np.int64)
-    labels = np.full((b, m), IGNORE_INDEX, np.int64)
-    nsp = np.full((b, k), IGNORE_INDEX, np.int64)
-    cls_positions = np.zeros((b, k), np.int64)
-    for i, r in enumerate(rows):
-        n, nm, nk = len(r.input_ids), len(r.masked_lm_positions), len(r.next_sentence_labels)
-        input_ids[i, :n] = r.input_ids
-        token_type_ids[i, :n] = r.segment_ids
-        attention_mask[i, :n] = 1
-        sequence_ids[i, :n] = r.sequence_ids
-        position_ids[i, :n] = shard_format.position_ids(r.sequence_ids)
-        positions[i, :nm] = r.masked_lm_positions
-        labels[i, :nm] = r.masked_lm_ids
-        nsp[i, :nk] = r.next_sentence_labels
-        cls_positions[i, :nk] = np.flatnonzero(position_ids[i, :n] == 0)[:nk]
-    batch = {
-        "input_ids": input_ids, "token_type_ids": token_type_ids,
-        "attention_mask": attention_mask, "sequence_ids": sequence_ids,
-        "position_ids": position_ids, "masked_lm_positions": positions, "masked_lm_ids": labels,
-    }
-    if k == 1:
-        batch["next_sentence_label"] = nsp[:, 0]
-    else:
-        batch["next_sentence_label"] = nsp
-        batch["cls_positions"] = cls_positions
-    tensors = {name: torch.from_numpy(a) for name, a in batch.items()}
-    # The attention plan is host work: done here, in the loader's workers, not in the forward.
-    layout = batch_layout(instance_ids(
-        tensors["attention_mask"], tensors["sequence_ids"], tensors["input_ids"]),
-        plan=attention_plan)
-    # static: always masked, or a batch without padding would take a second, unmasked graph
-    tensors["layout"] = BatchLayout(layout.plan, masked=True) if static is not None else layout
-    return tensors
-
-
-@dataclass(frozen=True)
-class StaticShapes:
-    """The sizes that make every batch of a phase one shape [B, T] (B = the loader's
-    `batch_size`, T = its `max_seq_length`), so that a compiled step is captured once
-    (`model.bert.compile_model`). Padding positions have label `IGNORE_INDEX`: the losses
-    are those of the unpadded batch."""
-    predictions: int
-    """M: masked positions per row (`masked_lm_positions` (B, M), padding at position 0)."""
-    instances: int
-    """K: instances per row; 1 = unpacked rows (`next_sentence_label` (B,)), else (B, K) with
-    `cls_positions` (B, K)."""
-
-    def __post_init__(self):
-        if self.predictions < 1 or self.instances < 1:
-            raise ValueError(f"static shapes need predictions and instances >= 1, got "
-                             f"{self.predictions} and {self.instances}")
-
-    def fit(self, predictions: int, instances: int) -> tuple[int, int]:
-        """(M, K) for a batch whose rows need up to `predictions` and `instances`: the static
-        sizes; a batch past them (a packed row of unusually many short instances) takes the
-        next multiple of 8 masked positions / of `instances`, which a compiled step compiles
-        once more, rather than losing a label or stopping the run."""
-        m, k = self.predictions, self.instances
-        if predictions > m:
-            m = -(-predictions // 8) * 8
-        if instances > k:
-            k = -(-instances // k) * k
-        if (m, k) != (self.predictions, self.instances):
-            log.warning("a batch needs %d masked positions and %d instances per row, past the "
-                        "static shapes' %d and %d: it takes M=%d, K=%d (a compiled step "
-                        "compiles once more)", predictions, instances, self.predictions,
-                        self.instances, m, k)
-        return m, k
-
-
-STATIC_INSTANCE_TOKENS = 32
-"""Packed rows under static shapes hold up to max_seq_length / this instances (16 at 512 tokens;
-the books' packed shards hold at most 11 in a row, Wikipedia's 1.15 on average). Each unused
-slot costs one more query through the last layer and the NSP head: little."""
-
-
-def static_shapes_for(manifest: dict, max_seq_length: int) -> StaticShapes:
-    """The `StaticShapes` of a phase's shards, from their manifest. Unpacked rows (`packed`:
-    false) hold one instance with at most `max_predictions_per_seq` masked positions. A packed
-    row's instances each round their share of it up, by at most one position each, so
-    M = max_predictions_per_seq + K covers them (the books' packed rows at 512 tokens reach 78
-    with max_predictions_per_seq 76)."""
-    from training.memory import max_predictions
-
-    predictions = int(manifest.get("max_predictions_per_seq") or max_predictions(max_seq_length))
-    if manifest.get("packed") is False:
-        return StaticShapes(predictions, 1)
-    instances = max(2, max_seq_length // STATIC_INSTANCE_TOKENS)
-    return StaticShapes(predictions + instances, instances)
 
 
 # ---------------------------------------------------------------- streams
@@ -766,9 +239,9 @@ def _verified_samples(shards: dict[str, ShardInfo], sources: Iterator[dict]) -> 
             check_shard_bytes(data, shards[url], url)
             yield {**source, "stream": io.BytesIO(data)}
 
-    streams = tariterators.url_opener(sources, handler=_unreadable_shard)
-    files = tariterators.tar_file_expander(verified(streams), handler=_unreadable_shard)
-    return tariterators.group_by_keys(files, handler=_unreadable_shard)
+    streams = tariterators.url_opener(sources, handler=unreadable_shard)
+    files = tariterators.tar_file_expander(verified(streams), handler=unreadable_shard)
+    return tariterators.group_by_keys(files, handler=unreadable_shard)
 
 
 def _flatten(blocks: Iterator[list[KeyedRow]]) -> Iterator[KeyedRow]:
@@ -832,7 +305,7 @@ class ShardLoader:
         self.shards, self.manifest = list_shards(config.source, config.split)
         seq = self.manifest.get("max_seq_length")
         if seq is not None and int(seq) != config.max_seq_length:
-            raise ValueError(f"{_location(config.source, MANIFEST_NAME)}: shards have max_seq_length "
+            raise ValueError(f"{shard_location(config.source, MANIFEST_NAME)}: shards have max_seq_length "
                              f"{seq}, the phase wants {config.max_seq_length}")
         self.epoch = 0
         self.batch_in_epoch = 0
@@ -856,7 +329,7 @@ class ShardLoader:
 
     def shard_set_digest(self) -> str:
         """`shard_set_digest` of the shards this loader reads."""
-        return shard_set_digest(self.manifest, _location(self.config.source, MANIFEST_NAME),
+        return shard_set_digest(self.manifest, shard_location(self.config.source, MANIFEST_NAME),
                                 self.config.split)
 
     def _report_cut(self, plan: EpochPlan) -> None:

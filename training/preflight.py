@@ -43,7 +43,7 @@ def bf16_hardware(on_gpu: bool) -> bool:
 
 def shard_manifest(phase: PhaseConfig) -> dict:
     """The manifest of the phase's train shards."""
-    from training.loader import read_shard_manifest
+    from training.shard_trust import read_shard_manifest
     if not phase.train_shards:
         raise ValueError(f"--set {phase.name}.train_shards=...: the phase has no shards")
     return read_shard_manifest(phase.train_shards)
@@ -59,7 +59,7 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
     the manifest's sha256 and only regular, relatively named members (`verify_shard_files`;
     above `FULL_CHECK_MAX_BYTES` the loader checks each shard as it reads it instead). Across
     phases: one vocabulary, and NSP in all or none."""
-    from training.loader import check_shard_files, list_shards, verify_shard_files
+    from training.shard_trust import check_shard_files, list_shards, verify_shard_files
 
     vocab_file, vocab_sha, vocab_size = None, None, None
     vocab_dir, init_from = config.data.vocab_dir, config.model.init_from
@@ -159,7 +159,7 @@ def has_validation(config: PretrainConfig, phase: PhaseConfig, dist: Dist) -> bo
     first step: shards with fewer rows than one micro-batch per rank, or corrupt or hostile ones
     (`verify_shard_files`, as the train shards), raise here, not at the phase's first
     evaluation (where `validation_batches` would end the run, after checkpoints)."""
-    from training.loader import check_shard_files, list_shards, verify_shard_files
+    from training.shard_trust import check_shard_files, list_shards, verify_shard_files
     if config.cadence.eval_batches == 0:
         return False
     source = phase.validation_shards or phase.train_shards
@@ -281,7 +281,7 @@ def first_unfinished_phase(config: PretrainConfig, resume: CheckpointState | Non
 
 def check_resume(config: PretrainConfig, ckpt_dir: str, resume: CheckpointState) -> None:
     """Refuse to resume `resume` under a config or shard set that would change the training."""
-    from training.loader import read_shard_manifest, shard_set_digest
+    from training.shard_trust import read_shard_manifest, shard_set_digest
     saved_path = os.path.join(ckpt_dir, resume.tag, "config.json")
     try:
         saved = cfg.load_saved(saved_path)

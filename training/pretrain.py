@@ -69,6 +69,7 @@ from common import logs
 from common.errors import disk_full
 from training import config as cfg
 from training import objectives
+from training.batching import static_shapes_for
 from training.checkpoint import (
     CHECKPOINTS,
     CheckpointState,
@@ -84,14 +85,7 @@ from training.checkpoint import (
 )
 from training.config import PhaseConfig, PretrainConfig
 from training.launch import build_parser
-from training.loader import (
-    LoaderConfig,
-    MaskSchedule,
-    Remasker,
-    ShardLoader,
-    static_shapes_for,
-    validation_batches,
-)
+from training.loader import LoaderConfig, ShardLoader, validation_batches
 from training.metrics import (
     METRIC_KEYS,
     MetricsLog,
@@ -116,6 +110,7 @@ from training.preflight import (
 )
 from training.probes import is_probe_step, write_probe_export
 from training.ranks import Dist, OtherRankError, on_all_ranks
+from training.remasking import MaskSchedule, Remasker
 
 __all__ = ["METRIC_KEYS", "ShardLoader", "build_parser", "check_phase_inputs", "check_resume",
            "export_do_lower_case", "main", "metric_sums", "model_config", "read_metrics", "run",

@@ -196,7 +196,7 @@ def test_gs_shard_urls_run_the_gsutil_the_gpu_image_installs(tmp_path):
         f"#!/usr/bin/env bash\necho \"$*\" >> {log}\n"
         f"case \"$2\" in *manifest.json) echo '{manifest}' ;; *) printf shard-bytes ;; esac\n")
     (bin_dir / "gsutil").chmod(0o755)
-    code = ("import sys, webdataset as wds\nfrom training.loader import list_shards\n"
+    code = ("import sys, webdataset as wds\nfrom training.shard_trust import list_shards\n"
             "shards, _ = list_shards(sys.argv[1])\n"
             "print([(s.name, s.url, s.num_rows) for s in shards])\n"
             "print(wds.gopen(shards[0].url, 'rb').read().decode())\n")

@@ -18,7 +18,7 @@ from model.attention import (
 from model.bert import LAYER_RECOMPILE_LIMIT, bert_tiny, compile_layers
 from model.heads import BertForPreTraining
 from tests.model.tiny_models import VOCAB, shard_row
-from training.loader import collate
+from training.batching import collate
 from training.sync_check import SyncCounter
 
 BATCHES = {  # what the shard loader's collate makes of padded and of packed rows

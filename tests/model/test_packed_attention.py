@@ -148,7 +148,7 @@ def test_padding_inside_a_row_falls_back_to_the_row_mask():
 def test_the_loaders_batch_layout_gives_the_forward_it_would_make_itself():
     """collate works out the attention plan on the host (`BatchLayout`); the forward with it
     equals the forward that makes its own, also after the layout's move to a device."""
-    from training.loader import collate
+    from training.batching import collate
 
     model = pretraining_model()
     packed = collate([shard_row([9, 12], seed=1), shard_row([7], seed=2)])

@@ -14,22 +14,19 @@ import pytest
 import torch
 
 from common import shard_format
+from model.heads import IGNORE_INDEX
 from tests.training.loader_shards import SEQ, _row_key, _shards, layout_tensors
-from training.loader import (
-    IGNORE_INDEX,
-    LoaderConfig,
-    Remasker,
-    ShardLoader,
-    collate,
-    list_shards,
-)
+from training.batching import collate
+from training.loader import LoaderConfig, ShardLoader
+from training.remasking import Remasker
+from training.shard_trust import list_shards
 
 
 def test_dynamic_masking_redraws_per_epoch_and_keeps_the_text(books):
     vocab_dir, rows = books
     remasker = Remasker.from_vocab(str(vocab_dir), seed=4)
     assert (remasker.mask_id, remasker.special_ids) == (4, (2, 3, 0))  # [MASK]; [CLS] [SEP] [PAD]
-    from training.loader import KeyedRow
+    from training.remasking import KeyedRow
     changed, kinds = 0, collections.Counter()
     for i, row in enumerate(rows[:400]):
         keyed = KeyedRow(row, "train-000000.tar", "000000-000000", i)
@@ -127,7 +124,8 @@ def test_worker_errors_keep_our_message_and_library_tracebacks(tmp_path):
     left as it is, traceback and all (it is a bug)."""
     from torch._utils import ExceptionWrapper
 
-    from training.loader import ShardInfo, _without_worker_traceback, check_shard_files
+    from training.loader import _without_worker_traceback
+    from training.shard_trust import ShardInfo, check_shard_files
 
     def as_from_a_worker(fn):
         try:

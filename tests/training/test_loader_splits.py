@@ -14,13 +14,8 @@ import pytest
 import torch
 
 from tests.training.loader_shards import SEQ, _row_key, _shards, layout_tensors
-from training.loader import (
-    LoaderConfig,
-    ShardInfo,
-    ShardLoader,
-    plan_epoch,
-    validation_batches,
-)
+from training.loader import LoaderConfig, ShardLoader, plan_epoch, validation_batches
+from training.shard_trust import ShardInfo
 
 
 def _epoch_keys(loader: ShardLoader) -> list[tuple]:

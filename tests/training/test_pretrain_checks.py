@@ -63,13 +63,13 @@ def test_validation_is_checked_at_phase_start_and_never_costs_the_checkpoint(dat
         tar.addfile(info, fileobj=io.BytesIO(b"notnp"))
     config = dataclasses.replace(config, output_dir=str(tmp_path / "run_corrupt"), phases=(
         dataclasses.replace(config.phases[0], train_shards=str(corrupt)),))
-    from training import loader
-    whole = loader.verify_shard_files
-    monkeypatch.setattr(loader, "verify_shard_files",  # above the limit: no check up front
+    from training import shard_trust
+    whole = shard_trust.verify_shard_files
+    monkeypatch.setattr(shard_trust, "verify_shard_files",  # above the limit: no check up front
                         lambda shards, part=None, max_bytes=0: whole(shards, part, 0))
     with pytest.raises(ValueError, match=r"validation-000000\.tar: member 000000-000000: cannot"):
         pretrain.run(config)
-    monkeypatch.setattr(loader, "verify_shard_files", whole)
+    monkeypatch.setattr(shard_trust, "verify_shard_files", whole)
     latest = tmp_path / "run_corrupt" / "checkpoints" / "latest"
     assert latest.read_text() == "00-phase1-step00000002"
     assert (latest.parent / "00-phase1-step00000002" / "training_state.json").exists()
@@ -196,7 +196,7 @@ def _checks_on_two_ranks(rank: int, port: int, out_dir: str) -> None:
     shard = Path(out_dir) / "train-000000.tar"
 
     def user_error_on_rank_1():  # our check, on rank 1's own (broken) copy
-        from training.loader import ShardInfo, check_shard_files
+        from training.shard_trust import ShardInfo, check_shard_files
         check_shard_files([ShardInfo(shard.name, str(shard), 1, 0, 99 if rank else 10)])
 
     def library_error_on_rank_1():

@@ -102,7 +102,8 @@ def test_the_masking_rate_schedule_masks_each_batch_at_its_steps_rate(data, tmp_
     """0.30 -> 0.10 over 5 steps of 2 micro-batches (2 loader workers, 2 epochs of the uneven
     shards): each batch is what a fixed-share remasker at its step's rate gives, the run logs
     the rate each step, and a stopped and resumed run trains the same losses."""
-    from training.loader import LoaderConfig, MaskSchedule, Remasker, ShardLoader
+    from training.loader import LoaderConfig, ShardLoader
+    from training.remasking import MaskSchedule, Remasker
 
     schedule = MaskSchedule(0.30, 0.10, steps=5, micro_batches_per_step=2)
     assert [schedule.rate(s) for s in range(6)] == pytest.approx(

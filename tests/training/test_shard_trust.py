@@ -162,7 +162,7 @@ def test_shards_are_checked_before_training_split_between_a_nodes_ranks(books, t
     """`verify_shard_files`: rank i of n on a node checks every n-th shard from i (a corrupt
     shard 1 is found by the rank of index 1 of 2, not by index 0); above `max_bytes` in all,
     none is hashed up front and a line says the loader checks them as it reads them."""
-    from training.loader import list_shards, verify_shard_files
+    from training.shard_trust import list_shards, verify_shard_files
 
     folder = _shards(books, tmp_path / "s", [48, 48, 48])
     bad = folder / "train-000001.tar"
@@ -172,7 +172,7 @@ def test_shards_are_checked_before_training_split_between_a_nodes_ranks(books, t
     with pytest.raises(ValueError, match=rf"^{re.escape(str(bad))}: member {key}: cannot decode"):
         verify_shard_files(shards, part=(1, 2))
     total = sum(p.stat().st_size for p in folder.glob("train-*.tar"))
-    with caplog.at_level(logging.INFO, logger="training.loader"):
+    with caplog.at_level(logging.INFO, logger="training.shard_trust"):
         verify_shard_files(shards, part=(0, 1), max_bytes=total - 1)
     assert [r.getMessage() for r in caplog.records] == [
         (f"3 shards, {total / 2**30:.1f} GiB: more than 0 GiB to hash before training, so each "

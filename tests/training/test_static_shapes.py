@@ -19,7 +19,8 @@ from model.attention import BatchLayout
 from model.bert import bert_tiny, compile_model
 from model.heads import BertForPreTraining
 from tests.support.shard_fixtures import read_rows
-from training.loader import LoaderConfig, ShardLoader, StaticShapes, collate, static_shapes_for
+from training.batching import StaticShapes, collate, static_shapes_for
+from training.loader import LoaderConfig, ShardLoader
 from training.sync_check import SyncCounter
 
 STEPS = 20

@@ -24,7 +24,7 @@ from pipelines.shards.instances import (
     read_reference_text,
 )
 from tests.support.shard_fixtures import book_shards
-from training.loader import KeyedRow, Remasker
+from training.remasking import KeyedRow, Remasker
 
 SIGMAS = 4.0
 MASK_ID = 103  # [MASK] in bert-base-uncased

@@ -153,7 +153,7 @@ def test_whole_word_masks_cover_whole_words(bpe_vocab, shared_data, tmp_path):
     import transformers
 
     from pipelines import make_shards
-    from training.loader import KeyedRow, Remasker
+    from training.remasking import KeyedRow, Remasker
 
     corpus = book_corpus(shared_data / "books", tmp_path / "corpus", paragraphs=120)
     make_shards.main(["--input", str(corpus), "--vocab", str(bpe_vocab),
