@@ -56,6 +56,7 @@ from pipelines.build_corpus import select_inputs
 from pipelines.contamination import index as eval_index
 from pipelines.contamination import ngrams
 from pipelines.contamination.eval_sets import EvalSplit
+from pipelines.disk_full import disk_full_reported
 
 NAMESPACE = "audit_contamination"
 PREFIX = "audit"
@@ -196,7 +197,7 @@ def run(config: AuditConfig, beam_args: Sequence[str] = (),
             for name in (INDEX_FILE, OVERLAPS_FILE, PASSAGES_FILE, MATCHED_FILE, REPORT_FILE)])
         storage.makedirs(output_path(config.output, "index"))
         eval_index.save(index, index_path)
-    with jobs.disk_full_reported(config.output):
+    with disk_full_reported(config.output):
         pipeline = _run_pipeline(config, files, index_path, options)
     if dry_run:
         return jobs.dry_run_summary(NAMESPACE, pipeline)

@@ -13,7 +13,7 @@ command to the runner (`environment`).
 
 Beam's worker also prints the traceback of a failed bundle to its stderr (the job's), besides
 sending it to the runner: the one of a full disk is left out there (`QuietDiskFullStderr`), as
-the job reports that in one line (`jobs.disk_full_reported`); BERT_DEBUG=1 keeps it.
+the job reports that in one line (`disk_full.disk_full_reported`); BERT_DEBUG=1 keeps it.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class QuietDiskFullStderr:
         self.dropped = False
 
     def write(self, text: str) -> int:
-        from pipelines.jobs import disk_full_in_text
+        from pipelines.disk_full import disk_full_in_text
 
         if text.startswith("Traceback") and disk_full_in_text(text) is not None:
             self.dropped = True

@@ -63,6 +63,7 @@ from pipelines.corpus.filter_quality import FilterQuality
 from pipelines.corpus.near_duplicates import NearDuplicateConfig
 from pipelines.corpus.quality import QualityConfig
 from pipelines.corpus.remove_near_duplicates import NearDuplicatePairs, removed_line
+from pipelines.disk_full import disk_full_reported
 from pipelines.documents import source as mixture
 from pipelines.documents.source import SourceConfig
 
@@ -493,7 +494,7 @@ Counts = tuple[dict[str, int], dict[str, dict[str, int]]]
 
 def _run(output: str, options, build: Callable[[beam.Pipeline], None]) -> Counts:
     """Run the pipeline `build` wires; its counters (`Counts`)."""
-    with jobs.disk_full_reported(output), _pipeline(options) as pipeline:
+    with disk_full_reported(output), _pipeline(options) as pipeline:
         build(pipeline)
     return (parquet_io.query_counters(pipeline.result, NAMESPACE, COUNTERS),
             parquet_io.query_counters_by_source(pipeline.result, LEDGER_NAMESPACE, LEDGER_COUNTS))

@@ -9,7 +9,7 @@ BERT_DEBUG=1 shows the traceback. `beam run pipelines/<job>.py --help` lists the
 (grouped, each with its docstring and default) under the job's own docstring and its examples;
 `--runner=DataflowRunner` without credentials, `--project`, `--region` or a gs://
 `--temp_location` ends in one line naming what is missing, before Beam starts
-(`pipelines.jobs.dataflow_preflight`).
+(`pipelines.dataflow.dataflow_preflight`).
 """
 from __future__ import annotations
 

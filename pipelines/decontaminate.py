@@ -38,6 +38,7 @@ from pipelines.audit_contamination import PASSAGES_FILE
 from pipelines.build_corpus import CorpusOutput, select_inputs
 from pipelines.corpus import sentences
 from pipelines.corpus.documents import CORPUS_SCHEMA
+from pipelines.disk_full import disk_full_reported
 
 NAMESPACE = "decontaminate"
 PREFIX = "corpus"
@@ -147,7 +148,7 @@ def run(config: DecontaminateConfig, beam_args: Sequence[str] = ()) -> dict:
     if not dry_run:  # a dry run leaves an earlier output as it is
         storage.makedirs(config.output)
         parquet_io.clear_previous_output(config.output, PREFIX)
-    with jobs.disk_full_reported(config.output):
+    with disk_full_reported(config.output):
         pipeline = _run_pipeline(config, files, num_shards, text_column, options)
     if dry_run:
         return jobs.dry_run_summary(NAMESPACE, pipeline)

@@ -35,6 +35,7 @@ from common.errors import DEAD_LETTER_DIR, BadRecord
 from common.settings import check
 from pipelines import jobs, parquet_io
 from pipelines.corpus.documents import DOCUMENT_SCHEMA, Document
+from pipelines.disk_full import disk_full_reported
 from pipelines.jobs import configure_logging, local_runner, nothing_produced, warn_dead_letters
 from pipelines.wikipedia.dump import DumpSplit, Page, is_index_file, iter_pages, plan_splits
 from pipelines.wikipedia.wikitext import Counter, extract_passages, is_disambiguation, is_redirect
@@ -287,7 +288,7 @@ def run(config: WikipediaConfig, input: str, output: str, beam_args: Sequence[st
     LOG.info("%d input files -> %d splits", len(files), len(splits))
     output_dir, num_splits = output, len(splits)
 
-    with (jobs.disk_full_reported(output),
+    with (disk_full_reported(output),
           beam.Pipeline(runner=local_runner(options), options=options) as pipeline):
         _ = (
             pipeline

@@ -7,16 +7,17 @@ job's parser does not know are handed to Beam's `PipelineOptions`, so the standa
 `--sdk_container_image`, ...) work on every job. `--help` (`job_help`) shows the job's
 docstring with its examples as written, then its flags grouped: input and output, then the
 config's settings, each with its docstring and default. With `--runner=DataflowRunner` the
-command line first checks what Dataflow needs (`dataflow_preflight`: Beam's GCP extra,
-`--project`, `--region`, a gs:// `--temp_location`, Google credentials unless `--no_auth`) and
-ends in one line naming what is missing, exit 2, before Beam starts.
+command line first checks what Dataflow needs (`pipelines.dataflow.dataflow_preflight`: Beam's
+GCP extra, `--project`, `--region`, a gs:// `--temp_location`, Google credentials unless
+`--no_auth`) and ends in one line naming what is missing, exit 2, before Beam starts.
 
 Every job's manifest starts with `manifest_head` (job, output version, config and its hash)
 and is written by `publish_manifest`, last, as it marks the output complete.
 
 What a run leaves when it fails or is killed:
 - a full disk: the job ends with one line, `<job>: error: no space left on the device writing
-  <path>: <space> left there` (exit 2), and writes no manifest (`disk_full_reported`);
+  <path>: <space> left there` (exit 2), and writes no manifest
+  (`pipelines.disk_full.disk_full_reported`);
 - a kill -9: the `atomic_open` temporaries it was writing and its Beam file sinks'
   `beam-temp-*` folders stay; the next run of the same job into the same folder removes them
   on start (`remove_stale_temporaries`), never any other file;
@@ -27,24 +28,17 @@ What a run leaves when it fails or is killed:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import re
 import shutil
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from common import storage
-from common.errors import (
-    DISK_FULL_ERRNOS,
-    USER_ERRORS,
-    DiskFullError,
-    NoOutputError,
-    debug_requested,
-    disk_full,
-    is_user_error,
-)
+from common.errors import USER_ERRORS, NoOutputError, debug_requested, is_user_error
+from pipelines.dataflow import dataflow_preflight
+from pipelines.disk_full import DISK_FULL_LOG_FILTER, beam_disk_full
 
 
 def job_parser(description: str) -> argparse.ArgumentParser:
@@ -254,7 +248,7 @@ def configure_logging() -> None:
     logs.setup(force=True)
     if not (_KEEP_BEAM_TRACEBACKS or debug_requested()):
         for handler in logging.getLogger().handlers:
-            handler.addFilter(_DISK_FULL_FILTER)
+            handler.addFilter(DISK_FULL_LOG_FILTER)
 
 
 _KEEP_BEAM_TRACEBACKS = False
@@ -364,86 +358,6 @@ def job_help(run: Callable, prog: str) -> str | None:
 
 
 # ----------------------------------------------------------------------------------------------
-# A full disk
-# ----------------------------------------------------------------------------------------------
-
-# A worker's error reaches the runner as text when the worker is another process (Beam's Fn
-# API sends `ProcessBundleResponse.error`, a formatted traceback, and the runner raises
-# `RuntimeError(that text)`), so the ENOSPC of a multi-processing run is found in the text:
-# our DiskFullError's line (its path), else Python's `[Errno 28] <strerror>: '<path>'` (pyarrow
-# writes `[errno 28]`). In-process, Beam re-raises it as a RuntimeError whose context is the
-# original error, which `disk_full` finds.
-_DISK_FULL_LINE = re.compile(
-    r"DiskFullError: no space left on the device writing (?P<path>.+?)"
-    r"(?:: it needs (?P<needed>[\d.]+ [KMGT]?B))?(?:[:,] [\d.]+ [KMGT]?B left there)?"
-    r"(?: \[while running '[^\n]*'\])*$", re.MULTILINE)
-_ERRNO_TEXT = re.compile(r"\[errno (?P<errno>\d+)\][^:'\n]*(?:: '(?P<path>[^'\n]+)')?",
-                         re.IGNORECASE)
-_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
-
-
-def beam_disk_full(error: BaseException, path: str | None = None) -> DiskFullError | None:
-    """`error` (anything a Beam run raises) as a DiskFullError naming the file being written
-    when a full disk (ENOSPC, EDQUOT) caused it, else None. `path`: where the job writes, named
-    when the error does not say which file."""
-    found = disk_full(error)
-    if found is not None:
-        return found if found.path != "its output" or path is None else DiskFullError(path)
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        found = disk_full_in_text(str(error), path)
-        if found is not None:
-            return found
-        error = error.__cause__ or error.__context__
-    return None
-
-
-def disk_full_in_text(text: str, path: str | None = None) -> DiskFullError | None:
-    """The DiskFullError a traceback or error message `text` tells of, else None."""
-    match = _DISK_FULL_LINE.search(text)
-    if match:
-        needed = match.group("needed")
-        number, unit = needed.split() if needed else (None, None)
-        return DiskFullError(match.group("path"),
-                             int(float(number) * _UNITS[unit]) if number else None)
-    for match in _ERRNO_TEXT.finditer(text):
-        if int(match.group("errno")) in DISK_FULL_ERRNOS:
-            return DiskFullError(match.group("path") or path or "its output")
-    return None
-
-
-@contextlib.contextmanager
-def disk_full_reported(output: str) -> Iterator[None]:
-    """Around a pipeline run: a full disk in any of its writes (ours, Beam's sinks, in a worker
-    process or not) is raised as one DiskFullError naming the file (else `output`), so the job
-    and the flow that runs it report one line; the job writes no manifest after it."""
-    try:
-        yield
-    except Exception as e:
-        full = None if isinstance(e, DiskFullError) else beam_disk_full(e, output)
-        if full is None:
-            raise
-        raise full from None
-
-
-class _DiskFullLogFilter(logging.Filter):
-    """Drops Beam's ERROR records of a full disk (a worker's traceback, logged once by the
-    worker and once more by the runner): the job's one-line error says it."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR or not record.name.startswith("apache_beam"):
-            return True
-        text = record.getMessage()
-        if record.exc_info and record.exc_info[1] is not None:
-            text += "\n" + str(record.exc_info[1])
-        return disk_full_in_text(text, None) is None
-
-
-_DISK_FULL_FILTER = _DiskFullLogFilter()
-
-
-# ----------------------------------------------------------------------------------------------
 # What a killed run leaves
 # ----------------------------------------------------------------------------------------------
 
@@ -480,116 +394,3 @@ def remove_stale_temporaries(output: str, written: str, beam_sinks: Sequence[str
         logging.getLogger("pipelines").info("removed %d temporary file(s) left by a killed run in "
                                             "%s: %s", len(removed), output, ", ".join(removed))
     return removed
-
-
-# ----------------------------------------------------------------------------------------------
-# Dataflow without what it needs
-# ----------------------------------------------------------------------------------------------
-
-CREDENTIALS_TIMEOUT_S = 5.0
-"""How long the credentials lookup may take (google-auth pings the metadata server, up to 3
-tries of 3 s each where nothing answers); past it, no credentials were found."""
-_GCP_EXTRA = "pip install -e '.[gcp]' (or apache-beam[gcp]==2.77.0)"
-
-
-def dataflow_preflight(argv: Sequence[str]) -> None:
-    """Before a `--runner=DataflowRunner` job builds anything: a ValueError naming everything
-    it lacks, in one line (Beam would retry the credentials for about two minutes and then end
-    in a long traceback): Beam's GCP extra, `--project`, `--region` (or CLOUDSDK_COMPUTE_REGION),
-    a `--temp_location` (or `--staging_location`) of the form gs://BUCKET/FOLDER with a bucket
-    name Beam accepts, and Google credentials as google-auth finds them (GOOGLE_APPLICATION_CREDENTIALS, gcloud's application-default file, the metadata
-    server), unless `--no_auth`. Any other runner: nothing is checked."""
-    options = _dataflow_options(argv)
-    if options is None:
-        return
-    missing = []
-    if not _imports("apache_beam.runners.dataflow.internal.apiclient"):
-        missing.append(f"Beam's GCP extra (apache-beam[gcp]: {_GCP_EXTRA})")
-    if not options.project:
-        missing.append("--project=...")
-    elif not re.fullmatch(r"[a-z][-a-z0-9:.]+[a-z0-9]", options.project):
-        # Beam refuses a project number or description after building the whole graph
-        missing.append(f"--project={options.project} (a project ID such as my-project, not "
-                       "its number or name)")
-    if not (options.region or os.environ.get("CLOUDSDK_COMPUTE_REGION")):
-        missing.append("--region=...")
-    locations = {name: getattr(options, name) for name in ("temp_location", "staging_location")
-                 if getattr(options, name)}
-    bad = [f"--{name}={path} (gs://BUCKET/FOLDER, a bucket name of 3 to 63 characters a-z 0-9 "
-           "- _ .)" for name, path in locations.items() if not _gcs_folder(path)]
-    missing += bad or ([] if locations else ["--temp_location=gs://BUCKET/tmp"])
-    if not options.no_auth:
-        problem = missing_credentials()
-        if problem:
-            missing.append(problem)
-    if missing:
-        raise ValueError(f"--runner=DataflowRunner needs {'; '.join(missing)}")
-
-
-def _dataflow_options(argv: Sequence[str]) -> argparse.Namespace | None:
-    """The Beam options the preflight reads, when `argv` names the Dataflow runner (Beam takes
-    `DataflowRunner`, `dataflow` or a dotted path to the class), else None."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    for name in ("runner", "project", "region", "temp_location", "staging_location"):
-        parser.add_argument(f"--{name}")
-    parser.add_argument("--no_auth", action="store_true")
-    options, _ = parser.parse_known_args(list(argv))
-    runner = str(options.runner or "").rsplit(".", 1)[-1].lower()
-    return options if runner in ("dataflowrunner", "dataflow") else None
-
-
-def _gcs_folder(path: str) -> bool:
-    """Whether `path` is a gs:// folder whose bucket name Beam accepts (an invalid one makes it
-    fall back on a default bucket that it then tries to create)."""
-    match = re.fullmatch(r"gs://([^/]+)/(.+)", path)
-    return bool(match) and re.fullmatch(r"[a-z0-9][-_a-z0-9.]{1,61}[a-z0-9]",
-                                        match.group(1)) is not None
-
-
-def _imports(module: str) -> bool:
-    import importlib
-
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
-def missing_credentials(timeout_s: float = CREDENTIALS_TIMEOUT_S) -> str | None:
-    """None when google-auth finds Google credentials, else what to set up (one phrase)."""
-    key_file = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-    if key_file and not os.path.isfile(key_file):
-        return (f"Google credentials: GOOGLE_APPLICATION_CREDENTIALS={key_file} is no file "
-                "(a service account's JSON key)")
-    if not _imports("google.auth"):
-        return f"Google credentials, and google-auth to read them ({_GCP_EXTRA})"
-    import threading
-
-    import google.auth
-    import google.auth.exceptions
-
-    found: list[BaseException | None] = []
-
-    def lookup() -> None:
-        try:
-            google.auth.default()
-            found.append(None)
-        except google.auth.exceptions.GoogleAuthError as error:
-            found.append(error)
-
-    # A daemon thread: where the metadata server does not answer, the process ends without
-    # waiting for google-auth's pings.
-    thread = threading.Thread(target=lookup, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if not found:
-        return (f"Google credentials (none found within {timeout_s:g} s: no "
-                "GOOGLE_APPLICATION_CREDENTIALS, no gcloud application-default login, the "
-                "metadata server does not answer)")
-    error = found[0]
-    if error is not None:
-        first = str(error).strip().split(". ")[0].rstrip(".")
-        return (f"Google credentials ({first}: run `gcloud auth application-default login` or "
-                "set GOOGLE_APPLICATION_CREDENTIALS to a service account's JSON key file)")
-    return None

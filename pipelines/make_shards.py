@@ -84,6 +84,7 @@ import numpy as np
 
 from common import errors, storage
 from pipelines import jobs, parquet_io, waves
+from pipelines.disk_full import disk_full_reported
 from pipelines.shards import packing, reference, shard_files
 from pipelines.shards.batches import (
     LengthBatch,
@@ -674,7 +675,7 @@ def run(config: ShardsConfig, input: str, vocab: str, output: str,
     jobs.remove_stale_temporaries(output, WRITTEN, beam_sinks=[DEAD_LETTERS])
     _remove_wave_dead_letters(output)
     start = time.perf_counter()
-    with jobs.disk_full_reported(output):
+    with disk_full_reported(output):
         if config.mode == "reference":
             infos, counters = reference.run_reference(files, output, vocab, config)
         else:
@@ -749,7 +750,7 @@ def _run_scalable(files, output, vocab, beam_options, config: ShardsConfig, voca
 
 def _run_wave(parts, output, vocab, beam_options, config, vocab_size, wave: Wave):
     infos_path = storage.join(output, _SHARD_INFOS)
-    with (jobs.disk_full_reported(output),
+    with (disk_full_reported(output),
           beam.Pipeline(runner=jobs.local_runner(beam_options), options=beam_options) as p):
         _scalable_graph(p, parts, output, vocab, config, vocab_size, wave)
     result = p.result

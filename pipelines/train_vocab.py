@@ -29,6 +29,7 @@ from apache_beam.metrics import Metrics
 from common import errors, storage
 from common.tokenization import MERGES_NAME, save_tokenizer_folder
 from pipelines import jobs, parquet_io
+from pipelines.disk_full import disk_full_reported
 from pipelines.vocab import kinds
 from pipelines.vocab.wordpiece import VocabConfig, count_words
 
@@ -269,7 +270,7 @@ def run(config: VocabConfig, input: str, output: str, beam_args: Sequence[str] =
         storage.withdraw_manifest(output)
         withdraw_merges(output)
         jobs.remove_stale_temporaries(output, WRITTEN)
-    with (jobs.disk_full_reported(output),
+    with (disk_full_reported(output),
           beam.Pipeline(runner=jobs.local_runner(options), options=options) as p):
         read = (p
                 | "Files" >> beam.Create(inputs)

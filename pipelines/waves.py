@@ -231,6 +231,7 @@ def run_to_shards(options, elements: list, step: tuple[str, beam.DoFn], output: 
     An earlier output is cleared first; a dry run leaves it and writes nothing. Returns the
     pipeline, whose result holds the job's counters."""
     from pipelines import jobs, parquet_io
+    from pipelines.disk_full import disk_full_reported
 
     num_waves, num_shards = plan
     dry_run = jobs.is_dry_run(options)
@@ -240,7 +241,7 @@ def run_to_shards(options, elements: list, step: tuple[str, beam.DoFn], output: 
         clear_scratch(output)
     scratch = scratch_folder(output) if num_waves > 1 else None
     label, fn = step
-    with (jobs.disk_full_reported(output),
+    with (disk_full_reported(output),
           beam.Pipeline(runner=jobs.local_runner(options), options=options) as pipeline):
         results = (pipeline
                    | "Files" >> beam.Create(elements)
@@ -251,7 +252,7 @@ def run_to_shards(options, elements: list, step: tuple[str, beam.DoFn], output: 
         _ = results.dead_letter | "WriteDeadLetters" >> parquet_io.WriteSortedLines(
             parquet_io.dead_letter_path(output))
     if scratch is not None and not dry_run:
-        with jobs.disk_full_reported(output):
+        with disk_full_reported(output):
             write_scattered_shards(scratch, output, prefix, num_shards, schema)
         clear_scratch(output)
     return pipeline

@@ -187,12 +187,12 @@ def _dataflow_commands(page: Path) -> list[list[str]]:
 def test_every_dataflow_example_passes_the_jobs_dataflow_check():
     pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient",
                         reason="needs the gcp extra: pip install 'apache-beam[gcp]==2.77.0'")
-    from pipelines import jobs
+    from pipelines import dataflow
 
     commands = [(page, argv) for page in PAGES for argv in _dataflow_commands(page)]
     assert len(commands) >= 3  # make_shards, the dry run, "Beyond one machine"
     for page, argv in commands:
         try:
-            jobs.dataflow_preflight([*argv, "--no_auth"])
+            dataflow.dataflow_preflight([*argv, "--no_auth"])
         except ValueError as error:
             pytest.fail(f"{page.relative_to(REPO)}: {' '.join(argv)}: {error}")

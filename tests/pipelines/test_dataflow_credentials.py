@@ -1,5 +1,5 @@
 """`--runner=DataflowRunner` without what Dataflow needs ends in one line naming it, exit 2,
-before Beam builds anything (`pipelines.jobs.dataflow_preflight`); Beam itself retries the
+before Beam builds anything (`pipelines.dataflow.dataflow_preflight`); Beam itself retries the
 credentials for about two minutes and ends in a traceback of some 180 lines, exit 1. This
 machine has no Google credentials, so the job runs for real; `NO_GCE_CHECK` tells google-auth
 this is no Compute Engine VM, so that the test says the same on one."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import jobs
+from pipelines import dataflow
 
 pytest.importorskip("apache_beam.runners.dataflow.internal.apiclient",
                     reason="needs the gcp extra: pip install 'apache-beam[gcp]==2.77.0'")
@@ -79,7 +79,7 @@ def test_a_dry_run_needs_no_credentials(tmp_path):
 def test_preflight_reads_google_auths_sources(tmp_path, monkeypatch):
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "key.json"))
     with pytest.raises(ValueError) as error:
-        jobs.dataflow_preflight(["--input", "x", *DATAFLOW])
+        dataflow.dataflow_preflight(["--input", "x", *DATAFLOW])
     assert str(error.value) == (
         f"--runner=DataflowRunner needs Google credentials: GOOGLE_APPLICATION_CREDENTIALS="
         f"{tmp_path / 'key.json'} is no file (a service account's JSON key)")
@@ -87,8 +87,8 @@ def test_preflight_reads_google_auths_sources(tmp_path, monkeypatch):
     (tmp_path / "key.json").write_text(json.dumps({
         "type": "authorized_user", "client_id": "id.apps.googleusercontent.com",
         "client_secret": "secret", "refresh_token": "token"}))
-    assert jobs.dataflow_preflight(["--input", "x", *DATAFLOW]) is None
-    assert jobs.dataflow_preflight(["--runner", "dataflow", "--project", "my-project",
+    assert dataflow.dataflow_preflight(["--input", "x", *DATAFLOW]) is None
+    assert dataflow.dataflow_preflight(["--runner", "dataflow", "--project", "my-project",
                                     "--region", "europe-west1",
                                     "--staging_location", "gs://my-bucket/staging"]) is None
 
@@ -96,4 +96,4 @@ def test_preflight_reads_google_auths_sources(tmp_path, monkeypatch):
 def test_other_runners_are_not_checked(monkeypatch):
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", "/nonexistent/key.json")
     for argv in ([], ["--runner=DirectRunner"], ["--runner", "FlinkRunner", "--project=p"]):
-        assert jobs.dataflow_preflight(argv) is None
+        assert dataflow.dataflow_preflight(argv) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from common import storage
-from pipelines import jobs, parquet_io, train_vocab
+from pipelines import disk_full, jobs, parquet_io, train_vocab
 
 
 def plant(folder: Path, names: list[str]) -> None:
@@ -59,13 +59,13 @@ def test_disk_full_read_from_worker_error_text(tmp_path):
             f"RuntimeError: common.errors.DiskFullError: no space left on the device writing "
             f"{tmp_path}/train-000003.tar: it needs 184.3 KB, 65.5 KB left there "
             "[while running 'WriteShards/Write']\n")
-    found = jobs.disk_full_in_text(ours)
+    found = disk_full.disk_full_in_text(ours)
     assert (found.path, str(found).split(": it needs ")[1].split(",")[0]) == (
         f"{tmp_path}/train-000003.tar", "184.3 KB")
     pyarrow = ("OSError: [Errno 28] Error writing bytes to file. Detail: [errno 28] No space "
                "left on device [while running 'WriteCorpus/Write']")
-    assert jobs.disk_full_in_text(pyarrow, str(tmp_path)).path == str(tmp_path)
+    assert disk_full.disk_full_in_text(pyarrow, str(tmp_path)).path == str(tmp_path)
     python = f"OSError: [Errno 28] No space left on device: '{tmp_path}/x.jsonl'"
-    assert jobs.disk_full_in_text(python).path == f"{tmp_path}/x.jsonl"
-    assert jobs.disk_full_in_text("OSError: [Errno 2] No such file or directory: 'a'") is None
-    assert jobs.disk_full_in_text("ValueError: row 28 [errno] unparsable") is None
+    assert disk_full.disk_full_in_text(python).path == f"{tmp_path}/x.jsonl"
+    assert disk_full.disk_full_in_text("OSError: [Errno 2] No such file or directory: 'a'") is None
+    assert disk_full.disk_full_in_text("ValueError: row 28 [errno] unparsable") is None
