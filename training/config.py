@@ -438,6 +438,12 @@ class PretrainConfig:
         rotary = not self.model.preset or hasattr(MODEL_PRESETS[self.model.preset](),
                                                   "global_rope_theta")
         for phase in self.phases:  # init_from's encoder is checked when its phase starts
+            if phase.decay_steps and self.optimizer.schedule != "wsd":
+                # the linear schedule decays over the whole phase: the steps would be ignored
+                raise SettingError(f"{phase.name}.decay_steps", "needs optimizer.schedule=wsd "
+                                   f"(the {self.optimizer.schedule} schedule decays over the "
+                                   f"whole phase), got {phase.decay_steps}",
+                                   "--set {setting}: {message}")
             if phase.batch_warmup_rows and self.data.dynamic_masked_lm_prob_end:
                 raise SettingError("data.dynamic_masked_lm_prob_end", "a masking-rate schedule "
                                    f"runs with a fixed batch; {phase.name}.batch_warmup_rows "

@@ -63,6 +63,8 @@ def test_a_wsd_run_logs_the_schedules_rates_on_real_steps(data, tmp_path):
                                    "1-sqrt or cosine")),
     ("optimizer.schedule=onecycle", ("--set optimizer.schedule='onecycle': must be one of linear "
                                     "or wsd")),
+    ("phase2.decay_steps=6", ("--set phase2.decay_steps: needs optimizer.schedule=wsd (the linear "
+                              "schedule decays over the whole phase), got 6")),
 ])
 def test_bad_schedule_settings_are_one_line(setting, message):
     with pytest.raises(ValueError) as refused:
