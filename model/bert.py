@@ -68,6 +68,12 @@ class BertConfig:
     """The encoder registry's key (model/encoders.py)."""
     mlm_head_bias: ClassVar[bool] = True
     """The MLM transform's dense layer and LayerNorm have biases."""
+    masked_share: ClassVar[float] = 0.15625
+    """Share of a row's tokens the reference recipe scores in the MLM head (20 of 128, 80 of
+    512: `max_predictions_per_seq`), where memory and FLOP estimates size it without shards."""
+    qa_dropout: ClassVar[bool] = False
+    """Span heads read the last states without dropout (transformers' `BertForQuestionAnswering`
+    has none)."""
 
     vocab_size: int = 30522
     """Number of WordPiece tokens (rows of the word embedding and of the tied MLM decoder)."""
@@ -393,6 +399,15 @@ class BertModel(nn.Module):
         """The embedding the MLM decoder is tied to."""
         return self.embeddings.word
 
+    mlm_transform: nn.Module | None = None
+    """The MLM head's transform is its own (transformers' `cls.predictions.transform`), not a
+    module of the encoder."""
+
+    def init_head_layer(self, module: nn.Module) -> None:
+        """A head's new layer (classifier, span layer, NSP layer, MLM transform) drawn as BERT's
+        reference draws one: `init_bert_weights`."""
+        init_bert_weights(module, self.config.initializer_range)
+
     def token_states(self, hidden: Tensor) -> Tensor:
         """What token-level heads classify: BERT's last hidden states as they are."""
         return hidden
@@ -403,6 +418,17 @@ class BertModel(nn.Module):
         c = self.config
         projections = 4 * c.hidden_size ** 2 + 2 * c.hidden_size * c.intermediate_size
         return c.num_hidden_layers * (6 * projections + 12 * seq_len * c.hidden_size)
+
+    def activation_bytes(self, seq_len: int, value_bytes: int) -> int:
+        """Bytes the backward keeps for a row of `seq_len` tokens (values of `value_bytes`
+        each), Korthikanti et al. 2022 table 2 without the T x T terms a flash kernel does not
+        store: per layer and token 8 H values (LayerNorm inputs, q/k/v, the attention output,
+        the feed-forward input) + the intermediate's 2 I (GELU input and output) + two 1-byte
+        dropout masks of H; the embeddings' sum and LayerNorm output, and their dropout mask."""
+        H, I = self.config.hidden_size, self.config.intermediate_size
+        per_token_layer = (8 * H + 2 * I) * value_bytes + 2 * H
+        embeddings = seq_len * (2 * value_bytes * H + H)
+        return self.config.num_hidden_layers * seq_len * per_token_layer + embeddings
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

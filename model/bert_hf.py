@@ -19,6 +19,9 @@ ENCODER_PREFIX = "bert."
 TIED_DECODER = "cls.predictions.decoder.weight"
 NEXT_SENTENCE = True
 """BERT's checkpoints carry the next-sentence head."""
+TOKEN_IDS: dict[str, str] = {}
+"""config.json's special-token ids the export takes from the vocabulary: none (transformers'
+`BertConfig` writes `pad_token_id`, ours)."""
 
 # Ours <- Hugging Face, outside the layers ("bert." stripped from HF keys first).
 _TOP_LEVEL = {
@@ -72,8 +75,10 @@ def _hf_names() -> dict[str, str]:
     return names
 
 
-def state_from_hf(hf_state: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
-    """HF BERT state dict -> (our state dict with `bert.` prefixes, ignored HF keys)."""
+def state_from_hf(hf_state: dict[str, Tensor], kind: str | None = None
+                  ) -> tuple[dict[str, Tensor], list[str]]:
+    """HF BERT state dict -> (our state dict with `bert.` prefixes, ignored HF keys). `kind`,
+    the head the weights are for, is not needed: BERT's keys name each head."""
     state, ignored, qkv = {}, [], {}
     names = _hf_names()
     layer_names = {hf: ours for ours, hf in _LAYER.items()}

@@ -16,7 +16,13 @@ The encoder module's contract, which every head and fine-tuning family relies on
 | `pooler` | the module `pool` applies (the NSP head reads it too) |
 | `token_states(hidden)` | what token-level heads (tagging, spans) classify: the last states, or a transform of them |
 | `word_embeddings` | the `nn.Embedding` the MLM decoder is tied to, kept as `embeddings.word` (model/hf.py `WORD_EMBEDDINGS` and continued pre-training find it by that key) |
+| `mlm_transform` | the module the MLM head's transform is (ModernBERT: the prediction head `pooler`, transformers' one `head`), or None: the MLM head has its own (BERT) |
+| `init_head_layer(module)` | draws a head's new layer (classifier, span, NSP) as the encoder's transformers peer does |
 | `flops_per_token(seq_len)` | training FLOPs (forward and backward) per token of the encoder at that row length |
+| `activation_bytes(seq_len, value_bytes)` | bytes the backward keeps per row of that length (training/memory.py) |
+| `config.type_vocab_size` | token types; 0: none are read (ModernBERT), see `tells_pairs_apart` |
+| `config.is_decoder` | a field where the encoder can attend left to right (BERT), else a class constant False |
+| `config.qa_dropout`, `config.masked_share` | class constants: dropout before the span layer (as the transformers peer); the recipe's share of masked tokens (memory and FLOP estimates) |
 
 The Hugging Face adapter (`HFAdapter`) converts configs and state dicts both ways; our keys of a
 whole model start with `bert.` for the encoder, whatever the arch, and name the heads as
@@ -26,12 +32,39 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 import torch
 from torch import Tensor, nn
 
 from model import bert, bert_hf, modernbert, modernbert_hf
+
+
+class EncoderConfig(Protocol):
+    """What every encoder's frozen config dataclass is (the contract's `config` rows above):
+    the fields the heads, training and estimates read, and the dataclass's own methods."""
+
+    arch: ClassVar[str]
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    intermediate_size: int
+    max_position_embeddings: int
+    initializer_range: float
+    hidden_dropout_prob: float
+    layer_norm_eps: float
+    hidden_act: str
+    pad_token_id: int
+    vocab_multiple: int
+
+    @property
+    def type_vocab_size(self) -> int: ...
+    @property
+    def is_decoder(self) -> bool: ...
+    @property
+    def embedding_rows(self) -> int: ...
+    def to_dict(self) -> dict[str, Any]: ...
+    def replace(self, **changes: Any) -> Self: ...
 
 
 class HFAdapter(Protocol):
@@ -43,10 +76,17 @@ class HFAdapter(Protocol):
     """Where transformers' task models keep the encoder ("bert.", "model.")."""
     TIED_DECODER: str
     """transformers' key of the MLM decoder weight, tied to the word embeddings."""
+    NEXT_SENTENCE: bool
+    """Whether transformers' pre-training checkpoints of this encoder carry a next-sentence
+    head (what `load_hf_checkpoint` builds by default)."""
+    TOKEN_IDS: Mapping[str, str]
+    """config.json's special-token id keys -> the vocabulary token whose id the export writes
+    there (`cls_token_id` -> "[CLS]")."""
 
     def hf_config(self, config: Any, architecture: str, **extra: Any) -> dict: ...
     def config_from_hf(self, values: dict) -> Any: ...
-    def state_from_hf(self, hf_state: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]: ...
+    def state_from_hf(self, hf_state: dict[str, Tensor], *, kind: str | None = None
+                      ) -> tuple[dict[str, Tensor], list[str]]: ...
     def state_to_hf(self, state: dict[str, Tensor], prefix: str) -> dict[str, Tensor]: ...
     def architecture(self, kind: str, model: nn.Module) -> str: ...
 
@@ -57,8 +97,9 @@ class Encoder:
 
     config: type
     """The frozen config dataclass; its class attribute `arch` is the registry's key."""
-    model: Callable[[Any], nn.Module]
-    """config -> the encoder module."""
+    model: type[nn.Module]
+    """The encoder module's class, built from a config (`head_of` asks a model whether it is
+    one)."""
     presets: Mapping[str, Callable[..., Any]]
     """Preset name -> function returning the config (keyword arguments change fields)."""
     hf: HFAdapter
@@ -142,12 +183,26 @@ def check_same_arch(config: Any, other: Any, what: str) -> None:
                          f"(model.arch / model.preset)")
 
 
+def tells_pairs_apart(config: Any) -> bool:
+    """Whether the encoder of `config` can read a sentence pair: two or more token types
+    (BERT's segment embedding), or none (ModernBERT: [SEP] alone, as it was trained); a BERT
+    with one token type cannot tell sentence B from A."""
+    return config.type_vocab_size != 1
+
+
 def count_parameters(config: Any, head: Callable[[Any], nn.Module] | None = None) -> int:
     """Parameters of the encoder (or of `head(config)`, a whole model), built on the meta device:
     no memory, no random draws."""
     with torch.device("meta"):
         model = head(config) if head is not None else build_encoder(config)
     return sum(p.numel() for p in model.parameters())
+
+
+def activation_bytes(config: Any, seq_len: int, value_bytes: int) -> int:
+    """Bytes the encoder of `config` keeps for the backward per row of `seq_len` tokens."""
+    with torch.device("meta"):
+        model = build_encoder(config)
+    return model.activation_bytes(seq_len, value_bytes)
 
 
 def flops_per_token(config: Any, seq_len: int) -> float:

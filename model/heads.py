@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import BatchLayout, instance_ids
-from model.bert import ACTIVATIONS, init_bert_weights
+from model.bert import ACTIVATIONS
 from model.encoders import build_encoder
 
 IGNORE_INDEX = -100
@@ -175,9 +175,15 @@ class BertForPreTraining(nn.Module):
         self.bert = build_encoder(config)
         self.mlm = MaskedLMHead(config, self.bert.word_embeddings)
         self.nsp = nn.Linear(config.hidden_size, 2) if next_sentence else None
-        for module in (self.mlm.dense, self.mlm.norm, self.nsp):
+        new_layers = (self.mlm.dense, self.mlm.norm, self.nsp)
+        if (transform := self.bert.mlm_transform) is not None:
+            # the encoder's prediction head is the transform (ModernBERT): one module, trained
+            # by the MLM loss and kept with the encoder, as transformers' one `head`
+            self.mlm.dense, self.mlm.norm = transform.dense, transform.norm
+            new_layers = (self.nsp,)
+        for module in new_layers:
             if module is not None:
-                init_bert_weights(module, config.initializer_range)
+                self.bert.init_head_layer(module)
 
     def options(self) -> dict[str, Any]:
         return {"next_sentence": self.nsp is not None}
@@ -285,10 +291,11 @@ class FineTuningModel(nn.Module):
         return {}
 
     def new_head(self, outputs: int) -> nn.Linear:
-        """A Linear(hidden, outputs) drawn as BERT's reference draws a new head: truncated
-        N(0, initializer_range) weights, zero bias."""
+        """A Linear(hidden, outputs) drawn as the encoder's peer draws a new head
+        (`init_head_layer`: BERT's truncated N(0, initializer_range), ModernBERT's
+        truncated N(0, 1 / sqrt(H))), zero bias."""
         head = nn.Linear(self.config.hidden_size, outputs)
-        init_bert_weights(head, self.config.initializer_range)
+        self.bert.init_head_layer(head)
         return head
 
     @classmethod
@@ -354,6 +361,8 @@ class BertForQuestionAnswering(FineTuningModel):
 
     def __init__(self, config: Any):
         super().__init__(config)
+        # dropout before the span layer where the encoder's peer has it (ModernBERT's `drop`)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob) if config.qa_dropout else None
         self.qa_outputs = self.new_head(2)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
@@ -361,6 +370,8 @@ class BertForQuestionAnswering(FineTuningModel):
                 end_positions: Tensor | None = None) -> QuestionAnsweringOutput:
         """(B, T) inputs, positions (B,) -> start and end logits (B, T) and the loss."""
         hidden = self.bert.token_states(self.bert(input_ids, token_type_ids, attention_mask))
+        if self.dropout is not None:
+            hidden = self.dropout(hidden)
         logits = self.qa_outputs(hidden)  # (B, T, 2)
         start_logits, end_logits = logits.unbind(dim=-1)  # 2 x (B, T)
         out = QuestionAnsweringOutput(start_logits, end_logits)

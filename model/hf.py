@@ -115,10 +115,24 @@ def _check_tied_decoder(hf_state: dict[str, Tensor], state: dict[str, Tensor], p
                          "the model ties them and cannot hold an untied decoder")
 
 
+def tied_keys(model: nn.Module) -> set[str]:
+    """Keys of `model.state_dict()` whose tensor is an earlier key's: the MLM decoder (the word
+    embedding) and, on ModernBERT, the MLM transform (the encoder's prediction head). Our
+    checkpoints store each tensor once; loading the first key fills the others."""
+    seen: set[int] = set()
+    tied: set[str] = set()
+    for key, value in model.state_dict(keep_vars=True).items():
+        if id(value) in seen:
+            tied.add(key)
+        seen.add(id(value))
+    return tied
+
+
 def _load_into(model: nn.Module, state: dict[str, Tensor], path: str, ignored: list[str],
                adapter: HFAdapter) -> None:
     result = model.load_state_dict(state, strict=False)
-    missing = [k for k in result.missing_keys if k != "mlm.decoder.weight"]
+    tied = tied_keys(model)
+    missing = [k for k in result.missing_keys if k not in tied]
     required = [k for k in missing if k.startswith("bert.") and not k.startswith("bert.pooler.")]
     if required:
         raise ValueError(f"{path}: encoder weights missing from the checkpoint: {required}")
@@ -190,6 +204,7 @@ def export_hf_folder(model: nn.Module, vocab_dir: str, out_dir: str,
     if kind == "classification":
         extra["problem_type"] = ("regression" if options["num_labels"] == 1 else
                                  "single_label_classification")
+    extra.update({key: vocab.index(token) for key, token in adapter.TOKEN_IDS.items()})
     prefix = "" if kind == "encoder" else adapter.ENCODER_PREFIX
     state = dict(model.state_dict()) if kind != "encoder" else {
         f"bert.{k}": v for k, v in model.state_dict().items()}
@@ -209,8 +224,9 @@ def save_checkpoint(model: nn.Module, folder: str) -> None:
     """Our format: `bert.safetensors` (our keys, tied decoder stored once) + `bert_config.json`
     (the encoder's config with its arch, and the head's kind and options)."""
     kind, options = head_of(model)
+    tied = tied_keys(model)
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()
-             if k != "mlm.decoder.weight"}
+             if k not in tied}
     storage.makedirs(folder)
     storage.atomic_write_bytes(storage.join(folder, CHECKPOINT_WEIGHTS),
                                save_safetensors_bytes(state, metadata={"format": "pt"}))
@@ -235,7 +251,8 @@ def load_checkpoint(folder: str) -> nn.Module:
     with storage.open_read(path, "rb") as f:
         state = load_safetensors_bytes(f.read())
     result = model.load_state_dict(state, strict=False)
-    missing = [k for k in result.missing_keys if k != "mlm.decoder.weight"]
+    tied = tied_keys(model)
+    missing = [k for k in result.missing_keys if k not in tied]
     if missing or result.unexpected_keys:
         raise ValueError(f"{path}: missing {missing}, unexpected {result.unexpected_keys}")
     return model

@@ -58,6 +58,15 @@ class ModernBertConfig:
     arch: ClassVar[str] = "modernbert"
     mlm_head_bias: ClassVar[bool] = False
     """The MLM transform's dense and LayerNorm have no bias (the decoder has one)."""
+    masked_share: ClassVar[float] = 0.3
+    """Share of a row's tokens the published recipe masks (paper section 2.2: 30%), where
+    memory and FLOP estimates size the MLM head without shards."""
+    qa_dropout: ClassVar[bool] = True
+    """Span heads drop out the prediction head's states before their classifier, as
+    transformers' `ModernBertForQuestionAnswering` (`drop`)."""
+    type_vocab_size: ClassVar[int] = 0
+    """No token-type embedding (token_type_ids are ignored): a pair's sentences are told apart
+    by [SEP] alone, as ModernBERT was trained."""
     is_decoder: ClassVar[bool] = False
     """ModernBERT attends both ways and has no left-to-right form: a constant, not a setting
     (the heads read it of every encoder; training/objectives.py refuses a causal objective)."""
@@ -108,6 +117,9 @@ class ModernBertConfig:
     """Word-embedding rows rounded up to a multiple of this (`embedding_rows`), as in
     `BertConfig`: the extra rows are never looked up and a Hugging Face export holds
     `vocab_size` rows."""
+    classifier_pooling: str = "cls"
+    """What sequence-level heads summarise before the prediction head: "cls" (the [CLS]
+    state) or "mean" (the mean of the instance's token states), transformers' setting."""
 
     def __post_init__(self):
         positive = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -131,6 +143,9 @@ class ModernBertConfig:
                              f"max_position_embeddings {self.max_position_embeddings}")
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r} not in {sorted(ACTIVATIONS)}")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ValueError(f"classifier_pooling {self.classifier_pooling!r} not in "
+                             "['cls', 'mean']")
         for name in ("embedding_dropout", "attention_dropout", "mlp_dropout",
                      "hidden_dropout_prob"):
             if not 0.0 <= getattr(self, name) < 1.0:
@@ -470,6 +485,23 @@ class ModernBertModel(nn.Module):
             if isinstance(module, nn.LayerNorm):
                 nn.init.ones_(module.weight)
 
+    @torch.no_grad()
+    def init_head_layer(self, module: nn.Module) -> None:
+        """A head's new layer (classifier, span layer, NSP layer) as transformers'
+        `_init_weights` draws a ModernBERT task model's `classifier`: truncated N(0, 1 / sqrt(H))
+        at `initializer_cutoff_factor` std, bias 0."""
+        truncated_normal_(module.weight, self.config.hidden_size ** -0.5,
+                          cutoff=self.config.initializer_cutoff_factor)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    @property
+    def mlm_transform(self) -> ModernBertPredictionHead:
+        """The MLM head's transform is the prediction head `pooler`: transformers' ModernBERT
+        task models hold one `head`, which its masked LM trains and its classifiers start
+        from, so a pre-trained pooler is never a random one."""
+        return self.pooler
+
     @property
     def word_embeddings(self) -> nn.Embedding:
         """The embedding the MLM decoder is tied to."""
@@ -547,14 +579,29 @@ class ModernBertModel(nn.Module):
 
     def pool(self, hidden: Tensor, cls_positions: Tensor | None = None,
              sequence_ids: Tensor | None = None) -> Tensor:
-        """The prediction head on [CLS] states: (B, T, H) -> (B, H) at position 0 of each row,
-        or (B, K, H) at `cls_positions` (B, K) (transformers' classifier_pooling "cls").
-        `sequence_ids` is not needed (attention is bidirectional); it is the contract's."""
+        """The prediction head on each instance's summary, as transformers' classifiers:
+        (B, T, H) -> (B, H) for the instance starting at position 0 of each row, or (B, K, H)
+        for those starting at `cls_positions` (B, K). The summary is the [CLS] state
+        (`classifier_pooling` "cls") or the mean of the instance's states ("mean": the tokens
+        whose `sequence_ids` (B, T) equal its [CLS]'s; every token without them)."""
         B = hidden.shape[0]
         positions = (torch.zeros(B, 1, dtype=torch.long, device=hidden.device)
                      if cls_positions is None else cls_positions.long().clamp(min=0))  # (B, K)
-        pooled = self.pooler(gather_positions(hidden, positions))  # (B, K, H)
+        if self.config.classifier_pooling == "mean":
+            summary = self.mean_states(hidden, positions, sequence_ids)  # (B, K, H)
+        else:
+            summary = gather_positions(hidden, positions)  # (B, K, H)
+        pooled = self.pooler(summary)
         return pooled[:, 0] if cls_positions is None else pooled
+
+    @staticmethod
+    def mean_states(hidden: Tensor, positions: Tensor, sequence_ids: Tensor | None) -> Tensor:
+        """The mean state of the instance at each of `positions` (B, K): (B, K, H)."""
+        if sequence_ids is None:
+            return hidden.mean(dim=1, keepdim=True).expand(-1, positions.shape[1], -1)
+        instance = sequence_ids.gather(1, positions)  # (B, K)
+        weights = (sequence_ids[:, None, :] == instance[:, :, None]).to(hidden.dtype)  # (B, K, T)
+        return (weights @ hidden) / weights.sum(-1, keepdim=True).clamp(min=1)  # (B, K, H)
 
     def token_states(self, hidden: Tensor) -> Tensor:
         """What token-level heads classify: the prediction head on every state (..., H), as
@@ -575,4 +622,17 @@ class ModernBertModel(nn.Module):
         keys = [seq_len if layer.is_global else min(seq_len, config.local_attention + 1)
                 for layer in self.layers]
         return float(6 * per_layer * len(self.layers) + sum(12 * H * k for k in keys))
+
+    def activation_bytes(self, seq_len: int, value_bytes: int) -> int:
+        """Bytes the backward keeps for a row of `seq_len` tokens (values of `value_bytes`
+        each), without the T x T terms a flash kernel does not store: per layer and token 8 H
+        values (two LayerNorm inputs and outputs, the rotated q/k/v, the attention output) and
+        the GeGLU's 4 I (input and gate, act(input), their product), plus 1-byte masks where
+        dropout is on; the embeddings' LayerNorm input and the final LayerNorm's input."""
+        c = self.config
+        H, I = c.hidden_size, c.intermediate_size
+        masks = (H if c.attention_dropout else 0) + (I if c.mlp_dropout else 0)
+        per_token_layer = (8 * H + 4 * I) * value_bytes + masks
+        ends = seq_len * (2 * value_bytes * H + (H if c.embedding_dropout else 0))
+        return c.num_hidden_layers * seq_len * per_token_layer + ends
 

@@ -22,6 +22,10 @@ TIED_DECODER = "decoder.weight"
 """transformers' key of the MLM decoder weight, tied to the word embeddings."""
 NEXT_SENTENCE = False
 """ModernBERT's checkpoints carry no next-sentence head (it was trained on MLM alone)."""
+TOKEN_IDS = {"bos_token_id": "[CLS]", "cls_token_id": "[CLS]", "eos_token_id": "[SEP]",
+             "sep_token_id": "[SEP]", "pad_token_id": "[PAD]", "mask_token_id": "[MASK]"}
+"""config.json's special-token ids -> the token whose id the export writes there (its
+vocabulary's, model/hf.py): ModernBERT's own tokenizer begins and ends with [CLS] and [SEP]."""
 
 # Ours <- Hugging Face, outside the layers (encoder prefix stripped).
 _TOP_LEVEL = {
@@ -65,7 +69,9 @@ def hf_config(config: ModernBertConfig, architecture: str = "ModernBertForMasked
     """A transformers `ModernBertConfig` dict (config.json) of `config`. Both the layer pattern
     and RoPE bases are written in transformers 5's form (`layer_types`, `rope_parameters`) and
     in 4.x's (`global_attn_every_n_layers`, `global_rope_theta`, `local_rope_theta`); `extra`
-    adds or overrides keys (`num_labels`, the tokenizer's `cls_token_id`, `sep_token_id`...)."""
+    adds or overrides keys (`num_labels`; the vocabulary's special-token ids, `TOKEN_IDS`, which
+    the export passes: without them transformers' defaults, those of ModernBERT's tokenizer,
+    stand)."""
     c = config
     values = {
         "architectures": [architecture],
@@ -82,10 +88,6 @@ def hf_config(config: ModernBertConfig, architecture: str = "ModernBertForMasked
         "norm_eps": c.layer_norm_eps,
         "norm_bias": False,
         "pad_token_id": c.pad_token_id,
-        # ModernBERT's tokenizer's [CLS] and [SEP] when the vocabulary holds them; `extra`
-        # gives another tokenizer's
-        **{f"{name}_token_id": (token if token < c.vocab_size else None)
-           for name, token in (("bos", 50281), ("cls", 50281), ("eos", 50282), ("sep", 50282))},
         "attention_bias": False,
         "attention_dropout": c.attention_dropout,
         "layer_types": ["full_attention" if c.is_global(i) else "sliding_attention"
@@ -102,7 +104,7 @@ def hf_config(config: ModernBertConfig, architecture: str = "ModernBertForMasked
         "mlp_bias": False,
         "mlp_dropout": c.mlp_dropout,
         "decoder_bias": True,
-        "classifier_pooling": "cls",
+        "classifier_pooling": c.classifier_pooling,
         "classifier_dropout": c.hidden_dropout_prob,
         "classifier_bias": False,
         "classifier_activation": c.hidden_act,
@@ -117,11 +119,10 @@ HF_PAD_TOKEN_ID = 50283
 
 def config_from_hf(values: dict[str, Any]) -> ModernBertConfig:
     """Our config from a transformers ModernBERT config dict (5.x or 4.x keys). Settings our
-    encoder does not have (biases, mean pooling, other RoPE types, a layer pattern that is not
+    encoder does not have (biases, other RoPE types, a layer pattern that is not
     every n-th layer global) are refused in one line."""
     for name, wanted in (("norm_bias", False), ("attention_bias", False), ("mlp_bias", False),
-                         ("classifier_bias", False), ("decoder_bias", True),
-                         ("classifier_pooling", "cls")):
+                         ("classifier_bias", False), ("decoder_bias", True)):
         if name in values and values[name] != wanted:
             raise ValueError(f"{name}={values[name]!r} is not supported (only {wanted!r})")
     activation = values.get("hidden_activation", ModernBertConfig.hidden_act)

@@ -49,7 +49,7 @@ from model.encoders import ENCODERS, arch_of_preset
 from model.encoders import PRESETS as MODEL_PRESETS
 
 if TYPE_CHECKING:
-    from model.bert import BertConfig
+    from model.encoders import EncoderConfig
 
 log = logging.getLogger(__name__)
 
@@ -211,15 +211,21 @@ class ModelConfig:
         """The shape fields set (non-zero)."""
         return {f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}
 
-    def build(self, vocab_size: int, base: Any = None, **changes: Any) -> BertConfig:
-        """The run's encoder config (`model.bert.BertConfig`, `model.modernbert.ModernBertConfig`):
-        `base` (a checkpoint's, training/init_from.py) or the preset's, with this section's
-        shape fields and dropout, `vocab_size`, then `changes` (the objective sets the attention
-        it asks for, `Objective.build_model`). Fields the arch does not have are left out."""
+    def build(self, vocab_size: int, base: EncoderConfig | None = None,
+              **changes: Any) -> EncoderConfig:
+        """The run's encoder config, of the preset's arch (`model.bert.BertConfig`,
+        `model.modernbert.ModernBertConfig`): `base` (a checkpoint's, training/init_from.py) or
+        the preset's, with this section's shape fields and dropout (BERT's two dropouts;
+        ModernBERT's classifier dropout alone, it pre-trains without), `vocab_size`, then
+        `changes` (`vocab_multiple`), each of which the config must have."""
         start = base if base is not None else MODEL_PRESETS[self.preset]()
-        return type(start).from_dict({**start.to_dict(), **self.shape(), "vocab_size": vocab_size,
-                                      "hidden_dropout_prob": self.dropout,
-                                      "attention_probs_dropout_prob": self.dropout, **changes})
+        names = {f.name for f in dataclasses.fields(start)}
+        if unknown := sorted(set(changes) - names):
+            raise TypeError(f"{type(start).__name__} has no {', '.join(unknown)}")
+        dropouts = {name: self.dropout for name in ("hidden_dropout_prob",
+                                                    "attention_probs_dropout_prob")
+                    if name in names}
+        return start.replace(**self.shape(), vocab_size=vocab_size, **dropouts, **changes)
 
 
 @dataclass(frozen=True)

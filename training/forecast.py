@@ -124,15 +124,20 @@ def measured_rate(profile: str, model_name: str, seq_len: int, bert_config) -> R
         return Rate(rows, f"measured ({source})")
     peak = PROFILES[profile].peak_tflops
     lengths = [t for (p, m, t) in MEASURED if p == MFU_PROFILE and m == model_name]
-    if not peak or not lengths:
-        return Rate(None, "unknown: --calibrate N measures it")
+    if not lengths:  # another encoder's MFU says nothing of this one's (ModernBERT's)
+        measured = ", ".join(sorted({m for (_, m, _) in MEASURED}))
+        return Rate(None, f"no measured rate for {model_name} (measured: {measured}); "
+                          "--calibrate N measures it here")
+    if not peak:
+        return Rate(None, f"no measured rate on {profile}; --calibrate N measures it here")
     t0 = min(lengths, key=lambda t: (abs(t - seq_len), t))
     from model.encoders import PRESETS
     reference = PRESETS[model_name](vocab_size=30522)
     rows0, source = MEASURED[MFU_PROFILE, model_name, t0]
-    mfu = rows0 * model_flops_per_row(reference, t0, max_predictions(t0)) \
+    mfu = rows0 * model_flops_per_row(reference, t0, max_predictions(t0, reference.masked_share)) \
         / (PEAK_TFLOPS_OF[MFU_PROFILE] * 1e12)
-    rows = mfu * peak * 1e12 / model_flops_per_row(bert_config, seq_len, max_predictions(seq_len))
+    rows = mfu * peak * 1e12 / model_flops_per_row(
+        bert_config, seq_len, max_predictions(seq_len, bert_config.masked_share))
     return Rate(rows, f"MFU {mfu:.3f} ({MFU_PROFILE} {model_name} @{t0}, {source}) x "
                       f"{peak:.0f} TF/s (datasheet)")
 
@@ -140,9 +145,10 @@ def measured_rate(profile: str, model_name: str, seq_len: int, bert_config) -> R
 PEAK_TFLOPS_OF = {name: p.peak_tflops for name, p in PROFILES.items()}
 
 
-def max_predictions(seq_len: int) -> int:
+def max_predictions(seq_len: int, share: float = 0.15625) -> int:
+    """Masked positions per row at `share` of its tokens (training/memory.py's)."""
     from training.memory import max_predictions as predictions
-    return predictions(seq_len)
+    return predictions(seq_len, share)
 
 
 def this_machine() -> str:
@@ -207,7 +213,9 @@ def run_shape(config, vocab_size: int | None = None) -> RunShape:
     vocab_size = vocab_size or PRESETS[name]().vocab_size
     phases = tuple(PhasePlan(p.name, p.max_seq_length, p.micro_batch_size, p.global_batch_size,
                              p.steps, p.train_shards) for p in config.phases)
-    return RunShape(name, config.model.build(vocab_size), config.engine.zero_stage,
+    # the embedding padded to a multiple of 64 rows, as the run builds it (training/preflight.py)
+    return RunShape(name, config.model.build(vocab_size, vocab_multiple=64),
+                    config.engine.zero_stage,
                     config.engine.precision, config.cadence.keep_checkpoints, config.output_dir,
                     phases)
 
@@ -452,12 +460,12 @@ def hardware_from_args(args: argparse.Namespace, default_gpus: int) -> Hardware:
 # ---------------------------------------------------------------- calibration
 
 def random_batch(shape: RunShape, phase: PhasePlan, seed: int = 0) -> dict:
-    """One micro-batch of `phase`'s shape of random tokens: every slot a token, the paper's
-    masked positions per row, one instance per row with an NSP label."""
+    """One micro-batch of `phase`'s shape of random tokens: every slot a token, the encoder's
+    recipe's share of masked positions per row, one instance per row with an NSP label."""
     import torch
     g = torch.Generator().manual_seed(seed)
     b, t = phase.micro_batch_size, phase.max_seq_length
-    m = max_predictions(t)
+    m = max_predictions(t, shape.model.masked_share)
     vocab = shape.model.vocab_size
     positions = torch.stack([torch.randperm(t - 1, generator=g)[:m].sort().values + 1
                              for _ in range(b)])  # (B, M), never [CLS]

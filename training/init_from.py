@@ -31,7 +31,7 @@ from torch import nn
 from common import storage
 from model.bert import BertConfig
 from model.encoders import PRESETS as MODEL_PRESETS
-from model.encoders import arch_of_preset
+from model.encoders import arch_of_preset, tells_pairs_apart
 from model.hf import StartingPoint, find_starting_point, read_starting_weights
 from training import config as training_config
 from training.config import SHAPE_FIELDS, PretrainConfig
@@ -131,7 +131,7 @@ def checkpoint_model_config(config: PretrainConfig, manifest: dict,
             raise ValueError(f"--set {phase.name}.max_seq_length={phase.max_seq_length}, but "
                              f"{where} has max_position_embeddings "
                              f"{shape.max_position_embeddings}")
-    if getattr(shape, "type_vocab_size", 2) < 2:  # ModernBERT has no token types
+    if not tells_pairs_apart(shape):
         raise ValueError(f"{where} has type_vocab_size {shape.type_vocab_size}; BERT's inputs "
                          "need 2 token types (sentences A and B)")
     return model.build(shape.vocab_size, base=shape, vocab_multiple=64)

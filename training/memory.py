@@ -6,19 +6,21 @@ gradients 2 (stage 2+: partitioned, 2 / N), and the optimizer's fp32 master weig
 moments and the fp32 gradient partition, 16 / N. In fp32 at stage 0: weights 4, gradients 4,
 moments 8.
 
-Per sequence, the activations the backward keeps (Korthikanti et al. 2022, "Reducing
-Activation Recomputation in Large Transformer Models", table 2, without the T x T terms that
-a flash kernel does not store): per layer and token 16 values of the hidden width (LayerNorm
-inputs, q/k/v and the attention output, the 4H feed-forward input and GELU output) and two
-1-byte dropout masks: 34 H bytes in bf16. Plus the embeddings' and the MLM head's (the logits
-of the masked positions in bf16 and their fp32 log-softmax).
+Per sequence, the activations the backward keeps, as the encoder counts them
+(`activation_bytes` of model/bert.py and model/modernbert.py: Korthikanti et al. 2022,
+"Reducing Activation Recomputation in Large Transformer Models", table 2, without the T x T
+terms that a flash kernel does not store; BERT's 16 values of the hidden width per layer and
+token and two 1-byte dropout masks are 34 H bytes in bf16, ModernBERT's GeGLU keeps 4 I values
+where BERT's feed-forward keeps 2 I). Plus the MLM head's: the logits of the masked positions
+in bf16 and their fp32 log-softmax, at the encoder's recipe's share of masked tokens
+(`masked_share`: BERT 15.6%, ModernBERT 30%).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from model.encoders import count_parameters
+from model.encoders import activation_bytes, count_parameters, encoder_of
 
 GIB = 2**30
 WORKSPACE_BYTES = 3 * GIB
@@ -53,16 +55,21 @@ class MemoryEstimate:
         return max(0, int(free // self.activations_per_sequence))
 
 
-def parameter_count(model: Any) -> int:
-    """Parameters of the pre-training model on the encoder config `model` (tied decoder, NSP
-    head), counted on the model itself built on the meta device (any arch)."""
+def parameter_count(model: Any, next_sentence: bool | None = None) -> int:
+    """Parameters of the pre-training model on the encoder config `model`, counted on the model
+    itself built on the meta device (any arch; tied parameters once): the MLM head and, where
+    `next_sentence` (None: as the encoder's published checkpoints, BERT's yes, ModernBERT's
+    no), the NSP head."""
     from model.heads import BertForPreTraining
-    return count_parameters(model, BertForPreTraining)
+    if next_sentence is None:
+        next_sentence = encoder_of(model).hf.NEXT_SENTENCE
+    return count_parameters(model, lambda c: BertForPreTraining(c, next_sentence=next_sentence))
 
 
-def max_predictions(seq_len: int) -> int:
-    """BERT's masked positions per row: 20 at 128 tokens, 80 at 512."""
-    return max(1, round(seq_len * 0.15625))
+def max_predictions(seq_len: int, share: float = 0.15625) -> int:
+    """Masked positions per row at `share` of its tokens: BERT's 20 at 128 tokens, 80 at 512
+    (an encoder config's `masked_share` gives its recipe's)."""
+    return max(1, round(seq_len * share))
 
 
 def estimate(model: Any, seq_len: int, micro_batch_size: int, ranks: int = 1,
@@ -76,11 +83,8 @@ def estimate(model: Any, seq_len: int, micro_batch_size: int, ranks: int = 1,
         gradients = value * n / (ranks if zero_stage >= 2 else 1)
         optimizer = 16 * n / (ranks if zero_stage >= 1 else 1)
         states = value * n + gradients + optimizer
-    H = model.hidden_size
-    per_token_layer = (8 * H + 2 * model.intermediate_size) * value + 2 * H  # BERT: 16 H
-    embeddings = seq_len * (2 * value * H + H)
-    mlm = max_predictions(seq_len) * model.vocab_size * (value + 4)
-    activations = model.num_hidden_layers * seq_len * per_token_layer + embeddings + mlm
+    mlm = max_predictions(seq_len, model.masked_share) * model.vocab_size * (value + 4)
+    activations = activation_bytes(model, seq_len, value) + mlm
     return MemoryEstimate(n, int(states), WORKSPACE_BYTES, int(activations), micro_batch_size)
 
 

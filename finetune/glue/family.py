@@ -26,6 +26,7 @@ from finetune.glue.tasks import SplitSpec, TaskSpec, get_task
 from finetune.loop import FinetuneConfig, TestPredictions, for_recipe
 from finetune.packing import SlotBatch, lay_out, pack_rows
 from model.bert import BertModel
+from model.encoders import tells_pairs_apart
 from model.heads import BertForSequenceClassification
 
 log = logging.getLogger(__name__)
@@ -182,7 +183,7 @@ class GlueFamily:
     def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
         """Sentence pairs need two token types."""
         spec = get_task(task)
-        if spec.is_pair and getattr(encoder.config, "type_vocab_size", 2) < 2:  # ModernBERT: none
+        if spec.is_pair and not tells_pairs_apart(encoder.config):
             raise ValueError(f"{spec.name}: sentence pairs need 2 token types but the model "
                              f"{model_dir} has type_vocab_size {encoder.config.type_vocab_size}")
 

@@ -26,6 +26,7 @@ from finetune.loop import TestPredictions
 from finetune.multiple_choice import data as mc_data
 from finetune.packing import SlotBatch, lay_out, one_per_row, pack_rows
 from model.bert import BertModel
+from model.encoders import tells_pairs_apart
 from model.heads import BertForMultipleChoice
 
 TASKS = ("swag", "cosmosqa")
@@ -119,7 +120,7 @@ class MultipleChoiceFamily:
 
     def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
         """Every choice is a sequence pair: two token types."""
-        if getattr(encoder.config, "type_vocab_size", 2) < 2:  # ModernBERT: none
+        if not tells_pairs_apart(encoder.config):
             raise ValueError(f"{task}: (A, choice) pairs need 2 token types but the model "
                              f"{model_dir} has type_vocab_size {encoder.config.type_vocab_size}")
 

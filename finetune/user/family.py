@@ -29,6 +29,7 @@ from finetune.squad.family import SquadFamily
 from finetune.user import readers
 from finetune.user.spec import SCHEMES, UserTask
 from model.bert import BertModel
+from model.encoders import tells_pairs_apart
 from model.heads import (
     BertForQuestionAnswering,
     BertForSequenceClassification,
@@ -115,7 +116,7 @@ class UserFamily:
     def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
         if self.task(task).type in CLASSIFICATION:
             spec = glue_spec(self.task(task))
-            if spec.is_pair and getattr(encoder.config, "type_vocab_size", 2) < 2:  # ModernBERT: none
+            if spec.is_pair and not tells_pairs_apart(encoder.config):
                 raise ValueError(f"{spec.name}: sentence pairs need 2 token types but the model "
                                  f"{model_dir} has type_vocab_size "
                                  f"{encoder.config.type_vocab_size}")

@@ -103,6 +103,7 @@ def test_parameters_and_flops_are_the_toys_own(toy):
 
 def test_the_training_config_builds_the_toy(toy):
     """`model.preset=toy_tiny` resolves through the registry; memory and FLOPs read the toy."""
+    from training import memory
     from training.config import ModelConfig
     from training.forecast import model_flops_per_row
     from training.memory import parameter_count
@@ -110,5 +111,8 @@ def test_the_training_config_builds_the_toy(toy):
     config = ModelConfig(preset="toy_tiny", dropout=0.0).build(50)
     assert config == toy
     assert ModelConfig(arch="toy", preset="bert_tiny").preset == "toy_tiny"
-    assert parameter_count(config) == encoders.count_parameters(config, BertForPreTraining)
+    assert parameter_count(config) == encoders.count_parameters(  # the toy's: no NSP head
+        config, lambda c: BertForPreTraining(c, next_sentence=False))
+    assert memory.estimate(config, 10, 1, precision="fp32").activations_per_sequence == \
+        10 * (2 * (2 * 16 + 2 * 32) * 4 + 16 * 4) + 2 * 50 * 8  # the toy's own, 15% masked
     assert model_flops_per_row(config, 10, 2) == 14_208 * 10 + 6 * (16 * 16 + 50 * 16) * 2

@@ -14,6 +14,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from common.tokenization import load_tokenizer, save_tokenizer_folder
+from finetune.checkpoint import load_encoder
+from model.bert import bert_tiny
 from model.heads import (
     BertForMultipleChoice,
     BertForPreTraining,
@@ -122,6 +124,28 @@ def test_a_transformers_masked_lm_folder_loads_and_round_trips(vocab_dir, tmp_pa
                       ours.state_dict())
 
 
+def test_the_export_names_the_vocabularys_own_special_token_ids(tmp_path):
+    """A 30,522-token WordPiece vocabulary laid out as BERT's ([PAD] 0, [UNK] 100, [CLS] 101,
+    [SEP] 102, [MASK] 103) under a ModernBERT model: config.json's ids are the vocabulary's,
+    not ModernBERT's tokenizer's (50281, 50282), and match the exported tokenizer."""
+    vocab = [f"[unused{i}]" for i in range(30522)]
+    for token, index in (("[PAD]", 0), ("[UNK]", 100), ("[CLS]", 101), ("[SEP]", 102),
+                         ("[MASK]", 103), ("the", 1996)):
+        vocab[index] = token
+    save_tokenizer_folder(vocab, str(tmp_path / "vocab"))
+    export_hf_folder(BertForPreTraining(tiny().replace(vocab_size=30522), next_sentence=False),
+                     str(tmp_path / "vocab"), str(tmp_path / "hf"))
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert {key: config[key] for key in ("bos_token_id", "cls_token_id", "eos_token_id",
+                                         "sep_token_id", "pad_token_id", "mask_token_id")} == {
+        "bos_token_id": 101, "cls_token_id": 101, "eos_token_id": 102, "sep_token_id": 102,
+        "pad_token_id": 0, "mask_token_id": 103}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert (tokenizer.cls_token_id, tokenizer.sep_token_id, tokenizer.pad_token_id,
+            tokenizer.mask_token_id) == (101, 102, 0, 103)
+    assert tokenizer("the")["input_ids"] == [101, 1996, 102]
+
+
 # ---------------------------------------------------------------------------------------------
 # Fine-tuning heads
 
@@ -187,6 +211,28 @@ def test_fine_tuning_heads_export_to_transformers_and_back(name, vocab_dir, tmp_
     assert same_state(state_to_hf(fresh.state_dict()), theirs.state_dict())
 
 
+@pytest.mark.parametrize("name", ["classification", "multiple_choice"])
+def test_mean_pooling_exports_with_transformers_logits(name, vocab_dir, tmp_path):
+    """`classifier_pooling="mean"`: the prediction head on the mean of each sequence's real
+    token states, as transformers' sequence-classification and multiple-choice models; our
+    checkpoints keep the setting."""
+    make, auto, hf_class, logits = HEADS[name]
+    torch.manual_seed(17)
+    ours = randomised(make(tiny().replace(classifier_pooling="mean")), seed=18)
+    export_hf_folder(ours, str(vocab_dir), str(tmp_path / "hf"))
+    hf = auto.from_pretrained(tmp_path / "hf")
+    assert type(hf) is hf_class and hf.config.classifier_pooling == "mean"
+    on_cls = make(tiny()).eval()
+    on_cls.load_state_dict(ours.state_dict())
+    ids, mask = (torch.cat(pair) for pair in zip(padded_batch(seed=13), padded_batch(seed=14)))
+    with torch.no_grad():
+        mine = logits(ours, ids, mask)
+        torch.testing.assert_close(mine, logits(hf.eval(), ids, mask))
+        assert not torch.allclose(mine, logits(on_cls, ids, mask))
+    save_checkpoint(ours, str(tmp_path / "ours"))
+    assert load_checkpoint(str(tmp_path / "ours")).config.classifier_pooling == "mean"
+
+
 @pytest.mark.parametrize("make", [
     lambda c: BertForPreTraining(c),
     lambda c: BertForPreTraining(c, next_sentence=False),
@@ -207,3 +253,74 @@ def test_own_checkpoint_round_trip_is_exact_for_every_head(make: Callable, tmp_p
     assert same_state(loaded.state_dict(), model.state_dict())
     if isinstance(loaded, BertForPreTraining):  # the tie survives loading
         assert loaded.mlm.decoder.weight is loaded.bert.word_embeddings.weight
+
+
+# ---------------------------------------------------------------------------------------------
+# One prediction head, initialised as transformers does
+
+
+def test_the_mlm_transform_is_the_pooler_that_fine_tuning_starts_from(vocab_dir, tmp_path):
+    """transformers' ModernBERT holds one `head`: the masked LM trains it and the classifiers
+    start from it. Ours likewise: an MLM-only model's pooler is its MLM transform, so our
+    checkpoint and the Hugging Face export give fine-tuning the same, trained, pooler."""
+    torch.manual_seed(8)
+    ours = randomised(BertForPreTraining(tiny(), next_sentence=False), seed=9)
+    assert ours.mlm.dense is ours.bert.pooler.dense and ours.mlm.norm is ours.bert.pooler.norm
+    save_checkpoint(ours, str(tmp_path / "ours"))
+    export_hf_folder(ours, str(vocab_dir), str(tmp_path / "hf"))
+    from_ours = load_encoder(str(tmp_path / "ours"))
+    from_hf = load_encoder(str(tmp_path / "hf"))
+    assert same_state(from_ours.state_dict(), ours.bert.state_dict())
+    assert same_state(from_hf.state_dict(), ours.bert.state_dict())
+
+    classifier = BertForSequenceClassification.from_encoder(from_ours, num_labels=3).eval()
+    export_hf_folder(classifier, str(vocab_dir), str(tmp_path / "classifier"))
+    hf = transformers.ModernBertForSequenceClassification.from_pretrained(
+        tmp_path / "classifier").eval()
+    assert torch.equal(hf.head.dense.weight, ours.mlm.dense.weight)
+    ids, mask = padded_batch(seed=15)
+    with torch.no_grad():
+        torch.testing.assert_close(classifier(ids, attention_mask=mask).logits,
+                                   hf(ids, attention_mask=mask).logits)
+
+
+def test_new_head_layers_are_drawn_as_transformers_draws_modernberts():
+    """transformers' `_init_weights`: a task model's `classifier` ~ N(0, 1 / sqrt(H)) truncated
+    at initializer_cutoff_factor std (here 2), bias 0; the prediction head's dense at
+    initializer_range / sqrt(2 L). BERT's heads keep N(0, initializer_range) at 2 std."""
+    torch.manual_seed(10)
+    bound = 2 * 128 ** -0.5  # H = 128
+    for model, layer in ((BertForSequenceClassification(tiny(), num_labels=64), "classifier"),
+                         (BertForQuestionAnswering(tiny()), "qa_outputs"),
+                         (BertForMultipleChoice(tiny()), "classifier"),
+                         (BertForPreTraining(tiny()), "nsp")):
+        weight, bias = getattr(model, layer).weight, getattr(model, layer).bias
+        assert 2 * 0.02 < weight.abs().max() <= bound, layer  # far past BERT's 0.04
+        assert not bias.any()
+    pooler = BertForPreTraining(tiny(), next_sentence=False).bert.pooler.dense.weight
+    assert 0.02 / 6 ** 0.5 < pooler.abs().max() <= 2 * 0.02 / 6 ** 0.5  # 2 L = 6
+    bert = BertForSequenceClassification(bert_tiny(vocab_size=VOCAB), num_labels=64)
+    assert bert.classifier.weight.abs().max() <= 2 * 0.02
+
+
+def test_span_logits_drop_out_as_transformers_does_in_training(tmp_path, vocab_dir):
+    """`ModernBertForQuestionAnswering` applies dropout (`drop`) between `head` and
+    `classifier`; so does ours, drawing the same masks: train-mode logits are equal under
+    one seed (the encoder itself has no dropout). BERT's span head has none, as
+    transformers' `BertForQuestionAnswering`."""
+    config = tiny().replace(hidden_dropout_prob=0.5)
+    torch.manual_seed(11)
+    ours = randomised(BertForQuestionAnswering(config), seed=12).train()
+    export_hf_folder(ours, str(vocab_dir), str(tmp_path))
+    hf = transformers.ModernBertForQuestionAnswering.from_pretrained(tmp_path).train()
+    ids, mask = padded_batch(seed=16)
+    with torch.no_grad():
+        torch.manual_seed(13)
+        mine = span_logits(ours, ids, mask)
+        torch.manual_seed(13)
+        theirs = span_logits(hf, ids, mask)
+        ours.eval()
+        plain = span_logits(ours, ids, mask)
+    torch.testing.assert_close(mine, theirs)
+    assert not torch.allclose(mine, plain)
+    assert BertForQuestionAnswering(bert_tiny(vocab_size=VOCAB)).dropout is None

@@ -28,6 +28,12 @@ class ToyConfig:
     arch: ClassVar[str] = "toy"
     mlm_head_bias: ClassVar[bool] = True
     """The MLM transform has biases (as BERT's)."""
+    qa_dropout: ClassVar[bool] = False
+    """The span head reads the token states without dropout (as BERT's)."""
+    masked_share: ClassVar[float] = 0.15
+    """Share of a row's tokens masked (memory estimates size the MLM head by it)."""
+    type_vocab_size: ClassVar[int] = 0
+    """No token-type embedding: a pair is told apart by its [SEP] alone."""
 
     vocab_size: int = 100
     """Number of tokens."""
@@ -162,6 +168,19 @@ class ToyModel(nn.Module):
     def token_states(self, hidden: Tensor) -> Tensor:
         return hidden
 
+    mlm_transform: nn.Module | None = None
+    """The MLM head has its own transform."""
+
+    def init_head_layer(self, module: nn.Module) -> None:
+        init_bert_weights(module, self.config.initializer_range)
+
+    def activation_bytes(self, seq_len: int, value_bytes: int) -> int:
+        """Per block and token: its input and the norm's output (2 H), the feed-forward's
+        input and activation (2 I); the embeddings' output."""
+        c = self.config
+        per_token_layer = (2 * c.hidden_size + 2 * c.intermediate_size) * value_bytes
+        return seq_len * (c.num_hidden_layers * per_token_layer + c.hidden_size * value_bytes)
+
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs (3 x the forward's 2 per multiply-add) per token: each block's two
         feed-forward matrices (2 H I) and its mean over the row's tokens (H per token)."""
@@ -177,6 +196,7 @@ MODEL_TYPE = "toy"
 ENCODER_PREFIX = "toy."
 TIED_DECODER = "lm.decoder.weight"
 NEXT_SENTENCE = False
+TOKEN_IDS: dict[str, str] = {"cls_token_id": "[CLS]"}
 
 
 def architecture(kind: str, model: nn.Module | None = None) -> str:
@@ -192,7 +212,8 @@ def config_from_hf(values: dict[str, Any]) -> ToyConfig:
     return ToyConfig.from_dict(values)
 
 
-def state_from_hf(hf_state: dict[str, Tensor]) -> tuple[dict[str, Tensor], list[str]]:
+def state_from_hf(hf_state: dict[str, Tensor], kind: str | None = None
+                  ) -> tuple[dict[str, Tensor], list[str]]:
     state, ignored = {}, []
     for key, value in hf_state.items():
         if key == TIED_DECODER:

@@ -50,10 +50,10 @@ def test_flops_of_a_modernbert_row_count_local_layers_over_their_window():
         160_432_128 + 12 * 128 * 64 * 3 * 64 + 4_915_200
 
 
-def test_modernbert_base_parameters_are_transformers_masked_lm_and_our_heads():
-    """The estimate counts the pre-training model: transformers' ModernBertForMaskedLM (its
-    `head` is our MLM transform), our pooler (the prediction head fine-tuning starts from, which
-    transformers' masked LM has no place for) and the next-sentence head (2 H + 2)."""
+def test_modernbert_base_parameters_are_transformers_masked_lm():
+    """The estimate counts the pre-training model as ModernBERT trains it: transformers'
+    ModernBertForMaskedLM (its `head` is our MLM transform and our pooler, one module), no
+    next-sentence head unless asked for (2 H + 2)."""
     import torch
     import transformers
 
@@ -63,8 +63,26 @@ def test_modernbert_base_parameters_are_transformers_masked_lm_and_our_heads():
             **hf_config(config)))
     masked_lm = sum(p.numel() for p in theirs.parameters())
     H = config.hidden_size
-    assert masked_lm == 149_655_232
-    assert parameter_count(config) == masked_lm + (H * H + H) + (2 * H + 2) == 150_247_362
+    assert parameter_count(config) == masked_lm == 149_655_232
+    assert parameter_count(config, next_sentence=True) == masked_lm + 2 * H + 2
+
+
+def test_modernbert_has_no_measured_rate_and_the_plan_says_so():
+    """No ModernBERT step was measured on a GPU, and BERT's MFU says nothing of it: the plan
+    names the missing measurement instead of a figure. Its embedding is padded to a multiple of
+    64 rows as the run builds it, and its MLM head masks 30% (the memory estimate's)."""
+    shape = fc.run_shape(cfg.apply_overrides(cfg.tiny(), ["model.arch=modernbert"]),
+                         vocab_size=30522)
+    assert (shape.model.vocab_size, shape.model.embedding_rows) == (30522, 30528)
+    result = fc.forecast(shape, [None, None], fc.Hardware("h200", gpus=1))
+    phase = result["phases"][0]
+    assert (phase["rows_per_s_per_gpu"], phase["hours"], result["hours"]) == (None, None, None)
+    assert phase["rate_basis"] == ("no measured rate for modernbert_tiny (measured: bert_base, "
+                                   "bert_large, bert_tiny); --calibrate N measures it here")
+    assert "rate: no measured rate for modernbert_tiny" in fc.render(result)
+    assert phase["peak_memory_per_rank_bytes"] == estimate(
+        shape.model, 128, shape.phases[0].micro_batch_size, precision=shape.precision,
+        zero_stage=shape.zero_stage).total
 
 
 def test_bert_large_at_128_on_h200_takes_steps_times_batch_over_898_rows_per_s():
@@ -106,7 +124,7 @@ def test_memory_and_disk_come_from_the_model_states_and_kept_checkpoints():
     shape = fc.run_shape(cfg.large())
     result = fc.forecast(shape, [None, None], fc.Hardware("h200", gpus=8))
     params = parameter_count(shape.model)
-    assert result["parameters"] == params == 336_226_108
+    assert result["parameters"] == params == 336_226_108 + 6 * 1024  # 30,522 -> 30,528 rows
     # bf16 module weights 2 + fp32 masters and Adam's two moments 12, 3 kept, fp32 export 4
     assert result["disk"]["checkpoint_bytes"] == params * 14
     assert result["disk"]["checkpoints_total_bytes"] == params * 14 * 3 + params * 4
