@@ -159,6 +159,19 @@ def read_merges(vocab_path: str) -> list[tuple[str, str]] | None:
     return merges
 
 
+def merges_sha256(vocab_path: str) -> str | None:
+    """sha256 of a BPE vocabulary's merges (one `a b` line each, in rank order: the `#version`
+    line and line endings aside), or None for a WordPiece one. A BPE vocabulary is its tokens
+    and its merges: one `vocab.txt` with other merges splits the same text into other ids, so
+    the shards' manifest and the checkpoint-vocabulary stage record this beside vocab.txt's."""
+    import hashlib
+
+    merges = read_merges(vocab_path)
+    if merges is None:
+        return None
+    return hashlib.sha256("".join(f"{a} {b}\n" for a, b in merges).encode("utf-8")).hexdigest()
+
+
 def recorded_lower_case(vocab_path: str) -> bool | None:
     """The casing a vocabulary folder records in `tokenizer_config.json` (`do_lower_case`, as
     transformers and train_vocab write it), or None when it records none (a vocab.txt alone).

@@ -4,8 +4,9 @@ A checkpoint's word embeddings are indexed by its own vocabulary, so such a flow
 vocabulary: this stage copies the checkpoint's `vocab.txt` into a vocabulary folder like the one
 `train_vocab` writes (vocab.txt, tokenizer.json, tokenizer_config.json), lower-casing as the
 checkpoint's tokenizer does, and the shards and the pre-training run use it. Its content hash
-covers the checkpoint's identity (sha256 of its config, weights and vocab.txt), so another
-checkpoint, even at the same path, gives other shards and another pre-training stage.
+covers the checkpoint's identity (sha256 of its config, weights and vocab.txt, and of a BPE
+vocabulary's merges), so another checkpoint, even at the same path, gives other shards and
+another pre-training stage.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from flows.stages import StageResult, run_stage
 
 def checkpoint_vocab_settings(init_from: str) -> dict:
     """The stage's config (what its folder's hash covers): the checkpoint's identity, its
-    vocabulary's sha256 and casing. Errors name the setting when the folder has no vocabulary."""
+    vocabulary's sha256 (a BPE one's merges too) and casing. Errors name the setting when the
+    folder has no vocabulary."""
+    from common.tokenization import merges_sha256
     from model.hf import find_starting_point
     from training.init_from import (
         checkpoint_do_lower_case,
@@ -28,9 +31,11 @@ def checkpoint_vocab_settings(init_from: str) -> dict:
     if vocab_dir is None:
         raise ValueError(f"pretrain.model.init_from={init_from}: no vocab.txt in {start.folder}; "
                          "the shards must be made with the checkpoint's vocabulary")
+    merges = merges_sha256(vocab_dir)  # absent for WordPiece: its stages keep their keys
     return {"init_from": init_from, "vocab_dir": vocab_dir,
             "checkpoint_sha256": initial_weights_digest(start),
             "vocab_sha256": storage.sha256_file(storage.join(vocab_dir, "vocab.txt")),
+            **({"merges_sha256": merges} if merges else {}),
             "do_lower_case": checkpoint_do_lower_case(start)}
 
 

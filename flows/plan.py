@@ -102,7 +102,8 @@ def launch_gpus(cfg: DagConfig) -> int:
 
 def vocab_size(cfg: DagConfig, stages: steps.DataStages) -> tuple[int, str]:
     """The vocabulary's size and where it is read: the built stage's manifest, else the
-    checkpoint continued from (its vocabulary is kept), else the vocab.vocab_size setting."""
+    checkpoint continued from (its vocabulary is kept), else the vocab.vocab_size setting (a
+    BPE one padded to a multiple of 64 with unused tokens, as train_vocab writes it)."""
     size = stages.vocab.manifest.get("vocab_size") if stages.vocab.cached else None
     if size:
         return int(size), f"manifest {stages.vocab.path}"
@@ -112,6 +113,11 @@ def vocab_size(cfg: DagConfig, stages: steps.DataStages) -> tuple[int, str]:
 
         size = find_starting_point(init_from).config.vocab_size  # its embedding rows
         return size, f"the checkpoint's vocabulary ({init_from})"
+    if cfg.vocab.kind == "bpe":
+        from pipelines.vocab.bpe import padded_size
+
+        return (padded_size(cfg.vocab.vocab_size),
+                "the vocab.vocab_size setting, padded to a multiple of 64 (BPE)")
     return cfg.vocab.vocab_size, "the vocab.vocab_size setting"
 
 

@@ -556,7 +556,7 @@ def output_options(options: dict, config: ShardsConfig) -> dict:
 def build_manifest(infos: list[shard_files.ShardInfo], options: dict, vocab_path: str,
                    vocab_size: int, config: ShardsConfig,
                    counters: dict) -> dict:
-    from common.tokenization import is_vocab_folder
+    from common.tokenization import is_vocab_folder, merges_sha256
 
     infos = sorted(infos, key=lambda i: (shard_files.SPLITS.index(i.split), i.index))
     totals = shard_files.ShardStats()
@@ -577,12 +577,13 @@ def build_manifest(infos: list[shard_files.ShardInfo], options: dict, vocab_path
     edges = [round(b * (L + 1) / shard_files.HISTOGRAM_BINS) for b in range(shard_files.HISTOGRAM_BINS + 1)]
     vocab_file = (storage.join(vocab_path.rstrip("/"), "vocab.txt") if is_vocab_folder(vocab_path)
                   else vocab_path)
+    merges = merges_sha256(vocab_path)  # a BPE vocabulary's other half (absent for WordPiece)
     return {
         "stage": "make_shards",
         "options": options,
         "config_hash": storage.config_hash(output_options(options, config)),
         "vocab": {"path": vocab_file, "sha256": storage.sha256_file(vocab_file),
-                  "vocab_size": vocab_size},
+                  "vocab_size": vocab_size, **({"merges_sha256": merges} if merges else {})},
         "vocab_size": vocab_size,
         "max_seq_length": L,
         "max_predictions_per_seq": config.max_predictions_per_seq,

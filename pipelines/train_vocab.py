@@ -27,7 +27,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from common import errors, storage
-from common.tokenization import MERGES_NAME, save_tokenizer_folder
+from common.tokenization import MERGES_NAME, merges_sha256, save_tokenizer_folder
 from pipelines import jobs, parquet_io
 from pipelines.disk_full import disk_full_reported
 from pipelines.vocab import kinds
@@ -213,6 +213,7 @@ def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str
     save_tokenizer_folder(result.tokens, output, do_lower_case=config.do_lower_case,
                           merges=getattr(result, "merges", None))
     vocab_sha256 = storage.sha256_file(storage.join(output, "vocab.txt"))
+    merges = merges_sha256(output)  # a BPE vocabulary's other half (absent for WordPiece)
     manifest = {
         "stage": "train_vocab",
         "config": config.resolved(),
@@ -221,6 +222,7 @@ def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str
         "inputs": inputs,
         "vocab_size": len(result.tokens),
         "vocab_sha256": vocab_sha256,
+        **({"merges_sha256": merges} if merges else {}),
         "num_texts": num_texts,
         "num_bad_records": len(bad_records),
         "word_counts_sha256": storage.sha256_file(storage.join(output, WORD_COUNTS_NAME)),

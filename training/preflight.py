@@ -54,20 +54,22 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
     be gone), before the first step: a mistake in phase 2's inputs must not surface after
     phase 1's hours. Per phase: the manifest, the sequence length, the vocabulary (size, and
     the file's sha256 against `vocab_dir`'s: same-size vocabularies with other tokens would
-    train silently on ids the tokenizer does not mean), what the objective needs
+    train silently on ids the tokenizer does not mean; a BPE one's merges too, which split the
+    same text into other ids), what the objective needs
     (`Objective.check_shards`), complete local shard files, each with
     the manifest's sha256 and only regular, relatively named members (`verify_shard_files`;
     above `FULL_CHECK_MAX_BYTES` the loader checks each shard as it reads it instead). Across
     phases: one vocabulary, and NSP in all or none."""
     from training.shard_trust import check_shard_files, list_shards, verify_shard_files
 
-    vocab_file, vocab_sha, vocab_size = None, None, None
+    vocab_file, vocab_sha, vocab_size, merges = None, None, None, None
     vocab_dir, init_from = config.data.vocab_dir, config.model.init_from
     if vocab_dir:
-        from common.tokenization import read_vocab
+        from common.tokenization import merges_sha256, read_vocab
         vocab_file = vocab_dir if vocab_dir.endswith(".txt") else \
             storage.join(vocab_dir, "vocab.txt")
         vocab_size, vocab_sha = len(read_vocab(vocab_dir)), storage.sha256_file(vocab_file)
+        merges = merges_sha256(vocab_dir)
     seen: dict[str, tuple[str, object]] = {}  # manifest key -> (first phase, its value)
     for phase in config.phases[first_phase:]:
         manifest = shard_manifest(phase)
@@ -90,10 +92,20 @@ def check_phase_inputs(config: PretrainConfig, first_phase: int = 0) -> None:
                 f"(sha256 {recorded[:12]}), but data.vocab_dir={vocab_dir} holds another "
                 f"({vocab_file}, sha256 {vocab_sha[:12]}): the token ids would not mean what "
                 "the exported tokenizer says. Point data.vocab_dir at the shards' vocabulary")
+        recorded_merges = (manifest.get("vocab") or {}).get("merges_sha256")
+        if vocab_dir and recorded_merges and recorded_merges != merges:
+            holder = (f"model.init_from={init_from} has" if init_from else
+                      f"data.vocab_dir={vocab_dir} holds")
+            theirs = f"merges sha256 {merges[:12]}" if merges else "a WordPiece vocabulary"
+            raise ValueError(
+                f"{where}: shards made with the BPE merges of {manifest['vocab'].get('path')} "
+                f"(merges sha256 {recorded_merges[:12]}), but {holder} others ({theirs}): the "
+                "same text splits into other ids. Make the shards with the run's vocabulary")
         if vocab_size and manifest.get("vocab_size") and int(manifest["vocab_size"]) != vocab_size:
             raise ValueError(f"{where}: shards made with vocab_size {manifest['vocab_size']}, "
                              f"but data.vocab_dir={vocab_dir} holds {vocab_size} tokens")
         for key, value in (("vocab_size", manifest.get("vocab_size")), ("vocab sha256", recorded),
+                           ("merges sha256", recorded_merges),
                            ("nsp", bool(manifest.get("nsp", True)))):
             if value is None:  # an older manifest without it
                 continue

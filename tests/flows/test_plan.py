@@ -164,6 +164,19 @@ def test_a_continued_run_is_planned_with_the_checkpoints_vocabulary(built, tmp_p
     assert not (tmp_path / "out").exists()  # a plan builds nothing
 
 
+def test_a_bpe_vocabulary_is_planned_at_its_padded_size():
+    """Before its stage is built, a BPE vocabulary is planned (the plan's vocab row and the
+    model it sizes) at the size train_vocab writes: vocab.vocab_size padded with unused tokens
+    to a multiple of 64, tiny's 4,000 -> 4,032; a WordPiece one at the setting."""
+    from flows.plan import vocab_size
+    from flows.stages import StageResult
+
+    unbuilt = steps.DataStages([], None, StageResult("vocab", "vocab-?", "", False, 0.0), [])
+    assert vocab_size(resolve("tiny", {"vocab": {"kind": "bpe"}}), unbuilt) == (
+        4032, "the vocab.vocab_size setting, padded to a multiple of 64 (BPE)")
+    assert vocab_size(resolve("tiny"), unbuilt) == (4000, "the vocab.vocab_size setting")
+
+
 @pytest.mark.parametrize("output", ["local", "gs://my-bucket/runs/large"])
 def test_a_plan_over_cloud_inputs_makes_no_cloud_call(output, tmp_path, monkeypatch):
     """gs:// inputs (and a gs:// output) are neither listed nor read while the stages are

@@ -1,6 +1,7 @@
 """The byte-level BPE vocabulary (`vocab.kind=bpe`): its layout and size, parity with
 transformers' AutoTokenizer on the books and the Wikipedia sample (the vocab folder and our
-export), and whole-word masking over it in make_shards and the loader's re-masking."""
+export), whole-word masking over it in make_shards and the loader's re-masking, and its merges
+as part of its identity (shards and a checkpoint's vocabulary stage)."""
 from __future__ import annotations
 
 import typing
@@ -18,6 +19,7 @@ from common.tokenization import (
     check_vocab_kind,
     continuation_flags,
     load_tokenizer,
+    merges_sha256,
     read_merges,
     read_vocab,
     vocab_kind,
@@ -40,6 +42,31 @@ def bpe_vocab(shared_data, tmp_path_factory) -> Path:
                       "--output", str(output), "--no_progress", "--kind", "bpe",
                       "--vocab_size", "2000"])
     return output
+
+
+@pytest.fixture(scope="module")
+def bpe_shards(bpe_vocab, shared_data, tmp_path_factory) -> Path:
+    """Whole-word-masked 128-token shards of 120 book paragraphs with `bpe_vocab`."""
+    from pipelines import make_shards
+
+    folder = tmp_path_factory.mktemp("bpe_shards")
+    corpus = book_corpus(shared_data / "books", folder / "corpus", paragraphs=120)
+    make_shards.main(["--input", str(corpus), "--vocab", str(bpe_vocab),
+                      "--output", str(folder / "shards"), "--num_shards", "1",
+                      "--dupe_factor", "1", "--validation_fraction", "0",
+                      "--max_seq_length", "128", "--do_whole_word_mask", "true"])
+    return folder / "shards"
+
+
+def other_merges(bpe_vocab: Path, folder: Path) -> Path:
+    """A copy of `bpe_vocab` with the same vocab.txt and its last two merges swapped."""
+    import shutil
+
+    shutil.copytree(bpe_vocab, folder)
+    lines = (folder / "merges.txt").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[-2:] = lines[:-3:-1]
+    (folder / "merges.txt").write_text("".join(lines), encoding="utf-8")
+    return folder
 
 
 def wiki_sample_passages() -> list[str]:
@@ -99,6 +126,7 @@ def test_job_writes_a_bpe_folder_in_bert_names(bpe_vocab):
     assert tokens[5:261] == sorted(tokens[5:261])  # the 256 byte symbols, then the merges
     assert tokens[261:264] == ["Ġt", "he", "Ġa"] and tokens[-1] == "[unused47]"
     assert len(read_merges(str(bpe_vocab))) == 1739
+    assert manifest["merges_sha256"] == merges_sha256(str(bpe_vocab))
     flags = continuation_flags(tokens, BPE)
     assert (sum(flags), flags[tokens.index("Ġwhale")], flags[tokens.index("he")]) == (
         927, False, True)
@@ -149,18 +177,12 @@ def whole_word_groups(ids: list[int], starts_word: np.ndarray, special: set[int]
     return groups
 
 
-def test_whole_word_masks_cover_whole_words(bpe_vocab, shared_data, tmp_path):
+def test_whole_word_masks_cover_whole_words(bpe_vocab, bpe_shards):
     import transformers
 
-    from pipelines import make_shards
     from training.remasking import KeyedRow, Remasker
 
-    corpus = book_corpus(shared_data / "books", tmp_path / "corpus", paragraphs=120)
-    make_shards.main(["--input", str(corpus), "--vocab", str(bpe_vocab),
-                      "--output", str(tmp_path / "shards"), "--num_shards", "1",
-                      "--dupe_factor", "1", "--validation_fraction", "0",
-                      "--max_seq_length", "128", "--do_whole_word_mask", "true"])
-    rows = read_rows(tmp_path / "shards")
+    rows = read_rows(bpe_shards)
     theirs = transformers.AutoTokenizer.from_pretrained(str(bpe_vocab))
     starts_word = np.array([theirs.decode([i]).startswith(" ") for i in range(len(theirs))])
     special = {0, 2, 3}  # [PAD] [CLS] [SEP]
@@ -188,6 +210,55 @@ def test_whole_word_masks_cover_whole_words(bpe_vocab, shared_data, tmp_path):
                for i, row in enumerate(rows)]
     # multi-piece words masked whole: in the shards' static masks and in the loader's re-draw
     assert (len(rows), sum(static), sum(dynamic)) == (283, 967, 942)
+
+
+def test_shards_made_with_other_merges_are_refused(bpe_vocab, bpe_shards, tmp_path):
+    """Two BPE vocabularies with one vocab.txt and other merges: the shards' manifest records
+    the merges, and a run whose vocabulary has others is refused before its first step."""
+    from common import storage
+    from training.config import PhaseConfig, PretrainConfig, PretrainDataConfig
+    from training.preflight import check_phase_inputs
+
+    other = other_merges(bpe_vocab, tmp_path / "other")
+    assert read_vocab(str(other)) == read_vocab(str(bpe_vocab))
+    ours, theirs = merges_sha256(str(bpe_vocab)), merges_sha256(str(other))
+    assert ours != theirs and merges_sha256(str(bpe_vocab / "vocab.txt")) == ours
+    recorded = storage.read_manifest(str(bpe_shards))["vocab"]
+    assert (recorded["merges_sha256"], recorded["sha256"]) == (
+        ours, storage.sha256_file(str(other / "vocab.txt")))
+
+    def config(vocab_dir: Path) -> PretrainConfig:
+        return PretrainConfig(data=PretrainDataConfig(vocab_dir=str(vocab_dir)), phases=(
+            PhaseConfig(train_shards=str(bpe_shards), micro_batch_size=4, global_batch_size=4,
+                        steps=1, warmup_steps=0),))
+
+    check_phase_inputs(config(bpe_vocab))
+    with pytest.raises(ValueError) as refused:
+        check_phase_inputs(config(other))
+    assert str(refused.value) == (
+        f"phase1.train_shards={bpe_shards}: shards made with the BPE merges of "
+        f"{bpe_vocab / 'vocab.txt'} (merges sha256 {ours[:12]}), but data.vocab_dir={other} "
+        f"holds others (merges sha256 {theirs[:12]}): the same text splits into other ids. "
+        "Make the shards with the run's vocabulary")
+
+
+def test_a_bpe_checkpoints_vocabulary_stage_is_keyed_on_its_merges(bpe_vocab, tmp_path):
+    """Continued pre-training from two BPE checkpoints with one weights file and vocab.txt but
+    other merges: their vocabulary stages (flows/checkpoint_vocab.py) differ in the merges."""
+    from flows.checkpoint_vocab import checkpoint_vocab_settings
+    from model.bert import bert_tiny
+    from model.heads import BertForPreTraining
+    from model.hf import export_hf_folder
+
+    export_hf_folder(BertForPreTraining(bert_tiny(vocab_size=2048)), str(bpe_vocab),
+                     str(tmp_path / "hf"))
+    other = other_merges(tmp_path / "hf", tmp_path / "other")
+    first, second = (checkpoint_vocab_settings(str(f)) for f in (tmp_path / "hf", other))
+    assert (first["merges_sha256"], second["merges_sha256"]) == (
+        merges_sha256(str(bpe_vocab)), merges_sha256(str(other)))
+    assert first["merges_sha256"] != second["merges_sha256"]
+    same = ("checkpoint_sha256", "vocab_sha256", "do_lower_case")
+    assert [first[k] for k in same] == [second[k] for k in same]
 
 
 def test_wordpiece_folders_stay_wordpiece(minilm_dir):
