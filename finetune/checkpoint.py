@@ -64,11 +64,12 @@ def weights_error(error: Exception, config_name: str, shown: int = 3) -> str:
 
 
 def load_tokenizer(model_dir: str):
-    """The checkpoint folder's WordPiece tokenizer (`tokenizers.Tokenizer`), no padding and no
-    truncation.
+    """The checkpoint folder's tokenizer (`tokenizers.Tokenizer`: WordPiece, or byte-level BPE
+    where the folder has merges.txt), no padding and no truncation.
 
     `tokenizer.json` when the folder has one (our export writes it; so do HF BERT folders), else
-    `vocab.txt` through `common.tokenization.load_tokenizer` with the folder's lower-casing.
+    `vocab.txt` (and merges.txt) through `common.tokenization.load_tokenizer` with the folder's
+    lower-casing.
     """
     from tokenizers import Tokenizer
 

@@ -1,7 +1,8 @@
 """The byte-level BPE vocabulary (`vocab.kind=bpe`): its layout and size, parity with
 transformers' AutoTokenizer on the books and the Wikipedia sample (the vocab folder and our
-export), whole-word masking over it in make_shards and the loader's re-masking, and its merges
-as part of its identity (shards and a checkpoint's vocabulary stage)."""
+export), whole-word masking over it in make_shards and the loader's re-masking, its merges
+as part of its identity (shards and a checkpoint's vocabulary stage), and fine-tuning a BPE
+checkpoint."""
 from __future__ import annotations
 
 import typing
@@ -56,6 +57,21 @@ def bpe_shards(bpe_vocab, shared_data, tmp_path_factory) -> Path:
                       "--dupe_factor", "1", "--validation_fraction", "0",
                       "--max_seq_length", "128", "--do_whole_word_mask", "true"])
     return folder / "shards"
+
+
+@pytest.fixture(scope="module")
+def bpe_checkpoint(bpe_vocab, tmp_path_factory) -> Path:
+    """bert_tiny on `bpe_vocab`, freshly initialised (seed 0), exported."""
+    import torch
+
+    from model.bert import bert_tiny
+    from model.heads import BertForPreTraining
+    from model.hf import export_hf_folder
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("bpe_checkpoint")
+    export_hf_folder(BertForPreTraining(bert_tiny(vocab_size=2048)), str(bpe_vocab), str(folder))
+    return folder
 
 
 def other_merges(bpe_vocab: Path, folder: Path) -> Path:
@@ -242,23 +258,60 @@ def test_shards_made_with_other_merges_are_refused(bpe_vocab, bpe_shards, tmp_pa
         "Make the shards with the run's vocabulary")
 
 
-def test_a_bpe_checkpoints_vocabulary_stage_is_keyed_on_its_merges(bpe_vocab, tmp_path):
+def test_a_bpe_checkpoints_vocabulary_stage_is_keyed_on_its_merges(bpe_vocab, bpe_checkpoint,
+                                                                    tmp_path):
     """Continued pre-training from two BPE checkpoints with one weights file and vocab.txt but
     other merges: their vocabulary stages (flows/checkpoint_vocab.py) differ in the merges."""
     from flows.checkpoint_vocab import checkpoint_vocab_settings
-    from model.bert import bert_tiny
-    from model.heads import BertForPreTraining
-    from model.hf import export_hf_folder
 
-    export_hf_folder(BertForPreTraining(bert_tiny(vocab_size=2048)), str(bpe_vocab),
-                     str(tmp_path / "hf"))
-    other = other_merges(tmp_path / "hf", tmp_path / "other")
-    first, second = (checkpoint_vocab_settings(str(f)) for f in (tmp_path / "hf", other))
+    other = other_merges(bpe_checkpoint, tmp_path / "other")
+    first, second = (checkpoint_vocab_settings(str(f)) for f in (bpe_checkpoint, other))
     assert (first["merges_sha256"], second["merges_sha256"]) == (
         merges_sha256(str(bpe_vocab)), merges_sha256(str(other)))
     assert first["merges_sha256"] != second["merges_sha256"]
     same = ("checkpoint_sha256", "vocab_sha256", "do_lower_case")
     assert [first[k] for k in same] == [second[k] for k in same]
+
+
+def test_a_bpe_checkpoint_fine_tunes_a_glue_task(bpe_checkpoint, tmp_path):
+    """bert-finetune on a BPE checkpoint: RTE's pairs are encoded by its byte-level BPE, as
+    transformers' AutoTokenizer encodes them (from its tokenizer.json, or without one from
+    vocab.txt and merges.txt), and 16 examples train and score."""
+    import json
+    import shutil
+
+    import transformers
+
+    from finetune import cli as finetune_cli
+    from finetune.glue.data import load_glue_tokenizer
+    from finetune.tasks import get_task
+    from flows.config import SAMPLE
+
+    glue = SAMPLE / "glue"
+    rows = {r[0]: r for r in (line.split("\t") for line in
+                              (glue / "RTE" / "dev.tsv").read_text().splitlines()[1:])}
+    theirs = transformers.AutoTokenizer.from_pretrained(str(bpe_checkpoint))
+    bare = tmp_path / "bare"  # vocab.txt and merges.txt only
+    shutil.copytree(bpe_checkpoint, bare)
+    (bare / "tokenizer.json").unlink()
+    for folder in (bpe_checkpoint, bare):
+        tokenizer = load_glue_tokenizer(str(folder), 128)
+        assert tokenizer.encode("The whale.").tokens == ["[CLS]", "Ġthe", "Ġwhale", ".", "[SEP]"]
+        dev = get_task("rte").family.prepare("rte", str(glue), tokenizer, 128, 16, 8,
+                                             False).dev["dev"]
+        assert [ids.tolist() for ids in dev.input_ids] == [
+            theirs(rows[g][1], rows[g][2], truncation=True, max_length=128)["input_ids"]
+            for g in dev.guids]
+    out = tmp_path / "run"
+    assert finetune_cli.main([
+        "--model", str(bpe_checkpoint), "--data", str(SAMPLE), "--tasks", "rte", "--output",
+        str(out), "--max_train_examples", "16", "--max_eval_examples", "8", "--epochs", "1",
+        "--batch_size", "8", "--learning_rates", "1e-4", "--seeds", "1", "--max_seq_length",
+        "128", "--no_progress", "--num_threads", "1", "--no_test"]) == 0
+    (task,) = json.loads((out / "results.json").read_text())["tasks"]
+    # a seeded CPU run repeats: its score (8 dev examples) and, to float rounding, its loss
+    assert (task["task"], task["num_train_examples"], task["score"]) == ("RTE", 16, 0.625)
+    assert [run["final_loss"] for run in task["runs"]] == pytest.approx([0.6861413], abs=1e-6)
 
 
 def test_wordpiece_folders_stay_wordpiece(minilm_dir):
