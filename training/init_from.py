@@ -32,7 +32,7 @@ from common import storage
 from model.bert import BertConfig
 from model.encoders import PRESETS as MODEL_PRESETS
 from model.encoders import arch_of_preset, tells_pairs_apart
-from model.hf import StartingPoint, find_starting_point, read_starting_weights
+from model.hf import StartingPoint, find_starting_point, read_starting_weights, tied_keys
 from training import config as training_config
 from training.config import SHAPE_FIELDS, PretrainConfig
 
@@ -151,7 +151,8 @@ def load_starting_weights(model: nn.Module, start: StartingPoint) -> list[str]:
         padded[:vocab_size] = state[word][:vocab_size]
         state[word] = padded  # (embedding_rows, H)
     result = model.load_state_dict(state, strict=False)
-    fresh = [k for k in result.missing_keys if k != "mlm.decoder.weight"]  # tied to `word`
+    tied = tied_keys(model)  # the decoder (`word`); ModernBERT's MLM transform (its pooler)
+    fresh = [k for k in result.missing_keys if k not in tied]
     encoder = [k for k in fresh if k.startswith("bert.") and not k.startswith("bert.pooler.")]
     if encoder:
         raise ValueError(f"{start.weights_file}: encoder weights missing from the checkpoint: "

@@ -23,10 +23,17 @@ from model.heads import (
     BertForSequenceClassification,
     BertForTokenClassification,
 )
-from model.hf import export_hf_folder, load_checkpoint, load_hf_checkpoint, save_checkpoint
+from model.hf import (
+    export_hf_folder,
+    find_starting_point,
+    load_checkpoint,
+    load_hf_checkpoint,
+    save_checkpoint,
+)
 from model.modernbert import ModernBertModel
 from model.modernbert_hf import state_from_hf, state_to_hf
 from tests.model.test_modernbert import VOCAB, hf_model, padded_batch, tiny
+from training.init_from import load_starting_weights
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +279,9 @@ def test_the_mlm_transform_is_the_pooler_that_fine_tuning_starts_from(vocab_dir,
     from_hf = load_encoder(str(tmp_path / "hf"))
     assert same_state(from_ours.state_dict(), ours.bert.state_dict())
     assert same_state(from_hf.state_dict(), ours.bert.state_dict())
+    again = BertForPreTraining(tiny(), next_sentence=False)  # continued pre-training: all there
+    assert load_starting_weights(again, find_starting_point(str(tmp_path / "ours"))) == []
+    assert same_state(again.state_dict(), ours.state_dict())
 
     classifier = BertForSequenceClassification.from_encoder(from_ours, num_labels=3).eval()
     export_hf_folder(classifier, str(vocab_dir), str(tmp_path / "classifier"))
