@@ -348,15 +348,36 @@ def load_file(path: str, yaml_loader: type | None = None) -> dict[str, Any]:
     return data
 
 
-def merge(base: Mapping[str, Any], more: Mapping[str, Any]) -> dict[str, Any]:
-    """Nested mappings merged, `more` winning (a file's settings, then `--set`s)."""
+def merge(base: Mapping[str, Any], more: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings merged, `more` winning (a file's settings, then `--set`s). A mapping
+    onto a list of mappings (a file's `decays` or `data.sources`) changes the items it names,
+    by `name` or index, as `apply` does a config's (`--set decays.general.steps=2`); `prefix`
+    is `base`'s path, for the error naming an item there is not."""
     merged = dict(base)
     for key, value in more.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = merge(merged[key], value)
+        current = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(current, Mapping):
+            merged[key] = merge(current, value, f"{prefix}{key}.")
+        elif isinstance(value, Mapping) and isinstance(current, (list, tuple)) and current \
+                and all(isinstance(item, Mapping) for item in current):
+            merged[key] = _merge_items(f"{prefix}{key}", list(current), value)
         else:
             merged[key] = value
     return merged
+
+
+def _merge_items(path: str, items: list[Mapping], more: Mapping[str, Any]) -> list:
+    names = [item.get("name") for item in items]
+    for name, value in more.items():
+        name = str(name)
+        index = names.index(name) if name in names else (
+            int(name) if name.isdigit() and int(name) < len(items) else None)
+        if index is None:
+            raise SettingError(f"{path}.{name}", f"no such item (items: {names})",
+                               "setting {setting}: {message}")
+        items[index] = merge(items[index], value, f"{path}.{name}.") \
+            if isinstance(value, Mapping) else value
+    return items
 
 
 # ---------------------------------------------------------------- command-line flags

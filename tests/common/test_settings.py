@@ -183,6 +183,34 @@ def test_bert_dag_takes_a_settings_file_under_its_set_flags(tmp_path):
     assert (cfg.shards.phase1.dupe_factor, cfg.output) == (1, str(tmp_path / "run"))
 
 
+def test_a_set_flag_changes_a_settings_files_list_item_by_name(tmp_path):
+    """`--set decays.general.steps=2` over a file's `decays` list (and `data.sources`, by name
+    or index) changes that item; the list's other items and fields stay the file's."""
+    from flows.cli import build_parser, overrides_from_args
+
+    path = tmp_path / "run.yaml"
+    path.write_text("pretrain: {optimizer: {schedule: wsd}}\ndecays:\n"
+                    "  - {name: general, from_step: 600, steps: 60}\n"
+                    "  - {name: legal, from_step: 400, steps: 60}\n")
+
+    def resolved(*sets: str):
+        args = build_parser().parse_args(["--config", str(path), "--output", str(tmp_path),
+                                          *(a for s in sets for a in ("--set", s))])
+        return resolve("tiny", overrides_from_args(args))
+
+    assert [(d.name, d.from_step, d.steps) for d in resolved(
+        "decays.general.steps=2", "decays.1.from_step=4").decays] == [
+        ("general", 600, 2), ("legal", 4, 60)]
+    assert resolved("decays=").decays == ()
+    with pytest.raises(ValueError) as refused:
+        resolved("decays.other.steps=2")
+    assert str(refused.value) == ("setting decays.other: no such item (items: ['general', "
+                                  "'legal'])")
+    assert settings.merge({"data": {"sources": [{"name": "poems", "weight": 1}]}},
+                          {"data": {"sources": {"poems": {"weight": "2"}}}}) == {
+        "data": {"sources": [{"name": "poems", "weight": "2"}]}}
+
+
 def test_init_from_without_model_takes_the_checkpoints_shape_in_every_entry_point(tmp_path):
     """One rule (training.config.checkpoint_decides_shape), applied before validation: a shape
     setting beside init_from is the checkpoint's business (tiny's 128 hidden units would refuse
