@@ -668,7 +668,9 @@ def from_dict(data: Mapping[str, Any], base: PretrainConfig | None = None,
     rest = {k: v for k, v in data.items() if k != "phases"}
     if "phases" in data:
         merged = _merge_phases(to_dict(base)["phases"], data["phases"], warn=user_file, label=label)
-        base = dataclasses.replace(base, phases=_build_phases(merged))
+        # set with the other sections, in one step: the run's checks across them (a phase's
+        # decay_steps and optimizer.schedule) see the final values of both
+        rest["phases"] = [dataclasses.asdict(p) for p in _build_phases(merged)]
     return settings.apply(base, rest, label=label)
 
 
