@@ -7,7 +7,7 @@
                        (pretrain.model.init_from: the checkpoint's vocabulary, not train vocab)
         -> export Hugging Face folder -> fine-tune (tasks x learning rates x seeds) -> best
         -> decays (WSD: a kept checkpoint of the stable run, annealed on its shards or on
-           other sources, each its own stage) -> report
+           other sources, each its own stage; probed at its two ends) -> report
       probes (submitted before pretrain: fine-tune slices of pretrain's exports as they
       appear, flows/probes.py) ----------------------------------------------> report
 
@@ -24,7 +24,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
-from flows import finetune_runs, probes, steps
+from flows import decay_report, finetune_runs, probes, steps
 from flows import report as reporting
 from flows.config import DagConfig, check_inputs_exist, resolve
 from flows.stages import StageResult
@@ -95,11 +95,14 @@ def watch_probes(cfg: DagConfig, run_dir: str) -> dict:
 def decay(cfg: DagConfig, name: str, run: StageResult, vocab: StageResult,
           shards: StageResult) -> list[StageResult]:
     """One decay of `decays`: its data stages (if it has sources), the stable checkpoint's
-    export, and its training run."""
+    export, and its training run; where the run probes, the probes of its two ends."""
     spec = next(d for d in cfg.decays if d.name == name)
     data, decay_shards = steps.decay_shards(cfg, spec, vocab, shards)
     start = steps.stable_checkpoint(cfg, run, spec)
     trained = steps.train_decay(cfg, spec, start, vocab, decay_shards, log=get_run_logger().info)
+    if probes.enabled(cfg):  # the report sets them beside the stable run's probes
+        probes.probe_decay(cfg, decay_report.probe_exports(start, trained),
+                           log=get_run_logger().info)
     return [*data, start, trained]
 
 

@@ -18,6 +18,11 @@ with the flow's process (Linux's parent-death signal), and holds its result fold
 result. A failed probe is logged and left out; pre-training and the other probes go on. Once every task has a result for an export,
 its weights are deleted (`finetune.probe.keep_exports`), its manifest kept: results are found
 by the manifest's sha256, so a re-run still reuses them.
+
+Each decay (`decays`) is probed at its two ends once it has trained (`probe_decay`): the stable
+checkpoint it starts from (whose result the stable run's probe at that step already holds, the
+weights being the same) and its last step; the report draws each decay's scores beside the
+stable run's (flows/decay_report.py).
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ from common import storage
 from flows import stages
 from flows.config import DagConfig
 from flows.steps import inputs_fingerprint
-from training.probes import PROBES
+from training.probes import PROBES, WEIGHTS
 
 logger = logging.getLogger("flows")
 
@@ -133,10 +138,11 @@ def loop_config(cfg: DagConfig, entry) -> dict:
     return dataclasses.asdict(ft)
 
 
-def probe_jobs(cfg: DagConfig, run_dir: str) -> list[ProbeJob]:
-    """Every probe task on every finished export of `run_dir`, each with its result folder.
-    A task's loop config and data fingerprint are made once for all exports (the watcher calls
-    this every few seconds)."""
+def probe_jobs(cfg: DagConfig, run_dir: str,
+               exports: list[ProbeExport] | None = None) -> list[ProbeJob]:
+    """Every probe task on every finished export of `run_dir` (or on `exports`), each with its
+    result folder. A task's loop config and data fingerprint are made once for all exports (the
+    watcher calls this every few seconds)."""
     tasks = []
     for entry in task_entries(cfg):
         ft, data = loop_config(cfg, entry), os.path.join(cfg.finetune.data, entry.data_folder)
@@ -145,7 +151,7 @@ def probe_jobs(cfg: DagConfig, run_dir: str) -> list[ProbeJob]:
             "data_files": inputs_fingerprint(data),  # data edited in place: probed again
             "loop": {k: v for k, v in ft.items() if k not in ("device", "progress", "report_to")}}))
     jobs = []
-    for export in find_exports(run_dir):
+    for export in find_exports(run_dir) if exports is None else exports:
         for task, ft, data, identity in tasks:
             key = storage.config_hash({"weights_sha256": export.weights_sha256, **identity})
             out = storage.join(cfg.output, PROBES, f"{task}-{key}")
@@ -297,6 +303,37 @@ def results(cfg: DagConfig, run_dir: str) -> list[dict]:
     if not cfg.finetune.probe.tasks or not cfg.finetune.data:
         return []
     return [read_result(job) for job in probe_jobs(cfg, run_dir) if os.path.exists(job.results)]
+
+
+# ---------------------------------------------------------------- decays
+
+def decay_exports(start_dir: str, start_step: int, run_dir: str, steps: int
+                  ) -> list[ProbeExport]:
+    """A decay's two ends by the stable run's global step: the export of the stable checkpoint
+    it starts from (`start_step`: the weights of the stable run's probe export there, if it has
+    one, so that result is reused) and its own final export, `steps` later."""
+    return [ProbeExport(step, hf_dir, storage.sha256_file(os.path.join(hf_dir, WEIGHTS)))
+            for step, hf_dir in ((start_step, start_dir),
+                                 (start_step + steps, os.path.join(run_dir, "hf")))]
+
+
+def probe_decay(cfg: DagConfig, exports: list[ProbeExport],
+                log: Callable[[str], None] = logger.info) -> dict[str, list[str]]:
+    """Probe a decay's exports (`decay_exports`) with the run's probe tasks, one process at a
+    time; their weights are stages' outputs, so none is deleted after. Returns the job names by
+    outcome (ran, reused, failed)."""
+    outcomes: dict[str, list[str]] = {"ran": [], "reused": [], "failed": []}
+    for job in probe_jobs(cfg, "", exports):
+        outcomes[run_probe(job, log)].append(job.name)
+    return outcomes
+
+
+def decay_results(cfg: DagConfig, exports: list[ProbeExport]) -> list[dict]:
+    """The finished probe results of a decay's exports, each at its export's global step."""
+    if not enabled(cfg):
+        return []
+    return [{**read_result(job), "global_step": job.export.global_step}
+            for job in probe_jobs(cfg, "", exports) if os.path.exists(job.results)]
 
 
 # ---------------------------------------------------------------- the probe process

@@ -65,7 +65,7 @@ def report(cfg: DagConfig, stages: list[StageResult], finetune: dict | None,
             lines.append(f"\n![loss curve]({loss_curve})")
         lines += forecast_section(pretrain.path)
         lines += probe_report.probe_section(cfg, pretrain.path, folder or cfg.output)
-    lines += decay_report.decay_section(stages, folder or cfg.output)
+    lines += decay_report.decay_section(stages, folder or cfg.output, cfg)
     if finetune:
         lines += ["", "## Fine-tuning (dev)", "", finetune["table"]]
         lines += [f"- FAILED {f['job']}: {f['error']}" for f in finetune["failed"]]
