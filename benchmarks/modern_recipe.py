@@ -100,7 +100,7 @@ def run(a: Args, name: str, *, optimizer: dict, data: dict | None = None,
     if data:
         config = settings.apply(config, {"data": data})
     t = time.time()
-    print(f"[{name}] {a.steps} steps ...", flush=True)
+    print(f"[{name}] {phase.steps} steps ...", flush=True)
     pretrain.run(config)
     print(f"[{name}] done in {time.time() - t:.0f}s", flush=True)
     return [r for r in pretrain.read_metrics(out) if r["split"] == "validation"]
