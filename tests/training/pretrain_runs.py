@@ -32,8 +32,10 @@ def make_config(shard_data, output: Path, /, shards: str = "uneven", steps: int 
                                   export_hf=False),
         output_dir=str(output), phases=(phase,), seed=7)
     sections = {k: v for k, v in changes.items() if k in cfg.SECTIONS}
-    config = dataclasses.replace(config, **{k: v for k, v in changes.items() if k not in sections})
-    return settings.apply(config, sections)
+    # the sections first: a phase's settings that need one of them (decay_steps needs
+    # optimizer.schedule=wsd) are checked with it, not against the defaults
+    config = settings.apply(config, sections)
+    return dataclasses.replace(config, **{k: v for k, v in changes.items() if k not in sections})
 
 
 def train_losses(output: Path) -> list[float]:
