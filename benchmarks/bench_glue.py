@@ -36,6 +36,7 @@ from finetune.glue import FAMILY
 from finetune.glue import data as glue_data
 from finetune.glue.metrics import compute_metrics, task_score
 from finetune.glue.tasks import parse_tasks
+from finetune.options import FinetuneConfig
 
 NO_TEST = dataclasses.replace(FAMILY, predict_test=False)
 
@@ -62,7 +63,7 @@ class Outcome:
 
 
 def run_ours(encoder, prepared: Prepared, lr: float, seed: int,
-             cfg: loop.FinetuneConfig) -> Outcome:
+             cfg: FinetuneConfig) -> Outcome:
     model = loop.build_model(FAMILY, encoder, prepared.task, seed)
     clock = Clock()
     loop.train(FAMILY, model, prepared.train, lr, seed, cfg, desc=f"ours {prepared.task}")
@@ -91,7 +92,7 @@ class _Rows(torch.utils.data.Dataset):
 
 
 def run_peer(model_dir: str, prepared: Prepared, lr: float, seed: int,
-             cfg: loop.FinetuneConfig, workdir: str) -> Outcome:
+             cfg: FinetuneConfig, workdir: str) -> Outcome:
     import transformers
     from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer
 
@@ -159,7 +160,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = args.model or default_model_dir()
-    cfg = loop.FinetuneConfig(epochs=args.epochs, learning_rates=(args.learning_rate,),
+    cfg = FinetuneConfig(epochs=args.epochs, learning_rates=(args.learning_rate,),
                               seeds=(args.seed,), max_train_examples=args.max_train_examples,
                               max_eval_examples=args.max_eval_examples, bf16=args.bf16,
                               progress=not args.no_progress)

@@ -43,6 +43,7 @@ from finetune.checkpoint import load_encoder, load_tokenizer
 from finetune.multiple_choice import FAMILY
 from finetune.multiple_choice import data as mc_data
 from finetune.multiple_choice import family as mc
+from finetune.options import HEAD_INITS, FinetuneConfig, for_recipe
 
 
 def default_valid_csv() -> str:
@@ -75,7 +76,7 @@ def check_parity(encoder, prepared, model_dir: str, workdir: str, count: int = 8
     return float((got - expected).abs().max())
 
 
-def run_ours(encoder, prepared, lr: float, seed: int, cfg: loop.FinetuneConfig) -> Outcome:
+def run_ours(encoder, prepared, lr: float, seed: int, cfg: FinetuneConfig) -> Outcome:
     clock = Clock()
     result, _ = loop.run_one(FAMILY, encoder, prepared, lr, seed, cfg)
     return Outcome(result.metrics["accuracy"], *clock.lap())
@@ -98,7 +99,7 @@ class _Rows(torch.utils.data.Dataset):
                 "labels": int(self.encoded.labels[i])}
 
 
-def run_peer(model_dir: str, prepared, lr: float, seed: int, cfg: loop.FinetuneConfig,
+def run_peer(model_dir: str, prepared, lr: float, seed: int, cfg: FinetuneConfig,
              workdir: str) -> Outcome:
     import transformers
     from transformers import AutoModelForMultipleChoice, DataCollatorForMultipleChoice, Trainer
@@ -127,7 +128,7 @@ def main() -> None:
     p.add_argument("--max_train_examples", type=int, default=96)
     p.add_argument("--max_eval_examples", type=int, default=64)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    p.add_argument("--head_init", default="truncated_normal", choices=loop.HEAD_INITS,
+    p.add_argument("--head_init", default="truncated_normal", choices=HEAD_INITS,
                    help="our new head's draw (normal: the Trainer's distribution)")
     add_device_flags(p)
     args = p.parse_args()
@@ -137,7 +138,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     model_dir = args.model or default_model_dir()
     seeds = [int(s) for s in args.seeds.split(",")]
-    cfg = loop.for_recipe(mc.RECIPE, epochs=args.epochs, learning_rates=(args.learning_rate,),
+    cfg = for_recipe(mc.RECIPE, epochs=args.epochs, learning_rates=(args.learning_rate,),
                           seeds=tuple(seeds), max_train_examples=args.max_train_examples,
                           max_eval_examples=args.max_eval_examples, bf16=args.bf16, progress=False,
                           device=args.device, head_init=args.head_init)

@@ -41,6 +41,7 @@ from finetune import checkpoint, loop
 from finetune.family import Prepared
 from finetune.ner import FAMILY
 from finetune.ner.tasks import NER_TASKS
+from finetune.options import HEAD_INITS, FinetuneConfig, resolve_device
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -61,9 +62,9 @@ class _Rows(torch.utils.data.Dataset):
 
 
 def run_ours(encoder, prepared: Prepared, lr: float, seed: int,
-             cfg: loop.FinetuneConfig) -> Outcome:
+             cfg: FinetuneConfig) -> Outcome:
     clock = Clock()
-    model = loop.build_model(FAMILY, encoder, prepared.task, seed, loop.resolve_device(cfg.device),
+    model = loop.build_model(FAMILY, encoder, prepared.task, seed, resolve_device(cfg.device),
                              cfg.head_init)
     loop.train(FAMILY, model, prepared.train, lr, seed, cfg, desc="ours")
     scored = loop.evaluate(FAMILY, model, prepared, cfg)["dev"]
@@ -71,7 +72,7 @@ def run_ours(encoder, prepared: Prepared, lr: float, seed: int,
 
 
 def run_peer(model_dir: str, prepared: Prepared, lr: float, seed: int,
-             cfg: loop.FinetuneConfig, workdir: str) -> Outcome:
+             cfg: FinetuneConfig, workdir: str) -> Outcome:
     import transformers
     from transformers import (
         AutoModelForTokenClassification,
@@ -109,7 +110,7 @@ def main() -> None:
     p.add_argument("--epochs", type=float, default=3.0)
     p.add_argument("--max_train", type=int, default=400)
     p.add_argument("--max_dev", type=int, default=200)
-    p.add_argument("--head_init", default="truncated_normal", choices=loop.HEAD_INITS,
+    p.add_argument("--head_init", default="truncated_normal", choices=HEAD_INITS,
                    help="our new head's initial weights (normal: the Trainer's distribution)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1: on the loaded shared machine 2 ran far slower)")
@@ -120,7 +121,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     model_dir = args.model or default_model_dir()
     seeds = [int(s) for s in args.seeds.split(",")]
-    cfg = loop.FinetuneConfig(epochs=args.epochs, learning_rates=(args.learning_rate,),
+    cfg = FinetuneConfig(epochs=args.epochs, learning_rates=(args.learning_rate,),
                               seeds=tuple(seeds), progress=False, bf16=args.bf16, device=args.device,
                               head_init=args.head_init)
     encoder = checkpoint.load_encoder(model_dir)

@@ -50,6 +50,7 @@ from finetune_parity import (
 
 from finetune import loop
 from finetune.checkpoint import load_encoder, load_tokenizer
+from finetune.options import HEAD_INITS, FinetuneConfig, resolve_device
 from finetune.squad import FAMILY
 from finetune.squad import data as squad_data
 from finetune.squad.family import score_split
@@ -100,10 +101,10 @@ def scored(prepared, version_2: bool, start_logits, end_logits, scorer: Path, go
     return Outcome(f1, wall, cpu, extra)
 
 
-def run_ours(encoder, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int,
+def run_ours(encoder, prepared, cfg: FinetuneConfig, lr: float, seed: int,
              version_2: bool, scorer: Path, gold: Path) -> Outcome:
     clock = Clock()
-    model = loop.build_model(FAMILY, encoder, prepared.task, seed, loop.resolve_device(cfg.device),
+    model = loop.build_model(FAMILY, encoder, prepared.task, seed, resolve_device(cfg.device),
                              cfg.head_init)
     loop.train(FAMILY, model, prepared.train, lr, seed, cfg, desc=f"ours seed {seed}")
     outputs = loop.predict(FAMILY, model, prepared.dev["dev"], cfg)
@@ -111,7 +112,7 @@ def run_ours(encoder, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int,
                   gold, clock)
 
 
-def run_peer(model_dir: str, prepared, cfg: loop.FinetuneConfig, lr: float, seed: int,
+def run_peer(model_dir: str, prepared, cfg: FinetuneConfig, lr: float, seed: int,
              workdir: str, version_2: bool, scorer: Path, gold: Path,
              masked_loss: bool = False) -> Outcome:
     import transformers
@@ -173,7 +174,7 @@ def main() -> None:
     p.add_argument("--learning_rate", type=float, default=5e-5)
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--head_init", default="truncated_normal", choices=loop.HEAD_INITS,
+    p.add_argument("--head_init", default="truncated_normal", choices=HEAD_INITS,
                    help="our new head's draw (normal: the Trainer's distribution)")
     p.add_argument("--no_progress", action="store_true")
     p.add_argument("--peer_loss", default="stock", choices=("stock", "masked"),
@@ -195,7 +196,7 @@ def main() -> None:
     train, dev, dev_source = read_splits(args)
     prepared = FAMILY.prepare_splits(args.task, train, dev, load_tokenizer(model_dir),
                                      args.max_seq_length)
-    cfg = loop.FinetuneConfig(max_seq_length=args.max_seq_length, batch_size=args.batch_size,
+    cfg = FinetuneConfig(max_seq_length=args.max_seq_length, batch_size=args.batch_size,
                               epochs=args.epochs, learning_rates=(args.learning_rate,),
                               seeds=tuple(seeds), bf16=args.bf16, progress=not args.no_progress,
                               device=args.device, eval_batch_size=64, head_init=args.head_init)

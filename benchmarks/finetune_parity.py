@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from finetune import loop
+from finetune.options import FinetuneConfig
 
 
 def default_model_dir() -> str:
@@ -58,7 +58,7 @@ def add_device_flags(p) -> None:
                    help="bfloat16 autocast on both sides (the Trainer's bf16=True)")
 
 
-def trainer_arguments(cfg: loop.FinetuneConfig, learning_rate: float, seed: int, workdir: str):
+def trainer_arguments(cfg: FinetuneConfig, learning_rate: float, seed: int, workdir: str):
     """`TrainingArguments` of our recipe: batch sizes, epochs, AdamW lr / eps / weight decay,
     linear warmup (a float < 1 is a proportion, as ours) then decay, clipping, seed; our
     device and autocast; no saving, logging or evaluation during training."""

@@ -51,6 +51,7 @@ import torch
 
 from finetune import checkpoint, loop
 from finetune.family import Family, Prepared
+from finetune.options import FinetuneConfig
 from finetune.tasks import TaskEntry, parse_tasks
 from model.bert import BertModel, truncated_normal_
 from model.cpu_ops import stock_ops
@@ -98,7 +99,7 @@ def redraw_head(weight: torch.Tensor, draws: str, seed: int, std: float) -> None
 
 
 def run(family: Family, encoder: BertModel, prepared: Prepared, lr: float, seed: int,
-        cfg: loop.FinetuneConfig, variant: Variant) -> float:
+        cfg: FinetuneConfig, variant: Variant) -> float:
     """bench_glue.run_ours (bench_ner.run_ours) under `variant`: the dev score in points."""
     # torch's stock attention path takes whole padded rows (the Trainer's layout)
     family = dataclasses.replace(family, pack_sequences=not variant.stock_dropout)
@@ -121,7 +122,7 @@ def run(family: Family, encoder: BertModel, prepared: Prepared, lr: float, seed:
 
 
 def prepare(entry: TaskEntry, data_root: str, model_dir: str,
-            cfg: loop.FinetuneConfig) -> Prepared:
+            cfg: FinetuneConfig) -> Prepared:
     """The task's train and dev units (GLUE without its test files)."""
     family = entry.family
     if hasattr(family, "predict_test"):
@@ -162,7 +163,7 @@ def main() -> None:
         if not hasattr(entry.family, "pack_sequences"):
             raise SystemExit(f"{entry.task}: the {entry.family.name} family has no packed/padded "
                              "switch; this diagnostic covers GLUE and NER")
-        cfg = loop.FinetuneConfig(learning_rates=(args.learning_rate,), epochs=args.epochs,
+        cfg = FinetuneConfig(learning_rates=(args.learning_rate,), epochs=args.epochs,
                                   progress=False, max_train_examples=args.max_train_examples,
                                   max_eval_examples=args.max_eval_examples)
         prepared = prepare(entry, args.data, model_dir, cfg)

@@ -45,11 +45,12 @@ from common import errors, extras, logs, settings, storage
 from common.errors import debug_requested, is_user_error
 
 with extras.needed_by("bert-finetune"):  # without the train extra: one line, not a traceback
-    from finetune import loop
     from finetune.config import TasksConfig
     from finetune.family import Family, Recipe
-    from finetune.loop import FinetuneConfig, FinetuneResult, LoopOptions, TaskJob
+    from finetune.invocation import run_tasks
+    from finetune.options import FinetuneConfig, LoopOptions, TaskJob
     from finetune.report import markdown_table, write_report
+    from finetune.results import FinetuneResult
     from finetune.run_store import RUNS_DIR
 
 log = logging.getLogger("bert-finetune")
@@ -277,7 +278,7 @@ def run(config: CommandConfig, jobs_: list[TaskJob], finished: list[str],
             finished.append(partial.tasks[-1].task)
             log.info("%s done; results so far in %s", partial.tasks[-1].task, config.output)
 
-    result = loop.run_tasks(config.model, jobs_, jobs_[0].config, _data_label(config),
+    result = run_tasks(config.model, jobs_, jobs_[0].config, _data_label(config),
                             vocab_dir=config.vocab, on_task_done=write_finished,
                             runs_dir=storage.join(config.output, RUNS_DIR))
     paths = _write(result, config.output, markdown_name, resolved)

@@ -4,7 +4,7 @@ One dataclass serves both entry points: it is the flow's `finetune` section (flo
 `bert-dag` fans its tasks x learning rates x seeds out, flows/finetune_runs.py), and
 `bert-finetune`/`bert-glue` generate their flags from it (finetune/cli.py). Its recipe fields
 replace each family's recipe for every task where set (unset: the family's, the paper's); the
-loop's own options are `finetune.loop.LoopOptions`, inherited as they are, so each setting is
+loop's own options are `finetune.options.LoopOptions`, inherited as they are, so each setting is
 declared once. `for_task` gives the loop's config of one task (`FinetuneConfig`).
 `ProbeConfig` is the flow's alone (its `finetune.probe`, flows/config.py `FlowTasksConfig`):
 the cheap slices that score pre-training's intermediate exports while it trains
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from common.settings import check
 from finetune.family import check_recipe
-from finetune.loop import RECIPE_FIELDS, FinetuneConfig, LoopOptions, for_recipe
+from finetune.options import RECIPE_FIELDS, FinetuneConfig, LoopOptions, for_recipe
 
 GLUE_TASKS = ("cola", "sst-2", "mrpc", "sts-b", "qqp", "mnli", "qnli", "rte", "wnli")
 

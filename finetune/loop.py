@@ -9,16 +9,19 @@ autocast on a GPU by default.
 
     from finetune import loop
     from finetune.glue import FAMILY
+    from finetune.options import FinetuneConfig
     prepared = FAMILY.prepare("rte", data_dir, tokenizer, 128, None, None, False)
-    result = loop.finetune_task(FAMILY, encoder, prepared, loop.FinetuneConfig())
+    result = loop.finetune_task(FAMILY, encoder, prepared, FinetuneConfig())
 
 A run whose loss turns NaN or infinite is recorded as diverged (`RunResult.status`) and the grid
-goes on; the best rate is chosen among the finished runs. `run_tasks` keeps every finished run
-in a `finetune.run_store.RunStore` and reuses it on a re-run with the same settings.
+goes on; the best rate is chosen among the finished runs. `finetune.invocation.run_tasks` keeps
+every finished run in a `finetune.run_store.RunStore` and reuses it on a re-run with the same
+settings.
 
-A family's `Recipe` gives the recipe fields (`for_recipe`); everything else is the loop's.
-Optional family capabilities, used when a family has them: `SizedTasks` (which tasks are
-small) and `TestSets` (unlabelled test splits predicted for a leaderboard: GLUE, SWAG).
+A family's `Recipe` gives the recipe fields (`for_recipe`); everything else is the loop's
+(finetune/options.py). Optional family capabilities, used when a family has them: `SizedTasks`
+(which tasks are small) and `TestSets` (unlabelled test splits predicted for a leaderboard:
+GLUE, SWAG) (finetune/capabilities.py). What it produces is in finetune/results.py.
 """
 from __future__ import annotations
 
@@ -29,234 +32,34 @@ import os
 import statistics
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, get_args, runtime_checkable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
 from common import storage
-from common.errors import BadRecord
-from common.optimizer import AdamWOptions
-from common.settings import SettingError, check, check_choices
-from finetune.family import Encoded, Family, Prepared, Recipe, Scored, to_device
+from common.settings import SettingError
+from finetune.capabilities import TestSets, seeds_for
+from finetune.family import Encoded, Family, Prepared, Scored, to_device
+from finetune.options import FinetuneConfig, HeadInit, resolve_device, uses_bf16
+from finetune.results import (
+    RunRecord,
+    RunResult,
+    TaskResult,
+    TestPredictions,
+    select_best,
+    summarise_task,
+)
 from model.bert import BertModel
 from training.optim import LinearWarmupDecay, param_groups
 from training.trackers import Trackers, open_trackers
-from training.trackers import check_names as check_trackers
 
 if TYPE_CHECKING:
     from finetune.run_store import RunStore
 
 log = logging.getLogger(__name__)
-
-HeadInit = Literal["truncated_normal", "normal"]
-HEAD_INITS = get_args(HeadInit)
-RunStatus = Literal["finished", "diverged"]
-RECIPE_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe))
-"""The settings a family's recipe gives: max_seq_length, batch_size, epochs, learning_rates."""
-
-
-@dataclass(frozen=True)
-class LoopOptions(AdamWOptions):
-    """The loop's settings that no family's recipe gives: the same for every task. The flow's
-    `finetune` section and `bert-finetune` take them as they are (finetune/config.py); the
-    optimizer's (`weight_decay`, `adam_epsilon`, `max_grad_norm`) are pre-training's too
-    (common/optimizer.py)."""
-
-    seeds: tuple[int, ...] = (1, 2, 3)
-    """Seeds run on small tasks (GLUE: CoLA, MRPC, STS-B, RTE, WNLI); other tasks use the first."""
-    eval_batch_size: int = 256
-    """Units per evaluation batch (no effect on results)."""
-    warmup_proportion: float = 0.1
-    """Fraction of the steps with the learning rate rising linearly from 0."""
-    bf16: bool | None = None
-    """bfloat16 autocast for forward and backward; unset: on a GPU yes, on the CPU no (CPUs with
-    AVX-512 bf16 run ~2.5x faster with it)."""
-    max_train_examples: int | None = None
-    """Train on a fixed random subset of this many examples per task (unset: all)."""
-    max_eval_examples: int | None = None
-    """Score a fixed random subset of this many dev examples per dev set (unset: all)."""
-    skip_bad_rows: bool = False
-    """Set aside malformed records (counted, and written to the dead-letter file) instead of
-    stopping at the first."""
-    progress: bool = True
-    """Show progress bars."""
-    report_to: tuple[str, ...] = ()
-    """Experiment trackers for each (task, rate, seed) run: mlflow, wandb, tensorboard
-    (comma-separated), or none; their files go in the output folder (training/trackers.py)."""
-    device: str = "auto"
-    """Where to fine-tune: auto (the GPU when torch sees one, else the CPU), cpu, cuda or
-    cuda:N."""
-    head_init: HeadInit = "truncated_normal"
-    """The new head's initial weights: truncated_normal (N(0, 0.02) cut at 2 std, std 0.0176:
-    BERT's reference run_classifier.py / run_squad.py) or normal (N(0, 0.02) uncut, 1.137x
-    wider: transformers' heads). On short runs the wider head learns measurably faster (NER,
-    benchmarks/RESULTS.md section 13, 8d)."""
-    row_length: int | None = None
-    """Tokens per packed row (>= max_seq_length, <= the model's max_position_embeddings). Unset:
-    on the CPU 512 (or the model's max_position_embeddings if smaller): attention runs per
-    sequence there, so a longer row costs only its padding and packs tighter (Cosmos QA: 15%
-    fewer tokens per batch than rows of 128; 0.76x the Trainer's time against 0.85x, RESULTS
-    11c); on a GPU max_seq_length: attention takes whole rows under a mask there, at
-    row_length^2 each."""
-
-    def __post_init__(self) -> None:
-        check_choices(self)
-        check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds), "seeds",
-              f"must be distinct and non-empty, got {self.seeds}")
-        check(self.eval_batch_size >= 1, "eval_batch_size",
-              f"must be >= 1, got {self.eval_batch_size}")
-        check(0.0 <= self.warmup_proportion < 1.0, "warmup_proportion",
-              f"must be in [0, 1), got {self.warmup_proportion}")
-        self.check_adamw()
-        check(self.row_length is None or self.row_length >= 1, "row_length",
-              f"must be >= 1, got {self.row_length}")
-        check_trackers(self.report_to)
-        for name in ("max_train_examples", "max_eval_examples"):
-            value = getattr(self, name)
-            check(value is None or value >= 1, name, f"must be >= 1, got {value}")
-        if self.device != "auto":
-            try:
-                torch.device(self.device)
-            except RuntimeError:
-                raise SettingError("device", "must be auto, cpu, cuda or cuda:N, got "
-                                   f"{self.device!r}") from None
-
-
-@dataclass(frozen=True)
-class FinetuneConfig(LoopOptions, Recipe):
-    """One task's settings as the loop runs them: a family's recipe (defaults: the paper's GLUE
-    recipe) and the loop's options."""
-
-    def __post_init__(self) -> None:
-        LoopOptions.__post_init__(self)
-        Recipe.__post_init__(self)
-        check(self.row_length is None or self.row_length >= self.max_seq_length, "row_length",
-              f"must be >= max_seq_length {self.max_seq_length}, got {self.row_length}")
-
-
-def for_recipe(recipe: Recipe, **changes) -> FinetuneConfig:
-    """The loop's settings with a family's recipe, then `changes` (flags the user gave)."""
-    return FinetuneConfig(**{**dataclasses.asdict(recipe), **changes})
-
-
-def resolve_device(name: str) -> torch.device:
-    """`FinetuneConfig.device` as a torch device; a GPU torch cannot see is an error here,
-    before any training, not a CUDA error at the first batch."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (device.index or 0) >= count:
-            raise ValueError(f"--device {name}: torch sees {count} GPU(s) here")
-    return device
-
-
-def uses_bf16(cfg: FinetuneConfig, device: torch.device) -> bool:
-    """Whether runs on `device` autocast to bfloat16 (`FinetuneConfig.bf16`)."""
-    return device.type == "cuda" if cfg.bf16 is None else cfg.bf16
-
-
-# ---------------------------------------------------------------------------------------------
-# Optional family capabilities
-# ---------------------------------------------------------------------------------------------
-
-@runtime_checkable
-class SizedTasks(Protocol):
-    """A family whose small tasks run every seed and large ones the first (GLUE: CoLA, MRPC,
-    STS-B, RTE, WNLI are small). Families without it run every seed given."""
-
-    def is_small(self, task: str) -> bool:
-        """Whether `task`'s dev set is small enough that seeds are averaged."""
-
-
-@dataclass(frozen=True)
-class TestPredictions:
-    """Predictions for one unlabelled test split, as a leaderboard wants them."""
-
-    split: str
-    submission_file: str
-    """The file's name: `.tsv` is tab-separated (GLUE's `RTE.tsv`), `.csv` comma-separated,
-    `.lst` the predictions alone, one per line (Cosmos QA's)."""
-    guids: list[str]
-    predictions: list[str]
-    """Label strings ("entailment", "1"), scores formatted with 3 decimals (STS-B) or choice
-    indices (SWAG)."""
-    columns: tuple[str, str] = ("index", "prediction")
-    """The header: GLUE's `index`, `prediction`; SWAG's unnamed row index and `pred`."""
-
-
-@runtime_checkable
-class TestSets(Protocol):
-    """A family with unlabelled test splits to predict with the best run (GLUE, SWAG)."""
-
-    def test_splits(self, prepared: Prepared) -> Mapping[str, Encoded]:
-        """The test splits read for `prepared`'s task, by name (empty when none)."""
-
-    def test_predictions(self, prepared: Prepared, split: str,
-                         outputs: dict[str, np.ndarray]) -> TestPredictions:
-        """The leaderboard file of `split` from the raw outputs of its units, in unit order."""
-
-
-@runtime_checkable
-class ModelChecks(Protocol):
-    """A family with its own demands on the encoder, checked before any training (GLUE:
-    sentence pairs need two token types)."""
-
-    def check_model(self, encoder: BertModel, task: str, model_dir: str) -> None:
-        """Raise ValueError naming the task and the model when `encoder` cannot serve it."""
-
-
-def seeds_for(family: Family, task: str, cfg: FinetuneConfig) -> tuple[int, ...]:
-    """Every seed for a small task (or a family that does not say), the first for others."""
-    if isinstance(family, SizedTasks) and not family.is_small(task):
-        return cfg.seeds[:1]
-    return cfg.seeds
-
-
-# ---------------------------------------------------------------------------------------------
-# Results
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class RunResult:
-    """One fine-tuning run (one task, learning rate and seed) scored on dev."""
-
-    task: str
-    learning_rate: float
-    seed: int
-    metrics: dict[str, float]
-    """Dev metrics as fractions, e.g. {"f1": 0.88, "accuracy": 0.84}."""
-    score: float
-    """The number that picks the best rate: the mean of the dev splits' `Scored.score`."""
-    steps: int
-    final_loss: float
-    """Mean training loss over the last 10% of steps."""
-    train_seconds: float
-    eval_seconds: float
-    files: dict[str, str] = field(default_factory=dict)
-    """Prediction files of the dev splits (`Scored.files`), name -> text."""
-    status: RunStatus = "finished"
-    """"diverged": the loss left the finite numbers at step `steps` (`final_loss` is that
-    loss); such a run has no metrics, its score is NaN, and `select_best` passes it over."""
-
-    @property
-    def finished(self) -> bool:
-        return self.status == "finished"
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """What a run leaves behind: its dev result and its test-set predictions (empty when the
-    family predicts none, or the run diverged). `finetune.run_store` keeps one per file."""
-
-    result: RunResult
-    predictions: tuple[TestPredictions, ...] = ()
 
 
 class Diverged(FloatingPointError):
@@ -265,49 +68,6 @@ class Diverged(FloatingPointError):
     def __init__(self, desc: str, loss: float, step: int):
         super().__init__(f"{desc}: loss {loss} at step {step}; lower the learning rate")
         self.loss, self.step = loss, step
-
-
-@dataclass(frozen=True)
-class TaskResult:
-    """A task fine-tuned over the learning-rate grid and seeds; the chosen rate's summary."""
-
-    task: str
-    best_learning_rate: float
-    seeds: tuple[int, ...]
-    metrics: dict[str, float]
-    """Mean over seeds at the best rate."""
-    metrics_std: dict[str, float]
-    """Sample standard deviation over seeds (0 with one seed)."""
-    score: float
-    score_std: float
-    runs: tuple[RunResult, ...]
-    num_train_examples: int
-    num_dev_examples: dict[str, int]
-    bad_rows: int
-    """Malformed records set aside while reading (only with skip_bad_rows)."""
-    seconds: float
-    test_predictions: tuple[TestPredictions, ...] = ()
-    bad_records: tuple[BadRecord, ...] = ()
-    """The records counted in `bad_rows` (file, line, reason, text) for the dead-letter file."""
-    family: str = ""
-    """The task's family ("glue", "squad", ...): the report's GLUE score averages GLUE tasks."""
-    files: dict[str, str] = field(default_factory=dict)
-    """The best run's prediction files, written under `<output>/<task>/`."""
-
-
-@dataclass(frozen=True)
-class FinetuneResult:
-    """All tasks of one invocation."""
-
-    tasks: tuple[TaskResult, ...]
-    model_dir: str
-    config: FinetuneConfig
-    """The settings every task shares (the recipe fields are each task's `configs` entry)."""
-    seconds: float = 0.0
-    pending_tasks: tuple[str, ...] = ()
-    """Requested tasks not finished yet (in the report written after each finished task)."""
-    configs: dict[str, FinetuneConfig] = field(default_factory=dict)
-    """Each task's resolved settings (its family's recipe with the user's flags)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -589,63 +349,6 @@ def predict_test_sets(family: Family, model: nn.Module, prepared: Prepared,
 # The learning-rate x seed grid
 # ---------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class BestRuns:
-    """The learning rate a task reports and the run whose weights predict its test sets."""
-
-    learning_rate: float
-    """The rate with the best mean dev score over its seeds (the first such rate on ties)."""
-    runs: tuple[RunResult, ...]
-    """The runs at `learning_rate`, one per seed, in run order."""
-    best_run: RunResult
-    """The best-scoring seed at `learning_rate` (the first on ties)."""
-
-
-def select_best(runs: Sequence[RunResult]) -> BestRuns:
-    """The best learning rate by mean dev score over seeds, and its best seed, among the
-    finished runs.
-
-    The one rule of both paths (`finetune_task` here and the flow's fan-out), so the reported
-    rate, its mean, the prediction files and the test-set predictions always come from the
-    same runs; the best single run of another rate (a lucky seed) never predicts. A rate that
-    lost seeds (diverged) is not judged on the seeds it has left: only the rates with the most
-    finished runs compete.
-    """
-    finished = [r for r in runs if r.finished]
-    if not finished:
-        raise ValueError("select_best: no runs finished")
-    counts = Counter(r.learning_rate for r in finished)
-    rates = [lr for lr in counts if counts[lr] == max(counts.values())]  # in run order
-    by_rate = {lr: [r for r in finished if r.learning_rate == lr] for lr in rates}
-    best_lr = max(rates, key=lambda lr: statistics.fmean(r.score for r in by_rate[lr]))
-    chosen = by_rate[best_lr]
-    return BestRuns(best_lr, tuple(chosen), max(chosen, key=lambda r: r.score))
-
-
-def summarise_task(task: str, runs: Sequence[RunResult], num_train_examples: int,
-                   num_dev_examples: dict[str, int], bad_rows: int, seconds: float,
-                   test_predictions: tuple[TestPredictions, ...] = (),
-                   bad_records: tuple[BadRecord, ...] = (), family: str = "") -> TaskResult:
-    """A task's result from all its runs: the `select_best` rate's mean and spread over seeds,
-    the best run's prediction files.
-
-    `test_predictions` must be those of `select_best(runs).best_run`."""
-    best = select_best(runs)
-    names = list(best.runs[0].metrics)
-    mean = {n: statistics.fmean(r.metrics[n] for r in best.runs) for n in names}
-    std = {n: statistics.stdev(r.metrics[n] for r in best.runs) if len(best.runs) > 1 else 0.0
-           for n in names}
-    scores = [r.score for r in best.runs]
-    return TaskResult(
-        task=task, best_learning_rate=best.learning_rate,
-        seeds=tuple(r.seed for r in best.runs), metrics=mean, metrics_std=std,
-        score=statistics.fmean(scores),
-        score_std=statistics.stdev(scores) if len(scores) > 1 else 0.0, runs=tuple(runs),
-        num_train_examples=num_train_examples, num_dev_examples=num_dev_examples,
-        bad_rows=bad_rows, seconds=seconds, test_predictions=test_predictions,
-        bad_records=bad_records, family=family, files=dict(best.best_run.files))
-
-
 def finetune_task(family: Family, encoder: BertModel, prepared: Prepared,
                   cfg: FinetuneConfig, store: RunStore | None = None) -> TaskResult:
     """The learning-rate grid x seeds for one task; the rate with the best mean dev score wins,
@@ -754,90 +457,3 @@ def finish_run(family: Family, encoder: BertModel, prepared: Prepared, learning_
                                    error.loss, time.perf_counter() - start, 0.0,
                                    status="diverged")), None
     return RunRecord(result), model
-
-
-# ---------------------------------------------------------------------------------------------
-# Several tasks from one checkpoint
-# ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TaskJob:
-    """One task of an invocation: its family, data folder and resolved settings."""
-
-    family: Family
-    task: str
-    data_dir: str
-    """The family's folder (GLUE: the glue_data layout)."""
-    config: FinetuneConfig
-
-
-def check_task_files(tasks: Sequence[tuple[Family, str, str]], data_label: str) -> None:
-    """Every (family, task, data folder)'s files, checked before any task trains; every
-    problem in one error.
-
-    FileNotFoundError when each problem is a missing file, else ValueError; a family's error
-    may list several problems, one per line."""
-    problems: list[str] = []
-    all_missing = True
-    for family, task, data_dir in tasks:
-        try:
-            family.check_files(task, data_dir)
-        except (FileNotFoundError, ValueError) as error:
-            problems += str(error).splitlines()
-            all_missing &= isinstance(error, FileNotFoundError)
-    if problems:
-        kind = FileNotFoundError if all_missing else ValueError
-        raise kind(f"{data_label}: {len(problems)} problem(s) found before any "
-                   "fine-tuning:\n  " + "\n  ".join(problems))
-
-
-def run_tasks(model_dir: str, jobs: Sequence[TaskJob], config: FinetuneConfig,
-              data_label: str, vocab_dir: str | None = None,
-              on_task_done: Callable[[FinetuneResult], None] | None = None,
-              runs_dir: str | None = None) -> FinetuneResult:
-    """Fine-tune the checkpoint in `model_dir` on each job's task, one after the other.
-
-    The tokenizer is the one in `vocab_dir` if given, else the checkpoint folder's. Every data
-    file, the checkpoint and the tokenizer are checked before the first task trains; after each
-    task, `on_task_done` gets the result so far (the finished tasks, the others pending), so a
-    later failure loses no finished work. With `runs_dir`, every (task, rate, seed) run is kept
-    there as it finishes and reused by a re-run with the same settings (`RunStore`), so a
-    crash loses only the run in flight. `config` is recorded as the settings all tasks share;
-    `data_label` names the data in errors ("--data <folder>").
-    """
-    from finetune.checkpoint import check_model_fits, load_encoder, load_tokenizer
-    from finetune.run_store import RunStore, model_identity
-
-    if not jobs:
-        raise ValueError("--tasks: no task given")
-    start = time.perf_counter()
-    for job in jobs:
-        resolve_device(job.config.device)
-        if not os.path.isdir(job.data_dir):
-            raise FileNotFoundError(f"--data {job.data_dir}: no such folder")
-    check_task_files([(j.family, j.task, j.data_dir) for j in jobs], data_label)
-    encoder = load_encoder(model_dir)
-    tokenizer_dir = vocab_dir or model_dir
-    tokenizer = load_tokenizer(tokenizer_dir)
-    check_model_fits(encoder, tokenizer, max(j.config.max_seq_length for j in jobs), model_dir,
-                     tokenizer_dir)
-    for job in jobs:
-        if isinstance(job.family, ModelChecks):
-            job.family.check_model(encoder, job.task, model_dir)
-    identity = model_identity(model_dir, tokenizer_dir) if runs_dir is not None else None
-    results: list[TaskResult] = []
-    configs: dict[str, FinetuneConfig] = {}
-    for i, job in enumerate(jobs):
-        cfg = job.config
-        prepared = job.family.prepare(job.task, job.data_dir, tokenizer, cfg.max_seq_length,
-                                      cfg.max_train_examples, cfg.max_eval_examples,
-                                      cfg.skip_bad_rows)
-        store = None if identity is None else RunStore.for_job(runs_dir, identity, job)
-        results.append(finetune_task(job.family, encoder, prepared, cfg, store))
-        configs[prepared.task] = cfg
-        combined = FinetuneResult(tuple(results), model_dir, config,
-                                  time.perf_counter() - start,
-                                  tuple(j.task for j in jobs[i + 1:]), dict(configs))
-        if on_task_done is not None:
-            on_task_done(combined)
-    return combined

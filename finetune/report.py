@@ -33,7 +33,7 @@ import zipfile
 from common import storage
 from common.errors import DEAD_LETTER_DIR, DiskFullError
 from finetune.family import PARTIAL_FILE
-from finetune.loop import FinetuneResult, TaskResult, TestPredictions
+from finetune.results import FinetuneResult, TaskResult, TestPredictions
 
 GLUE = "glue"
 

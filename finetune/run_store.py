@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from common import storage
-from finetune.loop import RunRecord, RunResult, TaskJob, TestPredictions, resolve_device, uses_bf16
+from finetune.options import TaskJob, resolve_device, uses_bf16
+from finetune.results import RunRecord, RunResult, TestPredictions
 from model import hf
 
 log = logging.getLogger(__name__)

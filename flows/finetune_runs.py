@@ -32,7 +32,7 @@ class FinetuneJob:
 
 
 def loop_config(cfg: DagConfig, entry):
-    """The loop's config of one task's runs (finetune.loop `FinetuneConfig`), no progress bars:
+    """The loop's config of one task's runs (finetune.options `FinetuneConfig`), no progress bars:
     the runs share one log. (Each run's device is the pool's, given when it starts.)"""
     return cfg.finetune.for_task(entry, progress=False)
 
@@ -40,7 +40,7 @@ def loop_config(cfg: DagConfig, entry):
 def finetune_jobs(cfg: DagConfig) -> list[FinetuneJob]:
     """tasks x learning rates x seeds (several seeds only for a family's small tasks, as the
     paper), each task with its family's recipe and the settings given."""
-    from finetune.loop import seeds_for
+    from finetune.capabilities import seeds_for
 
     if not cfg.finetune.data:
         return []
@@ -145,8 +145,8 @@ _PREPARED = SharedPreparations()
 
 def _prepare_one(model: StageResult, family, task: str, data: str, ft):
     """(encoder, the task's encoded splits) for one run, checked against each other."""
+    from finetune.capabilities import ModelChecks
     from finetune.checkpoint import check_model_fits, load_encoder, load_tokenizer
-    from finetune.loop import ModelChecks
 
     encoder, tokenizer = load_encoder(model.path), load_tokenizer(model.path)
     # the export writes both from one run, but a hand-edited folder would fail deep in torch
@@ -185,7 +185,9 @@ def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
     """Per task, the learning rate with the best mean dev score over seeds; one table over
     every family, the prediction files, in `out` (default `<root>/finetune`; a sweep gives each
     variant its own)."""
-    from finetune import loop, report
+    from finetune import report
+    from finetune.options import FinetuneConfig
+    from finetune.results import FinetuneResult
     from finetune.tasks import get_task
     from finetune.user import use_task_file
 
@@ -199,8 +201,8 @@ def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
         tasks.append(_task_result(runs))
         configs[tasks[-1].task] = loop_config(cfg, get_task(name))
     # one task's settings stand for all in results.json's "config"; each is in "task_configs"
-    shared = next(iter(configs.values()), loop.FinetuneConfig(progress=False))
-    result = loop.FinetuneResult(tuple(tasks), model.path, shared, configs=configs)
+    shared = next(iter(configs.values()), FinetuneConfig(progress=False))
+    result = FinetuneResult(tuple(tasks), model.path, shared, configs=configs)
     out = out or storage.join(cfg.output, "finetune")
     files = report.write_report(result, out)
     dead_letters = [p for k, p in files.items() if k.startswith("dead_letter")]
@@ -212,11 +214,11 @@ def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
 
 
 def _task_result(runs: list[dict]):
-    """The task's summary by `loop.select_best` (the CLI's rule): the prediction files and
-    test predictions are those of the best seed at the best learning rate."""
-    from finetune import loop
+    """The task's summary by `finetune.results.select_best` (the CLI's rule): the prediction
+    files and test predictions are those of the best seed at the best learning rate."""
+    from finetune.results import RunResult, TestPredictions, select_best, summarise_task
 
-    results = [loop.RunResult(**o["result"]) for o in runs]
+    results = [RunResult(**o["result"]) for o in runs]
     name = results[0].task  # the family's own spelling ("RTE")
     # A rate that lost seeds to failed runs would be judged on fewer of them: compare only the
     # rates with every seed that any rate completed (the failures are in finetune_best's
@@ -227,13 +229,13 @@ def _task_result(runs: list[dict]):
         logger.warning("%s: learning rate(s) %s lost seeds to failed runs and are not compared",
                     name, sorted({r.learning_rate for r in results} -
                                  {r.learning_rate for r in complete}))
-    best = loop.select_best(complete)
+    best = select_best(complete)
     best_run = next(o for o, r in zip(runs, results) if r is best.best_run)
-    return loop.summarise_task(
+    return summarise_task(
         name, complete, num_train_examples=best_run["num_train"],
         num_dev_examples=best_run["num_dev"], bad_rows=best_run.get("bad_rows", 0),
         seconds=sum(r.train_seconds + r.eval_seconds for r in results),
-        test_predictions=tuple(loop.TestPredictions(**p) for p in best_run["predictions"]),
+        test_predictions=tuple(TestPredictions(**p) for p in best_run["predictions"]),
         # every run of a task read the same files: one run's rows set aside are the task's
         bad_records=tuple(_bad_record(b) for b in best_run.get("bad_records", ())),
         family=best_run["job"]["family"])

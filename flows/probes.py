@@ -345,13 +345,14 @@ def probe_one(spec: dict[str, Any]) -> dict:
     from common import settings
     from finetune import loop
     from finetune.checkpoint import check_model_fits, load_encoder, load_tokenizer
+    from finetune.options import FinetuneConfig
     from finetune.tasks import get_task
     from finetune.user import use_task_file
 
     torch.set_num_threads(spec["num_threads"])
     use_task_file(spec["tasks_file"])
     entry, hf_dir = get_task(spec["task"]), spec["hf_dir"]
-    ft = settings.build(loop.FinetuneConfig, spec["loop"])
+    ft = settings.build(FinetuneConfig, spec["loop"])
     encoder, tokenizer = load_encoder(hf_dir), load_tokenizer(hf_dir)
     check_model_fits(encoder, tokenizer, ft.max_seq_length, hf_dir, hf_dir)
     prepared = entry.family.prepare(entry.task, spec["data"], tokenizer, ft.max_seq_length,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import transformers
 
-from finetune.loop import FinetuneConfig
+from finetune.options import FinetuneConfig
 from model.heads import span_loss
 
 

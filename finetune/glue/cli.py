@@ -22,7 +22,7 @@ with extras.needed_by("bert-glue"):  # without the train extra: one line, not a 
     from finetune import cli
     from finetune.glue.family import FAMILY
     from finetune.glue.tasks import parse_tasks
-    from finetune.loop import FinetuneConfig, TaskJob
+    from finetune.options import FinetuneConfig, TaskJob
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,9 @@ from finetune.family import Prepared, Recipe, Scored
 from finetune.glue import data as glue_data
 from finetune.glue.metrics import compute_metrics, task_score
 from finetune.glue.tasks import SplitSpec, TaskSpec, get_task
-from finetune.loop import FinetuneConfig, TestPredictions, for_recipe
+from finetune.options import FinetuneConfig, for_recipe
 from finetune.packing import SlotBatch, lay_out, pack_rows
+from finetune.results import TestPredictions
 from model.bert import BertModel
 from model.encoders import tells_pairs_apart
 from model.heads import BertForSequenceClassification
@@ -155,7 +156,7 @@ def prepare_task(task: TaskSpec, data_dir: str, tokenizer, max_seq_length: int,
 @dataclass(frozen=True)
 class GlueFamily:
     """The nine GLUE tasks (finetune/glue/tasks.py); satisfies `finetune.family.Family`, with
-    the loop's optional `SizedTasks`, `TestSets` and `ModelChecks`."""
+    the optional `SizedTasks`, `TestSets` and `ModelChecks` (finetune/capabilities.py)."""
 
     name: ClassVar[str] = "glue"
     pack_sequences: bool = True

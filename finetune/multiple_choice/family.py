@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from finetune.family import Prepared, Recipe, Scored
-from finetune.loop import TestPredictions
 from finetune.multiple_choice import data as mc_data
 from finetune.packing import SlotBatch, lay_out, one_per_row, pack_rows
+from finetune.results import TestPredictions
 from model.bert import BertModel
 from model.encoders import tells_pairs_apart
 from model.heads import BertForMultipleChoice

@@ -66,7 +66,7 @@ def ner_labels(task: UserTask) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class UserFamily:
     """The tasks of one task file (`finetune.user.spec`); satisfies `finetune.family.Family`
-    with the loop's `TestSets` and `ModelChecks`, by delegation."""
+    with `TestSets` and `ModelChecks` (finetune/capabilities.py), by delegation."""
 
     name: ClassVar[str] = "user"
     tasks: tuple[UserTask, ...] = ()

@@ -119,7 +119,7 @@ def _settings(argv, base=None):
 def test_every_setting_is_a_flag_with_its_docstring_as_help():
     from finetune.cli import CommandConfig
     from finetune.config import TasksConfig
-    from finetune.loop import LoopOptions
+    from finetune.options import LoopOptions
 
     parser = build_parser()
     flags = {a.dest: a for a in parser._actions if a.option_strings and a.dest != "help"}

@@ -14,7 +14,9 @@ from common.settings import SettingError
 from finetune import checkpoint, loop
 from finetune.family import Recipe
 from finetune.glue import FAMILY
+from finetune.options import RECIPE_FIELDS, FinetuneConfig, LoopOptions, for_recipe
 from finetune.report import write_report
+from finetune.results import FinetuneResult, select_best
 from model.bert import BertModel, bert_tiny
 from tests.support.toy_family import FAMILY as TOY
 from tests.support.toy_family import ToyFamily, toy_encoder
@@ -77,7 +79,7 @@ def test_glue_through_the_loop_gives_the_old_loops_numbers(minilm_dir, tmp_path,
     encoder = checkpoint.load_encoder(str(minilm_dir))
     tokenizer = checkpoint.load_tokenizer(str(minilm_dir))
     # rows of max_seq_length, as that loop packed them: the dropout masks follow the layout
-    cfg = loop.FinetuneConfig(learning_rates=(1e-4, 3e-5), seeds=(1, 2), epochs=1.0,
+    cfg = FinetuneConfig(learning_rates=(1e-4, 3e-5), seeds=(1, 2), epochs=1.0,
                               batch_size=8, eval_batch_size=8, progress=False, row_length=128)
     prepared = FAMILY.prepare(task, sample_slice(tmp_path, task), tokenizer, 128, None, None,
                               False)
@@ -101,7 +103,7 @@ def test_predict_restores_unit_order():
     """Evaluation batches units sorted by length; the outputs come back in unit order."""
     prepared = TOY.prepare("small", "", None, 16, None, None, False)
     model = loop.build_model(TOY, toy_encoder(), "small", seed=1)
-    cfg = loop.for_recipe(TOY.recipe("small"), eval_batch_size=3, progress=False)
+    cfg = for_recipe(TOY.recipe("small"), eval_batch_size=3, progress=False)
     assert list(np.argsort(prepared.dev["dev"].lengths, kind="stable")) != list(range(10))
     outputs = loop.predict(TOY, model, prepared.dev["dev"], cfg)
     assert outputs["unit"].tolist() == list(range(10))
@@ -113,7 +115,7 @@ def test_predict_restores_unit_order():
 def test_small_tasks_run_every_seed_and_the_best_runs_files_are_written(tmp_path):
     """`is_small` picks the seeds; the best run's `Scored.files` land in <output>/<task>/."""
     encoder = toy_encoder()
-    cfg = loop.for_recipe(TOY.recipe("x"), seeds=(1, 2), progress=False, device="cpu")
+    cfg = for_recipe(TOY.recipe("x"), seeds=(1, 2), progress=False, device="cpu")
     results = []
     for task in ("small", "large"):
         prepared = TOY.prepare(task, "", None, 16, None, None, False)
@@ -121,9 +123,9 @@ def test_small_tasks_run_every_seed_and_the_best_runs_files_are_written(tmp_path
     small, large = results
     assert small.seeds == (1, 2) and large.seeds == (1,)
     assert [r.steps for r in small.runs] == [3, 3]  # ceil(10 / 4) steps of one epoch
-    best = loop.select_best(small.runs).best_run
+    best = select_best(small.runs).best_run
     assert small.files == best.files == {"predictions.json": json.dumps(list(range(10)))}
-    paths = write_report(loop.FinetuneResult(tuple(results), "<toy>", cfg), str(tmp_path))
+    paths = write_report(FinetuneResult(tuple(results), "<toy>", cfg), str(tmp_path))
     assert json.loads((tmp_path / "small" / "predictions.json").read_text()) == list(range(10))
     assert paths["files_small"] == str(tmp_path / "small")
     summary = json.loads((tmp_path / "results.json").read_text())
@@ -134,18 +136,18 @@ def test_small_tasks_run_every_seed_and_the_best_runs_files_are_written(tmp_path
 
 
 def test_bf16_follows_the_device_unless_set():
-    cfg = loop.FinetuneConfig()
+    cfg = FinetuneConfig()
     assert loop.uses_bf16(cfg, torch.device("cuda")) and not loop.uses_bf16(cfg, torch.device("cpu"))
-    assert loop.uses_bf16(loop.FinetuneConfig(bf16=True), torch.device("cpu"))
-    assert not loop.uses_bf16(loop.FinetuneConfig(bf16=False), torch.device("cuda"))
+    assert loop.uses_bf16(FinetuneConfig(bf16=True), torch.device("cpu"))
+    assert not loop.uses_bf16(FinetuneConfig(bf16=False), torch.device("cuda"))
 
 
 def test_recipe_fields_come_from_the_family_and_flags_override():
     recipe = Recipe(max_seq_length=384, batch_size=32, epochs=2.0, learning_rates=(5e-5,))
-    cfg = loop.for_recipe(recipe, epochs=1.0, seeds=(7,))
+    cfg = for_recipe(recipe, epochs=1.0, seeds=(7,))
     assert (cfg.max_seq_length, cfg.batch_size, cfg.epochs, cfg.learning_rates, cfg.seeds) == \
         (384, 32, 1.0, (5e-5,), (7,))
-    assert loop.RECIPE_FIELDS == ("max_seq_length", "batch_size", "epochs", "learning_rates")
+    assert RECIPE_FIELDS == ("max_seq_length", "batch_size", "epochs", "learning_rates")
 
 
 def test_head_init_normal_redraws_only_the_new_head(minilm_dir):
@@ -174,7 +176,7 @@ def test_head_init_normal_redraws_only_the_new_head(minilm_dir):
     assert torch.equal(again.classifier.weight, first.classifier.weight)
     assert not torch.equal(other.classifier.weight, first.classifier.weight)
     with pytest.raises(SettingError, match="^--head_init must be one of truncated_normal or normal, got 'xavier'$"):
-        loop.FinetuneConfig(head_init="xavier")
+        FinetuneConfig(head_init="xavier")
 
 
 def test_a_diverged_loss_is_named_with_its_step(monkeypatch):
@@ -190,7 +192,7 @@ def test_a_diverged_loss_is_named_with_its_step(monkeypatch):
     monkeypatch.setattr(loop, "train_step", step_nan_at_5)
     prepared = TOY.prepare("small", "", None, 16, None, None, False)
     model = loop.build_model(TOY, toy_encoder(), "small", seed=1)
-    cfg = loop.for_recipe(TOY.recipe("small"), epochs=3.0, progress=False, device="cpu")
+    cfg = for_recipe(TOY.recipe("small"), epochs=3.0, progress=False, device="cpu")
     with pytest.raises(FloatingPointError, match="toy: loss nan at step 5; lower the learning"):
         loop.train(TOY, model, prepared.train, 1e-3, 1, cfg, desc="toy")
     assert len(calls) == 9  # ceil(10 / 4) steps x 3 epochs, read once at the end
@@ -223,7 +225,7 @@ def test_to_device_moves_every_host_tensor_and_keeps_the_rest():
 def test_rows_are_long_on_the_cpu_and_max_seq_length_elsewhere():
     """`row_length`: on the CPU min(512, max_position_embeddings), never below max_seq_length;
     on any other device max_seq_length (attention over whole rows there); a set value wins."""
-    cfg = loop.for_recipe(TOY.recipe("small"), progress=False)  # max_seq_length 16
+    cfg = for_recipe(TOY.recipe("small"), progress=False)  # max_seq_length 16
     toy = loop.build_model(TOY, toy_encoder(), "small", seed=1)  # max_position_embeddings 32
     assert loop.row_length(cfg, toy) == 32
     assert loop.row_length(dataclasses.replace(cfg, row_length=24), toy) == 24
@@ -249,7 +251,7 @@ class RowRecordingToy(ToyFamily):
 def test_the_loop_asks_the_family_for_its_row_length():
     family = RowRecordingToy()
     prepared = family.prepare("small", "", None, 16, None, None, False)
-    cfg = loop.for_recipe(family.recipe("small"), seeds=(1,), progress=False, device="cpu")
+    cfg = for_recipe(family.recipe("small"), seeds=(1,), progress=False, device="cpu")
     loop.finetune_task(family, toy_encoder(), prepared, cfg)
     # 3 training batches of 4 (10 units), one evaluation batch of 256
     assert family.asked == [(True, 16, 32)] * 3 + [(False, 16, 32)]
@@ -260,11 +262,11 @@ def test_the_loop_asks_the_family_for_its_row_length():
 
 def test_a_row_length_outside_the_model_or_below_max_seq_length_is_refused():
     with pytest.raises(SettingError, match="--row_length must be >= max_seq_length 128, got 64"):
-        loop.FinetuneConfig(row_length=64)
+        FinetuneConfig(row_length=64)
     with pytest.raises(SettingError, match="--row_length must be >= 1, got 0"):
-        loop.LoopOptions(row_length=0)
+        LoopOptions(row_length=0)
     prepared = TOY.prepare("small", "", None, 16, None, None, False)
-    cfg = loop.for_recipe(TOY.recipe("small"), row_length=64, progress=False, device="cpu")
+    cfg = for_recipe(TOY.recipe("small"), row_length=64, progress=False, device="cpu")
     with pytest.raises(SettingError, match="--row_length must be <= the model's "
                                            "max_position_embeddings 32, got 64"):
         loop.finetune_task(TOY, toy_encoder(), prepared, cfg)

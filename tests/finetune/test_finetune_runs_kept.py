@@ -132,7 +132,8 @@ def test_a_runs_file_is_keyed_by_what_decides_the_run(minilm_dir, rte_data, tmp_
     grid (the other rates and seeds) and the progress bars are not part of a run's key. A kept
     diverged run reads back as it was written."""
     from finetune.glue import FAMILY
-    from finetune.loop import FinetuneConfig, RunRecord, RunResult, TaskJob
+    from finetune.options import FinetuneConfig, TaskJob
+    from finetune.results import RunRecord, RunResult
     from finetune.run_store import RunStore, model_identity
 
     identity = model_identity(str(minilm_dir), str(minilm_dir))

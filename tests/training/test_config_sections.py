@@ -195,7 +195,7 @@ def test_fine_tuning_and_pre_training_share_the_optimizer_fields(capsys):
     from common.optimizer import AdamWOptions
     from finetune.cli import CommandConfig, build_parser, command_config
     from finetune.config import TasksConfig
-    from finetune.loop import FinetuneConfig, LoopOptions
+    from finetune.options import FinetuneConfig, LoopOptions
 
     shared = ("weight_decay", "adam_epsilon", "max_grad_norm")
     docs = settings.field_docs(AdamWOptions)

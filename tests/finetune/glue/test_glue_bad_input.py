@@ -11,15 +11,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from finetune import checkpoint, loop
+from finetune import checkpoint
 from finetune.glue import data as glue_data
 from finetune.glue.cli import main as glue_main
 from finetune.glue.family import FAMILY
 from finetune.glue.tasks import TASKS
+from finetune.options import FinetuneConfig
 from tests.support.glue_fixtures import glue_slice
 
 
-def _check_fits(encoder, tokenizer, tasks, cfg: loop.FinetuneConfig, model_dir: str,
+def _check_fits(encoder, tokenizer, tasks, cfg: FinetuneConfig, model_dir: str,
                 tokenizer_dir: str) -> None:
     """What bert-glue checks of the model before training: the checkpoint's fit, then GLUE's."""
     checkpoint.check_model_fits(encoder, tokenizer, cfg.max_seq_length, model_dir, tokenizer_dir)
@@ -65,7 +66,7 @@ def test_model_checks_before_training(minilm_dir, encoder, tokenizer, tmp_path, 
     from model.bert import BertModel, bert_tiny
 
     rte, sst2 = TASKS["RTE"], TASKS["SST-2"]
-    cfg = loop.FinetuneConfig()
+    cfg = FinetuneConfig()
     with caplog.at_level("WARNING", logger="finetune.checkpoint"):
         _check_fits(encoder, tokenizer, [rte], cfg, "ck", "tok")
     assert caplog.messages == []  # MiniLM's own tokenizer: 30522 ids, vocab_size 30522
@@ -81,7 +82,7 @@ def test_model_checks_before_training(minilm_dir, encoder, tokenizer, tmp_path, 
     with pytest.raises(ValueError, match="--max_seq_length 128 exceeds the model's "
                                          r"max_position_embeddings 64 \(ck\)"):
         _check_fits(short, tokenizer, [rte], cfg, "ck", "tok")
-    _check_fits(short, tokenizer, [rte], loop.FinetuneConfig(max_seq_length=64), "ck", "t")
+    _check_fits(short, tokenizer, [rte], FinetuneConfig(max_seq_length=64), "ck", "t")
     one_type = BertModel(bert_tiny(type_vocab_size=1))
     with pytest.raises(ValueError, match="RTE: sentence pairs need 2 token types but the model "
                                          "ck has type_vocab_size 1"):

@@ -16,6 +16,7 @@ from finetune.glue import family as gf
 from finetune.glue.cli import main as glue_main
 from finetune.glue.family import FAMILY
 from finetune.glue.tasks import TASKS
+from finetune.options import FinetuneConfig, resolve_device
 from tests.finetune.glue.glue_runs import _optimizer_and_schedule, _prepare
 from training.optim import LinearWarmupDecay
 
@@ -63,13 +64,13 @@ def test_schedule_matches_transformers():
         assert ours.get_last_lr() == pytest.approx(peer.get_last_lr(), abs=1e-15)
         ours_opt.step(), peer_opt.step(), ours.step(), peer.step()
     assert ours.get_last_lr() == [0.0]
-    cfg = loop.FinetuneConfig()
+    cfg = FinetuneConfig()
     assert loop.num_training_steps(2490, cfg) == 234  # RTE: ceil(2490 / 32) * 3
 
 
 def test_optimizer_skips_decay_on_biases_and_layernorm(encoder):
     model = loop.build_model(FAMILY, encoder, "RTE", seed=1)
-    optimizer = loop.build_optimizer(model, 3e-5, loop.FinetuneConfig())
+    optimizer = loop.build_optimizer(model, 3e-5, FinetuneConfig())
     decay, no_decay = optimizer.param_groups
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.01, 0.0)
     # MiniLM: 6 layers x (4 weight matrices) + 3 embeddings + pooler + classifier = 29 matrices;
@@ -81,13 +82,13 @@ def test_optimizer_skips_decay_on_biases_and_layernorm(encoder):
 
 def test_config_validation_names_the_flag():
     with pytest.raises(ValueError, match="--learning_rates"):
-        loop.FinetuneConfig(learning_rates=())
+        FinetuneConfig(learning_rates=())
     with pytest.raises(ValueError, match="--seeds"):
-        loop.FinetuneConfig(seeds=(1, 1))
+        FinetuneConfig(seeds=(1, 1))
     with pytest.raises(ValueError, match="--max_train_examples"):
-        loop.FinetuneConfig(max_train_examples=0)
+        FinetuneConfig(max_train_examples=0)
     with pytest.raises(ValueError, match="--device must be auto, cpu, cuda or cuda:N, got 'gpu0'"):
-        loop.FinetuneConfig(device="gpu0")
+        FinetuneConfig(device="gpu0")
     assert gf.paper_recipe().learning_rates == (5e-5, 4e-5, 3e-5, 2e-5)
 
 
@@ -104,7 +105,7 @@ def test_a_fine_tuning_run_on_the_gpu_scores_as_on_the_cpu(shared_data, encoder,
     scores = {}
     for device in ("cpu", "cuda"):
         # float32 on both (bf16 is the GPU's default): the same function on either device
-        cfg = loop.FinetuneConfig(learning_rates=(1e-4,), seeds=(1,), epochs=1.0, progress=False,
+        cfg = FinetuneConfig(learning_rates=(1e-4,), seeds=(1,), epochs=1.0, progress=False,
                                   device=device, bf16=False)
         result, model = loop.run_one(FAMILY, _without_dropout_encoder(encoder), prepared, 1e-4, 1,
                                      cfg)
@@ -124,10 +125,10 @@ def _without_dropout_encoder(encoder):
 
 def test_device_is_the_gpu_when_torch_sees_one_and_a_missing_gpu_is_named():
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    assert loop.resolve_device("auto") == torch.device("cuda" if gpus else "cpu")
-    assert loop.resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cuda" if gpus else "cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(ValueError, match=f"--device cuda:{gpus}: torch sees {gpus} GPU\\(s\\)"):
-        loop.resolve_device(f"cuda:{gpus}")
+        resolve_device(f"cuda:{gpus}")
 
 
 def test_batches_and_model_go_to_the_device(shared_data, encoder, tokenizer):
@@ -139,9 +140,9 @@ def test_batches_and_model_go_to_the_device(shared_data, encoder, tokenizer):
         task.name, "dev", split.path, examples=split.examples[:8]), task)
     batch = gf.pack_batch(encoded, list(range(8)))
     assert to_device(batch, torch.device("cpu")) is batch  # already there: not copied
-    cfg = loop.FinetuneConfig(learning_rates=(1e-4,), seeds=(1,), progress=False)
+    cfg = FinetuneConfig(learning_rates=(1e-4,), seeds=(1,), progress=False)
     model = loop.build_model(FAMILY, encoder, task.name, seed=1,
-                             device=loop.resolve_device("cpu"))
+                             device=resolve_device("cpu"))
     assert {p.device.type for p in model.parameters()} == {"cpu"}
     torch.manual_seed(0)
     loss = loop.train_step(FAMILY, model, batch, *_optimizer_and_schedule(model, cfg), cfg)

@@ -19,12 +19,21 @@ from finetune.glue import family as gf
 from finetune.glue.cli import main as glue_main
 from finetune.glue.family import FAMILY
 from finetune.glue.tasks import SUBMISSION_FILES, TASKS
+from finetune.options import FinetuneConfig
 from finetune.report import write_report
+from finetune.results import (
+    FinetuneResult,
+    RunResult,
+    TaskResult,
+    select_best,
+    summarise_task,
+)
+from finetune.results import TestPredictions as Predictions  # not a test class
 from tests.finetune.glue.glue_runs import _prepare
 from tests.support.glue_fixtures import glue_slice
 
 
-def _fake_predictions(shared_data) -> loop.FinetuneResult:
+def _fake_predictions(shared_data) -> FinetuneResult:
     """Predictions for every test file in the shared data, labels cycling through the label set."""
     results = []
     for task in TASKS.values():
@@ -35,15 +44,15 @@ def _fake_predictions(shared_data) -> loop.FinetuneResult:
             split = glue_data.read_split(str(shared_data / "glue"), task, spec)
             values = ([f"{i % 6 * 0.8:.3f}" for i in range(len(split))] if task.is_regression
                       else [task.labels[i % task.num_labels] for i in range(len(split))])
-            predictions.append(loop.TestPredictions(spec.name, spec.submission_file,
+            predictions.append(Predictions(spec.name, spec.submission_file,
                                                   [e.guid for e in split.examples], values))
         if predictions:
-            results.append(loop.TaskResult(
+            results.append(TaskResult(
                 task=task.name, best_learning_rate=2e-5, seeds=(1,), metrics={"accuracy": 0.5},
                 metrics_std={"accuracy": 0.0}, score=0.5, score_std=0.0, runs=(),
                 num_train_examples=0, num_dev_examples={}, bad_rows=0, seconds=0.0,
                 test_predictions=tuple(predictions), family="glue"))
-    return loop.FinetuneResult(tuple(results), "<none>", loop.FinetuneConfig())
+    return FinetuneResult(tuple(results), "<none>", FinetuneConfig())
 
 
 def test_submission_zip_matches_test_files(shared_data, tmp_path):
@@ -106,24 +115,24 @@ def test_real_finetune_from_minilm(shared_data, minilm_dir, tmp_path):
 # Which run predicts the test sets: the best seed at the best learning rate, on both paths
 # ---------------------------------------------------------------------------------------------
 
-def _run(learning_rate: float, seed: int, score: float) -> loop.RunResult:
-    return loop.RunResult("RTE", learning_rate, seed, {"accuracy": score}, score, 10, 0.5, 1.0, 0.1)
+def _run(learning_rate: float, seed: int, score: float) -> RunResult:
+    return RunResult("RTE", learning_rate, seed, {"accuracy": score}, score, 10, 0.5, 1.0, 0.1)
 
 
 def test_select_best_takes_the_best_seed_at_the_best_mean_rate():
     runs = [_run(5e-5, 1, 0.90), _run(5e-5, 2, 0.10),   # mean 0.50, but the best single run
             _run(3e-5, 1, 0.60), _run(3e-5, 2, 0.70),   # mean 0.65: the reported rate
             _run(2e-5, 1, 0.64), _run(2e-5, 2, 0.64)]   # mean 0.64
-    best = loop.select_best(runs)
+    best = select_best(runs)
     assert best.learning_rate == 3e-5
     assert best.runs == (runs[2], runs[3]) and best.best_run is runs[3]
     # Ties: the first rate in run order, then the first seed.
     tied = [_run(4e-5, 1, 0.5), _run(4e-5, 2, 0.7), _run(2e-5, 1, 0.7), _run(2e-5, 2, 0.5)]
-    assert loop.select_best(tied).learning_rate == 4e-5 and loop.select_best(tied).best_run is tied[1]
-    assert loop.select_best([_run(2e-5, 3, 0.4)]).best_run.seed == 3
+    assert select_best(tied).learning_rate == 4e-5 and select_best(tied).best_run is tied[1]
+    assert select_best([_run(2e-5, 3, 0.4)]).best_run.seed == 3
     with pytest.raises(ValueError, match="no runs"):
-        loop.select_best([])
-    summary = loop.summarise_task("RTE", runs, 100, {"dev": 50}, 0, 1.0)
+        select_best([])
+    summary = summarise_task("RTE", runs, 100, {"dev": 50}, 0, 1.0)
     assert (summary.best_learning_rate, summary.seeds, summary.runs) == (3e-5, (1, 2), tuple(runs))
     assert summary.score == pytest.approx(0.65) and summary.score_std == pytest.approx(0.0707107)
     assert summary.metrics == {"accuracy": pytest.approx(0.65)}
@@ -144,7 +153,7 @@ def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder
         lines = (SAMPLE / "glue" / "STS-B" / name).read_text(encoding="utf-8").splitlines(True)
         (folder / name).write_text("".join(lines[:1 + rows]), encoding="utf-8")
     # Two steps per run (the first is warmup at rate 0) on 16 rows: the runs still differ.
-    sample = loop.FinetuneConfig(learning_rates=(1e-4, 3e-5), seeds=(1, 2), epochs=1.0,
+    sample = FinetuneConfig(learning_rates=(1e-4, 3e-5), seeds=(1, 2), epochs=1.0,
                                  batch_size=8, progress=False)
     dag = resolve("tiny", {"finetune": {"data": str(tmp_path), "tasks": ["sts-b"],
                                         "learning_rates": [1e-4, 3e-5], "seeds": [1, 2]}})
@@ -163,14 +172,14 @@ def test_cli_and_flow_predict_the_test_set_with_the_same_run(minilm_dir, encoder
     assert [(r.learning_rate, r.seed, r.steps) for r in cli.runs] == [
         (1e-4, 1, 2), (1e-4, 2, 2), (3e-5, 1, 2), (3e-5, 2, 2)]
     assert [r.metrics for r in flow.runs] == [r.metrics for r in cli.runs]  # the same training
-    best = loop.select_best(cli.runs)
+    best = select_best(cli.runs)
     assert cli.best_learning_rate == flow.best_learning_rate == best.learning_rate
     assert cli.seeds == flow.seeds == (1, 2)
     assert cli.metrics == flow.metrics and cli.score == flow.score
     # The predictions are those of the best seed at the best rate, on both paths ...
     chosen = next(o for o in outcomes if (o["job"]["learning_rate"], o["job"]["seed"])
                   == (best.learning_rate, best.best_run.seed))
-    expected = tuple(loop.TestPredictions(**p) for p in chosen["predictions"])
+    expected = tuple(Predictions(**p) for p in chosen["predictions"])
     assert cli.test_predictions == flow.test_predictions == expected
     # ... and the runs differ, so another choice would have given other predictions.
     others = {tuple(o["predictions"][0]["predictions"]) for o in outcomes if o is not chosen}

@@ -14,6 +14,7 @@ from finetune.glue import data as glue_data
 from finetune.glue import family as gf
 from finetune.glue.family import FAMILY
 from finetune.glue.tasks import TASKS
+from finetune.options import FinetuneConfig
 from tests.support.dropout import without_dropout
 
 PADDED = dataclasses.replace(FAMILY, pack_sequences=False)  # one example per row, padded
@@ -49,7 +50,7 @@ def test_training_gradients_match_transformers(shared_data, minilm_dir, encoder,
         torch.testing.assert_close(grads[name].grad, peer_param.grad, atol=1e-5, rtol=1e-4)
 
 
-def _trainer_run(minilm_dir, encoded, order: list[int] | None, cfg: loop.FinetuneConfig,
+def _trainer_run(minilm_dir, encoded, order: list[int] | None, cfg: FinetuneConfig,
                  lr: float, seed: int, classifier: torch.nn.Linear | None, output_dir,
                  **config) -> tuple[list[float], torch.nn.Module]:
     """transformers' Trainer on the rows of `encoded` in `order` (one sequential pass, as one
@@ -110,7 +111,7 @@ def test_training_run_matches_transformers_trainer(minilm_dir, encoder, mrpc_96,
     """Whole recipe parity: without dropout and with the same example order, our `train` and
     transformers' Trainer take the same optimizer steps (AdamW, decay groups, warmup and decay,
     clipping, loss), so their losses agree step by step and the trained weights match."""
-    cfg = loop.FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
+    cfg = FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
                             progress=False)
     ours = without_dropout(loop.build_model(FAMILY, encoder, "MRPC", seed=3))
     peer_losses, peer = _trainer_run(minilm_dir, mrpc_96, _epochs_order(96, 16, 2, 3), cfg, 1e-4,
@@ -141,7 +142,7 @@ def test_with_dropout_and_stock_kernels_the_run_is_the_trainers_draw_for_draw(
     luck of the draws (data order and dropout masks), not a difference in the recipe."""
     from model.cpu_ops import stock_ops
 
-    cfg = loop.FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
+    cfg = FinetuneConfig(batch_size=16, epochs=2.0, learning_rates=(1e-4,), seeds=(3,),
                               progress=False)
     ours = loop.build_model(FAMILY, encoder, "MRPC", seed=3)
     peer_losses, _ = _trainer_run(minilm_dir, mrpc_96, _epochs_order(96, 16, 2, 3), cfg, 1e-4, 3,
@@ -169,7 +170,7 @@ def test_the_trainers_own_draws_replayed_by_our_run_give_its_run(minilm_dir, enc
     split = glue_data.read_split(str(shared_data / "glue"), task, task.train)
     mrpc_100 = glue_data.encode_split(tokenizer, glue_data.GlueSplit(
         task.name, "train", split.path, examples=split.examples[:100]), task)
-    cfg = loop.FinetuneConfig(batch_size=32, epochs=2.5, learning_rates=(1e-4,), seeds=(4,),
+    cfg = FinetuneConfig(batch_size=32, epochs=2.5, learning_rates=(1e-4,), seeds=(4,),
                             progress=False)
     peer_losses, _ = _trainer_run(minilm_dir, mrpc_100, None, cfg, 1e-4, 4, None, tmp_path)
 

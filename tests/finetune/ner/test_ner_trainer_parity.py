@@ -10,6 +10,7 @@ import torch
 
 from finetune import checkpoint, loop
 from finetune.ner import FAMILY
+from finetune.options import FinetuneConfig
 from tests.support.dropout import without_dropout
 
 
@@ -39,7 +40,7 @@ def test_training_run_matches_transformers_trainer(minilm_dir, conll_192, tmp_pa
 
     from peers import trainer_runs
 
-    cfg = loop.FinetuneConfig(epochs=1.0, learning_rates=(1e-4,), seeds=(1,), progress=False,
+    cfg = FinetuneConfig(epochs=1.0, learning_rates=(1e-4,), seeds=(1,), progress=False,
                               bf16=False, device="cpu")
     encoder = checkpoint.load_encoder(str(minilm_dir))
     ours = without_dropout(loop.build_model(FAMILY, encoder, "conll2003", seed=1))

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from finetune import checkpoint, loop
+from finetune.options import FinetuneConfig
 from finetune.squad import FAMILY
 from finetune.squad import data as squad_data
 from tests.support.dropout import without_dropout
@@ -56,7 +57,7 @@ def test_training_run_matches_the_trainer_once_its_loss_leaves_out_padding(
     """Packed windows, the span loss, AdamW groups, warmup and decay and clipping: loss for loss
     the Trainer's padded run when its loss masks padding; its stock loss takes other steps."""
     windows = normans_windows
-    cfg = loop.FinetuneConfig(max_seq_length=192, batch_size=8, epochs=1.0,
+    cfg = FinetuneConfig(max_seq_length=192, batch_size=8, epochs=1.0,
                               learning_rates=(1e-4,), seeds=(1,), progress=False, bf16=False,
                               device="cpu")
     encoder = checkpoint.load_encoder(str(minilm_dir))
