@@ -74,6 +74,9 @@ class BertConfig:
     qa_dropout: ClassVar[bool] = False
     """Span heads read the last states without dropout (transformers' `BertForQuestionAnswering`
     has none)."""
+    sparse_prediction: ClassVar[bool] = False
+    """The MLM head scores every masked position, padding rows too (model/heads.py
+    `labelled_rows`): BERT's losses and gradients stay bit for bit what they were."""
 
     vocab_size: int = 30522
     """Number of WordPiece tokens (rows of the word embedding and of the tied MLM decoder)."""

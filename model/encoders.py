@@ -10,7 +10,7 @@ The encoder module's contract, which every head and fine-tuning family relies on
 
 | member | what it is |
 |--------|------------|
-| `config` | the encoder's config: `hidden_size`, `vocab_size`, `embedding_rows`, `initializer_range`, `hidden_dropout_prob` (before a classifier), `layer_norm_eps`, `hidden_act`, `is_decoder`, `max_position_embeddings`, `mlm_head_bias` |
+| `config` | the encoder's config: `hidden_size`, `vocab_size`, `embedding_rows`, `initializer_range`, `hidden_dropout_prob` (before a classifier), `layer_norm_eps`, `hidden_act`, `is_decoder`, `max_position_embeddings`, `mlm_head_bias`, `sparse_prediction` |
 | `forward(input_ids, token_type_ids, attention_mask, sequence_ids, position_ids, output_positions, layout, output_hidden_states)` | last hidden states (B, T, H), or (B, P, H) at `output_positions`, or every layer's (`HiddenStates`) |
 | `pool(hidden, cls_positions, sequence_ids)` | the pooled summary state (B, H) or (B, K, H) through `pooler` |
 | `pooler` | the module `pool` applies (the NSP head reads it too) |

@@ -47,9 +47,14 @@ class PreTrainingOutput:
 
     mlm_logits: Tensor
     """(B, M, V) scores at `masked_lm_positions` (padding positions included, ignore them); for
-    the left-to-right model (B, T - 1, V), position t scoring token t + 1."""
+    the left-to-right model (B, T - 1, V), position t scoring token t + 1; (N, V) at the
+    labelled positions only where `mlm_rows` is set."""
     nsp_logits: Tensor | None
     """(B, 2) or (B, K, 2) next-sentence scores per instance; None for the MLM-only model."""
+    mlm_rows: Tensor | None = None
+    """(N,) flat index into (B, M) of the rows `mlm_logits` holds, when the head scored only the
+    labelled masked positions (`labelled_rows`, as transformers' `sparse_prediction`); None when
+    it scored them all."""
     loss: Tensor | None = None
     """mlm_loss + nsp_loss (scalar)."""
     mlm_loss: Tensor | None = None
@@ -122,8 +127,12 @@ class MaskedLMHead(nn.Module):
     def forward(self, hidden: Tensor) -> Tensor:
         scores = self.decoder(self.norm(self.activation(self.dense(hidden))))  # (..., rows)
         if scores.shape[-1] != self.vocab_size:  # padded rows (`vocab_multiple`): not tokens
-            scores = scores[..., :self.vocab_size]
-        return scores + self.bias
+            return scores[..., :self.vocab_size] + self.bias
+        if scores.dtype != self.bias.dtype:  # autocast: the sum is in the bias's dtype
+            return scores + self.bias
+        # In place, the same sum: a new (N, V) tensor costs on the CPU as much again in page
+        # faults as the add itself (the product's backward does not read its output)
+        return scores.add_(self.bias)
 
 
 def masked_mean_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -133,11 +142,57 @@ def masked_mean_loss(logits: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Te
     """
     valid = labels >= 0
     safe = labels.clamp(min=0)
-    losses = F.cross_entropy(logits.float(), safe, reduction="none")
+    logits32 = logits.float()
+    if logits32.device.type == "cpu" and not torch.compiler.is_compiling():
+        losses = _CrossEntropy.apply(logits32, safe)
+    else:
+        losses = F.cross_entropy(logits32, safe, reduction="none")
     count = valid.sum()
     loss = (losses * valid).sum() / count.clamp(min=1)
     correct = ((logits.argmax(-1) == safe) & valid).sum()
     return loss, correct, count
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """`F.cross_entropy(logits, labels, reduction="none")` (N, C), (N,) -> (N,), the very same
+    numbers forward and backward (the same log_softmax, nll and log_softmax-backward kernels),
+    with one (N, C) tensor fewer in the backward: log_softmax's gradient is written over
+    nll_loss's (the kernel reads each row's sum before it writes the row). On the CPU a new
+    (N, C) tensor costs as much in page faults as a pass over it: at the MLM head's
+    N x 50,368 that is 0.1 s a step."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, labels: Tensor) -> Tensor:
+        log_probs = torch.log_softmax(logits, -1)  # (N, C)
+        ctx.save_for_backward(log_probs, labels)
+        return -log_probs.gather(1, labels[:, None]).squeeze(1)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        log_probs, labels = ctx.saved_tensors
+        grad_log_probs = torch.zeros_like(log_probs).scatter_(1, labels[:, None], -grad[:, None])
+        return torch._log_softmax_backward_data(grad_log_probs, log_probs, 1, log_probs.dtype,
+                                                out=grad_log_probs), None
+
+
+def labelled_rows(labels: Tensor) -> Tensor | None:
+    """(N,) flat index of the labelled entries (>= 0) of `labels` (B, M) when the MLM head
+    scores those rows only, else None (every row scored, or every row labelled). The encoder's
+    config asks for it (`sparse_prediction`: ModernBERT's yes, BERT's no, which keeps BERT's
+    numbers bit for bit: its bias gradients would sum fewer rows).
+
+    Only on the CPU in eager mode. A batch's M is its longest row's count of masked tokens, so
+    shorter rows pad to it, and each padding row would cost as much as a labelled one in the
+    decoder's (H x V) product and the softmax over V: at 512 tokens, rows of (1, 0.7, 0.45,
+    0.25) x 512 score 616 rows for 368 labels. On the CPU the count costs no wait for a device;
+    on a GPU, and under torch.compile, shapes stay static instead.
+    """
+    if labels.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    labelled = labels.flatten() >= 0
+    if bool(labelled.all()):
+        return None
+    return labelled.nonzero().squeeze(1)
 
 
 def instance_cls_positions(sequence_ids: Tensor, num_instances: int) -> Tensor:
@@ -212,17 +267,23 @@ class BertForPreTraining(nn.Module):
         wanted = masked if cls_positions is None else torch.cat([masked, cls_positions], dim=1)
         states = self.bert(input_ids, token_type_ids, attention_mask, sequence_ids, position_ids,
                            output_positions=wanted, layout=layout)  # (B, M + K, H)
-        mlm_logits = self.mlm(states[:, :masked.shape[1]])  # (B, M, V)
+        rows = (labelled_rows(masked_lm_ids)
+                if masked_lm_ids is not None and self.config.sparse_prediction else None)
+        hidden = states[:, :masked.shape[1]]  # (B, M, H)
+        if rows is not None:  # the labelled rows only
+            hidden = hidden.flatten(0, 1).index_select(0, rows)  # (N, H)
+        mlm_logits = self.mlm(hidden)  # (B, M, V) or (N, V)
         nsp_logits = None
         if self.nsp is not None:
             nsp_logits = self.nsp(self.bert.pooler(states[:, masked.shape[1]:]))  # (B, K, 2)
             if not per_instance:
                 nsp_logits = nsp_logits[:, 0]  # one instance per row: (B, 2)
-        out = PreTrainingOutput(mlm_logits=mlm_logits, nsp_logits=nsp_logits)
+        out = PreTrainingOutput(mlm_logits=mlm_logits, nsp_logits=nsp_logits, mlm_rows=rows)
         if masked_lm_ids is None:
             return out
+        labels = masked_lm_ids.flatten()
         out.mlm_loss, out.mlm_correct, out.mlm_count = masked_mean_loss(
-            mlm_logits.flatten(0, 1), masked_lm_ids.flatten())
+            mlm_logits.flatten(0, -2), labels if rows is None else labels.index_select(0, rows))
         out.loss = out.mlm_loss
         if nsp_logits is not None and next_sentence_label is not None:
             out.nsp_loss, out.nsp_correct, out.nsp_count = masked_mean_loss(

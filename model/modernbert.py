@@ -20,10 +20,17 @@ docstring has the table), so every head in model/heads.py takes either encoder. 
 a token attends only to its own instance, and on local layers only within the window; positions
 restart at 0 per instance.
 
-Attention runs through `scaled_dot_product_attention` under one boolean (B, 1, T, T) mask per
-layer kind, made once per forward. On a GPU with `flash_attn` installed and half-precision
-activations it runs `flash_attn_varlen_func` over the real tokens instead (`window_size=(w, w)`
-on local layers): no T x T mask, no work on padding. That path is not exercised on CPU.
+Rows with padding or several instances run on their real tokens only (`RealTokens`, as
+transformers' ModernBERT unpads for flash attention): gathered once before the embeddings, one
+(N, H) matrix through every norm, projection and feed-forward, put back in their rows at the
+end. Attention then runs per instance: on the CPU one `scaled_dot_product_attention` call per
+bucket of instances of similar length (model/attention.py's plan; full rows are one bucket),
+local layers of rows of 4 windows or more in chunks of `w` queries against the 3w keys around
+them (`attend_band`: O(n w), not O(n^2) under an n x n mask); on a GPU with fp16/bf16 activations and no attention dropout, torch's
+variable-length FlashAttention kernel (`torch.nn.attention.varlen.varlen_attn`,
+`window_size=(w, w)` on local layers). The GPU path is not exercised by the CPU tests.
+`stock_ops()` and torch.compile take whole rows: SDPA under one boolean (B, 1, T, T) mask
+per layer kind, made once per forward.
 
 Its Hugging Face adapter is model/modernbert_hf.py.
 """
@@ -31,23 +38,25 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.attention import (
+    AttentionPlan,
     BatchLayout,
+    attention_plan,
     instance_ids,
     one_instance_per_row,
     packed_position_ids,
     query_attention_mask,
 )
 from model.bert import ACTIVATIONS, HiddenStates, gather_positions, truncated_normal_
-from model.cpu_ops import Dropout, attend
+from model.cpu_ops import Dropout, attend, stock_ops_enabled
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,9 @@ class ModernBertConfig:
     arch: ClassVar[str] = "modernbert"
     mlm_head_bias: ClassVar[bool] = False
     """The MLM transform's dense and LayerNorm have no bias (the decoder has one)."""
+    sparse_prediction: ClassVar[bool] = True
+    """On the CPU the MLM head scores only the labelled masked positions (model/heads.py
+    `labelled_rows`), as transformers' `sparse_prediction=True`, which ModernBERT trained with."""
     masked_share: ClassVar[float] = 0.3
     """Share of a row's tokens the published recipe masks (paper section 2.2: 30%), where
     memory and FLOP estimates size the MLM head without shards."""
@@ -231,9 +243,10 @@ def rotary_cos_sin(position_ids: Tensor, theta: float, head_dim: int,
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Turn each head's (first half, second half) pairs by the angles: x (B, T, A, D), cos and
-    sin (B, T, D) -> (B, T, A, D). In float32, as transformers, whatever x's dtype."""
-    cos, sin = cos[:, :, None], sin[:, :, None]  # (B, T, 1, D)
+    """Turn each head's (first half, second half) pairs by the angles: x (..., A, D), cos and
+    sin (..., D) -> (..., A, D), the leading dims (B, T) or (N,). In float32, as transformers,
+    whatever x's dtype."""
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # (..., 1, D)
     xf = x.float()
     first, second = xf.chunk(2, dim=-1)
     return (xf * cos + torch.cat((-second, first), dim=-1) * sin).to(x.dtype)
@@ -245,7 +258,8 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class TokenRuns:
-    """The real tokens of a batch as one run per instance, for `flash_attn_varlen_func`."""
+    """The real tokens of a batch as one run per instance, for torch's variable-length
+    attention kernel (`varlen_attention`)."""
 
     token_index: Tensor
     """(N,) flat index (row * T + position) of every real token, instance after instance."""
@@ -283,19 +297,187 @@ class LayerInputs:
     """(B, T, D) sines."""
     mask: Tensor | None
     """(B or 1, 1, T, T) True = may attend (same instance, and within the window on local
-    layers); None when nothing is masked. Unused with `runs`."""
+    layers); None when nothing is masked."""
     window: int | None
     """Tokens seen each side on local layers (local_attention // 2); None on global ones."""
+
+
+@dataclass(frozen=True)
+class InstanceBucket:
+    """Instances of similar length that attend in one SDPA call: G of them, n slots each."""
+
+    shape: tuple[int, int]
+    """(G, n)."""
+    real: Tensor | None
+    """(G, n) True at the instance's own tokens (a slot past its end repeats the instance's
+    first token); None when all G instances have n tokens."""
+
+
+@dataclass(frozen=True)
+class RealTokens:
+    """The real tokens of a batch, which every layer but a sparse last one holds as one (N, H)
+    matrix: embeddings, norms, projections and feed-forward do no work on padding, and
+    attention runs per instance (local layers in chunks of their window, `attend_band`). As transformers' ModernBERT unpads for flash
+    attention (and MosaicBERT's `bert_padding.py`), here on the CPU too."""
+
+    token_index: Tensor
+    """(N,) flat index (row * T + position) of every real token, in the order the layers hold
+    them."""
+    rows: int
+    """B."""
+    length: int
+    """T."""
+    buckets: tuple[InstanceBucket, ...] = ()
+    """CPU: the instances by length bucket (model/attention.py `attention_plan`)."""
+    slots: Tensor | None = None
+    """(S,) the token (0..N-1) in each slot of the buckets, bucket after bucket; None when the
+    slots are the N tokens in order (no bucket has a slot past an instance's end)."""
+    real_slots: Tensor | None = None
+    """(N,) the slot of each token; None with `slots`."""
     runs: TokenRuns | None = None
-    """The real tokens for flash attention's variable-length kernel; None: SDPA under `mask`."""
+    """GPU: the instances as runs for the variable-length kernel (no buckets then)."""
+    every_token: bool = False
+    """Rows of one instance each, without padding: gathering and padding are reshapes."""
+
+    @staticmethod
+    def of_rows(rows: int, length: int, device: torch.device) -> RealTokens:
+        """Full rows, one instance each: one bucket of B rows (for chunked local attention)."""
+        return RealTokens(torch.arange(rows * length, device=device), rows, length,
+                          (InstanceBucket((rows, length), None),), every_token=True)
+
+    @staticmethod
+    def of_plan(plan: AttentionPlan, rows: int, length: int) -> RealTokens:
+        """The tokens of `plan` (made on the host), in the order its buckets return them."""
+        slots = None
+        if plan.real_slots is not None:  # slot -> token: through a (B T,) map of token order
+            order = torch.empty(rows * length, dtype=torch.long, device=plan.token_index.device)
+            order[plan.token_index] = torch.arange(plan.token_index.numel(), device=order.device)
+            slots = order[plan.slot_index]
+        buckets = tuple(InstanceBucket(tuple(g.index.shape), g.real) for g in plan.groups)
+        return RealTokens(plan.token_index, rows, length, buckets, slots, plan.real_slots)
+
+    def gather(self, t: Tensor) -> Tensor:
+        """The real tokens of (B, T, ...) -> (N, ...)."""
+        if self.every_token:
+            return t.reshape(self.rows * self.length, *t.shape[2:])
+        return t.reshape(self.rows * self.length, *t.shape[2:]).index_select(0, self.token_index)
+
+    def pad(self, t: Tensor) -> Tensor:
+        """(N, C) -> (B, T, C), zeros at padding."""
+        if self.every_token:
+            return t.view(self.rows, self.length, -1)
+        out = t.new_zeros(self.rows * self.length, t.shape[-1])
+        return out.index_copy(0, self.token_index, t).view(self.rows, self.length, -1)
+
+
+@dataclass(frozen=True)
+class RealInputs:
+    """What every layer of one kind attends with when it runs on `RealTokens`."""
+
+    cos: Tensor
+    """(N, D) cosines of the RoPE angles at this kind's theta."""
+    sin: Tensor
+    """(N, D) sines."""
+    masks: tuple[Tensor | None, ...]
+    """Per bucket, True = may attend, or None (CPU): (G, 1, n or 1, n), or for a banded bucket
+    (`banded`) (G K, 1, w, 3w)."""
+    banded: tuple[bool, ...]
+    """Per bucket, whether it attends in chunks of `window` queries (`attend_band`)."""
+    window: int | None
+    """Tokens seen each side on local layers; None on global ones."""
+    tokens: RealTokens
+
+
+def bucket_mask(bucket: InstanceBucket, window: int | None,
+                device: torch.device) -> Tensor | None:
+    """(G, 1, n or 1, n) mask of one bucket: keys of the instance itself, within `window` each
+    side on local layers. A slot past an instance's end sees all of it (its output is dropped;
+    a query that saw nothing would make SDPA's softmax NaN)."""
+    n = bucket.shape[1]
+    near = None if window is None else window_mask(n, window, device)  # (1, 1, n, n)
+    if bucket.real is None:
+        return near
+    keys = bucket.real[:, None, None, :]  # (G, 1, 1, n)
+    return keys if near is None else keys & (near | ~bucket.real[:, None, :, None])
+
+
+CHUNKED_WINDOWS = 16
+"""A local layer attends in chunks (`attend_band`) in buckets more than this many windows long.
+Shorter ones take one n x n product under a mask: there it costs little, and the chunks' extra
+copies and small products (a dozen more ops a layer, forward and backward) cost more, on a
+busy 2-core CPU most of all (tiny model, 4 x 512 padded: 0.56 s a step on one thread)."""
+
+
+def uses_band(bucket: InstanceBucket, window: int | None) -> bool:
+    """Whether a local layer attends in chunks (`attend_band`) in this bucket."""
+    return window is not None and bucket.shape[1] > CHUNKED_WINDOWS * window
+
+
+def band_mask(bucket: InstanceBucket, window: int, device: torch.device) -> Tensor:
+    """(G K, 1, w, 3w) mask of `attend_band`'s K chunks of w = `window` queries against the 3w
+    keys around each (from w before the chunk to w after it): within the window, keys of the
+    instance itself. A query past the instance's end sees its whole 3w (its output is dropped;
+    one that saw nothing would make SDPA's softmax NaN)."""
+    (G, n), w = bucket.shape, window
+    K = -(-n // w)
+    real = (torch.ones(G, n, dtype=torch.bool, device=device) if bucket.real is None
+            else bucket.real)
+    keys = F.pad(real, (w, K * w - n + w)).unfold(1, 3 * w, w)  # (G, K, 3w)
+    queries = F.pad(real, (0, K * w - n)).view(G, K, w, 1)
+    offsets = torch.arange(3 * w, device=device)
+    near = (torch.arange(w, device=device)[:, None] + w - offsets).abs() <= w  # (w, 3w)
+    return ((near & keys[:, :, None, :]) | ~queries).view(G * K, 1, w, 3 * w)
+
+
+def attend_band(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, window: int,
+                dropout_p: float) -> Tensor:
+    """Local attention in chunks: each chunk of w = `window` queries against the 3w keys from
+    w before it to w after it, which hold every key its queries may see. q, k, v (G, n, A, D)
+    -> (G, n, A D). At n = 2,048 and w = 64 that is 192 keys per query instead of 2,048
+    under a mask: ModernBERT's local layers then cost O(n w), not O(n^2)."""
+    (G, n, A, D), w = q.shape, window
+    K = -(-n // w)
+    q = F.pad(q, (0, 0, 0, 0, 0, K * w - n)).view(G, K, w, A, D)
+    q = q.permute(0, 1, 3, 2, 4).reshape(G * K, A, w, D)
+
+    def around(t: Tensor) -> Tensor:  # (G, n, A, D) -> (G K, A, 3w, D), w zeros at each end
+        windows = F.pad(t, (0, 0, 0, 0, w, K * w - n + w)).unfold(1, 3 * w, w)  # (G,K,A,D,3w)
+        return windows.permute(0, 1, 2, 4, 3).reshape(G * K, A, 3 * w, D)
+
+    y = attend(q, around(k), around(v), mask, dropout_p)  # (G K, A, w, D)
+    y = y.view(G, K, A, w, D).permute(0, 1, 3, 2, 4).reshape(G, K * w, A * D)
+    return y[:, :n]
+
+
+def attend_buckets(q: Tensor, k: Tensor, v: Tensor, inputs: RealInputs,
+                   dropout_p: float) -> Tensor:
+    """Attention per bucket of instances: q, k, v (N, A, D) -> (N, A D)."""
+    tokens = inputs.tokens
+    A, D = q.shape[1:]
+    if tokens.slots is not None:
+        q, k, v = (t.index_select(0, tokens.slots) for t in (q, k, v))  # (S, A, D)
+    sizes = [G * n for G, n in (b.shape for b in tokens.buckets)]
+    outputs = []
+    for bucket, mask, banded, *qkv in zip(tokens.buckets, inputs.masks, inputs.banded,
+                                          q.split(sizes), k.split(sizes), v.split(sizes)):
+        G, n = bucket.shape
+        qb, kb, vb = (t.view(G, n, A, D) for t in qkv)
+        if banded:
+            y = attend_band(qb, kb, vb, mask, inputs.window, dropout_p)  # (G, n, A D)
+        else:
+            y = attend(qb.transpose(1, 2), kb.transpose(1, 2), vb.transpose(1, 2), mask,
+                       dropout_p).transpose(1, 2)  # (G, A, n, D) -> (G, n, A, D)
+        outputs.append(y.reshape(G * n, A * D))
+    y = outputs[0] if len(outputs) == 1 else torch.cat(outputs)  # (S, A D)
+    return y if tokens.real_slots is None else y.index_select(0, tokens.real_slots)
 
 
 def window_mask(length: int, window: int, device: torch.device) -> Tensor | None:
     """(1, 1, T, T) True where |i - j| <= window; None when every pair of the row is within it."""
     if length - 1 <= window:
         return None
-    keys = torch.arange(length, device=device)
-    return ((keys[:, None] - keys[None, :]).abs() <= window)[None, None]
+    band = torch.ones(length, length, dtype=torch.bool, device=device)
+    return band.triu_(-window).tril_(window)[None, None]  # no T x T int64 differences
 
 
 def both(a: Tensor | None, b: Tensor | None) -> Tensor | None:
@@ -314,36 +496,24 @@ def query_rows(mask: Tensor | None, query_index: Tensor) -> Tensor | None:
     return mask.gather(2, query_index[:, None, :, None].expand(-1, 1, -1, T))
 
 
-@functools.cache
-def flash_attn_installed() -> bool:
-    return importlib.util.find_spec("flash_attn") is not None
-
-
-def half_precision_attention(x: Tensor) -> bool:
-    """Whether q, k and v will be fp16 or bf16 (flash attention takes no other): the hidden
-    states are, or autocast makes the projections so."""
+def half_precision_attention(dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether q, k and v will be fp16 or bf16 (the flash kernels take no other): the hidden
+    states' `dtype` is, or autocast makes the projections so."""
     half = (torch.float16, torch.bfloat16)
-    device = x.device.type
-    return x.dtype in half or (torch.is_autocast_enabled(device)
-                               and torch.get_autocast_dtype(device) in half)
+    return dtype in half or (torch.is_autocast_enabled(device.type)
+                             and torch.get_autocast_dtype(device.type) in half)
 
 
-def varlen_attention(q: Tensor, k: Tensor, v: Tensor, runs: TokenRuns, window: int | None,
-                     dropout_p: float) -> Tensor:
-    """Attention within each run of `runs` (and within `window` each side) by flash attention's
-    variable-length kernel: q, k, v (B, T, A, D) -> (B, T, A, D), zeros at padding."""
-    from flash_attn import flash_attn_varlen_func  # GPU only
+def varlen_attention(q: Tensor, k: Tensor, v: Tensor, runs: TokenRuns,
+                     window: int | None) -> Tensor:
+    """Attention within each run of `runs` (and within `window` each side) by torch's
+    variable-length FlashAttention kernel (`torch.nn.attention.varlen`, torch >= 2.10; CUDA,
+    fp16/bf16, no dropout): q, k, v (N, A, D) -> (N, A, D). Not run by the CPU tests."""
+    from torch.nn.attention.varlen import varlen_attn
 
-    B, T, A, D = q.shape
-
-    def unpad(t: Tensor) -> Tensor:
-        return t.reshape(B * T, A, D).index_select(0, runs.token_index)  # (N, A, D)
-
-    y = flash_attn_varlen_func(
-        unpad(q), unpad(k), unpad(v), runs.cu_seqlens, runs.cu_seqlens, runs.max_length,
-        runs.max_length, dropout_p=dropout_p, causal=False,
-        window_size=(-1, -1) if window is None else (window, window))  # (N, A, D)
-    return q.new_zeros(B * T, A, D).index_copy(0, runs.token_index, y).view(B, T, A, D)
+    return varlen_attn(q, k, v, runs.cu_seqlens, runs.cu_seqlens, runs.max_length,
+                       runs.max_length,
+                       window_size=(-1, -1) if window is None else (window, window))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,7 +538,8 @@ class ModernBertEmbeddings(nn.Module):
 
 class ModernBertAttention(nn.Module):
     """Self-attention with RoPE, one fused bias-free QKV projection and a bias-free output.
-    (B, T, H) -> (B, T, H), or (B, P, H) for the queries at `query_index` (B, P)."""
+    (B, T, H) -> (B, T, H), or (B, P, H) for the queries at `query_index` (B, P); on real
+    tokens (`forward_real`) (N, H) -> (N, H)."""
 
     def __init__(self, config: ModernBertConfig):
         super().__init__()
@@ -379,23 +550,42 @@ class ModernBertAttention(nn.Module):
         self.dropout = Dropout(config.attention_dropout)  # on the output too, as transformers
 
     def forward(self, x: Tensor, inputs: LayerInputs, query_index: Tensor | None = None) -> Tensor:
-        B, T, H = x.shape
-        A = self.num_heads
-        q, k, v = self.qkv(x).view(B, T, 3, A, H // A).unbind(2)  # 3 x (B, T, A, D)
-        q, k = apply_rotary(q, inputs.cos, inputs.sin), apply_rotary(k, inputs.cos, inputs.sin)
-        dropout_p = self.dropout_p if self.training else 0.0
-        if inputs.runs is not None:
-            y = varlen_attention(q, k, v, inputs.runs, inputs.window, dropout_p)  # (B, T, A, D)
-            if query_index is not None:
-                y = y.gather(1, query_index[:, :, None, None].expand(-1, -1, A, H // A))
+        return self.attend_rows(self.qkv(x), inputs, query_index)
+
+    def attend_rows(self, qkv: Tensor, inputs: LayerInputs,
+                    query_index: Tensor | None = None) -> Tensor:
+        """Whole rows under `inputs.mask`: projections qkv (B, T, 3H) -> (B, T or P, H)."""
+        B, T, H3 = qkv.shape
+        A, D = self.num_heads, H3 // (3 * self.num_heads)
+        q, k, v = qkv.view(B, T, 3, A, D).unbind(2)  # 3 x (B, T, A, D)
+        cos, sin, mask = inputs.cos, inputs.sin, inputs.mask
+        if query_index is not None:  # turn only the P queries
+            q = q.gather(1, query_index[:, :, None, None].expand(-1, -1, A, D))  # (B, P, A, D)
+            cos_q, sin_q = (t.gather(1, query_index[:, :, None].expand(-1, -1, D))
+                            for t in (cos, sin))  # (B, P, D)
+            mask = query_rows(mask, query_index)  # (B, 1, P, T)
         else:
-            mask = inputs.mask
-            if query_index is not None:
-                q = q.gather(1, query_index[:, :, None, None].expand(-1, -1, A, H // A))
-                mask = query_rows(mask, query_index)  # (B, 1, P, T)
-            y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
-                       dropout_p).transpose(1, 2)  # (B, A, P, D) -> (B, P, A, D)
-        return self.dropout(self.out(y.reshape(B, -1, H)))  # (B, P, H)
+            cos_q, sin_q = cos, sin
+        q, k = apply_rotary(q, cos_q, sin_q), apply_rotary(k, cos, sin)
+        dropout_p = self.dropout_p if self.training else 0.0
+        y = attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
+                   dropout_p).transpose(1, 2)  # (B, A, P, D) -> (B, P, A, D)
+        return self.dropout(self.out(y.reshape(B, -1, H3 // 3)))  # (B, P, H)
+
+    def forward_real(self, x: Tensor, inputs: RealInputs) -> Tensor:
+        """Each instance's own tokens (per bucket on the CPU, per run on a GPU): x (N, H) ->
+        (N, H)."""
+        return self.dropout(self.out(self.attend_real(x, inputs)))
+
+    def attend_real(self, x: Tensor, inputs: RealInputs) -> Tensor:
+        """`forward_real` before the output projection: (N, H) -> (N, H)."""
+        N, H = x.shape
+        A = self.num_heads
+        q, k, v = self.qkv(x).view(N, 3, A, H // A).unbind(1)  # 3 x (N, A, D)
+        q, k = apply_rotary(q, inputs.cos, inputs.sin), apply_rotary(k, inputs.cos, inputs.sin)
+        if inputs.tokens.runs is not None:
+            return varlen_attention(q, k, v, inputs.tokens.runs, inputs.window).reshape(N, H)
+        return attend_buckets(q, k, v, inputs, self.dropout_p if self.training else 0.0)
 
 
 class ModernBertMLP(nn.Module):
@@ -432,6 +622,36 @@ class ModernBertLayer(nn.Module):
         residual = x if query_index is None else gather_positions(x, query_index)
         x = residual + self.attention(self.attn_norm(x), inputs, query_index)
         return x + self.mlp(self.mlp_norm(x))
+
+    def forward_real(self, x: Tensor, inputs: RealInputs) -> Tensor:
+        """On the real tokens: x (N, H) -> (N, H)."""
+        x = x + self.attention.forward_real(self.attn_norm(x), inputs)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def forward_queries(self, x: Tensor, tokens: RealTokens, real: RealInputs,
+                        rows: LayerInputs | None, query_index: Tensor) -> Tensor:
+        """The real tokens x (N, H) as keys, the P queries at `query_index` (B, P) of the rows:
+        -> (B, P, H); only those P go on through the output projection and feed-forward.
+        With `rows`, the queries take whole rows under its mask (B P T products: fewer than
+        every token of each instance, sum n^2, at 30% of tokens masked); without (a local
+        layer in chunks, `queries_by_chunks`), every token attends and the P are picked."""
+        h = self.attn_norm(x)
+        residual = gather_positions(tokens.pad(x), query_index)  # (B, P, H)
+        attention = self.attention
+        if rows is not None:
+            y = attention.attend_rows(tokens.pad(attention.qkv(h)), rows, query_index)
+        else:
+            picked = gather_positions(tokens.pad(attention.attend_real(h, real)), query_index)
+            y = attention.dropout(attention.out(picked))  # (B, P, H)
+        x = residual + y
+        return x + self.mlp(self.mlp_norm(x))
+
+    @staticmethod
+    def queries_by_chunks(real: RealInputs, tokens: int, query_index: Tensor) -> bool:
+        """Whether a local last layer is cheaper with every one of the N `tokens` against its
+        3 windows of keys (`attend_band`) than with the P queries of each row against T."""
+        return (real.window is not None and any(real.banded)
+                and 3 * real.window * tokens < query_index.numel() * real.tokens.length)
 
 
 class ModernBertPredictionHead(nn.Module):
@@ -518,8 +738,8 @@ class ModernBertModel(nn.Module):
 
         `output_positions` (B, P): only the states at those positions (B, P, H); the last
         layer computes attention output and feed-forward for those P queries only.
-        `layout`: the loader's `BatchLayout`; only its `masked` is read (whether any row is
-        padded or packed), which saves a look at the ids.
+        `layout`: the loader's `BatchLayout`: its `masked` (whether any row is padded or
+        packed) and, on the CPU, its per-instance `plan`, which save a look at the ids.
         `output_hidden_states`: `HiddenStates` of L + 1 tensors exactly as transformers'
         `hidden_states`: the embeddings' output, the outputs of blocks 0..L-2, and the last
         block's output after the final LayerNorm (transformers replaces its last recorded
@@ -537,9 +757,13 @@ class ModernBertModel(nn.Module):
                             else torch.arange(input_ids.shape[1], device=input_ids.device)
                             .expand_as(input_ids))
         ids = instance_ids(attention_mask, sequence_ids, input_ids)
-        x = self.embeddings(input_ids)
-        inputs = self.layer_inputs(ids, position_ids, layout, x)
         query_index = None if output_positions is None else output_positions.long()
+        tokens = self.real_tokens(ids, layout, input_ids.shape, input_ids.device)
+        if tokens is not None:
+            return self.forward_real(input_ids, position_ids, ids, layout, tokens, query_index,
+                                     output_hidden_states)
+        x = self.embeddings(input_ids)
+        inputs = self.layer_inputs(ids, position_ids, layout, x.dtype)
         states, last = [x], len(self.layers) - 1
         for i, layer in enumerate(self.layers):
             x = layer(x, inputs[layer.is_global], query_index if i == last else None)
@@ -549,32 +773,99 @@ class ModernBertModel(nn.Module):
             return HiddenStates((*states[:-1], x))
         return x
 
-    def layer_inputs(self, ids: Tensor | None, position_ids: Tensor, layout: BatchLayout | None,
-                     x: Tensor) -> dict[bool, LayerInputs]:
-        """RoPE angles and masks (or flash attention's token runs) of the global (True) and
-        local (False) layers, made once per forward."""
-        config, device = self.config, x.device
-        B, T, _ = x.shape
-        runs = None
-        if device.type == "cuda" and flash_attn_installed() and half_precision_attention(x):
-            runs = token_runs(ids, B, T, device)
-            same_instance = None
-        else:
+    def forward_real(self, input_ids: Tensor, position_ids: Tensor, ids: Tensor | None,
+                     layout: BatchLayout | None, tokens: RealTokens,
+                     query_index: Tensor | None, output_hidden_states: bool
+                     ) -> Tensor | HiddenStates:
+        """`forward` on the real tokens only (`RealTokens`): gathered once before the
+        embeddings, put back in their rows (zeros at padding) at the end; a sparse last layer
+        takes its P queries from the rows (`ModernBertLayer.forward_queries`)."""
+        x = self.embeddings(tokens.gather(input_ids))  # (N, H)
+        positions = tokens.gather(position_ids)  # (N,)
+        inputs = self.real_inputs(tokens, positions, x.dtype)
+        states, last = [x], len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            if i == last and query_index is not None:
+                real, rows = inputs[layer.is_global], None
+                if not layer.queries_by_chunks(real, x.shape[0], query_index):
+                    rows = self.layer_inputs(ids, position_ids, layout, x.dtype,
+                                             kinds=(layer.is_global,))[layer.is_global]
+                return self.final_norm(layer.forward_queries(x, tokens, real, rows, query_index))
+            x = layer.forward_real(x, inputs[layer.is_global])
+            states.append(x)
+        x = tokens.pad(self.final_norm(x))  # (B, T, H)
+        if output_hidden_states:
+            return HiddenStates((*(tokens.pad(s) for s in states[:-1]), x))
+        return x
+
+    def real_tokens(self, ids: Tensor | None, layout: BatchLayout | None, shape: torch.Size,
+                    device: torch.device) -> RealTokens | None:
+        """The real tokens when the layers should run on them alone (`RealTokens`), else None
+        (whole rows, masked where padded or packed).
+
+        CPU: every batch but one whose instances are not each one run of tokens: padded or
+        packed rows from the layout's plan (or one made here: the ids are on the host
+        already), full rows as one bucket (for the local layers' chunks). A GPU, with fp16/bf16 activations and no attention
+        dropout: torch's variable-length FlashAttention kernel over every batch (its runs ask
+        the device for their lengths, one wait per forward; untested here, no GPU in CI).
+        Whole rows under `stock_ops()` (transformers' dropout draws, for parity checks) and
+        under torch.compile (static shapes; its SDPA under a mask fuses well).
+        """
+        if torch.compiler.is_compiling() or stock_ops_enabled():
+            return None
+        B, T = shape
+        if device.type == "cpu":
             if layout is not None:
-                masked = layout.masked
-            else:  # a look at the ids would wait for a GPU: mask whenever there are ids there
-                masked = ids is not None and (device.type != "cpu" or not one_instance_per_row(ids))
-            same_instance = query_attention_mask(ids, None) if masked else None  # (B, 1, T, T)
+                masked, plan = layout.masked, layout.plan
+            else:
+                plan = attention_plan(ids)
+                masked = plan is not None or not one_instance_per_row(ids)
+            if not masked:
+                return RealTokens.of_rows(B, T, device)
+            return RealTokens.of_plan(plan, B, T) if plan is not None and plan.groups else None
+        weights = self.embeddings.word.weight
+        if (device.type == "cuda" and half_precision_attention(weights.dtype, device)
+                and (self.config.attention_dropout == 0.0 or not self.training)):
+            runs = token_runs(ids, B, T, device)
+            return RealTokens(runs.token_index, B, T, runs=runs)
+        return None
+
+    def real_inputs(self, tokens: RealTokens, positions: Tensor,
+                    dtype: torch.dtype) -> dict[bool, RealInputs]:
+        """RoPE angles (N, D) and per-bucket masks of the global (True) and local (False)
+        layers on `tokens`, made once per forward."""
+        config, device = self.config, positions.device
         inputs = {}
         for is_global in sorted({layer.is_global for layer in self.layers}):
             theta = config.global_rope_theta if is_global else config.local_rope_theta
-            cos, sin = rotary_cos_sin(position_ids, theta, config.head_dim, x.dtype)
+            cos, sin = rotary_cos_sin(positions, theta, config.head_dim, dtype)
             window = None if is_global else config.local_attention // 2
-            mask = None
-            if runs is None:
-                mask = same_instance if is_global else both(same_instance,
-                                                            window_mask(T, window, device))
-            inputs[is_global] = LayerInputs(cos, sin, mask, window, runs)
+            banded = tuple(uses_band(b, window) for b in tokens.buckets)
+            masks = tuple(band_mask(b, window, device) if band else bucket_mask(b, window, device)
+                          for b, band in zip(tokens.buckets, banded))
+            inputs[is_global] = RealInputs(cos, sin, masks, banded, window, tokens)
+        return inputs
+
+    def layer_inputs(self, ids: Tensor | None, position_ids: Tensor, layout: BatchLayout | None,
+                     dtype: torch.dtype, kinds: tuple[bool, ...] | None = None
+                     ) -> dict[bool, LayerInputs]:
+        """RoPE angles and masks of the global (True) and local (False) layers (or of
+        `kinds`) over whole rows (B, T), made once per forward."""
+        config, device = self.config, position_ids.device
+        T = position_ids.shape[1]
+        if layout is not None:
+            masked = layout.masked
+        else:  # a look at the ids would wait for a GPU: mask whenever there are ids there
+            masked = ids is not None and (device.type != "cpu" or not one_instance_per_row(ids))
+        same_instance = query_attention_mask(ids, None) if masked else None  # (B, 1, T, T)
+        inputs = {}
+        for is_global in kinds or sorted({layer.is_global for layer in self.layers}):
+            theta = config.global_rope_theta if is_global else config.local_rope_theta
+            cos, sin = rotary_cos_sin(position_ids, theta, config.head_dim, dtype)
+            window = None if is_global else config.local_attention // 2
+            mask = same_instance if is_global else both(same_instance,
+                                                        window_mask(T, window, device))
+            inputs[is_global] = LayerInputs(cos, sin, mask, window)
         return inputs
 
     def pool(self, hidden: Tensor, cls_positions: Tensor | None = None,

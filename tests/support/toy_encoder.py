@@ -34,6 +34,8 @@ class ToyConfig:
     """Share of a row's tokens masked (memory estimates size the MLM head by it)."""
     type_vocab_size: ClassVar[int] = 0
     """No token-type embedding: a pair is told apart by its [SEP] alone."""
+    sparse_prediction: ClassVar[bool] = False
+    """The MLM head scores every masked position (as BERT's)."""
 
     vocab_size: int = 100
     """Number of tokens."""
