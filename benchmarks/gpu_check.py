@@ -14,7 +14,7 @@ real loader collate (`training.batching.collate`; on a GPU attention over whole 
 instance mask), the pre-training model with its padded vocabulary, bf16 autocast, fused
 AdamW, gradient clipping and, on a GPU, compiled layers; with `--paths static` the batch padded to
 the phase's static shapes (`training.batching.StaticShapes`) and, on a GPU, the whole model compiled
-as one graph (`model.bert.compile_model`; `--compile-mode reduce-overhead` adds CUDA graphs). It
+as one graph (`model.compiling.compile_model`; `--compile-mode reduce-overhead` adds CUDA graphs). It
 checks, and stops with a clear line if one fails:
 
 - no SDPA math-kernel fallback: the steps run under `sdpa_kernel` restricted to the flash,
@@ -44,7 +44,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common import shard_format
-from model.bert import BertConfig, compile_layers, compile_model
+from model.bert import BertConfig
+from model.compiling import compile_layers, compile_model
 from model.encoders import PRESETS  # every arch's presets (bert_base, modernbert_base)
 from model.heads import BertForPreTraining, BertForSequenceClassification
 from training import memory

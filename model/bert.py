@@ -23,7 +23,7 @@ Attention is bidirectional, or causal with `is_decoder` (`model.attention.Attent
 the mask, and which token `pool` reads); the encoder never asks which objective trains it.
 
 On a GPU, `compile_layers` compiles each layer for batches whose shape changes; `compile_model`
-compiles a whole model as one graph for batches of one shape (`training.loader.StaticShapes`);
+compiles a whole model as one graph for batches of one shape (`training.batching.StaticShapes`);
 both live in model/compiling.py.
 
 The field names of `BertConfig` are those of the reference `bert_config.json` (and of
@@ -50,12 +50,6 @@ from model.attention import (
     instance_ids,
     packed_position_ids,
     split_heads,
-)
-from model.compiling import (  # noqa: F401 (their public home is this module)
-    LAYER_RECOMPILE_LIMIT,
-    MODEL_RECOMPILE_LIMIT,
-    compile_layers,
-    compile_model,
 )
 from model.cpu_ops import Dropout, attend, stock_ops_enabled
 

@@ -1,6 +1,6 @@
 """`torch.compile` of the encoder (model/bert.py): per layer for batches whose shape changes
 (`compile_layers`), or a whole model as one graph for batches of one shape (`compile_model`,
-`training.loader.StaticShapes`). Parameter names and state dicts stay as they are.
+`training.batching.StaticShapes`). Parameter names and state dicts stay as they are.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def compile_layers(bert: BertModel, backend: str = "inductor") -> BertModel:
 MODEL_RECOMPILE_LIMIT = 16
 """Compiled variants of a whole pre-training model (`compile_model`): per phase a training and
 an evaluation graph, each static (`dynamic=False`), and one more for a rare batch past the
-static shapes (`training.loader.StaticShapes.fit`); two phases make 4 to 8."""
+static shapes (`training.batching.StaticShapes.fit`); two phases make 4 to 8."""
 
 
 def compile_model(model: nn.Module, backend: str = "inductor", mode: str | None = None) -> nn.Module:
@@ -51,7 +51,7 @@ def compile_model(model: nn.Module, backend: str = "inductor", mode: str | None 
     every layer, the heads and the losses, so that a step is a few kernel launches from one
     host call rather than a compiled call per layer with eager ops between them.
 
-    For batches of one shape (`training.loader.StaticShapes`): `dynamic=False` specialises the
+    For batches of one shape (`training.batching.StaticShapes`): `dynamic=False` specialises the
     graph to it (symbolic sizes would cost kernel choices and rule out CUDA graphs), and
     `fullgraph=True` makes any graph break an error. Attention takes whole rows under the
     instance mask inside the graph (the CPU's per-instance plan is host work with batch-dependent

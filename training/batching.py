@@ -96,7 +96,7 @@ def collate(rows: Sequence[Row], pad_to_multiple_of: int = 8,
 class StaticShapes:
     """The sizes that make every batch of a phase one shape [B, T] (B = the loader's
     `batch_size`, T = its `max_seq_length`), so that a compiled step is captured once
-    (`model.bert.compile_model`). Padding positions have label `IGNORE_INDEX`: the losses
+    (`model.compiling.compile_model`). Padding positions have label `IGNORE_INDEX`: the losses
     are those of the unpadded batch."""
     predictions: int
     """M: masked positions per row (`masked_lm_positions` (B, M), padding at position 0)."""

@@ -286,11 +286,11 @@ class EngineConfig:
     training/launch.py `refuse_cpu_fallback`, instead of training on the CPU)."""
     compile: bool = False
     """torch.compile on a GPU (fullgraph): with static shapes and ZeRO 0-2 the whole model,
-    heads and losses as one graph (`model.bert.compile_model`), else each encoder layer
+    heads and losses as one graph (`model.compiling.compile_model`), else each encoder layer
     (`compile_layers`; ZeRO-3 gathers parameters in module hooks); CPU runs stay eager, where
     compiling measured slower (benchmarks/RESULTS.md 4.0, 4.3)."""
     static_shapes: Literal["auto", "on", "off"] = "auto"
-    """Pad every batch of a phase to one shape (`training.loader.StaticShapes`), so that the whole
+    """Pad every batch of a phase to one shape (`training.batching.StaticShapes`), so that the whole
     step compiles once (`compile`); auto: where the whole step compiles, a compiled GPU run
     below ZeRO-3 (`uses_static_shapes`)."""
 

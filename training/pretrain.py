@@ -417,7 +417,7 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     if config.engine.compile and dist.on_gpu:
         # the whole model as one graph where every batch has one shape, but not under ZeRO-3,
         # whose hooks gather each module's parameters inside the forward; else per layer
-        from model.bert import compile_layers, compile_model
+        from model.compiling import compile_layers, compile_model
         if config.engine.compiles_whole_model(dist.on_gpu) and \
                 config.engine.uses_static_shapes(dist.on_gpu):
             compile_model(model)

@@ -15,7 +15,8 @@ from model.attention import (
     attention_plan,
     split_heads,
 )
-from model.bert import LAYER_RECOMPILE_LIMIT, bert_tiny, compile_layers
+from model.bert import bert_tiny
+from model.compiling import LAYER_RECOMPILE_LIMIT, compile_layers
 from model.heads import BertForPreTraining
 from tests.model.tiny_models import VOCAB, shard_row
 from training.batching import collate

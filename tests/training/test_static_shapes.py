@@ -16,7 +16,8 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.utils import counters
 
 from model.attention import BatchLayout
-from model.bert import bert_tiny, compile_model
+from model.bert import bert_tiny
+from model.compiling import compile_model
 from model.heads import BertForPreTraining
 from tests.support.shard_fixtures import read_rows
 from training.batching import StaticShapes, collate, static_shapes_for
