@@ -124,8 +124,9 @@ def _finetune_files(finetune: dict | None) -> list[str]:
 
 
 def forecast_section(run_dir: str) -> list[str]:
-    """"Forecast vs actual" where the pre-training stage wrote forecast.json (flows/plan.py)."""
-    from flows.plan import forecast_vs_actual
+    """"Forecast vs actual" where the pre-training stage wrote forecast.json
+    (flows/stage_forecast.py)."""
+    from flows.stage_forecast import forecast_vs_actual
 
     table = forecast_vs_actual(run_dir)
     return ["", "## Forecast vs actual", "", *table] if table else []

@@ -249,7 +249,7 @@ def pretrain(cfg: DagConfig, vocab: StageResult, shards: list[StageResult],
              log: Callable[[str], None] = print) -> StageResult:
     """Run both phases; a re-run after a failure resumes from the last checkpoint."""
     def forecast(config: PretrainConfig, out: str) -> None:
-        from flows.plan import write_stage_forecast
+        from flows.stage_forecast import write_stage_forecast
         write_stage_forecast(cfg, config, out)  # the report sets it beside the actual figures
 
     return _train(cfg, "pretrain", pretrain_key(cfg),

@@ -14,7 +14,7 @@ import pytest
 
 from flows import steps
 from flows.config import resolve
-from flows.plan import forecast_vs_actual, write_stage_forecast
+from flows.stage_forecast import forecast_vs_actual, write_stage_forecast
 from training import config as training
 from training import forecast as fc
 
