@@ -20,17 +20,18 @@ docstring has the table), so every head in model/heads.py takes either encoder. 
 a token attends only to its own instance, and on local layers only within the window; positions
 restart at 0 per instance.
 
-Rows with padding or several instances run on their real tokens only (`RealTokens`, as
-transformers' ModernBERT unpads for flash attention): gathered once before the embeddings, one
-(N, H) matrix through every norm, projection and feed-forward, put back in their rows at the
-end. Attention then runs per instance: on the CPU one `scaled_dot_product_attention` call per
-bucket of instances of similar length (model/attention.py's plan; full rows are one bucket),
-local layers of rows of 4 windows or more in chunks of `w` queries against the 3w keys around
-them (`attend_band`: O(n w), not O(n^2) under an n x n mask); on a GPU with fp16/bf16 activations and no attention dropout, torch's
-variable-length FlashAttention kernel (`torch.nn.attention.varlen.varlen_attn`,
-`window_size=(w, w)` on local layers). The GPU path is not exercised by the CPU tests.
-`stock_ops()` and torch.compile take whole rows: SDPA under one boolean (B, 1, T, T) mask
-per layer kind, made once per forward.
+The layers run on the real tokens only (`RealTokens`, as transformers' ModernBERT unpads for
+flash attention): gathered once before the embeddings, one (N, H) matrix through every norm,
+projection and feed-forward, put back in their rows at the end. Attention then runs per
+instance. On the CPU: one `scaled_dot_product_attention` call per bucket of instances of
+similar length (model/attention.py's plan; full rows are one bucket), local layers of rows
+longer than `CHUNKED_WINDOWS` windows in chunks of w queries against the 3w keys around them
+(`attend_band`: O(n w), not O(n^2) under an n x n mask). On a GPU with fp16/bf16 activations
+and no attention dropout: torch's variable-length FlashAttention kernel
+(`torch.nn.attention.varlen.varlen_attn`, `window_size=(w, w)` on local layers); that path is
+not exercised by the CPU tests. Otherwise (`stock_ops()`, torch.compile, a GPU in fp32 or with
+attention dropout, an instance that is not one run of tokens) the layers take whole rows: SDPA
+under one boolean (B, 1, T, T) mask per layer kind, made once per forward.
 
 Its Hugging Face adapter is model/modernbert_hf.py.
 """
@@ -404,8 +405,9 @@ def bucket_mask(bucket: InstanceBucket, window: int | None,
 CHUNKED_WINDOWS = 16
 """A local layer attends in chunks (`attend_band`) in buckets more than this many windows long.
 Shorter ones take one n x n product under a mask: there it costs little, and the chunks' extra
-copies and small products (a dozen more ops a layer, forward and backward) cost more, on a
-busy 2-core CPU most of all (tiny model, 4 x 512 padded: 0.56 s a step on one thread)."""
+copies and small products (a dozen more ops a layer, forward and backward) cost about as much,
+more on a busy 2-core CPU (tiny model, 4 x 512 padded, one thread: 0.56 s a step with chunks
+at 512 tokens, 0.52 s without; RESULTS 21)."""
 
 
 def uses_band(bucket: InstanceBucket, window: int | None) -> bool:
