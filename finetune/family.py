@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from common.errors import BadRecord
 from common.settings import check
+from finetune.baselines import Baseline
 from model.bert import BertModel
 
 PAPER_LEARNING_RATES = (5e-5, 4e-5, 3e-5, 2e-5)
@@ -164,6 +165,11 @@ class Scored:
     selects: bool = True
     """Whether `score` takes part in picking the rate; False for a labelled test split
     reported beside dev (CoNLL-2003's test F1, the paper's number), never tuned on."""
+    baseline: Baseline | None = None
+    """What predictions that ignore the input score on this split (`finetune.baselines`)."""
+    constant: str = ""
+    """The one prediction every unit got ("all 1", "all O", "no answer"), or "" when they
+    differ: a run whose predictions are constant learned nothing."""
 
 
 PARTIAL_FILE = "PARTIAL.txt"

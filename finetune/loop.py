@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from common import storage
 from common.settings import SettingError
+from finetune import baselines
 from finetune.capabilities import TestSets, seeds_for
 from finetune.family import Encoded, Family, Prepared, Scored, to_device
 from finetune.options import FinetuneConfig, HeadInit, resolve_device, uses_bf16
@@ -286,6 +287,12 @@ def merge_scored(scored: Mapping[str, Scored]) -> tuple[dict[str, float], float,
     return metrics, statistics.fmean(s.score for s in scored.values() if s.selects), files
 
 
+def constant_of(scored: Mapping[str, Scored]) -> str:
+    """The dev splits' one constant prediction when every split that selects has one."""
+    selecting = [s for s in scored.values() if s.selects]
+    return selecting[0].constant if all(s.constant for s in selecting) else ""
+
+
 def run_one(family: Family, encoder: BertModel, prepared: Prepared, learning_rate: float,
             seed: int, cfg: FinetuneConfig, trackers: Trackers | None = None
             ) -> tuple[RunResult, nn.Module]:
@@ -298,13 +305,19 @@ def run_one(family: Family, encoder: BertModel, prepared: Prepared, learning_rat
     losses = train(family, model, prepared.train, learning_rate, seed, cfg,
                    desc=f"{task} lr={learning_rate:g} seed={seed}")
     trained = time.perf_counter()
-    metrics, score, files = merge_scored(evaluate(family, model, prepared, cfg))
+    scored = evaluate(family, model, prepared, cfg)
+    metrics, score, files = merge_scored(scored)
     tail = losses[-max(1, len(losses) // 10):]
     result = RunResult(task, learning_rate, seed, metrics, score, len(losses),
                        float(np.mean(tail)), trained - start, time.perf_counter() - trained,
-                       files)
+                       files, baseline=baselines.merge({k: (s.baseline, s.selects)
+                                                        for k, s in scored.items()}),
+                       constant=constant_of(scored))
     log.info("%s lr=%g seed=%d: %s", task, learning_rate, seed,
              ", ".join(f"{k}={100 * v:.2f}" for k, v in metrics.items()))
+    if result.constant:
+        log.warning("%s lr=%g seed=%d: dev predictions are constant (%s): nothing learned",
+                    task, learning_rate, seed, result.constant)
     if trackers:
         for step, loss in enumerate(losses, start=1):
             trackers.log_metrics({"train/loss": loss}, step)

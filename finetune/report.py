@@ -32,13 +32,14 @@ import zipfile
 
 from common import storage
 from common.errors import DEAD_LETTER_DIR, DiskFullError
+from finetune import baselines
 from finetune.family import PARTIAL_FILE
 from finetune.results import FinetuneResult, TaskResult, TestPredictions
 
 GLUE = "glue"
 
-TABLE_COLUMNS = ("task", "metric", "score", "score_std", "best_lr", "seeds", "train_examples",
-                 "dev_examples", "minutes")
+TABLE_COLUMNS = ("task", "metric", "score", "score_std", "baseline", "best_lr", "seeds",
+                 "train_examples", "dev_examples", "minutes")
 
 
 def metric_text(result: TaskResult) -> str:
@@ -66,6 +67,7 @@ def table_rows(result: FinetuneResult) -> list[dict[str, str]]:
         "metric": metric_text(r),
         "score": f"{100 * r.score:.2f}",
         "score_std": f"{100 * r.score_std:.2f}",
+        "baseline": baseline_text(r),
         "best_lr": f"{r.best_learning_rate:g}",
         "seeds": ",".join(str(s) for s in r.seeds),
         "train_examples": str(r.num_train_examples),
@@ -87,10 +89,27 @@ def markdown_table(result: FinetuneResult) -> str:
     lines = ["| " + " | ".join(TABLE_COLUMNS) + " |",
              "|" + "|".join("---" for _ in TABLE_COLUMNS) + "|"]
     lines += ["| " + " | ".join(row[c] for c in TABLE_COLUMNS) + " |" for row in rows]
-    notes = [note for task in result.tasks for note in (diverged_note(task), partial_note(task))]
+    notes = [note for task in result.tasks
+             for note in (learned_note(task), diverged_note(task), partial_note(task))]
     if any(notes):
         lines += ["", *(note for note in notes if note)]
     return "\n".join(lines) + "\n"
+
+
+def baseline_text(result: TaskResult) -> str:
+    """"68.38 (majority class 1)", "constant: 68.38 (...)" when the best run's dev predictions
+    are one constant; "" without a baseline (runs kept before baselines were recorded)."""
+    if result.baseline is None:
+        return ""
+    text = f"{100 * result.baseline.score:.2f} ({result.baseline.kind})"
+    return f"constant: {text}" if result.constant else text
+
+
+def learned_note(result: TaskResult) -> str:
+    """A line for a task whose predictions are constant or whose score does not beat its
+    baseline (`finetune.baselines.note`), else ""."""
+    return baselines.note(result.task, result.score, result.baseline, result.constant,
+                          result.constant_runs, len(result.seeds))
 
 
 def partial_note(result: TaskResult) -> str:
@@ -283,8 +302,12 @@ def results_dict(result: FinetuneResult, dead_letters: dict[str, str] | None = N
         del entry["bad_records"]  # counted in bad_rows, listed in the dead-letter file
         entry["files"] = sorted(task.files)
         entry["partial"] = task.files.get(PARTIAL_FILE, "").strip() or None
+        entry["constant_predictions"] = bool(task.constant)
+        entry["beats_baseline"] = baselines.learned(task.score, task.baseline)
+        entry["warning"] = learned_note(task) or None
         for run in entry["runs"]:
             del run["files"]  # the best run's are the task's; the others are not kept
+            del run["baseline"]  # the task's: every run is scored on the same dev split
             # a diverged run's score and loss are NaN or infinite: null in standard JSON
             run.update({k: None for k, v in run.items()
                         if isinstance(v, float) and not math.isfinite(v)})

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from common.errors import BadRecord
+from finetune.baselines import Baseline
 from finetune.options import FinetuneConfig
 
 RunStatus = Literal["finished", "diverged"]
@@ -53,6 +54,14 @@ class RunResult:
     status: RunStatus = "finished"
     """"diverged": the loss left the finite numbers at step `steps` (`final_loss` is that
     loss); such a run has no metrics, its score is NaN, and `select_best` passes it over."""
+    baseline: Baseline | None = None
+    """The dev splits' baseline (`finetune.baselines`): what ignoring the input scores."""
+    constant: str = ""
+    """The one dev prediction every unit got ("all 1"), or "" when they differ."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.baseline, dict):  # read back from JSON (run store, flow manifest)
+            object.__setattr__(self, "baseline", Baseline(**self.baseline))
 
     @property
     def finished(self) -> bool:
@@ -94,6 +103,13 @@ class TaskResult:
     """The task's family ("glue", "squad", ...): the report's GLUE score averages GLUE tasks."""
     files: dict[str, str] = field(default_factory=dict)
     """The best run's prediction files, written under `<output>/<task>/`."""
+    baseline: Baseline | None = None
+    """The dev baseline of the task's runs (`finetune.baselines`), None for runs kept before
+    baselines were recorded."""
+    constant: str = ""
+    """The best run's one dev prediction when its predictions are constant, else ""."""
+    constant_runs: int = 0
+    """Runs at the chosen rate whose dev predictions are constant."""
 
 
 @dataclass(frozen=True)
@@ -165,4 +181,6 @@ def summarise_task(task: str, runs: Sequence[RunResult], num_train_examples: int
         score_std=statistics.stdev(scores) if len(scores) > 1 else 0.0, runs=tuple(runs),
         num_train_examples=num_train_examples, num_dev_examples=num_dev_examples,
         bad_rows=bad_rows, seconds=seconds, test_predictions=test_predictions,
-        bad_records=bad_records, family=family, files=dict(best.best_run.files))
+        bad_records=bad_records, family=family, files=dict(best.best_run.files),
+        baseline=best.best_run.baseline, constant=best.best_run.constant,
+        constant_runs=sum(bool(r.constant) for r in best.runs))

@@ -39,7 +39,7 @@ RUNS_DIR = "runs"
 """The folder of the run files under a results folder."""
 MODEL_FILES = (hf.CHECKPOINT_CONFIG, hf.CHECKPOINT_WEIGHTS, "config.json", *hf.HF_WEIGHT_FILES)
 """The checkpoint files `finetune.checkpoint.load_encoder` may read (model/hf.py's names)."""
-RUN_FORMAT = 1
+RUN_FORMAT = 2
 """The version of what a run computes: raised when a change to the loop or a family changes a
 run's result, so that runs kept before it train again."""
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "tokenizer_config.json")

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from finetune.baselines import Baseline, constant_text
 from finetune.family import Prepared, Recipe, Scored
 from finetune.glue import data as glue_data
 from finetune.glue.metrics import compute_metrics, task_score
@@ -217,9 +218,14 @@ class GlueFamily:
     def score(self, prepared: Prepared, split: str, outputs: dict[str, np.ndarray]) -> Scored:
         spec = prepared.context.spec
         suffix = next(s.metric_suffix for s in spec.dev if s.name == split)
-        metrics = compute_metrics(spec, prepared.dev[split].labels,
-                                  predictions(spec, outputs["logits"]), suffix=suffix)
-        return Scored(metrics=metrics, score=task_score(metrics))
+        dev = prepared.dev[split]
+        values = predictions(spec, outputs["logits"])
+        metrics = compute_metrics(spec, dev.labels, values, suffix=suffix)
+        baseline = input_free_baseline(spec, prepared.train.labels, dev.labels, suffix)
+        constant = constant_text(label_texts(spec, values))
+        return Scored(metrics=metrics, score=task_score(metrics),
+                      files={f"predictions_{split}.tsv": dev_predictions_tsv(spec, dev, values)},
+                      baseline=baseline, constant=constant and f"all {constant}")
 
     def test_splits(self, prepared: Prepared) -> Mapping[str, glue_data.EncodedSplit]:
         return prepared.context.test
@@ -235,6 +241,35 @@ class GlueFamily:
             labels = [spec.labels[v] for v in values]
         submission = next(s.submission_file for s in spec.test if s.name == split)
         return TestPredictions(split, submission, list(prepared.context.test[split].guids), labels)
+
+
+def label_texts(spec: TaskSpec, values: np.ndarray) -> list[str]:
+    """Class ids as the task's label strings; scores with 3 decimals."""
+    if spec.is_regression:
+        return [f"{v:.3f}" for v in values]
+    return [spec.labels[int(v)] for v in values]
+
+
+def dev_predictions_tsv(spec: TaskSpec, dev: glue_data.EncodedSplit, values: np.ndarray) -> str:
+    """`index\tprediction\tlabel`, one line per dev example in file order."""
+    lines = ["index\tprediction\tlabel"]
+    lines += [f"{guid}\t{predicted}\t{gold}" for guid, predicted, gold in
+              zip(dev.guids, label_texts(spec, values), label_texts(spec, dev.labels))]
+    return "\n".join(lines) + "\n"
+
+
+def input_free_baseline(spec: TaskSpec, train_labels: np.ndarray, dev_labels: np.ndarray,
+                        suffix: str = "") -> Baseline:
+    """The training set's majority class (regression: its mean) predicted for every dev
+    example, scored as the run is."""
+    if spec.is_regression:
+        value = float(np.mean(train_labels))
+        kind = f"training mean {value:.2f}"
+    else:
+        value = int(np.bincount(train_labels.astype(np.int64)).argmax())
+        kind = f"majority class {spec.labels[value]}"
+    metrics = compute_metrics(spec, dev_labels, np.full(len(dev_labels), value), suffix=suffix)
+    return Baseline(kind, metrics, task_score(metrics))
 
 
 def predictions(spec: TaskSpec, logits: np.ndarray) -> np.ndarray:

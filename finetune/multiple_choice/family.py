@@ -21,6 +21,7 @@ import numpy as np
 import torch.nn.functional as F
 from torch import Tensor
 
+from finetune.baselines import Baseline, constant_text
 from finetune.family import Prepared, Recipe, Scored
 from finetune.multiple_choice import data as mc_data
 from finetune.packing import SlotBatch, lay_out, one_per_row, pack_rows
@@ -174,8 +175,12 @@ class MultipleChoiceFamily:
         value = accuracy(encoded.labels, scores)
         chosen = scores.argmax(-1).tolist()
         predictions = dict(zip(encoded.example_ids, chosen))
+        chance = 1 / encoded.num_choices
         return Scored({"accuracy": value}, value,
-                      {"predictions.json": json.dumps(predictions, indent=1) + "\n"})
+                      {"predictions.json": json.dumps(predictions, indent=1) + "\n"},
+                      baseline=Baseline(f"chance (1 of {encoded.num_choices})",
+                                        {"accuracy": chance}, chance),
+                      constant=constant_text(chosen, lambda c: f"always choice {c}"))
 
 
     def test_splits(self, prepared: Prepared) -> dict[str, mc_data.EncodedChoices]:

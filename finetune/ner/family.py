@@ -22,6 +22,7 @@ import numpy as np
 import torch.nn.functional as F
 from torch import Tensor
 
+from finetune.baselines import Baseline, constant_text
 from finetune.family import Prepared, Recipe, Scored
 from finetune.ner import data
 from finetune.ner.encode import EncodedNer, NerBatch, encode_sentences
@@ -184,10 +185,21 @@ class NerFamily:
                                      context.labels)
         metrics = entity_scores([list(s.tags) for s in sentences], predicted)
         files = {f"predictions_{split}.txt": conll_predictions(sentences, predicted)}
+        gold = [list(s.tags) for s in sentences]
+        nothing = entity_scores(gold, [["O"] * len(tags) for tags in gold])
+        constant = constant_text(tag for tags in predicted for tag in tags)
         if split == "test":  # reported beside dev, never tuned on
-            return Scored(metrics={f"test_{name}": metrics[name] for name in TEST_METRICS},
-                          score=metrics["f1"], files=files, selects=False)
-        return Scored(metrics=metrics, score=metrics["f1"], files=files)
+            names = {f"test_{name}": name for name in TEST_METRICS}
+            return Scored(metrics={key: metrics[name] for key, name in names.items()},
+                          score=metrics["f1"], files=files, selects=False,
+                          baseline=Baseline("no entities", {k: nothing.get(n, 0.0)
+                                                            for k, n in names.items()},
+                                            nothing["f1"]),
+                          constant=constant and f"all {constant}")
+        return Scored(metrics=metrics, score=metrics["f1"], files=files,
+                      baseline=Baseline("no entities", {k: nothing.get(k, 0.0) for k in metrics},
+                                        nothing["f1"]),
+                      constant=constant and f"all {constant}")
 
 
 FAMILY = NerFamily()

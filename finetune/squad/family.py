@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from finetune.baselines import Baseline, constant_text
 from finetune.family import PARTIAL_FILE, Prepared, Recipe, Scored
 from finetune.squad import data as squad_data
 from finetune.squad import metrics, postprocess
@@ -202,7 +203,9 @@ def score_split(examples: Sequence[squad_data.SquadExample], windows: Windows,
     if not version_2:
         answers = postprocess.answers(examples, spans)
         result = metrics.squad_v1_metrics(examples, answers)
-        return Scored(result, result["f1"], {"predictions.json": _json(answers)})
+        return Scored(result, result["f1"], {"predictions.json": _json(answers)},
+                      baseline=no_answer_baseline(examples, version_2),
+                      constant=constant_answer(answers))
     odds = postprocess.null_odds(examples, spans)
     search = metrics.squad_v2_metrics(examples, postprocess.answers(examples, spans), odds)
     tau = search["best_f1_thresh"]
@@ -220,7 +223,27 @@ def score_split(examples: Sequence[squad_data.SquadExample], windows: Windows,
                  "best_exact_thresh": search["best_exact_thresh"]}
     files = {"predictions.json": _json(answers), "null_odds.json": _json(odds),
              THRESHOLD_FILE: _json(threshold)}
-    return Scored(fractions, result["f1"], files)
+    return Scored(fractions, result["f1"], files,
+                  baseline=no_answer_baseline(examples, version_2),
+                  constant=constant_answer(answers))
+
+
+def no_answer_baseline(examples: Sequence[squad_data.SquadExample], version_2: bool) -> Baseline:
+    """No answer to any question, scored officially: 0 on v1.1; on v2.0 EM = F1 = the share
+    of unanswerable questions."""
+    empty = {e.qid: "" for e in examples}
+    if not version_2:
+        result = metrics.squad_v1_metrics(examples, empty)
+    else:
+        result = {k: v for k, v in metrics.squad_v2_metrics(examples, empty).items()
+                  if not k.endswith("total")}
+    return Baseline("no answer", result, result["f1"])
+
+
+def constant_answer(answers: dict[str, str]) -> str:
+    """"no answer" or "the answer '<text>'" when every question got the same, else ""."""
+    return constant_text(answers.values(),
+                         lambda a: f"the answer {a!r} everywhere" if a else "no answer")
 
 
 def _json(value) -> str:

@@ -93,6 +93,48 @@ def test_glue_through_the_loop_gives_the_old_loops_numbers(minilm_dir, tmp_path,
     (predictions,) = result.test_predictions
     assert predictions.predictions == OLD_TEST[task]
     assert result.seeds == (1, 2) and result.family == "glue"
+    assert_baseline_and_dev_predictions(result, cfg, tmp_path / task, tmp_path / "out")
+
+
+def assert_baseline_and_dev_predictions(result, cfg, data, out) -> None:
+    """The baseline is the training rows' majority class (STS-B: their mean) scored on the dev
+    rows; RTE's runs all predict not_entailment, which results.json and summary flag; every
+    dev example's prediction is in `<task>/predictions_dev.tsv`."""
+    train, dev = ([line.split("\t") for line in (data / name).read_text().splitlines()[1:]]
+                  for name in ("train.tsv", "dev.tsv"))
+    write_report(FinetuneResult((result,), "<minilm>", cfg), str(out))
+    summary = json.loads((out / "results.json").read_text())["tasks"][0]
+    table = (out / "results.md").read_text()
+    if result.task == "RTE":
+        gold = [row[-1] for row in dev]
+        assert [row[-1] for row in train].count("not_entailment") == 16  # of 24: the majority
+        share = gold.count("not_entailment") / len(gold)
+        assert share == 0.4375 == result.metrics["accuracy"]
+        assert summary["baseline"] == {"kind": "majority class not_entailment",
+                                       "metrics": {"accuracy": share}, "score": share}
+        assert result.constant == "all not_entailment" and result.constant_runs == 2
+        assert summary["constant_predictions"] is True and summary["beats_baseline"] is False
+        assert summary["warning"] == (
+            "RTE: predictions are constant (all not_entailment); score 43.75 vs majority class "
+            "not_entailment baseline 43.75; 2 of 2 runs at the chosen rate predicted a "
+            "constant: the run did not learn the task (see docs/finetuning.md, 'A task that "
+            "learns nothing')")
+        assert "| constant: 43.75 (majority class not_entailment) |" in table
+        assert summary["warning"] in table
+    else:
+        mean = sum(float(row[-1]) for row in train) / len(train)
+        assert summary["baseline"] == {"kind": f"training mean {mean:.2f}",
+                                       "metrics": {"pearson": 0.0, "spearman": 0.0},
+                                       "score": 0.0}
+        assert summary["constant_predictions"] is False and summary["beats_baseline"] is True
+        assert summary["warning"] is None and f"| 0.00 (training mean {mean:.2f}) |" in table
+    lines = (out / result.task / "predictions_dev.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction\tlabel" and len(lines) == 1 + len(dev)
+    if result.task == "RTE":
+        assert lines[1:] == [f"{row[0]}\tnot_entailment\t{row[-1]}" for row in dev]
+    else:
+        assert [line.split("\t")[2] for line in lines[1:]] == [
+            f"{float(row[-1]):.3f}" for row in dev]
 
 
 # ---------------------------------------------------------------------------------------------
