@@ -60,6 +60,17 @@ def records(path: str, fmt: str) -> Iterator[tuple[str, Record, str]]:
         yield f"line {line}", row, ("\t" if fmt == "tsv" else ",").join(fields)
 
 
+def count_rows(path: str, fmt: str, limit: int) -> int:
+    """Data rows of `path`, counted up to `limit` (a large file is not read through); 0 for a
+    file that cannot be read (its error comes from reading it)."""
+    import itertools
+
+    try:
+        return sum(1 for _ in itertools.islice(records(path, fmt), limit))
+    except (OSError, GlueFormatError, ValueError):
+        return 0
+
+
 def header(path: str, fmt: str) -> list[str]:
     """The column names of a file: its first row (CSV/TSV) or its first record's keys."""
     if fmt == "jsonl":

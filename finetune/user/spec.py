@@ -250,7 +250,9 @@ def _recipe(value: Any, where: str) -> tuple[tuple[str, Any], ...]:
     values = dict(value)
     if "learning_rates" in values:
         rates = values["learning_rates"]
-        values["learning_rates"] = tuple(rates) if isinstance(rates, list) else (rates,)
+        rates = tuple(rates) if isinstance(rates, list) else (rates,)
+        # YAML 1.1 reads 5e-5 (no dot) as text; the rate is meant
+        values["learning_rates"] = tuple(_number(r) for r in rates)
     try:
         Recipe(**values)  # the recipe's own checks, in its own words
     except SettingError as e:
@@ -258,3 +260,13 @@ def _recipe(value: Any, where: str) -> tuple[tuple[str, Any], ...]:
     except (ValueError, TypeError) as e:
         raise TaskFileError(f"{where}: recipe: {e}") from None
     return tuple(values.items())
+
+
+def _number(value: Any) -> Any:
+    """`value` as a float where it is text that spells one, else as it is."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
