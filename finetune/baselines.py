@@ -48,7 +48,7 @@ def merge(baselines: Mapping[str, tuple[Baseline | None, bool]]) -> Baseline | N
 def constant_text(values, describe=str) -> str:
     """`describe(value)` of the one value every prediction has ("1", "O"), or "" when they
     differ (or there are none)."""
-    distinct = {v for v in values}
+    distinct = set(values)
     return describe(next(iter(distinct))) if len(distinct) == 1 else ""
 
 
@@ -69,4 +69,4 @@ def note(task: str, score: float, baseline: Baseline | None, constant: str,
              if constant_runs and runs > 1 else "")
     return (f"{where}; score {100 * score:.2f} vs {baseline.kind} baseline "
             f"{100 * baseline.score:.2f}{seeds}: the run did not learn the task (see "
-            "docs/finetuning.md, 'A task that learns nothing')")
+            "docs/finetuning.md, 'Small tasks and a task that learns nothing')")

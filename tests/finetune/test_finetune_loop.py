@@ -117,8 +117,8 @@ def assert_baseline_and_dev_predictions(result, cfg, data, out) -> None:
         assert summary["warning"] == (
             "RTE: predictions are constant (all not_entailment); score 43.75 vs majority class "
             "not_entailment baseline 43.75; 2 of 2 runs at the chosen rate predicted a "
-            "constant: the run did not learn the task (see docs/finetuning.md, 'A task that "
-            "learns nothing')")
+            "constant: the run did not learn the task (see docs/finetuning.md, 'Small tasks "
+            "and a task that learns nothing')")
         assert "| constant: 43.75 (majority class not_entailment) |" in table
         assert summary["warning"] in table
     else:
