@@ -312,24 +312,71 @@ def _mapping(value: Any, path: str, label: str) -> Mapping:
     return value
 
 
-def parse_assignments(pairs: Sequence[str], label: str = "--set") -> dict[str, Any]:
-    """`["pretrain.phase1.steps=20", "finetune.tasks=rte,mrpc"]` -> a nested mapping.
+def dotted(tree: Mapping[str, Any], prefix: str = "", items: bool = False) -> dict[str, Any]:
+    """A nested mapping as `{dotted name: value}`, the names `--set` takes:
+    `{"a": {"b": 1}, "c": [{"d": 2}]}` -> `{"a.b": 1, "c": [{"d": 2}]}`, and with `items` a
+    list holding mappings named item by item (`"c.0.d": 2`, as MLflow's flat params want).
 
-    Values stay text here; `apply` converts each to its field's type."""
-    overrides: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise ValueError(f"{label} {pair!r}: expected key=value")
-        node = overrides
+    An empty section names nothing. A key that is no setting name (not text, or an empty part)
+    and a setting given both ways (`{"a.b": 1, "a": {"b": 2}}`) are ValueErrors naming it."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if not isinstance(key, str) or not key or "" in key.split("."):
+            raise ValueError(f"{key!r} is not a setting name")
+        name = f"{prefix}{key}"
+        if items and isinstance(value, (list, tuple)) and any(isinstance(v, Mapping)
+                                                               for v in value):
+            value = {str(i): item for i, item in enumerate(value)}
+        items_of = dotted(value, f"{name}.", items) if isinstance(value, Mapping) \
+            else {name: value}
+        for item, item_value in items_of.items():
+            if item in flat:
+                raise ValueError(f"setting {item} is given twice")
+            flat[item] = item_value
+    return flat
+
+
+def undotted(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """`{dotted name: value}` -> the nested mapping `apply` takes (the inverse of `dotted`).
+
+    A name that is a section of another (`a=1` and `a.b=2`) is a ValueError naming it."""
+    tree: dict[str, Any] = {}
+    for key, value in flat.items():
         *parents, leaf = key.strip().split(".")
+        node = tree
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ValueError(  # noqa: TRY004 (a user's text, not a type)
-                    f"{label} {pair!r}: {part} is a setting, not a section")
-        node[leaf] = raw
-    return overrides
+                    f"{key}: {part} is a setting, not a section")
+        if isinstance(node.get(leaf), dict):
+            raise ValueError(f"{key} is a section, not a setting")  # noqa: TRY004
+        node[leaf] = value
+    return tree
+
+
+def setting_at(config: Any, name: str) -> Any:
+    """The value of the dotted setting `name` (`pretrain.model.init_from`) of a config, its
+    sections read as attributes."""
+    for part in name.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def parse_assignments(pairs: Sequence[str], label: str = "--set") -> dict[str, Any]:
+    """`["pretrain.phase1.steps=20", "finetune.tasks=rte,mrpc"]` -> a nested mapping.
+
+    Values stay text here; `apply` converts each to its field's type."""
+    flat: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ValueError(f"{label} {pair!r}: expected key=value")
+        flat[key.strip()] = raw
+    try:
+        return undotted(flat)
+    except ValueError as e:
+        raise ValueError(f"{label} {e}") from None
 
 
 def load_file(path: str, yaml_loader: type | None = None) -> dict[str, Any]:

@@ -345,7 +345,7 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
         # the pretrain stage is keyed on the setting: one checkpoint, one key, however named
         model = dataclasses.replace(cfg.pretrain.model, init_from=os.path.abspath(start))
         cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, model=model))
-    needed = [key for key in PRESET_NEEDS.get(preset, ()) if not _setting(cfg, key)]
+    needed = [key for key in PRESET_NEEDS.get(preset, ()) if not settings.setting_at(cfg, key)]
     if needed:
         raise ValueError(f"preset {preset!r} needs {', '.join(needed)}, e.g. --set "
                          f"{needed[0]}=/models/bert-base-uncased (a BERT folder: config.json, "
@@ -396,7 +396,7 @@ def _refuse_renamed_and_flow_set(overrides: dict[str, Any]) -> None:
     for section, value in overrides.items():
         if section in RENAMED_SETTINGS:
             raise ValueError(renamed_message(section, value))
-    for key in _dotted_keys(overrides):
+    for key in settings.dotted(overrides):
         new = RENAMED_SETTINGS.get(key)
         if new in FLOW_SET:  # `pretrain.vocab_dir`: the user sets neither name
             raise ValueError(f"setting {key}: the flow sets it ({FLOW_SET[new]})")
@@ -407,23 +407,6 @@ def _refuse_renamed_and_flow_set(overrides: dict[str, Any]) -> None:
                                and parts[-1] in FLOW_SET):
             source = FLOW_SET.get(key) or FLOW_SET[parts[-1]]
             raise ValueError(f"setting {key}: the flow sets it ({source})")
-
-
-def _setting(cfg: Any, dotted: str) -> Any:
-    """The value of a dotted setting (`pretrain.model.init_from`) of `cfg`."""
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
-
-
-def _dotted_keys(tree: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            keys += _dotted_keys(value, f"{prefix}{key}.")
-        else:
-            keys.append(f"{prefix}{key}")
-    return keys
 
 
 def finetune_tasks(cfg: DagConfig) -> list:
@@ -507,7 +490,7 @@ INPUT_PATHS = ("data.wikipedia", "data.books", "finetune.data")
 def unset_settings(cfg: DagConfig) -> list[str]:
     """The input paths still None (a run on `data.sources` alone sets data.wikipedia and
     data.books to "")."""
-    return [key for key in INPUT_PATHS if _setting(cfg, key) is None]
+    return [key for key in INPUT_PATHS if settings.setting_at(cfg, key) is None]
 
 
 def parse_set_flags(pairs: list[str]) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from common import storage
+from common import settings, storage
 
 SWEEP_KEYS = ("name", "description", "preset", "overrides", "variants")
 VARIANT_KEYS = ("name", "overrides")
@@ -147,39 +147,24 @@ class StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def flatten(settings: Any, where: str, prefix: str = "") -> dict[str, Any]:
-    """`{"pretrain": {"learning_rate": 1e-3}, "shards.dupe_factor": 1}` -> dotted keys; a setting
-    given twice (dotted and nested) is an error."""
-    if not isinstance(settings, dict):
+def flatten(tree: Any, where: str) -> dict[str, Any]:
+    """`{"pretrain": {"learning_rate": 1e-3}, "shards.dupe_factor": 1}` -> dotted keys
+    (`common.settings.dotted`), its errors named by `where`."""
+    if not isinstance(tree, dict):
         raise SweepError(f"{where}: expected a mapping of settings (e.g. "
-                         f"pretrain.phase1.learning_rate: 1e-4), got {settings!r}")
-    flat: dict[str, Any] = {}
-    for key, value in settings.items():
-        if not isinstance(key, str) or not key or "" in key.split("."):
-            raise SweepError(f"{where}: {key!r} is not a setting name")
-        items = flatten(value, where, f"{prefix}{key}.") if isinstance(value, dict) \
-            else {f"{prefix}{key}": value}
-        for name, item in items.items():
-            if name in flat:
-                raise SweepError(f"{where}: setting {name} is given twice")
-            flat[name] = item
-    return flat
+                         f"pretrain.phase1.learning_rate: 1e-4), got {tree!r}")
+    try:
+        return settings.dotted(tree)
+    except ValueError as e:
+        raise SweepError(f"{where}: {e}") from None
 
 
 def nested(flat: dict[str, Any], where: str) -> dict[str, Any]:
-    """Dotted keys -> the nested mapping `resolve` takes."""
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        *parents, leaf = key.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise SweepError(f"{where}: {key}: {part} is a setting, not a section")
-        if isinstance(node.get(leaf), dict):
-            raise SweepError(f"{where}: {key} is a section, not a setting")
-        node[leaf] = value
-    return out
+    """Dotted keys -> the nested mapping `resolve` takes (`common.settings.undotted`)."""
+    try:
+        return settings.undotted(flat)
+    except ValueError as e:
+        raise SweepError(f"{where}: {e}") from None
 
 
 def load_sweep(sweep: str | dict[str, Any], overrides: dict[str, Any] | None = None,

@@ -789,22 +789,12 @@ RESUME_FREE_FIELDS = ("output_dir", "data.vocab_dir", "data.num_workers", "engin
                       "phases.*.micro_batch_size")
 
 
-def _dotted(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A nested mapping as {dotted key: value} (phases left out)."""
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, Mapping):
-            flat.update(_dotted(value, f"{prefix}{key}."))
-        elif key != "phases":
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def resume_conflicts(saved: PretrainConfig, current: PretrainConfig) -> list[str]:
     """`setting: saved -> current` for every setting outside RESUME_FREE_FIELDS that differs,
     by its dotted name (`engine.zero_stage: 1 -> 2`)."""
     old_all, new_all = to_dict(saved), to_dict(current)
-    old, new = _dotted(old_all), _dotted(new_all)
+    old, new = ({k: v for k, v in settings.dotted(d).items() if k != "phases"}
+                for d in (old_all, new_all))
     free = set(RESUME_FREE_FIELDS)
     conflicts = [f"{key}: {old[key]!r} -> {new[key]!r}" for key in old
                  if key not in free and old[key] != new.get(key)]

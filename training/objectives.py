@@ -44,6 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from common import settings
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -108,7 +110,7 @@ class Objective:
         this objective cannot train with."""
         from common.settings import SettingError
         for setting, value, why in self.refuses:
-            if _setting(config, setting) == value:
+            if settings.setting_at(config, setting) == value:
                 raise SettingError("objective.name", f"{self.name} cannot be combined with "
                                    f"{setting}={str(value).lower()} ({why})",
                                    "--set {setting}: {message}")
@@ -143,13 +145,6 @@ LTR = Objective(name="ltr", causal=True, refuses=(("data.dynamic_masking", True,
 
 OBJECTIVES: dict[str, Objective] = {"mlm_nsp": MLM_NSP, "mlm": MLM, "ltr": LTR}
 """The registered objectives by the name `--set objective.name=` takes."""
-
-
-def _setting(config: Any, dotted: str) -> Any:
-    """The value of a dotted setting (`data.dynamic_masking`) of `config`."""
-    for part in dotted.split("."):
-        config = getattr(config, part)
-    return config
 
 
 def registered() -> str:

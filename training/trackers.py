@@ -46,7 +46,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol, Self
 from urllib.parse import urlsplit
 
-from common import storage
+from common import settings, storage
 from common.settings import SettingError
 
 log = logging.getLogger(__name__)
@@ -178,7 +178,7 @@ class MlflowTracker:
         from mlflow.entities import Param, RunTag
 
         logged = self.client.get_run(self.run_id).data.params
-        values = {k: str(v)[:6000] for k, v in flatten(config).items()}
+        values = {k: str(v)[:6000] for k, v in settings.dotted(config, items=True).items()}
         params = [Param(k, v) for k, v in values.items() if k not in logged]
         tags = [RunTag(f"resumed.{k}", v) for k, v in values.items()
                 if k in logged and logged[k] != v]
@@ -379,20 +379,6 @@ def _read_ids(path: str) -> dict[str, str]:
     except (ValueError, TypeError) as error:
         log.warning("%s: unreadable (%s); the trackers start new runs", path, error)
         return {}
-
-
-def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """`{"a": {"b": 1}, "c": [{"d": 2}]}` -> `{"a.b": 1, "c.0.d": 2}`: MLflow params are flat."""
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            flat.update(flatten(value, f"{name}."))
-        elif isinstance(value, (list, tuple)) and any(isinstance(v, Mapping) for v in value):
-            flat.update(flatten({str(i): v for i, v in enumerate(value)}, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
 
 
 def log_artifacts(trackers: Trackers, paths: Iterable[str]) -> None:

@@ -1,7 +1,7 @@
 """Fine-tuning's experiment trackers (`--report_to`, finetune/loop.py `tracked_run`), read back
 from a REAL local MLflow store: each (task, rate, seed) run is a tracker run named like its
 run file, with the loop's config, the loss of every step, the dev metrics of results.json and
-the run's results.json as an artifact. Real MiniLM runs on 8 sample RTE rows."""
+the run's results.json and dev predictions as artifacts. Real MiniLM runs on 8 sample RTE rows."""
 from __future__ import annotations
 
 import json
@@ -37,7 +37,11 @@ def test_each_run_is_an_mlflow_run_with_its_dev_metrics_and_losses(minilm_dir, r
     assert (accuracy.step, accuracy.value) == (result["steps"], result["metrics"]["accuracy"])
     losses = client.get_metric_history(run.info.run_id, "train/loss")
     assert sorted(m.step for m in losses) == list(range(1, result["steps"] + 1)) == [1, 2, 3, 4]
-    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["results.json"]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == [
+        "predictions_dev.tsv", "results.json"]
+    predictions = client.download_artifacts(run.info.run_id, "predictions_dev.tsv", str(tmp_path))
+    with open(predictions, encoding="utf-8") as f:
+        assert f.read() == (out / "RTE" / "predictions_dev.tsv").read_text()  # the only run
     path = client.download_artifacts(run.info.run_id, "results.json", str(tmp_path))
     with open(path, encoding="utf-8") as f:
         logged = json.load(f)
