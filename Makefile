@@ -17,10 +17,11 @@ demo: setup
 
 # Two test processes, a test file each at a time (fixtures built once per file): the suite's
 # subprocess, Beam and single-threaded stretches leave a core idle when run one test at a time.
-# --durations lists the slowest tests, to keep the suite within its time.
+# --durations lists the slowest tests, to keep the suite within its time; --disable-warnings
+# keeps the warnings summary from pushing that list out of a CI log's tail.
 TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 $(ARGS)
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=25 --disable-warnings $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check common pipelines model finetune training flows tests benchmarks
