@@ -1,10 +1,11 @@
 """The AdamW settings pre-training and fine-tuning share: `AdamWOptions`.
 
-Declared once here; pre-training's `optimizer` section (training/config.py `OptimizerConfig`)
-and fine-tuning's loop options (finetune/loop.py `LoopOptions`) inherit it, so each field, its
-docstring and its check are the same in both. The betas are not here: fine-tuning runs
-`torch.optim.AdamW` at its default betas, and a fine-tuning run's folder is keyed on all of
-its settings (finetune/run_store.py), so two more settings would re-key every stored run.
+Declared once here; pre-training's `optimizer` section (training/config_sections.py
+`OptimizerConfig`) and fine-tuning's loop options (finetune/loop.py `LoopOptions`) inherit it,
+so each field, its docstring and its check are the same in both. The betas are not here:
+fine-tuning runs `torch.optim.AdamW` at its default betas, and a fine-tuning run's folder is
+keyed on all of its settings (finetune/run_store.py), so two more settings would re-key every
+stored run.
 """
 from __future__ import annotations
 

@@ -89,6 +89,15 @@ def causal_attention_mask(ids: Tensor | None, query_index: Tensor | None, length
     return mask if ids is None else mask & query_attention_mask(ids, query_index)
 
 
+def window_mask(length: int, window: int, device: torch.device) -> Tensor | None:
+    """(1, 1, T, T) True where |i - j| <= window (a local attention layer's band); None when
+    every pair of the row is within it."""
+    if length - 1 <= window:
+        return None
+    band = torch.ones(length, length, dtype=torch.bool, device=device)
+    return band.triu_(-window).tril_(window)[None, None]  # no T x T int64 differences
+
+
 @dataclass(frozen=True)
 class AttentionPattern:
     """Which tokens of its instance a token sees: all of them (BERT), or itself and the

@@ -260,7 +260,7 @@ def load_checkpoint(folder: str) -> nn.Module:
 
 @dataclass(frozen=True)
 class StartingPoint:
-    """A checkpoint to continue pre-training from (`training/config.py` `init_from`)."""
+    """A checkpoint to continue pre-training from (`training/config_sections.py` `init_from`)."""
     folder: str
     """The folder read: the one given, or a pre-training run's `hf/` export inside it."""
     config: Any

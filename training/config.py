@@ -4,14 +4,15 @@ A run is a sequence of phases (the paper, section A.2: 90% of the steps at 128 t
 at 512 tokens). Each phase has its own shards, batch and learning-rate schedule; phase 2 starts
 from phase 1's weights with a fresh optimizer and schedule.
 
-`PretrainConfig` is made of sections, each a small frozen dataclass (torchtitan's `JobConfig`):
-`model` (the encoder: preset, shape, dropout, `init_from`; `ModelConfig.build` is where a run's
-`model.bert.BertConfig` is made), `objective`, `optimizer` (its AdamW fields are
-common/optimizer.py's, shared with fine-tuning), `engine` (precision and parallelism), `data`
-(vocabulary, dynamic masking, loader), `cadence` (logging, evaluation, checkpoints, export),
-`phases`, and at the top level `output_dir` and `seed`. A check within one section names its
-field there; the checks across sections (LAMB with ZeRO, low precision with ZeRO 0, the
-objective's own) are `PretrainConfig`'s and name the settings by their dotted names.
+`PretrainConfig` is made of sections, each a small frozen dataclass (torchtitan's `JobConfig`;
+training/config_sections.py): `model` (the encoder: preset, shape, dropout, `init_from`;
+`ModelConfig.build` is where a run's `model.bert.BertConfig` is made), `objective`, `optimizer`
+(its AdamW fields are common/optimizer.py's, shared with fine-tuning), `engine` (precision and
+parallelism), `data` (vocabulary, dynamic masking, loader), `cadence` (logging, evaluation,
+checkpoints, export), and here `phases`, and at the top level `output_dir` and `seed`. A check
+within one section names its field there; the checks across sections (LAMB with ZeRO, low
+precision with ZeRO 0, the objective's own) are `PretrainConfig`'s and name the settings by
+their dotted names. Every name of the sections' module is importable from this one.
 
 Overrides, applied in order after the preset:
 - `--config run.yaml` (or `.json`): a nested mapping (`engine: {zero_stage: 2}`); `phases` a
@@ -22,8 +23,9 @@ Overrides, applied in order after the preset:
   a float, `true`/`false` a bool, text as given).
 
 A flat name of the sections' fields (`zero_stage`, `model=bert_base`) fails naming its dotted
-one (`RENAMED_SETTINGS`, which the flow's `pretrain.*` settings use as well); a run's own saved
-`config.json` in the flat layout loads as its sections (`load_saved`), so such runs resume.
+one (`RENAMED_SETTINGS`, training/renamed_settings.py, which the flow's `pretrain.*` settings use
+as well); a run's own saved `config.json` in the flat layout loads as its sections
+(`load_saved`), so such runs resume.
 
 A phase shortened without its `warmup_steps` keeps the preset's warmup share (tiny:
 `phase1.steps=30` -> warmup 60 x 30/600 = 3, logged); a warmup set beside it is kept, and one
@@ -37,33 +39,36 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import yaml
 
 from common import settings
-from common.masking import MaskingConfig, MaskSplit
-from common.optimizer import AdamWOptions
 from common.settings import SettingError
-from model.encoders import ENCODERS, arch_of_preset
 from model.encoders import PRESETS as MODEL_PRESETS
 
-if TYPE_CHECKING:
-    from model.encoders import EncoderConfig
+# exported from here too: a run's config is one import, whichever module declares a name
+from training.config_sections import (  # noqa: F401
+    MASKING_FIELDS,
+    SECTIONS,
+    SHAPE_FIELDS,
+    CadenceConfig,
+    EngineConfig,
+    ModelConfig,
+    ObjectiveConfig,
+    OptimizerConfig,
+    PretrainDataConfig,
+    ensure,
+)
+from training.renamed_settings import (  # noqa: F401
+    NEVER_FLAT,
+    RENAMED_FIELDS,
+    RENAMED_SETTINGS,
+    migrate_flat,
+    renamed_error,
+)
 
 log = logging.getLogger(__name__)
-
-SHAPE_FIELDS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings")
-"""`model` settings that override the preset's shape (0 = the preset's value)."""
-MASKING_FIELDS = ("dynamic_masked_lm_prob", "dynamic_masked_lm_prob_end",
-                  *(f.name for f in dataclasses.fields(MaskSplit)))
-"""`data` settings of dynamic masking (`data.dynamic_masking=true`)."""
-
-
-def _check(ok: bool, flag: str, expected: str) -> None:
-    if not ok:
-        raise SettingError(flag, f"must be {expected}", "--set {setting}: {message}")
 
 
 @dataclass(frozen=True)
@@ -107,24 +112,24 @@ class PhaseConfig:
     1,024 tokens to 160,000 at 8,192; the local layers keep theirs."""
 
     def __post_init__(self):
-        _check(bool(self.name) and "/" not in self.name, "name", "a non-empty name without '/'")
-        _check(self.rope_theta >= 0, "rope_theta", ">= 0 (0 = the model's)")
-        _check(0 <= self.batch_warmup_rows <= self.global_batch_size
+        ensure(bool(self.name) and "/" not in self.name, "name", "a non-empty name without '/'")
+        ensure(self.rope_theta >= 0, "rope_theta", ">= 0 (0 = the model's)")
+        ensure(0 <= self.batch_warmup_rows <= self.global_batch_size
                and self.batch_warmup_rows % self.micro_batch_size == 0, "batch_warmup_rows",
                f"a multiple of micro_batch_size={self.micro_batch_size} in [0, "
                f"global_batch_size={self.global_batch_size}], got {self.batch_warmup_rows}")
-        _check(self.batch_warmup_tokens >= 0 and
+        ensure(self.batch_warmup_tokens >= 0 and
                bool(self.batch_warmup_tokens) == bool(self.batch_warmup_rows),
                "batch_warmup_tokens", "> 0 with batch_warmup_rows (and 0 without)")
         for flag in ("max_seq_length", "micro_batch_size", "global_batch_size", "steps"):
-            _check(getattr(self, flag) > 0, flag, "positive")
-        _check(0 <= self.warmup_steps <= self.steps, "warmup_steps",
+            ensure(getattr(self, flag) > 0, flag, "positive")
+        ensure(0 <= self.warmup_steps <= self.steps, "warmup_steps",
                f"in [0, steps={self.steps}], got {self.warmup_steps}")
-        _check(0 <= self.decay_steps <= self.steps - self.warmup_steps, "decay_steps",
+        ensure(0 <= self.decay_steps <= self.steps - self.warmup_steps, "decay_steps",
                f"in [0, steps - warmup_steps = {self.steps - self.warmup_steps}], got "
                f"{self.decay_steps}")
-        _check(self.learning_rate > 0, "learning_rate", "positive")
-        _check(self.global_batch_size % self.micro_batch_size == 0, "global_batch_size",
+        ensure(self.learning_rate > 0, "learning_rate", "positive")
+        ensure(self.global_batch_size % self.micro_batch_size == 0, "global_batch_size",
                f"a multiple of micro_batch_size={self.micro_batch_size}")
 
     def follow_changes(self, changes: Mapping[str, Any]) -> dict[str, Any]:
@@ -151,261 +156,6 @@ class PhaseConfig:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """The encoder: an architecture and a preset's shape, changed by the shape fields, and its
-    dropout; or a checkpoint's (`init_from`)."""
-    arch: str = ""
-    """Encoder architecture (model/encoders.py): bert (Devlin et al. 2019) or modernbert
-    (RoPE, GeGLU, pre-LN, local and global attention; Warner et al. 2024). "" = the preset's.
-    Another arch than the preset's takes that arch's preset of the same size (bert_tiny ->
-    modernbert_tiny)."""
-    preset: str = "bert_tiny"
-    """Model preset (bert_tiny, bert_mini, bert_base, bert_large, modernbert_tiny,
-    modernbert_base, modernbert_large); the shape fields below override its shape (paper
-    Table 6). "" with `init_from`: the checkpoint's shape (what `--set model.init_from=...` alone
-    resolves to); a preset or shape field named together with `init_from` must agree with the
-    checkpoint."""
-    init_from: str = ""
-    """Checkpoint to continue pre-training from: a Hugging Face BERT folder (BertModel or
-    BertForPreTraining weights), one of our exports or `model.hf.save_checkpoint` folders, or a
-    pre-training run's output folder (its `hf/`). Its shape and vocabulary decide the model's;
-    heads it lacks start fresh. A restarted run resumes from its own `checkpoints/latest`
-    instead (the checkpoint is then read for its shape only)."""
-    num_hidden_layers: int = 0
-    """Transformer blocks L (0 = the preset's)."""
-    hidden_size: int = 0
-    """Hidden width H (0 = the preset's); a multiple of num_attention_heads."""
-    num_attention_heads: int = 0
-    """Attention heads A (0 = the preset's)."""
-    intermediate_size: int = 0
-    """Feed-forward width (0 = the preset's; BERT's presets use 4H, ModernBERT's GeGLU
-    projects to twice this width)."""
-    max_position_embeddings: int = 0
-    """Longest row the model takes (0 = the preset's: BERT 512 learned positions, ModernBERT
-    8,192 rotary ones)."""
-    dropout: float = 0.1
-    """BERT: hidden and attention dropout (0 makes runs comparable across rank counts).
-    ModernBERT: the dropout before a fine-tuning classifier; it pre-trains without dropout,
-    as published."""
-
-    def __post_init__(self):
-        _check(self.arch in ("", *ENCODERS), "arch", f"one of {sorted(ENCODERS)} (or empty)")
-        if self.arch and self.preset in MODEL_PRESETS and arch_of_preset(self.preset) != self.arch:
-            size = self.preset.rpartition("_")[2]
-            _check(f"{self.arch}_{size}" in MODEL_PRESETS, "arch",
-                   f"an arch with a {size} preset (preset={self.preset})")
-            object.__setattr__(self, "preset", f"{self.arch}_{size}")  # the arch's own preset
-        _check(self.preset in MODEL_PRESETS or (self.preset == "" and bool(self.init_from)),
-               "preset", f"one of {sorted(MODEL_PRESETS)} (or empty with init_from)")
-        for flag in SHAPE_FIELDS:
-            _check(getattr(self, flag) >= 0, flag, ">= 0 (0 = the preset's)")
-        if self.preset:  # with init_from and no preset the checkpoint's shape is checked at start
-            shape = {**MODEL_PRESETS[self.preset]().to_dict(), **self.shape()}
-            _check(shape["hidden_size"] % shape["num_attention_heads"] == 0, "hidden_size",
-                   f"a multiple of num_attention_heads (got hidden_size={shape['hidden_size']}, "
-                   f"num_attention_heads={shape['num_attention_heads']}, "
-                   f"preset={self.preset})")
-        _check(0 <= self.dropout < 1, "dropout", "in [0, 1)")
-
-    def shape(self) -> dict[str, int]:
-        """The shape fields set (non-zero)."""
-        return {f: getattr(self, f) for f in SHAPE_FIELDS if getattr(self, f)}
-
-    def build(self, vocab_size: int, base: EncoderConfig | None = None,
-              **changes: Any) -> EncoderConfig:
-        """The run's encoder config, of the preset's arch (`model.bert.BertConfig`,
-        `model.modernbert.ModernBertConfig`): `base` (a checkpoint's, training/init_from.py) or
-        the preset's, with this section's shape fields and dropout (BERT's two dropouts;
-        ModernBERT's classifier dropout alone, it pre-trains without), `vocab_size`, then
-        `changes` (`vocab_multiple`), each of which the config must have."""
-        start = base if base is not None else MODEL_PRESETS[self.preset]()
-        names = {f.name for f in dataclasses.fields(start)}
-        if unknown := sorted(set(changes) - names):
-            raise TypeError(f"{type(start).__name__} has no {', '.join(unknown)}")
-        dropouts = {name: self.dropout for name in ("hidden_dropout_prob",
-                                                    "attention_probs_dropout_prob")
-                    if name in names}
-        return start.replace(**self.shape(), vocab_size=vocab_size, **dropouts, **changes)
-
-
-@dataclass(frozen=True)
-class ObjectiveConfig:
-    """What the run trains (training/objectives.py)."""
-    name: str = "mlm"
-    """mlm_nsp (masked LM + next sentence), mlm (masked LM, + NSP where next_sentence and the
-    shards have NSP labels), ltr (the left-to-right LM baseline of Table 5, "LTR & No NSP"), or
-    module:attribute naming an Objective defined elsewhere."""
-    next_sentence: bool = True
-    """Train the next-sentence head and loss where the shards have NSP labels; false: MLM-only
-    (no NSP head or loss) on any shards (Table 5's "No NSP")."""
-
-    def __post_init__(self):
-        from training import objectives
-        try:
-            objectives.get(self.name)
-        except ValueError as e:
-            raise SettingError("name", str(e), "--set {setting}: {message}") from None
-
-
-@dataclass(frozen=True)
-class OptimizerConfig(AdamWOptions):
-    """The optimizer; `weight_decay`, `adam_epsilon` and `max_grad_norm` are fine-tuning's
-    too (common/optimizer.py)."""
-    name: Literal["adamw", "lamb"] = "adamw"
-    """adamw, or lamb (large batches, GPU, engine.zero_stage 0 only, so fp32)."""
-    adam_beta1: float = 0.9
-    """First-moment decay."""
-    adam_beta2: float = 0.999
-    """Second-moment decay."""
-    schedule: Literal["linear", "wsd"] = "linear"
-    """Learning-rate schedule of each phase (training/optim.py): linear (BERT: warmup, then a
-    linear decay to 0 at the phase's end) or wsd (warmup-stable-decay, as ModernBERT trains:
-    warmup, the peak held, then a decay over the phase's `decay_steps`)."""
-    decay_shape: Literal["linear", "1-sqrt", "cosine"] = "1-sqrt"
-    """wsd's decay from the peak to 0: linear, 1-sqrt (1 - sqrt(progress)) or cosine."""
-
-    def __post_init__(self):
-        settings.check_choices(self, "--set {setting}: {message}")
-        self.check_adamw()
-        for flag in ("adam_beta1", "adam_beta2"):
-            _check(0 <= getattr(self, flag) < 1, flag, "in [0, 1)")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Precision and parallelism: how DeepSpeed and torch run the step."""
-    zero_stage: Literal[0, 1, 2, 3] = 0
-    """DeepSpeed ZeRO stage 0-3 (bf16 and fp16 need >= 1, see LOW_PRECISION_ZERO0_MESSAGE)."""
-    precision: Literal["fp32", "bf16", "fp16", "auto"] = "fp32"
-    """fp32, bf16 (CPU and GPU) or fp16 (GPU only, dynamic loss scaling); bf16/fp16 need
-    zero_stage >= 1. auto: bf16 where the hardware multiplies in bf16 and the run allows it
-    (ZeRO >= 1, AdamW), else fp32 (see `PretrainConfig.concrete_precision`)."""
-    device: Literal["auto", "cuda"] = "auto"
-    """auto (CUDA GPUs when torch sees one, else CPU ranks over gloo) or cuda (GPUs required:
-    where torch has no usable CUDA the run stops before any rank starts, see
-    training/launch.py `refuse_cpu_fallback`, instead of training on the CPU)."""
-    compile: bool = False
-    """torch.compile on a GPU (fullgraph): with static shapes and ZeRO 0-2 the whole model,
-    heads and losses as one graph (`model.compiling.compile_model`), else each encoder layer
-    (`compile_layers`; ZeRO-3 gathers parameters in module hooks); CPU runs stay eager, where
-    compiling measured slower (benchmarks/RESULTS.md 4.0, 4.3)."""
-    static_shapes: Literal["auto", "on", "off"] = "auto"
-    """Pad every batch of a phase to one shape (`training.batching.StaticShapes`), so that the whole
-    step compiles once (`compile`); auto: where the whole step compiles, a compiled GPU run
-    below ZeRO-3 (`uses_static_shapes`)."""
-
-    def __post_init__(self):
-        settings.check_choices(self, "--set {setting}: {message}")
-
-    def uses_static_shapes(self, on_gpu: bool) -> bool:
-        """Whether the loader pads every batch of a phase to one shape: `static_shapes`, with
-        auto where the whole step compiles (`compiles_whole_model`). There a step is bound by
-        launches and host time more than by FLOPs, and one shape lets the whole step compile
-        once. A CPU run stays eager (compiling measured slower there), so padding buys it
-        nothing and costs its compute: on the books' shards, eager fp32, bert_tiny 6% slower a
-        step packed at 512 tokens (batch 8: 16 instance and 92 masked slots for 1-3 and 76-77
-        used), bert_mini 1%, and no change at 128 tokens, where those rows fill the row."""
-        return self.static_shapes == "on" or (self.static_shapes == "auto"
-                                               and self.compiles_whole_model(on_gpu))
-
-    def compiles_whole_model(self, on_gpu: bool) -> bool:
-        """Whether the step can be one compiled graph: compiled, on a GPU, and outside ZeRO-3,
-        whose hooks gather each module's parameters inside the forward (per-layer graphs
-        there). `static_shapes=auto` pads exactly where this holds."""
-        return self.compile and on_gpu and self.zero_stage < 3
-
-
-@dataclass(frozen=True)
-class PretrainDataConfig(MaskSplit):
-    """The vocabulary, dynamic masking and the loader. The MASK/SAME/RND split and
-    `do_whole_word_mask` (from `common.masking.MaskSplit`) act with `dynamic_masking=true`
-    only."""
-    vocab_dir: str = ""
-    """Vocabulary folder (vocab.txt, tokenizer.json): special-token ids and the exported folder."""
-    dynamic_masking: bool = False
-    """Re-draw the masks of every row each epoch instead of the shards' static masks."""
-    dynamic_masked_lm_prob: float = 0.0
-    """Dynamic masking's share of each instance's tokens to predict, capped at the shards'
-    max_predictions_per_seq (0 = as many per row as the shards' masks, which make_shards'
-    masked_lm_prob drew)."""
-    dynamic_masked_lm_prob_end: float = 0.0
-    """A masking-rate schedule: the share at each phase's last step, reached linearly from
-    `dynamic_masked_lm_prob` at its first (mmBERT 0.30 -> 0.05); the rate in force is logged
-    each step as `mask_rate`. 0 = a fixed share."""
-    shuffle_buffer: int = 2000
-    """Rows in the loader's shuffle buffer (0 = no shuffling)."""
-    num_workers: int = 1
-    """DataLoader worker processes per rank (0 = in the training process)."""
-
-    def __post_init__(self):
-        self._check_masking()
-        _check(self.shuffle_buffer >= 0, "shuffle_buffer", ">= 0")
-        _check(self.num_workers >= 0, "num_workers", ">= 0")
-
-    def masking(self, max_predictions_per_seq: int) -> MaskingConfig:
-        """Dynamic masking's `common.masking.MaskingConfig`, capped as the shards are."""
-        split = {f.name: getattr(self, f.name) for f in dataclasses.fields(MaskSplit)}
-        return MaskingConfig(masked_lm_prob=self.dynamic_masked_lm_prob or 0.15,
-                             max_predictions_per_seq=max_predictions_per_seq, **split)
-
-    def _check_masking(self) -> None:
-        _check(0 <= self.dynamic_masked_lm_prob < 1, "dynamic_masked_lm_prob",
-               "in [0, 1) (0 = the shards' count)")
-        _check(0 <= self.dynamic_masked_lm_prob_end < 1, "dynamic_masked_lm_prob_end",
-               "in [0, 1) (0 = a fixed share)")
-        _check(not self.dynamic_masked_lm_prob_end or self.dynamic_masked_lm_prob > 0,
-               "dynamic_masked_lm_prob_end", "set with dynamic_masked_lm_prob (the share at the "
-               "phase's first step)")
-        try:
-            self.check_split()
-        except SettingError as e:
-            raise SettingError(e.setting, e.message, "--set {setting}: {message}") from None
-        defaults = PretrainDataConfig.__dataclass_fields__
-        changed = [f for f in MASKING_FIELDS if getattr(self, f) != defaults[f].default]
-        if changed and not self.dynamic_masking:
-            raise SettingError(changed[0], "acts only with data.dynamic_masking=true (without "
-                               "it the shards' masks are used: set it in make_shards instead)",
-                               "--set {setting}: {message}")
-
-
-@dataclass(frozen=True)
-class CadenceConfig:
-    """How often the run logs, evaluates and saves, and what it keeps."""
-    log_every: int = 10
-    """Optimizer steps between metric lines (console, TensorBoard, metrics.jsonl)."""
-    eval_every: int = 500
-    """Optimizer steps between validation runs (0 = only at the end of each phase)."""
-    eval_batches: int = 20
-    """Micro-batches per rank per validation run."""
-    checkpoint_every: int = 1000
-    """Optimizer steps between checkpoints (0 = only at the end of each phase)."""
-    keep_checkpoints: int = 3
-    """Checkpoints kept (the oldest are deleted after a new one is complete)."""
-    export_hf: bool = True
-    """Export a consolidated fp32 Hugging Face folder to <output_dir>/hf at the end."""
-    probe_every: int = 0
-    """Global optimizer steps (counted across phases) between probe exports: a checkpoint, then
-    the consolidated fp32 Hugging Face folder of that step in <output_dir>/probes/step-NNNNNNN/hf
-    (training/probes.py), which the flow's probes fine-tune while training goes on (0 = off)."""
-    report_to: tuple[str, ...] = ("tensorboard",)
-    """Experiment trackers that get the metrics, the config and loss_curve.png on rank 0:
-    tensorboard, mlflow, wandb (comma-separated), or none (training/trackers.py)."""
-
-    def __post_init__(self):
-        _check(self.log_every > 0, "log_every", "positive")
-        for flag in ("eval_every", "eval_batches", "checkpoint_every", "probe_every"):
-            _check(getattr(self, flag) >= 0, flag, ">= 0")
-        _check(self.keep_checkpoints >= 1, "keep_checkpoints", ">= 1")
-        self._check_report_to()
-
-    def _check_report_to(self) -> None:
-        from training.trackers import check_names
-        # a config file's or config.json's list, given as it is read (`from_dict`)
-        object.__setattr__(self, "report_to", tuple(self.report_to))
-        check_names(self.report_to)
-
-
-@dataclass(frozen=True)
 class PretrainConfig:
     """A whole pre-training run: its sections, phases, output folder and seed."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -428,9 +178,9 @@ class PretrainConfig:
     """Seed of the model init, dropout, data order and re-masking."""
 
     def __post_init__(self):
-        _check(len(self.phases) > 0, "phases", "at least one phase")
+        ensure(len(self.phases) > 0, "phases", "at least one phase")
         names = [p.name for p in self.phases]
-        _check(len(set(names)) == len(names), "phases", f"uniquely named, got {names}")
+        ensure(len(set(names)) == len(names), "phases", f"uniquely named, got {names}")
         from training import objectives
         objectives.get(self.objective.name).check(self)
         optimizer, zero, precision = self.optimizer.name, self.engine.zero_stage, \
@@ -582,74 +332,6 @@ def large() -> PretrainConfig:
 
 
 PRESETS = {"tiny": tiny, "base": base, "large": large}
-
-
-# ---------------------------------------------------------------- flat names
-
-SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "optimizer": OptimizerConfig,
-            "engine": EngineConfig, "data": PretrainDataConfig, "cadence": CadenceConfig}
-"""The sections of `PretrainConfig` by their setting name."""
-NEVER_FLAT = ("preset", "name", "probe_every", "report_to", "arch", "max_position_embeddings",
-              "schedule", "decay_shape", "dynamic_masked_lm_prob_end")
-"""Section fields the flat layout did not have under their own name (`model`, `objective` and
-`optimizer` named the preset, objective and optimizer) or at all (the encoder's arch and
-longest row, the schedule)."""
-RENAMED_FIELDS = {"data.masked_lm_prob": "data.dynamic_masked_lm_prob"}
-"""A section's field renamed: old dotted name -> new (make_shards' `masked_lm_prob` is another
-setting, with another default). `bert-pretrain` and the flow (`pretrain.<old>`) refuse the old
-name naming the new one; `load_saved` reads a saved config's value under the new name."""
-_OLD_NAMES = {new: old for old, new in RENAMED_FIELDS.items()}
-
-RENAMED_SETTINGS = {
-    **{_OLD_NAMES.get(f"{section}.{f.name}", f".{f.name}").partition(".")[2]:
-       f"{section}.{f.name}" for section, cls in SECTIONS.items()
-       for f in dataclasses.fields(cls) if f.name not in NEVER_FLAT},
-    "model": "model.preset", "objective": "objective.name", "optimizer": "optimizer.name"}
-"""Flat setting -> its name in the sections (`zero_stage` -> `engine.zero_stage`, `model` ->
-`model.preset`, `masked_lm_prob` -> `data.dynamic_masked_lm_prob`). `bert-pretrain` and the
-flow (`pretrain.<old>`) refuse the flat name naming the new one; `load_saved` moves a flat
-saved config's values there."""
-
-
-def _is_flat(key: str, value: Any) -> bool:
-    """Whether `key: value` is a setting of the flat layout: `model`, `objective` and
-    `optimizer` are sections too, so set to a mapping they are the sections, set to a value
-    the flat layout's settings."""
-    return key in RENAMED_SETTINGS and not (key in SECTIONS and isinstance(value, Mapping))
-
-
-def renamed_error(overrides: Mapping[str, Any]) -> str | None:
-    """The one-line error for the first flat setting (`RENAMED_SETTINGS`) in `overrides` (a
-    nested mapping of a PretrainConfig's settings), else None."""
-    for key, value in overrides.items():
-        if _is_flat(key, value):
-            return f"setting {key} was renamed: it is now {RENAMED_SETTINGS[key]}"
-    for old, new in RENAMED_FIELDS.items():
-        section, _, name = old.partition(".")
-        if isinstance(overrides.get(section), Mapping) and name in overrides[section]:
-            return f"setting {old} was renamed: it is now {new}"
-    return None
-
-
-def migrate_flat(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A saved config in the flat layout (each section's fields at the top level: the
-    `config.json` of runs saved in that layout) in the sections' layout; one in the
-    sections' layout unchanged but for a renamed field's value (`RENAMED_FIELDS`), read under
-    its new name."""
-    moved: dict[str, Any] = {}
-    for key, value in data.items():
-        if _is_flat(key, value):
-            section, _, name = RENAMED_SETTINGS[key].partition(".")
-            moved = settings.merge(moved, {section: {name: value}})
-        else:
-            moved = settings.merge(moved, {key: value})
-    for old, new in RENAMED_FIELDS.items():
-        (section, _, name), (_, _, new_name) = old.partition("."), new.partition(".")
-        if isinstance(moved.get(section), Mapping) and name in moved[section]:
-            fields = dict(moved[section])
-            fields[new_name] = fields.pop(name)
-            moved[section] = fields
-    return moved
 
 
 # ---------------------------------------------------------------- overrides

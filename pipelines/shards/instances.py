@@ -18,6 +18,12 @@ random-next decision and the "put back" of unused segments cannot drift apart.
 
 Label convention: `next_sentence_label = 1` means B is a *random* segment, 0 means B actually
 follows A (as in the reference and Hugging Face's `next_sentence_label`); -1 = MLM-only.
+
+Kept whole: the one implementation of the spec's algorithm. Both modes share its data types and
+the document walk, and each step of the scalable mode (truncation, masking, the random B) is a
+step of the reference re-seeded per instance and vectorised: in one file a reader checks each
+against the step it must agree with, as tests/pipelines/shards/test_reference_parity.py and
+test_scalable_instances.py check their outputs.
 """
 from __future__ import annotations
 

@@ -255,3 +255,42 @@ def test_no_package_imports_a_library_its_row_rules_out():
                 if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in in_functions
                 and "apache_beam" in ast.unparse(node)]
         assert beam == [], f"{module} imports Beam at module level (lines {beam})"
+
+
+# ---------------------------------------------------------------- file length
+
+LONG_FILE = 600
+"""Lines past which a product file states why it is one file: a paragraph of its module
+docstring starting "Kept whole:" (the one readable model file, as nanoGPT's model.py, or an
+algorithm best read in one place); under it, a file simply does one thing."""
+
+
+def kept_whole_reason(source: str) -> str | None:
+    """The text after "Kept whole:" in the paragraph of the module docstring that starts with
+    it, or None when no paragraph does (or it gives no reason)."""
+    docstring = ast.get_docstring(ast.parse(source)) or ""
+    for paragraph in re.split(r"\n\s*\n", docstring):
+        if paragraph.startswith("Kept whole:"):
+            return paragraph.removeprefix("Kept whole:").strip() or None
+    return None
+
+
+def test_every_long_product_file_states_why_it_is_kept_whole():
+    """A product module over LONG_FILE lines either splits into modules that each do one thing
+    or says in its docstring why it does not ("Kept whole: ...")."""
+    unexplained = []
+    for path in sorted(MODULES.values()):
+        source = path.read_text(encoding="utf-8")
+        lines = len(source.splitlines())
+        if lines > LONG_FILE and kept_whole_reason(source) is None:
+            unexplained.append(f"{path.relative_to(REPO)} ({lines} lines)")
+    assert not unexplained, (f"product files over {LONG_FILE} lines without a \"Kept whole:\" "
+                             "paragraph in their module docstring:\n  " + "\n  ".join(unexplained))
+
+
+def test_the_reason_is_a_docstring_paragraph_of_its_own():
+    reason = '"""A model.\n\nKept whole: the one model file.\n"""\nx = 1\n'
+    assert kept_whole_reason(reason) == "the one model file."
+    assert kept_whole_reason('"""A model. Kept whole: mid-paragraph."""\n') is None
+    assert kept_whole_reason('"""A model.\n\nKept whole:\n"""\n') is None
+    assert kept_whole_reason('# Kept whole: a comment, not the docstring\nx = 1\n') is None

@@ -22,9 +22,9 @@ from model.modernbert import (
     modernbert_base,
     modernbert_large,
     modernbert_tiny,
-    token_runs,
 )
 from model.modernbert_hf import config_from_hf, hf_config, state_from_hf, state_to_hf
+from model.real_tokens import token_runs
 
 VOCAB = 512
 PAD = 0

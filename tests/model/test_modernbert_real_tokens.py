@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from model import modernbert
+from model import real_tokens
 from model.attention import batch_layout, instance_ids
 from model.bert import bert_tiny
 from model.cpu_ops import stock_ops
@@ -52,7 +52,7 @@ def test_real_tokens_give_the_whole_rows_states(encoder, batch, chunks, monkeypa
     """Every layer's states at the real tokens, and a sparse last layer's queries; local
     layers under an n x n mask, or in chunks (rows past 2 windows here)."""
     if chunks:
-        monkeypatch.setattr(modernbert, "CHUNKED_WINDOWS", 2)
+        monkeypatch.setattr(real_tokens, "CHUNKED_WINDOWS", 2)
     inputs = batch()
     ids = instance_ids(inputs.get("attention_mask"), inputs.get("sequence_ids"),
                        inputs["input_ids"])
@@ -83,7 +83,7 @@ def test_the_loaders_plan_and_one_made_here_give_the_same_states(encoder):
 def test_full_rows_are_one_bucket_and_local_layers_attend_in_chunks(encoder, monkeypatch):
     """Rows of 40 tokens, 5 windows of 8 (chunks past 2 windows here): the local layers' chunks
     give the masked rows' states, and so does a sparse last layer (local) from every token's."""
-    monkeypatch.setattr(modernbert, "CHUNKED_WINDOWS", 2)
+    monkeypatch.setattr(real_tokens, "CHUNKED_WINDOWS", 2)
     ids = torch.randint(1, VOCAB, (2, 40), generator=torch.Generator().manual_seed(4))
     for given in (None, instance_ids(torch.ones_like(ids), None, ids)):
         tokens = encoder.real_tokens(given, None, ids.shape, ids.device)

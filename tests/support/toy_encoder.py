@@ -44,7 +44,7 @@ class ToyConfig:
     num_hidden_layers: int = 2
     """Number L of blocks."""
     num_attention_heads: int = 1
-    """The toy has no attention; the training config's shape fields (training/config.py
+    """The toy has no attention; the training config's shape fields (training/config_sections.py
     SHAPE_FIELDS) are every encoder's, and it divides hidden_size."""
     intermediate_size: int = 32
     """Width I of each block's feed-forward."""
