@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--vocab_size", str(args.vocab_size)]
         job_runs = []
         for _ in range(args.repeat):
-            _, seconds, cpu = timed(train_vocab.run, job_argv)
+            _, seconds, cpu = timed(train_vocab.main, job_argv)
             job_runs.append((read_vocab(tmp), seconds, cpu))
         rows["ours: Beam job (DirectRunner), end to end"] = job_runs
 

@@ -1,7 +1,8 @@
 """The library calls behind each flow task, kept free of Prefect so they test on their own.
 
 Each stage function resolves its content-addressed output folder (flows/stages.py) and calls
-one job with its typed config: a Beam job's `run(config, ..., beam_args)`, or the
+one job with its typed config: a Beam job's `run(config, beam_args)` (its settings and paths
+in one config, `pipelines.jobs.with_paths`), or the
 DeepSpeed training entry point (as a subprocess, flows/launch.py, so the `deepspeed`/`torchrun`
 launchers and multi-node runs work the same way). The fine-tuning runs are flows/finetune_runs.py,
 the report flows/report.py.
@@ -32,6 +33,7 @@ def describe(cfg: DagConfig) -> str:
 
 def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
     from pipelines import extract_wikipedia as job
+    from pipelines import jobs
 
     pattern = cfg.data.path_of("wikipedia")
     if not pattern:
@@ -40,7 +42,8 @@ def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
     key = {**extract_stage_config(pattern, inputs_fingerprint(pattern), job.OUTPUT_VERSION),
            **dataclasses.asdict(config)}
     return run_stage(cfg.output, "wikipedia", key, lambda out: job.run(
-        config, pattern, out, cfg.data.beam_args))
+        jobs.with_paths(job.ExtractWikipediaConfig, config, input=pattern, output=out),
+        cfg.data.beam_args))
 
 
 def extract_books(cfg: DagConfig) -> StageResult | None:
@@ -151,23 +154,27 @@ def decontaminate(cfg: DagConfig, corpus: StageResult, audit: StageResult) -> St
 
 
 def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:
+    from pipelines import jobs
     from pipelines import train_vocab as job
 
     key = dataclasses.asdict(cfg.vocab)
     if key["kind"] == "wordpiece":  # absent for WordPiece: its folders keep their keys
         del key["kind"]
     return run_stage(cfg.output, "vocab", key, lambda out: job.run(
-        cfg.vocab, corpus.path, out, cfg.data.beam_args, progress=False), upstream=(corpus,))
+        jobs.with_paths(job.TrainVocabConfig, cfg.vocab, input=corpus.path, output=out,
+                        progress=False), cfg.data.beam_args), upstream=(corpus,))
 
 
 def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: int) -> StageResult:
     """Phase `phase`'s shards (`shards.phase<N>`); casing follows the vocabulary folder."""
+    from pipelines import jobs
     from pipelines import make_shards as job
 
     config = getattr(cfg.shards, f"phase{phase}")
     return run_stage(cfg.output, f"shards{config.max_seq_length}", dataclasses.asdict(config),
-                     lambda out: job.run(config, corpus.path, vocab.path, out,
-                                         cfg.data.beam_args), upstream=(corpus, vocab))
+                     lambda out: job.run(jobs.with_paths(
+                         job.MakeShardsConfig, config, input=corpus.path, vocab=vocab.path,
+                         output=out), cfg.data.beam_args), upstream=(corpus, vocab))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -168,12 +168,13 @@ def output_path(output: str, name: str) -> str:
     return storage.join(output, *name.split("/"))
 
 
-def run(config: AuditConfig, beam_args: Sequence[str] = (),
+def run(config: AuditConfig, beam_args: Sequence[str] = (), *,
         eval_splits: Sequence[EvalSplit] = ()) -> dict:
     """Audit `config.input`'s passages against the evaluation sets into `config.output`;
     returns the manifest (a summary on a dry run). `eval_splits`: evaluation splits read by
     the caller (the flow's task-file tasks, which `config.tasks` cannot name), audited beside
-    those of `config.tasks`."""
+    those of `config.tasks`; texts, not settings, so they stay out of the config (the
+    manifest hashes what they hold)."""
     from pipelines.contamination import eval_sets
 
     jobs.configure_logging()

@@ -74,6 +74,17 @@ class WikipediaConfig:
               f"must be >= 1, got {self.row_group_docs}")
 
 
+@dataclass(frozen=True, kw_only=True)
+class ExtractWikipediaConfig(WikipediaConfig):
+    """One extract_wikipedia run: the settings (`WikipediaConfig`, the flow's section) and
+    where it reads and writes. The manifest records the settings and the dump files read."""
+    input: str
+    """MediaWiki dump(s): a file, glob or folder (local or gs://...); several separated by
+    commas."""
+    output: str
+    """The documents folder."""
+
+
 def tiny() -> WikipediaConfig:
     """Tiny splits, so the sample dump exercises the per-stream/per-range split logic."""
     return WikipediaConfig(split_bytes=0, row_group_docs=4)
@@ -260,21 +271,24 @@ def _indexed_splits(inputs: list[tuple[str, int]],
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    """The command line: flags -> `WikipediaConfig` -> `run`."""
+    """The command line: flags -> `ExtractWikipediaConfig` -> `run`."""
     args, beam_args = build_parser().parse_known_args(argv)
-    return run(jobs.config_from_args(args, WikipediaConfig()), args.input, args.output, beam_args)
+    base = ExtractWikipediaConfig(input=args.input, output=args.output)
+    return run(jobs.config_from_args(args, base), beam_args)
 
 
-def run(config: WikipediaConfig, input: str, output: str, beam_args: Sequence[str] = ()) -> dict:
-    """Extract the dumps at `input` (a file, glob or folder) into `output`; returns the manifest
-    written to `<output>/manifest.json`."""
+def run(config: ExtractWikipediaConfig, beam_args: Sequence[str] = ()) -> dict:
+    """Extract the dumps at `config.input` (a file, glob or folder) into `config.output`;
+    returns the manifest written to `<output>/manifest.json`."""
     configure_logging()
     options = jobs.beam_pipeline_options(beam_args)
+    input, output = config.input, config.output
     dumps = select_dumps(input)
     files = [f.path for f in dumps]
     inputs = [(f.path, f.size_bytes) for f in dumps]  # sizes from the listing: no stat per file
     # The output folder is where, not what: it stays out of the config (and its hash).
-    resolved = {"input": files, **dataclasses.asdict(config)}
+    settings = jobs.settings_of(config, WikipediaConfig)
+    resolved = {"input": files, **dataclasses.asdict(settings)}
     LOG.debug("%s config: %s -> %s", STAGE, json.dumps(resolved, sort_keys=True), output)
 
     dry_run = jobs.is_dry_run(options)
@@ -284,7 +298,7 @@ def run(config: WikipediaConfig, input: str, output: str, beam_args: Sequence[st
         # write.
         parquet_io.clear_previous_output(output, PREFIX)
 
-    splits = _indexed_splits(inputs, config)
+    splits = _indexed_splits(inputs, settings)
     LOG.info("%d input files -> %d splits", len(files), len(splits))
     output_dir, num_splits = output, len(splits)
 
@@ -294,7 +308,7 @@ def run(config: WikipediaConfig, input: str, output: str, beam_args: Sequence[st
             pipeline
             | "Splits" >> beam.Create(splits)
             | "Spread" >> beam.Reshuffle()
-            | "Extract" >> beam.ParDo(ExtractDoFn(output_dir, num_splits, config))
+            | "Extract" >> beam.ParDo(ExtractDoFn(output_dir, num_splits, settings))
             | "Collect" >> beam.combiners.ToList()
             | "Finalise" >> beam.Map(_finalise, output_dir, resolved, inputs)
         )

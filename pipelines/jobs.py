@@ -1,7 +1,12 @@
 """What every Beam job shares: `--input`/`--output` flags, Beam options, dead letters, logging.
 
-A job module defines `run(config, ...inputs, output, beam_args) -> dict` (returns its manifest)
-and a thin `main(argv)`: its flags come from its config dataclass (`config_parser`). Flags the
+A job module defines `run(config, beam_args) -> dict` (returns its manifest): `config` is the
+job's typed config, its settings and where it reads and writes (`input`, `output`, make_shards'
+`vocab`), and `beam_args` the Beam pipeline options. The command line (`main(argv)`, thin) and
+the flow (flows/steps.py) both call it. A job whose settings are a flow section of their own
+(`WikipediaConfig`, `VocabConfig`, `ShardsConfig`) extends them with those paths
+(`with_paths`), and its manifest records the settings alone (`settings_of`), so where the
+output goes never changes its hash. Its flags come from the settings (`config_parser`). Flags the
 job's parser does not know are handed to Beam's `PipelineOptions`, so the standard options
 (`--runner`, `--direct_num_workers`, `--project`, `--region`, `--temp_location`, `--setup_file`,
 `--sdk_container_image`, ...) work on every job. `--help` (`job_help`) shows the job's
@@ -104,6 +109,24 @@ def config_from_args(args: argparse.Namespace, base):
     config = settings.apply(base, given, label=f"{args.config}: config key") if given else base
     config = settings.apply(config, settings.parse_assignments(args.set), label="--set")
     return settings.config_from_flags(config, args)
+
+
+def with_paths(job_class: type, settings, **paths):
+    """A job config of `job_class` (a subclass of `settings`' class that adds the job's paths)
+    with the fields of `settings` and the `paths` given (`input=..., output=...`)."""
+    import dataclasses
+
+    return job_class(**{f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)},
+                     **paths)
+
+
+def settings_of(config, settings_class: type):
+    """The `settings_class` part of a job config that extends it with paths: what the job's
+    manifest records and hashes (where the output goes is no part of what it is)."""
+    import dataclasses
+
+    return settings_class(**{f.name: getattr(config, f.name)
+                             for f in dataclasses.fields(settings_class)})
 
 
 def beam_pipeline_options(beam_args: Sequence[str]):

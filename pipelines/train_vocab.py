@@ -22,6 +22,7 @@ import logging
 import time
 import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -42,6 +43,19 @@ WORD_COUNTS_NAME = "word_counts.tsv"
 WRITTEN = (r"vocab\.txt|merges\.txt|tokenizer(_config)?\.json|special_tokens_map\.json"
            r"|word_counts\.tsv|manifest\.json|dead_letter/dead_letter-00000-of-00001\.jsonl")
 """The files this job writes, as paths below its output (`jobs.remove_stale_temporaries`)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainVocabConfig(VocabConfig):
+    """One train_vocab run: the settings (`VocabConfig`, the flow's `vocab` section) and where
+    it reads and writes. The manifest records the settings alone."""
+    input: str
+    """The texts: corpus or documents Parquet, or text files; a file, glob or folder (local or
+    gs://...), several separated by commas."""
+    output: str
+    """The vocabulary folder."""
+    progress: bool = True
+    """Progress bars from the trainer (the flow turns them off)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -252,18 +266,19 @@ def withdraw_merges(output: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    """The command line: flags -> `VocabConfig` -> `run`."""
+    """The command line: flags -> `TrainVocabConfig` -> `run`."""
     args, beam_args = build_parser().parse_known_args(argv)
-    return run(jobs.config_from_args(args, VocabConfig()), args.input, args.output, beam_args,
-               progress=not args.no_progress)
+    base = TrainVocabConfig(input=args.input, output=args.output, progress=not args.no_progress)
+    return run(jobs.config_from_args(args, base), beam_args)
 
 
-def run(config: VocabConfig, input: str, output: str, beam_args: Sequence[str] = (),
-        progress: bool = True) -> dict:
-    """Train the vocabulary of the texts at `input` (a file, glob or folder) into `output`;
-    returns the manifest written to `<output>/manifest.json`."""
+def run(config: TrainVocabConfig, beam_args: Sequence[str] = ()) -> dict:
+    """Train the vocabulary of the texts at `config.input` (a file, glob or folder) into
+    `config.output`; returns the manifest written to `<output>/manifest.json`."""
     jobs.configure_logging()
     options = jobs.beam_pipeline_options(beam_args)
+    input, output, progress = config.input, config.output, config.progress
+    config = jobs.settings_of(config, VocabConfig)  # what the manifest records and hashes
     inputs = drop_text_renderings(storage.expand_inputs(input))
     logger.info("train_vocab: %d input file(s) -> %s", len(inputs), output)
     logger.debug("train_vocab config: %s", config.resolved())

@@ -1,7 +1,8 @@
-"""make_shards' one config, `ShardsConfig`: the instances' options (`InstanceConfig`, with the
+"""make_shards' config, `ShardsConfig`: the instances' options (`InstanceConfig`, with the
 masking options of `common.masking.MaskingConfig`) and how they become files
 (`ShardJobConfig`), and its presets per phase. The job's flags and the flow's
-`shards.phase1.*` / `shards.phase2.*` settings are its fields."""
+`shards.phase1.*` / `shards.phase2.*` settings are its fields; `MakeShardsConfig` adds the
+paths of one run (what `make_shards.run` takes)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -83,6 +84,19 @@ class ShardsConfig(ShardJobConfig, InstanceConfig):
     def __post_init__(self):
         InstanceConfig.__post_init__(self)
         ShardJobConfig.__post_init__(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MakeShardsConfig(ShardsConfig):
+    """One make_shards run: the settings (`ShardsConfig`, the flow's `shards.phaseN`) and where
+    it reads and writes. The manifest records the settings by part and the input files."""
+    input: str
+    """The corpus: Parquet or reference-format text; a file, glob or folder (local or gs://...),
+    several separated by commas."""
+    vocab: str
+    """The vocabulary folder or vocab.txt."""
+    output: str
+    """The shard folder."""
 
 
 def tiny(phase: int) -> ShardsConfig:

@@ -1,6 +1,6 @@
 """What the Beam jobs share: `waves.run_to_shards` (extract -> shards + dead letters),
 `jobs.manifest_head` / `jobs.publish_manifest`, `parquet_io.check_rows_written`, the output
-settings `waves.ShardedOutput` and `build_corpus.CorpusOutput`, and `build_corpus.KeepFirstFn`."""
+settings `waves.ShardedOutput` and `build_corpus.CorpusOutput`, and `corpus.build.KeepFirstFn`."""
 from __future__ import annotations
 
 import json
@@ -15,6 +15,7 @@ from apache_beam import pvalue
 from common.errors import BadRecord
 from common.settings import SettingError
 from pipelines import build_corpus, jobs, parquet_io, waves
+from pipelines.corpus import build as corpus_build
 from pipelines.corpus.documents import DOCUMENT_SCHEMA
 
 
@@ -107,7 +108,7 @@ def test_output_settings_refuse_negative_values(make, message):
     assert e.value.message == message
 
 
-class FirstOfKeyFn(build_corpus.KeepFirstFn):
+class FirstOfKeyFn(corpus_build.KeepFirstFn):
     COUNTERS = ("duplicates_removed",)
 
     def set_aside(self, key: str, other: dict, kept: dict) -> pvalue.TaggedOutput:
@@ -119,7 +120,7 @@ def test_keep_first_fn_keeps_the_smallest_and_sets_the_others_aside():
     assert [(o.tag, o.value) for o in out[:-1]] == [("others", "k: b for a"),
                                                       ("others", "k: c for a")]
     assert out[-1]["doc_id"] == "a"
-    conflicts = list(build_corpus.UniqueIdFn().process(
+    conflicts = list(corpus_build.UniqueIdFn().process(
         ("x", [_doc("x", "two.parquet", ("B",)), _doc("x", "one.parquet", ("A",))])))
     assert json.loads(conflicts[0].value) == {
         "file": "two.parquet", "record": "x",

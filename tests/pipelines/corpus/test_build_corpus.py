@@ -13,6 +13,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from common import errors, storage
 from pipelines import build_corpus, extract_books, extract_wikipedia, parquet_io
+from pipelines.corpus import build as corpus_build
 from pipelines.corpus.documents import CORPUS_SCHEMA, DOCUMENT_SCHEMA
 from pipelines.corpus.sentences import split_passages
 
@@ -41,13 +42,13 @@ def read_corpus(folder: Path) -> list[dict]:
 def test_normalisation_ignores_case_width_and_whitespace():
     a = doc("books/a", ["The  ﬁrst\tline.", "Ｓecond   LINE."])
     b = doc("books/b", ["the first line. second line."])
-    assert build_corpus.normalized_text(a["passages"]) == "the first line. second line."
-    assert build_corpus.dedupe_key(a) == build_corpus.dedupe_key(b)
-    assert build_corpus.dedupe_key(a) != build_corpus.dedupe_key(doc("books/c", ["the first line."]))
+    assert corpus_build.normalized_text(a["passages"]) == "the first line. second line."
+    assert corpus_build.dedupe_key(a) == corpus_build.dedupe_key(b)
+    assert corpus_build.dedupe_key(a) != corpus_build.dedupe_key(doc("books/c", ["the first line."]))
 
 
 def test_keep_first_is_the_smallest_doc_id():
-    kept, removed = build_corpus.keep_first([doc("wiki/9", ["x"]), doc("books/z", ["x"]),
+    kept, removed = corpus_build.keep_first([doc("wiki/9", ["x"]), doc("books/z", ["x"]),
                                              doc("books/a", ["x"], "b.txt")])
     assert kept["doc_id"] == "books/a"
     assert [r["doc_id"] for r in removed] == ["books/z", "wiki/9"]
@@ -60,7 +61,7 @@ def test_keep_first_is_the_same_whatever_the_order_of_ties():
     b = doc("books/a", ["Version two."], title="A")
     c = doc("books/a", ["Version one."], title="B")
     for records in ([a, b, c], [c, b, a], [b, c, a]):
-        kept, removed = build_corpus.keep_first(records)
+        kept, removed = corpus_build.keep_first(records)
         assert kept == a and removed == [b, c]
 
 
