@@ -42,10 +42,11 @@ checked when the file is read: a problem is one line naming the file and the ent
 (`finetune.user.spec`); the data files are checked before any training, and a bad row is one
 line naming its file and line, or set aside with --skip_bad_rows.
 
-The registry (finetune/tasks.py) lists this package's `TASKS`, `FAMILY` and `DATA_FOLDERS`,
-which are those of the task file last given to `use_task_file` (none until then; the flow
-and `bert-finetune` give theirs before looking tasks up). A task's data folder, on which a
-re-run's reuse of finished runs is keyed with the entry itself, is its train file's folder.
+The task registry (finetune/tasks.py) reads this package as any family's: `FAMILY`, `TASKS` and
+`DATA_FOLDERS`. They are `REGISTRY`'s, a `UserTaskRegistry` holding the task file last given
+to `use_task_file` (none until then; the flow and `bert-finetune` give theirs before looking
+tasks up). A task's data folder, on which a re-run's reuse of finished runs is keyed with the
+entry itself, is its train file's folder.
 """
 from __future__ import annotations
 
@@ -54,21 +55,44 @@ import os
 from finetune.user.family import UserFamily
 from finetune.user.spec import TaskFileError, UserTask, load_task_file
 
-FAMILY = UserFamily()
-TASKS: tuple[str, ...] = ()
-DATA_FOLDERS: dict[str, str] = {}
+
+class UserTaskRegistry:
+    """The tasks of one task file, replaced as a whole by `use`: the family serving them, their
+    names and their data folders always come from the same file."""
+
+    def __init__(self) -> None:
+        self.family = UserFamily()
+
+    def use(self, path: str | None) -> tuple[UserTask, ...]:
+        """Read the task file at `path` (None: no user tasks); a task named as a built-in one
+        is an error naming the entry."""
+        tasks = load_task_file(path) if path else ()
+        _check_names(tasks)
+        # a new family, not this one changed: a run holding the old one keeps its tasks
+        self.family = UserFamily(tasks)
+        return tasks
+
+    @property
+    def task_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.family.tasks)
+
+    @property
+    def data_folders(self) -> dict[str, str]:
+        return {t.name: os.path.dirname(t.train) for t in self.family.tasks}
 
 
-def use_task_file(path: str | None) -> tuple[UserTask, ...]:
-    """Read the task file at `path` into the registry (None: no user tasks); a task named as
-    a built-in one is an error naming the entry."""
-    global FAMILY, TASKS, DATA_FOLDERS
-    tasks = load_task_file(path) if path else ()
-    _check_names(tasks)
-    FAMILY = UserFamily(tasks)
-    TASKS = tuple(t.name for t in tasks)
-    DATA_FOLDERS = {t.name: os.path.dirname(t.train) for t in tasks}
-    return tasks
+REGISTRY = UserTaskRegistry()
+use_task_file = REGISTRY.use
+
+_FAMILY_EXPORTS = {"FAMILY": "family", "TASKS": "task_names", "DATA_FOLDERS": "data_folders"}
+
+
+def __getattr__(name: str):
+    """`FAMILY`, `TASKS`, `DATA_FOLDERS`: `REGISTRY`'s, read when asked (PEP 562), so the task
+    registry reads this package as it reads a built-in family's."""
+    if name in _FAMILY_EXPORTS:
+        return getattr(REGISTRY, _FAMILY_EXPORTS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check_names(tasks: tuple[UserTask, ...]) -> None:
@@ -86,4 +110,5 @@ def _check_names(tasks: tuple[UserTask, ...]) -> None:
                                 f"{taken[_key(task.name)]}; give it another name")
 
 
-__all__ = ["DATA_FOLDERS", "FAMILY", "TASKS", "TaskFileError", "use_task_file"]
+__all__ = ["DATA_FOLDERS", "FAMILY", "REGISTRY", "TASKS", "TaskFileError", "UserTaskRegistry",
+           "use_task_file"]

@@ -246,6 +246,22 @@ def test_a_tag_outside_the_tag_set_names_the_line_and_the_entry(tmp_path):
     assert FAMILY.tasks == ()  # the module's FAMILY is replaced, never changed in place
 
 
+def test_the_package_exports_its_registry_s_task_file_and_registries_are_apart(tmp_path):
+    """`finetune.user`'s FAMILY, TASKS and DATA_FOLDERS are `REGISTRY`'s; another registry
+    reading a task file leaves them as they are."""
+    from finetune import user
+
+    _pairs_files(tmp_path, "csv", bad_label="no")
+    path = _task_file(tmp_path, PAIRS.format(fmt="csv"))
+    other = user.UserTaskRegistry()
+    other.use(path)
+    assert (other.task_names, other.data_folders) == (("pairs",), {"pairs": str(tmp_path)})
+    assert (user.TASKS, user.DATA_FOLDERS, user.FAMILY.tasks) == ((), {}, ())
+    use_task_file(path)
+    assert (user.TASKS, user.DATA_FOLDERS) == (("pairs",), {"pairs": str(tmp_path)})
+    assert user.FAMILY is user.REGISTRY.family and user.FAMILY.tasks == other.family.tasks
+
+
 def test_extractive_qa_from_any_path_writes_the_squad_files(shared_data, minilm_dir, tmp_path):
     """SQuAD v2.0 files under names the built-in tasks do not read, scored as v2.0."""
     squad = shared_data / "squad"
