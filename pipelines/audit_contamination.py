@@ -289,19 +289,16 @@ def finish(config: AuditConfig, splits: list, index: eval_index.EvalIndex,
     extra = {"handed_splits": storage.config_hash([
         (s.task, s.split, [(key.example_id, texts) for key, texts in s.examples])
         for s in splits if s.task in handed])} if handed else {}
-    manifest = {
-        **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(
+    manifest = jobs.stage_manifest(
+        NAMESPACE, config, parquet_io.content_hash(
             {**dataclasses.asdict(config), "inputs": sorted(folders.values()),
-             "eval_files": sorted(eval_files.values()), **extra})),
-        **({"handed_tasks": handed} if handed else {}),
-        "counts": counts,
-        "report": report["tasks"],
-        "input_config_hashes": folders,
-        "eval_files": eval_files,
-        "outputs": parquet_io.outputs_entry(config.output, [
+             "eval_files": sorted(eval_files.values()), **extra}),
+        counts=counts, inputs=None,
+        outputs=parquet_io.output_records(config.output, [
             output_path(config.output, INDEX_FILE), *written.values(), dead_letters,
             report_path]),
-    }
+        **({"handed_tasks": handed} if handed else {}), report=report["tasks"],
+        input_config_hashes=folders, eval_files=eval_files)
     return jobs.publish_manifest(log, NAMESPACE, manifest, counts, dead_letters)
 
 

@@ -427,18 +427,14 @@ def finish(config: BuildCorpusConfig, files: list[str], folders: dict[str, str],
                                                     counts["near_duplicates_removed"] > 0))
     parquet_io.check_documents_written(config.output, config.input, shards, counts,
                                        dead_letters)
-    manifest = {
-        **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(
-            {**dataclasses.asdict(config), "inputs": sorted(folders.values())})),
-        "num_shards": num_shards,
-        "waves": num_waves,
-        "counts": counts,
-        "ledger": ledger or {},
-        "inputs": [{"path": f, "bytes": sizes[f]} for f in files],
-        "input_config_hashes": folders,
-        "outputs": parquet_io.outputs_entry(config.output,
-                                            [*shards, dead_letters, duplicates, *dropped]),
-    }
+    manifest = jobs.stage_manifest(
+        NAMESPACE, config, parquet_io.content_hash(
+            {**dataclasses.asdict(config), "inputs": sorted(folders.values())}),
+        counts=counts, inputs=[{"path": f, "bytes": sizes[f]} for f in files],
+        outputs=parquet_io.output_records(config.output,
+                                          [*shards, dead_letters, duplicates, *dropped]),
+        num_shards=num_shards, waves=num_waves, ledger=ledger or {},
+        input_config_hashes=folders)
     return jobs.publish_manifest(log, NAMESPACE, manifest, counts, dead_letters)
 
 

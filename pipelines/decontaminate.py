@@ -180,16 +180,13 @@ def finish(config: DecontaminateConfig, folders: dict[str, str], audit_hash: str
     dead_letters = parquet_io.finish_dead_letters(config.output, counts["bad_records"] > 0)
     parquet_io.check_documents_written(config.output, config.input, shards, counts,
                                        dead_letters)
-    manifest = {
-        **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(
+    manifest = jobs.stage_manifest(
+        NAMESPACE, config, parquet_io.content_hash(
             {**dataclasses.asdict(config), "inputs": sorted(folders.values()),
-             "audit": audit_hash})),
-        "num_shards": num_shards,
-        "counts": counts,
-        "input_config_hashes": folders,
-        "audit_config_hash": audit_hash,
-        "outputs": parquet_io.outputs_entry(config.output, [*shards, dead_letters]),
-    }
+             "audit": audit_hash}),
+        counts=counts, inputs=None,
+        outputs=parquet_io.output_records(config.output, [*shards, dead_letters]),
+        num_shards=num_shards, input_config_hashes=folders, audit_config_hash=audit_hash)
     return jobs.publish_manifest(log, NAMESPACE, manifest, counts, dead_letters)
 
 

@@ -204,14 +204,11 @@ def finish(config: ExtractBooksConfig, files: list[str], excluded: list[str],
     if counts["documents"] == 0:
         raise jobs.nothing_produced(f"documents ({len(files)} file(s) read)", config.input,
                                     counts["bad_records"], dead_letters)
-    manifest = {
-        **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(config), OUTPUT_VERSION),
-        "num_shards": num_shards,
-        "counts": counts,
-        "inputs": [{"path": f, "bytes": sizes[f]} for f in files],
-        "excluded_inputs": excluded,
-        "outputs": parquet_io.outputs_entry(config.output, [*shards, dead_letters]),
-    }
+    manifest = jobs.stage_manifest(
+        NAMESPACE, config, parquet_io.content_hash(config), OUTPUT_VERSION, counts=counts,
+        inputs=[{"path": f, "bytes": sizes[f]} for f in files],
+        outputs=parquet_io.output_records(config.output, [*shards, dead_letters]),
+        num_shards=num_shards, excluded_inputs=excluded)
     return jobs.publish_manifest(log, NAMESPACE, manifest, counts, dead_letters)
 
 

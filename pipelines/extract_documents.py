@@ -244,16 +244,13 @@ def finish(config: ExtractDocumentsConfig, selected: dict[str, SourceFiles], num
         if sources[source.name]["documents"] == 0:
             raise nothing_from(source, sources[source.name], selected[source.name],
                                dead_letters)
-    manifest = {
-        **jobs.manifest_head(NAMESPACE, config, parquet_io.content_hash(config), OUTPUT_VERSION),
-        "num_shards": num_shards,
-        "counts": totals,
-        "sources": sources,
-        "inputs": [{"path": f.path, "bytes": f.size_bytes}
-                   for s in config.sources for f in selected[s.name].files],
-        "skipped_inputs": [p for s in config.sources for p in selected[s.name].skipped],
-        "outputs": parquet_io.outputs_entry(config.output, [*shards, dead_letters]),
-    }
+    manifest = jobs.stage_manifest(
+        NAMESPACE, config, parquet_io.content_hash(config), OUTPUT_VERSION, counts=totals,
+        inputs=[{"path": f.path, "bytes": f.size_bytes}
+                for s in config.sources for f in selected[s.name].files],
+        outputs=parquet_io.output_records(config.output, [*shards, dead_letters]),
+        num_shards=num_shards, sources=sources,
+        skipped_inputs=[p for s in config.sources for p in selected[s.name].skipped])
     summary = {name: {k: v for k, v in entry.items() if k != "path"}
                for name, entry in sources.items()}
     return jobs.publish_manifest(log, NAMESPACE, manifest, summary, dead_letters)

@@ -32,6 +32,7 @@ from apache_beam.metrics import Metrics
 
 from common import storage
 from common.errors import DEAD_LETTER_DIR, BadRecord
+from common.manifest import Manifest, ShardRecord
 from common.settings import check
 from pipelines import jobs, parquet_io
 from pipelines.corpus.documents import DOCUMENT_SCHEMA, Document
@@ -181,21 +182,17 @@ def _log_progress(index: int, num_splits: int, counts: collections.Counter, star
 
 
 def summarise(results: Sequence[SplitResult], resolved_config: dict,
-              inputs: Sequence[tuple[str, int]]) -> dict:
+              inputs: Sequence[tuple[str, int]]) -> Manifest:
     """The manifest: resolved config and its hash, totals, inputs, outputs."""
     results = sorted(results, key=lambda r: r.index)
     counts = {name: sum(r.counts.get(name, 0) for r in results) for name in COUNT_NAMES}
-    return {
-        "stage": STAGE,
-        "output_version": OUTPUT_VERSION,
-        "config": resolved_config,
-        "config_hash": storage.config_hash(resolved_config),
-        "counts": counts,
-        "inputs": [{"path": path, "size_bytes": size} for path, size in inputs],
-        "outputs": [{"path": r.output, "sha256": r.sha256, "size_bytes": r.size_bytes,
-                     "num_documents": r.num_documents} for r in results],
-        "dead_letter": f"{DEAD_LETTER_DIR}/{parquet_io.DEAD_LETTER_FILE}",
-    }
+    return Manifest(
+        stage=STAGE, output_version=OUTPUT_VERSION, config=resolved_config,
+        config_hash=storage.config_hash(resolved_config), counts=counts,
+        inputs=[{"path": path, "size_bytes": size} for path, size in inputs],
+        outputs=tuple(ShardRecord(r.output, r.sha256, r.size_bytes,
+                                  num_documents=r.num_documents) for r in results),
+        sections={"dead_letter": f"{DEAD_LETTER_DIR}/{parquet_io.DEAD_LETTER_FILE}"})
 
 
 def dead_letter_lines(results: Sequence[SplitResult]) -> str:
@@ -225,9 +222,9 @@ def _finalise(results: list[SplitResult], output_dir: str, resolved_config: dict
     # Dead letters in split order, then file order: already deterministic, so not re-sorted.
     storage.atomic_write_text(parquet_io.dead_letter_path(output_dir), dead_letter_lines(results))
     manifest = summarise(results, resolved_config, inputs)
-    if manifest["counts"]["articles_kept"] == 0:
+    if manifest.counts["articles_kept"] == 0:
         return  # nothing to mark complete: run() fails with the counts
-    storage.write_manifest(output_dir, manifest)  # last: marks the output complete
+    manifest.write(output_dir)  # last: marks the output complete
 
 
 def build_parser() -> argparse.ArgumentParser:

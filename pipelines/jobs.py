@@ -16,8 +16,9 @@ command line first checks what Dataflow needs (`pipelines.dataflow.dataflow_pref
 GCP extra, `--project`, `--region`, a gs:// `--temp_location`, Google credentials unless
 `--no_auth`) and ends in one line naming what is missing, exit 2, before Beam starts.
 
-Every job's manifest starts with `manifest_head` (job, output version, config and its hash)
-and is written by `publish_manifest`, last, as it marks the output complete.
+Every job's manifest is a `common.manifest.Manifest` (`stage_manifest`: job, output version,
+config and its hash, counts, inputs, outputs with their sha256, and the job's own sections),
+written by `publish_manifest`, last, as it marks the output complete.
 
 What a run leaves when it fails or is killed:
 - a full disk: the job ends with one line, `<job>: error: no space left on the device writing
@@ -42,6 +43,7 @@ from collections.abc import Callable, Sequence
 
 from common import storage
 from common.errors import USER_ERRORS, NoOutputError, debug_requested, is_user_error
+from common.manifest import Manifest
 from pipelines.dataflow import dataflow_preflight
 from pipelines.disk_full import DISK_FULL_LOG_FILTER, beam_disk_full
 
@@ -307,28 +309,27 @@ def warn_dead_letters(logger: logging.Logger, job: str, num_bad: int, dead_lette
         logger.warning("%s: %d bad record(s) set aside in %s", job, num_bad, dead_letter_path)
 
 
-def manifest_head(job: str, config, config_hash: str, output_version: int | None = None
-                  ) -> dict:
-    """The first entries of a job's manifest: the job, its output version (where it has one),
-    its resolved config and that config's hash (what a flow compares to reuse an output)."""
+def stage_manifest(job: str, config, config_hash: str, output_version: int | None = None, *,
+                   counts: dict, inputs: list | None, outputs: Sequence, **sections) -> Manifest:
+    """A job's manifest: the job, its output version (where it has one), its resolved config and
+    that config's hash (what a flow compares to reuse an output), its counts, the inputs it
+    read, the files it wrote (`ShardRecord`s) and its own `sections`."""
     import dataclasses
 
-    version = {} if output_version is None else {"output_version": output_version}
-    return {"stage": job, **version, "config": dataclasses.asdict(config),
-            "config_hash": config_hash}
+    return Manifest(stage=job, config_hash=config_hash, config=dataclasses.asdict(config),
+                    output_version=output_version, counts=counts, inputs=inputs,
+                    outputs=tuple(outputs), sections=sections)
 
 
-def publish_manifest(logger: logging.Logger, job: str, manifest: dict, summary,
+def publish_manifest(logger: logging.Logger, job: str, manifest: Manifest, summary,
                      dead_letters: str) -> dict:
-    """Write `manifest` into `manifest["config"]["output"]`, last, as it marks the output
-    complete; log the job's `summary` and warn of its dead letters. Returns the manifest as
-    later stages read it (tuples as lists)."""
-    output = manifest["config"]["output"]
-    storage.write_manifest(output, manifest)
-    manifest = storage.read_manifest(output)
+    """Write `manifest` into its config's `output`, last, as it marks the output complete; log
+    the job's `summary` and warn of its dead letters. Returns the manifest as later stages read
+    it (tuples as lists)."""
+    written = manifest.write(manifest.config["output"])
     logger.info("%s: %s", job, summary)
-    warn_dead_letters(logger, job, manifest["counts"]["bad_records"], dead_letters)
-    return manifest
+    warn_dead_letters(logger, job, manifest.counts["bad_records"], dead_letters)
+    return written
 
 
 def main(job: str, run: Callable[[list[str]], object], argv: Sequence[str] | None = None,

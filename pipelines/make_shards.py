@@ -219,18 +219,18 @@ def run(config: MakeShardsConfig, beam_args: Sequence[str] = ()) -> dict:
     manifest = build_manifest(infos, options, vocab, vocab_size, config, counters)
     dead_letters = storage.join(output, errors.DEAD_LETTER_DIR, "make_shards.jsonl")
     num_bad = counters.get("bad_records", 0)
-    if manifest["totals"]["num_instances"] == 0:
+    if manifest.sections["totals"]["num_instances"] == 0:
         raise jobs.nothing_produced(f"instances ({counters.get('documents', 0)} documents, "
                                     f"{counters.get('empty_documents', 0)} empty)", input,
                                     num_bad, dead_letters)
-    storage.write_manifest(output, manifest)
-    t = manifest["totals"]
+    written = manifest.write(output)
+    t = written["totals"]
     logger.info("make_shards: %d instances in %d rows, %d shards, %.1f s (%.0f instances/s); "
                 "random-next share %.3f, padding share %.3f", t["num_instances"], t["num_rows"],
                 len(infos), counters["seconds"], t["num_instances"] / max(counters["seconds"], 1e-9),
                 t["random_next_share"], t["padding_share"])
     jobs.warn_dead_letters(logger, "make_shards", num_bad, dead_letters)
-    return manifest
+    return written
 
 
 def _fields_of(part: type, config: ShardsConfig) -> dict:

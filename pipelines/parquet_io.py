@@ -20,6 +20,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from common import errors, storage
+from common.manifest import ShardRecord
 
 DEAD_LETTER_FILE = "dead_letter-00000-of-00001.jsonl"
 TARGET_SHARD_BYTES = 256 << 20  # input bytes per output shard when --num_shards=0 (auto)
@@ -178,11 +179,10 @@ def check_rows_written(output: str, shards: list[str], documents: int) -> None:
         raise RuntimeError(f"{output}: {rows} rows written but {documents} documents counted")
 
 
-def outputs_entry(output: str, paths: list[str]) -> list[dict]:
+def output_records(output: str, paths: list[str]) -> list[ShardRecord]:
     """The manifest's `outputs`: each path relative to the output folder, with its sha256."""
     base = str(output).rstrip("/") + "/"
-    return [{"path": p.removeprefix(base), "sha256": storage.sha256_file(p)}
-            for p in paths]
+    return [ShardRecord(p.removeprefix(base), storage.sha256_file(p)) for p in paths]
 
 
 def query_counters(result, namespace: str, names: Iterable[str]) -> dict[str, int]:

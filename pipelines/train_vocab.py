@@ -28,6 +28,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from common import errors, storage
+from common.manifest import Manifest
 from common.tokenization import MERGES_NAME, merges_sha256, save_tokenizer_folder
 from pipelines import jobs, parquet_io
 from pipelines.disk_full import disk_full_reported
@@ -228,22 +229,20 @@ def write_outputs(word_count_pairs: list[tuple[str, int]], bad_records: list[str
                           merges=getattr(result, "merges", None))
     vocab_sha256 = storage.sha256_file(storage.join(output, "vocab.txt"))
     merges = merges_sha256(output)  # a BPE vocabulary's other half (absent for WordPiece)
-    manifest = {
-        "stage": "train_vocab",
-        "config": config.resolved(),
+    manifest = Manifest(
+        stage="train_vocab", config=config.resolved(),
         # What decides the content: the config and the inputs (not where the output goes).
-        "config_hash": storage.config_hash({**config.resolved(), "input": input_arg}),
-        "inputs": inputs,
-        "vocab_size": len(result.tokens),
-        "vocab_sha256": vocab_sha256,
-        **({"merges_sha256": merges} if merges else {}),
-        "num_texts": num_texts,
-        "num_bad_records": len(bad_records),
-        "word_counts_sha256": storage.sha256_file(storage.join(output, WORD_COUNTS_NAME)),
-        "train_seconds": round(train_seconds, 3),
-        **result.stats,
-    }
-    storage.write_manifest(output, manifest)
+        config_hash=storage.config_hash({**config.resolved(), "input": input_arg}),
+        inputs=inputs, sections={
+            "vocab_size": len(result.tokens),
+            "vocab_sha256": vocab_sha256,
+            **({"merges_sha256": merges} if merges else {}),
+            "num_texts": num_texts,
+            "num_bad_records": len(bad_records),
+            "word_counts_sha256": storage.sha256_file(storage.join(output, WORD_COUNTS_NAME)),
+            "train_seconds": round(train_seconds, 3),
+            **result.stats})
+    manifest.write(output)
     logger.info("vocabulary of %d tokens (%d learned) written to %s; sha256 %s",
                 len(result.tokens), result.stats["num_learned_tokens"], output, vocab_sha256)
     return vocab_sha256

@@ -12,31 +12,33 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 
 from common import storage
+from common.manifest import Manifest, ShardRecord
 from pipelines.shards import shard_files
 
 
 def verify_folder(folder: str, progress: bool = True) -> tuple[list[str], shard_files.ShardStats]:
     """(problems, recounted totals) for a shard folder. Raises FileNotFoundError without manifest."""
-    manifest = storage.read_manifest(folder)
+    manifest = Manifest.read(folder)
     if manifest is None:
         raise FileNotFoundError(f"{folder}: no {storage.MANIFEST_NAME} (incomplete or not a "
                                 "shard folder)")
-    max_seq_length = manifest["max_seq_length"]
+    max_seq_length = manifest.sections["max_seq_length"]
     problems: list[str] = []
-    entries = manifest["shards"]
-    iterator = entries
+    records = manifest.shards or ()
+    iterator = records
     if progress:
         from common.logs import progress
-        iterator = progress(entries, desc="verify", unit="shard", file=sys.stderr)
-    for entry in iterator:
-        problems += shard_files.verify_shard(folder, entry, max_seq_length)
+        iterator = progress(records, desc="verify", unit="shard", file=sys.stderr)
+    for record in iterator:
+        problems += shard_files.verify_shard(folder, record, max_seq_length)
     if not storage.is_remote(folder):
-        problems += unexpected_files(folder, {e["file"] for e in entries})
-    totals = manifest_totals(entries)
+        problems += unexpected_files(folder, {r.path for r in records})
+    totals = manifest_totals(records)
     for name in ("num_rows", "num_instances", "num_tokens", "num_masked"):
-        want = manifest["totals"].get(name)
+        want = manifest.sections["totals"].get(name)
         if want is not None and getattr(totals, name) != want:
             problems.append(f"{storage.MANIFEST_NAME}: totals.{name} {want} != sum over shards "
                             f"{getattr(totals, name)}")
@@ -61,21 +63,22 @@ def unexpected_files(folder: str, listed: set[str]) -> list[str]:
     return sorted(problems)
 
 
-def manifest_totals(entries: list[dict]) -> shard_files.ShardStats:
+def manifest_totals(records: Sequence[ShardRecord]) -> shard_files.ShardStats:
     totals = shard_files.ShardStats()
-    for e in entries:
-        totals.add(shard_files.ShardStats(e["num_rows"], e["num_instances"], e["num_tokens"],
-                                     e["num_masked"]))
+    for r in records:
+        totals.add(shard_files.ShardStats(r.num_rows, r.num_instances, r.num_tokens,
+                                          r.num_masked))
     return totals
 
 
-def describe(manifest: dict) -> str:
-    t = manifest["totals"]
-    header = (f"shards: {len(manifest['shards'])}  format: {manifest.get('format', 'shards')}  "
-              f"max_seq_length: {manifest['max_seq_length']}  packed: {manifest['packed']}  "
-              f"nsp: {manifest['nsp']}  vocab_size: {manifest['vocab_size']}")
+def describe(manifest: Manifest) -> str:
+    m = manifest.sections
+    t = m["totals"]
+    header = (f"shards: {len(manifest.shards or ())}  format: {m.get('format', 'shards')}  "
+              f"max_seq_length: {m['max_seq_length']}  packed: {m['packed']}  "
+              f"nsp: {m['nsp']}  vocab_size: {m['vocab_size']}")
     lines = [header]
-    for split, s in manifest.get("splits", {}).items():
+    for split, s in m.get("splits", {}).items():
         lines.append(f"  {split}: {s['num_shards']} shards, {s['num_rows']} rows, "
                      f"{s['num_instances']} instances, rows per shard {s['min_rows_per_shard']}"
                      f"-{s['max_rows_per_shard']}")
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"FAILED: {e}")
         return 1
-    print(describe(storage.read_manifest(args.folder)))
+    print(describe(Manifest.read(args.folder)))
     if problems:
         print(f"FAILED: {len(problems)} problem(s)")
         for p in problems:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common import shard_format
+from common.manifest import ShardRecord
 from common.storage import MANIFEST_NAME, sha256_file
 
 log = logging.getLogger(__name__)
@@ -70,31 +71,32 @@ def read_shard_manifest(source: str) -> dict:
                                 "complete only when make_shards has written manifest.json") from e
 
 
-def _manifest_entries(manifest: dict, url: str) -> list[dict]:
+def _split_records(manifest: dict, url: str, split: str) -> list[ShardRecord]:
+    """The `split` shards a manifest lists (`{split}-*.tar`), each with its row count, by name."""
     shards = manifest.get("shards")
     if isinstance(shards, dict):  # {name: {num_rows: ...}}
         shards = [{"name": k, **v} for k, v in shards.items()]
     if not isinstance(shards, list):
         raise ValueError(f"{url}: manifest has no 'shards' list")  # noqa: TRY004 (a bad file)
-    entries = []
+    records = []
     for i, entry in enumerate(shards):
-        name = entry.get("name") or entry.get("file") or entry.get("path")
-        if not name or "num_rows" not in entry:
+        if not (entry.get("name") or entry.get("file") or entry.get("path")) \
+                or "num_rows" not in entry:
             raise ValueError(f"{url}: shard entry {i} lacks 'name' or 'num_rows': {entry}")
-        entries.append({**entry, "name": os.path.basename(str(name))})
-    return entries
+        records.append(ShardRecord.from_json(entry))
+    return sorted((r for r in records
+                   if r.name.startswith(f"{split}-") and r.name.endswith(".tar")),
+                  key=lambda r: r.name)
 
 
 def list_shards(source: str, split: str = "train") -> tuple[list[ShardInfo], dict]:
     """The `split` shards of a location with their row counts, and the manifest."""
     manifest = read_shard_manifest(source)
-    entries = [e for e in _manifest_entries(manifest, shard_location(source, MANIFEST_NAME))
-               if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
-    if not entries:
+    records = _split_records(manifest, shard_location(source, MANIFEST_NAME), split)
+    if not records:
         raise FileNotFoundError(f"{shard_location(source, MANIFEST_NAME)}: no {split}-*.tar shards listed")
-    shards = [ShardInfo(e["name"], shard_location(source, e["name"]), int(e["num_rows"]), i,
-                        int(e["bytes"]) if "bytes" in e else None, e.get("sha256") or None)
-              for i, e in enumerate(sorted(entries, key=lambda e: e["name"]))]
+    shards = [ShardInfo(r.name, shard_location(source, r.name), r.num_rows, i, r.num_bytes,
+                        r.sha256) for i, r in enumerate(records)]
     return shards, manifest
 
 
@@ -286,8 +288,6 @@ def shard_set_digest(manifest: dict, url: str, split: str = "train") -> str:
     """A hash of the `split` shards a manifest lists (names, row counts, sha256): the identity of
     a shard set wherever it is stored."""
     from common import storage
-    entries = [(e["name"], int(e["num_rows"]), e.get("sha256", ""))
-               for e in _manifest_entries(manifest, url)
-               if e["name"].startswith(f"{split}-") and e["name"].endswith(".tar")]
+    entries = [(r.name, r.num_rows, r.sha256 or "") for r in _split_records(manifest, url, split)]
     return storage.config_hash(sorted(entries))
 

@@ -3,6 +3,7 @@ options they were made with and the vocabulary they were tokenized with."""
 from __future__ import annotations
 
 from common import storage
+from common.manifest import Manifest
 from pipelines.shards import shard_files
 from pipelines.shards.config import ShardsConfig
 
@@ -21,7 +22,7 @@ def output_options(options: dict, config: ShardsConfig) -> dict:
 
 def build_manifest(infos: list[shard_files.ShardInfo], options: dict, vocab_path: str,
                    vocab_size: int, config: ShardsConfig,
-                   counters: dict) -> dict:
+                   counters: dict) -> Manifest:
     from common.tokenization import is_vocab_folder, merges_sha256
 
     infos = sorted(infos, key=lambda i: (shard_files.SPLITS.index(i.split), i.index))
@@ -44,10 +45,9 @@ def build_manifest(infos: list[shard_files.ShardInfo], options: dict, vocab_path
     vocab_file = (storage.join(vocab_path.rstrip("/"), "vocab.txt") if is_vocab_folder(vocab_path)
                   else vocab_path)
     merges = merges_sha256(vocab_path)  # a BPE vocabulary's other half (absent for WordPiece)
-    return {
-        "stage": "make_shards",
+    return Manifest(stage="make_shards", config_hash=storage.config_hash(
+        output_options(options, config)), shards=tuple(i.record() for i in infos), sections={
         "options": options,
-        "config_hash": storage.config_hash(output_options(options, config)),
         "vocab": {"path": vocab_file, "sha256": storage.sha256_file(vocab_file),
                   "vocab_size": vocab_size, **({"merges_sha256": merges} if merges else {})},
         "vocab_size": vocab_size,
@@ -58,7 +58,6 @@ def build_manifest(infos: list[shard_files.ShardInfo], options: dict, vocab_path
         "format": config.format,
         "mode": config.mode,
         "next_sentence_label": "1 = B is a random segment, 0 = B is the actual next, -1 = no NSP",
-        "shards": [i.manifest_entry() for i in infos],
         "splits": splits,
         "totals": {
             "num_rows": totals.num_rows, "num_instances": totals.num_instances,
@@ -71,4 +70,4 @@ def build_manifest(infos: list[shard_files.ShardInfo], options: dict, vocab_path
             "length_histogram": {"bin_edges": edges, "counts": totals.length_histogram},
         },
         "counters": counters,
-    }
+    })

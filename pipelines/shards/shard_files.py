@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from common import shard_format, storage
+from common.manifest import ShardRecord
 
 SPLITS = ("train", "validation")
 DEAD_LETTERS = "dead_letter/make_shards"
@@ -112,12 +113,11 @@ class ShardInfo:
     sha256: str
     stats: ShardStats
 
-    def manifest_entry(self) -> dict:
+    def record(self) -> ShardRecord:
+        """Its entry in the manifest's shard list."""
         s = self.stats
-        return {"file": self.file, "split": self.split, "index": self.index,
-                "num_rows": s.num_rows, "num_instances": s.num_instances,
-                "num_tokens": s.num_tokens, "num_masked": s.num_masked,
-                "sha256": self.sha256, "bytes": self.bytes}
+        return ShardRecord(self.file, self.sha256, self.bytes, self.split, self.index,
+                           s.num_rows, s.num_instances, s.num_tokens, s.num_masked)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -251,30 +251,26 @@ def read_jsonl_shard(path: str) -> Iterator[dict]:
                 raise ShardError(f"{path}: line {number} is not JSON ({e})") from e
 
 
-def verify_shard(folder: str, entry: dict, max_seq_length: int) -> list[str]:
-    """Problems with one shard against its manifest entry (empty list = good)."""
-    path = storage.join(folder, entry["file"])
+def verify_shard(folder: str, record: ShardRecord, max_seq_length: int) -> list[str]:
+    """Problems with one shard against its manifest record (empty list = good)."""
+    path = storage.join(folder, record.path)
     if not storage.exists(path):
-        return [f"{entry['file']}: missing"]
+        return [f"{record.path}: missing"]
     problems = []
-    digest, size = hashlib.sha256(), 0
-    with storage.open_read(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    if size != entry["bytes"]:
-        problems.append(f"{entry['file']}: {size} bytes, manifest says {entry['bytes']} "
+    size = storage.file_size(path)
+    if size != record.num_bytes:
+        problems.append(f"{record.path}: {size} bytes, manifest says {record.num_bytes} "
                         "(truncated or overwritten)")
-    if digest.hexdigest() != entry["sha256"]:
-        problems.append(f"{entry['file']}: sha256 mismatch (corrupt)")
+    if storage.sha256_file(path) != record.sha256:
+        problems.append(f"{record.path}: sha256 mismatch (corrupt)")
     try:
         stats = shard_stats(path, max_seq_length)
     except ShardError as e:
-        return problems + [f"{entry['file']}: not decodable: {e}"]
+        return problems + [f"{record.path}: not decodable: {e}"]
     for name in ("num_rows", "num_instances", "num_tokens", "num_masked"):
-        if name in entry and getattr(stats, name) != entry[name]:
-            problems.append(f"{entry['file']}: {name} {getattr(stats, name)} != manifest "
-                            f"{entry[name]}")
+        want = getattr(record, name)
+        if want is not None and getattr(stats, name) != want:
+            problems.append(f"{record.path}: {name} {getattr(stats, name)} != manifest {want}")
     return problems
 
 

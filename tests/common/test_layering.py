@@ -29,7 +29,7 @@ def imported_after(module: str) -> set[str]:
 
 def test_common_holds_the_shared_library():
     assert COMMON_MODULES == ["common.bin_packing", "common.errors", "common.extras",
-                              "common.logs", "common.masking",
+                              "common.logs", "common.manifest", "common.masking",
                               "common.optimizer", "common.settings", "common.shard_format",
                               "common.storage", "common.tokenization"]
 

@@ -1,5 +1,5 @@
 """What the Beam jobs share: `waves.run_to_shards` (extract -> shards + dead letters),
-`jobs.manifest_head` / `jobs.publish_manifest`, `parquet_io.check_rows_written`, the output
+`jobs.stage_manifest` / `jobs.publish_manifest`, `parquet_io.check_rows_written`, the output
 settings `waves.ShardedOutput` and `build_corpus.CorpusOutput`, and `corpus.build.KeepFirstFn`."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from apache_beam import pvalue
 
 from common.errors import BadRecord
+from common.manifest import Manifest, ShardRecord
 from common.settings import SettingError
 from pipelines import build_corpus, jobs, parquet_io, waves
 from pipelines.corpus import build as corpus_build
@@ -58,27 +59,35 @@ def test_run_to_shards_writes_documents_and_dead_letters(tmp_path, plan):
     assert not (tmp_path / "out" / waves.SCRATCH).exists()
 
 
-def test_manifest_head_names_the_job_version_config_and_hash():
+def test_stage_manifest_names_the_job_version_config_hash_and_files():
     @dataclass(frozen=True)
     class Config:
         input: str
         output: str
 
     config = Config("in", "out")
-    assert jobs.manifest_head("job", config, "abc", 3) == {
+    manifest = jobs.stage_manifest("job", config, "abc", 3, counts={"documents": 1},
+                                   inputs=[{"path": "in/a", "bytes": 4}],
+                                   outputs=[ShardRecord("a.parquet", "00" * 32)], num_shards=1)
+    assert manifest.to_json() == {
         "stage": "job", "output_version": 3, "config": {"input": "in", "output": "out"},
-        "config_hash": "abc"}
-    assert list(jobs.manifest_head("job", config, "abc")) == ["stage", "config", "config_hash"]
+        "config_hash": "abc", "counts": {"documents": 1},
+        "inputs": [{"path": "in/a", "bytes": 4}],
+        "outputs": [{"path": "a.parquet", "sha256": "00" * 32}], "num_shards": 1}
+    bare = jobs.stage_manifest("job", config, "abc", counts={}, inputs=None, outputs=[])
+    assert list(bare.to_json()) == ["stage", "config", "config_hash", "counts", "outputs"]
 
 
 def test_publish_manifest_writes_it_last_and_warns_of_dead_letters(tmp_path, caplog):
     output = str(tmp_path)
-    manifest = {"stage": "job", "config": {"output": output, "tasks": ("a", "b")},
-                "counts": {"bad_records": 2}}
+    manifest = Manifest(stage="job", config_hash="abc",
+                        config={"output": output, "tasks": ("a", "b")},
+                        counts={"bad_records": 2})
     with caplog.at_level(logging.INFO, logger="test_jobs"):
         read = jobs.publish_manifest(logging.getLogger("test_jobs"), "job", manifest,
                                      {"documents": 5}, "dead.jsonl")
-    assert read == {"stage": "job", "config": {"output": output, "tasks": ["a", "b"]},
+    assert read == {"stage": "job", "config_hash": "abc",
+                    "config": {"output": output, "tasks": ["a", "b"]},
                     "counts": {"bad_records": 2}}
     assert json.loads((tmp_path / "manifest.json").read_text()) == read
     assert [r.getMessage() for r in caplog.records] == [
