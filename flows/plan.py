@@ -3,12 +3,13 @@ the data stages' sizes: read from a stage's manifest where the run folder holds 
 these settings, else estimated from the sizes of the input files.
 
 No stage runs: no Prefect server, no Beam, no DeepSpeed, no rank. The stages are the folders
-the flow would use, found by their keys as the flow computes them (`steps.look_up_data_stages`):
-a built one is exactly what the run would reuse; inputs edited since, or other settings, mean
-a new folder and an estimate. Input bytes: local files, globs and folders as the jobs expand
-them; a remote (gs://) input is "unknown size" unless `--input_bytes` gives the corpus's text
-bytes. Text per input byte: `TEXT_PER_BZ2_BYTE` for a .bz2 Wikipedia dump, 1 otherwise (JSONL
-keys and XML markup count as text: an overestimate). Each source's text counts `weight` times.
+the flow would use, found by their keys as the flow computes them, from the flow's own list of
+stages (`dag.look_up_data_stages`, flows/dag.py): a built one is exactly what the run would
+reuse; inputs edited since, or other settings, mean a new folder and an estimate. Input
+bytes: local files, globs and folders as the jobs expand them; a remote (gs://) input is
+"unknown size" unless `--input_bytes` gives the corpus's text bytes. Text per input byte:
+`TEXT_PER_BZ2_BYTE` for a .bz2 Wikipedia dump, 1 otherwise (JSONL keys and XML markup count as
+text: an overestimate). Each source's text counts `weight` times.
 
 The flow writes `forecast.json` into its pre-training stage's folder when the stage starts,
 and the report sets it beside the run's own figures (flows/stage_forecast.py).
@@ -19,7 +20,7 @@ import argparse
 import dataclasses
 
 from common import storage
-from flows import steps
+from flows import dag, steps
 from flows.config import DagConfig
 from flows.stage_forecast import launch_gpus
 from training import forecast as fc
@@ -45,7 +46,7 @@ def input_text_bytes(cfg: DagConfig, given: float | None) -> tuple[float | None,
     return (given if given is not None else total), rows
 
 
-def corpus_stage(stages: steps.DataStages, vocab: tuple[int, str], text: float | None
+def corpus_stage(stages: dag.DataStages, vocab: tuple[int, str], text: float | None
                  ) -> tuple[float | None, list[dict]]:
     """The corpus's text bytes (built: its ledger's bytes out) and its rows: corpus, vocab."""
     corpus = stages.corpus
@@ -64,7 +65,7 @@ def corpus_stage(stages: steps.DataStages, vocab: tuple[int, str], text: float |
     return text, rows
 
 
-def phase_data(cfg: DagConfig, stages: steps.DataStages, text: float | None
+def phase_data(cfg: DagConfig, stages: dag.DataStages, text: float | None
                ) -> tuple[list[PhaseData | None], list[dict]]:
     """Each phase's shards (train split): built, or estimated from the corpus's text bytes."""
     data, rows = [], []
@@ -86,7 +87,7 @@ def phase_data(cfg: DagConfig, stages: steps.DataStages, text: float | None
     return data, rows
 
 
-def vocab_size(cfg: DagConfig, stages: steps.DataStages) -> tuple[int, str]:
+def vocab_size(cfg: DagConfig, stages: dag.DataStages) -> tuple[int, str]:
     """The vocabulary's size and where it is read: the built stage's manifest, else the
     checkpoint continued from (its vocabulary is kept), else the vocab.vocab_size setting (a
     BPE one padded to a multiple of 64 with unused tokens, as train_vocab writes it)."""
@@ -109,7 +110,7 @@ def vocab_size(cfg: DagConfig, stages: steps.DataStages) -> tuple[int, str]:
 
 def dag_plan(cfg: DagConfig, args: argparse.Namespace) -> int:
     """`bert-dag --plan`: print the forecast of `cfg` (see the module docstring)."""
-    stages = steps.look_up_data_stages(cfg)
+    stages = dag.look_up_data_stages(cfg)
     vocab = vocab_size(cfg, stages)
     text, input_rows = input_text_bytes(cfg, args.input_bytes)
     text, corpus_rows = corpus_stage(stages, vocab, text)
@@ -117,10 +118,8 @@ def dag_plan(cfg: DagConfig, args: argparse.Namespace) -> int:
     config = dataclasses.replace(cfg.pretrain, output_dir=cfg.output)
     # each decay costs what its steps cost at the last phase's batch and length; its data is
     # the last phase's shards, or (other sources) not estimated here
-    last = config.phases[-1]
     config = dataclasses.replace(config, phases=(*config.phases, *(dataclasses.replace(
-        last, name=f"decay {d.name}", steps=d.steps, warmup_steps=0, decay_steps=d.steps,
-        batch_warmup_rows=0, batch_warmup_tokens=0) for d in cfg.decays)))
+        steps.decay_phase(cfg, d), name=f"decay {d.name}") for d in cfg.decays)))
     data = [*data, *(None if d.sources else data[-1] for d in cfg.decays)]
     shape = fc.run_shape(config, vocab[0])
     return fc.run_plan(shape, data, args, launch_gpus(cfg),

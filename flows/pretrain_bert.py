@@ -11,74 +11,42 @@
       probes (submitted before pretrain: fine-tune slices of pretrain's exports as they
       appear, flows/probes.py) ----------------------------------------------> report
 
-Every stage writes to a content-addressed folder (flows/stages.py), so a re-run skips what is
-done and resumes at the stage that failed; pre-training resumes from its last checkpoint.
+The data stages, up to the shards, are flows/dag.py's `DATA_STAGES`, each a task here: the list
+`bert-dag --plan` looks up. Every stage writes to a content-addressed folder (flows/stages.py),
+so a re-run skips what is done and resumes at the stage that failed; pre-training resumes from
+its last checkpoint.
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
-from prefect import flow, get_run_logger, task, unmapped
+from prefect import Task, flow, get_run_logger, task, unmapped
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import wait
 
-from flows import decay_report, finetune_runs, probes, steps
+from flows import dag, decay_report, finetune_runs, probes, steps
 from flows import report as reporting
 from flows.config import DagConfig, check_inputs_exist, resolve
 from flows.stages import StageResult
-from pipelines.documents.source import SourceConfig
 
 # Stage outputs are content-addressed on disk; Prefect's own result caching stays off.
 IO_TASK = {"retries": 2, "retry_delay_seconds": 5, "cache_policy": NO_CACHE}
 COMPUTE_TASK = {"cache_policy": NO_CACHE}
 
 
-@task(name="extract-wikipedia", **IO_TASK)
-def extract_wikipedia(cfg: DagConfig) -> StageResult | None:
-    return steps.extract_wikipedia(cfg)
+@functools.cache
+def stage_task(stage: dag.Stage) -> Task:
+    """A data stage's task: its library call under its name (flows/dag.py `DATA_STAGES`)."""
+    return task(stage.run, name=stage.name, **(IO_TASK if stage.retries else COMPUTE_TASK))
 
 
-@task(name="extract-books", **IO_TASK)
-def extract_books(cfg: DagConfig) -> StageResult | None:
-    return steps.extract_books(cfg)
-
-
-@task(name="extract-documents", **IO_TASK)
-def extract_documents(cfg: DagConfig, source: SourceConfig) -> StageResult:
-    return steps.extract_documents(cfg, source)
-
-
-@task(name="build-corpus", **IO_TASK)
-def build_corpus(cfg: DagConfig, sources: list[StageResult]) -> StageResult:
-    return steps.build_corpus(cfg, sources)
-
-
-@task(name="audit-contamination", **IO_TASK)
-def audit_contamination(cfg: DagConfig, corpus: StageResult) -> StageResult:
-    return steps.audit_contamination(cfg, corpus)
-
-
-@task(name="decontaminate", **IO_TASK)
-def decontaminate(cfg: DagConfig, corpus: StageResult, audit: StageResult) -> StageResult:
-    return steps.decontaminate(cfg, corpus, audit)
-
-
-@task(name="train-vocab", **IO_TASK)
-def train_vocab(cfg: DagConfig, corpus: StageResult) -> StageResult:
-    return steps.train_vocab(cfg, corpus)
-
-
-@task(name="checkpoint-vocab", **COMPUTE_TASK)  # a wrong init_from fails once, not thrice
-def checkpoint_vocab(cfg: DagConfig) -> StageResult:
-    from flows.checkpoint_vocab import checkpoint_vocab as copy_vocab
-    return copy_vocab(cfg.output, cfg.pretrain.model.init_from)
-
-
-@task(name="make-shards", **IO_TASK)
-def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: int) -> StageResult:
-    return steps.make_shards(cfg, corpus, vocab, phase)
+def run_data_stages(cfg: DagConfig) -> dag.Made:
+    """The data stages of `DATA_STAGES`, each a task (`bert-dag --plan` looks up the same
+    list)."""
+    return dag.walk(cfg, dag.DATA_STAGES, lambda stage, args: stage_task(stage).submit(*args))
 
 
 @task(name="pretrain", **COMPUTE_TASK)
@@ -164,25 +132,10 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
     if not data_only:
         probes.check(cfg)
 
-    # Continued pre-training keeps the checkpoint's vocabulary (its embeddings are indexed by
-    # it), taken first: a wrong init_from fails before the data stages' hours.
-    own_vocab = checkpoint_vocab(cfg) if cfg.pretrain.model.init_from else None
-    wiki, books = extract_wikipedia.submit(cfg), extract_books.submit(cfg)
-    own = [extract_documents.submit(cfg, s) for s in cfg.data.all_sources() if s.generic]
-    sources = [s for s in (wiki.result(), books.result(), *(f.result() for f in own))
-               if s is not None]
-    corpus = build_corpus(cfg, sources)
-    audit = None
-    if cfg.data.audit and cfg.finetune.data and steps.audited_tasks(cfg):
-        audit = audit_contamination(cfg, corpus)
-        if cfg.data.decontaminate:
-            corpus = decontaminate(cfg, corpus, audit)
-    vocab = own_vocab or train_vocab(cfg, corpus)
-    shards = [make_shards.submit(cfg, corpus, vocab, phase) for phase in (1, 2)]
-    shards = [s.result() for s in shards]
+    made = run_data_stages(cfg)
+    data, vocab, shards = dag.stage_list(made), made["vocab"], made["shards"]
     if data_only:
-        return report(cfg, [*sources, corpus, *([audit] if audit else []), vocab, *shards],
-                      None, "report-data.md", report_dir, invocation)
+        return report(cfg, data, None, "report-data.md", report_dir, invocation)
     # the probes fine-tune the run's intermediate exports while it trains (flows/probes.py)
     run_dir = steps.pretrain_dir(cfg, vocab, shards)
     watcher = None
@@ -209,5 +162,5 @@ def pretrain_bert(preset: str = "tiny", overrides: dict[str, Any] | None = None,
         finetune = finetune_best(cfg, model, outcomes, out)
     if watcher is not None:
         watcher.wait()  # the report charts every probe; a failed watcher fails no stage
-    return report(cfg, [*sources, corpus, *([audit] if audit else []), vocab, *shards, run,
-                        model, *decayed], finetune, folder=report_dir, invocation=invocation)
+    return report(cfg, [*data, run, model, *decayed], finetune, folder=report_dir,
+                  invocation=invocation)

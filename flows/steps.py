@@ -19,7 +19,7 @@ from typing import Any
 from common import storage
 from flows.config import DagConfig, DecayConfig
 from flows.launch import run_subprocess
-from flows.stages import StageResult, is_looking_up, looking_up, run_stage, stage_dir
+from flows.stages import StageResult, is_looking_up, run_stage, stage_dir
 from pipelines.documents.source import SourceConfig
 from training import config as training
 from training.config import PretrainConfig
@@ -177,43 +177,6 @@ def make_shards(cfg: DagConfig, corpus: StageResult, vocab: StageResult, phase: 
                          output=out), cfg.data.beam_args), upstream=(corpus, vocab))
 
 
-@dataclasses.dataclass(frozen=True)
-class DataStages:
-    """The data stages a run of a config uses, in the flow's order (flows/pretrain_bert.py)."""
-    sources: list[StageResult]
-    corpus: StageResult
-    """The corpus the vocabulary and shards read: the decontaminated one where the flow makes it."""
-    vocab: StageResult
-    shards: list[StageResult]
-
-
-def look_up_data_stages(cfg: DagConfig) -> DataStages:
-    """The folders the flow's data stages would use, built or not (`cached`), found by their
-    keys (`stages.looking_up`): nothing runs; the inputs' names, sizes and times are read, and
-    the manifests. The chain is the flow's; tests/flows/test_plan.py holds the two together."""
-    from flows.checkpoint_vocab import checkpoint_vocab
-
-    with looking_up():
-        init_from = cfg.pretrain.model.init_from
-        own_vocab = None
-        if init_from and storage.is_remote(init_from):  # not downloaded to be hashed
-            own_vocab = StageResult("vocab", storage.join(cfg.output, "vocab-?"), "not read",
-                                    cached=False, seconds=0.0)
-        elif init_from:
-            own_vocab = checkpoint_vocab(cfg.output, init_from)
-        sources = [s for s in (extract_wikipedia(cfg), extract_books(cfg),
-                               *(extract_documents(cfg, s) for s in cfg.data.all_sources()
-                                 if s.generic)) if s is not None]
-        corpus = build_corpus(cfg, sources)
-        if cfg.data.audit and cfg.finetune.data and audited_tasks(cfg):
-            audit = audit_contamination(cfg, corpus)
-            if cfg.data.decontaminate:
-                corpus = decontaminate(cfg, corpus, audit)
-        vocab = own_vocab or train_vocab(cfg, corpus)
-        shards = [make_shards(cfg, corpus, vocab, phase) for phase in (1, 2)]
-    return DataStages(sources, corpus, vocab, shards)
-
-
 def inputs_fingerprint(pattern: str) -> str:
     """Names, sizes and mtimes of the input files: a changed input gives a new stage folder.
     A remote input is not listed while looking up (`bert-dag --plan` makes no cloud calls): its
@@ -321,15 +284,21 @@ def stable_checkpoint(cfg: DagConfig, run: StageResult, decay: DecayConfig) -> S
     return run_stage(cfg.output, "stable", {"tag": tag}, build, upstream=(run,))
 
 
+def decay_phase(cfg: DagConfig, decay: DecayConfig) -> training.PhaseConfig:
+    """The decay's one phase (its shards aside), as it trains and as `bert-dag --plan`
+    forecasts it: `decay.steps` at the stable run's last phase's peak and batch, the learning
+    rate falling to 0 over all of them (WSD, no warmup)."""
+    return dataclasses.replace(cfg.pretrain.phases[-1], name=decay.name, steps=decay.steps,
+                               warmup_steps=0, decay_steps=decay.steps, batch_warmup_rows=0,
+                               batch_warmup_tokens=0)
+
+
 def decay_config(cfg: DagConfig, decay: DecayConfig, start: StageResult, vocab: StageResult,
                  shards: StageResult, output_dir: str) -> PretrainConfig:
     """The decay's run: the stable run's settings from the exported checkpoint
     (`model.init_from`), one phase of `decay.steps` at the last phase's peak and batch, its
     learning rate falling to 0 over all of them (WSD, no warmup), no probes."""
-    last = cfg.pretrain.phases[-1]
-    phase = dataclasses.replace(last, name=decay.name, steps=decay.steps, warmup_steps=0,
-                                decay_steps=decay.steps, batch_warmup_rows=0,
-                                batch_warmup_tokens=0, train_shards=shards.path,
+    phase = dataclasses.replace(decay_phase(cfg, decay), train_shards=shards.path,
                                 validation_shards="")
     return dataclasses.replace(
         cfg.pretrain, output_dir=output_dir, phases=(phase,),

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import steps
+from flows import dag, steps
 from flows.config import resolve
 from flows.stage_forecast import forecast_vs_actual, write_stage_forecast
 from training import config as training
@@ -68,14 +68,14 @@ def test_the_stages_are_found_by_the_keys_the_flow_computes(built):
     """The plan reads exactly the folders a run would reuse: the flow's chain of stage keys,
     nothing built. With decontamination on, the vocabulary and shards read another corpus,
     so the built ones are not this run's (their manifests would tell the wrong sizes)."""
-    found = steps.look_up_data_stages(built["cfg"])
+    found = dag.look_up_data_stages(built["cfg"])
     assert (found.vocab.path, found.vocab.cached) == (built["vocab"].path, True)
     assert [(s.path, s.cached) for s in found.shards] == [(s.path, True) for s in built["shards"]]
     assert found.corpus.stage == "corpus" and found.corpus.cached
 
     cleaned = dataclasses.replace(built["cfg"], data=dataclasses.replace(
         built["cfg"].data, audit=True, decontaminate=True))
-    found = steps.look_up_data_stages(cleaned)
+    found = dag.look_up_data_stages(cleaned)
     assert (found.corpus.stage, found.corpus.cached) == ("corpus-clean", False)
     assert not found.vocab.cached and not any(s.cached for s in found.shards)
     assert {s.path for s in found.shards}.isdisjoint(s.path for s in built["shards"])
@@ -172,7 +172,7 @@ def test_a_bpe_vocabulary_is_planned_at_its_padded_size():
     from flows.plan import vocab_size
     from flows.stages import StageResult
 
-    unbuilt = steps.DataStages([], None, StageResult("vocab", "vocab-?", "", False, 0.0), [])
+    unbuilt = dag.DataStages([], None, StageResult("vocab", "vocab-?", "", False, 0.0), [])
     assert vocab_size(resolve("tiny", {"vocab": {"kind": "bpe"}}), unbuilt) == (
         4032, "the vocab.vocab_size setting, padded to a multiple of 64 (BPE)")
     assert vocab_size(resolve("tiny"), unbuilt) == (4000, "the vocab.vocab_size setting")
@@ -194,7 +194,7 @@ def test_a_plan_over_cloud_inputs_makes_no_cloud_call(output, tmp_path, monkeypa
     cfg = resolve("large", {"output": output, "finetune": {"data": ""}, "data": {
         "wikipedia": "gs://my-bucket/enwiki.xml.bz2", "books": "gs://my-bucket/books/"}},
                   data_only=True)  # a gs:// root holds the data stages alone
-    found = steps.look_up_data_stages(cfg)
+    found = dag.look_up_data_stages(cfg)
     assert not found.corpus.cached and not any(s.cached for s in found.shards)
     run = bert_dag("--preset", "large", "--plan", "--json", "--output", output,
                    "--set", "data.wikipedia=gs://my-bucket/enwiki.xml.bz2",
