@@ -57,7 +57,7 @@ import os
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from common import extras
 
@@ -276,23 +276,52 @@ def evaluate(engine, config: PretrainConfig, phase: PhaseConfig, dist: Dist,
 
 # ---------------------------------------------------------------- the run
 
-def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseConfig,
-                loader: ShardLoader, step: int, step_offset: int, metrics: MetricsLog,
-                dist: Dist, stop_at: int, validate: bool,
-                objective: Objective) -> tuple[str | None, int]:
-    """Steps `step`..`stop_at` (<= phase.steps) of one phase; returns the last checkpoint tag
-    and the step reached. Stopping early (`stop_at` < phase.steps) saves a checkpoint. A step's
-    checkpoint is written before its evaluation, so a failing evaluation loses no training."""
+@dataclass
+class PhaseRun:
+    """One phase as it trains: what it trains on, set when the phase starts, and where it
+    stands (`step`, `tag`), which `train_phase` advances."""
+
+    index: int
+    """The phase's place in `config.phases`."""
+    phase: PhaseConfig
+    objective: Objective
+    loader: ShardLoader
+    step_offset: int
+    """Steps of the phases before this one: `step_offset + step` is the run's global step."""
+    stop_at: int
+    """The step this call stops at (<= phase.steps; fewer under `stop_after_steps`)."""
+    validate: bool
+    """Whether the phase has held-out rows to evaluate on (`preflight`)."""
+    step: int = 0
+    """Optimizer steps of this phase done so far (a resumed phase starts at its checkpoint's)."""
+    tag: str | None = None
+    """The last checkpoint this phase wrote, None until it writes one."""
+
+    @property
+    def global_step(self) -> int:
+        return self.step_offset + self.step
+
+    def record(self, split: str, summary: dict) -> dict:
+        """The metrics.jsonl line of `summary` at the current step."""
+        return record(split, self.index, self.phase, self.step, self.step_offset, summary)
+
+
+def train_phase(engine, config: PretrainConfig, state: PhaseRun, metrics: MetricsLog,
+                dist: Dist) -> None:
+    """Steps `state.step`..`state.stop_at` of one phase, advancing `state.step` and `state.tag`.
+    Stopping early (`stop_at` < phase.steps) saves a checkpoint. A step's checkpoint is
+    written before its evaluation, so a failing evaluation loses no training."""
+    phase, objective, loader = state.phase, state.objective, state.loader
     keys, head = metric_keys(objective.metric_keys), objective.heads[0]
     batches = iter(loader)
-    tag = None
     window, started = 0, time.perf_counter()
-    bar = logs.progress(total=phase.steps, initial=step, desc=phase.name, disable=not dist.is_main,
-               dynamic_ncols=True)
+    bar = logs.progress(total=phase.steps, initial=state.step, desc=phase.name,
+                        disable=not dist.is_main, dynamic_ncols=True)
     rows = batch_warmup_rows(phase, dist)
-    while step < stop_at:
-        window = window + train_step(engine, batches, keys, rows[step] if rows else None)
-        step += 1
+    while state.step < state.stop_at:
+        window = window + train_step(engine, batches, keys, rows[state.step] if rows else None)
+        state.step += 1
+        step = state.step
         bar.update(1)
         if step % config.cadence.log_every == 0 or step == phase.steps:
             summary = summarize(all_reduce(window, keys), time.perf_counter() - started,
@@ -303,21 +332,20 @@ def train_phase(engine, config: PretrainConfig, phase_index: int, phase: PhaseCo
             if loader.config.mask_schedule is not None:  # the share step `step` trained at
                 summary["mask_rate"] = loader.config.mask_schedule.rate(step - 1)
             summary.update(data_epoch=loader.epoch, rows_cut=loader.rows_cut)
-            metrics.write(record("train", phase_index, phase, step, step_offset, summary))
+            metrics.write(state.record("train", summary))
             bar.set_postfix({"loss": f"{summary['loss']:.3f}",
                              f"{head}_acc": f"{summary[f'{head}_accuracy']:.3f}"})
             window, started = 0, time.perf_counter()
-        probe = is_probe_step(config.cadence.probe_every, step_offset + step)
+        probe = is_probe_step(config.cadence.probe_every, state.global_step)
         if ((config.cadence.checkpoint_every and step % config.cadence.checkpoint_every == 0)
-                or step in (phase.steps, stop_at) or probe):
-            tag = save_checkpoint(engine, config, phase_index, phase, step, loader, dist)
+                or step in (phase.steps, state.stop_at) or probe):
+            state.tag = save_checkpoint(engine, config, state.index, phase, step, loader, dist)
         if probe:
-            probe_export(config, tag, step_offset + step, dist)
-        if validate and is_evaluation_step(config, phase, step):
+            probe_export(config, state.tag, state.global_step, dist)
+        if state.validate and is_evaluation_step(config, phase, step):
             summary = evaluate(engine, config, phase, dist, objective)
-            metrics.write(record("validation", phase_index, phase, step, step_offset, summary))
+            metrics.write(state.record("validation", summary))
     bar.close()
-    return tag, step
 
 
 def run(config: PretrainConfig, stop_after_steps: int | None = None) -> dict:
@@ -430,20 +458,22 @@ def run_phase(config: PretrainConfig, index: int, phase: PhaseConfig, dist: Dist
     engine = build_engine(config, phase, model, dist, load_universal=universal)
     torch.manual_seed(config.seed + 1000 * (index + 1) + dist.rank)  # dropout differs per rank
     loader = ShardLoader(build_loader(config, phase, dist))
-    step = 0
+    start = 0
     if resume is not None:
-        step = load_checkpoint(engine, config, resume, loader, dist, universal)
+        start = load_checkpoint(engine, config, resume, loader, dist, universal)
+    state = PhaseRun(index, phase, objective, loader, step_offset,
+                     stop_at=phase.steps if budget is None else min(phase.steps, start + budget),
+                     validate=validate, step=start)
+    if resume is not None:
         # killed between the checkpoint and its probe export: write the export first
-        if is_probe_step(config.cadence.probe_every, step_offset + step):
-            probe_export(config, resume.tag, step_offset + step, dist)
+        if is_probe_step(config.cadence.probe_every, state.global_step):
+            probe_export(config, resume.tag, state.global_step, dist)
         if redo_validation:
-            summary = evaluate(engine, config, phase, dist, objective)
-            metrics.write(record("validation", index, phase, step, step_offset, summary))
-    stop_at = phase.steps if budget is None else min(phase.steps, step + budget)
-    tag, reached = train_phase(engine, config, index, phase, loader, step, step_offset, metrics,
-                               dist, stop_at, validate, objective)
+            metrics.write(state.record("validation",
+                                       evaluate(engine, config, phase, dist, objective)))
+    train_phase(engine, config, state, metrics, dist)
     engine.destroy()
-    return tag or (resume.tag if resume else previous_tag), reached - step
+    return state.tag or (resume.tag if resume else previous_tag), state.step - start
 
 
 def probe_export(config: PretrainConfig, tag: str, global_step: int, dist: Dist) -> None:
