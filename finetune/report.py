@@ -2,7 +2,9 @@
 each task's prediction files and GLUE's leaderboard zip.
 
 The table is generic over metric names (GLUE's accuracy/F1/MCC/correlations, SQuAD's exact/f1,
-multiple choice's accuracy, NER's f1); the GLUE score row averages the GLUE tasks present.
+multiple choice's accuracy, NER's f1); a family that sums its tasks up (`Summaries`,
+finetune/capabilities.py: GLUE's score over the GLUE tasks present) adds a row, a score in
+`results.json` and its leaderboard's zip.
 Everything is written as one set (`write_together`): every file to a temporary name first,
 then all renamed, `results.json` last, so a failure part-way (a full disk) leaves the folder as
 it was. A diverged run is a row of `runs.csv` with status `diverged` (and in `results.json`, its
@@ -33,10 +35,13 @@ import zipfile
 from common import storage
 from common.errors import DEAD_LETTER_DIR, DiskFullError
 from finetune import baselines
+from finetune.capabilities import FamilySummary, Summaries
 from finetune.family import PARTIAL_FILE
 from finetune.results import FinetuneResult, TaskResult, TestPredictions
 
-GLUE = "glue"
+SUMMARY_KEYS = ("glue_score",)
+"""The family summaries `results.json` holds whichever tasks ran (null without the family's
+tasks), as readers of many runs' results expect them (flows/sweep.py)."""
 
 TABLE_COLUMNS = ("task", "metric", "score", "score_std", "baseline", "best_lr", "seeds",
                  "train_examples", "dev_examples", "minutes")
@@ -51,16 +56,28 @@ def metric_text(result: TaskResult) -> str:
     return " / ".join(one(name) for name in result.metrics)
 
 
-def glue_score(result: FinetuneResult) -> float | None:
-    """The mean task score of the GLUE tasks run (None without any)."""
-    from finetune.glue.metrics import glue_score as mean_score
+def family_summaries(result: FinetuneResult) -> list[FamilySummary]:
+    """The summary of each family of the run's tasks that gives one (`Summaries`), in the
+    order the families' tasks first appear."""
+    from finetune.tasks import FAMILIES, family_module
 
-    scores = {t.task: t.score for t in result.tasks if t.family == GLUE}
-    return mean_score(scores) if scores else None
+    summaries = []
+    # a family outside the registry (one a caller drives the loop with) has none to ask for
+    for name in dict.fromkeys(t.family for t in result.tasks if t.family in FAMILIES):
+        family = family_module(name).FAMILY
+        if isinstance(family, Summaries):
+            summaries.append(family.summary([t for t in result.tasks if t.family == name]))
+    return summaries
+
+
+def summary_scores(result: FinetuneResult) -> dict[str, float | None]:
+    """{key: score} of every family summary, each of `SUMMARY_KEYS` (None where its family's
+    tasks did not run) first ({"glue_score": 0.81})."""
+    return dict.fromkeys(SUMMARY_KEYS) | {s.key: s.score for s in family_summaries(result)}
 
 
 def table_rows(result: FinetuneResult) -> list[dict[str, str]]:
-    """One row per task plus, with GLUE tasks, the GLUE score row; values are display
+    """One row per task plus one per family summary (the GLUE score); values are display
     strings."""
     rows = [{
         "task": r.task,
@@ -75,11 +92,9 @@ def table_rows(result: FinetuneResult) -> list[dict[str, str]]:
         + (" (partial)" if partial_note(r) else ""),
         "minutes": f"{r.seconds / 60:.1f}",
     } for r in result.tasks]
-    glue = glue_score(result)
-    if glue is not None:
-        rows.append({c: "" for c in TABLE_COLUMNS} | {
-            "task": "GLUE score", "score": f"{100 * glue:.2f}",
-            "minutes": f"{result.seconds / 60:.1f}"})
+    rows += [{c: "" for c in TABLE_COLUMNS} | {
+        "task": summary.label, "score": f"{100 * summary.score:.2f}",
+        "minutes": f"{result.seconds / 60:.1f}"} for summary in family_summaries(result)]
     return rows
 
 
@@ -173,9 +188,9 @@ def plot_png(result: FinetuneResult) -> bytes:
     bars.bar(names, [100 * t.score for t in result.tasks],
              yerr=[100 * t.score_std for t in result.tasks], capsize=4, color="tab:blue")
     bars.set_ylabel("dev score (points)")
-    glue = glue_score(result)
-    bars.set_title("chosen rate per task" if glue is None else
-                   f"chosen rate per task (GLUE score {100 * glue:.1f})")
+    summaries = "; ".join(f"{s.label} {100 * s.score:.1f}" for s in family_summaries(result))
+    bars.set_title(f"chosen rate per task ({summaries})" if summaries else
+                   "chosen rate per task")
     rates = sorted({r.learning_rate for t in result.tasks for r in t.runs}, reverse=True)
     for task in result.tasks:
         means = [100 * sum(s) / len(s) if s else float("nan") for s in
@@ -211,31 +226,34 @@ def submission_text(predictions: TestPredictions) -> str:
 def submission_files(result: FinetuneResult, output_dir: str,
                      files: dict[str, bytes]) -> dict[str, str]:
     """`<output>/submission/<file>` for every test set predicted, and `<output>/submission.zip`
-    of the GLUE tasks' files, added to `files` (path -> contents); returns
-    {"submission_dir": ..., "submission": the zip}.
+    of the files a family's leaderboard wants (`FamilySummary.leaderboard_files`: GLUE's),
+    added to `files` (path -> contents); returns {"submission_dir": ..., "submission": the zip}.
 
-    The zip holds the files of the GLUE tasks run; the GLUE server scores a submission only
-    when it has all of SUBMISSION_FILES (the missing ones are listed in results.json).
+    The GLUE server scores a submission only when it has all of its files (the missing ones
+    are listed in results.json).
     """
     predictions = [p for task in result.tasks for p in task.test_predictions]
     if not predictions:
         return {}
-    from finetune.glue.tasks import SUBMISSION_FILES
-
+    leaderboard = leaderboard_files(result)
     folder = os.path.join(output_dir, "submission")
     contents = {p.submission_file: submission_text(p) for p in predictions}
     files |= {os.path.join(folder, name): text.encode() for name, text in contents.items()}
     paths = {"submission_dir": folder}
-    glue_files = sorted((name for name in contents if name in SUBMISSION_FILES),
-                        key=SUBMISSION_FILES.index)
-    if glue_files:
+    zipped = sorted((name for name in contents if name in leaderboard), key=leaderboard.index)
+    if zipped:
         buffer = io.BytesIO()
         with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-            for name in glue_files:
+            for name in zipped:
                 archive.writestr(name, contents[name])
         paths["submission"] = os.path.join(output_dir, "submission.zip")
         files[paths["submission"]] = buffer.getvalue()
     return paths
+
+
+def leaderboard_files(result: FinetuneResult) -> list[str]:
+    """Every file the leaderboards of the run's families want, in their order."""
+    return [name for s in family_summaries(result) for name in s.leaderboard_files]
 
 
 def dead_letter_lines(tasks: list[TaskResult]) -> str:
@@ -313,7 +331,7 @@ def results_dict(result: FinetuneResult, dead_letters: dict[str, str] | None = N
                         if isinstance(v, float) and not math.isfinite(v)})
         tasks.append(entry)
     summary = {
-        "glue_score": glue_score(result), "model_dir": result.model_dir,
+        **summary_scores(result), "model_dir": result.model_dir,
         "config": dataclasses.asdict(result.config),
         "config_hash": storage.config_hash(result.config),
         "task_configs": {t: dataclasses.asdict(c) for t, c in result.configs.items()},
@@ -323,11 +341,10 @@ def results_dict(result: FinetuneResult, dead_letters: dict[str, str] | None = N
         "dead_letter": (next(iter(dead_letters.values())) if len(dead_letters) == 1
                         else dead_letters or None),
     }
-    if any(t.family == GLUE for t in result.tasks):
-        from finetune.glue.tasks import SUBMISSION_FILES
-
+    leaderboard = leaderboard_files(result)
+    if leaderboard:
         written = {p.submission_file for t in result.tasks for p in t.test_predictions}
-        summary["submission_missing"] = [f for f in SUBMISSION_FILES if f not in written]
+        summary["submission_missing"] = [f for f in leaderboard if f not in written]
     return summary
 
 

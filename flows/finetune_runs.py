@@ -209,7 +209,7 @@ def finetune_best(cfg: DagConfig, model: StageResult, outcomes: list[dict],
     if dead_letters:
         logger.warning("fine-tuning: %d malformed record(s) set aside (finetune.skip_bad_rows) "
                        "in %s", sum(t.bad_rows for t in tasks), ", ".join(dead_letters))
-    return {"table": report.markdown_table(result), "glue_score": report.glue_score(result),
+    return {"table": report.markdown_table(result), **report.summary_scores(result),
             "failed": failed, "files": files, "output": out}
 
 

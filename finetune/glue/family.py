@@ -20,13 +20,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from finetune.baselines import Baseline, constant_text
+from finetune.capabilities import FamilySummary
 from finetune.family import Prepared, Recipe, Scored
 from finetune.glue import data as glue_data
-from finetune.glue.metrics import compute_metrics, task_score
-from finetune.glue.tasks import SplitSpec, TaskSpec, get_task
+from finetune.glue.metrics import compute_metrics, glue_score, task_score
+from finetune.glue.tasks import SUBMISSION_FILES, SplitSpec, TaskSpec, get_task
 from finetune.options import FinetuneConfig, for_recipe
 from finetune.packing import SlotBatch, lay_out, pack_rows
-from finetune.results import TestPredictions
+from finetune.results import TaskResult, TestPredictions
 from model.bert import BertModel
 from model.encoders import tells_pairs_apart
 from model.heads import BertForSequenceClassification
@@ -157,7 +158,8 @@ def prepare_task(task: TaskSpec, data_dir: str, tokenizer, max_seq_length: int,
 @dataclass(frozen=True)
 class GlueFamily:
     """The nine GLUE tasks (finetune/glue/tasks.py); satisfies `finetune.family.Family`, with
-    the optional `SizedTasks`, `TestSets` and `ModelChecks` (finetune/capabilities.py)."""
+    the optional `SizedTasks`, `TestSets`, `ModelChecks` and `Summaries`
+    (finetune/capabilities.py)."""
 
     name: ClassVar[str] = "glue"
     pack_sequences: bool = True
@@ -241,6 +243,11 @@ class GlueFamily:
             labels = [spec.labels[v] for v in values]
         submission = next(s.submission_file for s in spec.test if s.name == split)
         return TestPredictions(split, submission, list(prepared.context.test[split].guids), labels)
+
+    def summary(self, tasks: Sequence[TaskResult]) -> FamilySummary:
+        """The GLUE score of the tasks run, and the leaderboard's files."""
+        score = glue_score({t.task: t.score for t in tasks})
+        return FamilySummary("glue_score", "GLUE score", score, SUBMISSION_FILES)
 
 
 def label_texts(spec: TaskSpec, values: np.ndarray) -> list[str]:

@@ -177,6 +177,34 @@ def test_small_tasks_run_every_seed_and_the_best_runs_files_are_written(tmp_path
     assert not list(tmp_path.rglob("*.tmp"))
 
 
+@dataclasses.dataclass(frozen=True)
+class SummedToy(ToyFamily):
+    """The toy with a `Summaries` summary: the mean score and a two-file leaderboard."""
+
+    def summary(self, tasks):
+        from finetune.capabilities import FamilySummary
+        return FamilySummary("toy_score", "toy score", sum(t.score for t in tasks) / len(tasks),
+                             ("small.tsv", "large.tsv"))
+
+
+def test_the_report_asks_each_family_for_its_summary(monkeypatch):
+    """A family's summary is a row of the table, a score in results.json beside the GLUE
+    score (null: no GLUE task ran) and its leaderboard's missing files."""
+    from finetune import report, tasks
+    from finetune.results import RunResult, summarise_task
+    from tests.support import toy_family
+
+    monkeypatch.setitem(tasks.FAMILIES, "toy", "tests.support.toy_family")
+    monkeypatch.setattr(toy_family, "FAMILY", SummedToy())
+    run = RunResult("small", 1e-3, 1, {"accuracy": 0.625}, 0.625, 3, 0.5, 1.0, 1.0)
+    small = summarise_task("small", [run], 10, {"dev": 8}, 0, 60.0, family="toy")
+    result = FinetuneResult((small,), "<toy>", FinetuneConfig(progress=False))
+    summary = report.results_dict(result)
+    assert (summary["glue_score"], summary["toy_score"]) == (None, 0.625)
+    assert summary["submission_missing"] == ["small.tsv", "large.tsv"]
+    assert "| toy score |  | 62.50 |" in report.markdown_table(result)
+
+
 def test_bf16_follows_the_device_unless_set():
     cfg = FinetuneConfig()
     assert loop.uses_bf16(cfg, torch.device("cuda")) and not loop.uses_bf16(cfg, torch.device("cpu"))
