@@ -56,6 +56,7 @@ _ARCHITECTURES = {
     "question_answering": "BertForQuestionAnswering",
     "multiple_choice": "BertForMultipleChoice",
     "token_classification": "BertForTokenClassification",
+    "next_token": "BertLMHeadModel",  # the left-to-right LM (its config says is_decoder)
     "encoder": "BertModel",
 }
 
@@ -63,8 +64,7 @@ _ARCHITECTURES = {
 def architecture(kind: str, model: nn.Module) -> str:
     """transformers' class name for our model of head `kind`."""
     if kind == "pretraining":
-        return ("BertLMHeadModel" if model.config.is_decoder else  # left-to-right LM
-                "BertForPreTraining" if model.nsp is not None else "BertForMaskedLM")
+        return "BertForPreTraining" if model.nsp is not None else "BertForMaskedLM"
     return _ARCHITECTURES[kind]
 
 

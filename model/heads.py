@@ -1,8 +1,9 @@
 """The task heads, on any encoder of the registry (model/encoders.py: BERT, ModernBERT):
-pre-training (masked LM + next sentence), sequence and token classification, question
-answering (span start/end) and multiple choice. Each head builds its encoder from the config it
-is given (`build_encoder`) and keeps it as `bert`; its `kind` and `options()` say what it is
-(`HEADS`: our checkpoints and the Hugging Face export read them).
+pre-training (masked LM + next sentence; the left-to-right LM of the paper's ablation), sequence
+and token classification, question answering (span start/end) and multiple choice. Each head
+builds its encoder from the config it is given (`build_encoder`) and keeps it as `bert`; its
+`kind` and `options()` say what it is (`HEADS`: our checkpoints and the Hugging Face export read
+them).
 
 Batch dictionary of pre-training (what the shard loader's collate returns; B rows, T tokens,
 M masked positions, K instances per row; every tensor int64 unless noted):
@@ -18,9 +19,9 @@ M masked positions, K instances per row; every tensor int64 unless noted):
 | `masked_lm_ids`       | (B, M)          | -100    | original token ids at those positions |
 | `next_sentence_label` | (B,) or (B, K)  | -100    | 1 = random B, 0 = actual next, -1 = MLM-only (no NSP loss) |
 
-`BertForPreTraining(**batch)` accepts exactly these keys (and optional `cls_positions` (B, K),
-else found from `sequence_ids`). The MLM head runs only at the (B, M) masked positions: gather
-first, then transform and project onto the vocabulary (the dense projection of every token is
+`BertForPreTraining(**batch)` and `BertForNextToken(**batch)` accept exactly these keys (and
+optional `cls_positions` (B, K), else found from `sequence_ids`). The MLM head runs only at the
+(B, M) masked positions: gather first, then transform and project onto the vocabulary (the dense projection of every token is
 wasted work: 85% of it is never scored). For the same reason the encoder's last layer computes
 attention output and feed-forward only for the masked positions and the `[CLS]`s. Losses are means over the labelled masked tokens and
 over the labelled instances, as in the reference `run_pretraining.py`.
@@ -43,7 +44,9 @@ IGNORE_INDEX = -100
 
 @dataclass
 class PreTrainingOutput:
-    """Outputs of `BertForPreTraining`; losses and counts are None without labels."""
+    """Outputs of `BertForPreTraining` and `BertForNextToken` (whose next-token scores are the
+    `mlm_` fields: one tied head, one set of metric names); losses and counts are None without
+    labels."""
 
     mlm_logits: Tensor
     """(B, M, V) scores at `masked_lm_positions` (padding positions included, ignore them); for
@@ -210,33 +213,38 @@ def padding_ids(attention_mask: Tensor | None) -> Tensor | None:
     return None if attention_mask is None else attention_mask.long() - 1
 
 
+def tied_lm_head(config: Any, bert: nn.Module) -> tuple[MaskedLMHead, tuple[nn.Module, ...]]:
+    """The MLM head on `bert`, its decoder tied to the word embeddings, and the layers of it
+    still to initialise (`init_head_layer`, after the caller's other new layers are built:
+    the order draws the same numbers as transformers' peer)."""
+    mlm = MaskedLMHead(config, bert.word_embeddings)
+    if (transform := bert.mlm_transform) is not None:
+        # the encoder's prediction head is the transform (ModernBERT): one module, trained
+        # by the MLM loss and kept with the encoder, as transformers' one `head`
+        mlm.dense, mlm.norm = transform.dense, transform.norm
+        return mlm, ()
+    return mlm, (mlm.dense, mlm.norm)
+
+
 class BertForPreTraining(nn.Module):
     """BERT with the masked-LM head and, unless `next_sentence=False` (MLM-only), the NSP head.
-
-    With `config.is_decoder` it is the paper's left-to-right baseline ("LTR & No NSP", section
-    5.1, Table 5): the same encoder under causal attention, the same decoder tied to the word
-    embeddings scoring token t + 1 at every position t, no NSP head.
-    """
+    The left-to-right baseline is `BertForNextToken`."""
 
     kind: ClassVar[str] = "pretraining"
 
     def __init__(self, config: Any, next_sentence: bool = True):
-        if config.is_decoder and next_sentence:
-            raise ValueError("the left-to-right model (is_decoder) has no next-sentence head: "
-                             "build it with next_sentence=False")
+        if config.is_decoder:
+            # a masked token is read from both sides, and a causal [CLS] has seen only itself
+            raise ValueError("a causal encoder (is_decoder) is the left-to-right model's, which "
+                             "has no next-sentence head and predicts every next token: "
+                             "model.heads.BertForNextToken")
         super().__init__()
         self.config = config
         self.next_sentence = next_sentence
         self.bert = build_encoder(config)
-        self.mlm = MaskedLMHead(config, self.bert.word_embeddings)
+        self.mlm, new_layers = tied_lm_head(config, self.bert)
         self.nsp = nn.Linear(config.hidden_size, 2) if next_sentence else None
-        new_layers = (self.mlm.dense, self.mlm.norm, self.nsp)
-        if (transform := self.bert.mlm_transform) is not None:
-            # the encoder's prediction head is the transform (ModernBERT): one module, trained
-            # by the MLM loss and kept with the encoder, as transformers' one `head`
-            self.mlm.dense, self.mlm.norm = transform.dense, transform.norm
-            new_layers = (self.nsp,)
-        for module in new_layers:
+        for module in (*new_layers, self.nsp):
             if module is not None:
                 self.bert.init_head_layer(module)
 
@@ -255,9 +263,6 @@ class BertForPreTraining(nn.Module):
         `next_sentence_label`. `layout`: see `BertModel.forward`.
         """
         masked = masked_lm_positions.long()
-        if self.config.is_decoder:
-            return self.next_token(input_ids, masked, masked_lm_ids, token_type_ids,
-                                   attention_mask, sequence_ids, position_ids)
         per_instance = cls_positions is not None or (
             next_sentence_label is not None and next_sentence_label.dim() == 2)
         cls_positions = self.find_cls_positions(input_ids, sequence_ids, next_sentence_label,
@@ -291,33 +296,6 @@ class BertForPreTraining(nn.Module):
             out.loss = out.loss + out.nsp_loss
         return out
 
-    def next_token(self, input_ids: Tensor, masked_lm_positions: Tensor,
-                   masked_lm_ids: Tensor | None, token_type_ids: Tensor | None,
-                   attention_mask: Tensor | None, sequence_ids: Tensor | None,
-                   position_ids: Tensor | None) -> PreTrainingOutput:
-        """Left-to-right LM on a pre-training batch: the shards' masks are undone (the labels put
-        back at `masked_lm_positions`), then every token predicts the next token of its
-        instance; padding and the last token of each instance have no label."""
-        ids = input_ids.long()
-        if masked_lm_ids is not None:
-            labels = masked_lm_ids.long()
-            current = ids.gather(1, masked_lm_positions)  # (B, M)
-            ids = ids.scatter(1, masked_lm_positions, torch.where(labels >= 0, labels, current))
-        hidden = self.bert(ids, token_type_ids, attention_mask, sequence_ids, position_ids)
-        logits = self.mlm(hidden[:, :-1])  # (B, T - 1, V)
-        out = PreTrainingOutput(mlm_logits=logits, nsp_logits=None)
-        if masked_lm_ids is None:
-            return out
-        instance = instance_ids(attention_mask, sequence_ids, ids)  # (B, T) or None
-        targets = ids[:, 1:]  # (B, T - 1)
-        if instance is not None:
-            same = (instance[:, 1:] == instance[:, :-1]) & (instance[:, 1:] >= 0)
-            targets = targets.masked_fill(~same, IGNORE_INDEX)
-        out.mlm_loss, out.mlm_correct, out.mlm_count = masked_mean_loss(
-            logits.flatten(0, 1), targets.flatten())
-        out.loss = out.mlm_loss
-        return out
-
     def find_cls_positions(self, input_ids: Tensor, sequence_ids: Tensor | None,
                            next_sentence_label: Tensor | None,
                            cls_positions: Tensor | None) -> Tensor | None:
@@ -333,6 +311,58 @@ class BertForPreTraining(nn.Module):
             raise ValueError("per-instance next_sentence_label (B, K) needs sequence_ids or "
                              "cls_positions to find each instance's [CLS]")
         return instance_cls_positions(sequence_ids, next_sentence_label.shape[1])
+
+
+class BertForNextToken(nn.Module):
+    """The paper's left-to-right baseline ("LTR & No NSP", section 5.1, Table 5): the encoder
+    under causal attention (its config's `is_decoder`, which training/objectives.py `ltr` sets),
+    the MLM head's transform and tied decoder scoring token t + 1 at every position t, no NSP
+    head. Its keys are `BertForPreTraining(next_sentence=False)`'s (`bert.`, `mlm.`), which
+    transformers' `BertLMHeadModel` reads as `cls.predictions`."""
+
+    kind: ClassVar[str] = "next_token"
+
+    def __init__(self, config: Any):
+        super().__init__()
+        self.config = config
+        self.bert = build_encoder(config)
+        self.mlm, new_layers = tied_lm_head(config, self.bert)  # `mlm`: the keys of the export
+        for module in new_layers:
+            self.bert.init_head_layer(module)
+
+    def options(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, input_ids: Tensor, masked_lm_positions: Tensor,
+                token_type_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                sequence_ids: Tensor | None = None, position_ids: Tensor | None = None,
+                masked_lm_ids: Tensor | None = None, next_sentence_label: Tensor | None = None,
+                cls_positions: Tensor | None = None,
+                layout: BatchLayout | None = None) -> PreTrainingOutput:
+        """Left-to-right LM on a pre-training batch (the module docstring's keys): the shards'
+        masks are undone (the labels put back at `masked_lm_positions`), then every token
+        predicts the next token of its instance; padding and the last token of each instance
+        have no label. The batch's next-sentence labels, `cls_positions` and `layout` (made
+        for the masked input) are not used. Scores (B, T - 1, V) in `mlm_logits`."""
+        ids = input_ids.long()
+        if masked_lm_ids is not None:
+            labels, positions = masked_lm_ids.long(), masked_lm_positions.long()
+            current = ids.gather(1, positions)  # (B, M)
+            ids = ids.scatter(1, positions, torch.where(labels >= 0, labels, current))
+        hidden = self.bert(ids, token_type_ids, attention_mask, sequence_ids, position_ids)
+        logits = self.mlm(hidden[:, :-1])  # (B, T - 1, V)
+        out = PreTrainingOutput(mlm_logits=logits, nsp_logits=None)
+        if masked_lm_ids is None:
+            return out
+        instance = instance_ids(attention_mask, sequence_ids, ids)  # (B, T) or None
+        targets = ids[:, 1:]  # (B, T - 1)
+        if instance is not None:
+            same = (instance[:, 1:] == instance[:, :-1]) & (instance[:, 1:] >= 0)
+            targets = targets.masked_fill(~same, IGNORE_INDEX)
+        out.mlm_loss, out.mlm_correct, out.mlm_count = masked_mean_loss(
+            logits.flatten(0, 1), targets.flatten())
+        out.loss = out.mlm_loss
+        return out
 
 
 class FineTuningModel(nn.Module):
@@ -525,6 +555,6 @@ class BertForTokenClassification(LabelClassifier):
 
 
 HEADS: dict[str, type[nn.Module]] = {model.kind: model for model in (
-    BertForPreTraining, BertForSequenceClassification, BertForQuestionAnswering,
-    BertForMultipleChoice, BertForTokenClassification)}
+    BertForPreTraining, BertForNextToken, BertForSequenceClassification,
+    BertForQuestionAnswering, BertForMultipleChoice, BertForTokenClassification)}
 """Our models by `kind`: what our checkpoints name (model/hf.py `save_checkpoint`)."""

@@ -3,8 +3,9 @@
 
 - `load_hf_checkpoint(folder)`: a `transformers` folder of a registered encoder (`config.json`
   with its `model_type` + `model.safetensors` or `pytorch_model.bin`; the bare encoder's keys or
-  a pre-training / masked-LM model's) -> our `BertForPreTraining` on that encoder (heads absent
-  from the checkpoint keep their fresh initialisation).
+  a pre-training / masked-LM model's) -> our `BertForPreTraining` on that encoder, or
+  `BertForNextToken` where its config attends left to right (`is_decoder`: a `BertLMHeadModel`)
+  (heads absent from the checkpoint keep their fresh initialisation).
 - `export_hf_folder(model, vocab_dir, out_dir)`: -> a folder that transformers'
   `AutoModelFor...from_pretrained` and `AutoTokenizer.from_pretrained` load, lower-casing or
   not as the vocabulary folder's `tokenizer_config.json` says.
@@ -37,7 +38,7 @@ from model.encoders import (
     config_to_dict,
     encoder_of,
 )
-from model.heads import HEADS, BertForPreTraining
+from model.heads import HEADS, BertForNextToken, BertForPreTraining
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +83,12 @@ def read_hf_config(config_path: str) -> tuple[Any, HFAdapter]:
         raise ValueError(f"{config_path}: {error}") from None
 
 
-def load_hf_checkpoint(folder: str, next_sentence: bool | None = None) -> BertForPreTraining:
+def load_hf_checkpoint(folder: str, next_sentence: bool | None = None
+                       ) -> BertForPreTraining | BertForNextToken:
     """Our `BertForPreTraining` (its `.config` is the encoder's config) from a `transformers`
-    folder. `next_sentence`: None = as the encoder's checkpoints have it (BERT's NSP head;
-    ModernBERT's masked LM only).
+    folder, or `BertForNextToken` where the config attends left to right (`is_decoder`).
+    `next_sentence`: None = as the encoder's checkpoints have it (BERT's NSP head; ModernBERT's
+    masked LM only; the left-to-right LM's none).
 
     Encoder weights must all be present; missing head weights (a bare encoder checkpoint has no
     MLM head) keep their initialisation and are logged.
@@ -93,9 +96,14 @@ def load_hf_checkpoint(folder: str, next_sentence: bool | None = None) -> BertFo
     config, adapter = read_hf_config(storage.join(folder, "config.json"))
     hf_state, path = read_hf_weights(folder)
     state, ignored = adapter.state_from_hf(hf_state)
-    if next_sentence is None:
-        next_sentence = adapter.NEXT_SENTENCE
-    model = BertForPreTraining(config, next_sentence=next_sentence)
+    if config.is_decoder:  # a BertLMHeadModel: the left-to-right LM, which has no NSP head
+        if next_sentence:
+            raise ValueError(f"{folder}: a left-to-right model (is_decoder) has no "
+                             "next-sentence head; load it with next_sentence=False")
+        model = BertForNextToken(config)
+    else:
+        model = BertForPreTraining(config, next_sentence=adapter.NEXT_SENTENCE
+                                   if next_sentence is None else next_sentence)
     _check_tied_decoder(hf_state, state, path, adapter)
     _load_into(model, state, path, ignored, adapter)
     return model
@@ -241,6 +249,9 @@ def load_checkpoint(folder: str) -> nn.Module:
     meta = storage.read_json(config_path)
     config, head = _config_from(config_path, meta["config"]), dict(meta["head"])
     kind = head.pop("kind")
+    if kind == BertForPreTraining.kind and config.is_decoder:
+        # a causal pre-training model is the left-to-right LM: the same keys, its own head
+        kind, head = BertForNextToken.kind, {}
     if kind == "encoder":
         model = build_encoder(config)
     elif kind in HEADS:

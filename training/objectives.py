@@ -15,8 +15,8 @@ An `Objective` says everything `bert-pretrain` needs to know about what it train
 
 Registered (`--set objective.name=NAME`): `mlm_nsp` (masked LM + next-sentence prediction, the
 paper's), `mlm` (masked LM alone, Table 5 "No NSP"), `ltr` (the left-to-right LM, Table 5
-"LTR & No NSP"). `objective.name=mlm` with `objective.next_sentence=true` (the default) on
-shards with NSP labels trains `mlm_nsp`
+"LTR & No NSP", `model.heads.BertForNextToken`). `objective.name=mlm` with
+`objective.next_sentence=true` (the default) on shards with NSP labels trains `mlm_nsp`
 (`for_shards` is that rule, written once); `objective.next_sentence=false` makes any shards
 MLM-only.
 
@@ -31,9 +31,9 @@ PYTHONPATH), and is saved with the run's config like any other value:
 
     bert-pretrain --set objective.name=my_objectives:SEGMENT --set cadence.export_hf=false ...
 
-(`cadence.export_hf` exports `BertForPreTraining`, model/hf.py; an objective with a model of
-its own saves checkpoints only, and `check` asks for cadence.export_hf=false before the run
-starts.) The example in
+(`cadence.export_hf` exports `BertForPreTraining` or `BertForNextToken`, model/hf.py; an
+objective with a model of its own saves checkpoints only, and `check` asks for
+cadence.export_hf=false before the run starts.) The example in
 tests/training/test_objectives.py trains such an objective through `bert-pretrain`.
 """
 from __future__ import annotations
@@ -56,10 +56,20 @@ COUNTER_KEYS = ("tokens", "samples", "micro_batches")
 
 
 def pretraining_model(config: BertConfig, next_sentence: bool) -> nn.Module:
-    """`model.heads.BertForPreTraining`: the MLM head (next-token scoring under causal
-    attention), and the NSP head where `next_sentence`."""
+    """`model.heads.BertForPreTraining`: the MLM head, and the NSP head where `next_sentence`."""
     from model.heads import BertForPreTraining
     return BertForPreTraining(config, next_sentence=next_sentence)
+
+
+def next_token_model(config: BertConfig, next_sentence: bool = False) -> nn.Module:
+    """`model.heads.BertForNextToken`: the left-to-right LM (`next_sentence` is always False:
+    it has no NSP head)."""
+    from model.heads import BertForNextToken
+    return BertForNextToken(config)
+
+
+EXPORTED_MODELS = (pretraining_model, next_token_model)
+"""The models `cadence.export_hf` exports (model/hf.py: any of model/heads.py `HEADS`)."""
 
 
 def has_causal_form(config: Any) -> bool:
@@ -114,7 +124,7 @@ class Objective:
                 raise SettingError("objective.name", f"{self.name} cannot be combined with "
                                    f"{setting}={str(value).lower()} ({why})",
                                    "--set {setting}: {message}")
-        if config.cadence.export_hf and self.model is not pretraining_model:
+        if config.cadence.export_hf and self.model not in EXPORTED_MODELS:
             raise SettingError("objective.name", f"{self.name} trains a model model/hf.py "
                                "cannot export to Hugging Face (it exports BertForPreTraining); "
                                "set cadence.export_hf=false", "--set {setting}: {message}")
@@ -141,7 +151,8 @@ MLM_NSP = Objective(name="mlm_nsp",
                     heads=("mlm", "nsp"), next_sentence=True)
 MLM = Objective(name="mlm")
 NO_MASKS = "the left-to-right LM predicts every next token; it has no masks"
-LTR = Objective(name="ltr", causal=True, refuses=(("data.dynamic_masking", True, NO_MASKS),))
+LTR = Objective(name="ltr", causal=True, model=next_token_model,
+                refuses=(("data.dynamic_masking", True, NO_MASKS),))
 
 OBJECTIVES: dict[str, Objective] = {"mlm_nsp": MLM_NSP, "mlm": MLM, "ltr": LTR}
 """The registered objectives by the name `--set objective.name=` takes."""

@@ -14,7 +14,7 @@ from safetensors import safe_open
 
 from common import settings
 from model.bert import bert_tiny
-from model.heads import BertForPreTraining, BertForSequenceClassification
+from model.heads import BertForNextToken, BertForPreTraining, BertForSequenceClassification
 from tests.support.shard_fixtures import book_shards
 from training import checkpoint, pretrain
 from training import config as cfg
@@ -124,11 +124,11 @@ def test_mlm_only_custom_shape_trains_exports_and_loads_in_transformers(data, ba
 
 # ---------------------------------------------------------------- left-to-right
 
-def ltr_model(vocab_size: int, seed: int = 0) -> BertForPreTraining:
+def ltr_model(vocab_size: int, seed: int = 0) -> BertForNextToken:
     torch.manual_seed(seed)
     config = bert_tiny(vocab_size=vocab_size, is_decoder=True, hidden_dropout_prob=0.0,
                        attention_probs_dropout_prob=0.0)
-    return BertForPreTraining(config, next_sentence=False).eval()
+    return BertForNextToken(config).eval()
 
 
 def original_ids(batch) -> torch.Tensor:
@@ -221,7 +221,7 @@ def test_ltr_trains_exports_and_matches_transformers_decoder(data, batch, tmp_pa
     hf = transformers.BertLMHeadModel.from_pretrained(str(tmp_path / "hf")).eval()
     from model.hf import load_hf_checkpoint
     ours = load_hf_checkpoint(str(tmp_path / "hf"), next_sentence=False).eval()
-    assert ours.config.is_decoder
+    assert ours.config.is_decoder and isinstance(ours, BertForNextToken)
     text, mask = original_ids(batch), batch["attention_mask"]
     with torch.no_grad():
         expected = hf(input_ids=text, attention_mask=mask).logits
@@ -234,6 +234,23 @@ def test_ltr_model_has_no_nsp_head():
     config = bert_tiny(vocab_size=100, is_decoder=True)
     with pytest.raises(ValueError, match="no next-sentence head"):
         BertForPreTraining(config)
+
+
+def test_ltr_checkpoints_load_as_the_left_to_right_model(tmp_path):
+    """Our checkpoint of the left-to-right LM names its own head; one naming the pre-training
+    head without NSP on a causal encoder (the same keys) loads as the same model."""
+    from model.hf import CHECKPOINT_CONFIG, load_checkpoint, save_checkpoint
+
+    model = ltr_model(100)
+    save_checkpoint(model, str(tmp_path))
+    meta = json.loads((tmp_path / CHECKPOINT_CONFIG).read_text())
+    assert meta["head"] == {"kind": "next_token"}
+    for head in (meta["head"], {"kind": "pretraining", "next_sentence": False}):
+        (tmp_path / CHECKPOINT_CONFIG).write_text(json.dumps(meta | {"head": head}))
+        loaded = load_checkpoint(str(tmp_path))
+        assert type(loaded) is BertForNextToken and loaded.config == model.config
+        a, b = loaded.state_dict(), model.state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_ltr_classifier_pools_the_last_token_padded_and_packed(data, batch):

@@ -14,7 +14,7 @@ from tests.support import toy_encoder
 from tests.support.toy_encoder import ToyConfig, ToyModel
 
 # Every head's constructor options beyond the config (model/heads.py HEADS).
-OPTIONS = {"pretraining": {}, "classification": {"num_labels": 3},
+OPTIONS = {"pretraining": {}, "next_token": {}, "classification": {"num_labels": 3},
            "token_classification": {"num_labels": 4}, "question_answering": {},
            "multiple_choice": {}}
 
@@ -55,6 +55,9 @@ def test_every_head_runs_on_the_toy_and_trains(toy):
                         "masked_lm_ids": torch.tensor([[7, -100], [9, 11]]),
                         "sequence_ids": b["sequence_ids"],
                         "next_sentence_label": torch.tensor([[0, -100], [1, 0]])},
+        "next_token": {"masked_lm_positions": torch.tensor([[1, 3], [2, 8]]),
+                       "masked_lm_ids": torch.tensor([[7, -100], [9, 11]]),
+                       "sequence_ids": b["sequence_ids"]},
         "classification": {"labels": torch.tensor([0, 2])},
         "token_classification": {"labels": torch.randint(0, 4, (2, 10))},
         "question_answering": {"start_positions": torch.tensor([1, 2]),
@@ -76,6 +79,9 @@ def test_every_head_runs_on_the_toy_and_trains(toy):
     masked = outputs["pretraining"]  # MLM and per-instance NSP of the packed row
     assert masked.mlm_logits.shape == (2, 2, 50) and masked.nsp_logits.shape == (2, 2, 2)
     assert masked.mlm_count.item() == 3 and masked.nsp_count.item() == 3
+    # every token but each instance's last predicts the next: 6 + 3 + 5
+    assert outputs["next_token"].mlm_logits.shape == (2, 9, 50)
+    assert outputs["next_token"].mlm_count.item() == 14
     assert outputs["multiple_choice"].logits.shape == (1, 2)
     assert outputs["question_answering"].start_logits.shape == (2, 10)
     assert outputs["token_classification"].logits.shape == (2, 10, 4)

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from model.bert import BertConfig, BertModel
-from model.heads import masked_mean_loss
+from model.heads import BertForNextToken, masked_mean_loss
 from tests.training.pretrain_runs import REPO, final_weights, make_config
 from training import config as cfg
 from training import metrics, objectives, pretrain
@@ -143,7 +143,8 @@ def test_the_objective_builds_its_model_with_the_attention_it_asks_for():
     config = cfg.tiny().model.build(vocab_size=100)
     assert not config.is_decoder  # the run's shape; the objective adds the attention
     ltr = LTR.build_model(config)
-    assert ltr.config.is_decoder and ltr.nsp is None
+    assert ltr.config.is_decoder and isinstance(ltr, BertForNextToken)
+    assert not hasattr(ltr, "nsp")
     assert MLM_NSP.build_model(config).nsp is not None
     assert MLM.build_model(config.replace(is_decoder=True)).config.is_decoder is False
     segment = SEGMENT.build_model(config)
