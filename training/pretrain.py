@@ -146,6 +146,18 @@ def init_distributed() -> Dist:
     return Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), on_gpu)
 
 
+def close_distributed(failed: bool) -> None:
+    """Destroy the process group before the interpreter shuts down: gloo's worker threads of a
+    group left alive abort the exit (SIGABRT, "terminate called without an active exception"),
+    turning `bert-pretrain`'s exit 2 into -6. After a failure only gloo's is destroyed: NCCL's
+    destroy waits on the other ranks, which may be gone."""
+    if not torch.distributed.is_initialized():
+        return
+    if failed and torch.distributed.get_backend() != "gloo":
+        return
+    torch.distributed.destroy_process_group()
+
+
 def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None,
                 initial: bool = False, phase: PhaseConfig | None = None):
     """The objective's model (`objectives.for_shards`: BERT's `model.heads.BertForPreTraining`,
@@ -548,7 +560,9 @@ def main(argv: list[str] | None = None) -> None:
         rank = os.environ.get("RANK", "0")
         print(f"bert-pretrain: error{f' (rank {rank})' if rank != '0' else ''}: {e}",
               file=sys.stderr, flush=True)
+        close_distributed(failed=True)
         raise SystemExit(2) from None
+    close_distributed(failed=False)
     if int(os.environ.get("RANK", "0")) == 0:
         log.info("done: %s", result)
 
