@@ -53,13 +53,17 @@ SAMPLE = REPO / "data" / "sample"
 @dataclass(frozen=True)
 class DataConfig:
     wikipedia: str | None = None
-    """MediaWiki pages-articles dump(s): a file, glob or folder; "" skips Wikipedia; None: unset."""
+    """MediaWiki pages-articles dump(s): a file, glob or folder; "" skips Wikipedia; None: unset.
+    Shorthand for the source `{name: wikipedia, kind: wikipedia, path: ...}` in `sources`,
+    at weight 1."""
     books: str | None = None
-    """Book text files (one book per file): a file, glob or folder; "" skips books; None: unset."""
+    """Book text files (one book per file): a file, glob or folder; "" skips books; None: unset.
+    Shorthand for the source `{name: books, kind: books, path: ...}` in `sources`, at weight 1."""
     sources: tuple[SourceConfig, ...] = ()
-    """Your own text: a list of sources (name, kind, path, text_field, id_field, title_field,
-    split, weight, licence; pipelines/documents/source.py, README "Your own corpus").
-    `wikipedia` and `books` above are shorthands for sources of those kinds."""
+    """The text sources: a list of sources (name, kind, path, text_field, id_field, title_field,
+    split, weight, licence, quality; pipelines/documents/source.py, README "Your own corpus").
+    Wikipedia and books are sources like the others (kind wikipedia or books, named so), with
+    their weight, licence and quality; `wikipedia` and `books` above are their shorthands."""
     near_duplicates: NearDuplicateConfig | None = None
     """Near-duplicate removal in the corpus stage, after the exact one (MinHash + LSH:
     shingle_size, num_perm, bands, threshold; pipelines/corpus/near_duplicates.py), e.g.
@@ -358,7 +362,8 @@ def resolve(preset: str, overrides: dict[str, Any] | None = None,
         raise ValueError(
             f"preset {preset!r} needs {', '.join(missing)}: set each to a file, glob, folder or "
             f"gs:// URL (finetune.data: a local folder), e.g. --set {missing[0]}=/data/..., or "
-            "to '' to skip that input")
+            "to '' to skip that input (data.wikipedia and data.books: or list a source of that "
+            "kind in data.sources)")
     data = cfg.finetune.data
     if data and "://" in data:
         raise ValueError(f"finetune.data={data!r}: the fine-tuning readers take a local folder "
@@ -488,9 +493,11 @@ INPUT_PATHS = ("data.wikipedia", "data.books", "finetune.data")
 
 
 def unset_settings(cfg: DagConfig) -> list[str]:
-    """The input paths still None (a run on `data.sources` alone sets data.wikipedia and
-    data.books to "")."""
-    return [key for key in INPUT_PATHS if settings.setting_at(cfg, key) is None]
+    """The input paths still None. data.wikipedia and data.books are set by a source of their
+    kind in `data.sources` too (they are its shorthands); a run without one sets them to ""."""
+    listed = {f"data.{source.kind}" for source in cfg.data.sources}
+    return [key for key in INPUT_PATHS
+            if key not in listed and settings.setting_at(cfg, key) is None]
 
 
 def parse_set_flags(pairs: list[str]) -> dict[str, Any]:
