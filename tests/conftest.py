@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,15 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Each xdist worker (and the processes its tests start) gets its share of the cores: two
+# workers each running torch's default of one thread per core oversubscribe the CPU, and its
+# OpenMP threads spin waiting for each other (two concurrent copies of the GLUE Trainer-parity
+# tests on 2 cores: 344 s each at 2 threads, 131 s at 1).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+    if "torch" in sys.modules:  # imported by a plugin before the variable was read
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
