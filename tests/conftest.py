@@ -14,7 +14,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # workers each running torch's default of one thread per core oversubscribe the CPU, and its
 # OpenMP threads spin waiting for each other (two concurrent copies of the GLUE Trainer-parity
 # tests on 2 cores: 344 s each at 2 threads, 131 s at 1).
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or "1")
 if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
     if "torch" in sys.modules:  # imported by a plugin before the variable was read

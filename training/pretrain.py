@@ -52,6 +52,7 @@ step's evaluation.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
@@ -137,6 +138,8 @@ def init_distributed() -> Dist:
     from training.launch import init_process_env, init_process_group
     init_process_env()
     init_process_group(get_accelerator().communication_backend_name())
+    atexit.unregister(destroy_gloo_group)  # one hook however many runs a process makes
+    atexit.register(destroy_gloo_group)
     with logs.quiet_output():  # DeepSpeed prints each op it builds
         deepspeed.init_distributed()  # gloo on the CPU accelerator, nccl on GPUs
     on_gpu = get_accelerator().device_name() == "cuda"
@@ -146,16 +149,14 @@ def init_distributed() -> Dist:
     return Dist(torch.distributed.get_rank(), torch.distributed.get_world_size(), on_gpu)
 
 
-def close_distributed(failed: bool) -> None:
-    """Destroy the process group before the interpreter shuts down: gloo's worker threads of a
-    group left alive abort the exit (SIGABRT, "terminate called without an active exception"),
-    turning `bert-pretrain`'s exit 2 into -6. After a failure only gloo's is destroyed: NCCL's
-    destroy waits on the other ranks, which may be gone."""
-    if not torch.distributed.is_initialized():
-        return
-    if failed and torch.distributed.get_backend() != "gloo":
-        return
-    torch.distributed.destroy_process_group()
+def destroy_gloo_group() -> None:
+    """Destroy a gloo process group while the interpreter is still whole (an atexit hook): the
+    group's worker threads left to finalization can abort the exit (SIGABRT, "terminate called
+    without an active exception"), turning `bert-pretrain`'s exit 2 after a one-line error into
+    -6. NCCL's groups are left to their own shutdown: their destroy waits on the other ranks,
+    which may be gone after a failure."""
+    if torch.distributed.is_initialized() and torch.distributed.get_backend() == "gloo":
+        torch.distributed.destroy_process_group()
 
 
 def build_model(config: PretrainConfig, manifest: dict, state_dict: dict | None = None,
@@ -560,9 +561,7 @@ def main(argv: list[str] | None = None) -> None:
         rank = os.environ.get("RANK", "0")
         print(f"bert-pretrain: error{f' (rank {rank})' if rank != '0' else ''}: {e}",
               file=sys.stderr, flush=True)
-        close_distributed(failed=True)
         raise SystemExit(2) from None
-    close_distributed(failed=False)
     if int(os.environ.get("RANK", "0")) == 0:
         log.info("done: %s", result)
 
