@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("BERT_SHARED_DATA", REPO.parent / "shared" / "data"))
 sys.path.insert(0, str(REPO))
 
 
@@ -57,10 +58,10 @@ def parse() -> Args:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--parts", default="1,2,3")
     p.add_argument("--finetune_epochs", type=int, default=3)
-    p.add_argument("--wiki", default="/work/shared/data/wiki",
+    p.add_argument("--wiki", default=str(SHARED / "wiki"),
                    help="part 2's stable source: MediaWiki dump(s)")
     # [a-z]: the folder's README.nltk-gutenberg.txt is no book
-    p.add_argument("--books", default="/work/shared/data/books/[a-z]*.txt",
+    p.add_argument("--books", default=str(SHARED / "books" / "[a-z]*.txt"),
                    help="part 2's second source: book text files")
     return Args(**vars(p.parse_args()))
 
