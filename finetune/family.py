@@ -19,7 +19,7 @@ paper reports: "accuracy", "f1", "exact", "mcc", "HasAns_f1", ...
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, Self, TypeVar, runtime_checkable
 
@@ -172,6 +172,25 @@ class Scored:
     differ: a run whose predictions are constant learned nothing."""
 
 
+@dataclass(frozen=True)
+class EvalTexts:
+    """The texts of one evaluation split: what the contamination audit looks for in the
+    pre-training corpus (finetune/eval_sets.py lists each family's splits and fields)."""
+
+    task: str
+    split: str
+    """"dev", "test", "dev_matched", ..."""
+    files: tuple[str, ...]
+    """The files read (the audit's manifest hashes them)."""
+    examples: tuple[tuple[str, tuple[str, ...]], ...]
+    """(example id, text fields) of every example, in file order."""
+
+    @classmethod
+    def of(cls, task: str, split: str, files: Iterable[str],
+           examples: Iterable[tuple[str, tuple[str, ...]]]) -> EvalTexts:
+        return cls(task, split, tuple(files), tuple(examples))
+
+
 PARTIAL_FILE = "PARTIAL.txt"
 """A `Scored.files` entry of a sliced split's predictions: one line saying they are partial
 ("partial (N of M questions): not for submission"); the report marks the task's row with it."""
@@ -212,5 +231,11 @@ class Family(Protocol):
         """Metrics and prediction files from the raw outputs of every unit of `split`, in
         unit order (the loop concatenates `outputs` over batches and restores the order)."""
 
+    def eval_texts(self, task: str, data_dir: str,
+                   skip_bad_records: bool = False) -> list[EvalTexts]:
+        """The texts of every split the task is scored or predicted on (dev, and test where
+        present), for the contamination audit; a file its reader refuses raises the reader's
+        one-line error (file and line)."""
 
-__all__ = ["Batch", "Encoded", "Family", "Prepared", "Recipe", "Scored"]
+
+__all__ = ["Batch", "Encoded", "EvalTexts", "Family", "Prepared", "Recipe", "Scored"]

@@ -3,9 +3,10 @@
 A family package (`finetune/<family>/__init__.py`) exports `FAMILY` (a `finetune.family.Family`)
 and `TASKS` (its task names, lower case, e.g. ("squad1", "squad2")); it may export
 `DATA_FOLDERS` ({task: folder under --data}) where a task's folder is not the family's name
-(multiple choice: swag/, cosmosqa/). Adding a family is one line in `FAMILIES`; the packages
-are imported only when a task is looked up, so one family's dependencies never load for
-another's run.
+(multiple choice: swag/, cosmosqa/). Adding a family is one line in `FAMILIES`: the loop, the
+report and the contamination audit (its `eval_texts`, finetune/eval_sets.py) find it there. The
+packages are imported only when a task is looked up, so one family's dependencies never load
+for another's run.
 """
 from __future__ import annotations
 

@@ -113,15 +113,14 @@ def _audited_entries(cfg: DagConfig) -> list:
 
 
 def audit_contamination(cfg: DagConfig, corpus: StageResult) -> StageResult:
-    """The corpus's overlap with the evaluation sets of `finetune.tasks` (13-gram). The Beam
-    job reads the built-in tasks' files itself; a task file's tasks are read here and their
-    texts handed to it (`finetune.user.eval_texts`)."""
-    from pipelines import audit_contamination as job
+    """The corpus's overlap with the evaluation sets of `finetune.tasks` (13-gram), each read
+    by its task's family (finetune/eval_sets.py) and handed to the Beam job."""
+    from flows import audit_contamination as audit
+    from pipelines.audit_contamination import AuditConfig
 
     entries = _audited_entries(cfg)
     tasks = tuple(e.task for e in entries)
     own = [e.family.task(e.task) for e in entries if e.family.name == "user"]
-    builtin = tuple(e.task for e in entries if e.family.name != "user")
     key = {"eval_data": cfg.finetune.data, "tasks": tasks,
            "eval_sha": inputs_fingerprint(cfg.finetune.data)}
     if own:  # absent without a task file: the built-in tasks' audits keep their folders
@@ -129,19 +128,9 @@ def audit_contamination(cfg: DagConfig, corpus: StageResult) -> StageResult:
         key |= {"task_file_tasks": [dataclasses.asdict(t) for t in own],
                 "task_file_sha": storage.config_hash(
                     [(f, os.path.getsize(f), int(os.path.getmtime(f))) for f in files])}
-    return run_stage(cfg.output, "audit", key, lambda out: job.run(
-        job.AuditConfig(input=corpus.path, output=out, eval_data=cfg.finetune.data,
-                        tasks=builtin), cfg.data.beam_args,
-        eval_splits=_task_file_splits(own, cfg.finetune.skip_bad_rows)), upstream=(corpus,))
-
-
-def _task_file_splits(tasks: list, skip_bad_rows: bool) -> list:
-    """The evaluation splits of a task file's tasks, as the audit takes them."""
-    from finetune.user.eval_texts import eval_texts
-    from pipelines.contamination.eval_sets import eval_split
-
-    return [eval_split(task.name, texts.split, [texts.path], texts.examples)
-            for task in tasks for texts in eval_texts(task, skip_bad_rows)]
+    return run_stage(cfg.output, "audit", key, lambda out: audit.audit(
+        AuditConfig(input=corpus.path, output=out, eval_data=cfg.finetune.data), entries,
+        cfg.data.beam_args, cfg.finetune.skip_bad_rows), upstream=(corpus,))
 
 
 def decontaminate(cfg: DagConfig, corpus: StageResult, audit: StageResult) -> StageResult:

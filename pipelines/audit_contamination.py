@@ -1,17 +1,17 @@
 """Beam job: a corpus folder (build_corpus) x the evaluation sets -> their n-gram overlap.
 
-    python pipelines/audit_contamination.py --input out/corpus --output out/audit \\
+    beam run flows/audit_contamination.py --input out/corpus --output out/audit \\
         --eval_data /data/finetune --tasks rte,mrpc,squad1,swag,conll2003 --ngram 13
 
 How much of every evaluation set the fine-tuning flow scores is in the pre-training corpus, by
 the n-gram overlap of GPT-3's study (Brown et al. 2020, appendix C): words are lower case with
 punctuation deleted (pipelines/contamination/ngrams.py), and an evaluation example overlaps
 when any of its n-grams (`--ngram`, 13 by default, GPT-3's filtering size) is in a corpus
-passage. The evaluation sets are read with fine-tuning's own readers (`--eval_data` and
-`--tasks` as the flow's `finetune.data` and `finetune.tasks`; the splits and text fields of each
-family: pipelines/contamination/eval_sets.py): GLUE dev and test, SQuAD dev contexts and
-questions, SWAG and Cosmos QA dev and test, CoNLL-2003 and WNUT-17 dev and test. A task
-file's tasks are read by the flow, which hands their splits to `run` (`eval_splits`).
+passage. The job reads no evaluation file: `run` is handed the splits (`eval_splits`), which
+its command line (flows/audit_contamination.py) and the flow read with each task's fine-tuning
+family (finetune/eval_sets.py: GLUE dev and test, SQuAD dev contexts and questions, SWAG and
+Cosmos QA dev and test, CoNLL-2003 and WNUT-17 dev and test, a task file's tasks), so Beam's
+side knows no task, family or file format.
 
 How it scales: the evaluation sets' n-gram -> example index is built once on the launcher and
 written to `<output>/index/eval_ngrams.npz` (tens of MB for every task); each worker loads it
@@ -38,7 +38,6 @@ sha256 of every evaluation file read), counts and the outputs with their sha256.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
@@ -82,7 +81,10 @@ class AuditConfig:
     conll2003/, ...), as the flow's finetune.data."""
     tasks: tuple[str, ...] = ("glue",)
     """Tasks whose evaluation sets are audited: task names (squad1,rte), family names (glue:
-    its nine tasks) or all, as the flow's finetune.tasks."""
+    its nine tasks) or all, as the flow's finetune.tasks; with --tasks_file, a task file's
+    tasks too. The manifest records the built-in ones here, hashed by their files under
+    eval_data; a task file's are its handed_tasks, hashed by their texts (the file may hold
+    columns its task does not read)."""
     ngram: int = ngrams.DEFAULT_NGRAM
     """Words per n-gram: an example overlaps when any of its n-grams is in a corpus passage
     (GPT-3's filtering used 13)."""
@@ -152,16 +154,11 @@ class Audit(beam.PTransform):
                 "ngrams": found.ngrams | "DistinctNgrams" >> beam.Distinct()}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The job's flags: one per `AuditConfig` field, help from its docstring."""
-    return jobs.config_parser(__doc__.splitlines()[0], AuditConfig)
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
-    """The command line: flags -> `AuditConfig` -> `run`."""
-    args, beam_args = build_parser().parse_known_args(argv)
-    config = jobs.config_from_args(args, AuditConfig(input=args.input, output=args.output))
-    return run(config, beam_args)
+    """The job reads no evaluation file: its command line is flows/audit_contamination.py."""
+    raise ValueError("this job is handed the evaluation sets it audits; run "
+                     "`beam run flows/audit_contamination.py` with the same flags, which reads "
+                     "them with the fine-tuning families")
 
 
 def output_path(output: str, name: str) -> str:
@@ -169,23 +166,18 @@ def output_path(output: str, name: str) -> str:
 
 
 def run(config: AuditConfig, beam_args: Sequence[str] = (), *,
-        eval_splits: Sequence[EvalSplit] = ()) -> dict:
-    """Audit `config.input`'s passages against the evaluation sets into `config.output`;
-    returns the manifest (a summary on a dry run). `eval_splits`: evaluation splits read by
-    the caller (the flow's task-file tasks, which `config.tasks` cannot name), audited beside
-    those of `config.tasks`; texts, not settings, so they stay out of the config (the
-    manifest hashes what they hold)."""
-    from pipelines.contamination import eval_sets
-
+        eval_splits: Sequence[EvalSplit]) -> dict:
+    """Audit `config.input`'s passages against `eval_splits` into `config.output`; returns the
+    manifest (a summary on a dry run). The splits are texts, not settings, so they stay out of
+    the config (the manifest hashes what they hold)."""
     jobs.configure_logging()
-    check(bool(config.tasks) or bool(eval_splits), "tasks", "no task given")
-    check(bool(config.eval_data) or not config.tasks, "eval_data",
-          "is required: the folder of the evaluation sets (the flow's finetune.data)")
+    splits = list(eval_splits)
+    check(bool(splits), "tasks", "no evaluation split given")
+    unread = sorted(set(config.tasks) - {s.task for s in splits})
+    check(not unread, "tasks", f"no evaluation split handed for {', '.join(unread)}")
     options = jobs.beam_pipeline_options(beam_args)
     listed, folders = select_inputs(config.input)
     files = [f.path for f in listed]
-    splits = [*(eval_sets.read_eval_sets(config.eval_data, config.tasks) if config.tasks
-                else []), *eval_splits]
     index = eval_index.build([e for s in splits for e in s.examples], config.ngram)
     log.info("audit_contamination: %d corpus files; %d evaluation examples in %d splits, "
              "%d n-gram rows", len(files), len(index.examples), len(splits), len(index.hashes))

@@ -23,24 +23,34 @@ from common import extras
 
 
 def load_job(target: str):
-    """The job module: a file path runs that very file, a name is a module (`make_shards` =
-    `pipelines.make_shards`)."""
+    """The job module: a file path runs that very file (one of ours by its module name), a
+    name is a module (`make_shards` = `pipelines.make_shards`)."""
     if not (target.endswith(".py") or os.sep in target):
         return importlib.import_module(target if "." in target else f"pipelines.{target}")
     if not os.path.isfile(target):
         raise SystemExit(f"beam: no job file {target!r}")
     name = os.path.splitext(os.path.basename(target))[0]
-    ours = importlib.util.find_spec(f"pipelines.{name}")
-    if ours and ours.origin and os.path.samefile(ours.origin, target):
-        # One of our jobs: import it as `pipelines.<name>`, so that what Beam pickles for its
-        # workers names an importable module, not a file.
-        return importlib.import_module(f"pipelines.{name}")
+    for module in (f"pipelines.{name}", f"flows.{name}"):
+        if _is_module_file(module, target):
+            # One of ours (a job, or flows/audit_contamination.py): import it by its name, so
+            # that what Beam pickles for its workers names an importable module, not a file.
+            return importlib.import_module(module)
     spec = importlib.util.spec_from_file_location(name, target)
     if spec is None or spec.loader is None:
         raise SystemExit(f"beam: cannot load job file {target!r}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _is_module_file(module: str, path: str) -> bool:
+    """Whether importing `module` would load the file at `path`."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # no such package
+        return False
+    return bool(spec and spec.origin and os.path.isfile(spec.origin)
+                and os.path.samefile(spec.origin, path))
 
 
 @extras.reports_missing("beam")  # the jobs import Beam: without the data extra, one line

@@ -87,7 +87,9 @@ def _commands() -> list[Command]:
         Command("`beam run pipelines/train_vocab.py` (the flow's `vocab.*`)", VocabConfig),
         Command("`beam run pipelines/make_shards.py` (the flow's `shards.phase1.*`, "
                 "`shards.phase2.*`)", ShardsConfig),
-        Command("`beam run pipelines/audit_contamination.py`", AuditConfig, io),
+        Command("`beam run flows/audit_contamination.py`", AuditConfig, io,
+                note="Besides: `--tasks_file FILE`, your own tasks (finetune/user), which "
+                     "`--tasks` may name."),
         Command("`beam run pipelines/decontaminate.py`", DecontaminateConfig, io),
         Command("`bert-finetune` and `bert-glue` (besides the flow's `finetune.*` fields)",
                 CommandConfig, task_fields,

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from finetune.baselines import Baseline, constant_text
 from finetune.capabilities import FamilySummary
-from finetune.family import Prepared, Recipe, Scored
+from finetune.family import EvalTexts, Prepared, Recipe, Scored
 from finetune.glue import data as glue_data
 from finetune.glue.metrics import compute_metrics, glue_score, task_score
 from finetune.glue.tasks import SUBMISSION_FILES, SplitSpec, TaskSpec, get_task
@@ -190,6 +190,18 @@ class GlueFamily:
         if spec.is_pair and not tells_pairs_apart(encoder.config):
             raise ValueError(f"{spec.name}: sentence pairs need 2 token types but the model "
                              f"{model_dir} has type_vocab_size {encoder.config.type_vocab_size}")
+
+    def eval_texts(self, task: str, data_dir: str,
+                   skip_bad_records: bool = False) -> list[EvalTexts]:
+        """Every dev split and every test split present: each example's one or two sentences,
+        by its guid."""
+        spec = get_task(task)
+        splits = [glue_data.read_split(data_dir, spec, s, skip_bad_records) for s in spec.dev]
+        splits += [glue_data.read_split(data_dir, spec, s, skip_bad_records) for s in spec.test
+                   if glue_data.has_split(data_dir, spec, s)]
+        return [EvalTexts.of(task, s.split, s.path.split(","),
+                             ((e.guid, (e.text_a, e.text_b or "")) for e in s.examples))
+                for s in splits]
 
     def prepare(self, task: str, data_dir: str, tokenizer, max_seq_length: int,
                 max_train_examples: int | None, max_eval_examples: int | None,

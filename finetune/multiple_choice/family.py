@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from finetune.baselines import Baseline, constant_text
-from finetune.family import Prepared, Recipe, Scored
+from finetune.family import EvalTexts, Prepared, Recipe, Scored
 from finetune.multiple_choice import data as mc_data
 from finetune.packing import SlotBatch, lay_out, one_per_row, pack_rows
 from finetune.results import TestPredictions
@@ -124,6 +124,20 @@ class MultipleChoiceFamily:
         if not tells_pairs_apart(encoder.config):
             raise ValueError(f"{task}: (A, choice) pairs need 2 token types but the model "
                              f"{model_dir} has type_vocab_size {encoder.config.type_vocab_size}")
+
+    def eval_texts(self, task: str, data_dir: str,
+                   skip_bad_records: bool = False) -> list[EvalTexts]:
+        """dev, and test where present: each question's sequence A (SWAG: sent1; Cosmos QA:
+        context + question) and its choices (SWAG: sent2 + ending), by its id."""
+        spec = self.spec(task)
+        splits = {"dev": mc_data.read_split(data_dir, spec, "dev", skip_bad_records)}
+        if spec.test_file is not None and os.path.isfile(spec.path(data_dir, "test")):
+            splits["test"] = mc_data.read_choice_file(spec.path(data_dir, "test"), spec,
+                                                      labelled=False,
+                                                      skip_bad_records=skip_bad_records)
+        return [EvalTexts.of(task, name, [s.path], ((e.example_id, (e.first, *e.choices))
+                                                    for e in s.examples))
+                for name, s in splits.items()]
 
     def prepare(self, task: str, data_dir: str, tokenizer, max_seq_length: int,
                 max_train_examples: int | None, max_eval_examples: int | None,

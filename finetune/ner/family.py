@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from finetune.baselines import Baseline, constant_text
-from finetune.family import Prepared, Recipe, Scored
+from finetune.family import EvalTexts, Prepared, Recipe, Scored
 from finetune.ner import data
 from finetune.ner.encode import EncodedNer, NerBatch, encode_sentences
 from finetune.ner.encode import make_batch as pack_units
@@ -64,6 +64,15 @@ def split_paths(task: str, task_dir: str) -> dict[str, str]:
     as `data_dir`: `--data` joined with `DATA_FOLDERS[task]`)."""
     spec = task_spec(task)
     return {name: os.path.join(task_dir, getattr(spec, name)) for name in ("train", "dev", "test")}
+
+
+def conll_texts(task: str, split: str, path: str, fmt: data.NerFormat,
+                skip_bad_records: bool = False) -> EvalTexts:
+    """The sentences of one CoNLL file as the audit reads them: words joined by spaces, each
+    sentence by its first line."""
+    read = data.read_conll(path, fmt, skip_bad_records)
+    return EvalTexts.of(task, split, [path], ((f"line {s.line}", (" ".join(s.words),))
+                                              for s in read.sentences))
 
 
 def word_predictions(encoded: EncodedNer, sentences: Sequence[data.Sentence],
@@ -116,6 +125,14 @@ class NerFamily:
         for name, path in split_paths(task, data_dir).items():
             if name != "test" and not os.path.isfile(path):
                 raise FileNotFoundError(f"{task}: no {name} file {path}")
+
+    def eval_texts(self, task: str, data_dir: str,
+                   skip_bad_records: bool = False) -> list[EvalTexts]:
+        """dev, and test where present: each sentence's words joined by spaces, by its
+        first line."""
+        paths = split_paths(task, data_dir)
+        return [conll_texts(task, split, paths[split], task_spec(task).format, skip_bad_records)
+                for split in ("dev", "test") if split == "dev" or os.path.isfile(paths[split])]
 
     def prepare(self, task: str, data_dir: str, tokenizer, max_seq_length: int,
                 max_train_examples: int | None, max_eval_examples: int | None,

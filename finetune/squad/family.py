@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from finetune.baselines import Baseline, constant_text
-from finetune.family import PARTIAL_FILE, Prepared, Recipe, Scored
+from finetune.family import PARTIAL_FILE, EvalTexts, Prepared, Recipe, Scored
 from finetune.squad import data as squad_data
 from finetune.squad import metrics, postprocess
 from finetune.squad.features import (
@@ -93,6 +93,16 @@ class SquadFamily:
     def check_files(self, task: str, data_dir: str) -> None:
         _check_task(task)
         squad_data.check_files(data_dir, task)
+
+    def eval_texts(self, task: str, data_dir: str,
+                   skip_bad_records: bool = False) -> list[EvalTexts]:
+        """The dev file (the test set is hidden): each question's context and question, by
+        its id."""
+        _check_task(task)
+        dev = squad_data.read_squad(squad_data.split_path(data_dir, task, "dev"),
+                                    training=False, version_2=task == "squad2")
+        return [EvalTexts.of(task, "dev", [dev.path],
+                             ((e.qid, (e.context, e.question)) for e in dev.examples))]
 
     def prepare(self, task: str, data_dir: str, tokenizer, max_seq_length: int,
                 max_train_examples: int | None, max_eval_examples: int | None,

@@ -20,11 +20,12 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import Tensor, nn
 
-from finetune.family import Encoded, Family, Prepared, Recipe, Scored
+from finetune.family import Encoded, EvalTexts, Family, Prepared, Recipe, Scored
 from finetune.glue import tasks as glue_tasks
 from finetune.glue.family import GlueFamily, prepare_task
 from finetune.ner.data import NerFormat, label_list
-from finetune.ner.family import PAPER_RECIPE, NerFamily
+from finetune.ner.family import PAPER_RECIPE, NerFamily, conll_texts
+from finetune.squad.data import read_squad
 from finetune.squad.family import RECIPES as SQUAD_RECIPES
 from finetune.squad.family import SquadFamily
 from finetune.user import readers
@@ -155,6 +156,26 @@ class UserFamily:
                 raise ValueError(f"{spec.name}: sentence pairs need 2 token types but the model "
                                  f"{model_dir} has type_vocab_size "
                                  f"{encoder.config.type_vocab_size}")
+
+    def eval_texts(self, task: str, data_dir: str,
+                   skip_bad_records: bool = False) -> list[EvalTexts]:
+        """dev, and test where the entry gives one (extractive_qa: dev); `data_dir` is unused
+        (the entry names its files). A classification file's labels are not read."""
+        spec = self.task(task)
+        files = {"dev": spec.dev, **({"test": spec.test} if spec.test is not None else {})}
+        if spec.type == "extractive_qa":
+            dev = read_squad(spec.dev, training=False, version_2=spec.version_2)
+            return [EvalTexts.of(task, "dev", [spec.dev], (
+                (e.qid, (e.context, e.question)) for e in dev.examples))]
+        if spec.type == "token_classification":
+            fmt = NerFormat(spec.num_columns, spec.delimiter, SCHEMES[spec.scheme])
+            return [conll_texts(task, split, path, fmt, skip_bad_records)
+                    for split, path in files.items()]
+        table = glue_spec(spec)
+        return [EvalTexts.of(task, split, [path], (
+            (e.guid, (e.text_a, e.text_b or "")) for e in readers.read_split(
+                spec, table, split, path, labelled=False, skip_bad_rows=skip_bad_records
+            ).examples)) for split, path in files.items()]
 
     def prepare(self, task: str, data_dir: str, tokenizer, max_seq_length: int,
                 max_train_examples: int | None, max_eval_examples: int | None,

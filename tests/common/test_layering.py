@@ -60,14 +60,9 @@ THIRD_PARTY = {"Beam": "apache_beam", "DeepSpeed": "deepspeed", "Prefect": "pref
                "torch": "torch"}
 """The libraries the package table names in its "never" clauses, by their import names."""
 
-KNOWN_EXCEPTIONS = {
-    # issue 43 item 1: the contamination audit reads the evaluation sets with fine-tuning's own
-    # readers (lazily: the Beam job needs the train extra for it). Gone once each fine-tuning
-    # family exposes its evaluation splits and the flow hands them to the audit.
-    ("pipelines.contamination.eval_sets", "finetune"),
-}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 """(module, package) imports the package table forbids that are still there; each must still
-be needed, so the list only shrinks."""
+be needed, so the list only shrinks. None is left."""
 
 
 def product_modules() -> dict[str, Path]:
@@ -102,20 +97,22 @@ def imported_names(module: str, path: Path) -> set[str]:
     return names
 
 
+def product_imports(module: str, path: Path) -> set[str]:
+    """The product modules `module` imports (an import of `a.b.c` names the innermost product
+    module it reaches)."""
+    targets = set()
+    for name in imported_names(module, path):
+        parts = name.split(".")
+        while parts and ".".join(parts) not in MODULES:
+            parts.pop()
+        if parts and ".".join(parts) != module:
+            targets.add(".".join(parts))
+    return targets
+
+
 def import_graph() -> dict[str, set[str]]:
-    """module -> the product modules it imports (an import of `a.b.c` names the innermost
-    product module it reaches)."""
-    graph = {}
-    for module, path in MODULES.items():
-        targets = set()
-        for name in imported_names(module, path):
-            parts = name.split(".")
-            while parts and ".".join(parts) not in MODULES:
-                parts.pop()
-            if parts and ".".join(parts) != module:
-                targets.add(".".join(parts))
-        graph[module] = targets
-    return graph
+    """module -> the product modules it imports."""
+    return {module: product_imports(module, path) for module, path in MODULES.items()}
 
 
 def third_party(path: Path) -> set[str]:
@@ -220,20 +217,42 @@ def test_the_circle_finder_names_each_circle():
     assert cycles(graph) == [["a", "b", "c", "a"], ["e", "f", "e"]]
 
 
+def crossing_imports(graph: dict[str, set[str]],
+                     table: dict[str, tuple[set[str], set[str]]]) -> set[tuple[str, str]]:
+    """(module, imported module) pairs the table's "may import" column leaves out."""
+    return {(module, target) for module, targets in graph.items() for target in targets
+            if not allowed(module, target, table[module.split(".")[0]][0])}
+
+
 def test_the_package_table_holds_for_every_import():
     """docs/design.md's package table, its "may import" column, for every import of every
     product module (flows may import everything); the known exceptions are listed above."""
     table = package_table()
     assert set(table) == set(PACKAGES), sorted(table)
-    graph = import_graph()
-    crossing = {(module, target) for module, targets in graph.items() for target in targets
-                if not allowed(module, target, table[module.split(".")[0]][0])}
+    crossing = crossing_imports(import_graph(), table)
     excused = {(module, target) for module, target in crossing
                if (module, target.split(".")[0]) in KNOWN_EXCEPTIONS}
     wrong = [f"{module} -> {target}" for module, target in sorted(crossing - excused)]
     assert not wrong, "imports the package table rules out:\n  " + "\n  ".join(wrong)
     still_needed = {(module, target.split(".")[0]) for module, target in excused}
     assert still_needed == KNOWN_EXCEPTIONS, "drop the exceptions no module needs any more"
+
+
+def test_a_crossing_import_is_found_wherever_it_is(tmp_path):
+    """The check itself: a pipelines module importing finetune lazily, inside a function, and
+    a finetune module importing pipelines for type checking are both caught; flows may import
+    both."""
+    (tmp_path / "lazy.py").write_text(
+        "def read():\n    from finetune.tasks import parse_tasks\n    return parse_tasks\n")
+    (tmp_path / "typed.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from pipelines.contamination.eval_sets import EvalSplit\n")
+    graph = {module: product_imports(module, tmp_path / name)
+             for module, name in (("pipelines.lazy", "lazy.py"), ("finetune.typed", "typed.py"),
+                                  ("flows.wiring", "lazy.py"))}
+    assert crossing_imports(graph, package_table()) == {
+        ("pipelines.lazy", "finetune.tasks"),
+        ("finetune.typed", "pipelines.contamination.eval_sets")}
 
 
 def test_no_package_imports_a_library_its_row_rules_out():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from flows import audit_contamination as audit_cli
 from pipelines import (
-    audit_contamination,
     build_corpus,
     decontaminate,
     extract_books,
@@ -99,12 +99,12 @@ def test_make_shards_graph_builds(corpus, minilm_dir, tmp_path):
 
 def test_audit_contamination_and_decontaminate_graphs_build(corpus, tmp_path):
     audit = ["--eval_data", str(REPO / "data" / "sample"), "--tasks", "rte"]
-    summary = audit_contamination.main(["--input", str(corpus["corpus"]),
-                                        "--output", str(tmp_path / "out"), *audit, *DATAFLOW])
+    summary = audit_cli.main(["--input", str(corpus["corpus"]),
+                              "--output", str(tmp_path / "out"), *audit, *DATAFLOW])
     _check(summary, "audit_contamination", {"Read", "Audit", "WriteOverlaps", "WritePassages"},
            tmp_path / "out")
-    audit_contamination.main(["--input", str(corpus["corpus"]),
-                              "--output", str(tmp_path / "audit"), *audit])  # a real audit
+    audit_cli.main(["--input", str(corpus["corpus"]),
+                    "--output", str(tmp_path / "audit"), *audit])  # a real audit
     summary = decontaminate.main(["--input", str(corpus["corpus"]), "--audit",
                                   str(tmp_path / "audit"), "--output", str(tmp_path / "clean"),
                                   *DATAFLOW])

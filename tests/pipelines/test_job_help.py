@@ -118,3 +118,25 @@ def test_beam_run_exits_with_the_code_a_command_returns(tmp_path, capsys):
     """verify_shards returns 1 for a folder with problems: `beam run` exits with it too."""
     assert cli.main(["run", "pipelines/verify_shards.py", str(tmp_path / "none"), "--quiet"]) == 1
     assert capsys.readouterr().out.startswith("FAILED: ")
+
+
+def test_the_audits_command_line_is_its_flows_file(capsys):
+    """The audit's Beam job is handed its evaluation sets: `beam run` takes its command line,
+    flows/audit_contamination.py (which reads them with the fine-tuning families), by file
+    path as a job's; the job's own file says so in one line."""
+    from pipelines.audit_contamination import AuditConfig
+
+    assert cli.main(["run", "flows/audit_contamination.py", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: beam run flows/audit_contamination.py [-h] --input INPUT")
+    docs = field_docs(AuditConfig)
+    flat = _flat(text)
+    assert [n for n in ("eval_data", "tasks", "ngram") if f"--{n}" not in text
+            or _flat(_first_sentence(docs[n])) not in flat] == []
+    assert "--tasks_file FILE" in text
+    assert cli.main(["run", "pipelines/audit_contamination.py", "--input", "corpus",
+                     "--output", "audit"]) == 2
+    assert capsys.readouterr().err == (
+        "audit_contamination: error: this job is handed the evaluation sets it audits; run "
+        "`beam run flows/audit_contamination.py` with the same flags, which reads them with "
+        "the fine-tuning families\n")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from common import storage
-from pipelines import audit_contamination, build_corpus, extract_wikipedia, parquet_io
+from flows import audit_contamination as audit_cli
+from pipelines import build_corpus, extract_wikipedia, parquet_io
 from pipelines.corpus.documents import DOCUMENT_SCHEMA
 
 REPO = Path(__file__).resolve().parents[3]
@@ -83,7 +84,7 @@ def planted(shared_data, tmp_path_factory) -> Planted:
     build_corpus.main(["--input", f"{root / 'wiki'},{root / 'planted'}",
                        "--output", str(root / "corpus")])
     eval_data = _eval_data(shared_data, root)
-    manifest = audit_contamination.main([
+    manifest = audit_cli.main([
         "--input", str(root / "corpus"), "--output", str(root / "audit"),
         "--eval_data", str(eval_data), "--tasks", "squad1,rte"])
     passages = frozenset({("planted/a", 1), ("planted/a", 3), ("planted/b", 0),

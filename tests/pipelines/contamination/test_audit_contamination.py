@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from pipelines import audit_contamination, jobs
+from flows import audit_contamination as audit_cli
+from pipelines import jobs
 
 from .conftest import RTE_GUID
 
@@ -72,7 +73,7 @@ def test_manifest_addresses_the_audit_by_its_content(planted):
 
 def test_a_larger_ngram_finds_fewer(planted, tmp_path):
     # 27 words: longer than the planted RTE sentence (26), shorter than every planted context.
-    manifest = audit_contamination.main([
+    manifest = audit_cli.main([
         "--input", str(planted.corpus), "--output", str(tmp_path / "audit"),
         "--eval_data", str(planted.eval_data), "--tasks", "rte,squad1", "--ngram", "27"])
     assert manifest["report"]["rte"]["examples_overlapping"] == 0
@@ -82,15 +83,15 @@ def test_a_larger_ngram_finds_fewer(planted, tmp_path):
 
 def test_a_missing_task_folder_is_one_line(planted, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no swag/ folder \(for swag\)"):
-        audit_contamination.main(["--input", str(planted.corpus), "--output", str(tmp_path),
-                                  "--eval_data", str(planted.eval_data), "--tasks", "swag"])
+        audit_cli.main(["--input", str(planted.corpus), "--output", str(tmp_path),
+                        "--eval_data", str(planted.eval_data), "--tasks", "swag"])
 
 
 def test_an_unreadable_corpus_file_is_a_dead_letter(planted, tmp_path):
     corpus = tmp_path / "corpus"
     shutil.copytree(planted.corpus, corpus)
     (corpus / "corpus-00001-of-00002.parquet").write_bytes(b"not parquet at all")
-    manifest = audit_contamination.main([
+    manifest = audit_cli.main([
         "--input", str(corpus), "--output", str(tmp_path / "audit"),
         "--eval_data", str(planted.eval_data), "--tasks", "rte"])
     assert manifest["counts"]["bad_records"] == 1
@@ -102,10 +103,40 @@ def test_an_unreadable_corpus_file_is_a_dead_letter(planted, tmp_path):
 
 def test_command_line_errors_are_one_line(planted, tmp_path, capsys):
     args = ["--input", str(planted.corpus), "--output", str(tmp_path / "audit")]
-    assert jobs.main("audit_contamination", audit_contamination.main, args) == 2
+    assert jobs.main("audit_contamination", audit_cli.main, args) == 2
     assert capsys.readouterr().err == ("audit_contamination: error: --eval_data is required: "
                                        "the folder of the evaluation sets (the flow's "
                                        "finetune.data)\n")
-    assert jobs.main("audit_contamination", audit_contamination.main,
+    assert jobs.main("audit_contamination", audit_cli.main,
                      [*args, "--eval_data", str(planted.eval_data), "--ngram", "0"]) == 2
     assert capsys.readouterr().err == "audit_contamination: error: --ngram: must be >= 1, got 0\n"
+
+
+TASK_FILE = """\
+tasks:
+  - name: my-rte
+    type: sequence_classification
+    format: tsv
+    train: {glue}/train.tsv
+    dev: {eval}/dev.tsv
+    test: {eval}/test.tsv
+    columns: {{text_a: sentence1, text_b: sentence2, label: label, id: index}}
+    labels: [entailment, not_entailment]
+    metric: accuracy
+"""
+
+
+def test_the_command_line_audits_a_task_files_tasks(planted, shared_data, tmp_path):
+    """`--tasks_file`: a task file's task is read by its family and audited beside a built-in
+    one, its texts hashed (it may read some columns only)."""
+    (tmp_path / "tasks.yaml").write_text(TASK_FILE.format(
+        glue=shared_data / "glue" / "RTE", eval=planted.eval_data / "glue" / "RTE"))
+    manifest = audit_cli.main([
+        "--input", str(planted.corpus), "--output", str(tmp_path / "audit"),
+        "--eval_data", str(planted.eval_data), "--tasks_file", str(tmp_path / "tasks.yaml"),
+        "--tasks", "my-rte,rte"])
+    overlaps = _lines(tmp_path / "audit" / "overlaps" / "overlaps-00000-of-00001.jsonl")
+    assert sorted((o["task"], o["split"], o["example_id"], o["doc_id"]) for o in overlaps) == [
+        ("my-rte", "dev", RTE_GUID, "planted/d"), ("rte", "dev", RTE_GUID, "planted/d")]
+    assert manifest["config"]["tasks"] == ["rte"] and manifest["handed_tasks"] == ["my-rte"]
+    assert manifest["report"]["my-rte"] == manifest["report"]["rte"]

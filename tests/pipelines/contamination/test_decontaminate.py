@@ -4,7 +4,8 @@ from __future__ import annotations
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import audit_contamination, decontaminate
+from flows import audit_contamination as audit_cli
+from pipelines import decontaminate
 from pipelines.corpus.documents import CORPUS_SCHEMA
 from pipelines.corpus.sentences import split_passages
 
@@ -52,7 +53,7 @@ def test_output_is_a_corpus_addressed_by_its_inputs(planted, clean):
 
 def test_the_clean_corpus_audits_clean(planted, clean, tmp_path):
     output, _ = clean
-    manifest = audit_contamination.main([
+    manifest = audit_cli.main([
         "--input", str(output), "--output", str(tmp_path / "audit"),
         "--eval_data", str(planted.eval_data), "--tasks", "squad1,rte"])
     assert manifest["counts"]["passages_contaminated"] == 0
