@@ -112,7 +112,8 @@ class RunStore:
             saved = storage.read_json(path)
             predictions = tuple(TestPredictions(**p | {"columns": tuple(p["columns"])})
                                 for p in saved["predictions"])
-            return RunRecord(RunResult(**saved["result"]), predictions)
+            result = _in_metric_order(saved["result"], saved.get("metric_order", {}))
+            return RunRecord(RunResult(**result), predictions)
         except (ValueError, TypeError, KeyError) as error:  # JSON or fields of another version
             log.warning("%s: unreadable (%s: %s); the run trains again", path,
                         type(error).__name__, error)
@@ -121,7 +122,25 @@ class RunStore:
     def save(self, record: RunRecord, learning_rate: float, seed: int) -> str:
         """Keep `record` (atomically); returns its file."""
         path = self.path(learning_rate, seed)
+        result = record.result
         storage.atomic_write_json(path, {
-            "key": self.run_key(learning_rate, seed), "result": record.result,
-            "predictions": list(record.predictions)})
+            "key": self.run_key(learning_rate, seed), "result": result,
+            "predictions": list(record.predictions),
+            "metric_order": {"metrics": list(result.metrics),
+                             "baseline": list(result.baseline.metrics if result.baseline
+                                              else {})}})
         return path
+
+
+def _in_metric_order(result: dict, order: dict[str, list[str]]) -> dict:
+    """A run's saved fields with its metrics (and its baseline's) in the order the family gave
+    them, which the report's columns follow: JSON files here sort their keys."""
+    def ordered(metrics: dict, names: list[str]) -> dict:
+        return {name: metrics[name] for name in [*names, *sorted(set(metrics) - set(names))]
+                if name in metrics}
+
+    result = {**result, "metrics": ordered(result["metrics"], order.get("metrics", []))}
+    if result.get("baseline"):
+        result["baseline"] = {**result["baseline"], "metrics": ordered(
+            result["baseline"]["metrics"], order.get("baseline", []))}
+    return result

@@ -131,6 +131,7 @@ def test_a_runs_file_is_keyed_by_what_decides_the_run(minilm_dir, rte_data, tmp_
     """Another epoch count, a touched data file or another checkpoint file is another run; the
     grid (the other rates and seeds) and the progress bars are not part of a run's key. A kept
     diverged run reads back as it was written."""
+    from finetune.baselines import Baseline
     from finetune.glue import FAMILY
     from finetune.options import FinetuneConfig, TaskJob
     from finetune.results import RunRecord, RunResult
@@ -167,6 +168,17 @@ def test_a_runs_file_is_keyed_by_what_decides_the_run(minilm_dir, rte_data, tmp_
     assert (back.result.status, back.result.steps, back.result.final_loss, back.predictions) \
         == ("diverged", 5, float("inf"), ())
     assert back.result.score != back.result.score  # NaN
+
+    # metrics read back in the family's order, not the JSON file's sorted one: the report's
+    # columns follow them
+    scored = RunResult("RTE", 4e-5, 1, {"mcc": 0.1, "f1": 0.6, "accuracy": 0.55}, 0.55, 5,
+                       0.7, 1.5, 0.2, baseline=Baseline("majority class 1",
+                                                        {"mcc": 0.0, "f1": 0.67,
+                                                         "accuracy": 0.5}, 0.5))
+    store.save(RunRecord(scored), 4e-5, 1)
+    back = store.load(4e-5, 1).result
+    assert back == scored
+    assert list(back.metrics) == list(back.baseline.metrics) == ["mcc", "f1", "accuracy"]
 
 
 # ---------------------------------------------------------------------------------------------
