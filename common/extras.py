@@ -8,8 +8,8 @@ imports its subsystem, with
     bert-dag: needs the flow extra: pip install '.[flow]'
 
 and exit code 1; a module of another extra missing later in the run (the contamination
-audit's command reads the evaluation sets with finetune's readers: torch) names that module's extra the
-same way. No third-party import here: it runs before them.
+audit's command reads the evaluation sets with finetune's readers: torch) names that module's
+extra the same way. No third-party import here: it runs before them.
 """
 from __future__ import annotations
 

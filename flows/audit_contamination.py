@@ -16,19 +16,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from common.settings import check
-from finetune.family import EvalTexts
 from finetune.tasks import TaskEntry
 from pipelines import audit_contamination as job
 from pipelines import jobs
-from pipelines.contamination.eval_sets import EvalSplit, eval_split
-
-
-def eval_splits(texts: Iterable[EvalTexts]) -> list[EvalSplit]:
-    """The families' evaluation texts as the audit takes them."""
-    return [eval_split(t.task, t.split, t.files, t.examples) for t in texts]
 
 
 def audit(config: job.AuditConfig, entries: Sequence[TaskEntry], beam_args: Sequence[str] = (),
@@ -38,7 +31,7 @@ def audit(config: job.AuditConfig, entries: Sequence[TaskEntry], beam_args: Sequ
     hashed by their texts (`AuditConfig.tasks`)."""
     from finetune.eval_sets import read_eval_texts
 
-    splits = eval_splits(read_eval_texts(config.eval_data, entries, skip_bad_records))
+    splits = read_eval_texts(config.eval_data, entries, skip_bad_records)
     builtin = tuple(e.task for e in entries if e.family.name != "user")
     return job.run(dataclasses.replace(config, tasks=builtin), beam_args, eval_splits=splits)
 

@@ -54,7 +54,7 @@ from pipelines import jobs, parquet_io
 from pipelines.build_corpus import select_inputs
 from pipelines.contamination import index as eval_index
 from pipelines.contamination import ngrams
-from pipelines.contamination.eval_sets import EvalSplit
+from pipelines.contamination.eval_sets import EvalSplit, keyed_examples
 from pipelines.disk_full import disk_full_reported
 
 NAMESPACE = "audit_contamination"
@@ -178,7 +178,7 @@ def run(config: AuditConfig, beam_args: Sequence[str] = (), *,
     options = jobs.beam_pipeline_options(beam_args)
     listed, folders = select_inputs(config.input)
     files = [f.path for f in listed]
-    index = eval_index.build([e for s in splits for e in s.examples], config.ngram)
+    index = eval_index.build(keyed_examples(splits), config.ngram)
     log.info("audit_contamination: %d corpus files; %d evaluation examples in %d splits, "
              "%d n-gram rows", len(files), len(index.examples), len(splits), len(index.hashes))
     index_path = output_path(config.output, INDEX_FILE)
@@ -279,7 +279,7 @@ def finish(config: AuditConfig, splits: list, index: eval_index.EvalIndex,
     handed = sorted({s.task for s in splits} - set(config.tasks))
     # the handed splits' texts are hashed: a task file may read other fields of the same files
     extra = {"handed_splits": storage.config_hash([
-        (s.task, s.split, [(key.example_id, texts) for key, texts in s.examples])
+        (s.task, s.split, list(s.examples))
         for s in splits if s.task in handed])} if handed else {}
     manifest = jobs.stage_manifest(
         NAMESPACE, config, parquet_io.content_hash(

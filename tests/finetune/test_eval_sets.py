@@ -8,9 +8,9 @@ from pathlib import Path
 
 from finetune import tasks
 from finetune.eval_sets import read_eval_texts
-from flows.audit_contamination import eval_splits
 from pipelines import audit_contamination
 from pipelines.contamination import index as eval_index
+from pipelines.contamination.eval_sets import keyed_examples
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "sample"
 
@@ -56,11 +56,11 @@ def test_a_family_registered_with_one_line_reaches_the_audit(tmp_path, monkeypat
     for split, poems in POEMS.items():
         (data / "haiku" / f"{split}.txt").write_text("".join(p + "\n" for p in poems))
 
-    splits = eval_splits(read_eval_texts(str(data), tasks.parse_tasks("haiku")))
+    splits = read_eval_texts(str(data), tasks.parse_tasks("haiku"))
     assert [(s.task, s.split, s.files, len(s.examples)) for s in splits] == [
         ("haiku", "dev", (str(data / "haiku" / "dev.txt"),), 2),
         ("haiku", "test", (str(data / "haiku" / "test.txt"),), 1)]
-    index = eval_index.build([e for s in splits for e in s.examples], 13)
+    index = eval_index.build(keyed_examples(splits), 13)
     planted = f"As the poet wrote: {POEMS['dev'][1].upper()}! Then the essay goes on."
     records, shared = audit_contamination.passage_overlaps(index, "essays/7", 2, planted)
     assert [(r["task"], r["split"], r["example_id"], r["doc_id"], r["passage"])
